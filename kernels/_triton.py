@@ -1,0 +1,40 @@
+"""Triton set-up shared by every kernel module.
+
+Import this module before any ``@triton.jit`` is defined: Triton decides at
+decoration time whether a kernel is compiled or interpreted. Without a CUDA
+device we default to the interpreter (``TRITON_INTERPRET=1``), so the same
+kernels run on a CPU-only machine; a user may still set the variable.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device() -> torch.device:
+    """Where kernels run: CUDA when compiled, the CPU under the interpreter."""
+    return torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+def block(n: int, *, interpret_cap: int = 4096, cuda_cap: int = 64, floor: int = 16) -> int:
+    """A power-of-two tile size covering ``n`` where that is cheap.
+
+    Under the interpreter every program instance costs about a millisecond of
+    Python, so one large tile beats many small ones; compiled on a GPU, tiles
+    stay register-sized and the grid supplies the parallelism.
+    """
+    cap = interpret_cap if INTERPRET else cuda_cap
+    return max(floor, min(triton.next_power_of_2(max(n, 1)), cap))
+
+
+__all__ = ["INTERPRET", "block", "device", "tl", "triton"]
