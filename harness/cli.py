@@ -1,0 +1,170 @@
+"""The ``attnfuzz`` command.
+
+Exit status: 0 no failure, 1 a failure was found (or replays), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnfuzz.harness.target import UsageError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from attnfuzz.strategies.batches import SCALES
+
+    parser = argparse.ArgumentParser(
+        prog="attnfuzz", description="Differential fuzzing of attention metadata."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="targets, implementations and mutants")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("run", help="fuzz one implementation of one target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--impl", default="triton", help="registered name or module:attribute")
+    p.add_argument("--max-examples", type=_positive, default=200)
+    p.add_argument("--seed", type=_non_negative, default=None, help="derandomized run")
+    p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "cases")
+    p.add_argument("--db", type=Path, default=Path(".attnfuzz") / "db")
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
+
+    p = sub.add_parser("repro", help="replay a case file")
+    p.add_argument("case", type=Path)
+    p.add_argument("--impl", default=None, help="another implementation to replay it on")
+    p.add_argument("--device", default=None)
+    return parser
+
+
+def _device(name: str | None) -> str:
+    from attnfuzz.kernels._triton import device
+
+    return name or str(device())
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.registry import get_target, target_names
+
+    rows = []
+    for name in target_names():
+        target = get_target(name)
+        rows.append(
+            {
+                "target": name,
+                "summary": target.summary,
+                "implementations": [
+                    {"name": i.name, "kind": i.kind, "description": i.description}
+                    for i in target.implementations.values()
+                ],
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['target']}: {row['summary']}")
+        for impl in row["implementations"]:
+            print(f"  {impl['name']:<28} {impl['kind']:<9} {impl['description']}")
+    return EXIT_OK
+
+
+def _print_failure(doc: dict, path: Path | None) -> None:
+    print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
+    for m in doc["verdict"]["mismatches"][:8]:
+        print(f"  [{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
+    print("minimized case:")
+    print("  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict()))
+    print("  derived: " + json.dumps(doc["derived"]))
+    if path is not None:
+        print(f"written to {path}")
+        print(f"replay: attnfuzz repro {path}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.casefile import case_document, write_case
+    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.strategies.batches import SCALES
+
+    target = get_target(args.target)
+    impl = target.resolve(args.impl)
+    device = _device(args.device)
+    result = fuzz(
+        target,
+        impl,
+        max_examples=args.max_examples,
+        rng_seed=args.seed,
+        database=args.db,
+        scale=SCALES[args.scale],
+        device=device,
+    )
+    rate = result.examples / result.seconds if result.seconds else 0.0
+    print(
+        f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
+        f"({rate:.1f}/s)"
+    )
+    if not result.failed:
+        print("PASS: no failure found")
+        return EXIT_OK
+    assert result.case is not None and result.verdict is not None
+    doc = case_document(target.name, impl.name, result.case, result.verdict, device)
+    name = f"{target.name}--{impl.name.replace(':', '_').replace('/', '_')}--{result.verdict.key}"
+    path = write_case(args.out / f"{name.replace(':', '_')}.json", doc)
+    print(
+        f"first failure after {result.examples_to_failure} examples, "
+        f"{result.seconds_to_failure:.2f}s"
+    )
+    _print_failure(doc, path)
+    return EXIT_FAILURE
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.casefile import read_case
+    from attnfuzz.harness.registry import get_target
+
+    doc = read_case(args.case)
+    target = get_target(doc["target"])
+    impl = target.resolve(args.impl or doc["implementation"])
+    verdict = target.judge(impl, doc["case"], _device(args.device))
+    print(f"{target.name} / {impl.name}: {verdict}")
+    return EXIT_OK if verdict.ok else EXIT_FAILURE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}[args.command](args)
+    except UsageError as err:
+        print(f"attnfuzz: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

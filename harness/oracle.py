@@ -1,0 +1,175 @@
+"""The differential oracle: one comparison per property, clear mismatch messages.
+
+Each ``expect_*`` function compares what an implementation produced with what
+the reference says and returns a list of :class:`Mismatch` (empty when they
+agree). None of them loosens anything: integers compare exactly, floats with
+``torch.testing.assert_close`` defaults for their dtype, NaN never passes, and
+top-k rows compare as *sets up to ties at the k-th value*, which is exactly the
+freedom the contract grants and no more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One failed check: which, where, what was expected and what came."""
+
+    check: str  # e.g. "shape", "dtype", "values", "topk", "unchanged", "exception"
+    where: str
+    expected: str
+    got: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.where}: expected {self.expected}, got {self.got}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    """The outcome of one case: no mismatch means the implementation agreed."""
+
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    @property
+    def key(self) -> str:
+        """What deduplicates findings: the first failing check (and exception type)."""
+        if self.ok:
+            return "ok"
+        first = self.mismatches[0]
+        if first.check == "exception":
+            return f"exception:{first.got.split(':', 1)[0]}"
+        return first.check
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "PASS"
+        lines = [f"FAIL ({self.key})"] + [f"  {m}" for m in self.mismatches[:8]]
+        if len(self.mismatches) > 8:
+            lines.append(f"  ... and {len(self.mismatches) - 8} more")
+        return "\n".join(lines)
+
+
+def _short(x: object, limit: int = 160) -> str:
+    s = str(x)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def expect_meta(
+    name: str, got: object, shape: Sequence[int], dtype: torch.dtype
+) -> list[Mismatch]:
+    """Exact shape and dtype; a non-tensor is a mismatch of its own."""
+    if not isinstance(got, torch.Tensor):
+        return [Mismatch("type", name, "a torch.Tensor", type(got).__name__)]
+    out = []
+    if tuple(got.shape) != tuple(shape):
+        out.append(Mismatch("shape", name, str(list(shape)), str(list(got.shape))))
+    if got.dtype != dtype:
+        out.append(Mismatch("dtype", name, str(dtype), str(got.dtype)))
+    return out
+
+
+def expect_equal(
+    name: str, got: torch.Tensor, expected: np.ndarray, rows: np.ndarray | None = None,
+    check: str = "values",
+) -> list[Mismatch]:
+    """Exact equality, optionally on a boolean mask of rows; reports the first bad row."""
+    g = got.detach().cpu().numpy()
+    e = np.asarray(expected)
+    if g.shape != e.shape:
+        return [Mismatch("shape", name, str(list(e.shape)), str(list(g.shape)))]
+    bad = (g != e) if g.ndim == 1 else (g != e).reshape(g.shape[0], -1).any(axis=1)
+    if rows is not None:
+        bad &= rows
+    idx = np.flatnonzero(bad)
+    if not len(idx):
+        return []
+    i = int(idx[0])
+    more = f" (and {len(idx) - 1} more rows)" if len(idx) > 1 else ""
+    return [Mismatch(check, f"{name}[{i}]{more}", _short(e[i].tolist()), _short(g[i].tolist()))]
+
+
+def expect_close(
+    name: str, got: torch.Tensor, expected: np.ndarray, rows: np.ndarray | None = None
+) -> list[Mismatch]:
+    """``torch.testing.assert_close`` semantics (default tolerances, NaN never equal)."""
+    g = got.detach().cpu()
+    e = torch.as_tensor(np.asarray(expected))
+    if tuple(g.shape) != tuple(e.shape):
+        return [Mismatch("shape", name, str(list(e.shape)), str(list(g.shape)))]
+    if rows is not None:
+        keep = torch.as_tensor(rows)
+        g, e = g[keep], e[keep]
+    try:
+        torch.testing.assert_close(g, e.to(g.dtype), equal_nan=False)
+    except AssertionError as err:  # turned into a finding, never swallowed
+        detail = " ".join(str(err).split())
+        return [Mismatch("values", name, "values close to the reference", _short(detail, 400))]
+    return []
+
+
+def expect_topk_rows(
+    name: str,
+    got: torch.Tensor,
+    logits: np.ndarray,
+    context_lens: np.ndarray,
+    k: int,
+    row_ids: Sequence[int] | None = None,
+) -> list[Mismatch]:
+    """Each row is a valid top-k of its logits, judged tie-robustly.
+
+    For row ``i`` with ``n = min(k, context_lens[i])`` visible candidates the
+    row must hold ``n`` distinct indices in ``[0, context_lens[i])`` and
+    ``k - n`` entries ``-1``, and the multiset of logits it selects must equal
+    that of the ``n`` largest visible logits. Two correct answers differ only by
+    which of several equal logits at the k-th value they kept.
+    """
+    g = got.detach().cpu().numpy()
+    out = []
+    for i in range(g.shape[0]):
+        rid = row_ids[i] if row_ids is not None else i
+        where = f"{name}[{rid}]"
+        row, ctx = g[i], int(context_lens[i])
+        n = min(k, ctx)
+        chosen = row[row != -1]
+        if int((row == -1).sum()) != k - n:
+            out.append(Mismatch("topk.fill", where, f"{k - n} entries -1", _short(row.tolist())))
+        elif len(set(chosen.tolist())) != len(chosen):
+            out.append(Mismatch("topk.unique", where, "distinct indices", _short(row.tolist())))
+        elif ((chosen < 0) | (chosen >= ctx)).any():
+            out.append(
+                Mismatch("topk.visible", where, f"indices in [0, {ctx})", _short(row.tolist()))
+            )
+        else:
+            want = np.sort(logits[i, :ctx])[::-1][:n]
+            have = np.sort(logits[i, chosen])[::-1]
+            if not np.array_equal(want, have):
+                out.append(
+                    Mismatch(
+                        "topk.values",
+                        where,
+                        f"selected logits {_short(want.tolist())}",
+                        f"{_short(have.tolist())} (indices {_short(row.tolist())})",
+                    )
+                )
+        if len(out) >= 8:
+            break
+    return out
+
+
+def exception_mismatch(where: str, err: BaseException) -> Mismatch:
+    """An exception raised on a valid case is a finding: keep its type and message."""
+    msg = " ".join(str(err).split())
+    return Mismatch("exception", where, "no exception", _short(f"{type(err).__name__}: {msg}", 400))

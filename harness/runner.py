@@ -1,0 +1,108 @@
+"""Fuzz one implementation of one target with Hypothesis and keep what it finds.
+
+Hypothesis generates, shrinks and remembers (its example database); this
+module only wires a target's oracle into a property, labels scenario classes
+with ``hypothesis.event`` and records the minimized failing case.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.reference.batch import Case
+from attnfuzz.strategies.batches import SMALL, Scale, scenario_labels
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+DEFAULT_DB = Path(".attnfuzz") / "db"
+
+
+class Finding(Exception):
+    """Raised inside the property so that Hypothesis shrinks the case."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(str(verdict))
+        self.verdict = verdict
+
+
+@dataclass
+class RunResult:
+    target: str
+    implementation: str
+    examples: int = 0  # cases judged, shrinking included
+    examples_to_failure: int | None = None  # cases judged until the first failure
+    seconds: float = 0.0
+    seconds_to_failure: float | None = None  # from the first example
+    case: Case | None = None  # the minimized failing case
+    verdict: Verdict | None = None
+    labels: Counter = field(default_factory=Counter)
+
+    @property
+    def failed(self) -> bool:
+        return self.case is not None
+
+
+def fuzz(
+    target: Target,
+    impl: Implementation,
+    *,
+    max_examples: int = 200,
+    rng_seed: int | None = None,
+    database: Path | None = DEFAULT_DB,
+    scale: Scale = SMALL,
+    device: str = "cpu",
+    shrink: bool = True,
+) -> RunResult:
+    """Run a campaign; a failure is shrunk and returned, never raised.
+
+    ``rng_seed`` makes the run derandomized and independent of any database;
+    without it the run is random and replays the database's saved failures first.
+    """
+    result = RunResult(target.name, impl.name)
+    clock: dict[str, float] = {}
+
+    def check(case: Case) -> None:
+        clock.setdefault("start", time.perf_counter())
+        for label in scenario_labels(case):
+            event(label)
+            result.labels[label] += 1
+        verdict = target.judge(impl, case, device)
+        result.examples += 1
+        if not verdict.ok:
+            if result.examples_to_failure is None:
+                result.examples_to_failure = result.examples
+                result.seconds_to_failure = time.perf_counter() - clock["start"]
+            # Hypothesis replays the minimal example last, so this ends as the shrunk one.
+            result.case, result.verdict = case, verdict
+            raise Finding(verdict)
+
+    check.__name__ = f"fuzz_{target.name}_{impl.name}".replace("-", "_")
+    # One database key per target and implementation.
+    check._hypothesis_internal_add_digest = f"{target.name}/{impl.name}".encode()  # type: ignore[attr-defined]
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    if shrink:
+        phases.append(Phase.shrink)
+    test = settings(
+        max_examples=max_examples,
+        deadline=None,  # the first Triton call compiles
+        database=None if rng_seed is not None or database is None else DirectoryBasedExampleDatabase(database),
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )(given(target.cases(scale))(check))
+    if rng_seed is not None:
+        test = seed(rng_seed)(test)
+
+    start = time.perf_counter()
+    try:
+        test()
+    except Finding:
+        pass
+    result.seconds = time.perf_counter() - start
+    return result

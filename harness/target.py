@@ -1,0 +1,92 @@
+"""Targets and implementations, and the one function that judges a case.
+
+A *target* is one metadata computation of the engine: it knows how to build
+the inputs of a case from its seed, what the reference says, and how to
+compare. An *implementation* is any callable ``fn(inputs) -> outputs`` for
+that target: the optimized one (``triton``), the reference itself (a
+self-check), the historical bugs (mutants), or a user's own
+(``module:attribute``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from attnfuzz.harness.oracle import Mismatch, Verdict, exception_mismatch
+from attnfuzz.reference.batch import Case
+from attnfuzz.reference.invariants import violations
+from attnfuzz.strategies.batches import SMALL, Scale, cases
+from hypothesis import strategies as st
+
+
+class UsageError(Exception):
+    """A mistake of the caller (unknown name, bad case file): exit status 2."""
+
+
+class InvalidCase(UsageError):
+    """A case the engine could never produce; the oracle refuses to judge it."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    fn: Callable[[Any], Any]
+    kind: str  # "fixed", "reference", "mutant" or "user"
+    description: str = ""
+    trigger: Callable[[Case], bool] | None = None  # mutants: when the bug can show
+
+
+@dataclass
+class Target:
+    name: str
+    summary: str
+    make_inputs: Callable[[Case, torch.device], Any]
+    reference: Callable[[Case, Any], Any]
+    compare: Callable[[Case, Any, Any, Any], list[Mismatch]]
+    implementations: dict[str, Implementation] = field(default_factory=dict)
+    strategy: Callable[[Scale], st.SearchStrategy[Case]] = cases
+
+    def add(self, impl: Implementation) -> None:
+        self.implementations[impl.name] = impl
+
+    @property
+    def mutants(self) -> list[Implementation]:
+        return [i for i in self.implementations.values() if i.kind == "mutant"]
+
+    def cases(self, scale: Scale = SMALL) -> st.SearchStrategy[Case]:
+        return self.strategy(scale)
+
+    def resolve(self, spec: str) -> Implementation:
+        """A registered name, or ``module:attribute`` naming a user's callable."""
+        if spec in self.implementations:
+            return self.implementations[spec]
+        if ":" not in spec:
+            known = ", ".join(self.implementations)
+            raise UsageError(f"unknown implementation {spec!r} for {self.name} (known: {known})")
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as err:
+            raise UsageError(f"cannot load implementation {spec!r}: {err}") from err
+        if not callable(obj):
+            raise UsageError(f"implementation {spec!r} is not callable")
+        return Implementation(spec, obj, "user", f"user implementation {spec}")
+
+    def judge(self, impl: Implementation, case: Case, device: torch.device | str = "cpu") -> Verdict:
+        """Run ``impl`` on ``case`` and compare it with the reference."""
+        broken = violations(case.config, case.batch)
+        if broken:
+            raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
+        inputs = self.make_inputs(case, torch.device(device))
+        expected = self.reference(case, inputs)  # before the implementation writes its buffers
+        try:
+            got = impl.fn(inputs)
+        except Exception as err:  # a crash on a valid case is a finding
+            return Verdict([exception_mismatch(impl.name, err)])
+        return Verdict(self.compare(case, inputs, expected, got))

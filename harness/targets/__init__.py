@@ -1,0 +1,1 @@
+"""One module per target: inputs, reference, comparison and implementations."""

@@ -1,0 +1,319 @@
+"""The batch model: engine config, one scheduler step, its common attention metadata.
+
+Everything here is plain NumPy and plain loops: it is the specification the
+optimized implementations are checked against (see ``shared/domain.md``,
+sections 1 and 2). Dtypes follow the engine: int32 for per-request fields and
+block tables, int64 for ``slot_mapping``.
+
+Modelling choices, stated once:
+
+- Requests are ordered decodes first (the engine's reorder); a request is a
+  decode when ``q_len <= decode_threshold``.
+- CUDA-graph padding of *requests* happens for uniform decode batches of
+  speculative decoding (every ``q_len == next_n > 1``) that fit a capture size:
+  ``T_pad`` is the smallest capture size ``>= T``, ``R_pad = T_pad // next_n``,
+  padding requests have ``q_len = 0`` and ``seq_len = 0``, their block-table
+  rows hold ``PAD_PAGE`` and padded tokens map to slot ``-1``. Other batches run
+  attention on the real batch (token padding of the rest of the model does not
+  reach the attention metadata).
+- Block tables: every real request owns distinct pages; entries past its valid
+  pages hold *stale* page ids (other requests' pages or spare pages), as a
+  reused table row does in the engine. Page ids come from the batch's seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+PAD_PAGE = 0
+"""Block-table value of padding requests' rows."""
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits and model dimensions; all small printable integers."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_spec: int = 0
+    decode_threshold: int | None = None  # None: next_n
+    cudagraph_capture_sizes: tuple[int, ...] = ()
+    topk: int = 4  # K of the sparse indexer
+    num_heads: int = 1  # indexer heads H
+    head_dim: int = 4  # indexer head dim D
+
+    @property
+    def next_n(self) -> int:
+        return 1 + self.num_spec
+
+    @property
+    def threshold(self) -> int:
+        return self.next_n if self.decode_threshold is None else self.decode_threshold
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Block-table width W: enough pages for ``max_model_len`` tokens."""
+        return cdiv(self.max_model_len, self.block_size)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cudagraph_capture_sizes"] = list(self.cudagraph_capture_sizes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineConfig:
+        d = dict(d)
+        d["cudagraph_capture_sizes"] = tuple(d.get("cudagraph_capture_sizes", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One scheduler step: per request tokens already cached and tokens scheduled.
+
+    ``seed`` builds every tensor of the case (page ids, queries, keys, ...)
+    through a ``torch.Generator``; ``use_cudagraph`` says whether the step is
+    replayed in a captured graph (and so padded when it is a uniform decode).
+    """
+
+    num_computed_tokens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    seed: int = 0
+    use_cudagraph: bool = True
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(c + q for c, q in zip(self.num_computed_tokens, self.q_lens, strict=True))
+
+    def to_dict(self) -> dict:
+        return {
+            "num_computed_tokens": list(self.num_computed_tokens),
+            "q_lens": list(self.q_lens),
+            "seed": self.seed,
+            "use_cudagraph": self.use_cudagraph,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Batch:
+        return cls(
+            num_computed_tokens=tuple(int(x) for x in d["num_computed_tokens"]),
+            q_lens=tuple(int(x) for x in d["q_lens"]),
+            seed=int(d.get("seed", 0)),
+            use_cudagraph=bool(d.get("use_cudagraph", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a fuzz example is: an engine config and one batch. JSON-printable."""
+
+    config: EngineConfig
+    batch: Batch
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "batch": self.batch.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Case:
+        return cls(EngineConfig.from_dict(d["config"]), Batch.from_dict(d["batch"]))
+
+
+@dataclass
+class CommonMetadata:
+    """The common attention metadata of one step (domain.md section 1).
+
+    ``num_reqs`` and ``num_actual_tokens`` are the (possibly padded) sizes the
+    kernels see; ``num_real_reqs`` and ``num_real_tokens`` the scheduled ones.
+    """
+
+    query_start_loc: np.ndarray  # int32 [R+1]
+    seq_lens: np.ndarray  # int32 [R]
+    block_table: np.ndarray  # int32 [R, W]
+    slot_mapping: np.ndarray  # int64 [T]
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    num_real_reqs: int
+    num_real_tokens: int
+    num_blocks: int  # pages in the KV cache
+    padded: bool = False
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc).astype(np.int32)
+
+    def unpadded(self, num_tokens: int, num_reqs: int) -> CommonMetadata:
+        """Per-request fields sliced back to ``num_reqs`` requests and ``num_tokens`` tokens."""
+        return dataclasses.replace(
+            self,
+            query_start_loc=self.query_start_loc[: num_reqs + 1].copy(),
+            seq_lens=self.seq_lens[:num_reqs].copy(),
+            block_table=self.block_table[:num_reqs].copy(),
+            slot_mapping=self.slot_mapping[:num_tokens].copy(),
+            num_reqs=num_reqs,
+            num_actual_tokens=num_tokens,
+            max_query_len=int(np.diff(self.query_start_loc[: num_reqs + 1]).max(initial=0)),
+            padded=False,
+        )
+
+
+def is_uniform_decode(config: EngineConfig, batch: Batch) -> bool:
+    """Every request carries exactly ``next_n`` tokens (a full-graph decode step)."""
+    return batch.num_reqs > 0 and all(q == config.next_n for q in batch.q_lens)
+
+
+def padded_num_tokens(config: EngineConfig, batch: Batch) -> int | None:
+    """``T_pad`` when the step is replayed in a graph with request padding, else None."""
+    if not (batch.use_cudagraph and config.next_n > 1 and is_uniform_decode(config, batch)):
+        return None
+    num_tokens = sum(batch.q_lens)
+    fitting = [s for s in sorted(config.cudagraph_capture_sizes) if s >= num_tokens]
+    return fitting[0] if fitting else None
+
+
+def build_block_table(config: EngineConfig, batch: Batch) -> tuple[np.ndarray, int]:
+    """Block table [R, W] and the number of pages in the cache, from the seed.
+
+    Real requests get distinct random pages; entries past a request's valid
+    pages hold stale ids drawn from the whole cache (they must never be read).
+    """
+    bs, width = config.block_size, config.max_blocks_per_seq
+    needed = [cdiv(s, bs) for s in batch.seq_lens]
+    num_blocks = sum(needed) + 2  # two spare pages that no request owns
+    gen = torch.Generator().manual_seed(batch.seed)
+    pages = torch.randperm(num_blocks, generator=gen).numpy().astype(np.int32)
+    stale = torch.randint(0, num_blocks, (batch.num_reqs, width), generator=gen)
+    table = stale.numpy().astype(np.int32)
+    start = 0
+    for r, n in enumerate(needed):
+        table[r, :n] = pages[start : start + n]
+        start += n
+    return table, num_blocks
+
+
+def build_common_metadata(config: EngineConfig, batch: Batch) -> CommonMetadata:
+    """The metadata of ``batch`` as the engine builds it, padded when replayed in a graph."""
+    q_lens = np.asarray(batch.q_lens, dtype=np.int64)
+    seq_lens = np.asarray(batch.seq_lens, dtype=np.int64)
+    num_reqs, num_tokens = batch.num_reqs, int(q_lens.sum())
+    query_start_loc = np.zeros(num_reqs + 1, dtype=np.int32)
+    query_start_loc[1:] = np.cumsum(q_lens)
+    block_table, num_blocks = build_block_table(config, batch)
+
+    slot_mapping = np.empty(num_tokens, dtype=np.int64)
+    bs = config.block_size
+    for r in range(num_reqs):
+        for j in range(int(q_lens[r])):
+            pos = int(seq_lens[r] - q_lens[r]) + j
+            slot_mapping[query_start_loc[r] + j] = int(block_table[r, pos // bs]) * bs + pos % bs
+
+    meta = CommonMetadata(
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens.astype(np.int32),
+        block_table=block_table,
+        slot_mapping=slot_mapping,
+        num_reqs=num_reqs,
+        num_actual_tokens=num_tokens,
+        max_query_len=int(q_lens.max(initial=0)),
+        max_seq_len=int(seq_lens.max(initial=0)),
+        num_real_reqs=num_reqs,
+        num_real_tokens=num_tokens,
+        num_blocks=num_blocks,
+    )
+    num_tokens_padded = padded_num_tokens(config, batch)
+    if num_tokens_padded is not None:
+        meta = pad_for_cudagraph(meta, num_tokens_padded, num_tokens_padded // config.next_n)
+    return meta
+
+
+def pad_for_cudagraph(meta: CommonMetadata, num_tokens_padded: int, num_reqs_padded: int) -> CommonMetadata:
+    """Pad to a captured size: zero-length padding requests, slot -1 for padded tokens."""
+    extra_reqs = num_reqs_padded - meta.num_reqs
+    extra_tokens = num_tokens_padded - meta.num_actual_tokens
+    assert extra_reqs >= 0 and extra_tokens >= 0
+    width = meta.block_table.shape[1]
+    return dataclasses.replace(
+        meta,
+        query_start_loc=np.concatenate(
+            [meta.query_start_loc, np.full(extra_reqs, meta.query_start_loc[-1], np.int32)]
+        ),
+        seq_lens=np.concatenate([meta.seq_lens, np.zeros(extra_reqs, np.int32)]),
+        block_table=np.concatenate(
+            [meta.block_table, np.full((extra_reqs, width), PAD_PAGE, np.int32)]
+        ),
+        slot_mapping=np.concatenate([meta.slot_mapping, np.full(extra_tokens, -1, np.int64)]),
+        num_reqs=num_reqs_padded,
+        num_actual_tokens=num_tokens_padded,
+        padded=True,
+    )
+
+
+@dataclass(frozen=True)
+class DecodeSplit:
+    """How a step divides into decodes (first) and prefills."""
+
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    decode_lens: tuple[int, ...] = field(default=())  # d[b], b < num_decodes
+
+    @property
+    def max_decode_len(self) -> int:
+        return max(self.decode_lens, default=0)
+
+    @property
+    def requires_padding(self) -> bool:
+        return bool(self.decode_lens) and min(self.decode_lens) != max(self.decode_lens)
+
+
+def split_decodes_and_prefills(
+    meta: CommonMetadata, decode_threshold: int, require_uniform: bool = False
+) -> DecodeSplit:
+    """Split as the engine does.
+
+    Ragged rule: a request is a decode when ``q_len <= decode_threshold``.
+    Uniform rule: decodes must share the first request's ``q_len``; zero-length
+    padding requests of a padded graph count as decodes. In both rules a step
+    of decodes only counts *all* ``num_actual_tokens`` (padded tokens included)
+    as decode tokens, which is how ``N_d`` and ``sum(d)`` come to differ.
+    """
+    q_lens = meta.query_lens
+    num_reqs, num_tokens = meta.num_reqs, meta.num_actual_tokens
+    if num_reqs == 0:
+        return DecodeSplit(0, 0, 0, num_tokens)
+    if require_uniform:
+        if all(q == q_lens[0] or q == 0 for q in q_lens):
+            num_decodes = num_reqs
+        else:
+            num_decodes = next(r for r in range(num_reqs) if q_lens[r] != q_lens[0])
+    else:
+        is_prefill = [q > decode_threshold for q in q_lens]
+        num_decodes = is_prefill.index(True) if any(is_prefill) else num_reqs
+    if num_decodes == num_reqs:
+        num_decode_tokens = num_tokens
+    else:
+        num_decode_tokens = int(meta.query_start_loc[num_decodes])
+    decode_lens = tuple(int(q) for q in q_lens[:num_decodes])
+    return DecodeSplit(
+        num_decodes=num_decodes,
+        num_prefills=num_reqs - num_decodes,
+        num_decode_tokens=num_decode_tokens,
+        num_prefill_tokens=num_tokens - num_decode_tokens,
+        decode_lens=decode_lens,
+    )

@@ -1,0 +1,177 @@
+"""Reference of the sparse-attention indexer's decode path (domain.md section 3).
+
+Per decode token, the indexer scores every earlier key of its request and keeps
+the ``K`` best positions in the shared ``topk_indices_buffer``. Written per
+token, in NumPy, to be read:
+
+- decode ``b`` has ``d[b]`` tokens at rows ``query_start_loc[b] + j``;
+- token ``j`` of decode ``b`` sees ``ctx = seq_len[b] - d[b] + j + 1`` keys;
+- ``logit[k] = sum_h w[h] * relu(q[h] . key[k])`` for ``k < ctx``, ``-inf`` after,
+  where key ``k`` is read through the request's block table;
+- its row of the buffer gets the indices of the ``K`` largest logits (any
+  order), ``-1`` filling the row when fewer than ``K`` keys are visible.
+
+Only rows of real decode tokens (``0 .. sum(d)``) are written. Rows of padded
+decode tokens (``sum(d) .. N_d``, present when a graph pads the step) may hold
+anything; every other row, the prefill rows included, must stay as it was.
+
+The data are small integers stored as fp32, so every logit is exact in fp32
+whatever the summation order: a correct kernel matches bit for bit, and ties,
+which are frequent, are real ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from attnfuzz.reference.batch import (
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    build_common_metadata,
+    split_decodes_and_prefills,
+)
+
+_DATA_SEED_SALT = 0x1D3C  # keeps the data stream apart from the page-id stream
+
+
+@dataclass
+class IndexerDecodeInputs:
+    """What the engine hands the indexer's decode path for one layer.
+
+    Tensors live on the implementation's device; ``topk_indices_buffer`` is
+    shared by all layers and already holds the prefill path's rows. Host-side
+    integers are what the metadata builder knows on the CPU.
+    """
+
+    q: torch.Tensor  # fp32 [T, H, D]
+    weights: torch.Tensor  # fp32 [T, H]
+    kv_cache: torch.Tensor  # fp32 [num_blocks, block_size, D] (one MQA key head)
+    query_start_loc: torch.Tensor  # int32 [R+1]
+    seq_lens: torch.Tensor  # int32 [R]
+    block_table: torch.Tensor  # int32 [R, W]
+    decode_lens: torch.Tensor  # int32 [B]: d
+    topk_indices_buffer: torch.Tensor  # int32 [max_num_batched_tokens, K]
+    num_reqs: int
+    num_decodes: int  # B
+    num_decode_tokens: int  # N_d
+    max_decode_len: int  # L
+    requires_padding: bool
+    max_model_len: int
+    topk: int
+
+
+@dataclass
+class IndexerDecodeOutputs:
+    """What an implementation returns; it also writes ``topk_indices_buffer`` in place."""
+
+    logits: torch.Tensor  # fp32 [B*L, max_model_len]; rows of padded slots are not checked
+
+
+@dataclass
+class IndexerDecodeExpected:
+    logits: np.ndarray  # fp32 [B*L, max_model_len]
+    logit_rows: np.ndarray  # bool [B*L]: rows of real tokens
+    buffer: np.ndarray  # int32 [max_num_batched_tokens, K]: the buffer afterwards
+    checked_rows: np.ndarray  # bool [rows]: rows written by the decode path
+    free_rows: np.ndarray  # bool [rows]: rows of padded decode tokens (any content)
+    context_lens: np.ndarray  # int32 [rows]: visible keys of each checked row
+    logit_row: np.ndarray  # int64 [rows]: the logits row of each checked row, else -1
+
+
+def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
+    meta = build_common_metadata(case.config, case.batch)
+    return meta, split_decodes_and_prefills(meta, case.config.threshold)
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> IndexerDecodeInputs:
+    """Build every tensor of ``case`` from its seed (same values on every machine)."""
+    config = case.config
+    meta, split = describe(case)
+    T, H, D = meta.num_actual_tokens, config.num_heads, config.head_dim
+    gen = torch.Generator().manual_seed(case.batch.seed ^ _DATA_SEED_SALT)
+
+    def small_ints(*shape: int) -> torch.Tensor:
+        return torch.randint(-2, 3, shape, generator=gen).to(torch.float32)
+
+    q = small_ints(T, H, D)
+    weights = small_ints(T, H)
+    kv_cache = small_ints(meta.num_blocks, config.block_size, D)
+    # The shared buffer: stale rows from earlier steps, then this step's prefill rows.
+    buffer = torch.randint(
+        -1, config.max_model_len, (config.max_num_batched_tokens, config.topk), generator=gen
+    ).to(torch.int32)
+    prefill = slice(split.num_decode_tokens, split.num_decode_tokens + split.num_prefill_tokens)
+    buffer[prefill] = torch.randint(
+        0, config.max_model_len, (split.num_prefill_tokens, config.topk), generator=gen
+    ).to(torch.int32)
+
+    def dev(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(x).to(device)
+
+    return IndexerDecodeInputs(
+        q=dev(q),
+        weights=dev(weights),
+        kv_cache=dev(kv_cache),
+        query_start_loc=dev(meta.query_start_loc),
+        seq_lens=dev(meta.seq_lens),
+        block_table=dev(meta.block_table),
+        decode_lens=dev(np.asarray(split.decode_lens, dtype=np.int32)),
+        topk_indices_buffer=dev(buffer),
+        num_reqs=meta.num_reqs,
+        num_decodes=split.num_decodes,
+        num_decode_tokens=split.num_decode_tokens,
+        max_decode_len=split.max_decode_len,
+        requires_padding=split.requires_padding,
+        max_model_len=config.max_model_len,
+        topk=config.topk,
+    )
+
+
+def topk_row(logits: np.ndarray, ctx: int, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest of ``logits[:ctx]``, ``-1``-filled to ``k``."""
+    row = np.full(k, -1, dtype=np.int32)
+    order = np.argsort(-logits[:ctx], kind="stable")[:k]
+    row[: len(order)] = order
+    return row
+
+
+def reference(case: Case | None, inputs: IndexerDecodeInputs) -> IndexerDecodeExpected:
+    """The expected logits and buffer, token by token (everything is read off ``inputs``)."""
+    M, K, bs = inputs.max_model_len, inputs.topk, inputs.kv_cache.shape[1]
+    q = inputs.q.cpu().numpy()
+    w = inputs.weights.cpu().numpy()
+    kv = inputs.kv_cache.cpu().numpy()
+    qsl = inputs.query_start_loc.cpu().numpy()
+    seq_lens = inputs.seq_lens.cpu().numpy()
+    table = inputs.block_table.cpu().numpy()
+    buffer = inputs.topk_indices_buffer.cpu().numpy().copy()
+    d = inputs.decode_lens.cpu().numpy()
+    B, L = inputs.num_decodes, inputs.max_decode_len
+
+    logits = np.full((B * L, M), -np.inf, dtype=np.float32)
+    logit_rows = np.zeros(B * L, dtype=bool)
+    rows = buffer.shape[0]
+    checked = np.zeros(rows, dtype=bool)
+    context_lens = np.zeros(rows, dtype=np.int32)
+    logit_row = np.full(rows, -1, dtype=np.int64)
+    for b in range(B):
+        for j in range(int(d[b])):
+            token = int(qsl[b]) + j
+            ctx = int(seq_lens[b]) - int(d[b]) + j + 1
+            keys = np.stack([kv[table[b, k // bs], k % bs] for k in range(ctx)]) if ctx else None
+            row = logits[b * L + j]
+            if keys is not None:
+                scores = np.maximum(keys @ q[token].T, 0.0)  # [ctx, H]
+                row[:ctx] = scores @ w[token]
+            logit_rows[b * L + j] = True
+            buffer[token] = topk_row(row, ctx, K)
+            checked[token] = True
+            context_lens[token] = ctx
+            logit_row[token] = b * L + j
+    free = np.zeros(rows, dtype=bool)
+    num_real = int(d.sum()) if B else 0
+    free[num_real : inputs.num_decode_tokens] = True
+    return IndexerDecodeExpected(logits, logit_rows, buffer, checked, free, context_lens, logit_row)

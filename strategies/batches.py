@@ -1,0 +1,183 @@
+"""Hypothesis strategies for engine configs and scheduler steps.
+
+Every example is a :class:`~attnfuzz.reference.batch.Case`: small printable
+integers plus one data seed, from which the targets build their tensors with a
+``torch.Generator``. Nothing drawn is a tensor, so a failing case prints, saves
+and replays as plain JSON, independent of the Hypothesis version.
+
+The draws are shaped so that the rare meetings behind the historical bugs come
+up with useful probability (``next_n > 1`` and ragged or padded decodes and
+sizes that differ), and so that shrinking walks towards the smallest trigger:
+``next_n``, request counts and lengths all shrink towards small values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnfuzz.reference.batch import (
+    Batch,
+    Case,
+    EngineConfig,
+    build_common_metadata,
+    is_uniform_decode,
+    split_decodes_and_prefills,
+)
+from hypothesis import strategies as st
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Upper limits of the drawn sizes. ``SMALL`` is the default for campaigns."""
+
+    max_model_len: int = 256
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    topk: int = 16
+    num_heads: int = 4
+    head_dim: int = 16
+    max_next_n: int = 4
+
+
+SMALL = Scale()
+PRODUCTION = Scale(
+    max_model_len=131072,
+    max_num_seqs=256,
+    max_num_batched_tokens=16384,
+    topk=2048,
+    num_heads=64,
+    head_dim=128,
+)
+SCALES = {"small": SMALL, "production": PRODUCTION}
+
+_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@st.composite
+def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
+    """Engine limits, with ``max_num_batched_tokens`` both below and above ``max_model_len``."""
+    next_n = draw(st.integers(1, scale.max_next_n))
+    block_size = draw(st.sampled_from([b for b in _BLOCK_SIZES if b <= scale.max_model_len]))
+    max_model_len = draw(st.integers(max(8, next_n), scale.max_model_len))
+    max_num_seqs = draw(st.integers(1, scale.max_num_seqs))
+    # Enough for one full decode step; above or below max_model_len alike.
+    max_num_batched_tokens = draw(st.integers(next_n, scale.max_num_batched_tokens))
+    # Capture sizes: multiples of next_n that a decode step can fill.
+    max_graph_reqs = min(max_num_seqs, max_num_batched_tokens // next_n)
+    capture_reqs = draw(st.lists(st.integers(1, max(1, max_graph_reqs)), max_size=4, unique=True))
+    sizes = tuple(sorted(n * next_n for n in capture_reqs if n <= max_graph_reqs))
+    return EngineConfig(
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        num_spec=next_n - 1,
+        cudagraph_capture_sizes=sizes,
+        topk=draw(st.integers(1, scale.topk)),
+        num_heads=draw(st.integers(1, scale.num_heads)),
+        head_dim=draw(st.integers(1, scale.head_dim)),
+    )
+
+
+# Step shapes, in shrink order: the simplest first.
+SHAPES = ("uniform_decode", "ragged_decode", "mixed", "prefill")
+
+
+@st.composite
+def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
+    """One scheduler step that ``config`` admits, decodes first.
+
+    A shape is drawn first so that each class keeps its share: uniform decodes
+    (every ``q_len == next_n``, the ones graphs pad), ragged decodes (short
+    prefill chunks and fewer drafts give ``q_len < next_n``), mixed steps where
+    prefills follow the decodes, and prefills only. Request counts reach
+    ``max_num_seqs`` and token counts reach ``max_num_batched_tokens``.
+    """
+    next_n, threshold = config.next_n, config.threshold
+    shape = draw(st.sampled_from(SHAPES))
+    budget = config.max_num_batched_tokens
+    max_reqs = min(config.max_num_seqs, budget)  # every request needs >= 1 token
+    num_reqs = draw(st.integers(2 if shape == "mixed" and max_reqs > 1 else 1, max_reqs))
+
+    q_lens: list[int] = []
+    if shape == "uniform_decode":
+        num_reqs = min(num_reqs, budget // next_n)
+        q_lens = [next_n] * num_reqs
+    else:
+        num_decodes = {
+            "ragged_decode": num_reqs,
+            "mixed": draw(st.integers(1, num_reqs - 1)) if num_reqs > 1 else 0,
+            "prefill": 0,
+        }[shape]
+        for _ in range(num_decodes):
+            # Decode lengths 1..threshold; max_decode_len < next_n is reachable.
+            q = draw(st.integers(1, min(threshold, budget - (num_reqs - len(q_lens) - 1))))
+            q_lens.append(q)
+            budget -= q
+        for i in range(num_reqs - num_decodes):
+            left = num_reqs - num_decodes - i - 1  # requests still to place after this one
+            top = min(budget - left, config.max_model_len)
+            if top <= threshold:
+                break  # no room for another prefill
+            q = draw(st.integers(threshold + 1, top))
+            q_lens.append(q)
+            budget -= q
+    num_reqs = len(q_lens)
+    if num_reqs == 0:  # a step needs a request; one decode always fits
+        q_lens = [1]
+    computed = []
+    for q in q_lens:
+        room = config.max_model_len - q
+        computed.append(draw(st.integers(0, room)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    use_cudagraph = draw(st.booleans().map(lambda b: not b))  # shrinks towards True
+    return Batch(tuple(computed), tuple(q_lens), seed=seed, use_cudagraph=use_cudagraph)
+
+
+@st.composite
+def cases(draw: st.DrawFn, scale: Scale = SMALL) -> Case:
+    """An engine config and a step it admits."""
+    config = draw(engine_configs(scale))
+    return Case(config, draw(batches(config)))
+
+
+def scenario_labels(case: Case) -> list[str]:
+    """Scenario classes of a case, for ``hypothesis.event`` and coverage tables."""
+    config, batch = case.config, case.batch
+    meta = build_common_metadata(config, batch)
+    split = split_decodes_and_prefills(meta, config.threshold)
+    labels = [f"next_n={config.next_n}"]
+    if config.next_n > 1:
+        labels.append("next_n>1")
+    if split.num_decodes and not split.num_prefills:
+        labels.append("all_decode")
+    elif split.num_prefills and not split.num_decodes:
+        labels.append("all_prefill")
+    else:
+        labels.append("mixed")
+    if is_uniform_decode(config, batch):
+        labels.append("uniform_decode")
+    if split.requires_padding:
+        labels.append("requires_padding")
+    if split.num_decodes and split.max_decode_len < config.next_n:
+        labels.append("max_decode_len<next_n")
+    if meta.padded:
+        labels.append("padded")
+    elif not batch.use_cudagraph:
+        labels.append("eager")
+    if split.num_decodes and split.num_prefills:
+        labels.append("prefills_follow_decodes")
+    d = split.decode_lens
+    if d and split.num_decodes * max(d) != split.num_decode_tokens:
+        labels.append("B*L!=N_d")
+    if d and sum(d) != split.num_decode_tokens:
+        labels.append("sum(d)!=N_d")
+    if batch.num_reqs == config.max_num_seqs:
+        labels.append("at_max_num_seqs")
+    if sum(batch.q_lens) == config.max_num_batched_tokens:
+        labels.append("at_max_num_batched_tokens")
+    if config.max_num_batched_tokens < config.max_model_len:
+        labels.append("max_num_batched_tokens<max_model_len")
+    else:
+        labels.append("max_num_batched_tokens>=max_model_len")
+    return labels
