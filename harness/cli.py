@@ -100,7 +100,9 @@ def _print_failure(doc: dict, path: Path | None) -> None:
     for m in doc["verdict"]["mismatches"][:8]:
         print(f"  [{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
     print("minimized case:")
-    print("  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict()))
+    print(
+        "  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
+    )
     print("  derived: " + json.dumps(doc["derived"]))
     if path is not None:
         print(f"written to {path}")

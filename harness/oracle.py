@@ -67,9 +67,7 @@ def _short(x: object, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def expect_meta(
-    name: str, got: object, shape: Sequence[int], dtype: torch.dtype
-) -> list[Mismatch]:
+def expect_meta(name: str, got: object, shape: Sequence[int], dtype: torch.dtype) -> list[Mismatch]:
     """Exact shape and dtype; a non-tensor is a mismatch of its own."""
     if not isinstance(got, torch.Tensor):
         return [Mismatch("type", name, "a torch.Tensor", type(got).__name__)]
@@ -82,7 +80,10 @@ def expect_meta(
 
 
 def expect_equal(
-    name: str, got: torch.Tensor, expected: np.ndarray, rows: np.ndarray | None = None,
+    name: str,
+    got: torch.Tensor,
+    expected: np.ndarray,
+    rows: np.ndarray | None = None,
     check: str = "values",
 ) -> list[Mismatch]:
     """Exact equality, optionally on a boolean mask of rows; reports the first bad row."""

@@ -90,7 +90,9 @@ def fuzz(
     test = settings(
         max_examples=max_examples,
         deadline=None,  # the first Triton call compiles
-        database=None if rng_seed is not None or database is None else DirectoryBasedExampleDatabase(database),
+        database=None
+        if rng_seed is not None or database is None
+        else DirectoryBasedExampleDatabase(database),
         phases=phases,
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,

@@ -78,7 +78,9 @@ class Target:
             raise UsageError(f"implementation {spec!r} is not callable")
         return Implementation(spec, obj, "user", f"user implementation {spec}")
 
-    def judge(self, impl: Implementation, case: Case, device: torch.device | str = "cpu") -> Verdict:
+    def judge(
+        self, impl: Implementation, case: Case, device: torch.device | str = "cpu"
+    ) -> Verdict:
         """Run ``impl`` on ``case`` and compare it with the reference."""
         broken = violations(case.config, case.batch)
         if broken:

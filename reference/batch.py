@@ -241,7 +241,9 @@ def build_common_metadata(config: EngineConfig, batch: Batch) -> CommonMetadata:
     return meta
 
 
-def pad_for_cudagraph(meta: CommonMetadata, num_tokens_padded: int, num_reqs_padded: int) -> CommonMetadata:
+def pad_for_cudagraph(
+    meta: CommonMetadata, num_tokens_padded: int, num_reqs_padded: int
+) -> CommonMetadata:
     """Pad to a captured size: zero-length padding requests, slot -1 for padded tokens."""
     extra_reqs = num_reqs_padded - meta.num_reqs
     extra_tokens = num_tokens_padded - meta.num_actual_tokens

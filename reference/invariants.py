@@ -39,7 +39,9 @@ def config_violations(config: EngineConfig) -> list[str]:
                 f"and <= max_num_batched_tokens={config.max_num_batched_tokens}"
             )
         if s // config.next_n > config.max_num_seqs:
-            out.append(f"capture size {s} needs more than max_num_seqs={config.max_num_seqs} requests")
+            out.append(
+                f"capture size {s} needs more than max_num_seqs={config.max_num_seqs} requests"
+            )
     return out
 
 
@@ -57,7 +59,7 @@ def batch_violations(config: EngineConfig, batch: Batch) -> list[str]:
     if max(batch.seq_lens, default=0) > config.max_model_len:
         out.append(f"a seq_len exceeds max_model_len={config.max_model_len}")
     is_decode = [q <= config.threshold for q in batch.q_lens]
-    if any(not a and b for a, b in zip(is_decode, is_decode[1:])):
+    if any(not a and b for a, b in zip(is_decode, is_decode[1:], strict=False)):
         out.append(f"decodes must come first: q_lens={list(batch.q_lens)}")
     if not 0 <= batch.seed < 2**63:
         out.append("seed must be a non-negative 64-bit integer")
