@@ -174,3 +174,43 @@ def exception_mismatch(where: str, err: BaseException) -> Mismatch:
     """An exception raised on a valid case is a finding: keep its type and message."""
     msg = " ".join(str(err).split())
     return Mismatch("exception", where, "no exception", _short(f"{type(err).__name__}: {msg}", 400))
+
+
+def expect_strides(name: str, got: torch.Tensor, strides: Sequence[int]) -> list[Mismatch]:
+    """Exact strides (a consumer indexing with its own strides reads wrong elements)."""
+    if tuple(got.stride()) != tuple(strides):
+        return [Mismatch("stride", name, str(tuple(strides)), str(tuple(got.stride())))]
+    return []
+
+
+def expect_contiguous(name: str, got: torch.Tensor) -> list[Mismatch]:
+    if not got.is_contiguous():
+        return [
+            Mismatch(
+                "contiguous",
+                name,
+                "a contiguous tensor",
+                f"shape {list(got.shape)} with strides {tuple(got.stride())}",
+            )
+        ]
+    return []
+
+
+def expect_view_of(
+    name: str, got: torch.Tensor, buffer: torch.Tensor, offset: int = 0
+) -> list[Mismatch]:
+    """``got`` lives inside ``buffer``'s storage, starting ``offset`` elements in."""
+    if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
+        return [Mismatch("view", name, "a view of the preallocated buffer", "new storage")]
+    start = got.storage_offset() - buffer.storage_offset()
+    if start != offset:
+        return [Mismatch("view", name, f"a view at element {offset}", f"element {start}")]
+    return []
+
+
+def expect_no_allocation(name: str, allocated: Sequence[str]) -> list[Mismatch]:
+    """Graph safety: nothing allocated inside the call."""
+    if allocated:
+        listed = "; ".join(allocated[:3]) + (" ..." if len(allocated) > 3 else "")
+        return [Mismatch("graph", name, "no allocation (graph-safe)", _short(listed, 300))]
+    return []

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from attnfuzz.harness.oracle import Mismatch, Verdict, exception_mismatch
+from attnfuzz.harness.graph import allocations
+from attnfuzz.harness.oracle import Mismatch, Verdict, exception_mismatch, expect_no_allocation
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.invariants import violations
 from attnfuzz.strategies.batches import SMALL, Scale, cases
@@ -49,6 +50,7 @@ class Target:
     compare: Callable[[Case, Any, Any, Any], list[Mismatch]]
     implementations: dict[str, Implementation] = field(default_factory=dict)
     strategy: Callable[[Scale], st.SearchStrategy[Case]] = cases
+    graph_safe: bool = False  # the call is replayed in a CUDA graph: it may not allocate
 
     def add(self, impl: Implementation) -> None:
         self.implementations[impl.name] = impl
@@ -87,8 +89,13 @@ class Target:
             raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
         inputs = self.make_inputs(case, torch.device(device))
         expected = self.reference(case, inputs)  # before the implementation writes its buffers
+        allocated: list[str] = []
         try:
-            got = impl.fn(inputs)
+            if self.graph_safe:
+                got, allocated = allocations(impl.fn, inputs)
+            else:
+                got = impl.fn(inputs)
         except Exception as err:  # a crash on a valid case is a finding
             return Verdict([exception_mismatch(impl.name, err)])
-        return Verdict(self.compare(case, inputs, expected, got))
+        mismatches = self.compare(case, inputs, expected, got)
+        return Verdict(mismatches + expect_no_allocation(impl.name, allocated))
