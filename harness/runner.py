@@ -41,6 +41,16 @@ class RunResult:
     case: Case | None = None  # the minimized failing case
     verdict: Verdict | None = None
     labels: Counter = field(default_factory=Counter)
+    phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+    def time_breakdown(self) -> dict[str, float]:
+        """Seconds per phase; ``generation`` is everything outside the judge (Hypothesis)."""
+        judged = sum(self.phase_seconds.values())
+        return {"generation": max(self.seconds - judged, 0.0), **self.phase_seconds}
 
     @property
     def failed(self) -> bool:
@@ -71,7 +81,7 @@ def fuzz(
         for label in scenario_labels(case):
             event(label)
             result.labels[label] += 1
-        verdict = target.judge(impl, case, device)
+        verdict = target.judge(impl, case, device, result.phase_seconds)
         result.examples += 1
         if not verdict.ok:
             if result.examples_to_failure is None:

@@ -11,6 +11,8 @@ self-check), the historical bugs (mutants), or a user's own
 from __future__ import annotations
 
 import importlib
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,14 +83,25 @@ class Target:
         return Implementation(spec, obj, "user", f"user implementation {spec}")
 
     def judge(
-        self, impl: Implementation, case: Case, device: torch.device | str = "cpu"
+        self,
+        impl: Implementation,
+        case: Case,
+        device: torch.device | str = "cpu",
+        clock: Counter | None = None,
     ) -> Verdict:
-        """Run ``impl`` on ``case`` and compare it with the reference."""
+        """Run ``impl`` on ``case`` and compare it with the reference.
+
+        ``clock``, when given, accumulates the seconds spent in each phase:
+        ``inputs``, ``reference``, ``implementation`` and ``oracle``.
+        """
+        lap = _Lap(clock)
         broken = violations(case.config, case.batch)
         if broken:
             raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
         inputs = self.make_inputs(case, torch.device(device))
+        lap("inputs")
         expected = self.reference(case, inputs)  # before the implementation writes its buffers
+        lap("reference")
         allocated: list[str] = []
         try:
             if self.graph_safe:
@@ -96,6 +109,23 @@ class Target:
             else:
                 got = impl.fn(inputs)
         except Exception as err:  # a crash on a valid case is a finding
+            lap("implementation")
             return Verdict([exception_mismatch(impl.name, err)])
+        lap("implementation")
         mismatches = self.compare(case, inputs, expected, got)
-        return Verdict(mismatches + expect_no_allocation(impl.name, allocated))
+        verdict = Verdict(mismatches + expect_no_allocation(impl.name, allocated))
+        lap("oracle")
+        return verdict
+
+
+class _Lap:
+    """Adds the seconds since the previous lap to ``clock[phase]``."""
+
+    def __init__(self, clock: Counter | None):
+        self.clock, self.last = clock, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        if self.clock is not None:
+            now = time.perf_counter()
+            self.clock[phase] += now - self.last
+            self.last = now

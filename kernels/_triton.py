@@ -20,6 +20,15 @@ import triton.language as tl  # noqa: E402
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+# The combiner of ``tl.sum``/``tl.cumsum``. Kernels reduce with
+# ``tl.reduce(x, axis, add)`` and scan with ``tl.associative_scan(x, axis, add)``
+# in hot loops: compiled, that is exactly what ``tl.sum``/``tl.cumsum`` emit;
+# interpreted, it skips a ``@jit`` helper call, which re-patches
+# ``triton.language`` each time (about 1.5 ms), and goes straight to NumPy.
+# For the same reason kernels write ``tl.full(shape, 0, dtype)``, a builtin,
+# rather than the ``@jit`` helper ``tl.zeros``.
+add = tl.standard._sum_combine
+
 
 def device() -> torch.device:
     """Where kernels run: CUDA when compiled, the CPU under the interpreter."""
@@ -37,4 +46,4 @@ def block(n: int, *, interpret_cap: int = 4096, cuda_cap: int = 64, floor: int =
     return max(floor, min(triton.next_power_of_2(max(n, 1)), cap))
 
 
-__all__ = ["INTERPRET", "block", "device", "tl", "triton"]
+__all__ = ["INTERPRET", "add", "block", "device", "tl", "triton"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
-from attnfuzz.kernels._triton import INTERPRET, block, tl, triton
+from attnfuzz.kernels._triton import INTERPRET, add, block, tl, triton
 
 # ---------------------------------------------------------------------------
 # pack / unpack: token-major rows <-> [B, L] per-request rows
@@ -168,9 +168,9 @@ def _paged_mqa_logits_kernel(
         other=0,
     )
     slot = (page.to(tl.int64) * block_size + keys[None, :] % block_size) * D  # [R, N]
-    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+    acc = tl.full((BLOCK_R, BLOCK_N), 0, tl.float32)
     for h in range(H):
-        score = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+        score = tl.full((BLOCK_R, BLOCK_N), 0, tl.float32)
         for d0 in range(0, D, BLOCK_D):
             dims = d0 + tl.arange(0, BLOCK_D)
             in_d = dims < D
@@ -184,7 +184,7 @@ def _paged_mqa_logits_kernel(
                 mask=visible[:, :, None] & in_d[None, None, :],
                 other=0.0,
             )
-            score += tl.sum(q[:, None, :].to(tl.float32) * k.to(tl.float32), axis=2)
+            score += tl.reduce(q[:, None, :].to(tl.float32) * k.to(tl.float32), 2, add)
         w = tl.load(w_ptr + rows * H + h, mask=in_rows, other=0.0).to(tl.float32)
         acc += w[:, None] * tl.maximum(score, 0.0)
     acc = tl.where(visible, acc, float("-inf"))
@@ -247,9 +247,9 @@ def paged_mqa_logits(
 
 @triton.jit
 def _order_key(x):
-    # fp32 -> int32 with the same order: flip the magnitude bits of negatives.
+    # fp32 -> [0, 2**32) with the same order: flip the magnitude bits of negatives.
     bits = x.to(tl.int32, bitcast=True)
-    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2**31
 
 
 @triton.jit
@@ -263,57 +263,64 @@ def _top_k_kernel(
     n_valid = tl.minimum(tl.maximum(tl.load(lengths_ptr + rows, mask=in_rows, other=0), 0), N)
     row_base = logits_ptr + rows[:, None].to(tl.int64) * logits_stride
 
-    # 1. Bisect over the int32 key range for t, the K-th largest key of each
-    #    row: the largest t with count(key >= t) >= K (or the minimum when a
-    #    row has fewer than K candidates). 32 halvings pin it exactly.
-    lo = tl.full((BLOCK_R,), -(2**31), tl.int64)
-    hi = tl.full((BLOCK_R,), 2**31 - 1, tl.int64)
+    # 1. Radix select for t, the K-th largest key of each row: the largest t
+    #    with count(key >= t) >= K (0 when a row has fewer than K candidates).
+    #    Four bits a pass from the top: count the keys at or above each of the
+    #    16 candidate digits, keep the largest digit that still holds K keys.
+    digits = tl.arange(0, 16).to(tl.int64)
+    t = tl.full((BLOCK_R,), 0, tl.int64)
     if ONE_TILE:  # the whole row fits one tile: read it once
         cols = tl.arange(0, BLOCK_N)
         valid = in_rows[:, None] & (cols[None, :] < n_valid[:, None])
         key = _order_key(tl.load(row_base + cols[None, :], mask=valid, other=0.0))
-        for _ in range(32):
-            mid = (lo + hi + 1) >> 1
-            count = tl.sum((valid & (key >= mid[:, None])).to(tl.int32), axis=1)
-            lo = tl.where(count >= K, mid, lo)
-            hi = tl.where(count >= K, hi, mid - 1)
-    else:
-        for _ in range(32):
-            mid = (lo + hi + 1) >> 1
-            count = tl.zeros((BLOCK_R,), tl.int32)
+    for p in tl.static_range(8):
+        shift = 28 - 4 * p
+        cand = (t[:, None] + (digits[None, :] << shift))[:, :, None]  # [R, 16, 1]
+        if ONE_TILE:
+            at_or_above = valid[:, None, :] & (key[:, None, :] >= cand)
+            count = tl.reduce(at_or_above.to(tl.int32), 2, add)
+        else:
+            count = tl.full((BLOCK_R, 16), 0, tl.int32)
             for n0 in range(0, N, BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 valid = in_rows[:, None] & (cols[None, :] < n_valid[:, None])
                 key = _order_key(tl.load(row_base + cols[None, :], mask=valid, other=0.0))
-                count += tl.sum((valid & (key >= mid[:, None])).to(tl.int32), axis=1)
-            lo = tl.where(count >= K, mid, lo)
-            hi = tl.where(count >= K, hi, mid - 1)
-    threshold = lo[:, None]
+                at_or_above = valid[:, None, :] & (key[:, None, :] >= cand)
+                count += tl.reduce(at_or_above.to(tl.int32), 2, add)
+        # count falls as the digit grows: the digits that hold K are 0 .. best.
+        holding = tl.reduce((count >= K).to(tl.int64), 1, add)
+        t += tl.maximum(holding - 1, 0) << shift
+    threshold = t[:, None]
 
     # 2. Count keys above the threshold: they all go in, ties fill the rest.
-    above = tl.zeros((BLOCK_R,), tl.int32)
+    above = tl.full((BLOCK_R,), 0, tl.int32)
     for n0 in range(0, N, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         valid = in_rows[:, None] & (cols[None, :] < n_valid[:, None])
         key = _order_key(tl.load(row_base + cols[None, :], mask=valid, other=0.0))
-        above += tl.sum((valid & (key > threshold)).to(tl.int32), axis=1)
+        above += tl.reduce((valid & (key > threshold)).to(tl.int32), 1, add)
 
     # 3. Compact: a running offset per row plus a prefix sum within the tile.
     out_base = out_ptr + rows[:, None].to(tl.int64) * out_stride
-    done_above = tl.zeros((BLOCK_R,), tl.int32)
-    done_ties = tl.zeros((BLOCK_R,), tl.int32)
+    done_above = tl.full((BLOCK_R,), 0, tl.int32)
+    done_ties = tl.full((BLOCK_R,), 0, tl.int32)
     for n0 in range(0, N, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         valid = in_rows[:, None] & (cols[None, :] < n_valid[:, None])
         key = _order_key(tl.load(row_base + cols[None, :], mask=valid, other=0.0))
         is_above = valid & (key > threshold)
         is_tie = valid & (key == threshold)
-        pos = done_above[:, None] + tl.cumsum(is_above.to(tl.int32), axis=1) - 1
+        pos = done_above[:, None] + tl.associative_scan(is_above.to(tl.int32), 1, add) - 1
         tl.store(out_base + pos, cols[None, :].broadcast_to(pos.shape), mask=is_above)
-        pos = above[:, None] + done_ties[:, None] + tl.cumsum(is_tie.to(tl.int32), axis=1) - 1
+        pos = (
+            above[:, None]
+            + done_ties[:, None]
+            + tl.associative_scan(is_tie.to(tl.int32), 1, add)
+            - 1
+        )
         tl.store(out_base + pos, cols[None, :].broadcast_to(pos.shape), mask=is_tie & (pos < K))
-        done_above += tl.sum(is_above.to(tl.int32), axis=1)
-        done_ties += tl.sum(is_tie.to(tl.int32), axis=1)
+        done_above += tl.reduce(is_above.to(tl.int32), 1, add)
+        done_ties += tl.reduce(is_tie.to(tl.int32), 1, add)
 
     # 4. Rows with fewer than K candidates: -1 in the remaining slots.
     chosen = tl.minimum(n_valid, K)
