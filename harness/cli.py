@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -153,7 +154,14 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     doc = read_case(args.case)
     target = get_target(doc["target"])
-    impl = target.resolve(args.impl or doc["implementation"])
+    name = args.impl or doc["implementation"]
+    if args.impl is None and name not in target.implementations:
+        # A case file is data: it never makes attnfuzz import a module.
+        raise UsageError(
+            f"{args.case} was found on {name!r}, which is not registered; "
+            f"replay it with --impl {name}"
+        )
+    impl = target.resolve(name)
     verdict = target.judge(impl, doc["case"], _device(args.device))
     print(f"{target.name} / {impl.name}: {verdict}")
     return EXIT_OK if verdict.ok else EXIT_FAILURE
@@ -161,6 +169,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}[args.command](args)
     except UsageError as err:

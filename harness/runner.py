@@ -7,6 +7,7 @@ with ``hypothesis.event`` and records the minimized failing case.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def fuzz(
             result.case, result.verdict = case, verdict
             raise Finding(verdict)
 
-    check.__name__ = f"fuzz_{target.name}_{impl.name}".replace("-", "_")
+    check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
     # One database key per target and implementation.
     check._hypothesis_internal_add_digest = f"{target.name}/{impl.name}".encode()  # type: ignore[attr-defined]
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]

@@ -4,6 +4,42 @@ from __future__ import annotations
 
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import RunResult, fuzz
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.invariants import violations
+
+
+def spec_config(**overrides) -> EngineConfig:
+    """The engine of domain.md's examples, shrunk: next_n = 2, K = 4, max_model_len = 64.
+
+    Capture sizes are multiples of next_n up to 128, 8 and 104 among them.
+    """
+    base = dict(
+        max_model_len=64,
+        max_num_seqs=64,
+        max_num_batched_tokens=256,
+        block_size=4,
+        num_spec=1,
+        cudagraph_capture_sizes=(2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 104, 112, 128),
+        topk=4,
+        num_heads=2,
+        head_dim=4,
+    )
+    base.update(overrides)
+    return EngineConfig(**base)
+
+
+def hand_case(
+    q_lens: tuple[int, ...],
+    computed: tuple[int, ...],
+    use_cudagraph: bool = True,
+    seed: int = 7,
+    **config,
+) -> Case:
+    """A hand-written case on :func:`spec_config`; refuses one the engine could not produce."""
+    case = Case(spec_config(**config), Batch(tuple(computed), tuple(q_lens), seed, use_cudagraph))
+    broken = violations(case.config, case.batch)
+    assert not broken, broken
+    return case
 
 
 def assert_passes(target: str, impl: str, max_examples: int = 300, seed: int = 0) -> RunResult:

@@ -161,8 +161,13 @@ def scenario_labels(case: Case) -> list[str]:
         labels.append("requires_padding")
     if split.num_decodes and split.max_decode_len < config.next_n:
         labels.append("max_decode_len<next_n")
+    real_d = split.decode_lens[: meta.num_real_reqs]
+    if real_d and min(real_d) != max(real_d):
+        labels.append("ragged_decode")  # short prefill chunks or fewer drafts
     if meta.padded:
         labels.append("padded")
+        if meta.num_reqs > meta.num_real_reqs:
+            labels.append("padding_requests")
     elif not batch.use_cudagraph:
         labels.append("eager")
     if split.num_decodes and split.num_prefills:

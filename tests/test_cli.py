@@ -1,0 +1,142 @@
+"""The ``attnfuzz`` command: exit codes, case files, replay, user implementations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from attnfuzz.harness.casefile import SCHEMA, read_case
+from attnfuzz.harness.cli import main
+from attnfuzz.harness.target import UsageError
+
+
+def run(tmp_path, *args: str) -> int:
+    return main(["run", "--db", str(tmp_path / "db"), "--out", str(tmp_path / "cases"), *args])
+
+
+def test_list_names_targets_implementations_and_mutants(capsys):
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert "indexer-decode" in text and "pr39542-overlap" in text and "mutant" in text
+    assert main(["list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    impls = {i["name"]: i["kind"] for i in rows[0]["implementations"]}
+    assert impls["triton"] == "fixed" and impls["pr39542-writeback"] == "mutant"
+
+
+def test_run_passes_on_triton(tmp_path, capsys):
+    assert run(tmp_path, "--target", "indexer-decode", "--impl", "triton",
+               "--max-examples", "20", "--seed", "0") == 0  # fmt: skip
+    assert "PASS" in capsys.readouterr().out
+    assert not (tmp_path / "cases").exists()
+
+
+def test_run_finds_a_mutant_writes_the_case_and_repro_replays_it(tmp_path, capsys):
+    code = run(tmp_path, "--target", "indexer-decode", "--impl", "pr39542-writeback",
+               "--max-examples", "500", "--seed", "0")  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1
+    (path,) = (tmp_path / "cases").glob("*.json")
+    assert f"attnfuzz repro {path}" in out and "minimized case:" in out
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == SCHEMA and doc["implementation"] == "pr39542-writeback"
+    assert doc["verdict"]["key"].startswith("exception:")
+    assert doc["derived"]["next_n"] >= 2 and set(doc["environment"]) >= {"torch", "hypothesis"}
+    # The same verdict on replay; the fixed implementation passes it.
+    assert main(["repro", str(path)]) == 1
+    assert doc["verdict"]["mismatches"][0]["got"] in capsys.readouterr().out
+    assert main(["repro", str(path), "--impl", "triton"]) == 0
+
+
+def test_a_found_failure_is_retried_first_from_the_database(tmp_path):
+    args = ["--target", "indexer-decode", "--impl", "pr39542-overlap", "--max-examples", "300"]
+    assert run(tmp_path, *args) == 1
+    assert any((tmp_path / "db").rglob("*")), "the failure was not saved"
+    assert run(tmp_path, *args) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--target", "nope"], "unknown target 'nope'"),
+        (["run", "--target", "indexer-decode", "--impl", "nope"], "unknown implementation"),
+        (["run", "--target", "indexer-decode", "--impl", "no_such_mod:f"], "cannot load"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "many"])
+def test_bad_numbers_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--target", "indexer-decode", "--max-examples", bad])
+    assert exc.value.code == 2
+    assert "--max-examples" in capsys.readouterr().err
+
+
+def write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_bad_case_files_are_usage_errors(tmp_path, capsys):
+    good = {"schema": SCHEMA, "target": "indexer-decode", "implementation": "triton",
+            "case": {"config": {}, "batch": {}}}  # fmt: skip
+    cases = {
+        "truncated.json": '{"schema": "attnfuzz.case/1", "tar',
+        "list.json": "[1, 2]",
+        "schema.json": json.dumps({**good, "schema": "attnfuzz.case/99"}),
+        "fields.json": json.dumps(good),
+    }
+    for name, text in cases.items():
+        path = write(tmp_path, name, text)
+        with pytest.raises(UsageError):
+            read_case(path)
+        assert main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and "unsupported schema" in err and "malformed case" in err
+    assert main(["repro", str(tmp_path / "missing.json")]) == 2
+
+
+USER_MODULE = textwrap.dedent(
+    """
+    from attnfuzz.kernels.indexer_decode import indexer_decode
+
+    def mine(inputs):
+        return indexer_decode(inputs)
+
+    def broken(inputs):
+        # forgets the decode path's write-back entirely
+        from attnfuzz.reference.indexer_decode import IndexerDecodeOutputs, reference
+        return IndexerDecodeOutputs(__import__("torch").as_tensor(reference(None, inputs).logits))
+    """
+)
+
+
+def test_user_implementation_by_module_attribute(tmp_path):
+    """The console script finds the user's module from the working directory."""
+    write(tmp_path, "my_indexer.py", USER_MODULE)
+    exe = [sys.executable, "-c", "from attnfuzz.harness.cli import main; raise SystemExit(main())"]
+    common = ["run", "--target", "indexer-decode", "--max-examples", "15", "--seed", "1",
+              "--db", "db", "--out", "cases"]  # fmt: skip
+    ok = subprocess.run([*exe, *common, "--impl", "my_indexer:mine"], cwd=tmp_path,
+                        capture_output=True, text=True)  # fmt: skip
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([*exe, *common, "--impl", "my_indexer:broken"], cwd=tmp_path,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    (case,) = (tmp_path / "cases").glob("*.json")
+    # A case file never makes attnfuzz import a module: the user names it again.
+    replay = subprocess.run([*exe, "repro", str(case)], cwd=tmp_path, capture_output=True,
+                            text=True)  # fmt: skip
+    assert replay.returncode == 2 and "--impl my_indexer:broken" in replay.stderr
+    replay = subprocess.run([*exe, "repro", str(case), "--impl", "my_indexer:broken"],
+                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert replay.returncode == 1, replay.stdout + replay.stderr
