@@ -64,8 +64,14 @@ def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
     max_num_batched_tokens = draw(st.integers(next_n, scale.max_num_batched_tokens))
     # Capture sizes: multiples of next_n that a decode step can fill.
     max_graph_reqs = min(max_num_seqs, max_num_batched_tokens // next_n)
-    capture_reqs = draw(st.lists(st.integers(1, max(1, max_graph_reqs)), max_size=4, unique=True))
-    sizes = tuple(sorted(n * next_n for n in capture_reqs if n <= max_graph_reqs))
+    capture_reqs = draw(
+        st.lists(st.integers(1, max(1, max_graph_reqs)), min_size=1, max_size=4, unique=True)
+    )
+    # Engines capture up to their largest decode step, so that every decode
+    # step runs in some graph, padded unless its size was captured.
+    if draw(st.booleans().map(lambda b: not b)):  # shrinks towards True
+        capture_reqs.append(max_graph_reqs)
+    sizes = tuple(sorted({n * next_n for n in capture_reqs if n <= max_graph_reqs}))
     return EngineConfig(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
@@ -97,11 +103,12 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
     shape = draw(st.sampled_from(SHAPES))
     budget = config.max_num_batched_tokens
     max_reqs = min(config.max_num_seqs, budget)  # every request needs >= 1 token
+    if shape == "uniform_decode":
+        max_reqs = max(1, min(max_reqs, budget // next_n))
     num_reqs = draw(st.integers(2 if shape == "mixed" and max_reqs > 1 else 1, max_reqs))
 
     q_lens: list[int] = []
     if shape == "uniform_decode":
-        num_reqs = min(num_reqs, budget // next_n)
         q_lens = [next_n] * num_reqs
     else:
         num_decodes = {
