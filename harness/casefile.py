@@ -122,6 +122,7 @@ def read_case(path: Path | str) -> dict[str, Any]:
 
 def _check_scalars(case: Case) -> None:
     values = list(case.config.to_dict().values()) + list(case.batch.to_dict().values())
+    values += [v for _, v in case.params]
     for v in values:
         items = v if isinstance(v, list) else [v]
         for x in items:

@@ -119,17 +119,39 @@ class Batch:
 
 @dataclass(frozen=True)
 class Case:
-    """What a fuzz example is: an engine config and one batch. JSON-printable."""
+    """What a fuzz example is: an engine config, one batch, and target parameters.
+
+    ``params`` holds the few extra integers a target draws for itself (a
+    FlexAttention query block size, a sliding window, ...), sorted by name.
+    Everything is JSON-printable.
+    """
 
     config: EngineConfig
     batch: Batch
+    params: tuple[tuple[str, int], ...] = ()
+
+    def param(self, name: str) -> int:
+        for key, value in self.params:
+            if key == name:
+                return value
+        raise KeyError(f"case has no parameter {name!r} (has: {[k for k, _ in self.params]})")
 
     def to_dict(self) -> dict:
-        return {"config": self.config.to_dict(), "batch": self.batch.to_dict()}
+        d = {"config": self.config.to_dict(), "batch": self.batch.to_dict()}
+        if self.params:
+            d["params"] = dict(self.params)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Case:
-        return cls(EngineConfig.from_dict(d["config"]), Batch.from_dict(d["batch"]))
+        params = d.get("params", {})
+        if not isinstance(params, dict):
+            raise TypeError(f"params must be an object, got {type(params).__name__}")
+        return cls(
+            EngineConfig.from_dict(d["config"]),
+            Batch.from_dict(d["batch"]),
+            tuple(sorted((str(k), v) for k, v in params.items())),
+        )
 
 
 @dataclass

@@ -13,6 +13,7 @@ sizes that differ), and so that shrinking walks towards the smallest trigger:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from attnfuzz.reference.batch import (
@@ -142,10 +143,20 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
 
 
 @st.composite
-def cases(draw: st.DrawFn, scale: Scale = SMALL) -> Case:
-    """An engine config and a step it admits."""
+def cases(
+    draw: st.DrawFn,
+    scale: Scale = SMALL,
+    params: Mapping[str, st.SearchStrategy[int]] | None = None,
+) -> Case:
+    """An engine config, a step it admits, and the target's own parameters.
+
+    ``params`` maps a parameter name to a strategy of integers, drawn after
+    the step (so a target with parameters shrinks its batch the same way).
+    """
     config = draw(engine_configs(scale))
-    return Case(config, draw(batches(config)))
+    batch = draw(batches(config))
+    drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))
+    return Case(config, batch, drawn)
 
 
 def scenario_labels(case: Case) -> list[str]:
