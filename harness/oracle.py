@@ -91,7 +91,7 @@ def expect_equal(
     e = np.asarray(expected)
     if g.shape != e.shape:
         return [Mismatch("shape", name, str(list(e.shape)), str(list(g.shape)))]
-    bad = (g != e) if g.ndim == 1 else (g != e).reshape(g.shape[0], -1).any(axis=1)
+    bad = (g != e).any(axis=tuple(range(1, g.ndim)))  # one flag per row
     if rows is not None:
         bad &= rows
     idx = np.flatnonzero(bad)
@@ -177,8 +177,11 @@ def exception_mismatch(where: str, err: BaseException) -> Mismatch:
 
 
 def expect_strides(name: str, got: torch.Tensor, strides: Sequence[int]) -> list[Mismatch]:
-    """Exact strides (a consumer indexing with its own strides reads wrong elements)."""
-    if tuple(got.stride()) != tuple(strides):
+    """Exact strides of every dimension longer than 1 (a consumer indexing with its
+    own strides reads wrong elements); the stride of a dimension of size 0 or 1
+    is never used to address anything, as ``torch.Tensor.is_contiguous`` agrees."""
+    used = [i for i, n in enumerate(got.shape) if n > 1]
+    if [got.stride(i) for i in used] != [strides[i] for i in used]:
         return [Mismatch("stride", name, str(tuple(strides)), str(tuple(got.stride())))]
     return []
 
@@ -214,3 +217,46 @@ def expect_no_allocation(name: str, allocated: Sequence[str]) -> list[Mismatch]:
         listed = "; ".join(allocated[:3]) + (" ..." if len(allocated) > 3 else "")
         return [Mismatch("graph", name, "no allocation (graph-safe)", _short(listed, 300))]
     return []
+
+
+def _element_offsets(t: torch.Tensor) -> np.ndarray:
+    """Storage offsets (in elements) of every element of ``t``."""
+    offsets = np.full((), t.storage_offset(), dtype=np.int64)
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride
+    return offsets.reshape(-1)
+
+
+def expect_inside(name: str, got: torch.Tensor, buffer: torch.Tensor) -> list[Mismatch]:
+    """``got`` is a view whose every element lies inside the preallocated ``buffer``."""
+    if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
+        return [Mismatch("view", name, "a view of the preallocated buffer", "new storage")]
+    offsets = _element_offsets(got)
+    lo, hi = buffer.storage_offset(), buffer.storage_offset() + buffer.numel()
+    if offsets.size and (offsets.min() < lo or offsets.max() >= hi):
+        return [
+            Mismatch(
+                "view",
+                name,
+                f"elements inside the buffer [{lo}, {hi})",
+                f"elements [{offsets.min()}, {offsets.max()}]",
+            )
+        ]
+    return []
+
+
+def expect_untouched_outside(
+    name: str, buffer: torch.Tensor, before: np.ndarray, view: torch.Tensor
+) -> list[Mismatch]:
+    """Every element of the flat ``buffer`` outside ``view`` still holds ``before``."""
+    after = buffer.detach().cpu().numpy().reshape(-1)
+    owned = np.zeros(after.shape, dtype=bool)
+    if view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
+        offsets = _element_offsets(view) - buffer.storage_offset()
+        owned[offsets[(offsets >= 0) & (offsets < after.size)]] = True
+    bad = np.flatnonzero((after != np.asarray(before).reshape(-1)) & ~owned)
+    if not len(bad):
+        return []
+    i = int(bad[0])
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return [Mismatch("unchanged", f"{name}[{i}]{more}", str(before.reshape(-1)[i]), str(after[i]))]

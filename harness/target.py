@@ -40,7 +40,10 @@ class Implementation:
     fn: Callable[[Any], Any]
     kind: str  # "fixed", "reference", "mutant" or "user"
     description: str = ""
-    trigger: Callable[[Case], bool] | None = None  # mutants: when the bug can show
+    # Mutants only, for the zoo's scoreboard: ``reach`` says a case runs the
+    # code the bug lives in; ``trigger`` says the case meets the bug's condition.
+    trigger: Callable[[Case], bool] | None = None
+    reach: Callable[[Case], bool] | None = None
 
 
 @dataclass
@@ -51,7 +54,9 @@ class Target:
     reference: Callable[[Case, Any], Any]
     compare: Callable[[Case, Any, Any, Any], list[Mismatch]]
     implementations: dict[str, Implementation] = field(default_factory=dict)
-    strategy: Callable[[Scale], st.SearchStrategy[Case]] = cases
+    # The target's own integers (``Case.params``): name -> inclusive range. They
+    # are drawn after the step by Hypothesis and uniformly by the baselines.
+    params: dict[str, tuple[int, int]] = field(default_factory=dict)
     graph_safe: bool = False  # the call is replayed in a CUDA graph: it may not allocate
 
     def add(self, impl: Implementation) -> None:
@@ -62,7 +67,20 @@ class Target:
         return [i for i in self.implementations.values() if i.kind == "mutant"]
 
     def cases(self, scale: Scale = SMALL) -> st.SearchStrategy[Case]:
-        return self.strategy(scale)
+        params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
+        return cases(scale, params)
+
+    def param_violations(self, case: Case) -> list[str]:
+        """The case's own integers are exactly the target's, each inside its range."""
+        names = [name for name, _ in case.params]
+        if sorted(names) != sorted(self.params):
+            return [f"{self.name} takes parameters {sorted(self.params)}, the case has {names}"]
+        out = []
+        for name, value in case.params:
+            lo, hi = self.params[name]
+            if not lo <= value <= hi:
+                out.append(f"parameter {name}={value} outside [{lo}, {hi}]")
+        return out
 
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable."""
@@ -95,7 +113,7 @@ class Target:
         ``inputs``, ``reference``, ``implementation`` and ``oracle``.
         """
         lap = _Lap(clock)
-        broken = violations(case.config, case.batch)
+        broken = violations(case.config, case.batch) + self.param_violations(case)
         if broken:
             raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
         inputs = self.make_inputs(case, torch.device(device))
@@ -113,7 +131,8 @@ class Target:
             return Verdict([exception_mismatch(impl.name, err)])
         lap("implementation")
         mismatches = self.compare(case, inputs, expected, got)
-        verdict = Verdict(mismatches + expect_no_allocation(impl.name, allocated))
+        # Graph safety first: an allocation is the finding even when values agree.
+        verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
         lap("oracle")
         return verdict
 

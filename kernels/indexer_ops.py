@@ -195,7 +195,7 @@ def _paged_mqa_logits_kernel(
     )
 
 
-def _check_lengths(op: str, name: str, lengths: torch.Tensor, rows: int) -> None:
+def check_lengths(op: str, name: str, lengths: torch.Tensor, rows: int) -> None:
     """The contract of the real kernels: int32, contiguous, one length per row."""
     if lengths.dtype != torch.int32:
         raise ValueError(f"{op}: {name} must be int32 (got {lengths.dtype})")
@@ -222,7 +222,7 @@ def paged_mqa_logits(
     ``[num_blocks, block_size, D]`` and ``context_lens`` int32 ``[B, L]``.
     """
     B, L, H, D = q.shape
-    _check_lengths("paged_mqa_logits", "context_lens", context_lens, B * L)
+    check_lengths("paged_mqa_logits", "context_lens", context_lens, B * L)
     num_rows = B * L
     out = torch.empty((num_rows, max_model_len), dtype=torch.float32, device=q.device)
     if num_rows == 0:
@@ -339,7 +339,7 @@ def top_k_per_row(
     candidates. Written into ``out`` when given.
     """
     rows, N = logits.shape
-    _check_lengths("top_k_per_row", "lengths", lengths, rows)
+    check_lengths("top_k_per_row", "lengths", lengths, rows)
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=logits.device)
     elif tuple(out.shape) != (rows, k) or out.dtype != torch.int32 or out.stride(1) != 1:
@@ -396,6 +396,7 @@ def write_rows(buffer: torch.Tensor, src: torch.Tensor) -> None:
 
 __all__ = [
     "INTERPRET",
+    "check_lengths",
     "decode_context_lens",
     "pack_seq",
     "paged_mqa_logits",
