@@ -66,7 +66,7 @@ def fuzz(
     rng_seed: int | None = None,
     database: Path | None = DEFAULT_DB,
     scale: Scale = SMALL,
-    device: str = "cpu",
+    device: str | None = None,  # None: where the kernels run
     shrink: bool = True,
 ) -> RunResult:
     """Run a campaign; a failure is shrunk and returned, never raised.

@@ -44,6 +44,9 @@ class Implementation:
     # code the bug lives in; ``trigger`` says the case meets the bug's condition.
     trigger: Callable[[Case], bool] | None = None
     reach: Callable[[Case], bool] | None = None
+    # The smallest case that triggers the bug, derived by hand (domain.md gives
+    # those of A, B and C): what a minimized case is measured against.
+    smallest: Callable[[], Case] | None = None
 
 
 @dataclass
@@ -104,7 +107,7 @@ class Target:
         self,
         impl: Implementation,
         case: Case,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,
         clock: Counter | None = None,
     ) -> Verdict:
         """Run ``impl`` on ``case`` and compare it with the reference.
@@ -116,6 +119,10 @@ class Target:
         broken = violations(case.config, case.batch) + self.param_violations(case)
         if broken:
             raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
+        if device is None:
+            from attnfuzz.kernels._triton import device as kernel_device
+
+            device = kernel_device()
         inputs = self.make_inputs(case, torch.device(device))
         lap("inputs")
         expected = self.reference(case, inputs)  # before the implementation writes its buffers
