@@ -8,6 +8,20 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON="${PYTHON:-python3}"
+
+# System programs some tests drive: redis-server (a shared example database
+# for campaigns on several machines) and headless chromium (renders the HTML
+# report). Installed with Debian's packages when missing and we may; skipped
+# with ATTNFUZZ_NO_APT=1. Without them those tests skip, saying why.
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+if [ "${#missing[@]}" -gt 0 ] && [ -z "${ATTNFUZZ_NO_APT:-}" ] \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 TORCH_SPEC="${ATTNFUZZ_TORCH:-torch==2.13.0}"
 
 if [ ! -x .venv/bin/python ]; then

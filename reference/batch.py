@@ -24,6 +24,7 @@ Modelling choices, stated once:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,24 @@ PAD_PAGE = 0
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def float_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype of a case's float inputs: ``ATTNFUZZ_DTYPE`` (default ``float32``).
+
+    Targets draw small integers as data, exact in every one of these dtypes,
+    so fp16 and bf16 inputs change no expected value. Reduced precision is a
+    setting for CUDA runs; the interpreter computes in fp32.
+    """
+    name = os.environ.get("ATTNFUZZ_DTYPE", "float32")
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"ATTNFUZZ_DTYPE={name!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    if name != "float32" and torch.device(device).type != "cuda":
+        raise ValueError(f"ATTNFUZZ_DTYPE={name} needs a CUDA device (got {device})")
+    return FLOAT_DTYPES[name]
 
 
 @dataclass(frozen=True)

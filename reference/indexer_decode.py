@@ -31,6 +31,7 @@ from attnfuzz.reference.batch import (
     CommonMetadata,
     DecodeSplit,
     build_common_metadata,
+    float_dtype,
     split_decodes_and_prefills,
 )
 
@@ -46,9 +47,9 @@ class IndexerDecodeInputs:
     integers are what the metadata builder knows on the CPU.
     """
 
-    q: torch.Tensor  # fp32 [T, H, D]
-    weights: torch.Tensor  # fp32 [T, H]
-    kv_cache: torch.Tensor  # fp32 [num_blocks, block_size, D] (one MQA key head)
+    q: torch.Tensor  # [T, H, D], fp32 (fp16/bf16 on CUDA, see batch.float_dtype)
+    weights: torch.Tensor  # [T, H], same dtype
+    kv_cache: torch.Tensor  # [num_blocks, block_size, D] (one MQA key head), same dtype
     query_start_loc: torch.Tensor  # int32 [R+1]
     seq_lens: torch.Tensor  # int32 [R]
     block_table: torch.Tensor  # int32 [R, W]
@@ -111,10 +112,11 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> IndexerDecode
     def dev(x: np.ndarray | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(x).to(device)
 
+    dtype = float_dtype(device)
     return IndexerDecodeInputs(
-        q=dev(q),
-        weights=dev(weights),
-        kv_cache=dev(kv_cache),
+        q=dev(q).to(dtype),
+        weights=dev(weights).to(dtype),
+        kv_cache=dev(kv_cache).to(dtype),
         query_start_loc=dev(meta.query_start_loc),
         seq_lens=dev(meta.seq_lens),
         block_table=dev(meta.block_table),
@@ -141,9 +143,9 @@ def topk_row(logits: np.ndarray, ctx: int, k: int) -> np.ndarray:
 def reference(case: Case | None, inputs: IndexerDecodeInputs) -> IndexerDecodeExpected:
     """The expected logits and buffer, token by token (everything is read off ``inputs``)."""
     M, K, bs = inputs.max_model_len, inputs.topk, inputs.kv_cache.shape[1]
-    q = inputs.q.cpu().numpy()
-    w = inputs.weights.cpu().numpy()
-    kv = inputs.kv_cache.cpu().numpy()
+    q = inputs.q.float().cpu().numpy()
+    w = inputs.weights.float().cpu().numpy()
+    kv = inputs.kv_cache.float().cpu().numpy()
     qsl = inputs.query_start_loc.cpu().numpy()
     seq_lens = inputs.seq_lens.cpu().numpy()
     table = inputs.block_table.cpu().numpy()
