@@ -55,7 +55,8 @@ def _unpacked(inp: IndexerDecodeInputs, topk: torch.Tensor) -> torch.Tensor:
 
 
 def _empty(inp: IndexerDecodeInputs) -> IndexerDecodeOutputs:
-    return IndexerDecodeOutputs(inp.q.new_empty((0, inp.max_model_len)))
+    # fp32 logits whatever the input dtype (bf16 queries on CUDA).
+    return IndexerDecodeOutputs(inp.q.new_empty((0, inp.max_model_len), dtype=torch.float32))
 
 
 def indexer_decode(inp: IndexerDecodeInputs) -> IndexerDecodeOutputs:
