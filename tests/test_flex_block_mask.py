@@ -1,0 +1,276 @@
+"""Target ``flex-block-mask``: reference by hand, size arithmetic, kernel, oracle, mutant."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.target import Implementation
+from attnfuzz.harness.targets.flex_block_mask import reach_capacity, trigger_capacity
+from attnfuzz.harness.testing import assert_detected, assert_passes
+from attnfuzz.kernels import flex_block_mask as kernels
+from attnfuzz.reference import flex_block_mask as ref
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
+from attnfuzz.reference.invariants import violations
+from hypothesis import HealthCheck, given, settings
+
+TARGET = "flex-block-mask"
+MUTANT = "pr39353-capacity"
+STALE = 99
+
+
+def hand_inputs(q_block: int) -> ref.FlexBlockMaskInputs:
+    """Two requests and a padding request; 4 real token rows padded to 6; pages of 2 slots.
+
+    Request 0: 1 new token after 2 cached (seq_len 3), pages [7, 4], stale 9 after.
+    Request 1: 3 new tokens (seq_len 3), pages [2, 5], stale 9 after.
+    Row 0 (request 0, position 2) attends pages {7, 4}; rows 1, 2, 3 (request 1,
+    positions 0, 1, 2) attend {2}, {2}, {2, 5}; padding rows 4, 5 attend nothing.
+    """
+    n_indices, n_counts = ref.reserved_elements(8, 16, 2, q_block)
+    return ref.FlexBlockMaskInputs(
+        query_start_loc=torch.tensor([0, 1, 4, 4], dtype=torch.int32),
+        seq_lens=torch.tensor([3, 3, 0], dtype=torch.int32),
+        block_table=torch.tensor([[7, 4] + [9] * 6, [2, 5] + [9] * 6, [0] * 8], dtype=torch.int32),
+        persistent_kv_indices=torch.full((n_indices,), STALE, dtype=torch.int32),
+        persistent_kv_num_blocks=torch.full((n_counts,), STALE, dtype=torch.int32),
+        num_reqs=3,
+        num_tokens=6,
+        max_seq_len=3,
+        block_size=2,
+        q_block_size=q_block,
+        max_model_len=16,
+        max_num_batched_tokens=8,
+    )
+
+
+# Per q_block_size: each query block's pages in ascending order, -1 to the row's
+# q_block_size * cdiv(3, 2) = 2 * q_block_size page slots.
+HAND = {
+    1: [[4, 7], [2, -1], [2, -1], [2, 5], [-1, -1], [-1, -1]],
+    2: [[2, 4, 7, -1], [2, 5, -1, -1], [-1, -1, -1, -1]],
+    4: [[2, 4, 5, 7, -1, -1, -1, -1], [-1] * 8],
+    8: [[2, 4, 5, 7] + [-1] * 12],
+}
+
+
+@pytest.mark.parametrize("q_block", sorted(HAND))
+def test_reference_by_hand(q_block):
+    inputs = hand_inputs(q_block)
+    expected = ref.reference(None, inputs)
+    assert expected.kv_indices.tolist() == HAND[q_block]
+    counts = [sum(p != -1 for p in row) for row in HAND[q_block]]
+    assert expected.kv_num_blocks.tolist() == counts
+    assert (expected.kv_indices_before == STALE).all()
+
+
+@pytest.mark.parametrize("q_block", sorted(HAND))
+def test_triton_matches_the_hand_case(q_block):
+    inputs = hand_inputs(q_block)
+    expected = ref.reference(None, inputs)
+    got = kernels.flex_block_mask(inputs)
+    assert get_target(TARGET).compare(None, inputs, expected, got) == []
+    # Built in place: the heads of the persistent memory, the rest still stale.
+    rows, cols = expected.kv_indices.shape
+    assert got.kv_indices.data_ptr() == inputs.persistent_kv_indices.data_ptr()
+    assert (inputs.persistent_kv_indices[rows * cols :] == STALE).all()
+    assert (inputs.persistent_kv_num_blocks[rows:] == STALE).all()
+
+
+def test_size_arithmetic_of_the_production_crash():
+    """max_model_len 4096, bs 16, q block 16, 16384 batched tokens (domain.md, bug E)."""
+    assert ref.mask_shape(16384, 4096, 16, 16) == (1024, 4096)  # a full step
+    assert ref.persistent_shape(16384, 4096, 16, 16) == (1024, 4096)  # the fix
+    assert ref.model_len_shape(4096, 16) == (4096, 256)  # before the fix
+    assert 1024 * 4096 > 4096 * 256  # so it cannot be re-strided
+
+
+def test_production_crash_message():
+    """Four 4096-token prefills fill the 16384-token budget: the upstream start-up failure.
+
+    Only the mutant runs (it fails before any kernel); the fixed path at this
+    size is for a GPU, not the interpreter.
+    """
+    config = EngineConfig(
+        max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=16384, block_size=16
+    )
+    case = Case(config, Batch((0,) * 4, (4096,) * 4), ((ref.Q_BLOCK_PARAM, 4),))
+    assert violations(case.config, case.batch) == [] and trigger_capacity(case)
+    inputs = ref.make_inputs(case)
+    with pytest.raises(RuntimeError) as err:
+        kernels.mutant_capacity(inputs)
+    assert str(err.value) == (
+        "Fail to re-stride a persistent tensor of shape [4096, 256] "
+        "for a tensor of shape [1024, 4096]"
+    )
+
+
+def case_of(q_lens, computed, q_block_log2: int, **config) -> Case:
+    """A case on a small engine (no speculative decoding); refuses an invalid one."""
+    base = dict(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=32, block_size=2)
+    base.update(config)
+    case = Case(
+        EngineConfig(**base), Batch(tuple(computed), tuple(q_lens), seed=5),
+        ((ref.Q_BLOCK_PARAM, q_block_log2),),
+    )  # fmt: skip
+    assert violations(case.config, case.batch) == []
+    assert get_target(TARGET).param_violations(case) == []
+    return case
+
+
+def judge(impl: str | Implementation, case: Case):
+    target = get_target(TARGET)
+    return target.judge(impl if isinstance(impl, Implementation) else target.resolve(impl), case)
+
+
+def test_smallest_trigger_is_valid_and_fails_only_the_mutant():
+    case = get_target(TARGET).implementations[MUTANT].smallest()
+    assert violations(case.config, case.batch) == []
+    assert get_target(TARGET).param_violations(case) == []
+    assert trigger_capacity(case) and reach_capacity(case)
+    assert judge("triton", case).ok and judge("reference", case).ok
+    verdict = judge(MUTANT, case)
+    assert verdict.key == "exception:RuntimeError"
+    assert "shape [8, 1] for a tensor of shape [1, 16]" in verdict.mismatches[0].got
+
+
+def test_nine_tokens_outgrow_max_model_len_8_and_eight_fit():
+    """q_block_size 1: the rows of the mask are the step's tokens, the pre-fix table has 8."""
+    nine = case_of((1, 8), (0, 0), 0, max_model_len=8, max_num_batched_tokens=9, block_size=1)
+    assert trigger_capacity(nine)
+    assert judge("triton", nine).ok and judge("reference", nine).ok
+    verdict = judge(MUTANT, nine)
+    assert verdict.key == "exception:RuntimeError"
+    assert "shape [8, 8] for a tensor of shape [9, 8]" in verdict.mismatches[0].got
+    eight = case_of((1, 7), (0, 1), 0, max_model_len=8, max_num_batched_tokens=9, block_size=1)
+    assert reach_capacity(eight) and not trigger_capacity(eight)
+    assert judge(MUTANT, eight).ok  # the bug hides while the step fits
+
+
+def test_padded_uniform_decode_covers_padding_rows():
+    """next_n = 2, 3 decodes -> 6 tokens padded to a graph of 8: the last block is padding."""
+    case = case_of((2, 2, 2), (3, 5, 1), 1, num_spec=1, cudagraph_capture_sizes=(2, 4, 8))
+    meta = build_common_metadata(case.config, case.batch)
+    assert meta.padded and meta.num_actual_tokens == 8
+    expected = ref.reference(case, ref.make_inputs(case))
+    assert expected.kv_num_blocks.tolist()[-1] == 0 and (expected.kv_indices[-1] == -1).all()
+    assert judge("triton", case).ok and judge("reference", case).ok
+
+
+# -- every check of the oracle fails on what it guards, and passes on triton ----------
+
+MIXED = dict(q_lens=(1, 3, 9), computed=(2, 0, 5), q_block_log2=1)  # blocks span requests
+
+
+def tampered(edit) -> Implementation:
+    """The fixed builder followed by ``edit(inputs, outputs)``: a broken implementation."""
+
+    def fn(inputs):
+        out = kernels.flex_block_mask(inputs)
+        return edit(inputs, out) or out
+
+    return Implementation("tampered", fn, "user")
+
+
+def _swap_a_page(inp, out):
+    out.kv_indices[0, 0] = int(inp.block_table[2, 0])  # a page of a request the block lacks
+
+
+def _reverse_heads(inp, out):
+    for g, n in enumerate(out.kv_num_blocks.tolist()):
+        for i, page in enumerate(reversed(out.kv_indices[g, :n].tolist())):
+            out.kv_indices[g, i] = page  # element by element: nothing allocated
+
+
+def _miscount(inp, out):
+    out.kv_num_blocks[1] += 1
+
+
+def _write_past_the_view(inp, out):
+    inp.persistent_kv_indices[-1] += 1  # far past this step's mask
+
+
+def _copy(inp, out):
+    return ref.FlexBlockMaskOutputs(out.kv_indices.clone(), out.kv_num_blocks)
+
+
+def _slice_instead_of_restride(inp, out):
+    """The step's mask in ``table[:rows, :cols]`` of the 2-D persistent table (strided)."""
+    rows, cols = out.kv_indices.shape
+    p_rows, p_cols = ref.persistent_shape(
+        inp.max_num_batched_tokens, inp.max_model_len, inp.block_size, inp.q_block_size
+    )
+    values = out.kv_indices.tolist()
+    table = inp.persistent_kv_indices[: p_rows * p_cols].view(p_rows, p_cols)
+    view = table[:rows, :cols]
+    view.copy_(torch.tensor(values, dtype=torch.int32))
+    return ref.FlexBlockMaskOutputs(view, out.kv_num_blocks)
+
+
+@pytest.mark.parametrize(
+    "edit, check",
+    [
+        (_swap_a_page, "mask"),
+        (_miscount, "values"),
+        (_write_past_the_view, "unchanged"),
+        (_copy, "graph"),
+        (_slice_instead_of_restride, "contiguous"),
+    ],
+)
+def test_each_check_catches_what_it_guards(edit, check):
+    case = case_of(**MIXED)
+    assert judge("triton", case).ok and judge("reference", case).ok
+    verdict = judge(tampered(edit), case)
+    assert check in {m.check for m in verdict.mismatches}, str(verdict)
+
+
+def test_the_order_of_a_row_is_free():
+    assert judge(tampered(_reverse_heads), case_of(**MIXED)).ok
+
+
+# -- fuzzing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_passes_300_examples(impl):
+    result = assert_passes(TARGET, impl, max_examples=300)
+    for label in (
+        "at_max_num_batched_tokens",
+        "max_num_batched_tokens<max_model_len",
+        "max_num_batched_tokens>=max_model_len",
+    ):
+        assert result.labels[label] > 0, label
+
+
+def test_mutant_is_detected_with_a_minimized_trigger():
+    result = assert_detected(TARGET, MUTANT)  # asserts the trigger of the minimized case
+    assert result.verdict.key == "exception:RuntimeError"
+    assert "Fail to re-stride a persistent tensor" in result.verdict.mismatches[0].got
+
+
+def test_default_strategies_reach_the_trigger():
+    """Share of cases whose mask outgrows the pre-fix tables (measured: 14% of 1000)."""
+    seen: Counter = Counter()
+
+    @settings(
+        max_examples=300, derandomize=True, database=None, deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )  # fmt: skip
+    @given(get_target(TARGET).cases())
+    def draw(case):
+        seen["cases"] += 1
+        if trigger_capacity(case):
+            seen["trigger"] += 1
+            meta = build_common_metadata(case.config, case.batch)
+            seen["more_tokens_than_max_model_len"] += (
+                meta.num_actual_tokens > case.config.max_model_len
+            )
+        seen["reach"] += reach_capacity(case)
+
+    draw()
+    assert seen["trigger"] >= 0.05 * seen["cases"], seen
+    assert seen["more_tokens_than_max_model_len"] > 0.5 * seen["trigger"], seen
+    assert seen["reach"] > seen["trigger"], seen
+    assert seen["cases"] == 300
