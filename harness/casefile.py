@@ -94,13 +94,17 @@ def _require(cond: bool, path: Path | str, what: str) -> None:
 def read_case(path: Path | str) -> dict[str, Any]:
     """Parse and check a case file; every problem is a one-line :class:`UsageError`."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise UsageError(f"cannot read case file {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path}: not a text file (invalid UTF-8 at byte {err.start})") from err
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise UsageError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    except RecursionError as err:  # the parser's own limit, not a case file
+        raise UsageError(f"{path}: not a case file (JSON nested too deeply)") from err
     _require(isinstance(doc, dict), path, "a case file holds one JSON object")
     _require(
         doc.get("schema") == SCHEMA,
@@ -112,12 +116,53 @@ def read_case(path: Path | str) -> dict[str, Any]:
     body = doc.get("case")
     _require(isinstance(body, dict), path, "missing 'case' object")
     try:
+        _check_fields(body)
         case = Case.from_dict(body)
         _check_scalars(case)
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"{path}: malformed case ({type(err).__name__}: {err})") from err
     doc["case"] = case
     return doc
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    """Exact JSON types and no unknown field, before anything is built.
+
+    ``Batch.from_dict`` converts with ``int()``: without this, ``2.7`` or ``"2"``
+    would replay silently as another case, and a misspelt field would vanish.
+    """
+    unknown = sorted(set(body) - {"config", "batch", "params"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown} in 'case'")
+    config, batch = body.get("config"), body.get("batch")
+    if not isinstance(config, dict) or not isinstance(batch, dict):
+        raise TypeError("'config' and 'batch' must be objects")
+    unknown = sorted(set(batch) - {"num_computed_tokens", "q_lens", "seed", "use_cudagraph"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown} in 'batch'")
+    for name in ("num_computed_tokens", "q_lens"):
+        value = batch.get(name)
+        if not isinstance(value, list) or not all(_is_int(x) for x in value):
+            raise TypeError(f"batch.{name} must be a list of integers, got {value!r}")
+    if "seed" in batch and not _is_int(batch["seed"]):
+        raise TypeError(f"batch.seed must be an integer, got {batch['seed']!r}")
+    flag = batch.get("use_cudagraph", True)
+    if not isinstance(flag, bool):
+        raise TypeError(f"batch.use_cudagraph must be true or false, got {flag!r}")
+    for name, value in config.items():
+        if name == "cudagraph_capture_sizes":
+            ok = isinstance(value, list) and all(_is_int(x) for x in value)
+        else:  # decode_threshold may be null: the default, next_n
+            ok = _is_int(value) or (name == "decode_threshold" and value is None)
+        if not ok:
+            raise TypeError(f"config.{name} must be an integer, got {value!r}")
+    params = body.get("params", {})
+    if not isinstance(params, dict) or not all(_is_int(v) for v in params.values()):
+        raise TypeError(f"params must map names to integers, got {params!r}")
 
 
 def _check_scalars(case: Case) -> None:

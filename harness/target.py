@@ -97,8 +97,10 @@ class Target:
             obj: Any = importlib.import_module(module_name)
             for part in attr.split("."):
                 obj = getattr(obj, part)
-        except (ImportError, AttributeError) as err:
-            raise UsageError(f"cannot load implementation {spec!r}: {err}") from err
+        except Exception as err:  # the user's module failed to import: say how, in one line
+            raise UsageError(
+                f"cannot load implementation {spec!r}: {type(err).__name__}: {err}"
+            ) from err
         if not callable(obj):
             raise UsageError(f"implementation {spec!r} is not callable")
         return Implementation(spec, obj, "user", f"user implementation {spec}")

@@ -1,0 +1,441 @@
+"""The campaign document (``campaign.json``): building it, checking it, reading verdicts off it.
+
+A campaign runs every target x implementation; ``campaign.json`` records one
+*run* per pair and one *finding* per distinct failure (target, implementation
+and :attr:`Verdict.key`), each with its minimized case written under
+``cases/``. The reports are rendered from this document alone, so a report can
+be rebuilt from a saved ``campaign.json`` and two campaigns can be compared.
+
+Outcomes depend on the implementation's kind. A *mutant* re-creates a known
+bug: failing is the expected outcome ("caught"), passing means the harness
+missed it ("survived"). Every other kind must pass ("pass"; "FAIL" otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnfuzz.harness.casefile import case_document, derived, write_case
+from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.target import UsageError
+from attnfuzz.reference.batch import Case
+
+if TYPE_CHECKING:
+    from attnfuzz.harness.runner import RunResult
+
+SCHEMA = "attnfuzz.campaign/1"
+KINDS = ("fixed", "reference", "mutant", "user")
+STATUSES = ("pass", "fail", "error")
+
+# Verdict words, one per outcome; the reports show exactly these.
+PASS, FAIL, CAUGHT, SURVIVED, ERROR, SKIPPED = (
+    "pass",
+    "FAIL",
+    "caught",
+    "survived",
+    "ERROR",
+    "skipped",
+)
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO-8601 (seconds), as ``started``/``finished`` hold it."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# -- text ---------------------------------------------------------------------
+
+# Characters XML 1.0 cannot hold at all (not even escaped); exception messages
+# may carry them (ANSI colours, NUL bytes), and a report must still parse.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every character XML cannot hold written as a Python escape."""
+    return _NOT_XML.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Printable, whitespace collapsed, at most ``limit`` characters."""
+    s = " ".join(printable(text).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def mismatch_line(m: Mapping[str, Any]) -> str:
+    """A mismatch as :class:`Mismatch` prints it: ``[check] where: expected X, got Y``."""
+    return f"[{m.get('check')}] {m.get('where')}: expected {m.get('expected')}, got {m.get('got')}"
+
+
+# -- building -----------------------------------------------------------------
+
+
+def finding_id(target: str, implementation: str, key: str) -> str:
+    """``<target>--<impl>--<key>``, usable as a file name (``:`` and ``/`` become ``_``)."""
+    return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")
+
+
+def repro_command(case_path: Path | str, implementation: str) -> str:
+    """The command that replays a case file; a user's ``module:attribute`` is named
+    again, since a case file never makes attnfuzz import anything by itself."""
+    cmd = f"attnfuzz repro {shlex.quote(str(case_path))}"
+    return cmd + (f" --impl {shlex.quote(implementation)}" if ":" in implementation else "")
+
+
+def record_finding(
+    out: Path,
+    target: str,
+    implementation: str,
+    case: Case,
+    verdict: Verdict,
+    *,
+    device: str = "cpu",
+    examples_to_failure: int | None = None,
+    seconds_to_failure: float | None = None,
+) -> dict[str, Any]:
+    """Write the finding's case file under ``out/cases/`` and return its record."""
+    assert not verdict.ok, "a finding needs a failing verdict"
+    fid = finding_id(target, implementation, verdict.key)
+    case_file = f"cases/{fid}.json"
+    document = case_document(target, implementation, case, verdict, device)
+    write_case(out / case_file, document)
+    first = verdict.mismatches[0]
+    return {
+        "id": fid,
+        "target": target,
+        "implementation": implementation,
+        "key": verdict.key,
+        "check": first.check,
+        "case_file": case_file,
+        "case": case.to_dict(),
+        "verdict": document["verdict"],
+        "derived": derived(case),
+        "repro": repro_command(out / case_file, implementation),
+        "examples_to_failure": examples_to_failure,
+        "seconds_to_failure": seconds_to_failure,
+    }
+
+
+class Timeline:
+    """``[seconds since start, examples so far]`` points, a few a second at most.
+
+    Call :meth:`tick` after every example; :meth:`close` adds the last point.
+    """
+
+    def __init__(self, per_second: float = 4.0, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.gap = clock, 1.0 / per_second
+        self.start = clock()
+        self.points: list[list[float]] = [[0.0, 0]]
+        self.examples = 0
+
+    def tick(self, examples: int | None = None) -> None:
+        self.examples = self.examples + 1 if examples is None else examples
+        t = self.clock() - self.start
+        if t - self.points[-1][0] >= self.gap:
+            self.points.append([round(t, 3), self.examples])
+
+    def close(self) -> list[list[float]]:
+        t = round(self.clock() - self.start, 3)
+        if self.points[-1][1] != self.examples or len(self.points) == 1:
+            self.points.append([max(t, self.points[-1][0]), self.examples])
+        return self.points
+
+
+def run_record(
+    target: str,
+    implementation: str,
+    kind: str,
+    *,
+    examples: int,
+    seconds: float,
+    status: str,
+    labels: Mapping[str, int] | None = None,
+    timeline: Sequence[Sequence[float]] | None = None,
+    findings: Iterable[str] = (),
+    error: str | None = None,
+) -> dict[str, Any]:
+    """One run's record. ``error`` is the one-line reason of a run with status "error"."""
+    assert kind in KINDS and status in STATUSES, (kind, status)
+    run: dict[str, Any] = {
+        "target": target,
+        "implementation": implementation,
+        "kind": kind,
+        "examples": examples,
+        "seconds": round(seconds, 3),
+        "examples_per_second": round(examples / seconds, 2) if seconds > 0 else 0.0,
+        "status": status,
+        "labels": dict(sorted((labels or {}).items())),
+        "timeline": [list(p) for p in timeline] if timeline else [[0.0, 0], [seconds, examples]],
+        "findings": list(findings),
+    }
+    if error is not None:
+        run["error"] = one_line(error)
+    return run
+
+
+def from_result(
+    result: RunResult,
+    kind: str,
+    out: Path,
+    *,
+    device: str = "cpu",
+    timeline: Sequence[Sequence[float]] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A :class:`harness.runner.RunResult` as ``(run, findings)``; writes the case file."""
+    findings = []
+    if result.failed:
+        findings.append(
+            record_finding(
+                out,
+                result.target,
+                result.implementation,
+                result.case,
+                result.verdict,
+                device=device,
+                examples_to_failure=result.examples_to_failure,
+                seconds_to_failure=result.seconds_to_failure,
+            )
+        )
+    run = run_record(
+        result.target,
+        result.implementation,
+        kind,
+        examples=result.examples,
+        seconds=result.seconds,
+        status="fail" if result.failed else "pass",
+        labels=result.labels,
+        timeline=timeline,
+        findings=[f["id"] for f in findings],
+    )
+    return run, findings
+
+
+def campaign_record(
+    runs: list[dict[str, Any]],
+    findings: list[dict[str, Any]],
+    *,
+    started: str,
+    finished: str,
+    seconds: float,
+    environment: dict[str, str],
+    budget_seconds: float | None = None,
+    max_examples: int | None = None,
+    profile: str = "dev",
+    seed: int | None = None,
+    workers: int = 1,
+    database: str = "",
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """The whole ``campaign.json`` document (checked before it is returned)."""
+    doc = {
+        "schema": SCHEMA,
+        "started": started,
+        "finished": finished,
+        "seconds": round(seconds, 3),
+        "budget": {"seconds": budget_seconds, "max_examples": max_examples},
+        "profile": profile,
+        "seed": seed,
+        "workers": workers,
+        "database": database,
+        "interrupted": interrupted,
+        "environment": environment,
+        "runs": runs,
+        "findings": findings,
+    }
+    return check_campaign(doc)
+
+
+# -- checking and reading -------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, path: str, what: str) -> None:
+        raise UsageError(f"{self.where}: {path} {what}")
+
+    def need(self, obj: Mapping, path: str, key: str, types: Any, optional: bool = False) -> Any:
+        if key not in obj:
+            if optional:
+                return None
+            self.fail(path, f"has no {key!r}")
+        value = obj[key]
+        ok = isinstance(value, types) and not (
+            isinstance(value, bool) and bool not in _as_tuple(types)
+        )
+        if isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            self.fail(f"{path}.{key}", f"has the wrong type ({type(value).__name__})")
+        return value
+
+
+def _as_tuple(types: Any) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+_NUMBER = (int, float)
+
+
+def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
+    """Check the shape every report relies on; any problem is a one-line :class:`UsageError`."""
+    c = _Checker(where)
+    if not isinstance(doc, dict):
+        c.fail("the document", "is not a JSON object")
+    if doc.get("schema") != SCHEMA:
+        c.fail("the document", f"has schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    for key in ("started", "finished"):
+        c.need(doc, "campaign", key, str)
+    c.need(doc, "campaign", "seconds", _NUMBER)
+    c.need(doc, "campaign", "interrupted", bool, optional=True)
+    c.need(doc, "campaign", "environment", dict, optional=True)
+    budget = c.need(doc, "campaign", "budget", dict, optional=True) or {}
+    c.need(budget, "budget", "seconds", (*_NUMBER, type(None)), optional=True)
+    c.need(budget, "budget", "max_examples", (int, type(None)), optional=True)
+    ids = set()
+    for i, f in enumerate(c.need(doc, "campaign", "findings", list)):
+        path = f"findings[{i}]"
+        if not isinstance(f, dict):
+            c.fail(path, "is not an object")
+        for key in ("id", "target", "implementation", "key", "check", "case_file", "repro"):
+            c.need(f, path, key, str)
+        c.need(f, path, "case", dict)
+        c.need(f, path, "derived", dict, optional=True)
+        c.need(f, path, "examples_to_failure", (int, type(None)), optional=True)
+        c.need(f, path, "seconds_to_failure", (*_NUMBER, type(None)), optional=True)
+        verdict = c.need(f, path, "verdict", dict)
+        for j, m in enumerate(c.need(verdict, f"{path}.verdict", "mismatches", list)):
+            if not isinstance(m, dict) or not all(
+                isinstance(m.get(k), str) for k in ("check", "where", "expected", "got")
+            ):
+                c.fail(f"{path}.verdict.mismatches[{j}]", "is not a mismatch")
+        if f["id"] in ids:
+            c.fail(path, f"repeats the id {f['id']!r}")
+        ids.add(f["id"])
+    for i, r in enumerate(c.need(doc, "campaign", "runs", list)):
+        path = f"runs[{i}]"
+        if not isinstance(r, dict):
+            c.fail(path, "is not an object")
+        c.need(r, path, "target", str)
+        c.need(r, path, "implementation", str)
+        if r.get("kind") not in KINDS:
+            c.fail(f"{path}.kind", f"is {r.get('kind')!r}, expected one of {list(KINDS)}")
+        if r.get("status") not in STATUSES:
+            c.fail(f"{path}.status", f"is {r.get('status')!r}, expected one of {list(STATUSES)}")
+        c.need(r, path, "examples", int)
+        c.need(r, path, "seconds", _NUMBER)
+        c.need(r, path, "error", str, optional=True)
+        labels = c.need(r, path, "labels", dict, optional=True) or {}
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in labels.values()):
+            c.fail(f"{path}.labels", "must map scenario classes to counts")
+        for p in c.need(r, path, "timeline", list, optional=True) or []:
+            if not (
+                isinstance(p, list | tuple)
+                and len(p) == 2
+                and all(isinstance(x, _NUMBER) and math.isfinite(x) for x in p)
+            ):
+                c.fail(f"{path}.timeline", f"holds {p!r}, not a [seconds, examples] pair")
+        for fid in c.need(r, path, "findings", list, optional=True) or []:
+            if fid not in ids:
+                c.fail(f"{path}.findings", f"names {fid!r}, which is no finding")
+    return doc
+
+
+def load_campaign(path: Path | str) -> dict[str, Any]:
+    """Read and check a ``campaign.json``; every problem is a one-line :class:`UsageError`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read campaign file {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path}: not a text file (invalid UTF-8 at byte {err.start})") from err
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    except RecursionError as err:
+        raise UsageError(f"{path}: not a campaign file (JSON nested too deeply)") from err
+    return check_campaign(doc, str(path))
+
+
+# -- verdicts -----------------------------------------------------------------
+
+
+def run_verdict(run: Mapping[str, Any]) -> str:
+    """``caught``/``survived`` for a mutant, ``pass``/``FAIL`` otherwise; ``ERROR`` when
+    the run could not go on, ``skipped`` when it judged no example at all."""
+    if run["status"] == "error":
+        return ERROR
+    if run["examples"] == 0 and run["status"] == "pass":
+        return SKIPPED
+    if run["kind"] == "mutant":
+        return CAUGHT if run["status"] == "fail" else SURVIVED
+    return PASS if run["status"] == "pass" else FAIL
+
+
+def as_expected(run: Mapping[str, Any]) -> bool:
+    """The run ended as it should: a mutant caught, anything else passing (or skipped)."""
+    return run_verdict(run) in (PASS, CAUGHT, SKIPPED)
+
+
+def campaign_verdict(campaign: Mapping[str, Any]) -> str:
+    """``FAIL`` if any run ended otherwise than it should; ``INCOMPLETE`` if interrupted
+    or a run judged nothing; ``PASS`` otherwise."""
+    runs = campaign["runs"]
+    if not all(as_expected(r) for r in runs):
+        return "FAIL"
+    if campaign.get("interrupted") or any(run_verdict(r) == SKIPPED for r in runs) or not runs:
+        return "INCOMPLETE"
+    return "PASS"
+
+
+def kind_of(campaign: Mapping[str, Any], target: str, implementation: str) -> str | None:
+    for run in campaign["runs"]:
+        if run["target"] == target and run["implementation"] == implementation:
+            return run["kind"]
+    return None
+
+
+def expected_finding(campaign: Mapping[str, Any], finding: Mapping[str, Any]) -> bool:
+    """A mutant's finding is the expected outcome, not a bug report."""
+    return kind_of(campaign, finding["target"], finding["implementation"]) == "mutant"
+
+
+def targets(campaign: Mapping[str, Any]) -> list[str]:
+    """Targets in the order their first run appears."""
+    return list(dict.fromkeys(r["target"] for r in campaign["runs"]))
+
+
+def compact_json(obj: Mapping[str, Any]) -> str:
+    """A JSON object with one line per top-level key (a case: config, batch, params)."""
+    items = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()]
+    return "{\n" + ",\n".join(items) + "\n}" if items else "{}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def budget_text(budget: Mapping[str, Any] | None) -> str:
+    """``600 s, at most 1000 examples per run`` (or ``none``)."""
+    budget = budget or {}
+    parts = []
+    if budget.get("seconds") is not None:
+        parts.append(f"{fmt_seconds(budget['seconds'])} s")
+    if budget.get("max_examples") is not None:
+        parts.append(f"at most {budget['max_examples']} examples per run")
+    return ", ".join(parts) or "none"
+
+
+def fmt_seconds(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"

@@ -1,0 +1,228 @@
+"""A self-contained HTML report: tables, inline SVG plots, every finding with its case.
+
+The page is one file with its style inline, no script and no external
+resource, so it opens offline and as a CI artifact. It is built as an
+``xml.etree`` tree and serialized once: every text from the campaign (an
+exception message above all) is escaped by the serializer, never pasted into
+markup.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from typing import Any
+
+from attnfuzz.reports.document import (
+    CAUGHT,
+    PASS,
+    SKIPPED,
+    budget_text,
+    campaign_verdict,
+    compact_json,
+    expected_finding,
+    fmt_seconds,
+    printable,
+    run_verdict,
+    targets,
+)
+from attnfuzz.reports.svg import coverage_svg, timeline_svg
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; color: #222;
+       padding: 0 1rem; line-height: 1.4; }
+h1 { font-size: 1.5rem; } h2 { margin-top: 2rem; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
+th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { font-family: ui-monospace, monospace; font-size: .85rem; }
+pre { background: #f6f8fa; padding: .5rem; overflow-x: auto; white-space: pre-wrap;
+      word-break: break-all; }
+.verdict { font-weight: 600; padding: .05rem .4rem; border-radius: .25rem; }
+.good { background: #d8f0dd; color: #14532d; } .bad { background: #fbd5d2; color: #7f1d1d; }
+.meh { background: #fdf0c4; color: #6b4f00; }
+.banner { padding: .5rem 1rem; border-radius: .25rem; margin: 1rem 0; }
+section.finding { border: 1px solid #ddd; border-radius: .25rem; padding: 0 1rem; margin: 1rem 0; }
+svg.plot { display: block; margin: .5rem 0 1.5rem; max-width: 100%; height: auto; }
+"""
+
+
+def _el(parent: ET.Element, tag: str, text: Any = None, **attrs: Any) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k.rstrip("_"): str(v) for k, v in attrs.items()})
+    if text is not None:
+        el.text = printable(text)
+    return el
+
+
+def _css_class(verdict: str) -> str:
+    """Good, bad or neither, for a run's verdict and the campaign's (PASS, FAIL, INCOMPLETE)."""
+    if verdict in (PASS, CAUGHT, "PASS"):
+        return "verdict good"
+    return "verdict meh" if verdict in (SKIPPED, "INCOMPLETE") else "verdict bad"
+
+
+def anchor(finding_id: str) -> str:
+    """An HTML id for a finding (letters, digits, ``-`` and ``_`` only)."""
+    return "finding-" + re.sub(r"[^0-9A-Za-z_-]", "_", finding_id)
+
+
+def _table(parent: ET.Element, header: list[str]) -> ET.Element:
+    """A table with its header row; returns the ``tbody`` to add rows to."""
+    table = _el(parent, "table")
+    row = _el(_el(table, "thead"), "tr")
+    for h in header:
+        _el(row, "th", h)
+    return _el(table, "tbody")
+
+
+def _row(body: ET.Element, cells: list[Any], numeric: tuple[int, ...] = ()) -> ET.Element:
+    """A row of text or element cells; columns in ``numeric`` align right."""
+    tr = _el(body, "tr")
+    for i, cell in enumerate(cells):
+        td = _el(tr, "td", **({"class_": "num"} if i in numeric else {}))
+        if isinstance(cell, ET.Element):
+            td.append(cell)
+        else:
+            td.text = printable(cell)
+    return tr
+
+
+def _code(text: Any) -> ET.Element:
+    el = ET.Element("code")
+    el.text = printable(text)
+    return el
+
+
+def _meta(main: ET.Element, campaign: Mapping[str, Any]) -> None:
+    rows = [
+        ("started", campaign["started"]),
+        ("finished", campaign["finished"]),
+        ("wall time", f"{fmt_seconds(campaign['seconds'])} s"),
+        ("budget", budget_text(campaign.get("budget"))),
+        ("profile", campaign.get("profile")),
+        ("seed", campaign.get("seed")),
+        ("workers", campaign.get("workers")),
+        ("example database", campaign.get("database")),
+        ("interrupted", "yes" if campaign.get("interrupted") else "no"),
+    ]
+    rows += [(k, v) for k, v in (campaign.get("environment") or {}).items()]
+    body = _table(main, ["campaign", ""])
+    for k, v in rows:
+        _row(body, [k, "-" if v is None or v == "" else v])
+
+
+def _verdicts(main: ET.Element, campaign: Mapping[str, Any]) -> None:
+    findings = {f["id"]: f for f in campaign["findings"]}
+    header = ["target", "implementation", "kind", "verdict", "examples", "ex/s", "seconds"]
+    body = _table(main, [*header, "findings"])
+    for run in campaign["runs"]:
+        verdict = run_verdict(run)
+        badge = ET.Element("span", {"class": _css_class(verdict)})
+        badge.text = verdict
+        links = ET.Element("span")
+        for fid in run.get("findings", []):
+            if fid in findings:
+                a = _el(links, "a", href="#" + anchor(fid))
+                a.append(_code(findings[fid]["key"]))
+                a.tail = " "
+        if run.get("error"):
+            _el(links, "span", run["error"])
+        rate = run["examples"] / run["seconds"] if run["seconds"] else 0.0
+        _row(
+            body,
+            [
+                run["target"],
+                _code(run["implementation"]),
+                run["kind"],
+                badge,
+                run["examples"],
+                f"{rate:.1f}",
+                fmt_seconds(run["seconds"]),
+                links,
+            ],
+            numeric=(4, 5, 6),
+        )
+
+
+def _finding(main: ET.Element, finding: Mapping[str, Any], expected: bool) -> None:
+    sec = _el(main, "section", class_="finding", id=anchor(finding["id"]))
+    h = _el(sec, "h3")
+    h.append(_code(f"{finding['target']} / {finding['implementation']}"))
+    h[-1].tail = " mutant caught: " if expected else " FAIL: "
+    h.append(_code(finding["key"]))
+    facts = _table(sec, ["finding", ""])
+    _row(facts, ["id", _code(finding["id"])])
+    _row(facts, ["first failing check", finding["check"]])
+    if finding.get("examples_to_failure") is not None:
+        _row(facts, ["examples to first failure", finding["examples_to_failure"]])
+        _row(facts, ["seconds to first failure", fmt_seconds(finding.get("seconds_to_failure"))])
+    _row(facts, ["case file", _code(finding["case_file"])])
+    _el(sec, "h4", "Mismatches")
+    body = _table(sec, ["check", "where", "expected", "got"])
+    for m in finding["verdict"]["mismatches"]:
+        _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
+    _el(sec, "h4", "Replay")
+    _el(_el(sec, "pre"), "code", finding["repro"])
+    _el(sec, "h4", "Minimized case")
+    _el(_el(sec, "pre"), "code", compact_json(finding["case"]))
+    if finding.get("derived"):
+        _el(sec, "h4", "Derived quantities")
+        _el(_el(sec, "pre"), "code", json.dumps(finding["derived"]))
+
+
+def report_html(campaign: Mapping[str, Any]) -> str:
+    """The whole page, ``<!DOCTYPE html>`` included."""
+    html = ET.Element("html", lang="en")
+    head = _el(html, "head")
+    _el(head, "meta", charset="utf-8")
+    _el(head, "meta", name="viewport", content="width=device-width, initial-scale=1")
+    _el(head, "title", f"attnfuzz campaign {campaign['started']}: {campaign_verdict(campaign)}")
+    _el(head, "style", STYLE)
+    main = _el(_el(html, "body"), "main")
+
+    verdict = campaign_verdict(campaign)
+    h1 = _el(main, "h1", "attnfuzz campaign ")
+    _el(h1, "span", verdict, class_=_css_class(verdict))
+    if campaign.get("interrupted"):
+        _el(
+            main,
+            "p",
+            "Interrupted: the runs stopped early; everything below is what ran.",
+            class_="banner meh",
+        )
+    _meta(main, campaign)
+
+    _el(main, "h2", "Verdicts")
+    _el(
+        main,
+        "p",
+        "A mutant re-creates a known bug: it should fail (caught); one that passes survived. "
+        "Every other implementation should pass.",
+    )
+    _verdicts(main, campaign)
+
+    findings = {f["id"]: f for f in campaign["findings"]}
+    _el(main, "h2", "Examples over time")
+    for target in targets(campaign):
+        runs = [r for r in campaign["runs"] if r["target"] == target]
+        main.append(timeline_svg(target, runs, findings))
+
+    _el(main, "h2", "Scenario-class coverage")
+    for target in targets(campaign):
+        runs = [r for r in campaign["runs"] if r["target"] == target]
+        main.append(coverage_svg(target, runs))
+
+    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
+    caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
+    _el(main, "h2", f"Findings ({len(unexpected)})")
+    if not unexpected:
+        _el(main, "p", "No implementation other than the mutants failed.")
+    for f in unexpected:
+        _finding(main, f, expected=False)
+    _el(main, "h2", f"Mutants caught ({len(caught)})")
+    for f in caught:
+        _finding(main, f, expected=True)
+
+    return "<!DOCTYPE html>\n" + ET.tostring(html, encoding="unicode", method="html") + "\n"

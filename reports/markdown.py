@@ -1,0 +1,202 @@
+"""Markdown for CI job summaries (GitHub-flavoured): verdict table, findings, repro commands.
+
+Every text taken from the campaign goes into a code span or a fenced block
+whose fence is longer than any backtick run in it, so that nothing from an
+exception message is read as Markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from attnfuzz.reports.document import (
+    CAUGHT,
+    ERROR,
+    FAIL,
+    PASS,
+    SURVIVED,
+    budget_text,
+    campaign_verdict,
+    compact_json,
+    expected_finding,
+    fmt_seconds,
+    mismatch_line,
+    one_line,
+    plural,
+    printable,
+    run_verdict,
+    targets,
+)
+
+MAX_MISMATCHES = 8  # per finding, as the console prints them
+
+
+def code(text: object, limit: int = 300) -> str:
+    """An inline code span holding ``text`` literally, safe in a table cell."""
+    s = one_line(text, limit)
+    if not s:
+        return ""
+    ticks = max((len(run) for run in re.findall(r"`+", s)), default=0) + 1
+    pad = " " if s.startswith("`") or s.endswith("`") else ""
+    # GFM splits table cells at "|" even inside a code span; "\|" is its escape there.
+    return "`" * ticks + pad + s.replace("|", "\\|") + pad + "`" * ticks
+
+
+def fenced(text: str, info: str = "") -> str:
+    """A fenced code block holding ``text`` literally."""
+    text = printable(text)
+    fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
+    """Markdown table lines; ``align`` holds one of ``l``/``r`` per column."""
+    align = align or "l" * len(header)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+_SHOWN = {PASS: "pass", CAUGHT: "caught", FAIL: "**FAIL**", SURVIVED: "**survived**"}
+
+
+def verdict_cell(run: Mapping[str, Any]) -> str:
+    v = run_verdict(run)
+    return _SHOWN.get(v, f"**{v}**" if v == ERROR else v)
+
+
+def rate(run: Mapping[str, Any]) -> float:
+    return run["examples"] / run["seconds"] if run["seconds"] else 0.0
+
+
+def header_lines(campaign: Mapping[str, Any]) -> list[str]:
+    parts = [f"profile {code(campaign.get('profile', '-'))}"]
+    if campaign.get("seed") is not None:
+        parts.append(f"seed {code(campaign['seed'])}")
+    parts.append(plural(campaign.get("workers", 1), "worker"))
+    parts.append(
+        f"{fmt_seconds(campaign['seconds'])} s (budget: {budget_text(campaign.get('budget'))})"
+    )
+    env = campaign.get("environment") or {}
+    versions = ", ".join(f"{k} {v}" for k, v in env.items())
+    lines = [
+        f"## attnfuzz campaign: {campaign_verdict(campaign)}",
+        "",
+        ", ".join(parts) + f"; started {code(campaign['started'])}",
+    ]
+    if versions:
+        lines += ["", code(versions, 400)]
+    if campaign.get("interrupted"):
+        lines += ["", "> **Interrupted**: the runs below stopped early; what they found is kept."]
+    return lines
+
+
+def verdict_table(campaign: Mapping[str, Any]) -> list[str]:
+    findings = {f["id"]: f for f in campaign["findings"]}
+    rows = []
+    for run in campaign["runs"]:
+        keys = [code(findings[f]["key"]) for f in run.get("findings", []) if f in findings]
+        if run_verdict(run) == ERROR and run.get("error"):
+            keys.append(code(run["error"], 160))
+        rows.append(
+            [
+                code(run["target"]),
+                code(run["implementation"]),
+                run["kind"],
+                verdict_cell(run),
+                str(run["examples"]),
+                f"{rate(run):.1f}",
+                fmt_seconds(run["seconds"]),
+                ", ".join(keys),
+            ]
+        )
+    header = ["target", "implementation", "kind", "verdict", "examples", "ex/s", "s", "findings"]
+    return table(header, rows, "llllrrrl")
+
+
+def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
+    lines = [
+        f"{level} {code(finding['target'])} / {code(finding['implementation'])}: "
+        f"{code(finding['key'])}",
+        "",
+    ]
+    if finding.get("examples_to_failure") is not None:
+        lines += [
+            f"First failure after {plural(finding['examples_to_failure'], 'example')} "
+            f"({fmt_seconds(finding.get('seconds_to_failure'))} s); minimized:",
+            "",
+        ]
+    mismatches = finding["verdict"]["mismatches"]
+    lines += [f"- {code(mismatch_line(m), 400)}" for m in mismatches[:MAX_MISMATCHES]]
+    if len(mismatches) > MAX_MISMATCHES:
+        lines.append(f"- ... and {len(mismatches) - MAX_MISMATCHES} more")
+    lines += ["", fenced(finding["repro"], "console"), ""]
+    body = compact_json(finding["case"])
+    if finding.get("derived"):
+        body += "\n\nderived: " + json.dumps(finding["derived"])
+    lines += ["<details><summary>minimized case</summary>", "", fenced(body, "json"), ""]
+    lines += ["</details>", ""]
+    return lines
+
+
+def coverage_lines(campaign: Mapping[str, Any]) -> list[str]:
+    """Scenario classes per target: share of the examples of each run."""
+    lines = []
+    for target in targets(campaign):
+        runs = [r for r in campaign["runs"] if r["target"] == target]
+        labels = sorted({k for r in runs for k in r.get("labels", {})})
+        if not labels:
+            continue
+        rows = []
+        for label in labels:
+            cells = []
+            for r in runs:
+                n = r.get("labels", {}).get(label, 0)
+                cells.append(f"{100 * n / r['examples']:.0f}%" if r["examples"] else "-")
+            rows.append([code(label), *cells])
+        header = ["scenario class", *(code(r["implementation"]) for r in runs)]
+        lines += [f"{code(target)}", "", *table(header, rows, "l" + "r" * len(runs)), ""]
+    return lines
+
+
+def summary_markdown(campaign: Mapping[str, Any]) -> str:
+    """The campaign summary: verdicts, then findings (unexpected first) with repro commands."""
+    lines = [*header_lines(campaign), "", *verdict_table(campaign), ""]
+    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
+    caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
+    lines += [f"### Findings ({len(unexpected)})", ""]
+    if not unexpected:
+        lines += ["No implementation other than the mutants failed.", ""]
+    for finding in unexpected:
+        lines += finding_lines(finding)
+    survived = [r for r in campaign["runs"] if run_verdict(r) == SURVIVED]
+    lines += [f"### Mutants: {len(caught)} finding(s), {len(survived)} survived", ""]
+    if survived:
+        names = ", ".join(f"{code(r['target'])} / {code(r['implementation'])}" for r in survived)
+        lines += [f"Survived (the harness missed their bug): {names}", ""]
+    if caught:
+        rows = [
+            [
+                code(f["target"]),
+                code(f["implementation"]),
+                code(f["key"]),
+                str(
+                    f.get("examples_to_failure")
+                    if f.get("examples_to_failure") is not None
+                    else "-"
+                ),
+                fmt_seconds(f.get("seconds_to_failure")),
+                code(f["repro"]),
+            ]
+            for f in caught
+        ]
+        header = ["target", "mutant", "check", "examples", "s", "replay"]
+        lines += [*table(header, rows, "lllrrl"), ""]
+    cov = coverage_lines(campaign)
+    if cov:
+        lines += ["<details><summary>Scenario-class coverage</summary>", "", *cov, "</details>", ""]
+    return "\n".join(lines).rstrip() + "\n"

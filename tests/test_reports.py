@@ -1,0 +1,537 @@
+"""Campaign reports: JUnit XML, Markdown summary, HTML (in a real browser), regression reports."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+import zlib
+from dataclasses import replace
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness.casefile import environment, read_case
+from attnfuzz.harness.cli import main
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.runner import fuzz
+from attnfuzz.harness.target import Implementation, UsageError
+from attnfuzz.reports import write_reports
+from attnfuzz.reports.document import (
+    SCHEMA,
+    Timeline,
+    campaign_record,
+    campaign_verdict,
+    check_campaign,
+    from_result,
+    now_iso,
+    run_record,
+    run_verdict,
+)
+from attnfuzz.reports.regression import compare
+
+HOSTILE = "bad <script>alert(1)</script> & co | `tick` \x1b[31m\x00"
+
+
+def hostile(inputs):
+    """A user implementation whose exception message tries to inject markup."""
+    raise RuntimeError(HOSTILE)
+
+
+def _run(out: Path, target, impl: Implementation, max_examples: int):
+    timeline = Timeline(per_second=20)
+
+    def counted(inputs, fn=impl.fn):
+        timeline.tick()
+        return fn(inputs)
+
+    result = fuzz(
+        target, replace(impl, fn=counted), max_examples=max_examples, rng_seed=0, database=None
+    )
+    return from_result(result, impl.kind, out, timeline=timeline.close())
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory) -> tuple[dict, Path]:
+    """A real campaign on indexer-decode: the reference passes, a mutant is caught, a
+    user's implementation fails with a hostile message; plus a hand-recorded mutant
+    that survived and a run that errored, so that every verdict appears."""
+    out = tmp_path_factory.mktemp("campaign")
+    target = get_target("indexer-decode")
+    started, start = now_iso(), time.perf_counter()
+    runs, findings = [], []
+    plan = [
+        (target.implementations["reference"], 40),
+        (target.implementations["pr39542-writeback"], 300),
+        (Implementation("my_module:hostile", hostile, "user"), 10),
+    ]
+    for impl, n in plan:
+        run, found = _run(out, target, impl, n)
+        runs.append(run)
+        findings += found
+    runs.append(
+        run_record(
+            "indexer-decode",
+            "pr39542-overlap",
+            "mutant",
+            examples=5,
+            seconds=0.2,
+            status="pass",
+            labels={"next_n=1": 5},
+        )
+    )
+    runs.append(
+        run_record(
+            "other-target",
+            "triton",
+            "fixed",
+            examples=0,
+            seconds=0.01,
+            status="error",
+            error="ImportError: no module named <kernels> & co",
+        )
+    )
+    doc = campaign_record(
+        runs,
+        findings,
+        started=started,
+        finished=now_iso(),
+        seconds=time.perf_counter() - start,
+        environment=environment("cpu"),
+        max_examples=300,
+        profile="ci",
+        seed=0,
+    )
+    (out / "campaign.json").write_text(json.dumps(doc, indent=2))
+    return doc, out
+
+
+@pytest.fixture(scope="module")
+def written(campaign) -> dict[str, Path]:
+    doc, out = campaign
+    return {p.name: p for p in write_reports(doc, out)}
+
+
+def test_campaign_document_from_real_runs(campaign):
+    doc, out = campaign
+    assert doc["schema"] == SCHEMA
+    verdicts = {r["implementation"]: run_verdict(r) for r in doc["runs"]}
+    assert verdicts == {
+        "reference": "pass",
+        "pr39542-writeback": "caught",
+        "my_module:hostile": "FAIL",
+        "pr39542-overlap": "survived",
+        "triton": "ERROR",
+    }
+    assert campaign_verdict(doc) == "FAIL"
+    ids = {f["implementation"]: f["id"] for f in doc["findings"]}
+    assert ids["pr39542-writeback"] == "indexer-decode--pr39542-writeback--exception_RuntimeError"
+    assert ":" not in ids["my_module:hostile"]  # a file name
+    for f in doc["findings"]:
+        case_doc = read_case(out / f["case_file"])  # the format `attnfuzz repro` reads
+        assert case_doc["case"].to_dict() == f["case"]
+        assert f["examples_to_failure"] >= 1 and f["seconds_to_failure"] is not None
+    user = next(f for f in doc["findings"] if f["implementation"] == "my_module:hostile")
+    # A case file never imports code: replaying a user's finding names it again.
+    assert user["repro"].endswith("--impl my_module:hostile")
+    mutant = next(r for r in doc["runs"] if r["implementation"] == "pr39542-writeback")
+    assert sum(mutant["labels"].values()) > mutant["examples"]  # several classes per example
+    points = mutant["timeline"]
+    assert points[0] == [0.0, 0] and points[-1][1] == mutant["examples"]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(points, points[1:], strict=False))
+
+
+def test_write_reports_writes_three_files(written):
+    assert sorted(written) == ["junit.xml", "report.html", "summary.md"]
+    assert all(p.stat().st_size > 500 for p in written.values())
+
+
+def test_junit_xml_parses_and_has_the_usual_shape(campaign, written):
+    doc, _ = campaign
+    root = ET.parse(written["junit.xml"]).getroot()
+    assert root.tag == "testsuites"
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["indexer-decode", "other-target"]
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert len(cases) == len(doc["runs"])  # one per target x implementation
+    assert all(c.get("classname").startswith("attnfuzz.") for c in cases.values())
+    assert all(float(c.get("time")) >= 0 for c in cases.values())
+    # Counts agree with the children.
+    for s in suites:
+        kids = s.findall("testcase")
+        assert int(s.get("tests")) == len(kids)
+        assert int(s.get("failures")) == sum(len(c.findall("failure")) for c in kids)
+        assert int(s.get("errors")) == sum(len(c.findall("error")) for c in kids)
+    assert int(root.get("tests")) == 5 and int(root.get("failures")) == 2
+    assert int(root.get("errors")) == 1
+    # A caught mutant and the passing reference are passing test cases.
+    for name in ("reference", "pr39542-writeback"):
+        assert cases[name].find("failure") is None and cases[name].find("error") is None
+    assert "caught" in cases["pr39542-writeback"].findtext("system-out")
+    # The failure carries the minimized case, its mismatch and the replay command.
+    failure = cases["my_module:hostile"].find("failure")
+    assert failure.get("type") == "exception"
+    assert "<script>alert(1)</script> & co" in failure.get("message")
+    assert '"q_lens"' in failure.text and "attnfuzz repro" in failure.text
+    assert "\\x1b" in failure.text and "\x1b" not in failure.text  # XML cannot hold it
+    assert cases["pr39542-overlap"].find("failure").get("type") == "survived"
+    assert "<kernels>" in cases["triton"].find("error").get("message")
+
+
+def _outside_code(markdown: str) -> str:
+    """Markdown with fenced blocks and code spans removed: what is read as markup."""
+    text = re.sub(r"^(`{3,}).*?^\1", "", markdown, flags=re.S | re.M)
+    return re.sub(r"(`+)(?!`).*?(?<!`)\1(?!`)", "", text)
+
+
+def test_summary_markdown(campaign, written):
+    doc, out = campaign
+    md = written["summary.md"].read_text()
+    assert md.startswith("## attnfuzz campaign: FAIL")
+    rows = [line for line in md.splitlines() if line.startswith("| `indexer-decode` | `")]
+    assert len(rows) >= 4
+    verdict_rows = {r.split("|")[2].strip(" `"): r for r in rows[:4]}
+    assert "| caught |" in verdict_rows["pr39542-writeback"]
+    assert "| **FAIL** |" in verdict_rows["my_module:hostile"]
+    assert "| **survived** |" in verdict_rows["pr39542-overlap"]
+    for f in doc["findings"]:
+        assert f["repro"] in md or f["repro"].replace("|", "\\|") in md
+    # Text from exceptions only ever appears inside code: never as markup.
+    outside = _outside_code(md)
+    assert "<script" not in outside and "<kernels>" not in outside
+    assert "alert(1)</script> & co \\| " in md  # in a table-safe code span
+    # Every table row has as many cells as its header.
+    for block in re.findall(r"(?:^\|.*\|\n)+", md, flags=re.M):
+        lines = block.splitlines()
+        widths = {len(re.split(r"(?<!\\)\|", line)) for line in lines}
+        assert len(widths) == 1, lines
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_is_self_contained_and_escapes_exception_text(campaign, written):
+    doc, _ = campaign
+    page = written["report.html"].read_text()
+    parsed = _Tags()
+    parsed.feed(page)
+    assert "script" not in parsed.tags  # the hostile message did not become an element
+    assert parsed.tags.count("svg") == 2 * 2  # a timeline and a coverage plot per target
+    text = "".join(parsed.text)
+    assert "<script>alert(1)</script> & co" in text and "<kernels> & co" in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page
+    # Offline: no external resource of any kind.
+    assert not re.search(r"(src|href)=\"(?!#)", page)
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    for f in doc["findings"]:
+        assert f'id="finding-{f["id"]}"'.replace(":", "_") in page
+
+
+def _png_size_and_colours(path: Path) -> tuple[int, int, int]:
+    """Width, height, and the number of distinct byte values of the decoded (filtered)
+    scanlines: a single-colour image, whatever the filter, has only a handful."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    return width, height, len(set(zlib.decompress(idat)))
+
+
+def _chromium() -> str:
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+    if exe is None:
+        if os.environ.get("ATTNFUZZ_REQUIRE_SYSTEM_DEPS") == "1":
+            pytest.fail("chromium is required (ATTNFUZZ_REQUIRE_SYSTEM_DEPS=1) but not installed")
+        pytest.skip("chromium is not installed (setup.sh installs it); cannot render the report")
+    return exe
+
+
+def test_html_renders_in_a_headless_browser(campaign, written, tmp_path):
+    exe = _chromium()
+    doc, _ = campaign
+    url = written["report.html"].resolve().as_uri()
+    flags = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    shot = tmp_path / "report.png"
+    run = subprocess.run(
+        [*flags, "--window-size=1200,1600", f"--screenshot={shot}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    width, height, colours = _png_size_and_colours(shot)
+    assert (width, height) == (1200, 1600)
+    assert colours > 32, "the screenshot is (nearly) a single colour"
+
+    dom = subprocess.run(
+        [*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120
+    ).stdout
+    parsed = _Tags()
+    parsed.feed(dom)
+    # The browser built the tables and the plots.
+    assert parsed.tags.count("tr") >= 1 + len(doc["runs"]) + len(doc["findings"])
+    assert parsed.tags.count("svg") == 4
+    assert parsed.tags.count("polyline") == len(doc["runs"])
+    assert parsed.tags.count("circle") == len(doc["findings"])  # first failures marked
+    assert "script" not in parsed.tags
+    text = "".join(parsed.text)
+    assert "<script>alert(1)</script> & co" in text
+    for run in doc["runs"]:
+        assert run["implementation"] in text
+
+
+def test_reports_of_an_interrupted_campaign_with_no_runs(tmp_path):
+    doc = campaign_record(
+        [],
+        [],
+        started=now_iso(),
+        finished=now_iso(),
+        seconds=0.1,
+        environment={"device": "cpu"},
+        interrupted=True,
+    )
+    paths = write_reports(doc, tmp_path)
+    assert campaign_verdict(doc) == "INCOMPLETE"
+    assert "Interrupted" in (tmp_path / "summary.md").read_text()
+    assert ET.parse(tmp_path / "junit.xml").getroot().get("tests") == "0"
+    assert len(paths) == 3
+
+
+def test_a_malformed_campaign_is_a_one_line_usage_error(campaign, tmp_path):
+    doc, _ = campaign
+    bad = copy.deepcopy(doc)
+    bad["runs"][0]["findings"] = ["no-such-finding"]
+    with pytest.raises(UsageError, match="names 'no-such-finding', which is no finding"):
+        write_reports(bad, tmp_path)
+    bad = copy.deepcopy(doc)
+    bad["runs"][1]["kind"] = "bogus"
+    with pytest.raises(UsageError, match=r"runs\[1\]\.kind is 'bogus'"):
+        check_campaign(bad)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_passing_campaign_and_first_failures_on_their_line(tmp_path):
+    """Timelines may count from the campaign's start (runs in sequence): the ring of a
+    first failure sits where the run's own line reached that many examples."""
+    runs = [
+        run_record(
+            "t",
+            "triton",
+            "fixed",
+            examples=60,
+            seconds=3.0,
+            status="pass",
+            timeline=[[0.0, 0], [3.0, 60]],
+            labels={"a": 60},
+        ),
+        run_record(
+            "t",
+            "m",
+            "mutant",
+            examples=40,
+            seconds=4.0,
+            status="fail",
+            timeline=[[3.0, 0], [5.0, 20], [7.0, 40]],
+            findings=["t--m--values"],
+        ),
+    ]
+    finding = {
+        "id": "t--m--values",
+        "target": "t",
+        "implementation": "m",
+        "key": "values",
+        "check": "values",
+        "case_file": "cases/t--m--values.json",
+        "case": {},
+        "verdict": {
+            "key": "values",
+            "mismatches": [{"check": "values", "where": "x[0]", "expected": "1", "got": "2"}],
+        },
+        "repro": "attnfuzz repro cases/t--m--values.json",
+        "examples_to_failure": 10,
+        "seconds_to_failure": 1.0,
+    }
+    doc = campaign_record(
+        runs, [finding], started="s", finished="f", seconds=7.0, environment={}, database=None
+    )
+    write_reports(doc, tmp_path)
+    assert campaign_verdict(doc) == "PASS"
+    page = (tmp_path / "report.html").read_text()
+    assert '<span class="verdict good">PASS</span>' in page
+    ring = re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', page)
+    line = re.search(r'<polyline points="[^"]*" fill="none" stroke="#d55e00"', page).group()
+    points = [tuple(map(float, p.split(","))) for p in line.split('"')[1].split()]
+    # Halfway between (3 s, 0) and (5 s, 20): on the segment, not at 1.0 s.
+    (x0, y0), (x1, y1) = points[0], points[1]
+    assert float(ring.group(1)) == pytest.approx((x0 + x1) / 2, abs=0.2)
+    assert float(ring.group(2)) == pytest.approx((y0 + y1) / 2, abs=0.2)
+    assert ET.parse(tmp_path / "junit.xml").getroot().get("failures") == "0"
+
+
+def test_timeline_keeps_a_few_points_a_second():
+    now = [0.0]
+    timeline = Timeline(per_second=2, clock=lambda: now[0])
+    for _ in range(100):
+        now[0] += 0.01
+        timeline.tick()
+    points = timeline.close()
+    assert points[0] == [0.0, 0] and points[-1] == [1.0, 100]
+    assert len(points) <= 2 * 1 + 2
+
+
+# -- regression reports -----------------------------------------------------------
+
+
+def _without(doc: dict, implementation: str) -> dict:
+    """The campaign as if ``implementation`` had found nothing (and passed)."""
+    doc = copy.deepcopy(doc)
+    doc["findings"] = [f for f in doc["findings"] if f["implementation"] != implementation]
+    for run in doc["runs"]:
+        if run["implementation"] == implementation:
+            run["findings"], run["status"] = [], "pass"
+    return check_campaign(doc)
+
+
+def test_compare_new_fixed_still_failing_and_mutants(campaign):
+    doc, _ = campaign
+    clean = _without(doc, "my_module:hostile")
+    new = compare(clean, doc)
+    assert [f["implementation"] for f in new["new"]] == ["my_module:hostile"]
+    assert new["exit_status"] == 1 and not new["fixed"]
+    fixed = compare(doc, clean)
+    assert [f["implementation"] for f in fixed["fixed"]] == ["my_module:hostile"]
+    assert fixed["exit_status"] == 0 and not fixed["new"]
+    same = compare(doc, doc)
+    assert same["exit_status"] == 0 and len(same["still_failing"]) == 1
+    assert not same["coverage"]
+    # A mutant's finding is expected: losing it is reported, not counted as fixed.
+    lost = compare(doc, _without(doc, "pr39542-writeback"))
+    assert lost["exit_status"] == 0 and not lost["fixed"]
+    assert lost["mutants"]["no_longer_caught"][0]["implementation"] == "pr39542-writeback"
+    # A finding whose pair did not run again is unknown, not fixed.
+    gone = copy.deepcopy(clean)
+    gone["runs"] = [r for r in gone["runs"] if r["implementation"] != "my_module:hostile"]
+    unknown = compare(doc, gone)
+    assert not unknown["fixed"] and unknown["not_rerun"][0]["implementation"] == "my_module:hostile"
+
+
+def _labelled(*runs: tuple[str, dict[str, int]]) -> dict:
+    records = [
+        run_record(t, "triton", "fixed", examples=20, seconds=1.0, status="pass", labels=labels)
+        for t, labels in runs
+    ]
+    return campaign_record(records, [], started="a", finished="b", seconds=1.0, environment={})
+
+
+def test_compare_coverage_gained_lost_and_changed():
+    before = _labelled(("t", {"a": 20, "b": 10, "c": 1, "e": 6}))
+    after = _labelled(("t", {"a": 20, "b": 2, "d": 2, "e": 5}), ("u", {"a": 20}))
+    cov = compare(before, after, threshold=0.10)["coverage"]
+    assert cov["t"]["gained"] == ["d"] and cov["t"]["lost"] == ["c"]
+    # b moved from half of the examples to a tenth; e by five points only.
+    assert cov["t"]["changed"] == [{"label": "b", "baseline_share": 0.5, "current_share": 0.1}]
+    assert cov["u"] == {"gained": ["a"], "lost": [], "changed": []}  # a target new in current
+    assert compare(before, after, threshold=0.5)["coverage"]["t"]["changed"] == []
+    assert compare(before, before)["coverage"] == {}
+
+
+def test_report_command(campaign, tmp_path, capsys):
+    doc, out = campaign
+    base = tmp_path / "old"
+    base.mkdir()
+    (base / "campaign.json").write_text(json.dumps(_without(doc, "my_module:hostile")))
+    current = out / "campaign.json"
+    code = main(
+        [
+            "report",
+            "--baseline",
+            str(base / "campaign.json"),
+            "--current",
+            str(current),
+            "--out",
+            str(tmp_path / "reg"),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert "## attnfuzz regression report: new findings" in printed
+    assert "### New findings (1)" in printed and "my_module:hostile" in printed
+    assert (tmp_path / "reg" / "regression.md").read_text() in printed
+    report = json.loads((tmp_path / "reg" / "regression.json").read_text())
+    assert report["schema"] == "attnfuzz.regression/1" and len(report["new"]) == 1
+    # Reversed: the finding is fixed, exit 0; a campaign directory names its campaign.json.
+    code = main(
+        ["report", "--baseline", str(out), "--current", str(base), "--out", str(tmp_path / "reg2")]
+    )
+    assert code == 0
+    assert "### Fixed (1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"schema": "attnfuzz.campaign/1", "runs": [', "not valid JSON"),
+        ("[]", "is not a JSON object"),
+        ('{"schema": "attnfuzz.campaign/9"}', "has schema 'attnfuzz.campaign/9'"),
+        ('{"schema": "attnfuzz.campaign/1", "started": "x"}', "has no 'finished'"),
+        (b"\x89PNG\x00\xff", "not a text file"),
+        ("[" * 100_000, "nested too deeply"),
+    ],
+)
+def test_report_bad_input_exits_2_with_one_line(campaign, tmp_path, capsys, text, message):
+    _, out = campaign
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+    for args in (
+        ["--baseline", str(bad), "--current", str(out)],
+        ["--baseline", str(out), "--current", str(bad)],
+    ):
+        assert main(["report", *args, "--out", str(tmp_path / "reg")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert (
+        main(
+            [
+                "report",
+                "--baseline",
+                str(tmp_path / "missing.json"),
+                "--current",
+                str(out),
+                "--out",
+                str(tmp_path / "reg"),
+            ]
+        )
+        == 2
+    )
+    assert "cannot read campaign file" in capsys.readouterr().err
+    assert not (tmp_path / "reg").exists()
