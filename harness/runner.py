@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,11 @@ class Finding(Exception):
         self.verdict = verdict
 
 
+class _OutOfBudget(BaseException):
+    """Raised inside the property to end the run; not an ``Exception``, so
+    Hypothesis lets it through instead of taking it for a failure to shrink."""
+
+
 @dataclass
 class RunResult:
     target: str
@@ -43,6 +49,7 @@ class RunResult:
     verdict: Verdict | None = None
     labels: Counter = field(default_factory=Counter)
     phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
+    stopped_by_budget: bool = False  # ``budget_s`` or ``shrink_budget_s`` ran out
 
     @property
     def examples_per_second(self) -> float:
@@ -68,26 +75,45 @@ def fuzz(
     scale: Scale = SMALL,
     device: str | None = None,  # None: where the kernels run
     shrink: bool = True,
+    budget_s: float | None = None,
+    shrink_budget_s: float | None = None,
+    on_case: Callable[[Case, Verdict], None] | None = None,
 ) -> RunResult:
     """Run a campaign; a failure is shrunk and returned, never raised.
 
     ``rng_seed`` makes the run derandomized and independent of any database;
     without it the run is random and replays the database's saved failures first.
+
+    ``budget_s`` ends a search that found nothing after that many wall-clock
+    seconds from the first example (``max_examples`` still applies);
+    ``shrink_budget_s`` ends shrinking that long after the first failure, the
+    smallest failing case so far being kept. Each is checked before an example,
+    so a run overshoots by at most one example. ``on_case`` sees every judged
+    case and its verdict, shrinking included, in order.
     """
     result = RunResult(target.name, impl.name)
     clock: dict[str, float] = {}
 
     def check(case: Case) -> None:
-        clock.setdefault("start", time.perf_counter())
+        now = time.perf_counter()
+        clock.setdefault("start", now)
+        if result.case is None:
+            if budget_s is not None and now - clock["start"] > budget_s:
+                raise _OutOfBudget
+        elif shrink_budget_s is not None and now - clock["found"] > shrink_budget_s:
+            raise _OutOfBudget
         for label in scenario_labels(case):
             event(label)
             result.labels[label] += 1
         verdict = target.judge(impl, case, device, result.phase_seconds)
         result.examples += 1
+        if on_case is not None:
+            on_case(case, verdict)
         if not verdict.ok:
             if result.examples_to_failure is None:
                 result.examples_to_failure = result.examples
-                result.seconds_to_failure = time.perf_counter() - clock["start"]
+                clock["found"] = time.perf_counter()
+                result.seconds_to_failure = clock["found"] - clock["start"]
             # Hypothesis replays the minimal example last, so this ends as the shrunk one.
             result.case, result.verdict = case, verdict
             raise Finding(verdict)
@@ -117,5 +143,7 @@ def fuzz(
         test()
     except Finding:
         pass
+    except _OutOfBudget:
+        result.stopped_by_budget = True
     result.seconds = time.perf_counter() - start
     return result
