@@ -331,17 +331,20 @@ def split_decodes_and_prefills(
     """Split as the engine does.
 
     Ragged rule: a request is a decode when ``q_len <= decode_threshold``.
-    Uniform rule: decodes must share the first request's ``q_len``; zero-length
-    padding requests of a padded graph count as decodes. In both rules a step
-    of decodes only counts *all* ``num_actual_tokens`` (padded tokens included)
-    as decode tokens, which is how ``N_d`` and ``sum(d)`` come to differ.
+    Uniform rule: decodes must share the first request's ``q_len`` (itself
+    ``<= decode_threshold``); zero-length padding requests of a padded graph
+    count as decodes. In both rules a step of decodes only counts *all*
+    ``num_actual_tokens`` (padded tokens included) as decode tokens, which is
+    how ``N_d`` and ``sum(d)`` come to differ.
     """
     q_lens = meta.query_lens
     num_reqs, num_tokens = meta.num_reqs, meta.num_actual_tokens
     if num_reqs == 0:
         return DecodeSplit(0, 0, 0, num_tokens)
     if require_uniform:
-        if all(q == q_lens[0] or q == 0 for q in q_lens):
+        if q_lens[0] > decode_threshold:  # a prefill first: no decodes, whatever the lengths
+            num_decodes = 0
+        elif all(q == q_lens[0] or q == 0 for q in q_lens):
             num_decodes = num_reqs
         else:
             num_decodes = next(r for r in range(num_reqs) if q_lens[r] != q_lens[0])

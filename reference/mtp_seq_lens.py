@@ -1,18 +1,36 @@
 """Reference of the per-token context lengths of native MTP (domain.md, bug B).
 
-The decode path of a model with native multi-token prediction scores its
-decodes as a ``[B, L]`` table (``B = num_decodes``, ``L = max_decode_len``).
-Token ``j`` of decode ``b`` sees
+With native multi-token prediction the indexer's decode path scores its
+decodes as a ``[B, L]`` table (``B = num_decodes``, ``L = max_decode_len``),
+and the logits kernel takes one context length per slot:
 
     context_lens[b, j] = max(seq_len[b] - L + 1 + j, 0)
 
-keys: right-aligned, so the last slot sees the whole sequence; clamped at 0,
-which padding requests (``seq_len = 0``) and sequences shorter than ``L`` need.
+Right-aligned: the last slot sees the whole sequence. This is the causal end
+``seq_len[b] - d[b] + j + 1`` of domain.md section 3 exactly when ``d[b] == L``,
+which is why the native path splits the step with the *uniform* rule
+(:func:`describe`): decodes share the first request's ``q_len``, a later request
+of another length is a prefill, and the zero-length padding requests of a
+graph (``seq_len = 0``) count as decodes. Their slots are the only ones the
+clamp at 0 changes (``0 - L + 1 + j < 0`` for ``j < L - 1``).
 
-The table is metadata that a CUDA graph replays, so it lives in the engine's
-persistent workspace, allocated once at start-up, and is *viewed* per step:
-the call allocates nothing. Its consumer, the paged MQA logits kernel, takes
-the lengths as one contiguous int32 array of ``B * L`` elements.
+Storage. The table is metadata that a CUDA graph replays, so it is written
+into the engine's persistent workspace, allocated once at start-up, and
+*viewed* per step: the call allocates nothing. The workspace holds
+
+- the flat table, ``workspace[:max_num_batched_tokens]``: the accepted fix of
+  #42135 views its first ``B * L`` elements as ``[B, L]``, contiguous, as the
+  paged MQA logits kernel requires;
+- the ``[max_num_seqs, next_n]`` table the code kept before that fix, after it,
+  so that the historical code paths (the mutants) run without allocating too.
+
+Why ``max_num_batched_tokens`` elements are enough: under the uniform rule
+every decode has ``d[b] == L`` except padding requests, which exist only when a
+graph pads the step to ``T_pad = B * L``; so ``B * L == N_d <= max_num_batched_tokens``
+in every step. (With the ragged rule ``B * L`` could exceed the token budget,
+e.g. ``d = [2, 1, 1, 1, 1]`` with a budget of 6, but the right-aligned formula
+would then be wrong for the short decodes anyway: that is the flattening
+path's business, not this one's.)
 """
 
 from __future__ import annotations
@@ -21,23 +39,43 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from attnfuzz.reference.batch import Case, build_common_metadata, split_decodes_and_prefills
+from attnfuzz.reference.batch import (
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    build_common_metadata,
+    split_decodes_and_prefills,
+)
 
-_DATA_SEED_SALT = 0x42135
+_DATA_SEED_SALT = 0x42135  # keeps the workspace stream apart from the page-id stream
 
 
 @dataclass
 class MtpSeqLensInputs:
-    """What the metadata builder has at hand for one step."""
+    """What the metadata builder has at hand for one step.
 
-    seq_lens: torch.Tensor  # int32 [R] (padding requests: 0)
-    num_decodes: int  # B
+    ``seq_lens`` and ``workspace`` live on the implementation's device; the
+    integers are host-side, as the builder knows them on the CPU.
+    """
+
+    seq_lens: torch.Tensor  # int32 [R]; padding requests: 0
+    num_decodes: int  # B, padding requests included
     max_decode_len: int  # L
-    workspace: torch.Tensor  # int32 [flat_capacity + max_num_seqs * next_n], persistent
-    flat_capacity: int  # elements reserved at the head of the workspace for the flat table
+    workspace: torch.Tensor  # int32 [max_num_batched_tokens + max_num_seqs * next_n]
     max_num_batched_tokens: int
     max_num_seqs: int
     next_n: int
+
+    @property
+    def flat_table(self) -> torch.Tensor:
+        """The flat int32 table of the accepted fix: ``max_num_batched_tokens`` elements."""
+        return self.workspace[: self.max_num_batched_tokens]
+
+    @property
+    def table_2d(self) -> torch.Tensor:
+        """The ``[max_num_seqs, next_n]`` table of the code before #42135."""
+        start, size = self.max_num_batched_tokens, self.max_num_seqs * self.next_n
+        return self.workspace[start : start + size].view(self.max_num_seqs, self.next_n)
 
 
 @dataclass
@@ -51,30 +89,26 @@ class MtpSeqLensExpected:
     workspace_before: np.ndarray  # the workspace as the step found it
 
 
-def flat_capacity(max_num_batched_tokens: int, max_num_seqs: int, next_n: int) -> int:
-    """Elements of the flat table: room for every ``B * L`` the scheduler can produce.
-
-    ``B <= max_num_seqs`` and ``L <= next_n``; with ragged decodes ``B * L`` can
-    exceed ``max_num_batched_tokens`` (e.g. d = [2, 1, 1, 1, 1] with a budget of 6).
-    """
-    return max(max_num_batched_tokens, max_num_seqs * next_n)
+def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
+    """The step's metadata and its split by the uniform rule of the native MTP path."""
+    meta = build_common_metadata(case.config, case.batch)
+    return meta, split_decodes_and_prefills(meta, case.config.threshold, require_uniform=True)
 
 
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> MtpSeqLensInputs:
+    """Build the inputs of ``case``; the workspace holds stale values from the seed."""
     config = case.config
-    meta = build_common_metadata(config, case.batch)
-    split = split_decodes_and_prefills(meta, config.threshold)
-    capacity = flat_capacity(config.max_num_batched_tokens, config.max_num_seqs, config.next_n)
+    meta, split = describe(case)
     gen = torch.Generator().manual_seed(case.batch.seed ^ _DATA_SEED_SALT)
-    # Stale lengths from earlier steps: whatever a step does not write stays.
-    size = capacity + config.max_num_seqs * config.next_n
+    # Stale lengths of earlier steps (negative ones too): whatever a step does
+    # not write stays, so every element the step must not touch is checkable.
+    size = config.max_num_batched_tokens + config.max_num_seqs * config.next_n
     workspace = torch.randint(-9, config.max_model_len + 9, (size,), generator=gen)
     return MtpSeqLensInputs(
         seq_lens=torch.as_tensor(meta.seq_lens).to(device),
         num_decodes=split.num_decodes,
         max_decode_len=split.max_decode_len,
         workspace=workspace.to(torch.int32).to(device),
-        flat_capacity=capacity,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         next_n=config.next_n,
@@ -82,6 +116,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> MtpSeqLensInp
 
 
 def reference(case: Case | None, inputs: MtpSeqLensInputs) -> MtpSeqLensExpected:
+    """The expected table, slot by slot, and the workspace before the step."""
     seq_lens = inputs.seq_lens.cpu().numpy()
     B, L = inputs.num_decodes, inputs.max_decode_len
     context_lens = np.zeros((B, L), dtype=np.int32)

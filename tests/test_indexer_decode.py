@@ -8,28 +8,34 @@ import torch
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import indexer_decode as kernels
+from attnfuzz.kernels._triton import device
 from attnfuzz.kernels.indexer_ops import top_k_per_row
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.invariants import violations
+from hypothesis import HealthCheck, given, settings
 
 TARGET = "indexer-decode"
+MUTANTS = ["pr39542-writeback", "pr39542-lengths", "pr39542-overlap"]
+DEV = device()  # where the kernels run: the CPU under the interpreter
 
 
 def hand_inputs(k: int) -> ref.IndexerDecodeInputs:
     """One decode of d = 2 tokens at seq_len 3; pages of 2 slots, H = 1, D = 1.
 
     Block table [1, 0]: keys 0, 1 live in page 1 (values 1, -2), key 2 in
-    page 0 (value 5). Token 0 sees 2 keys, token 1 all 3.
+    page 0 (value 5). Token 0 sees 2 keys, token 1 all 3. Tensors on ``DEV``.
     """
+    i32 = dict(dtype=torch.int32, device=DEV)
     return ref.IndexerDecodeInputs(
-        q=torch.tensor([[[2.0]], [[-1.0]]]),
-        weights=torch.tensor([[1.0], [3.0]]),
-        kv_cache=torch.tensor([[[5.0], [7.0]], [[1.0], [-2.0]]]),
-        query_start_loc=torch.tensor([0, 2], dtype=torch.int32),
-        seq_lens=torch.tensor([3], dtype=torch.int32),
-        block_table=torch.tensor([[1, 0]], dtype=torch.int32),
-        decode_lens=torch.tensor([2], dtype=torch.int32),
-        topk_indices_buffer=torch.full((4, k), 9, dtype=torch.int32),
+        q=torch.tensor([[[2.0]], [[-1.0]]], device=DEV),
+        weights=torch.tensor([[1.0], [3.0]], device=DEV),
+        kv_cache=torch.tensor([[[5.0], [7.0]], [[1.0], [-2.0]]], device=DEV),
+        query_start_loc=torch.tensor([0, 2], **i32),
+        seq_lens=torch.tensor([3], **i32),
+        block_table=torch.tensor([[1, 0]], **i32),
+        decode_lens=torch.tensor([2], **i32),
+        topk_indices_buffer=torch.full((4, k), 9, **i32),
         num_reqs=1,
         num_decodes=1,
         num_decode_tokens=2,
@@ -63,7 +69,7 @@ def test_triton_matches_the_hand_case(k):
     inputs = hand_inputs(k)
     expected = ref.reference(None, inputs)
     got = kernels.indexer_decode(inputs)
-    torch.testing.assert_close(got.logits, torch.as_tensor(expected.logits))
+    torch.testing.assert_close(got.logits.cpu(), torch.as_tensor(expected.logits))
     assert get_target(TARGET).compare(None, inputs, expected, got) == []
 
 
@@ -79,9 +85,10 @@ def test_top_k_checks_its_contract():
 
 def test_top_k_handles_ties_negatives_and_short_rows():
     logits = torch.tensor(
-        [[-3.0, -1.0, -1.0, -2.0, 0.0, -0.0], [5.0, 5.0, 5.0, 5.0, 1.0, 2.0], [1.0] * 6]
+        [[-3.0, -1.0, -1.0, -2.0, 0.0, -0.0], [5.0, 5.0, 5.0, 5.0, 1.0, 2.0], [1.0] * 6],
+        device=DEV,
     )
-    lengths = torch.tensor([6, 4, 1], dtype=torch.int32)
+    lengths = torch.tensor([6, 4, 1], dtype=torch.int32, device=DEV)
     got = top_k_per_row(logits, lengths, 3)
     assert sorted(got[0].tolist())[1:] == [4, 5] and sorted(got[0].tolist())[0] in (1, 2)
     assert len(set(got[1].tolist()) & {0, 1, 2, 3}) == 3
@@ -139,13 +146,52 @@ def test_uniform_unpadded_decodes_do_not_trigger_any_mutant():
         assert judge(impl, case).ok, impl
 
 
+@pytest.mark.parametrize(
+    "mutant, key",
+    [
+        ("pr39542-writeback", "exception:RuntimeError"),
+        ("pr39542-lengths", "exception:ValueError"),
+        ("pr39542-overlap", "unchanged"),
+    ],
+)
+def test_smallest_trigger_is_valid_meets_the_trigger_and_fails(mutant, key):
+    impl = get_target(TARGET).resolve(mutant)
+    case = impl.smallest()
+    assert violations(case.config, case.batch) == []
+    assert impl.reach(case) and impl.trigger(case)
+    assert judge("triton", case).ok and judge("reference", case).ok
+    assert judge(mutant, case).key == key
+
+
+@pytest.mark.parametrize(
+    "mutant, case",
+    [
+        ("pr39542-writeback", hand_case((1, 2), (1, 1))),  # ragged, unpadded: sum(d) == N_d
+        ("pr39542-lengths", hand_case((1, 2), (1, 1))),  # no prefill after the decodes: R == B
+        ("pr39542-overlap", hand_case((2, 2, 3), (1, 1, 0))),  # uniform decodes: B*L == N_d
+    ],
+)
+def test_reached_but_not_triggered_passes(mutant, case):
+    """The mutant runs the code its bug lives in, and the bug cannot show."""
+    impl = get_target(TARGET).resolve(mutant)
+    assert impl.reach(case) and not impl.trigger(case)
+    assert judge(mutant, case).ok
+
+
+@settings(max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(get_target(TARGET).cases())
+def test_every_trigger_implies_its_reach(case):
+    for impl in get_target(TARGET).mutants:
+        assert impl.reach(case) or not impl.trigger(case), impl.name
+
+
 @pytest.mark.parametrize("impl", ["triton", "reference"])
 def test_passes_300_examples(impl):
     result = assert_passes(TARGET, impl, max_examples=300)
     assert result.labels["requires_padding"] > 0 and result.labels["next_n>1"] > 0
 
 
-@pytest.mark.parametrize("mutant", ["pr39542-writeback", "pr39542-lengths", "pr39542-overlap"])
+@pytest.mark.parametrize("mutant", MUTANTS)
 def test_mutant_is_detected_with_a_minimized_trigger(mutant):
     result = assert_detected(TARGET, mutant)
     split = ref.describe(result.case)[1]

@@ -13,7 +13,7 @@ from attnfuzz.harness.oracle import (
 )
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import indexer_decode as ref
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import Batch, Case
 
 
 def compare(
@@ -56,6 +56,21 @@ def _split(case: Case):
     return ref.describe(case)[1]
 
 
+# The zoo's metadata of each mutant: ``reach`` (the case runs the code the bug
+# lives in), ``trigger`` (the bug's condition holds) and ``smallest`` (the
+# smallest trigger, derived by hand on the engine of domain.md's examples).
+
+
+def reach_padding(case: Case) -> bool:
+    """Decodes that require padding: the pack / unpack path, where #39542 lived."""
+    return _split(case).requires_padding
+
+
+def reach_decodes(case: Case) -> bool:
+    """The step has decodes: their top-k runs (into ``buffer[:B*L]`` in the overlap mutant)."""
+    return _split(case).num_decodes > 0
+
+
 def trigger_writeback(case: Case) -> bool:
     """``sum(d) != N_d``: the unpacked rows do not fill ``buffer[:N_d]``."""
     s = _split(case)
@@ -72,6 +87,30 @@ def trigger_overlap(case: Case) -> bool:
     """``B*L > N_d``: the top-k view runs past the decode rows."""
     s = _split(case)
     return s.requires_padding and s.num_decodes * s.max_decode_len > s.num_decode_tokens
+
+
+def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
+    from attnfuzz.harness.testing import spec_config
+
+    return Case(spec_config(), Batch(computed, q_lens, seed=0, use_cudagraph=True))
+
+
+def smallest_writeback() -> Case:
+    """domain.md: next_n = 2, 3 requests x 2 tokens = 6 padded to capture size 8
+    (2 and 4 are captured, so fewer requests are not padded): d = [2, 2, 2, 0]."""
+    return _spec_case((2, 2, 2), (1, 1, 1))
+
+
+def smallest_lengths() -> Case:
+    """next_n = 2, ragged decodes d = [1, 2] and one prefill of 3 tokens after them:
+    ``R = 3`` requests, ``B = 2`` scored."""
+    return _spec_case((1, 2, 3), (1, 1, 0))
+
+
+def smallest_overlap() -> Case:
+    """next_n = 2, ragged decodes d = [1, 2]: ``B*L = 4 > N_d = 3``, the top-k view
+    covers row 3, which the step does not own."""
+    return _spec_case((1, 2), (1, 1))
 
 
 def build() -> Target:
@@ -92,7 +131,9 @@ def build() -> Target:
             k.mutant_writeback,
             "mutant",
             "#39542: writes buffer[:N_d] with sum(d) unpacked rows",
-            trigger_writeback,
+            trigger=trigger_writeback,
+            reach=reach_padding,
+            smallest=smallest_writeback,
         )
     )
     target.add(
@@ -101,7 +142,9 @@ def build() -> Target:
             k.mutant_lengths,
             "mutant",
             "#39542: top-k lengths not sliced to the scored rows",
-            trigger_lengths,
+            trigger=trigger_lengths,
+            reach=reach_padding,
+            smallest=smallest_lengths,
         )
     )
     target.add(
@@ -110,7 +153,9 @@ def build() -> Target:
             k.mutant_overlap,
             "mutant",
             "left open by #39542: top-k into the view buffer[:B*L] overlaps later rows",
-            trigger_overlap,
+            trigger=trigger_overlap,
+            reach=reach_decodes,
+            smallest=smallest_overlap,
         )
     )
     return target

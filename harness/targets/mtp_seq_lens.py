@@ -1,4 +1,11 @@
-"""Target ``mtp-seq-lens``: per-token context lengths of native MTP (bug B, #42135)."""
+"""Target ``mtp-seq-lens``: per-token context lengths of native MTP (bug B, #42135).
+
+The oracle checks what the logits kernel and a CUDA graph need of the table,
+each property on its own: exact shape and dtype, a view inside the persistent
+workspace (no new storage), contiguity and strides, the consumer's own
+contract, exact values, every other element of the workspace unchanged, and
+(``graph_safe``) no allocation inside the call.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from attnfuzz.harness.oracle import (
 )
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import mtp_seq_lens as ref
-from attnfuzz.reference.batch import Case, build_common_metadata, split_decodes_and_prefills
+from attnfuzz.reference.batch import Batch, Case
 
 
 def expect_consumable(name: str, lens: torch.Tensor, rows: int) -> list[Mismatch]:
@@ -46,35 +53,71 @@ def compare(
 
 
 def reference_impl(inputs: ref.MtpSeqLensInputs) -> ref.MtpSeqLensOutputs:
-    """The reference written into the flat table, as an implementation (a self-check)."""
-    expected = ref.reference(None, inputs)
-    B, L = expected.context_lens.shape
-    out = inputs.workspace[: B * L].view(B, L)
-    out.copy_(torch.from_numpy(expected.context_lens))  # in place: no allocation on device
+    """The reference's formula as an implementation (a self-check of the harness).
+
+    ``max(seq_len[b] - L + 1 + j, 0)`` in place, with torch ops on the inputs'
+    device, into the first ``B * L`` elements of the flat table. Not the NumPy
+    loops themselves: on a GPU their host round trip (``.cpu()``) allocates
+    inside the call and could not be captured in a graph.
+    """
+    B, L = inputs.num_decodes, inputs.max_decode_len
+    out = inputs.flat_table[: B * L].view(B, L)
+    out.copy_(inputs.seq_lens[:B, None].expand(B, L))  # seq_len[b] in every slot of row b
+    for j in range(L):
+        out[:, j].add_(j - L + 1)
+    out.clamp_(min=0)
     return ref.MtpSeqLensOutputs(out)
 
 
-def _split(case: Case):
-    meta = build_common_metadata(case.config, case.batch)
-    return meta, split_decodes_and_prefills(meta, case.config.threshold)
+# The zoo's metadata of each mutant: ``reach`` (the case runs the code the bug
+# lives in), ``trigger`` (the bug's condition holds) and ``smallest`` (the
+# smallest trigger, derived by hand on the engine of domain.md's examples).
+
+
+def reach_table(case: Case) -> bool:
+    """The step has decodes with ``next_n > 1``: the native path builds a ``[B, L]`` table."""
+    _, s = ref.describe(case)
+    return case.config.next_n > 1 and s.num_decodes > 0
 
 
 def trigger_strided(case: Case) -> bool:
-    """``B >= 2`` and ``L < next_n``: the ``[:B, :L]`` slice is not contiguous."""
-    _, s = _split(case)
+    """``B >= 2`` and ``L < next_n``: the slice ``[:B, :L]`` of a ``[S, next_n]`` table
+    skips elements between rows (with ``B == 1`` the row stride is never used)."""
+    _, s = ref.describe(case)
     return s.num_decodes >= 2 and 0 < s.max_decode_len < case.config.next_n
 
 
+def reach_padded(case: Case) -> bool:
+    """The step was padded for a graph (``seq_len = 0`` rows exist only there)."""
+    meta, s = ref.describe(case)
+    return meta.padded and s.num_decodes > 0
+
+
 def trigger_noclamp(case: Case) -> bool:
-    """Some decode has ``seq_len < L - 1`` (padding requests have 0): a negative length."""
-    meta, s = _split(case)
+    """Some slot is negative before the clamp: ``seq_len[b] - L + 1 < 0`` for a decode ``b``.
+
+    Under the uniform rule real decodes have ``seq_len >= d == L``, so these are
+    the padding requests of a padded graph, with ``L >= 2``."""
+    meta, s = ref.describe(case)
     L = s.max_decode_len
     return any(int(meta.seq_lens[b]) - L + 1 < 0 for b in range(s.num_decodes))
 
 
-def trigger_flat_capacity(case: Case) -> bool:
-    _, s = _split(case)
-    return s.num_decodes * s.max_decode_len > case.config.max_num_batched_tokens
+def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
+    from attnfuzz.harness.testing import spec_config
+
+    return Case(spec_config(), Batch(computed, q_lens, seed=0, use_cudagraph=True))
+
+
+def smallest_strided() -> Case:
+    """domain.md: next_n = 2, two decodes with d = [1, 1]: ``B = 2, L = 1 < 2``."""
+    return _spec_case((1, 1), (1, 1))
+
+
+def smallest_noclamp() -> Case:
+    """next_n = 2, 3 requests x 2 tokens = 6 padded to capture size 8 (2 and 4 are
+    captured, so fewer requests are not padded): padding request 3 has seq_len 0."""
+    return _spec_case((2, 2, 2), (1, 1, 1))
 
 
 def build() -> Target:
@@ -96,7 +139,9 @@ def build() -> Target:
             k.mutant_strided,
             "mutant",
             "#42135: [max_num_seqs, next_n] table sliced [:B, :L], not contiguous",
-            trigger_strided,
+            trigger=trigger_strided,
+            reach=reach_table,
+            smallest=smallest_strided,
         )
     )
     target.add(
@@ -105,7 +150,9 @@ def build() -> Target:
             k.mutant_copy,
             "mutant",
             "#42135 first fix: .contiguous() per step, allocates under graph capture",
-            trigger_strided,
+            trigger=trigger_strided,
+            reach=reach_table,
+            smallest=smallest_strided,
         )
     )
     target.add(
@@ -114,16 +161,9 @@ def build() -> Target:
             k.mutant_noclamp,
             "mutant",
             "lengths not clamped at 0: padding requests get negative lengths",
-            trigger_noclamp,
-        )
-    )
-    target.add(
-        Implementation(
-            "flat-capacity",
-            k.mutant_flat_capacity,
-            "mutant",
-            "flat table of max_num_batched_tokens elements: B*L of ragged decodes overflows it",
-            trigger_flat_capacity,
+            trigger=trigger_noclamp,
+            reach=reach_padded,
+            smallest=smallest_noclamp,
         )
     )
     return target

@@ -1,0 +1,268 @@
+"""Target ``mtp-seq-lens``: reference by hand, the kernel, each oracle check, end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from attnfuzz.harness.graph import allocations
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.kernels import mtp_seq_lens as kernels
+from attnfuzz.kernels._triton import device
+from attnfuzz.reference import mtp_seq_lens as ref
+from attnfuzz.reference.batch import Case, split_decodes_and_prefills
+from attnfuzz.reference.invariants import violations
+from hypothesis import HealthCheck, given, settings
+
+TARGET = "mtp-seq-lens"
+MUTANTS = ["pr42135-strided", "pr42135-copy", "pr42135-noclamp"]
+DEV = device()  # where the kernels run: the CPU under the interpreter
+
+
+def judge(impl, case: Case):
+    target = get_target(TARGET)
+    return target.judge(impl if not isinstance(impl, str) else target.resolve(impl), case)
+
+
+def checks(verdict) -> list[str]:
+    return [m.check for m in verdict.mismatches]
+
+
+# -- the reference, by hand ---------------------------------------------------------
+
+
+def test_reference_smallest_trigger_two_decodes_of_one_token():
+    """next_n = 2, d = [1, 1]: B = 2, L = 1, each slot sees its whole sequence."""
+    case = hand_case((1, 1), (4, 0))
+    inputs = ref.make_inputs(case)
+    assert (inputs.num_decodes, inputs.max_decode_len, inputs.next_n) == (2, 1, 2)
+    assert ref.reference(case, inputs).context_lens.tolist() == [[5], [1]]
+
+
+def test_reference_padded_graph_clamps_padding_requests_at_zero():
+    """3 requests x 2 tokens = 6 padded to 8: the padding request (seq_len 0) gets [0, 0]."""
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    inputs = ref.make_inputs(case)
+    assert inputs.seq_lens.tolist() == [5, 7, 3, 0]
+    assert (inputs.num_decodes, inputs.max_decode_len) == (4, 2)
+    expected = ref.reference(case, inputs)
+    # seq_len - L + 1 + j: [4, 5], [6, 7], [2, 3], and max(-1, 0), max(0, 0)
+    assert expected.context_lens.tolist() == [[4, 5], [6, 7], [2, 3], [0, 0]]
+    assert expected.context_lens.dtype == np.int32
+    np.testing.assert_array_equal(expected.workspace_before, inputs.workspace.numpy())
+
+
+def test_reference_is_right_aligned_on_the_sequence_end():
+    case = hand_case((3, 3), (0, 7), num_spec=2, cudagraph_capture_sizes=(3, 6))
+    inputs = ref.make_inputs(case)
+    assert ref.reference(case, inputs).context_lens.tolist() == [[1, 2, 3], [8, 9, 10]]
+
+
+def test_native_path_splits_by_the_uniform_rule():
+    """A decode of another length than the first is a prefill of the native path,
+    and a prefill first means no decodes at all."""
+    case = hand_case((1, 1, 2, 5), (3, 3, 3, 0))
+    meta, split = ref.describe(case)
+    assert (split.num_decodes, split.max_decode_len, split.num_decode_tokens) == (2, 1, 2)
+    assert split_decodes_and_prefills(meta, 2).num_decodes == 3  # the ragged rule differs
+    case = hand_case((5, 5), (0, 0), use_cudagraph=False)
+    assert ref.describe(case)[1].num_decodes == 0
+    inputs = ref.make_inputs(case)
+    assert ref.reference(case, inputs).context_lens.shape == (0, 0)
+    for impl in get_target(TARGET).implementations:
+        assert judge(impl, case).ok, impl
+
+
+@settings(max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(get_target(TARGET).cases())
+def test_flat_table_of_max_num_batched_tokens_holds_every_step(case):
+    """Under the uniform rule ``B * L == N_d``, which the token budget bounds."""
+    _, split = ref.describe(case)
+    rows = split.num_decodes * split.max_decode_len
+    assert rows == split.num_decode_tokens <= case.config.max_num_batched_tokens
+
+
+# -- the kernel ----------------------------------------------------------------------
+
+
+def test_kernel_writes_a_strided_view_and_nothing_else():
+    table = torch.full((3, 4), 77, dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor([5, 1, 9], dtype=torch.int32, device=DEV)
+    kernels.write_context_lens(seq_lens, table[:2, :3])
+    assert table.tolist() == [[3, 4, 5, 77], [0, 0, 1, 77], [77, 77, 77, 77]]
+    kernels.write_context_lens(seq_lens, table[:2, :3], clamp=False)
+    assert table[1].tolist() == [-1, 0, 1, 77]
+
+
+def test_kernel_on_an_empty_table_and_its_contract():
+    kernels.write_context_lens(
+        torch.zeros(0, dtype=torch.int32, device=DEV),
+        torch.empty(0, 0, dtype=torch.int32, device=DEV),
+    )
+    with pytest.raises(ValueError, match="int32"):
+        kernels.write_context_lens(torch.ones(2, dtype=torch.int32), torch.zeros(2, 2))  # fp32
+    with pytest.raises(ValueError, match="unit column stride"):
+        out = torch.zeros(2, 4, dtype=torch.int32)[:, ::2]
+        kernels.write_context_lens(torch.ones(2, dtype=torch.int32), out)
+
+
+def test_triton_returns_the_head_of_the_flat_table():
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    inputs = ref.make_inputs(case, DEV)
+    expected = ref.reference(case, inputs)
+    got = kernels.mtp_context_lens(inputs).context_lens
+    assert got.data_ptr() == inputs.workspace.data_ptr() and got.is_contiguous()
+    assert got.tolist() == expected.context_lens.tolist()
+    assert get_target(TARGET).compare(case, inputs, expected, ref.MtpSeqLensOutputs(got)) == []
+
+
+# -- each oracle check fails on its mutant, on the mutant's smallest trigger ------------
+
+MUTANT_CHECKS = {
+    "pr42135-strided": ["contiguous", "stride", "consumer"],
+    "pr42135-copy": ["graph", "view", "unchanged"],
+    "pr42135-noclamp": ["values"],
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_smallest_trigger_meets_the_trigger_and_fails_exactly_the_mutants_checks(mutant):
+    impl = get_target(TARGET).resolve(mutant)
+    case = impl.smallest()
+    assert violations(case.config, case.batch) == []
+    assert impl.reach(case) and impl.trigger(case)
+    assert judge("triton", case).ok and judge("reference", case).ok
+    assert checks(judge(mutant, case)) == MUTANT_CHECKS[mutant]
+
+
+def test_strided_mutant_shows_the_upstream_assertion():
+    verdict = judge("pr42135-strided", hand_case((1, 1), (4, 0)))
+    assert verdict.key == "contiguous"
+    assert "strides (2, 1)" in verdict.mismatches[0].got
+    assert "context_lens must be contiguous" in verdict.mismatches[2].got
+
+
+def test_copy_mutant_allocates_and_leaves_the_2d_table_written():
+    verdict = judge("pr42135-copy", hand_case((1, 1), (4, 0)))
+    graph, view, unchanged = verdict.mismatches
+    assert "aten.clone" in graph.got and "[2, 1] torch.int32" in graph.got
+    assert view.got == "new storage"
+    assert unchanged.where.startswith("workspace[256]")  # the 2-D table after the flat one
+
+
+def test_noclamp_mutant_gives_the_padding_request_a_negative_length():
+    verdict = judge("pr42135-noclamp", hand_case((2, 2, 2), (3, 5, 1)))
+    (m,) = verdict.mismatches
+    assert m.where == "context_lens[3]" and (m.expected, m.got) == ("[0, 0]", "[-1, 0]")
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_tidy_steps_do_not_trigger_any_mutant(mutant):
+    """Prefills only, one decode, uniform full decodes at a capture size (padded by 0)."""
+    impl = get_target(TARGET).resolve(mutant)
+    for case in (
+        hand_case((7, 3), (0, 1)),
+        hand_case((1,), (4,)),
+        hand_case((2, 2), (1, 2)),
+        hand_case((2, 2, 2, 2), (1, 2, 3, 4)),
+    ):
+        assert not impl.trigger(case)
+        assert judge(mutant, case).ok, case
+
+
+@pytest.mark.parametrize(
+    "mutant, case",
+    [
+        ("pr42135-strided", hand_case((1,), (4,))),  # B = 1: the row stride is never used
+        ("pr42135-copy", hand_case((1,), (4,))),
+        ("pr42135-strided", hand_case((2, 2, 5), (1, 2, 0))),  # L == next_n
+        ("pr42135-noclamp", hand_case((2, 2), (1, 2))),  # a graph of 4: no padding request
+    ],
+)
+def test_reached_but_not_triggered_passes(mutant, case):
+    """The mutant runs its buggy code on these cases, and the bug cannot show."""
+    impl = get_target(TARGET).resolve(mutant)
+    assert impl.reach(case) and not impl.trigger(case)
+    assert judge(mutant, case).ok
+
+
+@settings(max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(get_target(TARGET).cases())
+def test_every_trigger_implies_its_reach(case):
+    for impl in get_target(TARGET).mutants:
+        assert impl.reach(case) or not impl.trigger(case), impl.name
+
+
+# -- each check on hand-made wrong implementations ----------------------------------
+
+
+def _fill(inputs: ref.MtpSeqLensInputs, out: torch.Tensor) -> ref.MtpSeqLensOutputs:
+    kernels.write_context_lens(inputs.seq_lens, out)
+    return ref.MtpSeqLensOutputs(out)
+
+
+def _fresh(inputs):
+    shape, dev = (inputs.num_decodes, inputs.max_decode_len), inputs.workspace.device
+    return _fill(inputs, torch.empty(shape, dtype=torch.int32, device=dev))
+
+
+def _scribbles(inputs):
+    inputs.workspace[-1] += 1  # one element of the workspace it does not own
+    return kernels.mtp_context_lens(inputs)
+
+
+def _int64(inputs):
+    return ref.MtpSeqLensOutputs(kernels.mtp_context_lens(inputs).context_lens.long())
+
+
+@pytest.mark.parametrize(
+    "fn, expected",
+    [
+        (_fresh, ["graph", "view"]),
+        (_scribbles, ["unchanged"]),
+        (_int64, ["graph", "dtype"]),
+    ],
+)
+def test_oracle_catches_hand_made_wrong_implementations(fn, expected):
+    from attnfuzz.harness.target import Implementation
+
+    case = hand_case((2, 2, 2), (3, 5, 1))  # B = 4, L = 2
+    assert checks(judge(Implementation(fn.__name__, fn, "user"), case)) == expected
+
+
+def test_graph_recorder_sees_a_contiguous_copy_and_a_fresh_empty_not_views():
+    inputs = ref.make_inputs(hand_case((1, 1), (4, 0)), DEV)
+    _, allocated = allocations(lambda: inputs.table_2d[:2, :1].contiguous())
+    assert len(allocated) == 1 and "[2, 1] torch.int32" in allocated[0]
+    _, allocated = allocations(lambda: torch.empty(2, 1, dtype=torch.int32, device=DEV))
+    assert len(allocated) == 1
+    _, allocated = allocations(lambda: inputs.flat_table[:2].view(2, 1).contiguous())
+    assert allocated == []  # already contiguous: the same view back
+    _, allocated = allocations(kernels.mtp_context_lens, inputs)
+    assert allocated == []
+
+
+# -- end to end ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_passes_300_examples(impl):
+    result = assert_passes(TARGET, impl, max_examples=300)
+    for label in ("next_n>1", "padding_requests", "max_decode_len<next_n"):
+        assert result.labels[label] > 0, label
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_mutant_is_detected_with_a_minimized_trigger(mutant):
+    result = assert_detected(TARGET, mutant)
+    case, smallest = result.case, get_target(TARGET).resolve(mutant).smallest()
+    assert result.verdict.key == MUTANT_CHECKS[mutant][0]
+    _, split = ref.describe(case)
+    assert case.config.next_n == 2  # the smallest next_n that can trigger it
+    assert sum(case.batch.q_lens) <= sum(smallest.batch.q_lens)
+    if mutant == "pr42135-noclamp":
+        meta = ref.describe(case)[0]
+        assert meta.num_reqs > meta.num_real_reqs and 0 in meta.seq_lens.tolist()
+    else:
+        assert split.decode_lens == (1, 1)
