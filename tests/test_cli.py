@@ -22,9 +22,12 @@ def test_list_names_targets_implementations_and_mutants(capsys):
     text = capsys.readouterr().out
     assert "indexer-decode" in text and "pr39542-overlap" in text and "mutant" in text
     assert main(["list", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    impls = {i["name"]: i["kind"] for i in rows[0]["implementations"]}
+    rows = {row["target"]: row for row in json.loads(capsys.readouterr().out)}
+    impls = {i["name"]: i["kind"] for i in rows["indexer-decode"]["implementations"]}
     assert impls["triton"] == "fixed" and impls["pr39542-writeback"] == "mutant"
+    for row in rows.values():  # every target ships its fixed path and the reference
+        kinds = [i["kind"] for i in row["implementations"]]
+        assert "fixed" in kinds and "reference" in kinds and "mutant" in kinds, row["target"]
 
 
 def test_run_passes_on_triton(tmp_path, capsys):
