@@ -61,6 +61,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("case", type=Path)
     p.add_argument("--impl", default=None, help="another implementation to replay it on")
     p.add_argument("--device", default=None)
+
+    p = sub.add_parser("export", help="write a case file as a standalone pytest file")
+    p.add_argument("case", type=Path)
+    p.add_argument("-o", "--out", type=Path, default=Path("tests") / "regressions")
+    p.add_argument("--impl", default=None, help="the implementation the test judges")
+
+    p = sub.add_parser("report", help="regression report: baseline vs current campaign")
+    p.add_argument("--baseline", type=Path, required=True, help="OLD/campaign.json")
+    p.add_argument("--current", type=Path, required=True, help="NEW/campaign.json")
+    p.add_argument("--out", type=Path, default=None, help="directory (default: NEW's)")
+
+    from attnfuzz.harness.campaign import add_arguments as add_campaign_arguments
+
+    p = sub.add_parser("campaign", help="targets x implementations within a budget, N workers")
+    add_campaign_arguments(p)
+
+    p = sub.add_parser("zoo", help="every mutant of every target: the detection scoreboard")
+    p.add_argument("--targets", nargs="+", default=None, help="default: every target")
+    p.add_argument("--seeds", type=_positive, default=5, help="derandomized runs per mutant")
+    p.add_argument("--budget", type=float, default=10.0, help="search seconds per mutant and seed")
+    p.add_argument("--shrink-budget", type=float, default=60.0, help="shrinking seconds per run")
+    p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "zoo")
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
     return parser
 
 
@@ -149,22 +173,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from attnfuzz.harness.casefile import read_case
-    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.export import load_case
 
-    doc = read_case(args.case)
-    target = get_target(doc["target"])
-    name = args.impl or doc["implementation"]
-    if args.impl is None and name not in target.implementations:
-        # A case file is data: it never makes attnfuzz import a module.
-        raise UsageError(
-            f"{args.case} was found on {name!r}, which is not registered; "
-            f"replay it with --impl {name}"
-        )
-    impl = target.resolve(name)
-    verdict = target.judge(impl, doc["case"], _device(args.device))
+    # A case file is data: it never makes attnfuzz import a module (see load_case).
+    target, impl, case, _ = load_case(args.case, args.impl)
+    verdict = target.judge(impl, case, _device(args.device))
     print(f"{target.name} / {impl.name}: {verdict}")
     return EXIT_OK if verdict.ok else EXIT_FAILURE
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.export import export_case
+
+    path = export_case(args.case, args.out, args.impl)
+    print(f"wrote {path}")
+    print(f"run: pytest {path}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnfuzz.reports.regression import main_report
+
+    return main_report(args.baseline, args.current, args.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,8 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from attnfuzz.harness.campaign import command as cmd_campaign
+    from attnfuzz.harness.zoo import cmd_zoo
+
     try:
-        return {"list": cmd_list, "run": cmd_run, "repro": cmd_repro}[args.command](args)
+        commands = {
+            "list": cmd_list,
+            "run": cmd_run,
+            "repro": cmd_repro,
+            "export": cmd_export,
+            "report": cmd_report,
+            "zoo": cmd_zoo,
+            "campaign": cmd_campaign,
+        }
+        return commands[args.command](args)
     except UsageError as err:
         print(f"attnfuzz: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,6 +24,13 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 DEFAULT_DB = Path(".attnfuzz") / "db"
 
 
+def database_key(target: str, implementation: str) -> bytes:
+    """The example-database key of a target and implementation: it names only what
+    is fuzzed, so saved failures survive edits of the harness and are shared by
+    ``attnfuzz run`` and ``attnfuzz campaign``."""
+    return f"attnfuzz.campaign/{target}/{implementation}".encode()
+
+
 class Finding(Exception):
     """Raised inside the property so that Hypothesis shrinks the case."""
 
@@ -119,8 +126,6 @@ def fuzz(
             raise Finding(verdict)
 
     check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
-    # One database key per target and implementation.
-    check._hypothesis_internal_add_digest = f"{target.name}/{impl.name}".encode()  # type: ignore[attr-defined]
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if shrink:
         phases.append(Phase.shrink)
@@ -135,6 +140,8 @@ def fuzz(
         report_multiple_bugs=False,
         print_blob=False,
     )(given(target.cases(scale))(check))
+    # One corpus per target and implementation, shared with campaigns.
+    test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
     if rng_seed is not None:
         test = seed(rng_seed)(test)
 

@@ -1,0 +1,1004 @@
+"""Campaigns: many targets and implementations, a budget, N workers, one report.
+
+``attnfuzz campaign`` plans *work units* (target x implementation x shard),
+runs them as the items of a pytest run shared among N pytest-xdist workers
+(:mod:`attnfuzz.harness.campaign_plugin`), watches their progress on disk,
+and writes ``<out>/campaign.json``, one case file per distinct finding under
+``<out>/cases/`` and, when :mod:`attnfuzz.reports` provides
+``write_reports``, the reports next to them.
+
+- **Budget.** ``--budget`` is wall clock from the start of the campaign,
+  worker start-up included. Hypothesis has no wall-clock limit: each unit ends
+  its Hypothesis run at its deadline (:mod:`attnfuzz.harness.campaign_worker`),
+  and workers still busy a few seconds after it are stopped. ``--max-examples N``
+  gives each target x implementation N generated examples (shrinking comes on
+  top, as in ``attnfuzz run``); with both, whichever ends first.
+- **Workers.** N worker processes share the work and the example database.
+  When there are fewer units than workers, each is split into shards with
+  their own seeds, so every worker is busy. Mutants go first, and a mutant's
+  shard ends once it is caught: the time it leaves goes to the units after it.
+- **Database.** Hypothesis' directory database (default ``.attnfuzz/db``):
+  failures found once are replayed first in the next campaign.
+  ``redis://HOST:PORT`` is Hypothesis' Redis database, shared by campaigns on
+  several machines. Derandomized campaigns (``--profile ci`` or ``--seed``)
+  neither read nor write it.
+- **Fault isolation.** An implementation that raises, hangs past the
+  per-example timeout or kills its process is a finding with its case; xdist
+  replaces a dead worker and the campaign goes on. Ctrl-C or SIGTERM stops
+  the workers and still writes what ran.
+- **Deduplication.** One finding per target, implementation and
+  :attr:`~attnfuzz.harness.oracle.Verdict.key` (the first failing check, or the
+  exception type), with the smallest case seen; the case file is the format of
+  :mod:`attnfuzz.harness.casefile` (replay: ``attnfuzz repro``).
+
+``runs[].seconds`` is the worker time spent on the run (its shards' times
+added), so ``examples_per_second`` is per worker and compares across worker
+counts.
+
+The workers' files live in ``<out>/.work`` while the campaign runs (removed
+after it, kept when something went wrong or ``ATTNFUZZ_KEEP_WORK`` is set);
+one left by a campaign that never finished is moved aside, not deleted.
+
+Exit status, in this order: ``2`` usage error; ``1`` a finding on an
+implementation that must pass (fixed, reference, user) or a run that could
+not go on (``error``); ``130`` (Ctrl-C) or ``143`` (SIGTERM) interrupted,
+the report covers what ran; ``1`` a mutant survived (no finding); ``0``
+otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from attnfuzz.harness.target import UsageError
+
+SCHEMA = "attnfuzz.campaign/1"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+DEFAULT_DB = str(Path(".attnfuzz") / "db")
+DEFAULT_OUT = Path(".attnfuzz") / "campaign"
+PROFILE_ENV = "ATTNFUZZ_PROFILE"
+STOP_GRACE_S = 3.0  # after the deadline, before the workers are told to stop
+KILL_GRACE_S = 5.0  # after they were told, before they are killed
+POLL_S = 0.25
+
+
+# -- command line -------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1h30m``, ``1.5h``: seconds, > 0."""
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        value = float(s)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", s)
+        if not parts or "".join(a + b for a, b in parts) != s:
+            raise argparse.ArgumentTypeError(
+                f"expected a duration such as 90s, 10m or 1h30m, got {text!r}"
+            )
+        value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return value
+
+
+def _workers(text: str) -> int:
+    if text == "auto":
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of workers or auto, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 worker, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    return parse_duration(text)
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """``--targets a b`` and ``--targets a,b`` alike."""
+    if values is None:
+        return None
+    return [name for value in values for name in value.split(",") if name]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from attnfuzz.harness.campaign_worker import PROFILES
+    from attnfuzz.strategies.batches import SCALES
+
+    p.description = (
+        "Fuzz targets x implementations within a wall-clock budget on N workers; write "
+        "campaign.json, one case file per distinct finding, and the reports."
+    )
+    p.epilog = (
+        "exit status: 2 usage error; 1 a finding on a fixed, reference or user implementation, "
+        "or a run that could not go on; 130/143 interrupted (SIGINT/SIGTERM); 1 a mutant "
+        "survived; 0 otherwise"
+    )
+    p.add_argument("--targets", nargs="+", metavar="TARGET", help="default: every target")
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        metavar="IMPL",
+        help="registered names or module:attribute (default: each target's fixed one, triton)",
+    )
+    p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
+    p.add_argument("--budget", type=_seconds, default=None, help="wall clock: 90s, 10m, 1h")
+    p.add_argument("--max-examples", type=_positive_int, default=None, help="per implementation")
+    p.add_argument("-n", "--workers", type=_workers, default=1, help="worker processes, or auto")
+    p.add_argument("--db", default=DEFAULT_DB, help="a directory, or redis://HOST:PORT")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    p.add_argument("--seed", type=_seed, default=None, help="derandomized campaign")
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help=f"Hypothesis settings profile (default: ${PROFILE_ENV}, else dev)",
+    )
+    p.add_argument(
+        "--example-timeout", type=_seconds, default=None, help="per example (default: profile's)"
+    )
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
+    p.add_argument("--quiet", action="store_true", help="plain lines: findings and the summary")
+
+
+def command(args: argparse.Namespace) -> int:
+    """``attnfuzz campaign``: see the module docstring for the exit status."""
+    options = Options.from_args(args)
+    _, code = run_campaign(options)
+    return code
+
+
+# -- planning -----------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    targets: list[str] | None = None
+    impls: list[str] | None = None
+    zoo: bool = False
+    budget_s: float | None = None
+    max_examples: int | None = None
+    workers: int = 1
+    database: str = DEFAULT_DB
+    out: Path = DEFAULT_OUT
+    seed: int | None = None
+    profile: str | None = None
+    example_timeout_s: float | None = None
+    scale: str = "small"
+    device: str | None = None
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Options:
+        return cls(
+            targets=_names(args.targets),
+            impls=_names(args.impls),
+            zoo=args.zoo,
+            budget_s=args.budget,
+            max_examples=args.max_examples,
+            workers=args.workers,
+            database=args.db,
+            out=args.out,
+            seed=args.seed,
+            profile=args.profile,
+            example_timeout_s=args.example_timeout,
+            scale=args.scale,
+            device=args.device,
+            quiet=args.quiet,
+        )
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One target x implementation of the campaign (a run of campaign.json)."""
+
+    target: str
+    impl: str
+    kind: str
+
+
+def plan_units(targets: list[str] | None, impls: list[str] | None, zoo: bool) -> list[Unit]:
+    """Every selected target against every selected implementation it has.
+
+    A registered name applies to the targets that have it (it must exist on
+    one of them); ``module:attribute`` applies to every selected target.
+    """
+    from attnfuzz.harness.registry import get_target, target_names
+
+    names = targets or target_names()
+    for name in names:
+        get_target(name)  # a one-line UsageError for an unknown name
+    units: list[Unit] = []
+    for spec in impls or []:
+        if ":" in spec:
+            continue
+        if not any(spec in get_target(t).implementations for t in names):
+            raise UsageError(f"no selected target has an implementation {spec!r}")
+    for name in dict.fromkeys(names):
+        target = get_target(name)
+        chosen: list[str] = []
+        if impls is None:
+            chosen += [i.name for i in target.implementations.values() if i.kind == "fixed"]
+        else:
+            chosen += [s for s in impls if ":" in s or s in target.implementations]
+        if zoo:
+            chosen += [m.name for m in target.mutants]
+        for spec in dict.fromkeys(chosen):
+            impl = target.resolve(spec)  # imports a user's module: a UsageError if it cannot
+            units.append(Unit(name, impl.name, impl.kind))
+    if not units:
+        raise UsageError("nothing to run: no selected target has a selected implementation")
+    return units
+
+
+def shards_per_unit(units: int, workers: int) -> int:
+    """Enough shards that the items divide evenly among the workers."""
+    return workers // math.gcd(units, workers)
+
+
+def plan_items(units: list[Unit], workers: int, max_examples: int | None) -> list[dict[str, Any]]:
+    """The work units of the pytest run, in the order they are handed out."""
+    shards = shards_per_unit(len(units), workers)
+    items = []
+    # Mutants first: a caught mutant ends early, and the time it leaves goes
+    # to the units after it (see campaign_worker.item_deadline).
+    order = sorted(range(len(units)), key=lambda u: units[u].kind != "mutant")
+    for u in order:
+        unit = units[u]
+        for s in range(shards):
+            cap = None
+            if max_examples is not None:  # split the unit's examples among its shards
+                cap = max_examples // shards + (1 if s < max_examples % shards else 0)
+            items.append(
+                {
+                    "id": f"u{u:03d}s{s:02d}",
+                    "unit": u,
+                    "shard": s,
+                    "target": unit.target,
+                    "impl": unit.impl,
+                    "kind": unit.kind,
+                    "max_examples": cap,
+                }
+            )
+    return items
+
+
+def finding_id(target: str, impl: str, key: str) -> str:
+    """``<target>--<impl>--<key>``, safe as a file name."""
+    return "--".join(re.sub(r"[^A-Za-z0-9._=-]", "_", part) for part in (target, impl, key))
+
+
+def check_database(spec: str) -> None:
+    """A Redis database must answer before any worker starts."""
+    scheme = urlsplit(spec).scheme
+    if scheme in ("redis", "rediss", "unix"):
+        try:
+            import redis
+        except ImportError as err:
+            raise UsageError(f"--db {spec}: the redis package is not installed") from err
+        try:
+            redis.Redis.from_url(spec, socket_connect_timeout=5).ping()
+        except (redis.RedisError, ValueError) as err:
+            raise UsageError(f"--db {spec}: cannot reach Redis ({err})") from err
+    elif scheme and len(scheme) > 1:  # not a Windows drive letter
+        raise UsageError(f"--db {spec}: expected a directory or redis://HOST:PORT")
+    elif Path(spec).exists() and not Path(spec).is_dir():
+        raise UsageError(f"--db {spec}: not a directory")
+
+
+def _import_root(module_name: str) -> str | None:
+    """The sys.path entry a user's module was imported from, for the workers."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    path = Path(file).resolve().parent
+    depth = module_name.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    return str(path.parents[depth - 1]) if depth else str(path)
+
+
+# -- what the workers wrote ---------------------------------------------------
+
+
+def _fault(scratch: Path, item_id: str) -> tuple[str, str] | None:
+    """Why a worker died while judging, from its fault log and xdist's crash mark."""
+    try:
+        text = (scratch / "faults" / f"{item_id}.log").read_text(errors="replace")
+    except OSError:
+        text = ""
+    where = ""
+    # One block per thread, innermost frame first; the faulting thread is
+    # "Current thread", and on a timeout the main thread is listed last.
+    blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", text, flags=re.M)
+    blocks = [b for b in blocks if re.match(r"(Current thread|Thread) 0x", b)]
+    current = [b for b in blocks if b.startswith("Current thread")]
+    block = current[0] if current else blocks[-1] if blocks else ""
+    frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', block)
+    if frame:  # the file name only, never a full path
+        where = f" at {Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
+    timeout = re.search(r"Timeout \(([^)]*)\)", text)
+    if timeout:
+        return "timeout", where
+    fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
+    if fatal:
+        return "crash", f"Fatal Python error: {fatal.group(1).strip()}{where}"
+    if (scratch / "crashed" / item_id).exists():
+        return "crash", "the worker process died without a Python fault report (killed)"
+    return None
+
+
+def _merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
+    """Examples of all shards together over time, a few points a second at most."""
+    events = sorted((t, i, n) for i, tl in enumerate(timelines) for t, n in tl)
+    last = [0] * len(timelines)
+    merged: list[list[float]] = []
+    for t, i, n in events:
+        last[i] = n
+        point = [round(t, 3), sum(last)]
+        if merged and point[0] - merged[-1][0] < 0.25:
+            merged[-1] = point
+        else:
+            merged.append(point)
+    return merged
+
+
+@dataclass
+class Snapshot:
+    """The campaign as its files say it is now."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    findings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    settled: int = 0  # work units that ended (done, error, interrupted, or died judging)
+
+
+def collect(
+    scratch: Path,
+    plan: dict[str, Any],
+    units: list[Unit],
+    *,
+    final: bool = False,
+    interrupted: bool = False,
+    pytest_status: str | None = None,
+) -> Snapshot:
+    """Merge the work units' files into runs and deduplicated findings.
+
+    A case left in flight by a worker that died (a fault log or xdist's crash
+    mark says so) becomes a ``timeout`` or ``crash`` finding.
+    """
+    from attnfuzz.harness.campaign_worker import case_size, read_json
+
+    items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
+    for item in plan["items"]:
+        items_by_unit[item["unit"]].append(item)
+    snap = Snapshot()
+    timeout = plan["example_timeout"]
+    for u, unit in enumerate(units):
+        states, errors = [], []
+        settled_before = snap.settled
+        keyed: dict[str, dict[str, Any]] = {}
+        for item in items_by_unit[u]:
+            state = read_json(scratch / "items" / f"{item['id']}.json")
+            if state is None:
+                if final and not interrupted and pytest_status is not None:
+                    errors.append(f"shard {item['shard']} never ran ({pytest_status})")
+                continue
+            states.append(state)
+            if state.get("status") != "running":
+                snap.settled += 1
+            if state.get("status") == "error":
+                errors.append(state.get("error") or "the harness failed")
+            found = list(state["findings"].values())
+            inflight = read_json(scratch / "inflight" / f"{item['id']}.json")
+            fault = _fault(scratch, item["id"]) if inflight is not None else None
+            if inflight is not None and fault is not None:
+                snap.settled += state.get("status") == "running"
+                check, detail = fault
+                if check == "timeout":
+                    expected = f"a verdict within {timeout:g}s"
+                    got = f"no verdict after {timeout:g}s{detail}"
+                else:
+                    expected, got = "the process to survive the call", detail
+                mismatch = {"check": check, "where": unit.impl, "expected": expected, "got": got}
+                _count_dead_example(state, inflight, timeout if check == "timeout" else 0.0, plan)
+                found.append(
+                    {
+                        "key": check,
+                        "case": inflight["case"],
+                        "verdict": {"key": check, "mismatches": [mismatch]},
+                        "examples_to_failure": inflight["examples"] + 1,
+                        "seconds_to_failure": inflight["started"]
+                        - (state.get("first_example") or inflight["started"]),
+                        "found": inflight["started"],
+                    }
+                )
+            for f in found:
+                known = keyed.get(f["key"])
+                if known is None:
+                    keyed[f["key"]] = dict(f)
+                    continue
+                first = min(known, f, key=lambda x: x["found"])
+                small = min(known, f, key=lambda x: case_size(x["case"]))
+                keyed[f["key"]] = small | {
+                    k: first[k] for k in ("examples_to_failure", "seconds_to_failure", "found")
+                }
+        examples = sum(s["examples"] for s in states)
+        seconds = sum(max(0.0, (s.get("finished") or s["updated"]) - s["started"]) for s in states)
+        labels: dict[str, int] = {}
+        for s in states:
+            for label, count in s["labels"].items():
+                labels[label] = labels.get(label, 0) + count
+        ids = []
+        for key, f in sorted(keyed.items(), key=lambda kv: kv[1]["found"]):
+            fid = finding_id(unit.target, unit.impl, key)
+            ids.append(fid)
+            snap.findings[fid] = {
+                "id": fid,
+                "target": unit.target,
+                "implementation": unit.impl,
+                "key": key,
+                "check": f["verdict"]["mismatches"][0]["check"],
+                "case_file": f"cases/{fid}.json",
+                "case": f["case"],
+                "verdict": f["verdict"],
+                "examples_to_failure": f["examples_to_failure"],
+                "seconds_to_failure": round(f["seconds_to_failure"], 3),
+                "found": f["found"],
+            }
+        status = "error" if errors else "fail" if ids else "pass"
+        running = snap.settled - settled_before < len(items_by_unit[u])
+        run = {
+            "target": unit.target,
+            "implementation": unit.impl,
+            "kind": unit.kind,
+            "examples": examples,
+            "seconds": round(seconds, 3),
+            "examples_per_second": round(examples / seconds, 3) if seconds else 0.0,
+            "status": status,
+            "labels": dict(sorted(labels.items())),
+            "timeline": _merge_timelines([s["timeline"] for s in states]),
+            "findings": ids,
+        }
+        if errors:
+            run["error"] = "; ".join(errors)
+        if not final:
+            run["_running"] = running
+            run["_started"] = min((s["started"] for s in states), default=None)
+        snap.runs.append(run)
+    return snap
+
+
+def _count_dead_example(
+    state: dict[str, Any], inflight: dict[str, Any], hung_s: float, plan: dict[str, Any]
+) -> None:
+    """The example a worker died on was judged too: its verdict is the crash."""
+    from attnfuzz.reference.batch import Case
+    from attnfuzz.strategies.batches import scenario_labels
+
+    examples = max(state["examples"], inflight["examples"] + 1)
+    end = max(state["updated"], inflight["started"] + hung_s)
+    if examples > state["examples"]:
+        for label in scenario_labels(Case.from_dict(inflight["case"])):
+            state["labels"][label] = state["labels"].get(label, 0) + 1
+    state["examples"], state["updated"] = examples, end
+    state["timeline"].append([round(end - plan["started"], 3), examples])
+
+
+# -- exit status ----------------------------------------------------------------
+
+
+def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
+    """See the module docstring: must-pass findings and errors, then interrupts, then mutants."""
+    runs = campaign["runs"]
+    if any(r["status"] == "error" for r in runs):
+        return EXIT_FAILURE
+    if any(r["findings"] and r["kind"] != "mutant" for r in runs):
+        return EXIT_FAILURE
+    if campaign["interrupted"]:
+        return 128 + (signum or signal.SIGINT)
+    if any(r["kind"] == "mutant" and not r["findings"] for r in runs):
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def verdict_word(run: dict[str, Any]) -> str:
+    if run["status"] == "error":
+        return "ERROR"
+    if run["kind"] == "mutant":
+        return "CAUGHT" if run["findings"] else "SURVIVED"
+    return "FAIL" if run["findings"] else "PASS"
+
+
+# -- progress -------------------------------------------------------------------
+
+
+class LineProgress:
+    """Plain lines: findings as they come, a progress line every ``every`` seconds."""
+
+    def __init__(self, stream: TextIO, every: float | None):
+        self.stream, self.every, self.last = stream, every, time.monotonic()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def say(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def update(self, snap: Snapshot, elapsed: float, left: float | None) -> None:
+        if self.every is None or time.monotonic() - self.last < self.every:
+            return
+        self.last = time.monotonic()
+        examples = sum(r["examples"] for r in snap.runs)
+        done = sum(not r["_running"] for r in snap.runs)
+        rest = f", {left:.0f}s left" if left is not None else ""
+        self.say(
+            f"[{elapsed:6.1f}s] {examples} examples, {len(snap.findings)} findings, "
+            f"{done}/{len(snap.runs)} runs done{rest}"
+        )
+
+
+class LiveProgress:
+    """A live table per target x implementation (rich), findings printed above it."""
+
+    def __init__(self, title: str):
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console()
+        self.title = title
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> LiveProgress:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def say(self, line: str) -> None:
+        self.live.console.print(line, markup=False, highlight=False)
+
+    def update(self, snap: Snapshot, elapsed: float, left: float | None) -> None:
+        from rich.table import Table
+
+        rest = f", {left:.0f}s left" if left is not None else ""
+        table = Table(title=f"{self.title} - {elapsed:.0f}s{rest}", title_justify="left")
+        for name, justify in [
+            ("target", "left"),
+            ("implementation", "left"),
+            ("kind", "left"),
+            ("examples", "right"),
+            ("failures", "right"),
+            ("ex/s", "right"),
+            ("time left", "right"),
+        ]:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for run in snap.runs:
+            if not run["_running"]:
+                when = "done"
+            elif run["_started"] is None:
+                when = "waiting"
+            else:
+                when = f"{left:.0f}s" if left is not None else "-"
+            failures = str(len(run["findings"]))
+            if run["findings"]:
+                failures = f"[red]{failures}[/red]" if run["kind"] != "mutant" else failures
+            table.add_row(
+                run["target"],
+                run["implementation"],
+                run["kind"],
+                str(run["examples"]),
+                failures,
+                f"{run['examples_per_second']:.1f}",
+                when,
+            )
+        self.live.update(table)
+
+
+# -- the campaign -----------------------------------------------------------------
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _child_env(roots: list[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in list(env):
+        # The campaign's pytest run is ours: nothing of an enclosing pytest or xdist.
+        if name.startswith(("PYTEST_XDIST_", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")):
+            del env[name]
+    for name in ("PYTEST_CURRENT_TEST", "PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        env.pop(name, None)
+    paths = [os.getcwd(), *roots, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+class _CaseWriter:
+    """Writes each finding's case file, again whenever a smaller case arrives."""
+
+    def __init__(self, out: Path, device: str):
+        self.out, self.device = out, device
+        self.written: dict[str, str] = {}
+        self.derived: dict[str, dict[str, Any]] = {}
+
+    def write(self, finding: dict[str, Any]) -> bool:
+        from attnfuzz.harness.casefile import case_document, write_case
+        from attnfuzz.harness.oracle import Mismatch, Verdict
+        from attnfuzz.reference.batch import Case
+
+        text = json.dumps(finding["case"], sort_keys=True)
+        if self.written.get(finding["id"]) == text:
+            finding["derived"] = self.derived[finding["id"]]
+            return False
+        case = Case.from_dict(finding["case"])
+        verdict = Verdict([Mismatch(**m) for m in finding["verdict"]["mismatches"]])
+        doc = case_document(
+            finding["target"], finding["implementation"], case, verdict, self.device
+        )
+        finding["derived"] = self.derived[finding["id"]] = doc["derived"]
+        write_case(self.out / finding["case_file"], doc)
+        new = finding["id"] not in self.written
+        self.written[finding["id"]] = text
+        return new
+
+
+def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[str, Any], int]:
+    """Run a campaign; returns campaign.json's contents and the exit status.
+
+    Usage errors raise :class:`UsageError` before anything runs.
+    """
+    from attnfuzz.harness.campaign_worker import PLAN, PROFILES, write_json
+
+    started = time.time()
+    stream = stream or sys.stdout
+    profile_name = options.profile or os.environ.get(PROFILE_ENV) or "dev"
+    if profile_name not in PROFILES:
+        raise UsageError(
+            f"unknown profile {profile_name!r} (from ${PROFILE_ENV}; known: {', '.join(PROFILES)})"
+        )
+    profile = PROFILES[profile_name]
+    derandomized = profile.derandomized or options.seed is not None
+    seed = options.seed if options.seed is not None else (0 if derandomized else None)
+    budget = options.budget_s
+    if budget is None and options.max_examples is None:
+        budget = profile.budget_s
+    timeout = options.example_timeout_s or profile.example_timeout_s
+    if options.out.exists() and not options.out.is_dir():
+        raise UsageError(f"--out {options.out}: not a directory")
+    if not derandomized:
+        check_database(options.database)
+    units = plan_units(options.targets, options.impls, options.zoo)
+    roots = [r for u in units if ":" in u.impl if (r := _import_root(u.impl.split(":")[0]))]
+
+    out = options.out
+    scratch = (out / ".work").resolve()  # the workers' files: absolute, whatever their cwd
+    if scratch.exists():  # a campaign that never finished: its findings may be only there
+        kept = out / f".work-unfinished-{int(scratch.stat().st_mtime)}"
+        scratch.rename(kept)
+        print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
+    for sub in ("items", "inflight", "faults", "started", "crashed"):
+        (scratch / sub).mkdir(parents=True)
+    items = plan_items(units, options.workers, options.max_examples)
+    plan = {
+        "started": started,
+        "budget": budget,
+        "deadline": started + budget if budget is not None else None,
+        "workers": options.workers,
+        "profile": profile.name,
+        "derandomized": derandomized,
+        "seed": seed,
+        "database": None if derandomized else options.database,
+        "scale": options.scale,
+        "device": options.device,
+        "example_timeout": timeout,
+        "items": items,
+    }
+    write_json(scratch / PLAN, plan)
+    (scratch / "pytest.ini").write_text("[pytest]\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(scratch / PLAN),
+        "-c",
+        str(scratch / "pytest.ini"),
+        "--rootdir",
+        str(scratch),
+        "-p",
+        "attnfuzz.harness.campaign_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:faulthandler",
+        "-n",
+        str(options.workers),
+        "--max-worker-restart",
+        str(len(items)),
+        "-q",
+        "--no-header",
+    ]
+    log_path = scratch / "pytest.log"
+    log = log_path.open("w")
+    stopper = _Stopper()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    in_main = _in_main_thread()
+    if in_main:  # from here on a signal is noted, never raised: the report gets written
+        signal.signal(signal.SIGINT, stopper.on_signal)
+        signal.signal(signal.SIGTERM, stopper.on_signal)
+    try:
+        stopper.proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_child_env(roots),
+            start_new_session=True,  # Ctrl-C reaches us; we stop the workers in order
+        )
+        return _supervise(stopper, options, plan, units, scratch, stream, started, log)
+    finally:
+        log.close()
+        stopper.kill()
+        if in_main:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+class _Stopper:
+    """Stops the campaign's pytest run: at the deadline, on a signal, or for good."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.interrupted_by: int | None = None
+        self.stop_sent: float | None = None
+        self.killed = False
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.interrupted_by is None:
+            self.interrupted_by = signum
+            self.stop()
+        else:
+            self.kill()  # asked twice: no more waiting
+
+    def _group(self, sig: int) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self) -> None:
+        """SIGINT to the pytest run and its workers: they end their example and stop."""
+        if self.proc is not None and self.stop_sent is None:
+            self._group(signal.SIGINT)
+            self.stop_sent = time.time()
+
+    def kill(self) -> None:
+        if self.proc is not None and not self.killed:
+            self._group(signal.SIGKILL)
+            self.killed = True
+            self.proc.wait()
+
+    def tick(self, snap: Snapshot, deadline: float | None) -> None:
+        now = time.time()
+        if self.interrupted_by is not None:
+            self.stop()  # a signal that came before the run had started
+        over = now - deadline if deadline is not None else None
+        if over is not None and over > STOP_GRACE_S:
+            # Units still judging past the deadline are told to stop; a pytest
+            # run merely shutting down is left to finish.
+            if any(r["_running"] and r["_started"] for r in snap.runs):
+                self.stop()
+            if over > STOP_GRACE_S + KILL_GRACE_S:
+                self.kill()
+        if self.stop_sent is not None and now > self.stop_sent + KILL_GRACE_S:
+            self.kill()
+
+
+def _supervise(
+    stopper: _Stopper,
+    options: Options,
+    plan: dict[str, Any],
+    units: list[Unit],
+    scratch: Path,
+    stream: TextIO,
+    started: float,
+    log: TextIO,
+) -> tuple[dict[str, Any], int]:
+    """Watch the workers' files until every unit has ended, then write the campaign."""
+    from attnfuzz.harness.casefile import environment
+    from attnfuzz.kernels._triton import device as kernel_device
+
+    proc = stopper.proc
+    assert proc is not None
+    out, items = options.out, plan["items"]
+    device = options.device or str(kernel_device())
+    env_info = environment(device)
+    writer = _CaseWriter(out, device)
+    title = f"campaign: {len(units)} runs, {options.workers} worker(s), profile {plan['profile']}"
+    if options.quiet or not stream.isatty():
+        progress: LineProgress | LiveProgress = LineProgress(
+            stream, None if options.quiet else 10.0
+        )
+    else:
+        progress = LiveProgress(title)
+    budget = plan["budget"]
+    with progress:
+        budget_text = f"budget {budget:g}s" if budget is not None else "no time budget"
+        cap_text = f", {options.max_examples} examples per run" if options.max_examples else ""
+        db_text = plan["database"] or "none (derandomized)"
+        progress.say(f"{title}, {budget_text}{cap_text}, database {db_text}")
+        announced = False
+        snap = Snapshot()
+        while proc.poll() is None and snap.settled < len(items):
+            time.sleep(POLL_S)
+            if stopper.interrupted_by is not None and not announced:
+                progress.say("interrupted: stopping the workers, writing what ran")
+                announced = True
+            snap = collect(scratch, plan, units)
+            _report_new(snap, writer, progress, started)
+            now = time.time()
+            left = max(0.0, plan["deadline"] - now) if plan["deadline"] else None
+            progress.update(snap, now - started, left)
+            stopper.tick(snap, plan["deadline"])
+        # Every unit has ended: what is left of the pytest run is its teardown,
+        # not worth the wait (nor are the workers of a run that failed).
+        ended_by_itself = proc.poll() is not None
+        stopped = stopper.stop_sent is not None or stopper.killed
+        stopper.kill()
+        log.flush()
+        snap = collect(
+            scratch,
+            plan,
+            units,
+            final=True,
+            interrupted=stopped,
+            pytest_status=f"pytest exit code {proc.returncode}" if ended_by_itself else None,
+        )
+        _report_new(snap, writer, progress, started)
+        finished = time.time()
+        campaign = {
+            "schema": SCHEMA,
+            "started": _iso(started),
+            "finished": _iso(finished),
+            "seconds": round(finished - started, 3),
+            "budget": {"seconds": budget, "max_examples": options.max_examples},
+            "profile": plan["profile"],
+            "seed": plan["seed"],
+            "workers": options.workers,
+            "database": plan["database"] or "none",
+            "interrupted": stopper.interrupted_by is not None,
+            "environment": env_info,
+            "runs": snap.runs,
+            "findings": [],
+        }
+        for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
+            writer.write(f)
+            f["repro"] = f"attnfuzz repro {out / f['case_file']}"
+            campaign["findings"].append({k: f[k] for k in _FINDING_FIELDS})
+        tmp = out / ".campaign.json.tmp"
+        tmp.write_text(json.dumps(campaign, indent=2) + "\n")
+        os.replace(tmp, out / "campaign.json")
+        code = exit_status(campaign, stopper.interrupted_by)
+        for line in _summary(campaign, out, code):
+            progress.say(line)
+        reports = _write_reports(campaign, out)
+        if reports:
+            progress.say("reports: " + ", ".join(str(p) for p in reports))
+    clean = snap.settled == len(items) or proc.returncode in (0, 1)
+    clean = clean and not any(r["status"] == "error" for r in snap.runs)
+    if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        print(f"campaign files kept for inspection: {scratch}", file=stream)
+    return campaign, code
+
+
+_FINDING_FIELDS = (
+    "id",
+    "target",
+    "implementation",
+    "key",
+    "check",
+    "case_file",
+    "case",
+    "verdict",
+    "derived",
+    "repro",
+    "examples_to_failure",
+    "seconds_to_failure",
+)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _report_new(snap: Snapshot, writer: _CaseWriter, progress: Any, started: float) -> None:
+    for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
+        if writer.write(f):
+            progress.say(
+                f"[{f['found'] - started:6.1f}s] FOUND {f['target']} / {f['implementation']} "
+                f"[{f['key']}] -> {writer.out / f['case_file']}"
+            )
+
+
+def _summary(campaign: dict[str, Any], out: Path, code: int) -> list[str]:
+    lines = []
+    for run in campaign["runs"]:
+        keys = ", ".join(f.rsplit("--", 1)[-1] for f in run["findings"])
+        lines.append(
+            f"{verdict_word(run):<8} {run['target']} / {run['implementation']} ({run['kind']}): "
+            f"{run['examples']} examples, {run['examples_per_second']:.1f}/s"
+            + (f"  [{keys}]" if keys else "")
+            + (f"  {run['error']}" if run.get("error") else "")
+        )
+    n = len(campaign["findings"])
+    lines.append(
+        f"{n} finding{'s' if n != 1 else ''} in {campaign['seconds']:.1f}s"
+        + (" (interrupted)" if campaign["interrupted"] else "")
+        + f"; wrote {out / 'campaign.json'}"
+        + (f" and {out / 'cases'}/" if n else "")
+    )
+    lines.append(f"exit status {code}")
+    return lines
+
+
+def _write_reports(campaign: dict[str, Any], out: Path) -> list[Path]:
+    """The reports of :mod:`attnfuzz.reports`, where this version has them."""
+    import attnfuzz.reports as reports
+
+    write_reports = getattr(reports, "write_reports", None)
+    if write_reports is None:
+        return []
+    return list(write_reports(campaign, out))

@@ -1,0 +1,372 @@
+"""The worker side of a campaign: one work unit, fuzzed until its deadline.
+
+A work unit (an *item* of the campaign's pytest run) is one shard of one
+target x implementation. Its worker runs Hypothesis over and over with fresh
+seeds until the unit's deadline or example cap, and keeps everything it learns
+on disk as it goes, in the campaign's scratch directory, so that nothing is
+lost whatever happens to the process:
+
+- ``items/<id>.json``: progress (examples, scenario labels, a timeline) and
+  every distinct finding, rewritten atomically a few times a second and at
+  once when a finding is new or smaller;
+- ``inflight/<id>.json``: the case being judged, written before the judge and
+  removed after it. Left behind, it is the case that killed or hung the
+  process;
+- ``faults/<id>.log``: :mod:`faulthandler`'s report. A per-example timeout
+  (``dump_traceback_later(exit=True)``) writes ``Timeout (...)`` there and ends
+  the process; a segfault or abort writes ``Fatal Python error: ...``.
+
+The controller (:mod:`attnfuzz.harness.campaign`) turns a left-behind case
+into a ``timeout`` or ``crash`` finding; pytest-xdist replaces the dead worker
+and the rest of the campaign goes on.
+
+Hypothesis generates, shrinks and remembers: each distinct failure (its
+:attr:`Verdict.key`) raises its own subclass of :class:`Finding`, so that
+Hypothesis tells them apart (``report_multiple_bugs``) and shrinks each.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import math
+import os
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from attnfuzz.harness.oracle import Verdict, exception_mismatch
+from attnfuzz.harness.runner import Finding, database_key
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+PLAN = "plan.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A campaign profile: Hypothesis settings plus the campaign's own defaults."""
+
+    name: str
+    derandomized: bool  # rounds seeded from --seed (default 0); no example database
+    budget_s: float  # when neither --budget nor --max-examples is given
+    round_examples: int  # max_examples of one Hypothesis run inside a budget
+    example_timeout_s: float  # per example; the first Triton call on a GPU compiles
+    description: str
+
+    @property
+    def hypothesis_profile(self) -> str:
+        return f"attnfuzz-{self.name}"
+
+
+PROFILES = {
+    "ci": Profile("ci", True, 120.0, 200, 60.0, "derandomized: the gate for pull requests"),
+    "fuzz": Profile("fuzz", False, 600.0, 2000, 60.0, "random, with the database: nightly"),
+    "dev": Profile("dev", False, 60.0, 200, 30.0, "random, with the database: local work"),
+}
+
+for _profile in PROFILES.values():
+    # No Hypothesis deadline (the per-example timeout is the campaign's own),
+    # no health check (a slow first call is expected), every distinct bug.
+    settings.register_profile(
+        _profile.hypothesis_profile,
+        max_examples=_profile.round_examples,
+        derandomize=_profile.derandomized,
+        database=None,  # chosen per campaign: see open_database
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=True,
+        print_blob=False,
+    )
+
+
+class _Stop(BaseException):
+    """Ends a Hypothesis run at the unit's deadline. Not an ``Exception``, so
+    Hypothesis lets it through rather than taking it for a failure to shrink."""
+
+
+_FINDINGS: dict[str, type[Finding]] = {}
+
+
+def finding_class(key: str) -> type[Finding]:
+    """One exception type per verdict key: Hypothesis shrinks each separately."""
+    if key not in _FINDINGS:
+        _FINDINGS[key] = type(f"Finding[{key}]", (Finding,), {"__module__": __name__})
+    return _FINDINGS[key]
+
+
+def open_database(spec: str | None) -> ExampleDatabase | None:
+    """``redis://HOST:PORT[/N]`` is Hypothesis' Redis database; anything else a directory."""
+    if spec is None:
+        return None
+    if urlsplit(spec).scheme in ("redis", "rediss", "unix"):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        return RedisExampleDatabase(redis.Redis.from_url(spec))
+    return DirectoryBasedExampleDatabase(spec)
+
+
+def round_seed(base: int, item: dict[str, Any], n: int) -> int:
+    """The seed of round ``n`` of a derandomized unit: distinct per shard and round."""
+    text = f"{base}/{item['target']}/{item['impl']}/{item['shard']}/{n}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def case_size(case_dict: dict[str, Any]) -> tuple[int, str]:
+    """Orders cases of one finding: the shorter printed case is the smaller."""
+    text = json.dumps(case_dict, sort_keys=True, separators=(",", ":"))
+    return len(text), text
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Atomically: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class ItemLog:
+    """What one work unit has done so far, kept in ``items/<id>.json``."""
+
+    def __init__(self, scratch: Path, item: dict[str, Any], campaign_started: float):
+        self.path = scratch / "items" / f"{item['id']}.json"
+        self.inflight = scratch / "inflight" / f"{item['id']}.json"
+        self.origin = campaign_started
+        now = time.time()
+        self.state: dict[str, Any] = {
+            "id": item["id"],
+            "unit": item["unit"],
+            "shard": item["shard"],
+            "target": item["target"],
+            "implementation": item["impl"],
+            "kind": item.get("kind"),
+            "pid": os.getpid(),
+            "status": "running",
+            "started": now,
+            "updated": now,
+            "deadline": None,
+            "first_example": None,  # when the first example was judged: failures are timed from it
+            "examples": 0,
+            "labels": {},
+            "timeline": [[round(now - self.origin, 3), 0]],
+            "rounds": [],
+            "findings": {},
+            "error": None,
+        }
+        self.labels: Counter = Counter()
+        self._last_write = 0.0
+        self.flush()
+
+    @property
+    def examples(self) -> int:
+        return self.state["examples"]
+
+    def before(self, case_dict: dict[str, Any]) -> None:
+        """The case about to be judged: what the controller reports if we die now."""
+        now = time.time()
+        if self.state["first_example"] is None:
+            self.state["first_example"] = now
+            self.flush()
+        doc = {"case": case_dict, "examples": self.examples, "started": now}
+        write_json(self.inflight, doc | {"pid": os.getpid()})
+
+    def after(self) -> None:
+        self.inflight.unlink(missing_ok=True)
+
+    def judged(self, labels: list[str]) -> None:
+        self.state["examples"] += 1
+        self.labels.update(labels)
+        self.flush(force=False)
+
+    def found(self, case_dict: dict[str, Any], verdict: Verdict) -> None:
+        """Keep the smallest case of each distinct failure; write it out at once."""
+        now = time.time()
+        known = self.state["findings"].get(verdict.key)
+        if known is not None and case_size(case_dict) >= case_size(known["case"]):
+            return
+        entry = {
+            "key": verdict.key,
+            "case": case_dict,
+            "verdict": {
+                "key": verdict.key,
+                "mismatches": [m.to_dict() for m in verdict.mismatches],
+            },
+            "examples_to_failure": self.examples,
+            "seconds_to_failure": now - self.state["first_example"],
+            "found": now,
+        }
+        if known is not None:  # a smaller case of a known failure: when it was first seen stays
+            for field in ("examples_to_failure", "seconds_to_failure", "found"):
+                entry[field] = known[field]
+        self.state["findings"][verdict.key] = entry
+        self.flush()
+
+    def flush(self, force: bool = True) -> None:
+        now = time.time()
+        if not force and now - self._last_write < 0.25:
+            return
+        elapsed = now - self.origin
+        timeline = self.state["timeline"]
+        # A few points a second at most, fewer as a long campaign goes on.
+        if timeline[-1][1] != self.examples and elapsed - timeline[-1][0] >= max(
+            0.25, elapsed / 400
+        ):
+            timeline.append([round(elapsed, 3), self.examples])
+        self.state["labels"] = dict(self.labels)
+        self.state["updated"] = now
+        write_json(self.path, self.state)
+        self._last_write = now
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        elapsed = round(time.time() - self.origin, 3)
+        if self.state["timeline"][-1][1] != self.examples:
+            self.state["timeline"].append([elapsed, self.examples])
+        self.state["status"], self.state["error"] = status, error
+        self.state["finished"] = time.time()
+        self.flush()
+
+
+def item_deadline(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> float | None:
+    """This unit's share of what is left of the budget.
+
+    With ``k`` units not yet started (this one included) on ``N`` workers, each
+    worker has about ``ceil(k / N)`` units to go: this one gets that fraction
+    of the time left, so that every worker stays busy until the deadline even
+    when units end early (a crash, a caught mutant).
+    """
+    marker = scratch / "started" / item["id"]
+    marker.touch()
+    deadline = plan["deadline"]
+    if deadline is None:
+        return None
+    started = sum(1 for _ in marker.parent.iterdir())
+    left = max(1, len(plan["items"]) - started + 1)
+    now = time.time()
+    share = (deadline - now) / math.ceil(left / plan["workers"])
+    return min(deadline, now + max(share, 0.0))
+
+
+def _leaves(err: BaseException) -> list[BaseException]:
+    if isinstance(err, BaseExceptionGroup):
+        return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
+    return [err]
+
+
+def run_item(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    """Fuzz one work unit until its deadline or cap; returns its final state.
+
+    An implementation's exception, hang or crash is a finding. What ends the
+    unit as ``error`` is the harness failing (the implementation cannot be
+    loaded, a reference raises): recorded, then raised again.
+    """
+    log = ItemLog(scratch, item, plan["started"])
+    deadline = item_deadline(scratch, plan, item)
+    log.state["deadline"] = deadline
+    fault_file = (scratch / "faults" / f"{item['id']}.log").open("w")
+    faulthandler.enable(file=fault_file)
+    try:
+        _run_rounds(log, plan, item, deadline, fault_file)
+    except KeyboardInterrupt:
+        log.finish("interrupted")
+        raise
+    except BaseException as err:
+        log.finish("error", "".join(traceback.format_exception_only(err)).strip())
+        raise
+    else:
+        log.finish("done")
+    finally:
+        faulthandler.disable()
+        fault_file.close()
+    return log.state
+
+
+def _run_rounds(
+    log: ItemLog, plan: dict[str, Any], item: dict[str, Any], deadline: float | None, fault_file
+) -> None:
+    from attnfuzz.harness.registry import get_target
+    from attnfuzz.strategies.batches import SCALES, scenario_labels
+
+    target = get_target(item["target"])
+    impl = target.resolve(item["impl"])
+    profile = PROFILES[plan["profile"]]
+    cap: int | None = item["max_examples"]
+    if cap == 0:
+        return
+    timeout = float(plan["example_timeout"])
+    device = plan["device"]
+    database = None if plan["derandomized"] else open_database(plan["database"])
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.time() >= deadline
+
+    def check(case) -> None:
+        if out_of_time():
+            raise _Stop
+        labels = scenario_labels(case)
+        for label in labels:
+            event(label)
+        case_dict = case.to_dict()
+        log.before(case_dict)
+        faulthandler.dump_traceback_later(timeout, exit=True, file=fault_file)
+        try:
+            verdict = target.judge(impl, case, device)
+        except (SystemExit, GeneratorExit) as err:  # judge lets these through: still a finding
+            verdict = Verdict([exception_mismatch(impl.name, err)])
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            log.after()
+        log.judged(labels)
+        if not verdict.ok:
+            log.found(case_dict, verdict)
+            raise finding_class(verdict.key)(verdict)
+
+    strategy = target.cases(SCALES[plan["scale"]])
+    n = 0
+    while not out_of_time():
+        # The corpus is replayed once, first; later runs look for new failures
+        # (Hypothesis skips generation while replayed failures still fail).
+        phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
+        if n == 0:
+            phases.insert(1, Phase.reuse)
+        limit = cap if cap is not None else profile.round_examples
+        test = settings(
+            settings.get_profile(profile.hypothesis_profile),
+            max_examples=limit,
+            database=database,
+            phases=phases,
+        )(given(strategy)(check))
+        test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
+        if plan["derandomized"]:
+            test = seed(round_seed(plan["seed"] or 0, item, n))(test)
+        # else Hypothesis draws the seed: an explicit @seed would turn its database off.
+        before = len(log.state["findings"])
+        try:
+            test()
+        except _Stop:
+            break
+        except BaseException as err:
+            # Findings were recorded as they came; anything else is the harness's.
+            if not all(isinstance(leaf, Finding) for leaf in _leaves(err)):
+                raise
+        finally:  # the seed that replays this Hypothesis run, for the record
+            used = getattr(test, "_hypothesis_internal_use_seed", None)
+            used = used or getattr(test, "_hypothesis_internal_use_generated_seed", None)
+            log.state["rounds"].append(used)
+        n += 1
+        if cap is not None:
+            break  # --max-examples: one Hypothesis run, as `attnfuzz run`
+        if impl.kind == "mutant" and len(log.state["findings"]) > before:
+            break  # the zoo asks whether a mutant is caught: it is

@@ -1,0 +1,511 @@
+"""``attnfuzz campaign``: planning, budgets, workers, databases, fault isolation, exit status.
+
+The end-to-end tests run real campaigns (a pytest-xdist run in a subprocess)
+with budgets of seconds or small example caps; the rest test the pieces on
+the files a campaign's workers write.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness import campaign as cp
+from attnfuzz.harness.campaign_worker import item_deadline, write_json
+from attnfuzz.harness.casefile import SCHEMA as CASE_SCHEMA
+from attnfuzz.harness.casefile import read_case
+from attnfuzz.harness.cli import main
+from attnfuzz.harness.registry import get_target, target_names
+from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.testing import hand_case
+from attnfuzz.reference.batch import Case
+
+TESTS = Path(__file__).parent
+ID = "indexer-decode"
+MUTANTS = [m.name for m in get_target(ID).mutants]
+
+
+@pytest.fixture
+def impls(monkeypatch):
+    """``campaign_impls`` importable here; the campaign passes its directory to the workers."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    return importlib.import_module("campaign_impls")
+
+
+def campaign(tmp_path: Path, *args: str, out: str = "out") -> tuple[int, dict]:
+    code = main(["campaign", "--out", str(tmp_path / out), "--db", str(tmp_path / "db"), *args])
+    doc = json.loads((tmp_path / out / "campaign.json").read_text())
+    return code, doc
+
+
+def by_impl(doc: dict) -> dict[str, dict]:
+    return {r["implementation"]: r for r in doc["runs"]}
+
+
+def findings_of(doc: dict, impl: str) -> dict[str, dict]:
+    return {f["key"]: f for f in doc["findings"] if f["implementation"] == impl}
+
+
+# -- pieces ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400), ("2m30s", 150)],
+)
+def test_durations(text, seconds):
+    assert cp.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10x", "0", "", "m", "1h-5m", "-3"])
+def test_bad_durations(text):
+    with pytest.raises(Exception, match="duration"):
+        cp.parse_duration(text)
+
+
+def test_default_plan_is_every_target_against_its_fixed_implementation():
+    units = cp.plan_units(None, None, zoo=False)
+    assert {u.target for u in units} == set(target_names())
+    assert all(u.kind == "fixed" for u in units)
+    assert {u.impl for u in units if u.target == ID} == {"triton"}
+
+
+def test_zoo_adds_every_mutant_and_names_apply_where_registered():
+    units = cp.plan_units([ID], ["reference"], zoo=True)
+    assert [u.impl for u in units] == ["reference", *MUTANTS]
+    assert {u.kind for u in units} == {"reference", "mutant"}
+    # A mutant of one target is not asked of another.
+    units = cp.plan_units(None, [MUTANTS[0]], zoo=False)
+    assert {(u.target, u.impl) for u in units} == {(ID, MUTANTS[0])}
+
+
+def test_user_implementations_apply_to_every_selected_target(impls):
+    units = cp.plan_units([ID, ID], ["campaign_impls:raises"], zoo=False)
+    assert units == [cp.Unit(ID, "campaign_impls:raises", "user")]
+
+
+@pytest.mark.parametrize(
+    "targets, impls_, message",
+    [
+        (["no-such-target"], None, "unknown target"),
+        ([ID], ["no-such-impl"], "no selected target has"),
+        ([ID], ["no_such_module:fn"], "cannot load implementation"),
+    ],
+)
+def test_planning_usage_errors(targets, impls_, message):
+    with pytest.raises(UsageError, match=message):
+        cp.plan_units(targets, impls_, zoo=False)
+
+
+def test_shards_keep_every_worker_busy_and_split_example_caps():
+    assert cp.shards_per_unit(1, 2) == 2 and cp.shards_per_unit(2, 2) == 1
+    assert cp.shards_per_unit(3, 2) == 2 and cp.shards_per_unit(3, 1) == 1
+    units = [cp.Unit(ID, "reference", "reference")]
+    items = cp.plan_items(units, workers=2, max_examples=5)
+    assert [(i["shard"], i["max_examples"]) for i in items] == [(0, 3), (1, 2)]
+    assert len({i["id"] for i in items}) == 2
+
+
+def test_a_unit_gets_its_share_of_the_time_left(tmp_path):
+    (tmp_path / "started").mkdir()
+    now = time.time()
+    items = [{"id": f"u{i}"} for i in range(4)]
+    plan = {"deadline": now + 100, "workers": 2, "items": items}
+    # 4 units on 2 workers: two rounds of units, half the time each.
+    first = item_deadline(tmp_path, plan, items[0])
+    assert first is not None and 45 < first - now <= 50.5
+    item_deadline(tmp_path, plan, items[1])
+    third = item_deadline(tmp_path, plan, items[2])  # 2 left on 2 workers: all that is left
+    assert third is not None and abs(third - plan["deadline"]) < 1e-6
+    assert item_deadline(tmp_path, {**plan, "deadline": None}, items[3]) is None
+
+
+def test_finding_ids_are_file_names():
+    fid = cp.finding_id(ID, "pkg.mod:fn/x", "exception:RuntimeError")
+    assert fid == "indexer-decode--pkg.mod_fn_x--exception_RuntimeError"
+    assert "/" not in fid and ":" not in fid
+
+
+def test_timelines_of_shards_add_up():
+    merged = cp._merge_timelines([[[0.0, 0], [1.0, 10], [2.0, 20]], [[0.5, 0], [1.5, 5]]])
+    assert merged == [[0.0, 0], [0.5, 0], [1.0, 10], [1.5, 15], [2.0, 25]]
+    assert all(b[0] - a[0] >= 0.25 for a, b in zip(merged, merged[1:], strict=False))
+
+
+def _run(kind: str, findings: int = 0, status: str | None = None) -> dict:
+    status = status or ("fail" if findings else "pass")
+    return {"kind": kind, "status": status, "findings": [f"f{i}" for i in range(findings)]}
+
+
+@pytest.mark.parametrize(
+    "runs, interrupted, signum, code",
+    [
+        ([_run("fixed"), _run("mutant", 1)], False, None, 0),
+        ([_run("fixed", 1), _run("mutant", 1)], False, None, 1),
+        ([_run("user", 1)], False, None, 1),
+        ([_run("reference", 1)], False, None, 1),
+        ([_run("fixed"), _run("mutant", 0)], False, None, 1),  # a mutant survived
+        ([_run("fixed", status="error")], False, None, 1),
+        ([_run("fixed"), _run("mutant", 0)], True, signal.SIGINT, 130),
+        ([_run("fixed")], True, signal.SIGTERM, 143),
+        ([_run("fixed", 1)], True, signal.SIGTERM, 1),  # a must-pass finding first
+    ],
+)
+def test_exit_status(runs, interrupted, signum, code):
+    assert cp.exit_status({"runs": runs, "interrupted": interrupted}, signum) == code
+
+
+def _scratch(tmp_path: Path, fault: str | None, crashed: bool = False):
+    """The files a worker leaves behind when it dies judging a case."""
+    for sub in ("items", "inflight", "faults", "crashed"):
+        (tmp_path / sub).mkdir()
+    now = time.time()
+    plan = {
+        "started": now - 10,
+        "example_timeout": 4.0,
+        "items": [{"id": "u000s00", "unit": 0, "shard": 0}],
+    }
+    state = {
+        "status": "running",
+        "started": now - 9,
+        "updated": now - 8,
+        "first_example": now - 9,
+        "examples": 7,
+        "labels": {"mixed": 7},
+        "timeline": [[1.0, 0], [2.0, 7]],
+        "findings": {},
+    }
+    case = hand_case((2, 2), (3, 5)).to_dict()
+    write_json(tmp_path / "items" / "u000s00.json", state)
+    write_json(
+        tmp_path / "inflight" / "u000s00.json", {"case": case, "examples": 9, "started": now - 7}
+    )
+    if fault is not None:
+        (tmp_path / "faults" / "u000s00.log").write_text(fault)
+    if crashed:
+        (tmp_path / "crashed" / "u000s00").touch()
+    return plan, case
+
+
+ABORT_LOG = """Fatal Python error: Aborted
+
+Thread 0x00007f49333ff6c0 (most recent call first):
+  File "/somewhere/execnet/gateway_base.py", line 534 in read
+
+Current thread 0x00007f493466cb80 (most recent call first):
+  File "/somewhere/campaign_impls.py", line 50 in aborts
+  File "/somewhere/target.py", line 130 in judge
+"""
+TIMEOUT_LOG = """Timeout (0:00:04)!
+Thread 0x00007f49333ff6c0 (most recent call first):
+  File "/somewhere/execnet/gateway_base.py", line 534 in read
+
+Thread 0x00007f493466cb80 (most recent call first):
+  File "/somewhere/campaign_impls.py", line 44 in hangs
+"""
+
+
+@pytest.mark.parametrize(
+    "fault, crashed, check, got",
+    [
+        (ABORT_LOG, True, "crash", "Fatal Python error: Aborted at campaign_impls.py:50 in aborts"),
+        (TIMEOUT_LOG, True, "timeout", "no verdict after 4s at campaign_impls.py:44 in hangs"),
+        (None, True, "crash", "the worker process died without a Python fault report (killed)"),
+    ],
+)
+def test_a_case_left_in_flight_by_a_dead_worker_is_a_finding(tmp_path, fault, crashed, check, got):
+    plan, case = _scratch(tmp_path, fault, crashed)
+    units = [cp.Unit(ID, "campaign_impls:x", "user")]
+    snap = cp.collect(tmp_path, plan, units, final=True)
+    (finding,) = snap.findings.values()
+    assert finding["check"] == finding["key"] == check and finding["case"] == case
+    assert finding["verdict"]["mismatches"][0]["got"] == got
+    assert finding["examples_to_failure"] == 10  # nine judged before it
+    assert finding["id"] == f"{ID}--campaign_impls_x--{check}"
+    (run,) = snap.runs
+    assert run["status"] == "fail" and run["examples"] == 10 and run["findings"] == [finding["id"]]
+    assert snap.settled == 1
+
+
+def test_a_case_in_flight_when_the_campaign_stopped_is_not_a_finding(tmp_path):
+    plan, _ = _scratch(tmp_path, fault=None, crashed=False)
+    snap = cp.collect(tmp_path, plan, [cp.Unit(ID, "reference", "reference")], final=True)
+    assert not snap.findings and snap.runs[0]["status"] == "pass"
+
+
+def test_a_harness_failure_is_an_error_run_and_a_unit_that_never_ran_too(tmp_path):
+    plan, _ = _scratch(tmp_path, fault=None)
+    (tmp_path / "inflight" / "u000s00.json").unlink()
+    state = json.loads((tmp_path / "items" / "u000s00.json").read_text())
+    write_json(tmp_path / "items" / "u000s00.json", state | {"status": "error", "error": "boom"})
+    plan["items"].append({"id": "u000s01", "unit": 0, "shard": 1})
+    units = [cp.Unit(ID, "triton", "fixed")]
+    snap = cp.collect(tmp_path, plan, units, final=True, pytest_status="pytest exit code 3")
+    (run,) = snap.runs
+    assert (
+        run["status"] == "error" and run["error"] == "boom; shard 1 never ran (pytest exit code 3)"
+    )
+    assert cp.exit_status({"runs": snap.runs, "interrupted": False}) == 1
+    # Stopped on purpose (a signal, the deadline): a unit that never ran is no error.
+    snap = cp.collect(tmp_path, plan, units, final=True, interrupted=True, pytest_status="x")
+    assert snap.runs[0]["error"] == "boom"
+
+
+def test_live_progress_renders_a_row_per_run():
+    progress = cp.LiveProgress("campaign")
+    progress.console.file = StringIO()
+    snap = cp.Snapshot(
+        runs=[
+            {
+                "target": ID,
+                "implementation": "triton",
+                "kind": "fixed",
+                "examples": 12,
+                "findings": [],
+                "examples_per_second": 3.0,
+                "_running": True,
+                "_started": 1.0,
+            }
+        ]
+    )
+    with progress:
+        progress.update(snap, elapsed=5.0, left=55.0)
+    text = progress.console.file.getvalue()
+    assert "triton" in text and "12" in text and "55s" in text
+
+
+# -- command line: usage errors ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--targets", "nope"], "unknown target"),
+        (["--impls", "nope"], "no selected target has"),
+        (["--db", "ftp://host/db"], "expected a directory or redis://"),
+        (["--db", "redis://127.0.0.1:1"], "cannot reach Redis"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    assert main(["campaign", "--out", str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["--budget", "10x"], ["-n", "0"], ["--max-examples", "0"], ["--profile", "x"]]
+)
+def test_bad_flags_exit_2(args):
+    with pytest.raises(SystemExit) as exc:
+        main(["campaign", *args])
+    assert exc.value.code == 2
+
+
+def test_an_unknown_profile_from_the_environment_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(cp.PROFILE_ENV, "nightly")
+    assert main(["campaign", "--out", str(tmp_path / "out")]) == 2
+    assert "unknown profile 'nightly'" in capsys.readouterr().err
+
+
+# -- campaigns -------------------------------------------------------------------------
+
+
+def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_failure(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(cp.PROFILE_ENV, "ci")  # derandomized: the same cases every time
+    code, doc = campaign(
+        tmp_path, "--targets", ID, "--impls", "reference", "--zoo", "--max-examples", "100",
+        "-n", "2",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert doc["schema"] == cp.SCHEMA and doc["profile"] == "ci" and doc["seed"] == 0
+    assert doc["workers"] == 2 and doc["database"] == "none" and not doc["interrupted"]
+    assert doc["budget"] == {"seconds": None, "max_examples": 100}
+    assert set(doc["environment"]) >= {"torch", "hypothesis", "device"}
+    runs = by_impl(doc)
+    assert set(runs) == {"reference", *MUTANTS}
+    assert runs["reference"]["status"] == "pass" and runs["reference"]["examples"] == 100
+    for run in runs.values():
+        assert run["labels"] and run["seconds"] > 0 and run["examples_per_second"] > 0
+        counts = [n for _, n in run["timeline"]]
+        assert counts == sorted(counts) and counts[-1] == run["examples"]
+    ids = [f["id"] for f in doc["findings"]]
+    assert len(ids) == len(set(ids)), "findings are deduplicated"
+    for name in MUTANTS:
+        assert runs[name]["status"] == "fail" and runs[name]["findings"]
+    for f in doc["findings"]:
+        assert (f["target"], f["key"]) == (ID, f["verdict"]["key"])
+        assert f["id"] == cp.finding_id(ID, f["implementation"], f["key"])
+        assert f["case_file"] == f"cases/{f['id']}.json" and f["examples_to_failure"] >= 1
+        path = tmp_path / "out" / f["case_file"]
+        assert f["repro"] == f"attnfuzz repro {path}"
+        case_doc = read_case(path)
+        assert case_doc["schema"] == CASE_SCHEMA and case_doc["case"] == Case.from_dict(f["case"])
+        assert case_doc["verdict"] == f["verdict"] and f["derived"]["next_n"] >= 1
+        # The case replays the same failure; the fixed implementation passes it.
+        assert main(["repro", str(path)]) == 1
+        assert main(["repro", str(path), "--impl", "triton"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out" / "cases").iterdir()) == sorted(
+        f"{i}.json" for i in ids
+    )
+    assert not (tmp_path / "out" / ".work").exists()
+    assert not list((tmp_path / "out").glob(".work-unfinished-*"))
+    # Not a TTY: plain lines, each finding as it came, then the summary.
+    assert "\x1b[" not in out and out.count("FOUND") == len(ids)
+    assert "exit status 0" in out
+
+
+def test_faults_are_findings_with_their_case_and_the_campaign_goes_on(tmp_path, impls, capsys):
+    names = ["raises", "exits", "hangs", "aborts", "segfaults"]
+    code, doc = campaign(
+        tmp_path, "--targets", ID, "--impls", *[f"campaign_impls:{n}" for n in names],
+        "reference", "--profile", "ci", "--max-examples", "150", "--example-timeout", "4",
+        "-n", "2",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1, out  # findings on user implementations
+    expected = {
+        "raises": ("exception:ValueError", "ValueError: refusing"),
+        "exits": ("exception:SystemExit", "SystemExit: 3"),
+        "hangs": ("timeout", "no verdict after 4s at campaign_impls.py"),
+        "aborts": ("crash", "Fatal Python error: Aborted"),
+        "segfaults": ("crash", "Fatal Python error: Segmentation fault"),
+    }
+    for name, (key, got) in expected.items():
+        found = findings_of(doc, f"campaign_impls:{name}")
+        assert list(found) == [key], (name, found)
+        f = found[key]
+        assert f["check"] == key.split(":")[0]
+        assert f["verdict"]["mismatches"][0]["got"].startswith(got)
+        case = read_case(tmp_path / "out" / f["case_file"])["case"]
+        assert impls.misbehaves(case), f"{name}: the case does not trigger it: {case}"
+    # The reference ran its whole budget beside the dying workers.
+    reference = by_impl(doc)["reference"]
+    assert reference["status"] == "pass" and reference["examples"] == 150
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_campaign_and_what_ran_is_still_written(tmp_path, signum):
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+        "--impls", "reference", MUTANTS[0], "--budget", "5m", "--out", str(out),
+        "--db", str(tmp_path / "db"), "-n", "2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out / "cases").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert (out / "cases").exists(), "no finding within two minutes"
+        time.sleep(1.0)  # the reference has judged something too
+        sent = time.time()
+        proc.send_signal(signum)
+        text, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.time() - sent < 15, "stopping took too long"
+    assert proc.returncode == 128 + signum, text
+    doc = json.loads((out / "campaign.json").read_text())
+    assert doc["interrupted"] and doc["budget"]["seconds"] == 300
+    assert doc["seconds"] < 120
+    runs = by_impl(doc)
+    assert runs["reference"]["examples"] > 0 and runs[MUTANTS[0]]["findings"]
+    for f in doc["findings"]:
+        assert (out / f["case_file"]).exists()
+    assert "interrupted" in text
+
+
+def test_a_budget_is_honoured_and_two_workers_share_one_unit(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNFUZZ_KEEP_WORK", "1")  # keep the workers' files to look at
+    start = time.time()
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--budget", "12s",
+                         "-n", "2", "--quiet")  # fmt: skip
+    wall = time.time() - start
+    assert code == 0
+    assert doc["budget"]["seconds"] == 12 and doc["seconds"] < 12 + 4 and wall < 12 + 8
+    shards = [
+        json.loads(p.read_text()) for p in sorted((tmp_path / "out" / ".work" / "items").iterdir())
+    ]
+    assert len(shards) == 2 and len({s["pid"] for s in shards}) == 2
+    assert all(s["examples"] > 0 for s in shards), "a worker sat idle"
+    assert by_impl(doc)["reference"]["examples"] == sum(s["examples"] for s in shards)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_url():
+    """A real redis-server on loopback, on a free port, stopped at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("ATTNFUZZ_REQUIRE_SYSTEM_DEPS") == "1":
+            pytest.fail("redis-server is not installed (ATTNFUZZ_REQUIRE_SYSTEM_DEPS=1)")
+        pytest.skip("redis-server is not installed (setup.sh installs it with apt)")
+    import redis
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            pytest.fail("redis-server did not start")
+        yield f"redis://127.0.0.1:{port}", client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _replays_first(tmp_path: Path, db: str) -> list[dict]:
+    """Two campaigns on one database: the second replays the failure first."""
+    docs = []
+    for run in ("first", "second"):
+        args = ["--targets", ID, "--impls", MUTANTS[0], "--max-examples", "300", "--db", db]
+        code = main(
+            ["campaign", *args, "--out", str(tmp_path / run), "--profile", "dev", "--quiet"]
+        )
+        assert code == 0
+        docs.append(json.loads((tmp_path / run / "campaign.json").read_text()))
+    first, second = (d["findings"] for d in docs)
+    assert first and second and docs[1]["database"] == db
+    assert min(f["examples_to_failure"] for f in second) == 1, "not replayed first"
+    return docs
+
+
+def test_the_directory_database_replays_a_failure_first(tmp_path):
+    _replays_first(tmp_path, str(tmp_path / "db"))
+    assert any((tmp_path / "db").rglob("*"))
+
+
+def test_the_redis_database_replays_a_failure_first(tmp_path, redis_url):
+    url, client = redis_url
+    _replays_first(tmp_path, url)
+    assert client.keys("*"), "nothing was saved in Redis"
+    assert not (tmp_path / "db").exists()
