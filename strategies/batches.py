@@ -117,9 +117,17 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
             "mixed": draw(st.integers(1, num_reqs - 1)) if num_reqs > 1 else 0,
             "prefill": 0,
         }[shape]
+        # Fewer drafts proposed: every decode of the step carries the same
+        # d < next_n tokens (uniform, yet max_decode_len < next_n). Otherwise
+        # each decode length is drawn on its own (ragged: short prefill chunks).
+        shared = num_decodes > 1 and draw(st.booleans())
+        if shared:
+            room = (budget - (num_reqs - num_decodes)) // num_decodes
+            d0 = draw(st.integers(1, max(1, min(threshold, room))))
         for _ in range(num_decodes):
             # Decode lengths 1..threshold; max_decode_len < next_n is reachable.
-            q = draw(st.integers(1, min(threshold, budget - (num_reqs - len(q_lens) - 1))))
+            top = min(threshold, budget - (num_reqs - len(q_lens) - 1))
+            q = d0 if shared else draw(st.integers(1, top))
             q_lens.append(q)
             budget -= q
         for i in range(num_reqs - num_decodes):
