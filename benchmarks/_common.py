@@ -7,6 +7,7 @@ import platform
 import statistics
 
 import torch
+from attnfuzz.harness.zoo import markdown_table as table  # noqa: F401 (re-exported)
 
 
 def pin_one_core() -> str:
@@ -20,15 +21,3 @@ def pin_one_core() -> str:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-
-def table(header: list[str], rows: list[list[object]]) -> str:
-    """A Markdown table, so the output pastes into the README as it is."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in cells
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)

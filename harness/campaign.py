@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from attnfuzz.harness.cli import non_negative_int, positive_int
 from attnfuzz.harness.target import UsageError
 
 SCHEMA = "attnfuzz.campaign/1"
@@ -114,26 +115,6 @@ def _workers(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
 def _seconds(text: str) -> float:
     return parse_duration(text)
 
@@ -167,11 +148,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
     p.add_argument("--budget", type=_seconds, default=None, help="wall clock: 90s, 10m, 1h")
-    p.add_argument("--max-examples", type=_positive_int, default=None, help="per implementation")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="per implementation")
     p.add_argument("-n", "--workers", type=_workers, default=1, help="worker processes, or auto")
     p.add_argument("--db", default=DEFAULT_DB, help="a directory, or redis://HOST:PORT")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
-    p.add_argument("--seed", type=_seed, default=None, help="derandomized campaign")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized campaign")
     p.add_argument(
         "--profile",
         choices=sorted(PROFILES),

@@ -91,20 +91,26 @@ def _require(cond: bool, path: Path | str, what: str) -> None:
         raise UsageError(f"{path}: {what}")
 
 
-def read_case(path: Path | str) -> dict[str, Any]:
-    """Parse and check a case file; every problem is a one-line :class:`UsageError`."""
+def load_json(path: Path | str, what: str) -> Any:
+    """Read one JSON document; an unreadable, binary or malformed file is a
+    one-line :class:`UsageError` that names ``what`` it should have been."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise UsageError(f"cannot read case file {path}: {err.strerror or err}") from err
+        raise UsageError(f"cannot read {what} {path}: {err.strerror or err}") from err
     except UnicodeDecodeError as err:
         raise UsageError(f"{path}: not a text file (invalid UTF-8 at byte {err.start})") from err
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise UsageError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    except RecursionError as err:  # the parser's own limit, not a case file
-        raise UsageError(f"{path}: not a case file (JSON nested too deeply)") from err
+    except RecursionError as err:  # the parser's own limit, not a file of ours
+        raise UsageError(f"{path}: not a {what} (JSON nested too deeply)") from err
+
+
+def read_case(path: Path | str) -> dict[str, Any]:
+    """Parse and check a case file; every problem is a one-line :class:`UsageError`."""
+    doc = load_json(path, "case file")
     _require(isinstance(doc, dict), path, "a case file holds one JSON object")
     _require(
         doc.get("schema") == SCHEMA,

@@ -16,7 +16,7 @@ from attnfuzz.harness.target import UsageError
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -26,7 +26,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> int:
+def non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="fuzz one implementation of one target")
     p.add_argument("--target", required=True)
     p.add_argument("--impl", default="triton", help="registered name or module:attribute")
-    p.add_argument("--max-examples", type=_positive, default=200)
-    p.add_argument("--seed", type=_non_negative, default=None, help="derandomized run")
+    p.add_argument("--max-examples", type=positive_int, default=200)
+    p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized run")
     p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "cases")
     p.add_argument("--db", type=Path, default=Path(".attnfuzz") / "db")
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("zoo", help="every mutant of every target: the detection scoreboard")
     p.add_argument("--targets", nargs="+", default=None, help="default: every target")
-    p.add_argument("--seeds", type=_positive, default=5, help="derandomized runs per mutant")
+    p.add_argument("--seeds", type=positive_int, default=5, help="derandomized runs per mutant")
     p.add_argument("--budget", type=float, default=10.0, help="search seconds per mutant and seed")
     p.add_argument("--shrink-budget", type=float, default=60.0, help="shrinking seconds per run")
     p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "zoo")

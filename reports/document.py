@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnfuzz.harness.casefile import case_document, derived, write_case
+from attnfuzz.harness.casefile import case_document, derived, load_json, write_case
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
@@ -351,19 +351,7 @@ def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
 
 def load_campaign(path: Path | str) -> dict[str, Any]:
     """Read and check a ``campaign.json``; every problem is a one-line :class:`UsageError`."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot read campaign file {path}: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{path}: not a text file (invalid UTF-8 at byte {err.start})") from err
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    except RecursionError as err:
-        raise UsageError(f"{path}: not a campaign file (JSON nested too deeply)") from err
-    return check_campaign(doc, str(path))
+    return check_campaign(load_json(path, "campaign file"), str(path))
 
 
 # -- verdicts -----------------------------------------------------------------
