@@ -117,10 +117,10 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
             "mixed": draw(st.integers(1, num_reqs - 1)) if num_reqs > 1 else 0,
             "prefill": 0,
         }[shape]
-        # Fewer drafts proposed: every decode of the step carries the same
+        # Fewer drafts proposed (a third of such steps): every decode carries the same
         # d < next_n tokens (uniform, yet max_decode_len < next_n). Otherwise
         # each decode length is drawn on its own (ragged: short prefill chunks).
-        shared = num_decodes > 1 and draw(st.booleans())
+        shared = num_decodes > 1 and draw(st.sampled_from((False, False, True)))
         if shared:
             room = (budget - (num_reqs - num_decodes)) // num_decodes
             d0 = draw(st.integers(1, max(1, min(threshold, room))))
