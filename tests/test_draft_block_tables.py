@@ -173,7 +173,7 @@ def test_shape_check_catches_the_padded_table_without_the_kernel():
     """The oracle's own check: a consumer that did not check would still be found."""
     case = smallest()
     target = get_target(TARGET)
-    inputs = ref.make_inputs(case)
+    inputs = ref.make_inputs(case, device())
     expected = ref.reference(case, inputs)
     fixed = kernels.draft_attention(inputs)
     assert target.compare(case, inputs, expected, fixed) == []
@@ -190,7 +190,7 @@ def test_oracle_catches_a_wrong_window_and_unsliced_lengths():
     """Values and metadata are compared, not only shapes."""
     case = with_params(hand_case((2, 2, 2), (5, 9, 0)), sliding_window=2, swa_block_size_log2=0)
     target = get_target(TARGET)
-    inputs = ref.make_inputs(case)
+    inputs = ref.make_inputs(case, device())
     expected = ref.reference(case, inputs)
     got = kernels.draft_attention(inputs)
     assert target.compare(case, inputs, expected, got) == []

@@ -11,6 +11,7 @@ from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.targets.flex_block_mask import reach_capacity, trigger_capacity
 from attnfuzz.harness.testing import assert_detected, assert_passes
 from attnfuzz.kernels import flex_block_mask as kernels
+from attnfuzz.kernels._triton import device
 from attnfuzz.reference import flex_block_mask as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
 from attnfuzz.reference.invariants import violations
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 TARGET = "flex-block-mask"
 MUTANT = "pr39353-capacity"
 STALE = 99
+DEV = device()  # where the kernels run: tensors handed to them live there
 
 
 def hand_inputs(q_block: int) -> ref.FlexBlockMaskInputs:
@@ -28,14 +30,16 @@ def hand_inputs(q_block: int) -> ref.FlexBlockMaskInputs:
     Request 1: 3 new tokens (seq_len 3), pages [2, 5], stale 9 after.
     Row 0 (request 0, position 2) attends pages {7, 4}; rows 1, 2, 3 (request 1,
     positions 0, 1, 2) attend {2}, {2}, {2, 5}; padding rows 4, 5 attend nothing.
+    Tensors on ``DEV``.
     """
     n_indices, n_counts = ref.reserved_elements(8, 16, 2, q_block)
+    i32 = dict(dtype=torch.int32, device=DEV)
     return ref.FlexBlockMaskInputs(
-        query_start_loc=torch.tensor([0, 1, 4, 4], dtype=torch.int32),
-        seq_lens=torch.tensor([3, 3, 0], dtype=torch.int32),
-        block_table=torch.tensor([[7, 4] + [9] * 6, [2, 5] + [9] * 6, [0] * 8], dtype=torch.int32),
-        persistent_kv_indices=torch.full((n_indices,), STALE, dtype=torch.int32),
-        persistent_kv_num_blocks=torch.full((n_counts,), STALE, dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 1, 4, 4], **i32),
+        seq_lens=torch.tensor([3, 3, 0], **i32),
+        block_table=torch.tensor([[7, 4] + [9] * 6, [2, 5] + [9] * 6, [0] * 8], **i32),
+        persistent_kv_indices=torch.full((n_indices,), STALE, **i32),
+        persistent_kv_num_blocks=torch.full((n_counts,), STALE, **i32),
         num_reqs=3,
         num_tokens=6,
         max_seq_len=3,
@@ -98,7 +102,7 @@ def test_production_crash_message():
     )
     case = Case(config, Batch((0,) * 4, (4096,) * 4), ((ref.Q_BLOCK_PARAM, 4),))
     assert violations(case.config, case.batch) == [] and trigger_capacity(case)
-    inputs = ref.make_inputs(case)
+    inputs = ref.make_inputs(case, DEV)
     with pytest.raises(RuntimeError) as err:
         kernels.mutant_capacity(inputs)
     assert str(err.value) == (
@@ -165,7 +169,12 @@ MIXED = dict(q_lens=(1, 3, 9), computed=(2, 0, 5), q_block_log2=1)  # blocks spa
 
 
 def tampered(edit) -> Implementation:
-    """The fixed builder followed by ``edit(inputs, outputs)``: a broken implementation."""
+    """The fixed builder followed by ``edit(inputs, outputs)``: a broken implementation.
+
+    The target is graph-safe, so the judge records what the call allocates: an
+    edit tampers with device-side torch ops in place (no host round trip, no
+    fresh tensor) unless allocating is the point (``_copy``).
+    """
 
     def fn(inputs):
         out = kernels.flex_block_mask(inputs)
@@ -175,13 +184,38 @@ def tampered(edit) -> Implementation:
 
 
 def _swap_a_page(inp, out):
-    out.kv_indices[0, 0] = int(inp.block_table[2, 0])  # a page of a request the block lacks
+    out.kv_indices[0, 0] = inp.block_table[2, 0]  # a page of a request the block lacks
 
 
-def _reverse_heads(inp, out):
-    for g, n in enumerate(out.kv_num_blocks.tolist()):
-        for i, page in enumerate(reversed(out.kv_indices[g, :n].tolist())):
-            out.kv_indices[g, i] = page  # element by element: nothing allocated
+def reverse_heads(case: Case):
+    """An edit reversing the head of every row of ``case``'s mask: any order is valid.
+
+    Each row's own count decides its head, on the device: a gather from index
+    ``n - 1 - i`` where ``i < n``. The scratch it stages in is allocated here,
+    before the judged call, as an engine preallocates its buffers, sized by the
+    persistent table and re-strided to the step's mask inside the call.
+    """
+    config = case.config
+    p_rows, p_cols = ref.persistent_shape(
+        config.max_num_batched_tokens, config.max_model_len, config.block_size,
+        ref.q_block_size(case),
+    )  # fmt: skip
+    one_up = torch.arange(1, p_cols + 1, device=DEV)  # i + 1 at column i
+    source = torch.empty(p_rows * p_cols, dtype=torch.int64, device=DEV)
+    head = torch.empty(p_rows * p_cols, dtype=torch.bool, device=DEV)
+    moved = torch.empty(p_rows * p_cols, dtype=torch.int32, device=DEV)
+
+    def edit(inp, out):
+        rows, cols = out.kv_indices.shape
+        n, i1 = out.kv_num_blocks[:, None], one_up[:cols]
+        src, inside, values = (t[: rows * cols].view(rows, cols) for t in (source, head, moved))
+        torch.sub(n, i1, out=src).clamp_(min=0)  # n - 1 - i (0 past the head: masked below)
+        torch.gather(out.kv_indices, 1, src, out=values)
+        torch.le(i1, n, out=inside)
+        torch.where(inside, values, out.kv_indices, out=values)
+        out.kv_indices.copy_(values)
+
+    return edit
 
 
 def _miscount(inp, out):
@@ -202,10 +236,14 @@ def _slice_instead_of_restride(inp, out):
     p_rows, p_cols = ref.persistent_shape(
         inp.max_num_batched_tokens, inp.max_model_len, inp.block_size, inp.q_block_size
     )
-    values = out.kv_indices.tolist()
     table = inp.persistent_kv_indices[: p_rows * p_cols].view(p_rows, p_cols)
     view = table[:rows, :cols]
-    view.copy_(torch.tensor(values, dtype=torch.int32))
+    # Both start at the head of the persistent memory, and element (r, c) moves
+    # from r * cols + c up to r * p_cols + c: moved element by element from the
+    # last, each is read before anything is written over it.
+    for r in reversed(range(rows)):
+        for c in reversed(range(cols)):
+            view[r, c] = out.kv_indices[r, c]
     return ref.FlexBlockMaskOutputs(view, out.kv_num_blocks)
 
 
@@ -227,7 +265,8 @@ def test_each_check_catches_what_it_guards(edit, check):
 
 
 def test_the_order_of_a_row_is_free():
-    assert judge(tampered(_reverse_heads), case_of(**MIXED)).ok
+    case = case_of(**MIXED)
+    assert judge(tampered(reverse_heads(case)), case).ok
 
 
 # -- fuzzing ---------------------------------------------------------------------------

@@ -74,13 +74,14 @@ def test_triton_matches_the_hand_case(k):
 
 
 def test_top_k_checks_its_contract():
-    logits = torch.zeros(4, 8)
+    logits = torch.zeros(4, 8, device=DEV)
+    i32 = dict(dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="int32"):
-        top_k_per_row(logits, torch.ones(4, dtype=torch.int64), 2)
+        top_k_per_row(logits, torch.ones(4, dtype=torch.int64, device=DEV), 2)
     with pytest.raises(ValueError, match="contiguous"):
-        top_k_per_row(logits, torch.ones(4, 2, dtype=torch.int32)[:, 0], 2)
+        top_k_per_row(logits, torch.ones(4, 2, **i32)[:, 0], 2)
     with pytest.raises(ValueError, match="6 elements for 4 rows"):
-        top_k_per_row(logits, torch.ones(6, dtype=torch.int32), 2)
+        top_k_per_row(logits, torch.ones(6, **i32), 2)
 
 
 def test_top_k_handles_ties_negatives_and_short_rows():

@@ -100,11 +100,12 @@ def test_kernel_on_an_empty_table_and_its_contract():
         torch.zeros(0, dtype=torch.int32, device=DEV),
         torch.empty(0, 0, dtype=torch.int32, device=DEV),
     )
+    lens = torch.ones(2, dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="int32"):
-        kernels.write_context_lens(torch.ones(2, dtype=torch.int32), torch.zeros(2, 2))  # fp32
+        kernels.write_context_lens(lens, torch.zeros(2, 2, device=DEV))  # fp32
     with pytest.raises(ValueError, match="unit column stride"):
-        out = torch.zeros(2, 4, dtype=torch.int32)[:, ::2]
-        kernels.write_context_lens(torch.ones(2, dtype=torch.int32), out)
+        out = torch.zeros(2, 4, dtype=torch.int32, device=DEV)[:, ::2]
+        kernels.write_context_lens(lens, out)
 
 
 def test_triton_returns_the_head_of_the_flat_table():

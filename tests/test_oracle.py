@@ -17,7 +17,9 @@ from attnfuzz.harness.oracle import (
     expect_topk_rows,
     expect_view_of,
 )
+from attnfuzz.kernels._triton import device
 
+DEV = device()  # implementations' outputs live where the kernels run; the oracle reads them back
 INF = np.inf
 # One row with a tie at the k-th value: 6 at index 1, then 0 at indices 0 and 2.
 LOGITS = np.array([[0.0, 6.0, 0.0, -INF]], dtype=np.float32)
@@ -25,7 +27,9 @@ CTX = np.array([3])
 
 
 def topk(row: list[int], k: int = 2):
-    return expect_topk_rows("buf", torch.tensor([row], dtype=torch.int32), LOGITS, CTX, k)
+    return expect_topk_rows(
+        "buf", torch.tensor([row], dtype=torch.int32, device=DEV), LOGITS, CTX, k
+    )
 
 
 def test_topk_accepts_any_choice_among_ties_and_any_order():
@@ -48,7 +52,7 @@ def test_topk_mismatch_says_where_and_what():
 
 def test_equal_reports_the_first_bad_row_and_the_count():
     expected = np.arange(12, dtype=np.int32).reshape(4, 3)
-    got = torch.as_tensor(expected.copy())
+    got = torch.as_tensor(expected.copy(), device=DEV)
     assert expect_equal("b", got, expected) == []
     got[1, 2] = -7
     got[3, 0] = -7
@@ -61,24 +65,28 @@ def test_equal_reports_the_first_bad_row_and_the_count():
 
 def test_close_uses_assert_close_tolerances_and_never_passes_nan():
     e = np.array([1.0, 2.0], dtype=np.float32)
-    assert expect_close("x", torch.tensor([1.0, 2.0 + 1e-7]), e) == []
-    assert expect_close("x", torch.tensor([1.0, 2.001]), e)[0].check == "values"
-    assert expect_close("x", torch.tensor([1.0, float("nan")]), e)[0].check == "values"
+
+    def t(*values: float) -> torch.Tensor:  # an implementation's output, on DEV
+        return torch.tensor(values, device=DEV)
+
+    assert expect_close("x", t(1.0, 2.0 + 1e-7), e) == []
+    assert expect_close("x", t(1.0, 2.001), e)[0].check == "values"
+    assert expect_close("x", t(1.0, float("nan")), e)[0].check == "values"
     nan = np.array([1.0, np.nan], dtype=np.float32)
-    assert expect_close("x", torch.tensor([1.0, float("nan")]), nan)[0].check == "values"
-    assert expect_close("x", torch.tensor([1.0, -INF]), np.array([1.0, -INF])) == []
+    assert expect_close("x", t(1.0, float("nan")), nan)[0].check == "values"
+    assert expect_close("x", t(1.0, -INF), np.array([1.0, -INF])) == []
 
 
 def test_meta_checks_type_shape_and_dtype_exactly():
     assert expect_meta("x", [1], (1,), torch.int32)[0].check == "type"
-    t = torch.zeros(2, 3, dtype=torch.int64)
+    t = torch.zeros(2, 3, dtype=torch.int64, device=DEV)
     checks = [m.check for m in expect_meta("x", t, (3, 2), torch.int32)]
     assert checks == ["shape", "dtype"]
     assert expect_meta("x", t, (2, 3), torch.int64) == []
 
 
 def test_strides_contiguity_and_views():
-    buffer = torch.zeros(4, 8, dtype=torch.int32)
+    buffer = torch.zeros(4, 8, dtype=torch.int32, device=DEV)
     strided = buffer[:2, :3]
     assert expect_strides("v", strided, (8, 1)) == []
     assert expect_strides("v", strided, (3, 1))[0].check == "stride"
@@ -90,14 +98,16 @@ def test_strides_contiguity_and_views():
 
 
 def test_allocation_recorder_sees_copies_and_factories_not_views():
-    buffer = torch.zeros(4, 8, dtype=torch.int32)
+    buffer = torch.zeros(4, 8, dtype=torch.int32, device=DEV)
     _, allocated = allocations(lambda b: b[:2, :3], buffer)
     assert allocated == []
     _, allocated = allocations(lambda b: b[:2, :3].contiguous(), buffer)
     assert len(allocated) == 1 and "[2, 3]" in allocated[0]
-    _, allocated = allocations(lambda b: torch.empty(5), buffer)
+    _, allocated = allocations(lambda b: torch.empty(5, device=b.device), buffer)
     assert len(allocated) == 1
-    _, allocated = allocations(lambda b: b.view(-1)[:6].copy_(torch.arange(6)), buffer)
+    _, allocated = allocations(
+        lambda b: b.view(-1)[:6].copy_(torch.arange(6, device=b.device)), buffer
+    )
     assert len(allocated) == 1  # the arange, not the in-place copy
     assert expect_no_allocation("f", allocated)[0].check == "graph"
 
