@@ -29,13 +29,17 @@ def _storages(values: Any) -> set[int]:
 
 
 class AllocationRecorder(TorchDispatchMode):
-    """Records the aten ops that produce new, non-empty tensor storage."""
+    """Records the aten ops that produce new, non-empty tensor storage, and
+    reads of a tensor's value back to the host (``.item()``, ``int(t)``): a
+    device-to-host sync, which a graph capture cannot hold either."""
 
     def __init__(self) -> None:
         super().__init__()
         self.allocations: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.allocations.append(f"{func} (a value read back to the host)")
         out = func(*args, **(kwargs or {}))
         known = _storages((args, kwargs))
         flat, _ = tree_flatten(out)

@@ -215,7 +215,9 @@ def expect_no_allocation(name: str, allocated: Sequence[str]) -> list[Mismatch]:
     """Graph safety: nothing allocated inside the call."""
     if allocated:
         listed = "; ".join(allocated[:3]) + (" ..." if len(allocated) > 3 else "")
-        return [Mismatch("graph", name, "no allocation (graph-safe)", _short(listed, 300))]
+        return [
+            Mismatch("graph", name, "no allocation, no host read (graph-safe)", _short(listed, 300))
+        ]
     return []
 
 

@@ -112,6 +112,14 @@ def test_allocation_recorder_sees_copies_and_factories_not_views():
     assert expect_no_allocation("f", allocated)[0].check == "graph"
 
 
+def test_allocation_recorder_sees_values_read_back_to_the_host():
+    buffer = torch.arange(6, device=device())
+    _, allocated = allocations(lambda b: b[:2].add_(int(b[3])), buffer)
+    assert len(allocated) == 1 and "_local_scalar_dense" in allocated[0]
+    _, allocated = allocations(lambda b: b[:2].add_(b[3]), buffer)  # stays on the device
+    assert allocated == []
+
+
 def test_exception_becomes_a_finding_with_type_and_message():
     m = exception_mismatch("impl", RuntimeError("Target sizes: [8, 4].\n Tensor sizes: [6, 4]"))
     assert (
