@@ -157,6 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
         f"({rate:.1f}/s)"
     )
+    if result.statistics:
+        print("statistics: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statistics.items())))
     if not result.failed:
         print("PASS: no failure found")
         return EXIT_OK

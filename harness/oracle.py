@@ -38,6 +38,9 @@ class Verdict:
     """The outcome of one case: no mismatch means the implementation agreed."""
 
     mismatches: list[Mismatch] = field(default_factory=list)
+    # Counts the target reports of the implementation's work on this case
+    # (e.g. pages walked vs pages needed); informative, never a verdict.
+    statistics: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

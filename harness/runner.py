@@ -56,6 +56,7 @@ class RunResult:
     verdict: Verdict | None = None
     labels: Counter = field(default_factory=Counter)
     phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
+    statistics: Counter = field(default_factory=Counter)  # Verdict.statistics, summed
     stopped_by_budget: bool = False  # ``budget_s`` or ``shrink_budget_s`` ran out
 
     @property
@@ -114,6 +115,7 @@ def fuzz(
             result.labels[label] += 1
         verdict = target.judge(impl, case, device, result.phase_seconds)
         result.examples += 1
+        result.statistics.update(verdict.statistics)
         if on_case is not None:
             on_case(case, verdict)
         if not verdict.ok:

@@ -61,6 +61,8 @@ class Target:
     # are drawn after the step by Hypothesis and uniformly by the baselines.
     params: dict[str, tuple[int, int]] = field(default_factory=dict)
     graph_safe: bool = False  # the call is replayed in a CUDA graph: it may not allocate
+    # Per-case counts read off an implementation's outputs, summed over a run.
+    statistics: Callable[[Any], dict[str, int]] | None = None
 
     def add(self, impl: Implementation) -> None:
         self.implementations[impl.name] = impl
@@ -144,6 +146,11 @@ class Target:
         mismatches = self.compare(case, inputs, expected, got)
         # Graph safety first: an allocation is the finding even when values agree.
         verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
+        if self.statistics is not None:
+            try:
+                verdict.statistics = self.statistics(got)
+            except (AttributeError, TypeError, ValueError, RuntimeError):
+                pass  # outputs the oracle already rejected have no counts; the verdict stands
         lap("oracle")
         return verdict
 

@@ -277,3 +277,18 @@ def test_mutant_is_detected_with_a_minimized_trigger(mutant):
     assert result.verdict.key == "max_seq_len"
     assert result.case.param("capturing") == 0
     assert {"walk", "max_seq_len"} <= checks(result.verdict)
+
+
+def test_pages_walked_vs_needed_is_reported_per_run():
+    from attnfuzz.harness.runner import fuzz
+
+    target = get_target(TARGET)
+    fixed = fuzz(target, target.resolve("triton"), max_examples=30, rng_seed=0, database=None)
+    assert fixed.statistics["pages_walked"] >= fixed.statistics["pages_needed"] > 0
+    smallest = target.resolve("pr43991-model-len").smallest()
+    verdict = target.judge(target.resolve("pr43991-model-len"), smallest)
+    fixed_verdict = target.judge(target.resolve("triton"), smallest)
+    assert not verdict.ok and fixed_verdict.ok
+    walked, needed = verdict.statistics["pages_walked"], verdict.statistics["pages_needed"]
+    assert needed == fixed_verdict.statistics["pages_needed"]
+    assert walked > fixed_verdict.statistics["pages_walked"] == needed  # the over-walk, counted

@@ -227,6 +227,7 @@ def build() -> Target:
         reference=ref.reference,
         compare=compare,
         params={"capturing": (0, 1)},
+        statistics=walk_statistic,
     )
     target.add(Implementation("triton", k.max_seq_len_metadata, "fixed", "tight bounds (fixed)"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
