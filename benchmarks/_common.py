@@ -6,8 +6,13 @@ import os
 import platform
 import statistics
 
-import torch
-from attnfuzz.harness.zoo import markdown_table as table  # noqa: F401 (re-exported)
+# One core per process: NumPy's BLAS (the interpreter's tl.dot) must not start
+# a thread per core before it is imported, nor may torch's pool (below).
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
+import torch  # noqa: E402
+from attnfuzz.harness.zoo import markdown_table as table  # noqa: E402, F401 (re-exported)
 
 
 def pin_one_core() -> str:

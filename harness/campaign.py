@@ -630,6 +630,9 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def _child_env(roots: list[str]) -> dict[str, str]:
     env = dict(os.environ)
     for name in list(env):
@@ -640,6 +643,10 @@ def _child_env(roots: list[str]) -> dict[str, str]:
         env.pop(name, None)
     paths = [os.getcwd(), *roots, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # One worker per core: a worker's BLAS (the interpreter's tl.dot is a NumPy
+    # matmul) must not start a thread per core of its own, unless asked to.
+    for name in BLAS_THREAD_VARIABLES:
+        env.setdefault(name, "1")
     return env
 
 
