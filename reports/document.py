@@ -77,6 +77,17 @@ def mismatch_line(m: Mapping[str, Any]) -> str:
 # -- building -----------------------------------------------------------------
 
 
+UNSHRUNK_CHECKS = ("crash", "timeout")
+"""Findings whose process died or hung: their case is the one that was running, not shrunk."""
+
+
+def case_label(finding: Mapping[str, Any]) -> str:
+    """How a report names a finding's case: minimized, unless the process died with it."""
+    if finding.get("check") in UNSHRUNK_CHECKS:
+        return "case as it ran (not shrunk: the process died or hung)"
+    return "minimized case"
+
+
 def finding_id(target: str, implementation: str, key: str) -> str:
     """``<target>--<impl>--<key>``, usable as a file name (``:`` and ``/`` become ``_``)."""
     return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")

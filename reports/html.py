@@ -21,6 +21,7 @@ from attnfuzz.reports.document import (
     SKIPPED,
     budget_text,
     campaign_verdict,
+    case_label,
     compact_json,
     expected_finding,
     fmt_seconds,
@@ -165,7 +166,7 @@ def _finding(main: ET.Element, finding: Mapping[str, Any], expected: bool) -> No
         _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
     _el(sec, "h4", "Replay")
     _el(_el(sec, "pre"), "code", finding["repro"])
-    _el(sec, "h4", "Minimized case")
+    _el(sec, "h4", case_label(finding).capitalize())
     _el(_el(sec, "pre"), "code", compact_json(finding["case"]))
     if finding.get("derived"):
         _el(sec, "h4", "Derived quantities")

@@ -20,6 +20,7 @@ from attnfuzz.reports.document import (
     FAIL,
     SKIPPED,
     SURVIVED,
+    case_label,
     mismatch_line,
     one_line,
     printable,
@@ -36,7 +37,7 @@ def _finding_text(finding: Mapping[str, Any]) -> str:
             f"first failure after {finding['examples_to_failure']} examples, "
             f"{finding.get('seconds_to_failure') or 0:.2f}s"
         )
-    lines.append("minimized case:")
+    lines.append(f"{case_label(finding)}:")
     lines.append("  " + json.dumps(finding["case"]))
     if finding.get("derived"):
         lines.append("  derived: " + json.dumps(finding["derived"]))

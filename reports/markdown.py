@@ -20,6 +20,7 @@ from attnfuzz.reports.document import (
     SURVIVED,
     budget_text,
     campaign_verdict,
+    case_label,
     compact_json,
     expected_finding,
     fmt_seconds,
@@ -127,7 +128,7 @@ def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
     if finding.get("examples_to_failure") is not None:
         lines += [
             f"First failure after {plural(finding['examples_to_failure'], 'example')} "
-            f"({fmt_seconds(finding.get('seconds_to_failure'))} s); minimized:",
+            f"({fmt_seconds(finding.get('seconds_to_failure'))} s):",
             "",
         ]
     mismatches = finding["verdict"]["mismatches"]
@@ -138,7 +139,7 @@ def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
     body = compact_json(finding["case"])
     if finding.get("derived"):
         body += "\n\nderived: " + json.dumps(finding["derived"])
-    lines += ["<details><summary>minimized case</summary>", "", fenced(body, "json"), ""]
+    lines += [f"<details><summary>{case_label(finding)}</summary>", "", fenced(body, "json"), ""]
     lines += ["</details>", ""]
     return lines
 

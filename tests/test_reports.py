@@ -535,3 +535,23 @@ def test_report_bad_input_exits_2_with_one_line(campaign, tmp_path, capsys, text
     )
     assert "cannot read campaign file" in capsys.readouterr().err
     assert not (tmp_path / "reg").exists()
+
+
+def test_a_crashed_case_is_not_called_minimized(campaign, tmp_path):
+    import copy
+
+    from attnfuzz.reports import write_reports
+
+    doc, _ = campaign
+    doc = copy.deepcopy(doc)
+    finding = next(f for f in doc["findings"] if f["implementation"] == "my_module:hostile")
+    paths = {p.name: p for p in write_reports(doc, tmp_path / "shrunk")}
+    shrunk = {name: path.read_text() for name, path in paths.items()}
+    assert all("not shrunk" not in text for text in shrunk.values())
+    finding["check"] = "crash"  # the worker died with this case: nothing shrank it
+    paths = {p.name: p for p in write_reports(doc, tmp_path / "crashed")}
+    for name in ("summary.md", "junit.xml", "report.html"):
+        text = paths[name].read_text()
+        assert "not shrunk" in text, name
+        minimized = text.lower().count("minimized case")
+        assert minimized == shrunk[name].lower().count("minimized case") - 1, name
