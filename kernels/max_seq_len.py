@@ -139,43 +139,35 @@ def _run(inp: MaxSeqLenInputs, bounds: torch.Tensor) -> MaxSeqLenOutputs:
     return MaxSeqLenOutputs(bounds[0], draft, out, walked, needed, oob)
 
 
-def max_seq_len_metadata(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """Fixed (#43991): tight bounds from the real rows; ``max_model_len`` at capture."""
+def _bounds(inp: MaxSeqLenInputs, rows: int) -> torch.Tensor:
+    """Both bounds from the first ``rows`` upper bounds; ``max_model_len`` at capture."""
     bounds = batch_max_seq_lens(
-        inp.seq_lens_upper_bound, inp.num_real_reqs, inp.num_spec_steps, inp.max_model_len
+        inp.seq_lens_upper_bound, rows, inp.num_spec_steps, inp.max_model_len
     )
     if inp.capturing:
         bounds.fill_(inp.max_model_len)
-    return _run(inp, bounds)
+    return bounds
+
+
+def max_seq_len_metadata(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """Fixed (#43991): tight bounds from the real rows; ``max_model_len`` at capture."""
+    return _run(inp, _bounds(inp, inp.num_real_reqs))
 
 
 def mutant_model_len(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     """#43991: the model state's metadata takes ``max_model_len`` outside capture too."""
-    bounds = batch_max_seq_lens(
-        inp.seq_lens_upper_bound, inp.num_real_reqs, inp.num_spec_steps, inp.max_model_len
-    )
-    if inp.capturing:
-        bounds.fill_(inp.max_model_len)
+    bounds = _bounds(inp, inp.num_real_reqs)
     bounds[0] = inp.max_model_len
     return _run(inp, bounds)
 
 
 def mutant_draft_model_len(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     """#43991: the draft model's metadata takes ``max_model_len``."""
-    bounds = batch_max_seq_lens(
-        inp.seq_lens_upper_bound, inp.num_real_reqs, inp.num_spec_steps, inp.max_model_len
-    )
-    if inp.capturing:
-        bounds.fill_(inp.max_model_len)
+    bounds = _bounds(inp, inp.num_real_reqs)
     bounds[1] = inp.max_model_len
     return _run(inp, bounds)
 
 
 def mutant_padded_rows(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     """The maximum over the padded rows, whose upper bounds are stale."""
-    bounds = batch_max_seq_lens(
-        inp.seq_lens_upper_bound, inp.num_reqs, inp.num_spec_steps, inp.max_model_len
-    )
-    if inp.capturing:
-        bounds.fill_(inp.max_model_len)
-    return _run(inp, bounds)
+    return _run(inp, _bounds(inp, inp.num_reqs))
