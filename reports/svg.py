@@ -58,6 +58,20 @@ def _time_at(points: list[tuple[float, float]], examples: float) -> float | None
     return None
 
 
+def _svg_root(width: int, height: int, kind: str) -> ET.Element:
+    """An inline ``<svg>`` of the given size, classed ``plot <kind>``."""
+    return _el(
+        None,
+        "svg",
+        xmlns="http://www.w3.org/2000/svg",
+        width=width,
+        height=height,
+        viewBox=f"0 0 {width} {height}",
+        role="img",
+        class_=f"plot {kind}",
+    )
+
+
 def timeline_svg(
     title: str, runs: Sequence[Mapping[str, Any]], findings: Mapping[str, Mapping[str, Any]]
 ) -> ET.Element:
@@ -66,16 +80,7 @@ def timeline_svg(
     legend_w = int(max((len(s) for s in labels), default=4) * CHAR) + 110
     left, top, plot_w, plot_h, bottom = 56, 28, 460, 200, 40
     width, height = left + plot_w + 20 + legend_w, top + plot_h + bottom
-    svg = _el(
-        None,
-        "svg",
-        xmlns="http://www.w3.org/2000/svg",
-        width=width,
-        height=height,
-        viewBox=f"0 0 {width} {height}",
-        role="img",
-        class_="plot timeline",
-    )
+    svg = _svg_root(width, height, "timeline")
     _el(svg, "title", f"Examples over time: {title}")
     _el(svg, "text", f"{title}: examples over time", x=left, y=16, style=FONT + ";font-weight:600")
     series = [_points(r) for r in runs]
@@ -168,16 +173,7 @@ def coverage_svg(title: str, runs: Sequence[Mapping[str, Any]]) -> ET.Element:
     top = 44
     width = left + col_w * len(runs) + 10
     height = top + row_h * max(len(labels), 1) + 10
-    svg = _el(
-        None,
-        "svg",
-        xmlns="http://www.w3.org/2000/svg",
-        width=width,
-        height=height,
-        viewBox=f"0 0 {width} {height}",
-        role="img",
-        class_="plot coverage",
-    )
+    svg = _svg_root(width, height, "coverage")
     _el(svg, "title", f"Scenario-class coverage: {title}")
     _el(
         svg,
