@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
-from attnfuzz.reference.batch import Case, build_common_metadata, split_decodes_and_prefills
+from attnfuzz.reference.batch import (
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    build_common_metadata,
+    split_decodes_and_prefills,
+)
 
 SCHEMA = "attnfuzz.case/1"
 
@@ -41,10 +48,19 @@ def environment(device: str = "cpu") -> dict[str, str]:
     }
 
 
-def derived(case: Case) -> dict[str, Any]:
-    """The quantities a reader checks the trigger against (not read back on load)."""
-    meta = build_common_metadata(case.config, case.batch)
-    split = split_decodes_and_prefills(meta, case.config.threshold)
+def derived(
+    case: Case, describe: Callable[[Case], tuple[CommonMetadata, DecodeSplit]] | None = None
+) -> dict[str, Any]:
+    """The quantities a reader checks the trigger against (not read back on load).
+
+    ``describe`` is the target's own view of the step (its metadata and its
+    decode split); by default the ragged rule's.
+    """
+    if describe is not None:
+        meta, split = describe(case)
+    else:
+        meta = build_common_metadata(case.config, case.batch)
+        split = split_decodes_and_prefills(meta, case.config.threshold)
     return {
         "next_n": case.config.next_n,
         "num_reqs": meta.num_reqs,
@@ -63,6 +79,15 @@ def derived(case: Case) -> dict[str, Any]:
     }
 
 
+def _describer(target: str) -> Callable[[Case], tuple[CommonMetadata, DecodeSplit]] | None:
+    from attnfuzz.harness.registry import get_target  # targets import kernels: only when asked
+
+    try:
+        return get_target(target).describe
+    except UsageError:  # an unknown target has no view of its own
+        return None
+
+
 def case_document(
     target: str, implementation: str, case: Case, verdict: Verdict, device: str = "cpu"
 ) -> dict[str, Any]:
@@ -75,7 +100,7 @@ def case_document(
             "key": verdict.key,
             "mismatches": [m.to_dict() for m in verdict.mismatches],
         },
-        "derived": derived(case),
+        "derived": derived(case, _describer(target)),
         "environment": environment(device),
     }
 

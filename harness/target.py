@@ -61,6 +61,9 @@ class Target:
     # are drawn after the step by Hypothesis and uniformly by the baselines.
     params: dict[str, tuple[int, int]] = field(default_factory=dict)
     graph_safe: bool = False  # the call is replayed in a CUDA graph: it may not allocate
+    # The target's view of a step (metadata and decode split) for case files'
+    # derived quantities; None: the ragged split of the common metadata.
+    describe: Callable[[Case], Any] | None = None
     # Per-case counts read off an implementation's outputs, summed over a run.
     statistics: Callable[[Any], dict[str, int]] | None = None
 

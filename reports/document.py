@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnfuzz.harness.casefile import case_document, derived, load_json, write_case
+from attnfuzz.harness.casefile import case_document, load_json, write_case
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
@@ -127,7 +127,7 @@ def record_finding(
         "case_file": case_file,
         "case": case.to_dict(),
         "verdict": document["verdict"],
-        "derived": derived(case),
+        "derived": document["derived"],
         "repro": repro_command(out / case_file, implementation),
         "examples_to_failure": examples_to_failure,
         "seconds_to_failure": seconds_to_failure,

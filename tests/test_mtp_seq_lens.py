@@ -267,3 +267,15 @@ def test_mutant_is_detected_with_a_minimized_trigger(mutant):
         assert meta.num_reqs > meta.num_real_reqs and 0 in meta.seq_lens.tolist()
     else:
         assert split.decode_lens == (1, 1)
+
+
+def test_case_files_derive_the_split_of_the_target_path():
+    from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.oracle import Mismatch, Verdict
+
+    case = hand_case((2, 1), (3, 3))  # ragged: two decodes; uniform: one, then a prefill
+    verdict = Verdict([Mismatch("values", "x", "1", "2")])
+    native = case_document("mtp-seq-lens", "triton", case, verdict)["derived"]
+    indexer = case_document("indexer-decode", "triton", case, verdict)["derived"]
+    assert (native["num_decodes"], native["requires_padding"]) == (1, False)
+    assert (indexer["num_decodes"], indexer["requires_padding"]) == (2, True)

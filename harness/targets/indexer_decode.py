@@ -122,6 +122,7 @@ def build() -> Target:
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        describe=ref.describe,
     )
     target.add(Implementation("triton", k.indexer_decode, "fixed", "Triton kernels, fixed path"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))

@@ -129,6 +129,7 @@ def build() -> Target:
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        describe=ref.describe,
         graph_safe=True,
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
