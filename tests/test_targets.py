@@ -36,3 +36,23 @@ def test_every_trigger_implies_its_reach(target):
             assert impl.reach(case) or not impl.trigger(case), impl.name
 
     check()
+
+
+def test_a_case_with_wrong_target_parameters_is_refused_not_judged():
+    import dataclasses
+
+    from attnfuzz.harness.target import InvalidCase
+
+    t = get_target("flex-block-mask")
+    impl = t.resolve("pr39353-capacity")
+    case = impl.smallest()
+    ((name, _),) = case.params
+    for params, why in (
+        (((name, 9),), "outside [0, 4]"),  # out of range
+        ((), "takes parameters"),  # missing
+        (((name, 1), ("window", 3)), "takes parameters"),  # unknown extra
+    ):
+        bad = dataclasses.replace(case, params=params)
+        assert why in " ".join(t.param_violations(bad))
+        with pytest.raises(InvalidCase, match=why.replace("[", r"\[")):
+            t.judge(impl, bad)
