@@ -87,7 +87,31 @@ def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
 
 
 # Step shapes, in shrink order: the simplest first.
-SHAPES = ("uniform_decode", "ragged_decode", "mixed", "prefill")
+SHAPES = ("uniform_decode", "decode", "mixed", "prefill")
+
+# Decode lengths of "decode" and "mixed" steps, in shrink order (domain.md, section 1):
+# - "fewer": the drafter proposed fewer tokens this step, the same for every
+#   decode: uniform, yet ``max_decode_len < next_n``;
+# - "some_fewer": the first decodes carry fewer tokens, the rest ``next_n``;
+# - "ragged": each length on its own in ``1..threshold`` (short prefill chunks);
+# - "full": every decode carries ``next_n`` (mixed steps only: decode steps of
+#   full decodes are the "uniform_decode" shape).
+DECODE_LENGTHS = ("fewer", "some_fewer", "ragged", "full")
+
+
+def _decode_lens(
+    draw: st.DrawFn, pattern: str, num_decodes: int, next_n: int, threshold: int
+) -> list[int]:
+    """Wanted lengths of ``num_decodes`` decodes (the caller fits them to the budget)."""
+    if pattern == "ragged":
+        return [draw(st.integers(1, threshold)) for _ in range(num_decodes)]
+    if pattern == "full":
+        return [next_n] * num_decodes
+    short = draw(st.integers(1, max(1, next_n - 1)))  # the real token and fewer drafts
+    if pattern == "fewer":
+        return [short] * num_decodes
+    k = draw(st.integers(1, max(1, num_decodes - 1)))  # "some_fewer": one full at least
+    return [short] * k + [next_n] * (num_decodes - k)
 
 
 @st.composite
@@ -95,10 +119,12 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
     """One scheduler step that ``config`` admits, decodes first.
 
     A shape is drawn first so that each class keeps its share: uniform decodes
-    (every ``q_len == next_n``, the ones graphs pad), ragged decodes (short
-    prefill chunks and fewer drafts give ``q_len < next_n``), mixed steps where
-    prefills follow the decodes, and prefills only. Request counts reach
-    ``max_num_seqs`` and token counts reach ``max_num_batched_tokens``.
+    (every ``q_len == next_n``, the ones graphs pad), decode steps whose
+    lengths follow one of :data:`DECODE_LENGTHS` (fewer drafts, some fewer,
+    short prefill chunks), mixed steps where prefills follow such decodes, and
+    prefills only. Request counts reach ``max_num_seqs``; the last prefill of
+    a step may take every token the budget has left, as chunked prefill does,
+    so token counts reach ``max_num_batched_tokens``.
     """
     next_n, threshold = config.next_n, config.threshold
     shape = draw(st.sampled_from(SHAPES))
@@ -106,38 +132,44 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
     max_reqs = min(config.max_num_seqs, budget)  # every request needs >= 1 token
     if shape == "uniform_decode":
         max_reqs = max(1, min(max_reqs, budget // next_n))
-    num_reqs = draw(st.integers(2 if shape == "mixed" and max_reqs > 1 else 1, max_reqs))
+    # Seams between requests (B >= 2, padding rows, prefills after decodes) need
+    # several requests: half the steps have at least three when the limits allow.
+    several = draw(st.booleans())
+    least = 2 if shape == "mixed" and max_reqs > 1 else 1
+    if several:
+        least = max(least, min(3, max_reqs))
+    num_reqs = draw(st.integers(least, max_reqs))
 
-    q_lens: list[int] = []
     if shape == "uniform_decode":
-        q_lens = [next_n] * num_reqs
+        wanted = [next_n] * num_reqs
+        num_prefills = 0
     else:
-        num_decodes = {
-            "ragged_decode": num_reqs,
-            "mixed": draw(st.integers(1, num_reqs - 1)) if num_reqs > 1 else 0,
-            "prefill": 0,
-        }[shape]
-        # Fewer drafts proposed (a third of such steps): every decode carries the same
-        # d < next_n tokens (uniform, yet max_decode_len < next_n). Otherwise
-        # each decode length is drawn on its own (ragged: short prefill chunks).
-        shared = num_decodes > 1 and draw(st.sampled_from((False, False, True)))
-        if shared:
-            room = (budget - (num_reqs - num_decodes)) // num_decodes
-            d0 = draw(st.integers(1, max(1, min(threshold, room))))
-        for _ in range(num_decodes):
-            # Decode lengths 1..threshold; max_decode_len < next_n is reachable.
-            top = min(threshold, budget - (num_reqs - len(q_lens) - 1))
-            q = d0 if shared else draw(st.integers(1, top))
-            q_lens.append(q)
-            budget -= q
-        for i in range(num_reqs - num_decodes):
-            left = num_reqs - num_decodes - i - 1  # requests still to place after this one
-            top = min(budget - left, config.max_model_len)
-            if top <= threshold:
-                break  # no room for another prefill
-            q = draw(st.integers(threshold + 1, top))
-            q_lens.append(q)
-            budget -= q
+        if shape == "decode":
+            num_decodes = num_reqs
+        elif shape == "mixed" and num_reqs > 1:
+            # Several decodes before the prefills, where the step has room for them.
+            num_decodes = draw(st.integers(min(2 if several else 1, num_reqs - 1), num_reqs - 1))
+        else:
+            num_decodes = 0
+        patterns = DECODE_LENGTHS if shape == "mixed" else DECODE_LENGTHS[:-1]
+        pattern = draw(st.sampled_from(patterns)) if num_decodes else "full"
+        wanted = _decode_lens(draw, pattern, num_decodes, next_n, threshold)
+        num_prefills = num_reqs - num_decodes
+    q_lens: list[int] = []
+    for want in wanted:
+        later = num_reqs - len(q_lens) - 1  # requests still to place, a token each
+        q = max(1, min(want, budget - later))
+        q_lens.append(q)
+        budget -= q
+    fill = num_prefills > 0 and draw(st.booleans())  # chunked prefill: the last takes the rest
+    for i in range(num_prefills):
+        left = num_prefills - i - 1  # requests still to place after this one
+        top = min(budget - left, config.max_model_len)
+        if top <= threshold:
+            break  # no room for another prefill
+        q = top if fill and left == 0 else draw(st.integers(threshold + 1, top))
+        q_lens.append(q)
+        budget -= q
     num_reqs = len(q_lens)
     if num_reqs == 0:  # a step needs a request; one decode always fits
         q_lens = [1]
@@ -190,6 +222,8 @@ def scenario_labels(case: Case) -> list[str]:
     real_d = split.decode_lens[: meta.num_real_reqs]
     if real_d and min(real_d) != max(real_d):
         labels.append("ragged_decode")  # short prefill chunks or fewer drafts
+    elif len(real_d) >= 2 and real_d[0] < config.next_n:
+        labels.append("fewer_drafts")  # several decodes, all with the same d < next_n
     if meta.padded:
         labels.append("padded")
         if meta.num_reqs > meta.num_real_reqs:

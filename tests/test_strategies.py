@@ -21,6 +21,7 @@ REQUIRED = {
     "requires_padding": 0.03,
     "ragged_decode": 0.03,
     "max_decode_len<next_n": 0.03,
+    "fewer_drafts": 0.03,
     "all_decode": 0.05,
     "all_prefill": 0.05,
     "mixed": 0.05,
