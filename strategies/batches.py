@@ -63,11 +63,13 @@ def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
     max_num_seqs = draw(st.integers(1, scale.max_num_seqs))
     # Enough for one full decode step; above or below max_model_len alike.
     max_num_batched_tokens = draw(st.integers(next_n, scale.max_num_batched_tokens))
-    # Capture sizes: multiples of next_n that a decode step can fill.
+    # Capture sizes: multiples of next_n that a decode step can fill. Request
+    # counts are drawn over a range that depends on neither next_n nor the
+    # limits and folded into 1..max_graph_reqs, so that shrinking next_n or a
+    # limit leaves the choices drawn after them in place.
     max_graph_reqs = min(max_num_seqs, max_num_batched_tokens // next_n)
-    capture_reqs = draw(
-        st.lists(st.integers(1, max(1, max_graph_reqs)), min_size=1, max_size=4, unique=True)
-    )
+    drawn = draw(st.lists(st.integers(1, scale.max_num_seqs), min_size=1, max_size=4))
+    capture_reqs = [(n - 1) % max_graph_reqs + 1 for n in drawn]
     # Engines capture up to their largest decode step, so that every decode
     # step runs in some graph, padded unless its size was captured.
     if draw(st.booleans().map(lambda b: not b)):  # shrinks towards True
