@@ -18,7 +18,13 @@ from typing import Any
 
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import Implementation, InvalidCase, Target, UsageError
+from attnfuzz.harness.target import (
+    Implementation,
+    InvalidCase,
+    Target,
+    UsageError,
+    fits_in_memory,
+)
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.invariants import violations
 
@@ -38,7 +44,8 @@ def load_case(
     doc = read_case(path)
     target = get_target(doc["target"])
     case: Case = doc["case"]
-    broken = violations(case.config, case.batch) + target.param_violations(case)
+    with fits_in_memory(str(path)):
+        broken = violations(case.config, case.batch) + target.param_violations(case)
     if broken:
         raise InvalidCase(f"{path}: not a batch the engine can produce: {'; '.join(broken)}")
     name = impl or doc["implementation"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,36 @@ class UsageError(Exception):
 
 class InvalidCase(UsageError):
     """A case the engine could never produce; the oracle refuses to judge it."""
+
+
+class CaseTooLarge(UsageError):
+    """A case whose metadata, inputs or reference do not fit in this machine's memory."""
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, MemoryError | getattr(torch, "OutOfMemoryError", MemoryError)):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text
+    )
+
+
+@contextmanager
+def fits_in_memory(what: str) -> Iterator[None]:
+    """Turn an allocation failure while the harness builds a case into a one-line
+    :class:`CaseTooLarge`: a usage error, never a finding (the implementation
+    under test has not run yet) and never a traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as err:
+        if not _out_of_memory(err):
+            raise
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+        raise CaseTooLarge(
+            f"{what}: the case does not fit in memory ({reason}); replay it on a machine "
+            "with more memory, or draw smaller cases (--scale small)"
+        ) from err
 
 
 @dataclass(frozen=True)
@@ -123,17 +154,18 @@ class Target:
         ``inputs``, ``reference``, ``implementation`` and ``oracle``.
         """
         lap = _Lap(clock)
-        broken = violations(case.config, case.batch) + self.param_violations(case)
-        if broken:
-            raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
         if device is None:
             from attnfuzz.kernels._triton import device as kernel_device
 
             device = kernel_device()
-        inputs = self.make_inputs(case, torch.device(device))
-        lap("inputs")
-        expected = self.reference(case, inputs)  # before the implementation writes its buffers
-        lap("reference")
+        with fits_in_memory(self.name):
+            broken = violations(case.config, case.batch) + self.param_violations(case)
+            if broken:
+                raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
+            inputs = self.make_inputs(case, torch.device(device))
+            lap("inputs")
+            expected = self.reference(case, inputs)  # before the implementation writes its buffers
+            lap("reference")
         allocated: list[str] = []
         try:
             # The reference computes on the host by design (reading device

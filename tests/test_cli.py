@@ -108,6 +108,19 @@ def test_bad_case_files_are_usage_errors(tmp_path, capsys):
     assert main(["repro", str(tmp_path / "missing.json")]) == 2
 
 
+def test_a_case_too_large_for_memory_is_a_one_line_usage_error(tmp_path, capsys):
+    from attnfuzz.harness.targets.indexer_decode import smallest_writeback
+
+    case = smallest_writeback().to_dict()
+    # Its block table alone would need more address space than a machine has.
+    case["config"]["max_model_len"] = 10**15
+    doc = {"schema": SCHEMA, "target": "indexer-decode", "implementation": "triton", "case": case}
+    path = write(tmp_path, "huge.json", json.dumps(doc))
+    assert main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit in memory" in err and err.count("\n") == 1
+
+
 USER_MODULE = textwrap.dedent(
     """
     from attnfuzz.kernels.indexer_decode import indexer_decode

@@ -56,3 +56,27 @@ def test_a_case_with_wrong_target_parameters_is_refused_not_judged():
         assert why in " ".join(t.param_violations(bad))
         with pytest.raises(InvalidCase, match=why.replace("[", r"\[")):
             t.judge(impl, bad)
+
+
+def test_an_allocation_failure_building_a_case_is_a_usage_error_and_other_errors_stay():
+    """Building a case that does not fit in memory is refused in one line
+    (``CaseTooLarge``), before the implementation runs; any other error of the
+    harness's own code still surfaces as itself."""
+    from dataclasses import replace
+
+    from attnfuzz.harness.target import CaseTooLarge
+    from attnfuzz.harness.targets.mtp_seq_lens import smallest_strided
+    from attnfuzz.reference.batch import Case
+
+    target = get_target("mtp-seq-lens")
+    impl = target.implementations["triton"]
+    case = smallest_strided()
+    huge = Case(replace(case.config, max_model_len=10**15), case.batch, case.params)
+    with pytest.raises(CaseTooLarge, match="does not fit in memory"):
+        target.judge(impl, huge, "cpu")
+
+    def broken(case, device):
+        raise RuntimeError("a bug in make_inputs")
+
+    with pytest.raises(RuntimeError, match="a bug in make_inputs"):
+        replace(target, make_inputs=broken).judge(impl, case, "cpu")
