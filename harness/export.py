@@ -18,15 +18,8 @@ from typing import Any
 
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import (
-    Implementation,
-    InvalidCase,
-    Target,
-    UsageError,
-    fits_in_memory,
-)
+from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import Case
-from attnfuzz.reference.invariants import violations
 
 DEFAULT_DIR = Path("tests") / "regressions"
 
@@ -44,10 +37,7 @@ def load_case(
     doc = read_case(path)
     target = get_target(doc["target"])
     case: Case = doc["case"]
-    with fits_in_memory(str(path)):
-        broken = violations(case.config, case.batch) + target.param_violations(case)
-    if broken:
-        raise InvalidCase(f"{path}: not a batch the engine can produce: {'; '.join(broken)}")
+    target.refuse_invalid(case, str(path))
     name = impl or doc["implementation"]
     if impl is None and name not in target.implementations:
         if ":" in name:

@@ -40,7 +40,7 @@ class CaseTooLarge(UsageError):
 
 
 def _out_of_memory(err: BaseException) -> bool:
-    if isinstance(err, MemoryError | getattr(torch, "OutOfMemoryError", MemoryError)):
+    if isinstance(err, MemoryError | torch.OutOfMemoryError):
         return True
     text = str(err)
     return isinstance(err, RuntimeError) and (
@@ -121,6 +121,15 @@ class Target:
                 out.append(f"parameter {name}={value} outside [{lo}, {hi}]")
         return out
 
+    def refuse_invalid(self, case: Case, where: str | None = None) -> None:
+        """Raise :class:`InvalidCase` for a case the engine could never produce
+        (broken invariants, wrong target parameters), named by ``where``."""
+        with fits_in_memory(where or self.name):
+            broken = violations(case.config, case.batch) + self.param_violations(case)
+        if broken:
+            prefix = f"{where}: " if where else ""
+            raise InvalidCase(f"{prefix}not a batch the engine can produce: {'; '.join(broken)}")
+
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable."""
         if spec in self.implementations:
@@ -158,10 +167,8 @@ class Target:
             from attnfuzz.kernels._triton import device as kernel_device
 
             device = kernel_device()
+        self.refuse_invalid(case)
         with fits_in_memory(self.name):
-            broken = violations(case.config, case.batch) + self.param_violations(case)
-            if broken:
-                raise InvalidCase(f"not a batch the engine can produce: {'; '.join(broken)}")
             inputs = self.make_inputs(case, torch.device(device))
             lap("inputs")
             expected = self.reference(case, inputs)  # before the implementation writes its buffers
