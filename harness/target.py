@@ -75,8 +75,8 @@ class Implementation:
     # code the bug lives in; ``trigger`` says the case meets the bug's condition.
     trigger: Callable[[Case], bool] | None = None
     reach: Callable[[Case], bool] | None = None
-    # The smallest case that triggers the bug, derived by hand (domain.md gives
-    # those of A, B and C): what a minimized case is measured against.
+    # The smallest case that triggers the bug, derived by hand (docs/domain.md, section 8,
+    # gives each bug's): what a minimized case is measured against.
     smallest: Callable[[], Case] | None = None
 
 

@@ -9,7 +9,7 @@ from attnfuzz.reference.invariants import violations
 
 
 def spec_config(**overrides) -> EngineConfig:
-    """The engine of domain.md's examples, shrunk: next_n = 2, K = 4, max_model_len = 64.
+    """The example engine of docs/domain.md, section 7: next_n = 2, K = 4, max_model_len = 64.
 
     Capture sizes are multiples of next_n up to 128, 8 and 104 among them.
     """

@@ -1,8 +1,8 @@
 """The batch model: engine config, one scheduler step, its common attention metadata.
 
 Everything here is plain NumPy and plain loops: it is the specification the
-optimized implementations are checked against (see ``shared/domain.md``,
-sections 1 and 2). Dtypes follow the engine: int32 for per-request fields and
+optimized implementations are checked against (see ``docs/domain.md``,
+sections 1 to 4). Dtypes follow the engine: int32 for per-request fields and
 block tables, int64 for ``slot_mapping``.
 
 Modelling choices, stated once:
@@ -175,7 +175,7 @@ class Case:
 
 @dataclass
 class CommonMetadata:
-    """The common attention metadata of one step (domain.md section 1).
+    """The common attention metadata of one step (docs/domain.md section 3).
 
     ``num_reqs`` and ``num_actual_tokens`` are the (possibly padded) sizes the
     kernels see; ``num_real_reqs`` and ``num_real_tokens`` the scheduled ones.

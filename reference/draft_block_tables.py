@@ -1,4 +1,4 @@
-"""Reference of the drafter's per-group attention on a padded step (domain.md, bug C).
+"""Reference of the drafter's per-group attention on a padded step (docs/domain.md, bug C).
 
 A model with several KV-cache groups keeps one block table per group. Here
 there are two, as in models that mix attention types:

@@ -1,4 +1,4 @@
-"""Reference of the sparse-attention indexer's decode path (domain.md section 3).
+"""Reference of the sparse-attention indexer's decode path (docs/domain.md section 5).
 
 Per decode token, the indexer scores every earlier key of its request and keeps
 the ``K`` best positions in the shared ``topk_indices_buffer``. Written per

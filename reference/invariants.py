@@ -1,4 +1,4 @@
-"""Every invariant of the common metadata (domain.md sections 1 and 2), checked by reading.
+"""Every invariant of the common metadata (docs/domain.md section 6), checked by reading.
 
 ``violations`` returns human-readable strings, one per broken invariant; an
 empty list means the case is a batch the engine can produce. The strategies

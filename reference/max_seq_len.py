@@ -10,7 +10,7 @@ previous step as accepted, so a bound may exceed the exact ``seq_len`` by up to
 ``num_spec``, never ``max_model_len``). Rows from ``R`` on hold stale values of
 earlier steps, the padding rows of a padded graph among them.
 
-The fixed rule (domain.md, bug D, upstream #43991):
+The fixed rule (docs/domain.md, bug D, upstream #43991):
 
 - model state: ``max_model_len`` while the step captures a graph (a captured
   graph serves every later replay); otherwise ``max(seq_lens_upper_bound[:R])``;

@@ -1,4 +1,4 @@
-"""Reference of the per-token context lengths of native MTP (domain.md, bug B).
+"""Reference of the per-token context lengths of native MTP (docs/domain.md, bug B).
 
 With native multi-token prediction the indexer's decode path scores its
 decodes as a ``[B, L]`` table (``B = num_decodes``, ``L = max_decode_len``),
@@ -7,7 +7,7 @@ and the logits kernel takes one context length per slot:
     context_lens[b, j] = max(seq_len[b] - L + 1 + j, 0)
 
 Right-aligned: the last slot sees the whole sequence. This is the causal end
-``seq_len[b] - d[b] + j + 1`` of domain.md section 3 exactly when ``d[b] == L``,
+``seq_len[b] - d[b] + j + 1`` of docs/domain.md section 5 exactly when ``d[b] == L``,
 which is why the native path splits the step with the *uniform* rule
 (:func:`describe`): decodes share the first request's ``q_len``, a later request
 of another length is a prefill, and the zero-length padding requests of a

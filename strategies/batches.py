@@ -95,7 +95,7 @@ def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
 # ones share a short length: the seams of bugs A and B at once).
 SHAPES = ("uniform_decode", "mixed", "decode", "prefill")
 
-# Decode lengths of "decode" and "mixed" steps (domain.md, section 1):
+# Decode lengths of "decode" and "mixed" steps (docs/domain.md, section 2):
 # - "some_fewer": the first decodes carry fewer tokens, the rest ``next_n``;
 # - "fewer": the drafter proposed fewer tokens this step, the same for every
 #   decode: uniform, yet ``max_decode_len < next_n``;

@@ -1,4 +1,4 @@
-"""The batch model against cases computed by hand from domain.md."""
+"""The batch model against cases computed by hand from docs/domain.md."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_triton_matches_the_hand_case(q_block):
 
 
 def test_size_arithmetic_of_the_production_crash():
-    """max_model_len 4096, bs 16, q block 16, 16384 batched tokens (domain.md, bug E)."""
+    """max_model_len 4096, bs 16, q block 16, 16384 batched tokens (docs/domain.md, bug E)."""
     assert ref.mask_shape(16384, 4096, 16, 16) == (1024, 4096)  # a full step
     assert ref.persistent_shape(16384, 4096, 16, 16) == (1024, 4096)  # the fix
     assert ref.model_len_shape(4096, 16) == (4096, 256)  # before the fix

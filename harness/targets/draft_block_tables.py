@@ -66,9 +66,9 @@ def trigger_padded_table(case: Case) -> bool:
 
 
 def smallest_padded_table() -> Case:
-    """domain.md's smallest trigger: next_n = 2, 3 requests -> 6 tokens -> graph of 8 -> R_pad 4.
+    """docs/domain.md, bug C: next_n = 2, 3 requests -> 6 tokens -> graph of 8 -> R_pad 4.
 
-    The engine of the spec shrunk (capture sizes 2, 4, 8, ...: 6 tokens is no
+    The example engine of docs/domain.md, section 7 (capture sizes 2, 4, 8, ...: 6 tokens is no
     capture size); every other integer at its smallest.
     """
     from attnfuzz.harness.testing import spec_config

@@ -58,7 +58,7 @@ def _split(case: Case):
 
 # The zoo's metadata of each mutant: ``reach`` (the case runs the code the bug
 # lives in), ``trigger`` (the bug's condition holds) and ``smallest`` (the
-# smallest trigger, derived by hand on the engine of domain.md's examples).
+# smallest trigger, derived by hand on the example engine of docs/domain.md, section 7).
 
 
 def reach_padding(case: Case) -> bool:
@@ -96,7 +96,7 @@ def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
 
 
 def smallest_writeback() -> Case:
-    """domain.md: next_n = 2, 3 requests x 2 tokens = 6 padded to capture size 8
+    """docs/domain.md, bug A: next_n = 2, 3 requests x 2 tokens = 6 padded to capture size 8
     (2 and 4 are captured, so fewer requests are not padded): d = [2, 2, 2, 0]."""
     return _spec_case((2, 2, 2), (1, 1, 1))
 

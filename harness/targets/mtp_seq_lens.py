@@ -71,7 +71,7 @@ def reference_impl(inputs: ref.MtpSeqLensInputs) -> ref.MtpSeqLensOutputs:
 
 # The zoo's metadata of each mutant: ``reach`` (the case runs the code the bug
 # lives in), ``trigger`` (the bug's condition holds) and ``smallest`` (the
-# smallest trigger, derived by hand on the engine of domain.md's examples).
+# smallest trigger, derived by hand on the example engine of docs/domain.md, section 7).
 
 
 def reach_table(case: Case) -> bool:
@@ -110,7 +110,7 @@ def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
 
 
 def smallest_strided() -> Case:
-    """domain.md: next_n = 2, two decodes with d = [1, 1]: ``B = 2, L = 1 < 2``."""
+    """docs/domain.md, bug B: next_n = 2, two decodes with d = [1, 1]: ``B = 2, L = 1 < 2``."""
     return _spec_case((1, 1), (1, 1))
 
 
