@@ -30,7 +30,7 @@ _min = tl.standard._elementwise_min
 @triton.jit(do_not_specialize=["batch_size"])
 def _varlen_paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, table_ptr,
-    batch_size, total_q, H, D, block_size, table_stride, window, scale,
+    batch_size, total_q, H, D, num_blocks, block_size, table_stride, window, scale,
     SLIDING: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
@@ -57,8 +57,15 @@ def _varlen_paged_attention_kernel(
         seqs = b0 + tl.arange(0, BLOCK_B)
         ends = tl.load(cu_seqlens_q_ptr + 1 + seqs, mask=seqs < batch_size, other=2**31 - 1)
         seq += tl.reduce((ends[None, :] <= tokens[:, None]).to(tl.int32), 1, add)
+    # Only rows the metadata describes are computed: token t of sequence seq < batch_size
+    # with cu_seqlens_q[seq] <= t < cu_seqlens_q[seq + 1]. Rows of q past cu_seqlens_q[-1]
+    # (seq == batch_size) belong to no sequence: they keep the output's initial value, and
+    # no entry past cu_seqlens_q[batch_size] or cu_seqlens_k[batch_size] is ever loaded.
+    in_rows = in_rows & (seq < batch_size)
     seq = tl.where(in_rows, seq, 0)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_end = tl.load(cu_seqlens_q_ptr + seq + 1)
+    in_rows = in_rows & (q_start <= tokens) & (tokens < q_end)
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     # The new tokens are the last ones of the sequence: token t sits at position
     # seq_len - (q_end - t), i.e. at flat key k_end - (q_end - t), and sees the flat
@@ -92,12 +99,14 @@ def _varlen_paged_attention_kernel(
         page = tl.load(
             table_ptr + key_seq * table_stride + key_pos // block_size, mask=needed, other=0
         )
+        # A page id outside the cache is never dereferenced: its key is not attended.
+        in_cache = needed & (page >= 0) & (page < num_blocks)
         slot = (page.to(tl.int64) * block_size + key_pos % block_size) * H * D  # [BLOCK_N]
         # Masked lanes must read 0, not garbage: 0 * NaN would poison the dots.
-        kv_mask = in_cols[:, None] & needed[None, :]
+        kv_mask = in_cols[:, None] & in_cache[None, :]
         k = tl.load(k_ptr + slot[None, :] + head_dim[:, None], mask=kv_mask, other=0.0)
         s = tl.dot(q, k.to(tl.float32), input_precision="ieee")  # [rows, BLOCK_N]
-        s = tl.where(visible, s, float("-inf"))
+        s = tl.where(visible & in_cache[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -105,8 +114,10 @@ def _varlen_paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         l_i = l_i * alpha + tl.reduce(p, 1, add)
         m_i = m_new
-    # Every token sees at least itself: l_i > 0 on real rows (other rows: 1).
-    l_i = tl.where(in_rows, l_i, 1.0)
+    # With consistent metadata every token sees at least itself: l_i > 0 on real rows.
+    # A row that sees no key (seqused_k shorter than its queries, or pages outside the
+    # cache) is 0, as in FlashAttention, not 0 / 0.
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)
     tl.store(out_ptr + q_offsets, acc / l_i[:, None], mask=own)
 
 
@@ -134,12 +145,24 @@ def flash_attn_varlen_paged(
     ``[batch_size_k, W]``. Sequence ``b``'s queries are its last tokens; with
     ``sliding_window`` a query sees itself and the ``sliding_window - 1``
     positions before it. Arguments are checked as FlashAttention checks them.
+
+    Inconsistent metadata is never read past its bounds: rows of ``q`` that
+    ``cu_seqlens_q`` does not describe (``q`` padded past ``cu_seqlens_q[-1]``)
+    are left 0, a sequence sees at most the keys its table row maps, and page
+    ids outside the cache are not attended.
     """
-    batch_size = cu_seqlens_q.numel() - 1
-    batch_size_k = block_table.shape[0]
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k),
                     ("block_table", block_table)):  # fmt: skip
         _check(t.dtype == torch.int32, f"{name} must have dtype int32 (got {t.dtype})")
+    _check(
+        cu_seqlens_q.dim() == 1 and cu_seqlens_q.numel() >= 1 and cu_seqlens_q.is_contiguous(),
+        f"cu_seqlens_q must be a contiguous 1-D tensor of batch_size + 1 offsets "
+        f"(got shape {list(cu_seqlens_q.shape)}, stride {list(cu_seqlens_q.stride())})",
+    )
+    _check(block_table.dim() == 2, f"block_table must be 2-D (got {list(block_table.shape)})")
+    _check(q.dim() == 3, f"q must be [total_q, H, D] (got {list(q.shape)})")
+    batch_size = cu_seqlens_q.numel() - 1
+    batch_size_k = block_table.shape[0]
     _check(
         batch_size == batch_size_k,
         f"batch_size must be equal to batch_size_k (cu_seqlens_q has {batch_size + 1} rows: "
@@ -158,12 +181,19 @@ def flash_attn_varlen_paged(
     _check(block_table.stride(1) == 1, "block_table must have contiguous last dimension")
     _check(sliding_window is None or sliding_window >= 1, "sliding_window must be >= 1")
 
-    out = torch.empty_like(q, dtype=torch.float32)
+    # Zeros: rows of q that cu_seqlens_q does not describe are never written.
+    out = torch.zeros_like(q, dtype=torch.float32)
+    num_blocks, block_size, width = key_cache.shape[0], key_cache.shape[1], block_table.shape[1]
     if total_q == 0 or batch_size == 0 or H == 0:
         return out
     # Flat key offsets of the sequences (the kernel indexes keys over the whole batch).
+    # A sequence holds at most the width * block_size keys its table row maps (and no
+    # fewer than 0): a longer seqused_k would walk past the row, and the flat key range
+    # a tile loops over stays bounded by the tables, whatever seqused_k holds. On
+    # consistent metadata the clamp changes nothing.
+    used_k = seqused_k.clamp(0, min(width * block_size, 2**31 - 1))
     cu_seqlens_k = torch.zeros(batch_size + 1, dtype=torch.int32, device=q.device)
-    torch.cumsum(seqused_k, 0, dtype=torch.int32, out=cu_seqlens_k[1:])
+    torch.cumsum(used_k, 0, dtype=torch.int32, out=cu_seqlens_k[1:])
     # Under the interpreter one tile holds every head and token (a program costs
     # Python time); on a GPU tiles are register-sized and the grid does the rest.
     block_d = block(D, interpret_cap=1024, cuda_cap=256)
@@ -177,7 +207,7 @@ def flash_attn_varlen_paged(
     _varlen_paged_attention_kernel[grid](
         q.contiguous(), key_cache.contiguous(), value_cache.contiguous(), out,
         cu_seqlens_q, cu_seqlens_k, block_table,
-        batch_size, total_q, H, D, key_cache.shape[1], block_table.stride(0),
+        batch_size, total_q, H, D, num_blocks, block_size, block_table.stride(0),
         sliding_window or 0, softmax_scale,
         SLIDING=sliding_window is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_B=block_b,

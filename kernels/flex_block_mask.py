@@ -30,7 +30,8 @@ from attnfuzz.reference.flex_block_mask import (
 
 @triton.jit
 def _block_mask_kernel(
-    qsl_ptr, seq_lens_ptr, table_ptr, table_row_stride, kv_indices_ptr, kv_num_blocks_ptr,
+    qsl_ptr, seq_lens_ptr, table_ptr, table_row_stride, table_width,
+    kv_indices_ptr, kv_num_blocks_ptr,
     num_reqs, num_tokens, num_rows, num_cols, block_size,
     Q_BLOCK: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -61,6 +62,9 @@ def _block_mask_kernel(
     hi = tl.minimum(end[:, None], q_end)
     spans = real & (hi > lo)
     n_pages = tl.where(spans, (seq_len - q_end + hi - 1) // block_size + 1, 0)
+    # A request holds no more pages than its table row maps (and no fewer than 0):
+    # a seq_len past the row would read the next request's entries.
+    n_pages = tl.minimum(tl.maximum(n_pages, 0), table_width)
     # Left-packed: request i's pages go to columns [offset_i, offset_i + n_pages_i).
     upto = tl.associative_scan(n_pages, 1, add)
     offset = upto - n_pages
@@ -98,10 +102,30 @@ def build_block_mask(
     kv_indices: torch.Tensor,
     kv_num_blocks: torch.Tensor,
 ) -> None:
-    """Fill ``kv_indices [rows, cols]`` and ``kv_num_blocks [rows]`` (contiguous) in place."""
+    """Fill ``kv_indices [rows, cols]`` and ``kv_num_blocks [rows]`` (contiguous) in place.
+
+    Metadata with fewer entries than ``num_reqs`` (or counts than ``rows``) is
+    refused from shapes alone (no host sync: the call is captured in graphs);
+    a request's pages never come from past its table row.
+    """
     rows, cols = kv_indices.shape
     if rows == 0:
         return
+    for name, t, need in (
+        ("query_start_loc", query_start_loc, num_reqs + 1),
+        ("seq_lens", seq_lens, num_reqs),
+        ("kv_num_blocks", kv_num_blocks, rows),
+    ):
+        if t.dim() != 1 or t.numel() < need or (need > 1 and t.stride(0) != 1):
+            raise ValueError(
+                f"build_block_mask: {name} must be a contiguous 1-D tensor of at least {need} "
+                f"entries (got shape {list(t.shape)}, stride {list(t.stride())})"
+            )
+    if block_table.dim() != 2 or block_table.shape[0] < num_reqs:
+        raise ValueError(
+            f"build_block_mask: block_table must have a row per request ({num_reqs}), "
+            f"got shape {list(block_table.shape)}"
+        )
     assert kv_indices.is_contiguous() and kv_num_blocks.is_contiguous()
     assert kv_indices.dtype == kv_num_blocks.dtype == torch.int32
     assert block_table.stride(1) == 1
@@ -113,7 +137,8 @@ def build_block_mask(
     block_r = block(num_reqs, interpret_cap=1024, cuda_cap=64)
     grid = (triton.cdiv(rows, block_g),)
     _block_mask_kernel[grid](
-        query_start_loc, seq_lens, block_table, block_table.stride(0), kv_indices, kv_num_blocks,
+        query_start_loc, seq_lens, block_table, block_table.stride(0), block_table.shape[1],
+        kv_indices, kv_num_blocks,
         num_reqs, num_tokens, rows, cols, block_size,
         Q_BLOCK=q_block_size, SPAN=span, BLOCK_G=block_g, BLOCK_C=block_c, BLOCK_R=block_r,
     )  # fmt: skip

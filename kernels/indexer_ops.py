@@ -22,16 +22,17 @@ from attnfuzz.kernels._triton import INTERPRET, add, block, tl, triton
 
 @triton.jit
 def _pack_kernel(
-    x_ptr, qsl_ptr, d_ptr, out_ptr, num_rows, L, F,
+    x_ptr, qsl_ptr, d_ptr, out_ptr, num_rows, L, F, num_tokens,
     BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
 ):  # fmt: skip
-    # Packed row r holds token j = r % L of request b = r // L, or zeros.
+    # Packed row r holds token j = r % L of request b = r // L, or zeros. A token row
+    # outside x's num_tokens rows (offsets or lengths past the tokens) reads as zeros.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     in_rows = rows < num_rows
     b, j = rows // L, rows % L
     d = tl.load(d_ptr + b, mask=in_rows, other=0)
     src = tl.load(qsl_ptr + b, mask=in_rows, other=0) + j
-    real = in_rows & (j < d)
+    real = in_rows & (j < d) & (src >= 0) & (src < num_tokens)
     for f0 in range(0, F, BLOCK_F):
         cols = f0 + tl.arange(0, BLOCK_F)
         in_cols = cols < F
@@ -49,22 +50,33 @@ def _pack_kernel(
 
 @triton.jit
 def _unpack_kernel(
-    x_ptr, qsl_ptr, d_ptr, out_ptr, num_rows, L, F,
+    x_ptr, qsl_ptr, d_ptr, out_ptr, num_rows, L, F, num_tokens,
     BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr,
 ):  # fmt: skip
-    # The inverse: only real tokens (j < d[b]) come back, at their token row.
+    # The inverse: only real tokens (j < d[b]) come back, at their token row; a token
+    # row outside out's num_tokens rows (offsets or lengths past them) is dropped.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     in_rows = rows < num_rows
     b, j = rows // L, rows % L
     d = tl.load(d_ptr + b, mask=in_rows, other=0)
     base = tl.load(qsl_ptr)
     dst = tl.load(qsl_ptr + b, mask=in_rows, other=0) - base + j
-    real = in_rows & (j < d)
+    real = in_rows & (j < d) & (dst >= 0) & (dst < num_tokens)
     for f0 in range(0, F, BLOCK_F):
         cols = f0 + tl.arange(0, BLOCK_F)
         mask = real[:, None] & (cols < F)[None, :]
         v = tl.load(x_ptr + rows[:, None].to(tl.int64) * F + cols[None, :], mask=mask)
         tl.store(out_ptr + dst[:, None].to(tl.int64) * F + cols[None, :], v, mask=mask)
+
+
+def _check_vector(op: str, name: str, t: torch.Tensor, need: int, what: str) -> None:
+    """``t`` is 1-D, contiguous and holds at least ``need`` entries: the kernels index
+    it as a flat array, so a shorter (or strided, or expanded) one would be read past."""
+    if t.dim() != 1 or t.numel() < need or (need > 1 and t.stride(0) != 1):
+        raise ValueError(
+            f"{op}: {name} must be a contiguous 1-D tensor of at least {need} entries "
+            f"({what}); got shape {list(t.shape)}, stride {list(t.stride())}"
+        )
 
 
 def _row_tiles(num_rows: int, features: int) -> tuple[int, int]:
@@ -76,16 +88,21 @@ def _row_tiles(num_rows: int, features: int) -> tuple[int, int]:
 def pack_seq(
     x: torch.Tensor, query_start_loc: torch.Tensor, d: torch.Tensor, max_len: int
 ) -> torch.Tensor:
-    """``[N, *F]`` token rows to ``[B, max_len, *F]``, each request left-aligned, zero-padded."""
+    """``[N, *F]`` token rows to ``[B, max_len, *F]``, each request left-aligned, zero-padded.
+
+    Token rows the metadata names outside ``x`` read as zeros.
+    """
     B, features = d.numel(), math.prod(x.shape[1:])
     out = x.new_empty((B, max_len, *x.shape[1:]))
     num_rows = B * max_len
     if num_rows == 0:
         return out
+    _check_vector("pack_seq", "d", d, B, f"one length per request: {B}")
+    _check_vector("pack_seq", "query_start_loc", query_start_loc, B + 1, f"B + 1 = {B + 1}")
     block_r, block_f = _row_tiles(num_rows, features)
     grid = (triton.cdiv(num_rows, block_r),)
     _pack_kernel[grid](
-        x.contiguous(), query_start_loc, d, out, num_rows, max_len, features,
+        x.contiguous(), query_start_loc, d, out, num_rows, max_len, features, x.shape[0],
         BLOCK_R=block_r, BLOCK_F=block_f,
     )  # fmt: skip
     return out
@@ -94,17 +111,22 @@ def pack_seq(
 def unpack_seq(
     x: torch.Tensor, query_start_loc: torch.Tensor, d: torch.Tensor, num_tokens: int
 ) -> torch.Tensor:
-    """``[B, L, *F]`` back to ``[num_tokens, *F]`` token rows (``num_tokens = sum(d)``)."""
+    """``[B, L, *F]`` back to ``[num_tokens, *F]`` token rows (``num_tokens = sum(d)``).
+
+    Token rows the metadata names outside ``[0, num_tokens)`` are dropped.
+    """
     B, L = x.shape[0], x.shape[1]
     features = math.prod(x.shape[2:])
     out = x.new_empty((num_tokens, *x.shape[2:]))
     num_rows = B * L
     if num_rows == 0 or num_tokens == 0:
         return out
+    _check_vector("unpack_seq", "d", d, B, f"one length per request: {B}")
+    _check_vector("unpack_seq", "query_start_loc", query_start_loc, B + 1, f"B + 1 = {B + 1}")
     block_r, block_f = _row_tiles(num_rows, features)
     grid = (triton.cdiv(num_rows, block_r),)
     _unpack_kernel[grid](
-        x.contiguous(), query_start_loc, d, out, num_rows, L, features,
+        x.contiguous(), query_start_loc, d, out, num_rows, L, features, num_tokens,
         BLOCK_R=block_r, BLOCK_F=block_f,
     )  # fmt: skip
     return out
@@ -137,7 +159,14 @@ def decode_context_lens(
         flat = torch.empty(num_rows, dtype=torch.int32, device=d.device)
     else:
         flat = out.view(-1)[:num_rows]
+        if flat.numel() < num_rows or flat.dtype != torch.int32:
+            raise ValueError(
+                f"decode_context_lens: out must hold {num_rows} int32 lengths "
+                f"(got {out.dtype} {list(out.shape)})"
+            )
     if num_rows:
+        _check_vector("decode_context_lens", "d", d, B, f"one length per request: {B}")
+        _check_vector("decode_context_lens", "seq_lens", seq_lens, B, f"one per request: {B}")
         tile = block(num_rows, cuda_cap=256)
         grid = (triton.cdiv(num_rows, tile),)
         _context_lens_kernel[grid](seq_lens, d, flat, num_rows, max_len, BLOCK=tile)
@@ -152,7 +181,7 @@ def decode_context_lens(
 @triton.jit
 def _paged_mqa_logits_kernel(
     q_ptr, w_ptr, kv_ptr, ctx_ptr, table_ptr, out_ptr,
-    num_rows, L, H, D, M, block_size, table_stride,
+    num_rows, L, H, D, M, num_blocks, block_size, table_stride, table_width,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -160,13 +189,18 @@ def _paged_mqa_logits_kernel(
     in_rows = rows < num_rows
     b = rows // L
     ctx = tl.load(ctx_ptr + rows, mask=in_rows, other=0)
-    visible = in_rows[:, None] & (keys[None, :] < ctx[:, None])
+    # A key is visible below the row's context length, and only where the block table
+    # maps it: a length past the table's width reads no entry of the next row.
+    mapped = keys < table_width * block_size
+    visible = in_rows[:, None] & (keys[None, :] < ctx[:, None]) & mapped[None, :]
     # Only visible keys read the block table: later entries may hold stale page ids.
     page = tl.load(
         table_ptr + b[:, None].to(tl.int64) * table_stride + keys[None, :] // block_size,
         mask=visible,
         other=0,
     )
+    # A page id outside the cache is never dereferenced: its key is not visible.
+    visible = visible & (page >= 0) & (page < num_blocks)
     slot = (page.to(tl.int64) * block_size + keys[None, :] % block_size) * D  # [R, N]
     acc = tl.full((BLOCK_R, BLOCK_N), 0, tl.float32)
     for h in range(H):
@@ -219,11 +253,28 @@ def paged_mqa_logits(
     """fp32 logits ``[B*L, max_model_len]``, ``-inf`` at and past each row's context length.
 
     ``q`` is ``[B, L, H, D]``, ``weights`` ``[B, L, H]``, ``kv_cache``
-    ``[num_blocks, block_size, D]`` and ``context_lens`` int32 ``[B, L]``.
+    ``[num_blocks, block_size, D]``, ``context_lens`` int32 ``[B, L]`` and
+    ``block_table`` ``[B, W]``. Keys past a row's ``W * block_size`` mapped
+    ones, or in pages outside the cache, are ``-inf`` like keys past its length.
     """
     B, L, H, D = q.shape
     check_lengths("paged_mqa_logits", "context_lens", context_lens, B * L)
     num_rows = B * L
+    if tuple(weights.shape) != (B, L, H):
+        raise ValueError(
+            f"paged_mqa_logits: weights must be [{B}, {L}, {H}] (got {list(weights.shape)})"
+        )
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != D:
+        raise ValueError(
+            f"paged_mqa_logits: kv_cache must be [num_blocks, block_size, {D}] "
+            f"(got {list(kv_cache.shape)})"
+        )
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.stride(1) != 1:
+        raise ValueError(
+            f"paged_mqa_logits: block_table must be [{B}, W] with contiguous rows, one row "
+            f"per request (got shape {list(block_table.shape)}, "
+            f"stride {list(block_table.stride())})"
+        )
     out = torch.empty((num_rows, max_model_len), dtype=torch.float32, device=q.device)
     if num_rows == 0:
         return out
@@ -233,8 +284,8 @@ def paged_mqa_logits(
     grid = (triton.cdiv(num_rows, block_r), triton.cdiv(max_model_len, block_n))
     _paged_mqa_logits_kernel[grid](
         q.contiguous(), weights.contiguous(), kv_cache.contiguous(), context_lens,
-        block_table, out, num_rows, L, H, D, max_model_len, kv_cache.shape[1],
-        block_table.stride(0),
+        block_table, out, num_rows, L, H, D, max_model_len, kv_cache.shape[0], kv_cache.shape[1],
+        block_table.stride(0), block_table.shape[1],
         BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=block_d,
     )  # fmt: skip
     return out
@@ -340,6 +391,10 @@ def top_k_per_row(
     """
     rows, N = logits.shape
     check_lengths("top_k_per_row", "lengths", lengths, rows)
+    if N > 1 and logits.stride(1) != 1:
+        raise ValueError(
+            f"top_k_per_row: logits must have unit column stride (got {list(logits.stride())})"
+        )
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=logits.device)
     elif tuple(out.shape) != (rows, k) or out.dtype != torch.int32 or out.stride(1) != 1:
@@ -380,9 +435,13 @@ def _write_rows_kernel(
 def write_rows(buffer: torch.Tensor, src: torch.Tensor) -> None:
     """``buffer[:n, :k] = src`` for ``src`` of shape ``[n, k]``, by a Triton copy."""
     n, k = src.shape
-    if n > buffer.shape[0] or k != buffer.shape[1]:
+    if buffer.dim() != 2 or n > buffer.shape[0] or k != buffer.shape[1]:
         raise RuntimeError(
             f"write_rows: cannot write [{n}, {k}] rows into a buffer of shape {list(buffer.shape)}"
+        )
+    if k > 1 and buffer.stride(1) != 1:
+        raise RuntimeError(
+            f"write_rows: the buffer must have unit column stride (got {list(buffer.stride())})"
         )
     if n == 0:
         return

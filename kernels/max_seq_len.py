@@ -31,10 +31,24 @@ def _max_seq_len_kernel(
     tl.store(out_ptr + 1, tl.minimum(top + num_spec_steps, max_model_len))
 
 
+def _check_vector(op: str, name: str, t: torch.Tensor, need: int) -> None:
+    """``t`` is 1-D, contiguous, with at least ``need`` entries: the kernels index it
+    flat, so a shorter (or strided, or expanded) one would be read past its end."""
+    if t.dim() != 1 or t.numel() < need or (need > 1 and t.stride(0) != 1):
+        raise ValueError(
+            f"{op}: {name} must be a contiguous 1-D tensor of at least {need} entries "
+            f"(got shape {list(t.shape)}, stride {list(t.stride())})"
+        )
+
+
 def batch_max_seq_lens(
     upper: torch.Tensor, num_rows: int, num_spec_steps: int, max_model_len: int
 ) -> torch.Tensor:
-    """int32 ``[2]``: the bounds of the model state and the draft over ``upper[:num_rows]``."""
+    """int32 ``[2]``: the bounds of the model state and the draft over ``upper[:num_rows]``.
+
+    More rows than ``upper`` holds are refused: the reduction would read past it.
+    """
+    _check_vector("batch_max_seq_lens", "seq_lens_upper_bound", upper, num_rows)
     out = torch.empty(2, dtype=torch.int32, device=upper.device)
     tile = block(num_rows, cuda_cap=1024, floor=1)
     _max_seq_len_kernel[(1,)](upper, out, num_rows, num_spec_steps, max_model_len, BLOCK=tile)
@@ -106,11 +120,16 @@ def paged_walk(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The consumer on both paths: ``out [2, R, D]`` and ``[2, R]`` walked, needed, oob counts.
 
-    ``bounds`` is int32 ``[2]`` on the device: each path's ``max_seq_len``.
+    ``bounds`` is int32 ``[2]`` on the device: each path's ``max_seq_len``;
+    ``seq_lens`` holds one length per row of ``block_table``. The walk never
+    leaves a table row, nor loads a page outside the cache, whatever the bounds
+    and lengths say; fewer lengths or bounds than that are refused.
     """
     num_blocks, block_size, D = kv_cache.shape
     R, width = block_table.shape
     assert block_table.stride(1) == 1 and kv_cache.is_contiguous()
+    _check_vector("paged_walk", "seq_lens", seq_lens, R)
+    _check_vector("paged_walk", "bounds", bounds, 2)
     device = kv_cache.device
     out = torch.empty((2, R, D), dtype=torch.float32, device=device)
     counts = torch.empty((3, 2, R), dtype=torch.int32, device=device)

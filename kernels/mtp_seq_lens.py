@@ -32,14 +32,21 @@ def _context_lens_kernel(
 def write_context_lens(seq_lens: torch.Tensor, out: torch.Tensor, clamp: bool = True) -> None:
     """Fill the int32 ``[B, L]`` view ``out`` (any row stride, unit column stride).
 
-    ``seq_lens`` holds at least ``B`` int32 lengths; one program covers the
-    whole table under the interpreter, tiles of 256 slots when compiled.
+    ``seq_lens`` holds at least ``B`` int32 lengths, contiguous; one program
+    covers the whole table under the interpreter, tiles of 256 slots when
+    compiled. Too few lengths are refused (the kernel would read past them),
+    from shapes alone: no host sync in this graph-safe path.
     """
     B, L = out.shape
     if B * L == 0:
         return
     if out.dtype != torch.int32 or (L > 1 and out.stride(1) != 1):
         raise ValueError(f"out: int32 with unit column stride, got {out.dtype} {out.stride()}")
+    if seq_lens.dim() != 1 or seq_lens.shape[0] < B or (B > 1 and seq_lens.stride(0) != 1):
+        raise ValueError(
+            f"seq_lens: {B} contiguous lengths for a [{B}, {L}] table, got shape "
+            f"{list(seq_lens.shape)} stride {list(seq_lens.stride())}"
+        )
     tile = block(B * L, cuda_cap=256)
     grid = (triton.cdiv(B * L, tile),)
     _context_lens_kernel[grid](seq_lens, out, B, L, out.stride(0), CLAMP=clamp, BLOCK=tile)

@@ -232,3 +232,111 @@ def test_mutant_is_detected_with_a_minimized_trigger():
     assert "batch_size must be equal to batch_size_k" in result.verdict.mismatches[0].got
     # the minimized case is no bigger than the hand-derived smallest trigger
     assert case.batch.num_reqs <= smallest().batch.num_reqs
+
+
+# -- inconsistent metadata: refused with a message, or only the described rows computed --
+
+
+def varlen(q, group, qsl, seq_lens, table) -> torch.Tensor:
+    """The consumer on one group of the hand case, scale 1, max_seqlen_k 4."""
+    return kernels.flash_attn_varlen_paged(
+        q, group.key_cache, group.value_cache, qsl, seq_lens, table, 4, 1.0, group.sliding_window
+    )
+
+
+def ref_attention(q, group, qsl, seq_lens, table) -> np.ndarray:
+    """The reference on the same arguments: rows outside ``qsl`` are 0."""
+    host = [t.cpu().numpy() for t in (q, group.key_cache, group.value_cache, qsl, seq_lens, table)]
+    return ref.attention(*host, group.sliding_window, 1.0)
+
+
+@pytest.mark.parametrize("group", [0, 1])
+@pytest.mark.parametrize(
+    "q_rows, qsl",
+    [
+        ([1.0, 2.0, NAN, NAN], [0, 2]),  # q padded past cu_seqlens_q[-1] (the reported bug)
+        ([NAN, 1.0, 2.0, NAN, NAN], [1, 3]),  # and rows before cu_seqlens_q[0]
+    ],
+)
+def test_padded_queries_compute_only_the_rows_cu_seqlens_q_describes(group, q_rows, qsl):
+    """Rows of q that no sequence owns are neither read nor written: they stay 0.
+
+    Before the fix the extra rows were given sequence ``batch_size`` and loaded
+    ``cu_seqlens_q[batch_size + 1]`` and ``cu_seqlens_k[batch_size + 1]``.
+    """
+    inputs = hand_inputs()
+    g = inputs.groups[group]
+    q = torch.tensor(q_rows, device=device())[:, None, None]
+    args = (q, g, int32(qsl), inputs.seq_lens[:1], g.block_table[:1])
+    for _ in range(2):  # deterministic: the same result every time
+        got = varlen(*args).cpu()
+        torch.testing.assert_close(got, torch.as_tensor(ref_attention(*args)))
+    start, end = qsl
+    assert got[start:end].isfinite().all() and (got[:start] == 0).all() and (got[end:] == 0).all()
+
+
+def test_seqused_k_past_the_table_sees_only_the_pages_the_table_maps():
+    """seqused_k 2**30 against a table row of 3 pages of 2: the sequence holds its 6 mapped
+    keys, the queries are its last 2 (positions 4, 5): no read past the row, no huge loop."""
+    inputs = hand_inputs()
+    g = dataclasses.replace(
+        inputs.groups[0],
+        key_cache=cache([[NAN, NAN], [2, -1], [1, 0], [3, 1]]),
+        value_cache=cache([[NAN, NAN], [6, 8], [4, -2], [1, 5]]),
+    )
+    table, qsl, q = int32([[2, 1, 3]]), int32([0, 2]), inputs.q[:2]
+    got = varlen(q, g, qsl, int32([2**30]), table).cpu()
+    want = ref_attention(q, g, qsl, int32([6]), table)
+    torch.testing.assert_close(got, torch.as_tensor(want))
+    assert got.isfinite().all()
+
+
+@pytest.mark.parametrize("seq_len, want", [(1, [0.0, 4.0]), (-5, [0.0, 0.0])])
+def test_seqused_k_shorter_than_the_queries_leaves_rows_without_keys_at_zero(seq_len, want):
+    """2 queries of a sequence of 1 key: the first sits at position -1 and sees nothing.
+    As in FlashAttention its output is 0, not 0 / 0; a negative length sees no key."""
+    inputs = hand_inputs()
+    g = inputs.groups[0]
+    got = varlen(inputs.q[:2], g, int32([0, 2]), int32([seq_len]), g.block_table[:1])
+    assert got.flatten().tolist() == want
+
+
+@pytest.mark.parametrize("bad_page", [2**30, -(2**30), 3])
+def test_page_ids_outside_the_cache_are_never_dereferenced(bad_page):
+    """Keys 2, 3 mapped to a page past the cache (3 pages) or negative are not attended:
+    the queries (positions 2, 3, scores q * K) see keys 0 and 1 only."""
+    inputs = hand_inputs()
+    g = inputs.groups[0]
+    got = varlen(inputs.q[:2], g, int32([0, 2]), int32([4]), int32([[2, bad_page, 2]]))
+    want = [softmax_average([1, 0], [4, -2]), softmax_average([2, 0], [4, -2])]
+    np.testing.assert_allclose(got.flatten().cpu().numpy(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "qsl, seq_lens, table, message",
+    [
+        # block table with fewer rows than requests
+        ([0, 1, 2], [4, 4], [[2, 1, 2]], "batch_size 2; block_table has 1 rows"),
+        # cu_seqlens_q and seqused_k (the keys' offsets) of different lengths
+        ([0, 2], [4, 4], [[2, 1, 2]], r"seqused_k must have shape \(1,\)"),
+        ([0, 1, 2], [4], [[2, 1, 2], [2, 1, 2]], r"seqused_k must have shape \(2,\)"),
+        # no offsets at all
+        ([], [], [], "cu_seqlens_q must be a contiguous 1-D tensor"),
+    ],
+    ids=["short-table", "long-cu_seqlens_q", "long-seqused_k", "no-offsets"],
+)
+def test_inconsistent_batch_sizes_are_refused_with_a_message(qsl, seq_lens, table, message):
+    inputs = hand_inputs()
+    g = inputs.groups[0]
+    table = int32(table).view(-1, 3)
+    with pytest.raises(RuntimeError, match=message):
+        varlen(inputs.q[:2], g, int32(qsl), int32(seq_lens), table)
+
+
+def test_strided_cu_seqlens_q_is_refused_not_read_as_if_contiguous():
+    """A view every other element of [0, 9, 2, 9]: read contiguously it says [0, 9]."""
+    inputs = hand_inputs()
+    g = inputs.groups[0]
+    qsl = int32([0, 9, 2, 9])[::2]
+    with pytest.raises(RuntimeError, match="cu_seqlens_q must be a contiguous 1-D tensor"):
+        varlen(inputs.q[:2], g, qsl, int32([4]), g.block_table[:1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -81,6 +82,78 @@ def test_triton_matches_the_hand_case(q_block):
     assert got.kv_indices.data_ptr() == inputs.persistent_kv_indices.data_ptr()
     assert (inputs.persistent_kv_indices[rows * cols :] == STALE).all()
     assert (inputs.persistent_kv_num_blocks[rows:] == STALE).all()
+
+
+# -- inconsistent metadata: refused from shapes (graph-safe), or never read past --------
+
+POISON = 1234  # what follows a narrowed tensor in memory: read, it shows up in the mask
+
+
+def i32(values: list) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=DEV)
+
+
+def build(inputs: ref.FlexBlockMaskInputs, **edits) -> tuple[list, list]:
+    """``build_block_mask`` on ``inputs`` with ``edits``, into fresh tables of the step's
+    shape: each row's pages sorted (any order is valid), and the counts."""
+    inputs = dataclasses.replace(inputs, **edits)
+    rows, cols = ref.mask_shape(
+        inputs.num_tokens, inputs.max_seq_len, inputs.block_size, inputs.q_block_size
+    )
+    kv_indices = torch.full((rows, cols), STALE, dtype=torch.int32, device=DEV)
+    kv_num_blocks = torch.full((rows,), STALE, dtype=torch.int32, device=DEV)
+    kernels.build_block_mask(
+        inputs.query_start_loc, inputs.seq_lens, inputs.block_table, inputs.num_reqs,
+        inputs.num_tokens, inputs.block_size, inputs.q_block_size, kv_indices, kv_num_blocks,
+    )  # fmt: skip
+    counts = kv_num_blocks.tolist()
+    return [sorted(r[:n]) + r[n:] for r, n in zip(kv_indices.tolist(), counts, strict=True)], counts
+
+
+@pytest.mark.parametrize(
+    "seq_lens, want",
+    [
+        # request 0 claims 5 tokens (3 pages) with 2 in its row: the row's 2 pages, no more
+        ([5, 3, 0], HAND[2]),
+        ([2**30, 3, 0], HAND[2]),
+        # a negative length holds no page; request 1 keeps its own
+        ([-100, 3, 0], [[2, -1, -1, -1], [2, 5, -1, -1], [-1] * 4]),
+    ],
+    ids=["one-page-past", "far-past", "negative"],
+)
+def test_pages_never_come_from_past_a_request_s_table_row(seq_lens, want):
+    """Rows of 2 entries, narrowed from rows whose next entries hold POISON."""
+    table = i32([[7, 4, POISON, POISON], [2, 5, POISON, POISON], [0, 0, 0, 0]])[:, :2]
+    got, counts = build(hand_inputs(2), seq_lens=i32(seq_lens), block_table=table)
+    assert got == want and counts == [sum(p != -1 for p in row) for row in want]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (dict(query_start_loc=i32([0, 1, 4, POISON])[:3]), "query_start_loc must be .* at least 4"),
+        (dict(seq_lens=i32([3, 3, POISON])[:2]), "seq_lens must be .* at least 3"),
+        (dict(seq_lens=i32([3, POISON, POISON])[:1].expand(3)), "seq_lens must be a contiguous"),
+        (dict(block_table=i32([[7, 4], [2, 5], [POISON] * 2])[:2]), "a row per request"),
+    ],
+    ids=["short-query_start_loc", "short-seq_lens", "expanded-seq_lens", "short-block_table"],
+)
+def test_metadata_shorter_than_num_reqs_is_refused(edit, message):
+    """Refused from shapes alone (no host sync in this graph-safe path)."""
+    with pytest.raises(ValueError, match=message):
+        build(hand_inputs(2), **edit)
+
+
+def test_counts_shorter_than_the_mask_rows_are_refused_and_not_written_past():
+    inputs = hand_inputs(2)
+    memory = torch.full((5,), STALE, dtype=torch.int32, device=DEV)
+    kv_indices = torch.full((3, 4), STALE, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="kv_num_blocks must be .* at least 3"):
+        kernels.build_block_mask(
+            inputs.query_start_loc, inputs.seq_lens, inputs.block_table, 3, 6, 2, 2,
+            kv_indices, memory[:2],
+        )  # fmt: skip
+    assert (memory == STALE).all() and (kv_indices == STALE).all()
 
 
 def test_size_arithmetic_of_the_production_crash():

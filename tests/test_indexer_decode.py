@@ -9,7 +9,14 @@ from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import indexer_decode as kernels
 from attnfuzz.kernels._triton import device
-from attnfuzz.kernels.indexer_ops import top_k_per_row
+from attnfuzz.kernels.indexer_ops import (
+    decode_context_lens,
+    pack_seq,
+    paged_mqa_logits,
+    top_k_per_row,
+    unpack_seq,
+    write_rows,
+)
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.invariants import violations
@@ -193,3 +200,132 @@ def test_mutant_is_detected_with_a_minimized_trigger(mutant):
     sizes = {sum(split.decode_lens), split.num_decode_tokens,
              split.num_decodes * split.max_decode_len}  # fmt: skip
     assert len(sizes) > 1, sizes
+
+
+# -- inconsistent metadata: refused with a message, or nothing read or written past it --
+
+POISON = 1000.0
+FAR = 2**30  # a page id, an offset: dereferenced, it would land gigabytes away
+
+
+def i32(rows: list) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int32, device=DEV)
+
+
+def head(values: list, n: int) -> torch.Tensor:
+    """The first ``n`` entries of ``values`` (int32): what follows them in memory is the rest."""
+    return i32(values)[:n]
+
+
+@pytest.mark.parametrize(
+    "qsl, d",
+    [
+        ([0, 2], [4]),  # d[0] = 4 tokens from row 0: rows 3 (and 4) are past x's 3 rows
+        ([-2, 2], [3]),  # an offset before x: rows -2, -1
+    ],
+    ids=["past-the-end", "before-the-start"],
+)
+def test_pack_reads_no_token_row_outside_x(qsl, d):
+    """Token rows the metadata names outside ``x`` pack as zeros; the memory around x
+    holds a poison the kernel would otherwise have read."""
+    poisoned = torch.tensor([POISON, POISON, 1.0, 2.0, 3.0, POISON, POISON], device=DEV)
+    x = poisoned[2:5, None]  # 3 token rows, 1 feature
+    packed = pack_seq(x, i32(qsl), i32(d), 5)
+    src = [qsl[0] + j for j in range(5)]
+    want = [float(x[s, 0]) if 0 <= s < 3 and j < d[0] else 0.0 for j, s in enumerate(src)]
+    assert packed.flatten().tolist() == want
+
+
+def test_pack_and_unpack_refuse_offsets_fewer_than_requests():
+    """Two requests, one offset: the second offset would be read past the tensor."""
+    x = torch.ones(4, 1, device=DEV)
+    with pytest.raises(ValueError, match="query_start_loc must be a contiguous 1-D tensor"):
+        pack_seq(x, head([0, FAR], 1), i32([1, 1]), 2)
+    with pytest.raises(ValueError, match="query_start_loc must be a contiguous 1-D tensor"):
+        unpack_seq(x.view(2, 2, 1), head([0, FAR], 1), i32([1, 1]), 2)
+    with pytest.raises(ValueError, match="d must be a contiguous 1-D tensor of at least 2"):
+        unpack_seq(x.view(2, 2, 1), i32([0, 1, 2]), head([1, FAR], 1), 2)
+
+
+@pytest.mark.parametrize("qsl", [[0, FAR, FAR + 1], [FAR, 0, 1]], ids=["past", "before"])
+def test_unpack_writes_no_token_row_outside_its_output(qsl):
+    """Request 1's row, its offset less request 0's, lands far outside the 1 output row:
+    its token is dropped (it was stored there, gigabytes away), request 0's comes back."""
+    x = torch.tensor([[[5.0]], [[7.0]]], device=DEV)  # B = 2, L = 1
+    d = i32([1, 1])
+    assert unpack_seq(x, i32(qsl), d, 1).tolist() == [[5.0]]
+
+
+def test_context_lens_refuse_short_lengths_and_a_short_out():
+    """2 decodes of 2 tokens: 2 seq_lens and 4 output slots are needed; nothing is
+    written past a short ``out`` (a sentinel follows it in memory)."""
+    d = i32([2, 2])
+    with pytest.raises(ValueError, match="seq_lens must be a contiguous 1-D tensor of at least 2"):
+        decode_context_lens(head([5, 10**6], 1), d, 2)
+    memory = torch.full((6,), 77, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="out must hold 4 int32 lengths"):
+        decode_context_lens(i32([5, 6]), d, 2, out=memory[:2])
+    assert memory.tolist() == [77] * 6
+
+
+def logits_of(context_lens, block_table, **kw) -> torch.Tensor:
+    """The hand case's decode (q 2 and -1, weights 1 and 3) over pages 0 (5, 7) and
+    1 (1, -2), with ``max_model_len`` 8."""
+    inputs = hand_inputs(k=1)
+    args = dict(
+        q=inputs.q.view(1, 2, 1, 1),
+        kv_cache=inputs.kv_cache,
+        weights=inputs.weights.view(1, 2, 1),
+        context_lens=i32(context_lens),
+        block_table=block_table,
+        max_model_len=8,
+    )
+    args.update(kw)
+    return paged_mqa_logits(**args).cpu()
+
+
+INF = float("inf")
+
+
+def test_logits_read_no_table_entry_past_the_width():
+    """Context length 8 against a table row of 2 pages of 2 slots: keys 4..7 are not mapped
+    and are -inf. The table is the head of wider rows whose next entries are FAR pages."""
+    table = i32([[1, 0, FAR, FAR]])[:, :2]
+    got = logits_of([[8, 8]], table)
+    # keys 0..3 in pages 1, 0: K = 1, -2, 5, 7; row scores w * relu(q * K)
+    assert got.tolist() == [[2, 0, 10, 14] + [-INF] * 4, [0, 6, 0, 0] + [-INF] * 4]
+
+
+@pytest.mark.parametrize("page", [FAR, -FAR, 2])
+def test_logits_never_dereference_a_page_outside_the_cache(page):
+    """Keys 2, 3 in a page the cache (2 pages) does not hold are -inf, as if not visible."""
+    got = logits_of([[4, 4]], i32([[1, page]]))
+    assert got.tolist() == [[2, 0] + [-INF] * 6, [0, 6] + [-INF] * 6]
+
+
+def test_logits_refuse_shapes_they_would_read_past():
+    """One table row for two requests, weights for one token of two, a cache of another
+    head dim: each refused before the launch (the memory after them holds poison)."""
+    table = i32([[1, 0], [FAR, FAR]])
+    ones = dict(q=torch.ones(2, 1, 1, 1, device=DEV), weights=torch.ones(2, 1, 1, device=DEV))
+    with pytest.raises(ValueError, match=r"block_table must be \[2, W\]"):
+        logits_of([[4], [4]], table[:1], **ones)  # a [1, 2] table for B = 2
+    assert logits_of([[4], [4]], table[:2].clamp(max=1), **ones).isfinite().any()
+    short = torch.tensor([1.0, float("nan")], device=DEV)[:1].view(1, 1, 1)
+    with pytest.raises(ValueError, match=r"weights must be \[1, 2, 1\]"):
+        logits_of([[4, 4]], table[:1], weights=short)
+    with pytest.raises(ValueError, match=r"kv_cache must be \[num_blocks, block_size, 2\]"):
+        logits_of([[4, 4]], table[:1], q=torch.ones(1, 2, 1, 2, device=DEV))
+
+
+def test_top_k_and_write_rows_refuse_memory_they_would_index_past():
+    """Logits and a buffer with a column stride of 0 (expanded): read or written as
+    row-major they run past their storage."""
+    scores = torch.tensor([0.0, 1.0, 2.0, 3.0, POISON, POISON], device=DEV)
+    with pytest.raises(ValueError, match="unit column stride"):
+        top_k_per_row(scores[:4, None].expand(4, 3), i32([3, 3, 3, 3]), 1)
+    memory = torch.full((6,), 77, dtype=torch.int32, device=DEV)
+    buffer = memory[:4, None].expand(4, 3)
+    with pytest.raises(RuntimeError, match="unit column stride"):
+        write_rows(buffer, i32([[1, 2, 3]] * 4))
+    assert memory.tolist() == [77] * 6

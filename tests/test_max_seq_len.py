@@ -100,6 +100,46 @@ def test_batch_max_seq_lens_reduces_only_the_rows_it_is_given():
     assert kernels.batch_max_seq_lens(upper, 5, 0, 16).tolist() == [12, 12]
 
 
+def head(values: list, n: int) -> torch.Tensor:
+    """The first ``n`` entries of ``values`` (int32): what follows them in memory is the rest."""
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)[:n]
+
+
+def test_batch_max_seq_lens_refuses_more_rows_than_the_bounds_hold():
+    """4 rows of 3 upper bounds: the 4th would be read past them (it holds a poison 99)."""
+    with pytest.raises(ValueError, match="seq_lens_upper_bound must be .* at least 4 entries"):
+        kernels.batch_max_seq_lens(head([3, 9, 4, 99], 3), 4, 2, 10)
+    expanded = head([3, 99, 99], 1).expand(3)  # 3 rows in 1 element of memory
+    with pytest.raises(ValueError, match="seq_lens_upper_bound must be a contiguous"):
+        kernels.batch_max_seq_lens(expanded, 3, 2, 10)
+
+
+def test_paged_walk_refuses_fewer_lengths_or_bounds_than_it_reads():
+    """3 table rows and 2 seq_lens, or 1 bound for 2 paths: each refused, not read past
+    (poisoned lengths and bounds follow them in memory)."""
+    inputs = hand_inputs()
+    walk = (inputs.kv_cache, inputs.block_table)
+    bounds = head([4, 5], 2)
+    with pytest.raises(ValueError, match="seq_lens must be .* at least 3 entries"):
+        kernels.paged_walk(*walk, head([3, 1, 10**6], 2), bounds)
+    with pytest.raises(ValueError, match="bounds must be .* at least 2 entries"):
+        kernels.paged_walk(*walk, inputs.seq_lens, head([4, 10**6], 1))
+
+
+def test_paged_walk_stays_in_its_rows_and_the_cache_whatever_the_bounds_say():
+    """Bounds and lengths far past the table's width walk its 4 entries and no further;
+    the garbage ids 9 and 7 (>= 5 pages) are counted, never loaded."""
+    inputs = hand_inputs()
+    huge = head([2**30, 2**30], 2)
+    seq_lens = head([2**30, 2**30, 0], 3)
+    out, walked, needed, oob = kernels.paged_walk(
+        inputs.kv_cache, inputs.block_table, seq_lens, huge
+    )
+    assert walked.tolist() == [[4, 4, 4]] * 2 and oob.tolist() == [[1, 1, 0]] * 2
+    assert needed.tolist() == [[3, 3, 0]] * 2  # every in-cache page of rows 0 and 1
+    assert out.shape == (2, 3, 1)
+
+
 def with_params(case: Case, capturing: int = 0) -> Case:
     return dataclasses.replace(case, params=(("capturing", capturing),))
 

@@ -108,6 +108,26 @@ def test_kernel_on_an_empty_table_and_its_contract():
         kernels.write_context_lens(lens, out)
 
 
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda lens: lens[:2],  # 2 lengths for 3 rows
+        lambda lens: lens[:1].expand(3),  # 3 lengths in 1 element of memory
+        lambda lens: lens[::2][:3],  # strided: read contiguously, lens[1] and lens[2]
+    ],
+    ids=["short", "expanded", "strided"],
+)
+def test_kernel_refuses_lengths_it_would_read_past(view):
+    """Fewer lengths than rows (as the metadata holds them) are refused before the launch,
+    from shapes alone (graph-safe), and nothing is written; the memory after the lengths
+    holds a poison the kernel would otherwise have read."""
+    lens = torch.tensor([5, 1, 9, 1000, 1000, 1000], dtype=torch.int32, device=DEV)
+    table = torch.full((3, 2), 77, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"seq_lens: 3 contiguous lengths for a \[3, 2\] table"):
+        kernels.write_context_lens(view(lens), table)
+    assert (table == 77).all()
+
+
 def test_triton_returns_the_head_of_the_flat_table():
     case = hand_case((2, 2, 2), (3, 5, 1))
     inputs = ref.make_inputs(case, DEV)
