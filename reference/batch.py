@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,20 +42,56 @@ def cdiv(a: int, b: int) -> int:
 
 
 FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_FLOAT_DTYPE = "float32"
+DTYPE_VARIABLE = "ATTNFUZZ_DTYPE"
+
+# The dtype of the case whose inputs are being built, when it records one
+# (``Case.dtype``, set by :func:`using_float_dtype`): it wins over the environment.
+_CASE_DTYPE: ContextVar[str | None] = ContextVar("attnfuzz_case_dtype", default=None)
+
+
+def environment_dtype() -> str:
+    """The name ``ATTNFUZZ_DTYPE`` asks for (``float32`` when unset or empty), unchecked."""
+    return os.environ.get(DTYPE_VARIABLE) or DEFAULT_FLOAT_DTYPE
+
+
+def float_dtype_name() -> str:
+    """The name of the float dtype in force: the case's (see :func:`using_float_dtype`),
+    else ``ATTNFUZZ_DTYPE``, else ``float32``."""
+    return _CASE_DTYPE.get() or environment_dtype()
+
+
+@contextmanager
+def using_float_dtype(name: str | None) -> Iterator[None]:
+    """Within the block, float inputs are built in ``name`` (None: the environment's).
+
+    Replaying a case file builds its inputs in the dtype it was found in,
+    whatever ``ATTNFUZZ_DTYPE`` says; the environment is never modified.
+    """
+    if name is not None and name not in FLOAT_DTYPES:
+        raise ValueError(f"float dtype {name!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    token = _CASE_DTYPE.set(name)
+    try:
+        yield
+    finally:
+        _CASE_DTYPE.reset(token)
 
 
 def float_dtype(device: torch.device | str) -> torch.dtype:
-    """The dtype of a case's float inputs: ``ATTNFUZZ_DTYPE`` (default ``float32``).
+    """The dtype of a case's float inputs: the case's own when it records one (see
+    :func:`using_float_dtype`), else ``ATTNFUZZ_DTYPE`` (default ``float32``).
 
     Targets draw small integers as data, exact in every one of these dtypes,
     so fp16 and bf16 inputs change no expected value. Reduced precision is a
     setting for CUDA runs; the interpreter computes in fp32.
     """
-    name = os.environ.get("ATTNFUZZ_DTYPE", "float32")
+    case = _CASE_DTYPE.get()
+    name = case or environment_dtype()
+    where = f"the case's dtype {name}" if case else f"{DTYPE_VARIABLE}={name}"
     if name not in FLOAT_DTYPES:
-        raise ValueError(f"ATTNFUZZ_DTYPE={name!r}: expected one of {', '.join(FLOAT_DTYPES)}")
-    if name != "float32" and torch.device(device).type != "cuda":
-        raise ValueError(f"ATTNFUZZ_DTYPE={name} needs a CUDA device (got {device})")
+        raise ValueError(f"{DTYPE_VARIABLE}={name!r}: expected one of {', '.join(FLOAT_DTYPES)}")
+    if name != DEFAULT_FLOAT_DTYPE and torch.device(device).type != "cuda":
+        raise ValueError(f"{where} needs a CUDA device (got {device})")
     return FLOAT_DTYPES[name]
 
 
@@ -148,6 +187,10 @@ class Case:
     config: EngineConfig
     batch: Batch
     params: tuple[tuple[str, int], ...] = ()
+    # The float dtype the case was found in (a name of FLOAT_DTYPES), recorded in
+    # case files; None: the setting in force (``ATTNFUZZ_DTYPE``), as drawn cases are.
+    # A setting of the replay, not part of the example: cases compare without it.
+    dtype: str | None = field(default=None, compare=False)
 
     def param(self, name: str) -> int:
         for key, value in self.params:
@@ -159,6 +202,8 @@ class Case:
         d = {"config": self.config.to_dict(), "batch": self.batch.to_dict()}
         if self.params:
             d["params"] = dict(self.params)
+        if self.dtype is not None:
+            d["dtype"] = self.dtype
         return d
 
     @classmethod
@@ -166,10 +211,14 @@ class Case:
         params = d.get("params", {})
         if not isinstance(params, dict):
             raise TypeError(f"params must be an object, got {type(params).__name__}")
+        dtype = d.get("dtype")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
         return cls(
             EngineConfig.from_dict(d["config"]),
             Batch.from_dict(d["batch"]),
             tuple(sorted((str(k), v) for k, v in params.items())),
+            dtype,
         )
 
 

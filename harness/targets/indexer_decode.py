@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from attnfuzz.harness.devices import in_case_dtype
 from attnfuzz.harness.oracle import (
     Mismatch,
     expect_close,
@@ -119,7 +120,7 @@ def build() -> Target:
     target = Target(
         name="indexer-decode",
         summary="sparse-attention indexer decode path: pack, paged MQA logits, top-k, write-back",
-        make_inputs=ref.make_inputs,
+        make_inputs=in_case_dtype(ref.make_inputs),  # float inputs in the case's dtype
         reference=ref.reference,
         compare=compare,
         describe=ref.describe,
