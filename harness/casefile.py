@@ -8,23 +8,51 @@ on another machine and under another Hypothesis version.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
+import reprlib
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
+    FLOAT_DTYPES,
     Case,
     CommonMetadata,
     DecodeSplit,
+    EngineConfig,
     build_common_metadata,
+    cdiv,
+    float_dtype_name,
     split_decodes_and_prefills,
 )
+from attnfuzz.reference.invariants import batch_violations, config_violations
 
 SCHEMA = "attnfuzz.case/1"
+
+MAX_CASE_BYTES = 1 << 20
+"""A case file is a few kilobytes; a larger one is refused unread."""
+MAX_JSON_BYTES = 256 << 20
+"""Other JSON documents read with :func:`load_json` (``campaign.json``)."""
+MAX_CASE_DEPTH = 8
+"""Nesting of a case file (its deepest is 4: ``verdict.mismatches[i].got``)."""
+MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 40
+"""Longer integers are refused while parsing: none of a case's needs 20 digits."""
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+"""Every integer of a case but the seed: the engine's metadata is int32."""
+MAX_CASE_ELEMENTS = 2**33
+"""A case replays only if each array its metadata and inputs need (block table,
+KV pages, tokens x heads x head_dim, ...) holds at most this many elements."""
+MAX_NAME_CHARS = 200
+"""Target and implementation names in a case file."""
+MAX_KEY_CHARS = 40
+"""Object keys in a case file (its own are field names), so that an exported
+test lays every ``key: value`` out within 88 columns."""
 
 
 def environment(device: str = "cpu") -> dict[str, str]:
@@ -89,13 +117,27 @@ def _describer(target: str) -> Callable[[Case], tuple[CommonMetadata, DecodeSpli
 
 
 def case_document(
-    target: str, implementation: str, case: Case, verdict: Verdict, device: str = "cpu"
+    target: str,
+    implementation: str,
+    case: Case,
+    verdict: Verdict,
+    device: str = "cpu",
+    dtype: str | None = None,
 ) -> dict[str, Any]:
+    """The case file of a finding.
+
+    ``settings.dtype`` records the float dtype the inputs were built in, so that
+    the case replays in it: ``dtype`` if given, else the case's own, else the
+    setting in force (``ATTNFUZZ_DTYPE``, ``float32`` when unset).
+    """
+    body = case.to_dict()
+    body.pop("dtype", None)  # a setting, recorded under "settings"
     return {
         "schema": SCHEMA,
         "target": target,
         "implementation": implementation,
-        "case": case.to_dict(),
+        "case": body,
+        "settings": {"dtype": dtype or case.dtype or float_dtype_name()},
         "verdict": {
             "key": verdict.key,
             "mismatches": [m.to_dict() for m in verdict.mismatches],
@@ -116,34 +158,163 @@ def _require(cond: bool, path: Path | str, what: str) -> None:
         raise UsageError(f"{path}: {what}")
 
 
-def load_json(path: Path | str, what: str) -> Any:
+_SHORT = reprlib.Repr()  # Python 3.11's takes no arguments
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 8, 8
+_SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 60, 40, 60
+
+
+def short(value: object) -> str:
+    """``repr`` of a value read from a file, cut short: a message quotes it, never
+    the whole of it (strings are ``repr``-escaped, control characters included)."""
+    return _SHORT.repr(value)
+
+
+class _LongInteger(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _bounded_int(text: str) -> int:
+    """``json``'s ``parse_int``: refuse what Python's int-string limit would, and far less."""
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _LongInteger(digits)
+    return int(text)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{n} bytes"
+
+
+def _long_key(doc: Any, limit: int) -> str | None:
+    """The first object key in ``doc`` longer than ``limit`` characters, if any."""
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key in value:
+                if len(key) > limit:
+                    return key
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return None
+
+
+def _depth_over(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests lists and objects more than ``limit`` deep (no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+    return False
+
+
+def load_json(
+    path: Path | str,
+    what: str,
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> Any:
     """Read one JSON document; an unreadable, binary or malformed file is a
-    one-line :class:`UsageError` that names ``what`` it should have been."""
+    one-line :class:`UsageError` that names ``what`` it should have been.
+
+    No more than ``max_bytes`` are read: a larger file (or anything but a
+    regular file: a directory, a FIFO, a device) is refused, and so are
+    integers of more than :data:`MAX_INT_DIGITS` digits and documents nested
+    more than ``max_depth`` deep.
+    """
+    file = Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        info = file.stat()  # through symlinks: a dangling one is a missing file
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise UsageError(f"cannot read {what} {path}: {reason}") from err
+    if stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"cannot read {what} {path}: it is a directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError(f"cannot read {what} {path}: not a regular file")
+    too_large = f"{path}: {{}} is too large for a {what} (at most {_size(max_bytes)}); not read"
+    if info.st_size > max_bytes:
+        raise UsageError(too_large.format(_size(info.st_size)))
+    try:
+        with file.open("rb") as f:
+            data = f.read(max_bytes + 1)
     except OSError as err:
         raise UsageError(f"cannot read {what} {path}: {err.strerror or err}") from err
+    if len(data) > max_bytes:  # it grew since
+        raise UsageError(too_large.format(f"over {_size(max_bytes)}"))
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UsageError(f"{path}: not a text file (invalid UTF-8 at byte {err.start})") from err
+    if not text.strip():
+        raise UsageError(f"{path}: not a {what}: the file is empty")
     try:
-        return json.loads(text)
+        doc = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as err:
-        raise UsageError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+        where = f"line {err.lineno}, column {err.colno}"
+        raise UsageError(f"{path}: not valid JSON ({err.msg} at {where})") from err
+    except _LongInteger as err:
+        raise UsageError(
+            f"{path}: not a {what} (an integer of {err.digits} digits; "
+            f"at most {MAX_INT_DIGITS} are read)"
+        ) from err
     except RecursionError as err:  # the parser's own limit, not a file of ours
         raise UsageError(f"{path}: not a {what} (JSON nested too deeply)") from err
+    except ValueError as err:  # anything else the parser refuses, in one line
+        raise UsageError(f"{path}: not valid JSON ({short(str(err))})") from err
+    if _depth_over(doc, max_depth):
+        raise UsageError(f"{path}: not a {what} (JSON nested too deeply: over {max_depth} levels)")
+    return doc
 
 
 def read_case(path: Path | str) -> dict[str, Any]:
-    """Parse and check a case file; every problem is a one-line :class:`UsageError`."""
-    doc = load_json(path, "case file")
+    """Parse and check a case file; every problem is a one-line :class:`UsageError`.
+
+    The case comes back as ``doc["case"]``, a :class:`Case` as it was drawn,
+    and ``doc["settings"]["dtype"]`` is the float dtype it was found in
+    (``float32`` for files written before dtypes were recorded): replay builds
+    its inputs in that one (see :func:`attnfuzz.harness.export.load_case`).
+    """
+    doc = load_json(path, "case file", max_bytes=MAX_CASE_BYTES, max_depth=MAX_CASE_DEPTH)
     _require(isinstance(doc, dict), path, "a case file holds one JSON object")
+    key = _long_key(doc, MAX_KEY_CHARS)
+    _require(key is None, path, f"key {short(key)} is longer than {MAX_KEY_CHARS} characters")
     _require(
         doc.get("schema") == SCHEMA,
         path,
-        f"unsupported schema {doc.get('schema')!r} (this attnfuzz reads {SCHEMA!r})",
+        f"unsupported schema {short(doc.get('schema'))} (this attnfuzz reads {SCHEMA!r})",
     )
     for key in ("target", "implementation"):
-        _require(isinstance(doc.get(key), str), path, f"missing or non-string {key!r}")
+        value = doc.get(key)
+        _require(isinstance(value, str) and value != "", path, f"missing or non-string {key!r}")
+        _require(
+            len(value) <= MAX_NAME_CHARS,
+            path,
+            f"{key} {short(value)} is longer than {MAX_NAME_CHARS} characters",
+        )
+    for key in ("verdict", "derived", "environment", "settings"):  # export, reports, replay
+        _require(isinstance(doc.get(key, {}), dict), path, f"{key!r} must be an object")
+    settings = doc.get("settings", {})
+    unknown = sorted(set(settings) - {"dtype"})
+    _require(not unknown, path, f"unknown field(s) {short(unknown)} in 'settings'")
+    dtype = settings.get("dtype", "float32")  # older files: float32
+    _require(
+        isinstance(dtype, str) and dtype in FLOAT_DTYPES,
+        path,
+        f"settings.dtype must be one of {', '.join(FLOAT_DTYPES)}, got {short(dtype)}",
+    )
+    doc["settings"] = {"dtype": dtype}
     body = doc.get("case")
     _require(isinstance(body, dict), path, "missing 'case' object")
     try:
@@ -152,6 +323,7 @@ def read_case(path: Path | str) -> dict[str, Any]:
         _check_scalars(case)
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"{path}: malformed case ({type(err).__name__}: {err})") from err
+    _refuse_too_large(case, path)
     doc["case"] = case
     return doc
 
@@ -160,40 +332,63 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+_BATCH_FIELDS = frozenset({"num_computed_tokens", "q_lens", "seed", "use_cudagraph"})
+_CASE_FIELDS = frozenset({"config", "batch", "params"})
+
+
+def _in_range(name: str, value: int) -> None:
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"{name}={value} is outside the engine's 32-bit range")
+
+
 def _check_fields(body: dict[str, Any]) -> None:
-    """Exact JSON types and no unknown field, before anything is built.
+    """Exact JSON types, ranges and no unknown field, before anything is built.
 
     ``Batch.from_dict`` converts with ``int()``: without this, ``2.7`` or ``"2"``
     would replay silently as another case, and a misspelt field would vanish.
+    Every integer but the seed fits the engine's int32 metadata, so that
+    nothing built from it overflows (the seed's range is an invariant).
     """
-    unknown = sorted(set(body) - {"config", "batch", "params"})
+    unknown = sorted(set(body) - _CASE_FIELDS)
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in 'case'")
+        raise ValueError(f"unknown field(s) {short(unknown)} in 'case'")
     config, batch = body.get("config"), body.get("batch")
     if not isinstance(config, dict) or not isinstance(batch, dict):
         raise TypeError("'config' and 'batch' must be objects")
-    unknown = sorted(set(batch) - {"num_computed_tokens", "q_lens", "seed", "use_cudagraph"})
+    unknown = sorted(set(config) - _CONFIG_FIELDS)
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in 'batch'")
+        raise ValueError(f"unknown field(s) {short(unknown)} in 'config'")
+    unknown = sorted(set(batch) - _BATCH_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field(s) {short(unknown)} in 'batch'")
     for name in ("num_computed_tokens", "q_lens"):
         value = batch.get(name)
         if not isinstance(value, list) or not all(_is_int(x) for x in value):
-            raise TypeError(f"batch.{name} must be a list of integers, got {value!r}")
+            raise TypeError(f"batch.{name} must be a list of integers, got {short(value)}")
+        for i, x in enumerate(value):
+            _in_range(f"batch.{name}[{i}]", x)
     if "seed" in batch and not _is_int(batch["seed"]):
-        raise TypeError(f"batch.seed must be an integer, got {batch['seed']!r}")
+        raise TypeError(f"batch.seed must be an integer, got {short(batch['seed'])}")
     flag = batch.get("use_cudagraph", True)
     if not isinstance(flag, bool):
-        raise TypeError(f"batch.use_cudagraph must be true or false, got {flag!r}")
+        raise TypeError(f"batch.use_cudagraph must be true or false, got {short(flag)}")
     for name, value in config.items():
         if name == "cudagraph_capture_sizes":
             ok = isinstance(value, list) and all(_is_int(x) for x in value)
+            for i, x in enumerate(value if ok else []):
+                _in_range(f"config.{name}[{i}]", x)
         else:  # decode_threshold may be null: the default, next_n
             ok = _is_int(value) or (name == "decode_threshold" and value is None)
+            if ok and value is not None:
+                _in_range(f"config.{name}", value)
         if not ok:
-            raise TypeError(f"config.{name} must be an integer, got {value!r}")
+            raise TypeError(f"config.{name} must be an integer, got {short(value)}")
     params = body.get("params", {})
     if not isinstance(params, dict) or not all(_is_int(v) for v in params.values()):
-        raise TypeError(f"params must map names to integers, got {params!r}")
+        raise TypeError(f"params must map names to integers, got {short(params)}")
+    for name, value in params.items():
+        _in_range(f"params.{short(name)}", value)
 
 
 def _check_scalars(case: Case) -> None:
@@ -204,6 +399,30 @@ def _check_scalars(case: Case) -> None:
         for x in items:
             if x is not None and not isinstance(x, bool | int):
                 raise TypeError(f"expected integers, got {x!r}")
+
+
+def _refuse_too_large(case: Case, path: Path | str) -> None:
+    """:class:`CaseTooLarge` for a case whose arrays would hold more than
+    :data:`MAX_CASE_ELEMENTS` elements, counted with integers before anything is
+    built. A case the invariants refuse is left to them (they say why)."""
+    config, batch = case.config, case.batch
+    if config_violations(config) or batch_violations(config, batch):
+        return
+    bs, width = config.block_size, config.max_blocks_per_seq
+    pages = sum(cdiv(s, bs) for s in batch.seq_lens) + 2
+    tokens = max(sum(batch.q_lens), max(config.cudagraph_capture_sizes, default=0))
+    sizes = {
+        "block table": max(batch.num_reqs, config.max_num_seqs) * width,
+        "KV cache": pages * bs * config.head_dim,
+        "queries": tokens * config.num_heads * config.head_dim,
+        "per-token buffers": config.max_num_batched_tokens * max(config.topk, width),
+    }
+    what, elements = max(sizes.items(), key=lambda item: item[1])
+    if elements > MAX_CASE_ELEMENTS:
+        raise CaseTooLarge(
+            f"{path}: the case is too large to replay: its {what} alone would hold "
+            f"{elements:.3g} elements (at most 2**33); draw smaller cases (--scale small)"
+        )
 
 
 def replay_command(path: Path | str) -> str:

@@ -5,27 +5,42 @@ attnfuzz installed: it judges the implementation on the case with
 :meth:`Target.judge`, so it fails while the bug is present and passes once it
 is fixed. Every string taken from the case file enters the generated source as
 a ``repr`` literal, never as code or inside a docstring.
+
+The generated file passes ``ruff check`` and ``ruff format --check`` under the
+default settings and any line length from 88 up: the embedded data sits between
+``# fmt: off`` and ``# fmt: on``, laid out one item a line within 88 columns
+(long strings split into adjacent literals in parentheses), so that no
+formatter setting moves it; the rest is as ``ruff format`` writes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import Implementation, Target, UsageError
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import DTYPE_VARIABLE, Case
 
 DEFAULT_DIR = Path("tests") / "regressions"
+"""Where ``attnfuzz export`` writes, relative to the current directory: where a
+project keeps its regression tests (this project's own pytest and ruff skip it)."""
+LINE = 88
+"""Columns of the generated file: ``ruff``'s and ``black``'s default line length."""
+MAX_TEST_NAME = LINE - len("def ():")
+"""``def NAME():`` then fits in :data:`LINE` columns."""
 
 
 def load_case(
-    path: Path | str, impl: str | None = None
+    path: Path | str, impl: str | None = None, *, note_dtype: bool = True
 ) -> tuple[Target, Implementation, Case, dict[str, Any]]:
     """Read a case file and resolve what replays it: target, implementation, case, document.
 
@@ -33,10 +48,16 @@ def load_case(
     is data: a ``module:attribute`` it names is imported only when the caller
     names it again with ``impl``. Every problem (unknown name, a case the
     invariants refuse) is a one-line :class:`UsageError`.
+
+    The case replays in the float dtype it records (``settings.dtype``, set as
+    the returned case's ``dtype``), whatever ``ATTNFUZZ_DTYPE`` says: the case
+    wins, and with ``note_dtype`` a setting that differs is said in one line on
+    stderr. (A setting the device cannot run is refused before, by
+    :func:`attnfuzz.harness.devices.check_device`.)
     """
     doc = read_case(path)
     target = get_target(doc["target"])
-    case: Case = doc["case"]
+    case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
     target.refuse_invalid(case, str(path))
     name = impl or doc["implementation"]
     if impl is None and name not in target.implementations:
@@ -49,7 +70,17 @@ def load_case(
         raise UsageError(
             f"{path}: unknown implementation {name!r} for {target.name} (known: {known})"
         )
-    return target, target.resolve(name), case, doc
+    implementation = target.resolve(name)
+    setting = os.environ.get(DTYPE_VARIABLE)
+    if note_dtype and setting and case.dtype is not None and setting != case.dtype:
+        from attnfuzz.harness.cli import one_line
+
+        note = (
+            f"{DTYPE_VARIABLE}={setting} is not used: {path} was found in {case.dtype}, "
+            "which the replay uses"
+        )
+        print(f"attnfuzz: note: {one_line(note)}", file=sys.stderr)
+    return target, implementation, case, doc
 
 
 def _slug(text: str) -> str:
@@ -68,17 +99,33 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _escaped(c: str) -> str:
+    if c in '\\"':
+        return "\\" + c
+    if c.isprintable():
+        return c
+    return repr(c)[1:-1]  # control characters, line separators, lone surrogates
+
+
 def _string(text: str) -> str:
     """A double-quoted string literal (as ``ruff format`` writes them) of any text."""
-    out = []
-    for c in text:
-        if c in '\\"':
-            out.append("\\" + c)
-        elif c.isprintable():
-            out.append(c)
-        else:  # control characters, line separators, lone surrogates: escaped
-            out.append(repr(c)[1:-1])
-    return '"' + "".join(out) + '"'
+    return '"' + "".join(_escaped(c) for c in text) + '"'
+
+
+def _chunks(text: str, width: int) -> list[str]:
+    """String literals of at most ``width`` columns whose concatenation is ``text``,
+    cut after a space where one is near (an escape sequence is never cut in two)."""
+    out: list[str] = []
+    part: list[str] = []
+    for piece in map(_escaped, text):
+        if part and 2 + sum(map(len, part)) + len(piece) > width:
+            spaces = [i for i, p in enumerate(part) if p == " " and i >= len(part) // 2]
+            cut = spaces[-1] + 1 if spaces else len(part)
+            out.append('"' + "".join(part[:cut]) + '"')
+            part = part[cut:]
+        part.append(piece)
+    out.append('"' + "".join(part) + '"')
+    return out
 
 
 def _flat(value: Any) -> str:
@@ -91,26 +138,50 @@ def _flat(value: Any) -> str:
     return repr(value)  # int, float, bool, None
 
 
-def _literal(value: Any, indent: int = 0) -> str:
-    """A Python literal of JSON data, one item a line where it does not fit in one."""
-    value = _plain(value) if indent == 0 else value
+def _literal(value: Any, indent: int = 0, head: int = 0, tail: int = 0) -> str:
+    """A Python literal of JSON data, within :data:`LINE` columns where it can be.
+
+    The literal starts ``head`` columns after ``indent`` and is followed by
+    ``tail`` columns (a comma). What does not fit on that line is laid out one
+    item a line; a scalar that does not fit moves to a line of its own in
+    parentheses, a string as adjacent literals one a line.
+    """
     flat = _flat(value)
-    if indent + len(flat) <= 88 or not isinstance(value, dict | list) or not value:
+    if indent + head + len(flat) + tail <= LINE:
         return flat
     pad = " " * (indent + 4)
-    if isinstance(value, dict):
-        items = [f"{pad}{_string(k)}: {_literal(v, indent + 4)}," for k, v in value.items()]
+    if isinstance(value, dict) and value:
+        items = [
+            f"{pad}{_string(k)}: {_literal(v, indent + 4, len(_string(k)) + 2, 1)},"
+            for k, v in value.items()
+        ]
         return "{\n" + "\n".join(items) + "\n" + " " * indent + "}"
-    items = [f"{pad}{_literal(v, indent + 4)}," for v in value]
-    return "[\n" + "\n".join(items) + "\n" + " " * indent + "]"
+    if isinstance(value, list) and value:
+        items = [f"{pad}{_literal(v, indent + 4, 0, 1)}," for v in value]
+        return "[\n" + "\n".join(items) + "\n" + " " * indent + "]"
+    lines = _chunks(value, LINE - len(pad)) if isinstance(value, str) else [flat]
+    return "(\n" + "".join(f"{pad}{line}\n" for line in lines) + " " * indent + ")"
 
 
 def regression_test_name(target: str, found_on: str, impl: str, key: str, case: Case) -> str:
     """``test_<target>__<found on>__<key>[__on_<impl>]_<digest>``: one name per case and
-    implementation, so that two different cases never overwrite each other's file."""
-    digest = hashlib.sha256(json.dumps(case.to_dict(), sort_keys=True).encode()).hexdigest()[:8]
-    parts = [target, found_on, key] + ([f"on {impl}"] if impl != found_on else [])
-    return "test_" + "__".join(_slug(p) for p in parts) + "_" + digest
+    implementation, so that two different cases never overwrite each other's file.
+
+    Past :data:`MAX_TEST_NAME` characters the longest parts are cut, and the
+    digest then covers the names as well as the case.
+    """
+    names = [target, found_on, key] + ([f"on {impl}"] if impl != found_on else [])
+    parts = [_slug(p) for p in names]
+    room = MAX_TEST_NAME - len("test_") - len("_01234567") - 2 * (len(parts) - 1)
+    digested: Any = case.to_dict()
+    if sum(map(len, parts)) > room:
+        digested = [digested, names]
+        cap = max(map(len, parts))
+        while cap > 1 and sum(min(len(p), cap) for p in parts) > room:
+            cap -= 1
+        parts = [p[:cap].rstrip("_") for p in parts]
+    digest = hashlib.sha256(json.dumps(digested, sort_keys=True).encode()).hexdigest()[:8]
+    return "test_" + "__".join(parts) + "_" + digest
 
 
 def render_test(
@@ -123,12 +194,26 @@ def render_test(
     derived: Any,
 ) -> str:
     """The source of a standalone pytest file whose test ``name`` judges ``impl`` on ``case``."""
+    assignments = [
+        f"{label} = {_literal(_plain(value), 0, len(label) + 3)}"
+        for label, value in (
+            ("TARGET", target),
+            ("IMPLEMENTATION", impl),
+            ("FOUND_ON", found_on),
+            ("DTYPE", case.dtype or "float32"),
+            ("CASE", dataclasses.replace(case, dtype=None).to_dict()),
+            ("FOUND", verdict),
+            ("DERIVED", derived),
+        )
+    ]
+    data = "\n".join(assignments[:4]) + "\n\n" + "\n\n".join(assignments[4:])
     source = f'''"""Regression test exported by ``attnfuzz export``.
 
 It judges IMPLEMENTATION on CASE, a minimized case the fuzzer found on
 FOUND_ON, against the reference: it fails while the bug is present and passes
-once it is fixed. FOUND is the verdict when the case was found, DERIVED the
-quantities to read the trigger off; neither is used by the test.
+once it is fixed. Its float inputs are built in DTYPE, the dtype it was found
+in. FOUND is the verdict when the case was found, DERIVED the quantities to
+read the trigger off; neither is used by the test.
 """
 
 from __future__ import annotations
@@ -136,21 +221,18 @@ from __future__ import annotations
 from attnfuzz.harness.registry import get_target
 from attnfuzz.reference.batch import Case
 
-TARGET = {_string(target)}
-IMPLEMENTATION = {_string(impl)}
-FOUND_ON = {_string(found_on)}
-
-CASE = {_literal(case.to_dict())}
-
-FOUND = {_literal(verdict)}
-
-DERIVED = {_literal(derived)}
+# The case file's data, one item a line within 88 columns; no formatter moves it.
+# fmt: off
+{data}
+# fmt: on
 
 
-def {name}() -> None:
+def {name}():
     target = get_target(TARGET)
-    verdict = target.judge(target.resolve(IMPLEMENTATION), Case.from_dict(CASE))
-    assert verdict.ok, f"{{TARGET}} / {{IMPLEMENTATION}} fails the exported case:\\n{{verdict}}"
+    implementation = target.resolve(IMPLEMENTATION)
+    verdict = target.judge(implementation, Case.from_dict({{**CASE, "dtype": DTYPE}}))
+    message = f"{{TARGET}} / {{IMPLEMENTATION}} fails the exported case:\\n{{verdict}}"
+    assert verdict.ok, message
 '''
     compile(source, f"{name}.py", "exec")  # generated code must at least parse
     return source
@@ -161,8 +243,8 @@ def export_case(path: Path | str, out: Path | str = DEFAULT_DIR, impl: str | Non
 
     ``out`` is a directory (created if needed) or a file name ending in ``.py``.
     """
-    target, implementation, case, doc = load_case(path, impl)
-    verdict = doc.get("verdict") if isinstance(doc.get("verdict"), dict) else {}
+    target, implementation, case, doc = load_case(path, impl, note_dtype=False)
+    verdict = doc.get("verdict", {})
     found_on = doc["implementation"]
     name = regression_test_name(
         target.name, found_on, implementation.name, str(verdict.get("key", "failure")), case

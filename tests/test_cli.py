@@ -112,13 +112,19 @@ def test_a_case_too_large_for_memory_is_a_one_line_usage_error(tmp_path, capsys)
     from attnfuzz.harness.targets.indexer_decode import smallest_writeback
 
     case = smallest_writeback().to_dict()
-    # Its block table alone would need more address space than a machine has.
+    # Past the engine's int32 metadata: refused as it is read.
     case["config"]["max_model_len"] = 10**15
     doc = {"schema": SCHEMA, "target": "indexer-decode", "implementation": "triton", "case": case}
     path = write(tmp_path, "huge.json", json.dumps(doc))
     assert main(["repro", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "does not fit in memory" in err and err.count("\n") == 1
+    assert "max_model_len=1000000000000000 is outside" in err and err.count("\n") == 1
+    # In range, but its block table alone would need more memory than a machine has.
+    case["config"].update(max_model_len=2**31 - 1, max_num_seqs=2**31 - 1, block_size=1)
+    path = write(tmp_path, "huge.json", json.dumps(doc))
+    assert main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "too large to replay" in err and err.count("\n") == 1
 
 
 USER_MODULE = textwrap.dedent(
