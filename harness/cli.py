@@ -6,8 +6,12 @@ Exit status: 0 no failure, 1 a failure was found (or replays), 2 usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -64,7 +68,13 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a case file as a standalone pytest file")
     p.add_argument("case", type=Path)
-    p.add_argument("-o", "--out", type=Path, default=Path("tests") / "regressions")
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("tests") / "regressions",
+        help="a directory or a FILE.py (default: tests/regressions of the current directory)",
+    )
     p.add_argument("--impl", default=None, help="the implementation the test judges")
 
     p = sub.add_parser("report", help="regression report: baseline vs current campaign")
@@ -80,18 +90,46 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="every mutant of every target: the detection scoreboard")
     p.add_argument("--targets", nargs="+", default=None, help="default: every target")
     p.add_argument("--seeds", type=positive_int, default=5, help="derandomized runs per mutant")
-    p.add_argument("--budget", type=float, default=10.0, help="search seconds per mutant and seed")
-    p.add_argument("--shrink-budget", type=float, default=60.0, help="shrinking seconds per run")
+    p.add_argument(
+        "--budget",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds of search per mutant and seed: a plain number, in seconds (default 10)",
+    )
+    p.add_argument(
+        "--shrink-budget",
+        type=seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds of shrinking per run: a plain number, in seconds (default 60)",
+    )
     p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "zoo")
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
     p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
     return parser
 
 
-def _device(name: str | None) -> str:
-    from attnfuzz.kernels._triton import device
+def seconds(text: str) -> float:
+    """A plain number of seconds (no unit: ``10`` is ten seconds), finite; whether it
+    is > 0 the command checks."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a plain number of seconds such as 10 or 2.5, got {text!r}"
+        ) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
 
-    return name or str(device())
+
+def _device(name: str | None) -> str:
+    """``--device`` checked, with ``ATTNFUZZ_DTYPE``: a one-line :class:`UsageError`
+    for an unknown or absent device or a dtype it cannot run (see harness/devices.py)."""
+    from attnfuzz.harness.devices import check_device
+
+    return check_device(name)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -188,8 +226,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from attnfuzz.harness.export import export_case
 
     path = export_case(args.case, args.out, args.impl)
-    print(f"wrote {path}")
-    print(f"run: pytest {path}")
+    print(one_line(f"wrote {path}", PATH_LIMIT))
+    # The interpreter that has attnfuzz, whatever ``pytest`` on the PATH is.
+    command = f"{shlex.quote(sys.executable)} -m pytest {shlex.quote(str(path))}"
+    print(one_line(f"run: {command}", PATH_LIMIT))
     return EXIT_OK
 
 
@@ -199,8 +239,64 @@ def cmd_report(args: argparse.Namespace) -> int:
     return main_report(args.baseline, args.current, args.out)
 
 
+MESSAGE_LIMIT = 500
+"""Characters of a message to the terminal that quotes input (an error, a note)."""
+PATH_LIMIT = 4096
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
+
+
+def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` as one line of printable characters, at most ``limit`` long.
+
+    Control characters, line breaks and other non-printables are escaped as
+    ``repr`` writes them (``\\x1b``, ``\\n``); a longer text is cut and ends
+    with ``...``. Whatever an input held, it never reaches the terminal raw.
+    """
+    out: list[str] = []
+    length = 0
+    for c in str(text):
+        piece = c if c.isprintable() else repr(c)[1:-1]
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            return "".join(out)[: max(limit - 3, 0)] + "..."
+    return "".join(out)
+
+
+def _parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, its errors one line on stderr (exit status 2), like ours."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_args(argv)
+    except SystemExit as stop:
+        if stop.code in (0, None):  # --help: printed on stdout, nothing to say
+            raise
+        text = captured.getvalue()
+        found = re.search(r"^attnfuzz(?: (\S+))?: error: (.*)\Z", text, re.M | re.S)
+        command, message = found.groups() if found else (None, text)
+        message = message.strip()
+        hint = f"attnfuzz {command} --help" if command else "attnfuzz --help"
+        where = f"{command}: " if command else ""
+        print(f"attnfuzz: error: {where}{one_line(message)} (see {hint})", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _stdout_closed() -> int:
+    """The reader of our output went away (``attnfuzz list | head -1``): nothing more
+    is written to it, and the exit status says so, without a traceback."""
+    try:  # the recipe of Python's signal docs: what is still buffered goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # a stdout without a file descriptor (captured): nothing to redirect
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run one command. Exit status: 0 no failure, 1 a failure was found, 2 a usage
+    error (one line on stderr, before any work), 141 stdout was closed early."""
+    args = _parse_args(_parser(), argv)
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -208,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     from attnfuzz.harness.zoo import cmd_zoo
 
     try:
+        if args.command in ("run", "repro", "zoo"):  # the device and dtype, before any work
+            args.device = _device(args.device)
         commands = {
             "list": cmd_list,
             "run": cmd_run,
@@ -217,10 +315,14 @@ def main(argv: list[str] | None = None) -> int:
             "zoo": cmd_zoo,
             "campaign": cmd_campaign,
         }
-        return commands[args.command](args)
+        status = commands[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
     except UsageError as err:
-        print(f"attnfuzz: error: {err}", file=sys.stderr)
+        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,8 @@ def test_exported_test_fails_on_the_bug_and_passes_on_the_fix(mutant_case, tmp_p
     assert main(["export", str(mutant_case), "-o", str(out), "--impl", "triton"]) == 0
     printed = capsys.readouterr().out
     buggy, fixed = sorted(out.glob("test_*.py"), key=lambda p: "__on_triton" in p.name)
-    assert f"wrote {buggy}" in printed and f"run: pytest {fixed}" in printed
+    run = f"run: {shlex.quote(sys.executable)} -m pytest {shlex.quote(str(fixed))}"
+    assert f"wrote {buggy}" in printed and run in printed
     assert "__on_triton" in fixed.name and buggy.name.startswith("test_indexer_decode__")
 
     failing = _pytest(buggy)
