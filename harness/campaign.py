@@ -42,8 +42,9 @@ one left by a campaign that never finished is moved aside, not deleted.
 Exit status, in this order: ``2`` usage error; ``1`` a finding on an
 implementation that must pass (fixed, reference, user) or a run that could
 not go on (``error``); ``130`` (Ctrl-C) or ``143`` (SIGTERM) interrupted,
-the report covers what ran; ``1`` a mutant survived (no finding); ``0``
-otherwise.
+the report covers what ran; ``1`` a mutant survived (no finding); ``3`` a
+run judged no example at all (``not run``: the budget was too short for the
+machine), so the campaign says nothing of it; ``0`` otherwise.
 """
 
 from __future__ import annotations
@@ -62,39 +63,27 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
-from attnfuzz.harness.cli import non_negative_int, positive_int
+from attnfuzz.harness.cli import DURATION_HELP, non_negative_int, parse_duration, positive_int
+from attnfuzz.harness.devices import check_device
+from attnfuzz.harness.storage import check_database, database_spec, prepare_out
 from attnfuzz.harness.target import UsageError
+from attnfuzz.reports.document import NOT_RUN, SURVIVED, run_verdict
 
 SCHEMA = "attnfuzz.campaign/1"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_INCOMPLETE = 3  # some run judged no example: the campaign says nothing of it
 DEFAULT_DB = str(Path(".attnfuzz") / "db")
 DEFAULT_OUT = Path(".attnfuzz") / "campaign"
 PROFILE_ENV = "ATTNFUZZ_PROFILE"
-STOP_GRACE_S = 3.0  # after the deadline, before the workers are told to stop
-KILL_GRACE_S = 5.0  # after they were told, before they are killed
+# Workers end their units at the deadline by themselves (a call still running
+# then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
+STOP_GRACE_S = 1.0  # after the deadline, before the workers are told to stop
+KILL_GRACE_S = 2.0  # after they were told, before they are killed
 POLL_S = 0.25
 
 
 # -- command line -------------------------------------------------------------
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1h30m``, ``1.5h``: seconds, > 0."""
-    s = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", s):
-        value = float(s)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", s)
-        if not parts or "".join(a + b for a, b in parts) != s:
-            raise argparse.ArgumentTypeError(
-                f"expected a duration such as 90s, 10m or 1h30m, got {text!r}"
-            )
-        value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
-    return value
 
 
 def _workers(text: str) -> int:
@@ -147,9 +136,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="registered names or module:attribute (default: each target's fixed one, triton)",
     )
     p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
-    p.add_argument("--budget", type=_seconds, default=None, help="wall clock: 90s, 10m, 1h")
+    p.add_argument(
+        "--budget",
+        type=_seconds,
+        default=None,
+        metavar="DURATION",
+        help=f"wall clock from the start, worker start-up included ({DURATION_HELP})",
+    )
     p.add_argument("--max-examples", type=positive_int, default=None, help="per implementation")
-    p.add_argument("-n", "--workers", type=_workers, default=1, help="worker processes, or auto")
+    p.add_argument(
+        "-n",
+        "--workers",
+        type=_workers,
+        default=1,
+        help="worker processes, or auto: one per core (more than the cores are capped)",
+    )
     p.add_argument("--db", default=DEFAULT_DB, help="a directory, or redis://HOST:PORT")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized campaign")
@@ -160,7 +161,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"Hypothesis settings profile (default: ${PROFILE_ENV}, else dev)",
     )
     p.add_argument(
-        "--example-timeout", type=_seconds, default=None, help="per example (default: profile's)"
+        "--example-timeout",
+        type=_seconds,
+        default=None,
+        metavar="DURATION",
+        help=f"per example (default: the profile's; {DURATION_HELP})",
     )
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
     p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
@@ -294,24 +299,6 @@ def finding_id(target: str, impl: str, key: str) -> str:
     return "--".join(re.sub(r"[^A-Za-z0-9._=-]", "_", part) for part in (target, impl, key))
 
 
-def check_database(spec: str) -> None:
-    """A Redis database must answer before any worker starts."""
-    scheme = urlsplit(spec).scheme
-    if scheme in ("redis", "rediss", "unix"):
-        try:
-            import redis
-        except ImportError as err:
-            raise UsageError(f"--db {spec}: the redis package is not installed") from err
-        try:
-            redis.Redis.from_url(spec, socket_connect_timeout=5).ping()
-        except (redis.RedisError, ValueError) as err:
-            raise UsageError(f"--db {spec}: cannot reach Redis ({err})") from err
-    elif scheme and len(scheme) > 1:  # not a Windows drive letter
-        raise UsageError(f"--db {spec}: expected a directory or redis://HOST:PORT")
-    elif Path(spec).exists() and not Path(spec).is_dir():
-        raise UsageError(f"--db {spec}: not a directory")
-
-
 def _import_root(module_name: str) -> str | None:
     """The sys.path entry a user's module was imported from, for the workers."""
     module = sys.modules.get(module_name)
@@ -326,31 +313,42 @@ def _import_root(module_name: str) -> str | None:
 # -- what the workers wrote ---------------------------------------------------
 
 
-def _fault(scratch: Path, item_id: str) -> tuple[str, str] | None:
-    """Why a worker died while judging, from its fault log and xdist's crash mark."""
+def _worker_fault(scratch: Path, item_id: str) -> str:
+    """How a lost worker died, from its own fault log (a harness event, not a verdict)."""
+    from attnfuzz.harness.isolation import describe_fault
+
     try:
         text = (scratch / "faults" / f"{item_id}.log").read_text(errors="replace")
     except OSError:
         text = ""
-    where = ""
-    # One block per thread, innermost frame first; the faulting thread is
-    # "Current thread", and on a timeout the main thread is listed last.
-    blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", text, flags=re.M)
-    blocks = [b for b in blocks if re.match(r"(Current thread|Thread) 0x", b)]
-    current = [b for b in blocks if b.startswith("Current thread")]
-    block = current[0] if current else blocks[-1] if blocks else ""
-    frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', block)
-    if frame:  # the file name only, never a full path
-        where = f" at {Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
-    timeout = re.search(r"Timeout \(([^)]*)\)", text)
-    if timeout:
-        return "timeout", where
-    fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
-    if fatal:
-        return "crash", f"Fatal Python error: {fatal.group(1).strip()}{where}"
-    if (scratch / "crashed" / item_id).exists():
-        return "crash", "the worker process died without a Python fault report (killed)"
-    return None
+    fault = describe_fault(text)
+    return fault[1] if fault else "killed without a Python fault report"
+
+
+class Replays:
+    """Cases a lost worker was judging, replayed once each in isolation.
+
+    A worker is lost to what happens outside the implementation too (a
+    SIGKILL, the machine's memory): its in-flight case is a finding only
+    when it fails again, alone, in a fresh child.
+    """
+
+    def __init__(self, plan: dict[str, Any]):
+        self.plan = plan
+        self.verdicts: dict[str, Any] = {}
+
+    def verdict(self, item_id: str, unit: Unit, case_dict: dict[str, Any]) -> Any:
+        if item_id not in self.verdicts:
+            from attnfuzz.harness.isolation import IsolatedJudge
+            from attnfuzz.harness.registry import get_target
+            from attnfuzz.reference.batch import Case
+
+            target = get_target(unit.target)
+            impl = target.resolve(unit.impl)
+            timeout = self.plan["example_timeout"]
+            with IsolatedJudge(target, impl, self.plan["device"], timeout) as judge:
+                self.verdicts[item_id] = judge.judge(Case.from_dict(case_dict))
+        return self.verdicts[item_id]
 
 
 def _merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
@@ -374,6 +372,7 @@ class Snapshot:
 
     runs: list[dict[str, Any]] = field(default_factory=list)
     findings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # the harness's, not findings
     settled: int = 0  # work units that ended (done, error, interrupted, or died judging)
 
 
@@ -385,11 +384,13 @@ def collect(
     final: bool = False,
     interrupted: bool = False,
     pytest_status: str | None = None,
+    replays: Replays | None = None,
 ) -> Snapshot:
-    """Merge the work units' files into runs and deduplicated findings.
+    """Merge the work units' files into runs, deduplicated findings and events.
 
-    A case left in flight by a worker that died (a fault log or xdist's crash
-    mark says so) becomes a ``timeout`` or ``crash`` finding.
+    A shard whose worker died (xdist's crash mark says so) has ended; the
+    case it left in flight is replayed in isolation (``replays``) and is a
+    finding if it fails there, else the loss is a ``worker-lost`` event.
     """
     from attnfuzz.harness.campaign_worker import case_size, read_json
 
@@ -397,7 +398,6 @@ def collect(
     for item in plan["items"]:
         items_by_unit[item["unit"]].append(item)
     snap = Snapshot()
-    timeout = plan["example_timeout"]
     for u, unit in enumerate(units):
         states, errors = [], []
         settled_before = snap.settled
@@ -414,29 +414,43 @@ def collect(
             if state.get("status") == "error":
                 errors.append(state.get("error") or "the harness failed")
             found = list(state["findings"].values())
-            inflight = read_json(scratch / "inflight" / f"{item['id']}.json")
-            fault = _fault(scratch, item["id"]) if inflight is not None else None
-            if inflight is not None and fault is not None:
-                snap.settled += state.get("status") == "running"
-                check, detail = fault
-                if check == "timeout":
-                    expected = f"a verdict within {timeout:g}s"
-                    got = f"no verdict after {timeout:g}s{detail}"
+            lost = (scratch / "crashed" / item["id"]).exists()
+            if lost and state.get("status") == "running":  # the worker died: the shard ended
+                snap.settled += 1
+                inflight = read_json(scratch / "inflight" / f"{item['id']}.json")
+                event = {
+                    "event": "worker-lost",
+                    "target": unit.target,
+                    "implementation": unit.impl,
+                    "shard": item["shard"],
+                    "detail": _worker_fault(scratch, item["id"]),
+                }
+                verdict = None
+                if inflight is not None and replays is not None:
+                    verdict = replays.verdict(item["id"], unit, inflight["case"])
+                if verdict is not None and not verdict.ok:
+                    _count_dead_example(state, inflight, plan)
+                    found.append(
+                        {
+                            "key": verdict.key,
+                            "case": inflight["case"],
+                            "verdict": {
+                                "key": verdict.key,
+                                "mismatches": [m.to_dict() for m in verdict.mismatches],
+                            },
+                            "examples_to_failure": inflight["examples"] + 1,
+                            "seconds_to_failure": inflight["started"]
+                            - (state.get("first_example") or inflight["started"]),
+                            "found": inflight["started"],
+                        }
+                    )
                 else:
-                    expected, got = "the process to survive the call", detail
-                mismatch = {"check": check, "where": unit.impl, "expected": expected, "got": got}
-                _count_dead_example(state, inflight, timeout if check == "timeout" else 0.0, plan)
-                found.append(
-                    {
-                        "key": check,
-                        "case": inflight["case"],
-                        "verdict": {"key": check, "mismatches": [mismatch]},
-                        "examples_to_failure": inflight["examples"] + 1,
-                        "seconds_to_failure": inflight["started"]
-                        - (state.get("first_example") or inflight["started"]),
-                        "found": inflight["started"],
-                    }
-                )
+                    event["detail"] += (
+                        "; the case it was judging passed when replayed alone"
+                        if verdict is not None
+                        else "; it was between two cases"
+                    )
+                    snap.events.append(event)
             for f in found:
                 known = keyed.get(f["key"])
                 if known is None:
@@ -470,7 +484,7 @@ def collect(
                 "seconds_to_failure": round(f["seconds_to_failure"], 3),
                 "found": f["found"],
             }
-        status = "error" if errors else "fail" if ids else "pass"
+        status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
         running = snap.settled - settled_before < len(items_by_unit[u])
         run = {
             "target": unit.target,
@@ -494,14 +508,14 @@ def collect(
 
 
 def _count_dead_example(
-    state: dict[str, Any], inflight: dict[str, Any], hung_s: float, plan: dict[str, Any]
+    state: dict[str, Any], inflight: dict[str, Any], plan: dict[str, Any]
 ) -> None:
-    """The example a worker died on was judged too: its verdict is the crash."""
+    """The example a worker died on was judged too: its verdict is the replay's."""
     from attnfuzz.reference.batch import Case
     from attnfuzz.strategies.batches import scenario_labels
 
     examples = max(state["examples"], inflight["examples"] + 1)
-    end = max(state["updated"], inflight["started"] + hung_s)
+    end = max(state["updated"], inflight["started"])
     if examples > state["examples"]:
         for label in scenario_labels(Case.from_dict(inflight["case"])):
             state["labels"][label] = state["labels"].get(label, 0) + 1
@@ -513,7 +527,8 @@ def _count_dead_example(
 
 
 def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
-    """See the module docstring: must-pass findings and errors, then interrupts, then mutants."""
+    """See the module docstring: must-pass findings and errors, then interrupts, then
+    mutants, then runs that judged nothing."""
     runs = campaign["runs"]
     if any(r["status"] == "error" for r in runs):
         return EXIT_FAILURE
@@ -521,17 +536,16 @@ def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
         return EXIT_FAILURE
     if campaign["interrupted"]:
         return 128 + (signum or signal.SIGINT)
-    if any(r["kind"] == "mutant" and not r["findings"] for r in runs):
+    if any(run_verdict(r) == SURVIVED for r in runs):
         return EXIT_FAILURE
+    if any(run_verdict(r) == NOT_RUN for r in runs):
+        return EXIT_INCOMPLETE
     return EXIT_OK
 
 
 def verdict_word(run: dict[str, Any]) -> str:
-    if run["status"] == "error":
-        return "ERROR"
-    if run["kind"] == "mutant":
-        return "CAUGHT" if run["findings"] else "SURVIVED"
-    return "FAIL" if run["findings"] else "PASS"
+    """The run's verdict as the console shows it: the reports' word, in capitals."""
+    return run_verdict(run).upper()
 
 
 # -- progress -------------------------------------------------------------------
@@ -633,8 +647,10 @@ def _iso(t: float) -> str:
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _child_env(roots: list[str]) -> dict[str, str]:
+def _child_env(roots: list[str], scratch: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # Hypothesis' own cache stays in the campaign's scratch: nothing outside --out and --db.
+    env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(scratch / "hypothesis")
     for name in list(env):
         # The campaign's pytest run is ours: nothing of an enclosing pytest or xdist.
         if name.startswith(("PYTEST_XDIST_", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")):
@@ -655,6 +671,8 @@ class _CaseWriter:
 
     def __init__(self, out: Path, device: str):
         self.out, self.device = out, device
+        self.shown = out  # the directory as printed
+        self.example_timeout: float | None = None  # recorded in each case file
         self.written: dict[str, str] = {}
         self.derived: dict[str, dict[str, Any]] = {}
 
@@ -670,7 +688,12 @@ class _CaseWriter:
         case = Case.from_dict(finding["case"])
         verdict = Verdict([Mismatch(**m) for m in finding["verdict"]["mismatches"]])
         doc = case_document(
-            finding["target"], finding["implementation"], case, verdict, self.device
+            finding["target"],
+            finding["implementation"],
+            case,
+            verdict,
+            self.device,
+            example_timeout=self.example_timeout,
         )
         finding["derived"] = self.derived[finding["id"]] = doc["derived"]
         write_case(self.out / finding["case_file"], doc)
@@ -684,7 +707,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
 
     Usage errors raise :class:`UsageError` before anything runs.
     """
-    from attnfuzz.harness.campaign_worker import PLAN, PROFILES, write_json
+    from attnfuzz.harness.campaign_worker import PROFILES
 
     started = time.time()
     stream = stream or sys.stdout
@@ -700,31 +723,131 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
     if budget is None and options.max_examples is None:
         budget = profile.budget_s
     timeout = options.example_timeout_s or profile.example_timeout_s
-    if options.out.exists() and not options.out.is_dir():
-        raise UsageError(f"--out {options.out}: not a directory")
+    options.device = check_device(options.device)  # one line and exit 2, before any work
+    workers = cap_workers(options.workers, stream)
+    # Paths are checked and made absolute before any user code runs (it may
+    # change directory); the database must answer before any worker starts.
+    out = prepare_out(options.out, create=False)
+    database = None
     if not derandomized:
-        check_database(options.database)
+        database = database_spec(options.database)
+        check_database(database)
     units = plan_units(options.targets, options.impls, options.zoo)
     roots = [r for u in units if ":" in u.impl if (r := _import_root(u.impl.split(":")[0]))]
+    out.mkdir(parents=True, exist_ok=True)  # no usage error left: now it may be made
+    lock = lock_out(out)  # one campaign at a time in one --out
+    try:
+        keep_previous(out, stream)
+        return _run_locked(
+            options,
+            stream,
+            started,
+            profile,
+            units,
+            roots,
+            out,
+            database,
+            seed,
+            derandomized,
+            budget,
+            timeout,
+            workers,
+        )
+    finally:
+        lock.close()
 
-    out = options.out
-    scratch = (out / ".work").resolve()  # the workers' files: absolute, whatever their cwd
+
+def cap_workers(asked: int, stream: TextIO) -> int:
+    """At most one worker per core: each loads torch and judges on one core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    if asked > cores:
+        print(
+            f"asked for {asked} workers; using {cores}, one per core of this machine", file=stream
+        )
+        return cores
+    return asked
+
+
+LOCK_FILE = ".campaign.lock"
+
+
+def lock_out(out: Path) -> TextIO:
+    """Hold ``<out>/.campaign.lock`` for the campaign's life; a second campaign
+    in the same directory is a usage error, not a corruption of the first."""
+    import fcntl
+
+    handle = (out / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UsageError(
+            f"--out {out}: a campaign is already running there (pid {holder}); "
+            "wait for it or choose another --out"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+PREVIOUS = "previous"
+RESULTS = ("campaign.json", "summary.md", "report.html", "junit.xml", "cases")
+
+
+def keep_previous(out: Path, stream: TextIO) -> None:
+    """The last campaign's results move to ``<out>/previous/``: the baseline of
+    ``attnfuzz report``, never overwritten by the campaign that follows it."""
+    if not (out / "campaign.json").exists():
+        return
+    previous = out / PREVIOUS
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for name in RESULTS:
+        if (out / name).exists():
+            os.replace(out / name, previous / name)
+    print(f"the previous campaign's results are in {previous}", file=stream)
+
+
+def _run_locked(
+    options: Options,
+    stream: TextIO,
+    started: float,
+    profile: Any,
+    units: list[Unit],
+    roots: list[str],
+    out: Path,
+    database: str | None,
+    seed: int | None,
+    derandomized: bool,
+    budget: float | None,
+    timeout: float,
+    workers: int,
+) -> tuple[dict[str, Any], int]:
+    """The campaign proper, its ``--out`` locked: plan, start the workers, supervise."""
+    from attnfuzz.harness.campaign_worker import PLAN, write_json
+
+    scratch = out / ".work"  # the workers' files: absolute, whatever their cwd
     if scratch.exists():  # a campaign that never finished: its findings may be only there
         kept = out / f".work-unfinished-{int(scratch.stat().st_mtime)}"
         scratch.rename(kept)
         print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
-    for sub in ("items", "inflight", "faults", "started", "crashed"):
+    for sub in ("items", "inflight", "faults", "started", "crashed", "hypothesis"):
         (scratch / sub).mkdir(parents=True)
-    items = plan_items(units, options.workers, options.max_examples)
+    items = plan_items(units, workers, options.max_examples)
     plan = {
         "started": started,
         "budget": budget,
         "deadline": started + budget if budget is not None else None,
-        "workers": options.workers,
+        "workers": workers,
         "profile": profile.name,
         "derandomized": derandomized,
         "seed": seed,
-        "database": None if derandomized else options.database,
+        "database": database,
         "scale": options.scale,
         "device": options.device,
         "example_timeout": timeout,
@@ -748,7 +871,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "-p",
         "no:faulthandler",
         "-n",
-        str(options.workers),
+        str(workers),
         "--max-worker-restart",
         str(len(items)),
         "-q",
@@ -768,7 +891,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_child_env(roots),
+            env=_child_env(roots, scratch),
             start_new_session=True,  # Ctrl-C reaches us; we stop the workers in order
         )
         return _supervise(stopper, options, plan, units, scratch, stream, started, log)
@@ -847,11 +970,14 @@ def _supervise(
 
     proc = stopper.proc
     assert proc is not None
-    out, items = options.out, plan["items"]
+    # Files go to the absolute --out; what is printed names it as the user did.
+    out, shown, items = scratch.parent, options.out, plan["items"]
+    replays = Replays(plan)
     device = options.device or str(kernel_device())
     env_info = environment(device)
     writer = _CaseWriter(out, device)
-    title = f"campaign: {len(units)} runs, {options.workers} worker(s), profile {plan['profile']}"
+    writer.shown, writer.example_timeout = shown, plan["example_timeout"]
+    title = f"campaign: {len(units)} runs, {plan['workers']} worker(s), profile {plan['profile']}"
     if options.quiet or not stream.isatty():
         progress: LineProgress | LiveProgress = LineProgress(
             stream, None if options.quiet else 10.0
@@ -871,7 +997,7 @@ def _supervise(
             if stopper.interrupted_by is not None and not announced:
                 progress.say("interrupted: stopping the workers, writing what ran")
                 announced = True
-            snap = collect(scratch, plan, units)
+            snap = collect(scratch, plan, units, replays=replays)
             _report_new(snap, writer, progress, started)
             now = time.time()
             left = max(0.0, plan["deadline"] - now) if plan["deadline"] else None
@@ -890,6 +1016,7 @@ def _supervise(
             final=True,
             interrupted=stopped,
             pytest_status=f"pytest exit code {proc.returncode}" if ended_by_itself else None,
+            replays=replays,
         )
         _report_new(snap, writer, progress, started)
         finished = time.time()
@@ -901,22 +1028,23 @@ def _supervise(
             "budget": {"seconds": budget, "max_examples": options.max_examples},
             "profile": plan["profile"],
             "seed": plan["seed"],
-            "workers": options.workers,
+            "workers": plan["workers"],
             "database": plan["database"] or "none",
             "interrupted": stopper.interrupted_by is not None,
             "environment": env_info,
             "runs": snap.runs,
             "findings": [],
+            "events": snap.events,
         }
         for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
             writer.write(f)
-            f["repro"] = f"attnfuzz repro {out / f['case_file']}"
+            f["repro"] = f"attnfuzz repro {shown / f['case_file']}"
             campaign["findings"].append({k: f[k] for k in _FINDING_FIELDS})
         tmp = out / ".campaign.json.tmp"
         tmp.write_text(json.dumps(campaign, indent=2) + "\n")
         os.replace(tmp, out / "campaign.json")
         code = exit_status(campaign, stopper.interrupted_by)
-        for line in _summary(campaign, out, code):
+        for line in _summary(campaign, shown, code):
             progress.say(line)
         reports = _write_reports(campaign, out)
         if reports:
@@ -957,7 +1085,7 @@ def _report_new(snap: Snapshot, writer: _CaseWriter, progress: Any, started: flo
         if writer.write(f):
             progress.say(
                 f"[{f['found'] - started:6.1f}s] FOUND {f['target']} / {f['implementation']} "
-                f"[{f['key']}] -> {writer.out / f['case_file']}"
+                f"[{f['key']}] -> {writer.shown / f['case_file']}"
             )
 
 
@@ -970,6 +1098,11 @@ def _summary(campaign: dict[str, Any], out: Path, code: int) -> list[str]:
             f"{run['examples']} examples, {run['examples_per_second']:.1f}/s"
             + (f"  [{keys}]" if keys else "")
             + (f"  {run['error']}" if run.get("error") else "")
+        )
+    for event in campaign.get("events", []):
+        lines.append(
+            f"EVENT    {event['target']} / {event['implementation']}: {event['event']} "
+            f"(shard {event['shard']}): {event['detail']}"
         )
     n = len(campaign["findings"])
     lines.append(

@@ -10,15 +10,17 @@ lost whatever happens to the process:
   every distinct finding, rewritten atomically a few times a second and at
   once when a finding is new or smaller;
 - ``inflight/<id>.json``: the case being judged, written before the judge and
-  removed after it. Left behind, it is the case that killed or hung the
-  process;
-- ``faults/<id>.log``: :mod:`faulthandler`'s report. A per-example timeout
-  (``dump_traceback_later(exit=True)``) writes ``Timeout (...)`` there and ends
-  the process; a segfault or abort writes ``Fatal Python error: ...``.
+  removed after it. Left behind, it is the case the worker was judging when
+  the worker itself was lost;
+- ``faults/<id>.log``: :mod:`faulthandler`'s report of the worker itself.
 
-The controller (:mod:`attnfuzz.harness.campaign`) turns a left-behind case
-into a ``timeout`` or ``crash`` finding; pytest-xdist replaces the dead worker
-and the rest of the campaign goes on.
+Every case is judged in a child of the worker
+(:class:`~attnfuzz.harness.isolation.IsolatedJudge`): an implementation that
+raises, hangs past the per-example timeout, aborts or segfaults gives a
+``exception``, ``timeout`` or ``crash`` verdict and the unit goes on. A worker
+that dies all the same (killed from outside, out of memory) leaves its
+in-flight case; the controller (:mod:`attnfuzz.harness.campaign`) replays it
+in isolation, and files it as a finding only if it fails there too.
 
 Hypothesis generates, shrinks and remembers: each distinct failure (its
 :attr:`Verdict.key`) raises its own subclass of :class:`Finding`, so that
@@ -38,12 +40,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from attnfuzz.harness.oracle import Verdict, exception_mismatch
+from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
+from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.runner import Finding, database_key
+from attnfuzz.harness.storage import open_database
 from hypothesis import HealthCheck, Phase, event, given, seed, settings
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 PLAN = "plan.json"
 
@@ -98,18 +100,6 @@ def finding_class(key: str) -> type[Finding]:
     if key not in _FINDINGS:
         _FINDINGS[key] = type(f"Finding[{key}]", (Finding,), {"__module__": __name__})
     return _FINDINGS[key]
-
-
-def open_database(spec: str | None) -> ExampleDatabase | None:
-    """``redis://HOST:PORT[/N]`` is Hypothesis' Redis database; anything else a directory."""
-    if spec is None:
-        return None
-    if urlsplit(spec).scheme in ("redis", "rediss", "unix"):
-        import redis
-        from hypothesis.extra.redis import RedisExampleDatabase
-
-        return RedisExampleDatabase(redis.Redis.from_url(spec))
-    return DirectoryBasedExampleDatabase(spec)
 
 
 def round_seed(base: int, item: dict[str, Any], n: int) -> int:
@@ -275,10 +265,12 @@ def run_item(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> dict[
     log = ItemLog(scratch, item, plan["started"])
     deadline = item_deadline(scratch, plan, item)
     log.state["deadline"] = deadline
+    # The implementation runs in a child (IsolatedJudge); this report is of the
+    # worker itself dying, which the controller tells apart from a finding.
     fault_file = (scratch / "faults" / f"{item['id']}.log").open("w")
     faulthandler.enable(file=fault_file)
     try:
-        _run_rounds(log, plan, item, deadline, fault_file)
+        _run_rounds(log, plan, item, deadline)
     except KeyboardInterrupt:
         log.finish("interrupted")
         raise
@@ -294,16 +286,14 @@ def run_item(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> dict[
 
 
 def _run_rounds(
-    log: ItemLog, plan: dict[str, Any], item: dict[str, Any], deadline: float | None, fault_file
+    log: ItemLog, plan: dict[str, Any], item: dict[str, Any], deadline: float | None
 ) -> None:
     from attnfuzz.harness.registry import get_target
     from attnfuzz.strategies.batches import SCALES, scenario_labels
 
     target = get_target(item["target"])
     impl = target.resolve(item["impl"])
-    profile = PROFILES[plan["profile"]]
-    cap: int | None = item["max_examples"]
-    if cap == 0:
+    if item["max_examples"] == 0:
         return
     timeout = float(plan["example_timeout"])
     device = plan["device"]
@@ -320,13 +310,12 @@ def _run_rounds(
             event(label)
         case_dict = case.to_dict()
         log.before(case_dict)
-        faulthandler.dump_traceback_later(timeout, exit=True, file=fault_file)
         try:
-            verdict = target.judge(impl, case, device)
-        except (SystemExit, GeneratorExit) as err:  # judge lets these through: still a finding
-            verdict = Verdict([exception_mismatch(impl.name, err)])
+            # The campaign's deadline bounds even a hanging call: the budget holds.
+            verdict = isolated.judge(case, deadline=plan["deadline"])
+        except OutOfTime:
+            raise _Stop from None
         finally:
-            faulthandler.cancel_dump_traceback_later()
             log.after()
         log.judged(labels)
         if not verdict.ok:
@@ -334,39 +323,44 @@ def _run_rounds(
             raise finding_class(verdict.key)(verdict)
 
     strategy = target.cases(SCALES[plan["scale"]])
-    n = 0
-    while not out_of_time():
-        # The corpus is replayed once, first; later runs look for new failures
-        # (Hypothesis skips generation while replayed failures still fail).
-        phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
-        if n == 0:
-            phases.insert(1, Phase.reuse)
-        limit = cap if cap is not None else profile.round_examples
-        test = settings(
-            settings.get_profile(profile.hypothesis_profile),
-            max_examples=limit,
-            database=database,
-            phases=phases,
-        )(given(strategy)(check))
-        test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
-        if plan["derandomized"]:
-            test = seed(round_seed(plan["seed"] or 0, item, n))(test)
-        # else Hypothesis draws the seed: an explicit @seed would turn its database off.
-        before = len(log.state["findings"])
-        try:
-            test()
-        except _Stop:
-            break
-        except BaseException as err:
-            # Findings were recorded as they came; anything else is the harness's.
-            if not all(isinstance(leaf, Finding) for leaf in _leaves(err)):
-                raise
-        finally:  # the seed that replays this Hypothesis run, for the record
-            used = getattr(test, "_hypothesis_internal_use_seed", None)
-            used = used or getattr(test, "_hypothesis_internal_use_generated_seed", None)
-            log.state["rounds"].append(used)
-        n += 1
-        if cap is not None:
-            break  # --max-examples: one Hypothesis run, as `attnfuzz run`
-        if impl.kind == "mutant" and len(log.state["findings"]) > before:
-            break  # the zoo asks whether a mutant is caught: it is
+    profile = PROFILES[plan["profile"]]
+    cap: int | None = item["max_examples"]
+    # Every case is judged in a child of this worker: what the implementation
+    # does to its process is a finding, never the end of the unit.
+    with IsolatedJudge(target, impl, device, timeout) as isolated:
+        n = 0
+        while not out_of_time():
+            # The corpus is replayed once, first; later runs look for new failures
+            # (Hypothesis skips generation while replayed failures still fail).
+            phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
+            if n == 0:
+                phases.insert(1, Phase.reuse)
+            limit = cap if cap is not None else profile.round_examples
+            test = settings(
+                settings.get_profile(profile.hypothesis_profile),
+                max_examples=limit,
+                database=database,
+                phases=phases,
+            )(given(strategy)(check))
+            test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
+            if plan["derandomized"]:
+                test = seed(round_seed(plan["seed"] or 0, item, n))(test)
+            # else Hypothesis draws the seed: an explicit @seed would turn its database off.
+            before = len(log.state["findings"])
+            try:
+                test()
+            except _Stop:
+                break
+            except BaseException as err:
+                # Findings were recorded as they came; anything else is the harness's.
+                if not all(isinstance(leaf, Finding) for leaf in _leaves(err)):
+                    raise
+            finally:  # the seed that replays this Hypothesis run, for the record
+                used = getattr(test, "_hypothesis_internal_use_seed", None)
+                used = used or getattr(test, "_hypothesis_internal_use_generated_seed", None)
+                log.state["rounds"].append(used)
+            n += 1
+            if cap is not None:
+                break  # --max-examples: one Hypothesis run, as `attnfuzz run`
+            if impl.kind == "mutant" and len(log.state["findings"]) > before:
+                break  # the zoo asks whether a mutant is caught: it is

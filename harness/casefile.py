@@ -33,6 +33,7 @@ from attnfuzz.reference.batch import (
 from attnfuzz.reference.invariants import batch_violations, config_violations
 
 SCHEMA = "attnfuzz.case/1"
+MAX_EXAMPLE_TIMEOUT_S = 24 * 3600  # a recorded per-example timeout longer than a day is no case
 
 MAX_CASE_BYTES = 1 << 20
 """A case file is a few kilobytes; a larger one is refused unread."""
@@ -123,13 +124,19 @@ def case_document(
     verdict: Verdict,
     device: str = "cpu",
     dtype: str | None = None,
+    example_timeout: float | None = None,
 ) -> dict[str, Any]:
     """The case file of a finding.
 
     ``settings.dtype`` records the float dtype the inputs were built in, so that
     the case replays in it: ``dtype`` if given, else the case's own, else the
     setting in force (``ATTNFUZZ_DTYPE``, ``float32`` when unset).
+    ``settings.example_timeout`` (seconds), when given, is the per-example
+    timeout the case was judged under: ``repro`` replays it with the same one.
     """
+    settings: dict[str, Any] = {"dtype": dtype or case.dtype or float_dtype_name()}
+    if example_timeout is not None:
+        settings["example_timeout"] = example_timeout
     body = case.to_dict()
     body.pop("dtype", None)  # a setting, recorded under "settings"
     return {
@@ -137,7 +144,7 @@ def case_document(
         "target": target,
         "implementation": implementation,
         "case": body,
-        "settings": {"dtype": dtype or case.dtype or float_dtype_name()},
+        "settings": settings,
         "verdict": {
             "key": verdict.key,
             "mismatches": [m.to_dict() for m in verdict.mismatches],
@@ -306,15 +313,27 @@ def read_case(path: Path | str) -> dict[str, Any]:
     for key in ("verdict", "derived", "environment", "settings"):  # export, reports, replay
         _require(isinstance(doc.get(key, {}), dict), path, f"{key!r} must be an object")
     settings = doc.get("settings", {})
-    unknown = sorted(set(settings) - {"dtype"})
+    unknown = sorted(set(settings) - {"dtype", "example_timeout"})
     _require(not unknown, path, f"unknown field(s) {short(unknown)} in 'settings'")
+    timeout = settings.get("example_timeout")
+    _require(
+        timeout is None
+        or (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and 0 < timeout <= MAX_EXAMPLE_TIMEOUT_S
+        ),
+        path,
+        f"settings.example_timeout must be seconds in (0, {MAX_EXAMPLE_TIMEOUT_S}], "
+        f"got {short(timeout)}",
+    )
     dtype = settings.get("dtype", "float32")  # older files: float32
     _require(
         isinstance(dtype, str) and dtype in FLOAT_DTYPES,
         path,
         f"settings.dtype must be one of {', '.join(FLOAT_DTYPES)}, got {short(dtype)}",
     )
-    doc["settings"] = {"dtype": dtype}
+    doc["settings"] = {"dtype": dtype} | ({} if timeout is None else {"example_timeout": timeout})
     body = doc.get("case")
     _require(isinstance(body, dict), path, "missing 'case' object")
     try:

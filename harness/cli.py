@@ -12,8 +12,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from attnfuzz.harness.target import UsageError
 
@@ -40,6 +43,36 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def parse_duration(text: str) -> float:
+    """``90`` (seconds), ``90s``, ``10m``, ``1h30m``, ``1.5h``: seconds, > 0."""
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        value = float(s)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", s)
+        if not parts or "".join(a + b for a, b in parts) != s:
+            raise argparse.ArgumentTypeError(
+                f"expected a duration such as 90s, 10m or 1h30m, got {text!r}"
+            )
+        value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return value
+
+
+DURATION_HELP = "a number of seconds, or with a unit: 90s, 10m, 1h30m"
+
+
+def add_timeout_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--example-timeout",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help=f"{what} ({DURATION_HELP})",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from attnfuzz.strategies.batches import SCALES
 
@@ -57,14 +90,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-examples", type=positive_int, default=200)
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized run")
     p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "cases")
-    p.add_argument("--db", type=Path, default=Path(".attnfuzz") / "db")
+    p.add_argument(
+        "--db",
+        default=str(Path(".attnfuzz") / "db"),
+        help="example database: a directory, or redis://HOST:PORT (unused with --seed)",
+    )
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
     p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
+    add_timeout_argument(p, "per example: a call without a verdict by then is a 'timeout'")
 
     p = sub.add_parser("repro", help="replay a case file")
     p.add_argument("case", type=Path)
     p.add_argument("--impl", default=None, help="another implementation to replay it on")
     p.add_argument("--device", default=None)
+    add_timeout_argument(p, "for the replay (default: the case's, else 30s)")
 
     p = sub.add_parser("export", help="write a case file as a standalone pytest file")
     p.add_argument("case", type=Path)
@@ -158,11 +197,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_failure(doc: dict, path: Path | None) -> None:
+def _print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
     print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
-        print(f"  [{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
-    print("minimized case:")
+        # An implementation's exception text may hold anything: one printable line each.
+        print(
+            "  "
+            + one_line(f"[{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
+        )
+    print("minimized case:" if shrunk else "case:")
     print(
         "  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
     )
@@ -172,53 +215,128 @@ def _print_failure(doc: dict, path: Path | None) -> None:
         print(f"replay: attnfuzz repro {path}")
 
 
+def _save_case(path: Path, doc: dict) -> Path | None:
+    """Write a case file; if that fails, the case goes to the terminal, never lost."""
+    from attnfuzz.harness.casefile import write_case
+
+    try:
+        return write_case(path, doc)
+    except OSError as err:
+        print(
+            f"attnfuzz: could not write {path} ({err.strerror or err}); the case:", file=sys.stderr
+        )
+        print(json.dumps(doc, indent=2), file=sys.stderr)
+        return None
+
+
+class _Signals:
+    """SIGINT and SIGTERM end a run as Ctrl-C does (``KeyboardInterrupt``), and are
+    remembered: what was found is still written, and the exit status is 128 + signal."""
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT
+        self._got = False
+        self._previous: dict[int, Any] = {}
+
+    def received(self) -> bool:
+        return self._got
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signum, self._got = signum, True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnfuzz.harness.casefile import case_document, write_case
+    from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.registry import get_target
     from attnfuzz.harness.runner import fuzz
+    from attnfuzz.harness.storage import (
+        check_database,
+        database_spec,
+        prepare_out,
+        private_hypothesis_home,
+    )
     from attnfuzz.strategies.batches import SCALES
 
+    private_hypothesis_home()
     target = get_target(args.target)
-    impl = target.resolve(args.impl)
     device = _device(args.device)
-    result = fuzz(
-        target,
-        impl,
-        max_examples=args.max_examples,
-        rng_seed=args.seed,
-        database=args.db,
-        scale=SCALES[args.scale],
-        device=device,
-    )
+    # Paths first, before any user code runs (it may change directory).
+    out = prepare_out(args.out, create=False)
+    db = database_spec(args.db)
+    if args.seed is None:  # a derandomized run neither reads nor writes the database
+        check_database(db)
+    impl = target.resolve(args.impl)
+    timeout = args.example_timeout or DEFAULT_TIMEOUT_S
+    with IsolatedJudge(target, impl, device, timeout) as isolated, _Signals() as signals:
+        result = fuzz(
+            target,
+            impl,
+            max_examples=args.max_examples,
+            rng_seed=args.seed,
+            database=db,
+            scale=SCALES[args.scale],
+            device=device,
+            judge=isolated.judge,
+            stop_requested=signals.received,
+        )
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
-        f"({rate:.1f}/s)"
+        f"({rate:.1f}/s)" + (" (interrupted)" if result.interrupted else "")
     )
     if result.statistics:
         print("statistics: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statistics.items())))
     if not result.failed:
+        if result.interrupted:
+            print("INTERRUPTED: no failure found so far")
+            return 128 + signals.signum
         print("PASS: no failure found")
         return EXIT_OK
     assert result.case is not None and result.verdict is not None
-    doc = case_document(target.name, impl.name, result.case, result.verdict, device)
+    doc = case_document(
+        target.name, impl.name, result.case, result.verdict, device, example_timeout=timeout
+    )
     name = f"{target.name}--{impl.name.replace(':', '_').replace('/', '_')}--{result.verdict.key}"
-    path = write_case(args.out / f"{name.replace(':', '_')}.json", doc)
+    path = _save_case(out / f"{name.replace(':', '_')}.json", doc)
     print(
         f"first failure after {result.examples_to_failure} examples, "
         f"{result.seconds_to_failure:.2f}s"
     )
-    _print_failure(doc, path)
-    return EXIT_FAILURE
+    if not result.shrunk:
+        print(f"the case that failed as it ran (a {result.verdict.key} is not shrunk)")
+    elif result.interrupted:
+        print("interrupted while shrinking: the smallest failing case so far")
+    _print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
+    return 128 + signals.signum if result.interrupted else EXIT_FAILURE
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
     from attnfuzz.harness.export import load_case
+    from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
 
     # A case file is data: it never makes attnfuzz import a module (see load_case).
-    target, impl, case, _ = load_case(args.case, args.impl)
-    verdict = target.judge(impl, case, _device(args.device))
-    print(f"{target.name} / {impl.name}: {verdict}")
+    target, impl, case, doc = load_case(args.case, args.impl)
+    device = _device(args.device)
+    # The timeout the case was found under, so that a hang replays as a hang.
+    timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
+    with IsolatedJudge(target, impl, device, timeout) as isolated:
+        verdict = isolated.judge(case)
+    lines = str(verdict).splitlines()
+    print(f"{target.name} / {impl.name}: {lines[0]}")
+    for line in lines[1:]:
+        print("  " + one_line(line.strip()))
     return EXIT_OK if verdict.ok else EXIT_FAILURE
 
 

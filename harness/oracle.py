@@ -173,10 +173,23 @@ def expect_topk_rows(
     return out
 
 
+def _describe(err: BaseException) -> str:
+    """``Type: message`` on one line, whatever the exception's ``__str__`` does."""
+    try:
+        msg = " ".join(str(err).split())
+    except BaseException:  # noqa: BLE001 - a user's exception whose __str__ raises
+        msg = "<message unprintable>"
+    return _short(f"{type(err).__name__}: {msg}", 400)
+
+
 def exception_mismatch(where: str, err: BaseException) -> Mismatch:
     """An exception raised on a valid case is a finding: keep its type and message."""
-    msg = " ".join(str(err).split())
-    return Mismatch("exception", where, "no exception", _short(f"{type(err).__name__}: {msg}", 400))
+    return Mismatch("exception", where, "no exception", _describe(err))
+
+
+def output_mismatch(where: str, err: BaseException) -> Mismatch:
+    """Outputs the oracle could not read (reading them raised): a finding of their own."""
+    return Mismatch("output", where, "outputs the oracle can read", _describe(err))
 
 
 def expect_strides(name: str, got: torch.Tensor, strides: Sequence[int]) -> list[Mismatch]:

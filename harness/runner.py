@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.storage import open_database
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale, scenario_labels
 from hypothesis import HealthCheck, Phase, event, given, seed, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import ExampleDatabase
 
 DEFAULT_DB = Path(".attnfuzz") / "db"
 
@@ -44,6 +45,16 @@ class _OutOfBudget(BaseException):
     Hypothesis lets it through instead of taking it for a failure to shrink."""
 
 
+class _NotShrunk(BaseException):
+    """Ends the run on a hang: each shrinking step would cost a whole timeout,
+    so the case that hung is kept as it ran."""
+
+
+UNSHRUNK_CHECKS = ("timeout",)  # verdicts whose case is kept as it ran
+
+Judge = Callable[[Case, Counter], Verdict]
+
+
 @dataclass
 class RunResult:
     target: str
@@ -58,6 +69,8 @@ class RunResult:
     phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
     statistics: Counter = field(default_factory=Counter)  # Verdict.statistics, summed
     stopped_by_budget: bool = False  # ``budget_s`` or ``shrink_budget_s`` ran out
+    interrupted: bool = False  # Ctrl-C: ``case`` is the smallest failure found so far, if any
+    shrunk: bool = True  # False: ``case`` is the case that failed as it ran (a hang)
 
     @property
     def examples_per_second(self) -> float:
@@ -79,13 +92,15 @@ def fuzz(
     *,
     max_examples: int = 200,
     rng_seed: int | None = None,
-    database: Path | None = DEFAULT_DB,
+    database: Path | str | ExampleDatabase | None = DEFAULT_DB,
     scale: Scale = SMALL,
     device: str | None = None,  # None: where the kernels run
     shrink: bool = True,
     budget_s: float | None = None,
     shrink_budget_s: float | None = None,
     on_case: Callable[[Case, Verdict], None] | None = None,
+    judge: Judge | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Run a campaign; a failure is shrunk and returned, never raised.
 
@@ -98,11 +113,26 @@ def fuzz(
     smallest failing case so far being kept. Each is checked before an example,
     so a run overshoots by at most one example. ``on_case`` sees every judged
     case and its verdict, shrinking included, in order.
+
+    ``judge`` replaces the in-process :meth:`Target.judge` (``attnfuzz run``
+    passes an :class:`~attnfuzz.harness.isolation.IsolatedJudge`'s). A hang
+    (the ``timeout`` check) ends the run at once, its case not shrunk. Ctrl-C
+    ends it too (``interrupted``), keeping the smallest failure found so far;
+    ``stop_requested`` is asked before each example, so that a signal whose
+    ``KeyboardInterrupt`` landed where Python ignores exceptions (a garbage
+    collector callback) still ends the run.
     """
+    if judge is None:
+
+        def judge(case: Case, clock: Counter) -> Verdict:
+            return target.judge(impl, case, device, clock)
+
     result = RunResult(target.name, impl.name)
     clock: dict[str, float] = {}
 
     def check(case: Case) -> None:
+        if stop_requested is not None and stop_requested():
+            raise KeyboardInterrupt
         now = time.perf_counter()
         clock.setdefault("start", now)
         if result.case is None:
@@ -113,7 +143,7 @@ def fuzz(
         for label in scenario_labels(case):
             event(label)
             result.labels[label] += 1
-        verdict = target.judge(impl, case, device, result.phase_seconds)
+        verdict = judge(case, result.phase_seconds)
         result.examples += 1
         result.statistics.update(verdict.statistics)
         if on_case is not None:
@@ -125,6 +155,9 @@ def fuzz(
                 result.seconds_to_failure = clock["found"] - clock["start"]
             # Hypothesis replays the minimal example last, so this ends as the shrunk one.
             result.case, result.verdict = case, verdict
+            if verdict.key in UNSHRUNK_CHECKS:
+                result.shrunk = False
+                raise _NotShrunk
             raise Finding(verdict)
 
     check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
@@ -136,7 +169,9 @@ def fuzz(
         deadline=None,  # the first Triton call compiles
         database=None
         if rng_seed is not None or database is None
-        else DirectoryBasedExampleDatabase(database),
+        else database
+        if isinstance(database, ExampleDatabase)
+        else open_database(str(database)),
         phases=phases,
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
@@ -152,7 +187,11 @@ def fuzz(
         test()
     except Finding:
         pass
+    except _NotShrunk:
+        pass
     except _OutOfBudget:
         result.stopped_by_budget = True
+    except KeyboardInterrupt:
+        result.interrupted = True
     result.seconds = time.perf_counter() - start
     return result

@@ -11,6 +11,8 @@ self-check), the historical bugs (mutants), or a user's own
 from __future__ import annotations
 
 import importlib
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,7 +22,13 @@ from typing import Any
 
 import torch
 from attnfuzz.harness.graph import allocations
-from attnfuzz.harness.oracle import Mismatch, Verdict, exception_mismatch, expect_no_allocation
+from attnfuzz.harness.oracle import (
+    Mismatch,
+    Verdict,
+    exception_mismatch,
+    expect_no_allocation,
+    output_mismatch,
+)
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.invariants import violations
 from attnfuzz.strategies.batches import SMALL, Scale, cases
@@ -142,7 +150,7 @@ class Target:
             obj: Any = importlib.import_module(module_name)
             for part in attr.split("."):
                 obj = getattr(obj, part)
-        except Exception as err:  # the user's module failed to import: say how, in one line
+        except (Exception, SystemExit) as err:  # the user's module failed to import: say how
             raise UsageError(
                 f"cannot load implementation {spec!r}: {type(err).__name__}: {err}"
             ) from err
@@ -174,27 +182,69 @@ class Target:
             expected = self.reference(case, inputs)  # before the implementation writes its buffers
             lap("reference")
         allocated: list[str] = []
-        try:
-            # The reference computes on the host by design (reading device
-            # tensors back is a copy): graph safety is asked of device code only.
-            if self.graph_safe and impl.kind != "reference":
-                got, allocated = allocations(impl.fn, inputs)
-            else:
-                got = impl.fn(inputs)
-        except Exception as err:  # a crash on a valid case is a finding
-            lap("implementation")
-            return Verdict([exception_mismatch(impl.name, err)])
-        lap("implementation")
-        mismatches = self.compare(case, inputs, expected, got)
-        # Graph safety first: an allocation is the finding even when values agree.
-        verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
-        if self.statistics is not None:
+        with _sigint_noted() as interrupted:
             try:
-                verdict.statistics = self.statistics(got)
-            except (AttributeError, TypeError, ValueError, RuntimeError):
-                pass  # outputs the oracle already rejected have no counts; the verdict stands
+                # The reference computes on the host by design (reading device
+                # tensors back is a copy): graph safety is asked of device code only.
+                if self.graph_safe and impl.kind != "reference":
+                    got, allocated = allocations(impl.fn, inputs)
+                else:
+                    got = impl.fn(inputs)
+            except BaseException as err:  # an exception of any class on a valid case is a finding
+                _reraise_interruption(err, interrupted)
+                lap("implementation")
+                return Verdict([exception_mismatch(impl.name, err)])
+            lap("implementation")
+            # Whatever came back is judged: an output the oracle cannot even read
+            # (an attribute that raises, a tensor-like that is not) is a finding.
+            try:
+                mismatches = self.compare(case, inputs, expected, got)
+            except BaseException as err:
+                _reraise_interruption(err, interrupted)
+                mismatches = [output_mismatch(impl.name, err)]
+            # Graph safety first: an allocation is the finding even when values agree.
+            verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
+            if self.statistics is not None:
+                try:
+                    verdict.statistics = self.statistics(got)
+                except BaseException as err:
+                    _reraise_interruption(err, interrupted)
+                    if verdict.ok:  # outputs already rejected have no counts; the verdict stands
+                        verdict.mismatches.append(output_mismatch(impl.name, err))
         lap("oracle")
         return verdict
+
+
+@contextmanager
+def _sigint_noted() -> Iterator[list[int]]:
+    """Notes SIGINTs delivered while the implementation runs (the handler in
+    force still runs): a ``KeyboardInterrupt`` with none noted was raised by the
+    implementation itself, and is a finding like any other exception."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        noted.append(signal.SIGINT)  # no handler of ours here: take it for a real Ctrl-C
+        yield noted
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _reraise_interruption(err: BaseException, noted: list[int]) -> None:
+    """Ctrl-C is the caller's: never a finding."""
+    if isinstance(err, KeyboardInterrupt) and noted:
+        raise err
 
 
 class _Lap:

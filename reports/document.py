@@ -33,16 +33,18 @@ if TYPE_CHECKING:
 
 SCHEMA = "attnfuzz.campaign/1"
 KINDS = ("fixed", "reference", "mutant", "user")
-STATUSES = ("pass", "fail", "error")
+# A run that judged no example (a budget too short for the machine, a worker
+# lost at once) is "not run": neither passed nor failed, neither caught nor survived.
+STATUSES = ("pass", "fail", "error", "not run")
 
 # Verdict words, one per outcome; the reports show exactly these.
-PASS, FAIL, CAUGHT, SURVIVED, ERROR, SKIPPED = (
+PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
     "pass",
     "FAIL",
     "caught",
     "survived",
     "ERROR",
-    "skipped",
+    "not run",
 )
 
 
@@ -331,6 +333,11 @@ def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
         if f["id"] in ids:
             c.fail(path, f"repeats the id {f['id']!r}")
         ids.add(f["id"])
+    for i, e in enumerate(c.need(doc, "campaign", "events", list, optional=True) or []):
+        if not isinstance(e, dict):
+            c.fail(f"events[{i}]", "is not an object")
+        for key in ("event", "target", "implementation", "detail"):
+            c.need(e, f"events[{i}]", key, str)
     for i, r in enumerate(c.need(doc, "campaign", "runs", list)):
         path = f"runs[{i}]"
         if not isinstance(r, dict):
@@ -370,19 +377,19 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 
 def run_verdict(run: Mapping[str, Any]) -> str:
     """``caught``/``survived`` for a mutant, ``pass``/``FAIL`` otherwise; ``ERROR`` when
-    the run could not go on, ``skipped`` when it judged no example at all."""
+    the run could not go on, ``not run`` when it judged no example at all."""
     if run["status"] == "error":
         return ERROR
-    if run["examples"] == 0 and run["status"] == "pass":
-        return SKIPPED
+    if run["status"] == NOT_RUN or (run["examples"] == 0 and run["status"] == "pass"):
+        return NOT_RUN
     if run["kind"] == "mutant":
         return CAUGHT if run["status"] == "fail" else SURVIVED
     return PASS if run["status"] == "pass" else FAIL
 
 
 def as_expected(run: Mapping[str, Any]) -> bool:
-    """The run ended as it should: a mutant caught, anything else passing (or skipped)."""
-    return run_verdict(run) in (PASS, CAUGHT, SKIPPED)
+    """Nothing went wrong: a mutant caught, anything else passing (or not run)."""
+    return run_verdict(run) in (PASS, CAUGHT, NOT_RUN)
 
 
 def campaign_verdict(campaign: Mapping[str, Any]) -> str:
@@ -391,7 +398,7 @@ def campaign_verdict(campaign: Mapping[str, Any]) -> str:
     runs = campaign["runs"]
     if not all(as_expected(r) for r in runs):
         return "FAIL"
-    if campaign.get("interrupted") or any(run_verdict(r) == SKIPPED for r in runs) or not runs:
+    if campaign.get("interrupted") or any(run_verdict(r) == NOT_RUN for r in runs) or not runs:
         return "INCOMPLETE"
     return "PASS"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from attnfuzz.reports.document import (
     CAUGHT,
+    NOT_RUN,
     PASS,
-    SKIPPED,
     budget_text,
     campaign_verdict,
     case_label,
@@ -61,7 +61,7 @@ def _css_class(verdict: str) -> str:
     """Good, bad or neither, for a run's verdict and the campaign's (PASS, FAIL, INCOMPLETE)."""
     if verdict in (PASS, CAUGHT, "PASS"):
         return "verdict good"
-    return "verdict meh" if verdict in (SKIPPED, "INCOMPLETE") else "verdict bad"
+    return "verdict meh" if verdict in (NOT_RUN, "INCOMPLETE") else "verdict bad"
 
 
 def anchor(finding_id: str) -> str:

@@ -18,7 +18,7 @@ from attnfuzz.reports.document import (
     CAUGHT,
     ERROR,
     FAIL,
-    SKIPPED,
+    NOT_RUN,
     SURVIVED,
     case_label,
     mismatch_line,
@@ -78,8 +78,8 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
             type="error",
         )
         el.text = printable(run.get("error") or "")
-    elif verdict == SKIPPED:
-        ET.SubElement(case, "skipped", message="no example was judged")
+    elif verdict == NOT_RUN:
+        ET.SubElement(case, "skipped", message="not run: no example was judged")
     out = [f"kind: {run['kind']}", f"verdict: {verdict}", f"examples: {run['examples']}"]
     if run.get("labels"):
         out.append("scenario classes: " + json.dumps(run["labels"]))
@@ -101,7 +101,7 @@ def junit_xml(campaign: Mapping[str, Any]) -> str:
             "tests": len(runs),
             "failures": sum(v in (FAIL, SURVIVED) for v in verdicts),
             "errors": verdicts.count(ERROR),
-            "skipped": verdicts.count(SKIPPED),
+            "skipped": verdicts.count(NOT_RUN),
         }
         suite = ET.SubElement(
             root,

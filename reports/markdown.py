@@ -197,6 +197,16 @@ def summary_markdown(campaign: Mapping[str, Any]) -> str:
         ]
         header = ["target", "mutant", "check", "examples", "s", "replay"]
         lines += [*table(header, rows, "lllrrl"), ""]
+    events = campaign.get("events") or []
+    if events:
+        lines += [f"### Harness events ({len(events)})", ""]
+        lines += ["Not findings: the harness lost a worker, for the reason each line gives.", ""]
+        for e in events:
+            lines.append(
+                f"- {code(e['target'])} / {code(e['implementation'])}, shard {e['shard']}: "
+                f"{e['event']}: {code(e['detail'])}"
+            )
+        lines.append("")
     cov = coverage_lines(campaign)
     if cov:
         lines += ["<details><summary>Scenario-class coverage</summary>", "", *cov, "</details>", ""]

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+import torch
 from attnfuzz.harness.targets.indexer_decode import reference_impl
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Case
@@ -54,4 +55,70 @@ def aborts(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
 def segfaults(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
     if _bad(inp):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
+    return reference_impl(inp)
+
+
+def interrupts(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Raises ``KeyboardInterrupt`` itself: no signal was delivered, so it is a finding."""
+    if _bad(inp):
+        raise KeyboardInterrupt
+    return reference_impl(inp)
+
+
+def exits_hard(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    if _bad(inp):
+        os._exit(7)  # no exception, no clean-up: the process is gone
+    return reference_impl(inp)
+
+
+class _Unreadable:
+    """An output whose every attribute raises."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"no {name} here")
+
+
+def unreadable(inp: ref.IndexerDecodeInputs):
+    if _bad(inp):
+        return _Unreadable()
+    return reference_impl(inp)
+
+
+def malformed(inp: ref.IndexerDecodeInputs):
+    if _bad(inp):
+        return {"logits": "not a tensor"}
+    return reference_impl(inp)
+
+
+def allocates(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Asks for a terabyte, touching it: fails under an address-space cap."""
+    if _bad(inp):
+        torch.ones(1 << 40, dtype=torch.uint8)
+    return reference_impl(inp)
+
+
+def floods(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Prints a megabyte on every call, and is otherwise correct."""
+    print("flood " * 200_000, flush=True)
+    print("flood " * 200_000, file=sys.stderr, flush=True)
+    return reference_impl(inp)
+
+
+def wanders(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Changes the working directory on every call, and raises on the bad cases."""
+    os.chdir("/")
+    if _bad(inp):
+        raise ValueError(f"refusing {inp.num_decodes} decodes")
+    return reference_impl(inp)
+
+
+def raises_slowly(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Raises on the bad cases after half a second, first touching the file named by
+    ``ATTNFUZZ_TEST_MARKER``: a test sees the search has found it and is shrinking."""
+    if _bad(inp):
+        marker = os.environ.get("ATTNFUZZ_TEST_MARKER")
+        if marker:
+            open(marker, "a").close()
+        time.sleep(0.5)
+        raise ValueError(f"refusing {inp.num_decodes} decodes")
     return reference_impl(inp)

@@ -142,9 +142,14 @@ def test_timelines_of_shards_add_up():
     assert all(b[0] - a[0] >= 0.25 for a, b in zip(merged, merged[1:], strict=False))
 
 
-def _run(kind: str, findings: int = 0, status: str | None = None) -> dict:
-    status = status or ("fail" if findings else "pass")
-    return {"kind": kind, "status": status, "findings": [f"f{i}" for i in range(findings)]}
+def _run(kind: str, findings: int = 0, status: str | None = None, examples: int = 5) -> dict:
+    status = status or ("fail" if findings else "pass" if examples else "not run")
+    return {
+        "kind": kind,
+        "status": status,
+        "examples": examples,
+        "findings": [f"f{i}" for i in range(findings)],
+    }
 
 
 @pytest.mark.parametrize(
@@ -159,6 +164,12 @@ def _run(kind: str, findings: int = 0, status: str | None = None) -> dict:
         ([_run("fixed"), _run("mutant", 0)], True, signal.SIGINT, 130),
         ([_run("fixed")], True, signal.SIGTERM, 143),
         ([_run("fixed", 1)], True, signal.SIGTERM, 1),  # a must-pass finding first
+        # A run that judged nothing is neither a pass nor a catch nor a survivor.
+        ([_run("fixed", examples=0)], False, None, 3),
+        ([_run("user", examples=0), _run("mutant", 1)], False, None, 3),
+        ([_run("fixed"), _run("mutant", examples=0)], False, None, 3),
+        ([_run("fixed", examples=0), _run("mutant", 0)], False, None, 1),  # a survivor first
+        ([_run("fixed", examples=0)], True, signal.SIGINT, 130),
     ],
 )
 def test_exit_status(runs, interrupted, signum, code):
@@ -203,38 +214,41 @@ Thread 0x00007f49333ff6c0 (most recent call first):
   File "/somewhere/execnet/gateway_base.py", line 534 in read
 
 Current thread 0x00007f493466cb80 (most recent call first):
-  File "/somewhere/campaign_impls.py", line 50 in aborts
-  File "/somewhere/target.py", line 130 in judge
-"""
-TIMEOUT_LOG = """Timeout (0:00:04)!
-Thread 0x00007f49333ff6c0 (most recent call first):
-  File "/somewhere/execnet/gateway_base.py", line 534 in read
-
-Thread 0x00007f493466cb80 (most recent call first):
-  File "/somewhere/campaign_impls.py", line 44 in hangs
+  File "/somewhere/campaign_worker.py", line 50 in check
 """
 
 
-@pytest.mark.parametrize(
-    "fault, crashed, check, got",
-    [
-        (ABORT_LOG, True, "crash", "Fatal Python error: Aborted at campaign_impls.py:50 in aborts"),
-        (TIMEOUT_LOG, True, "timeout", "no verdict after 4s at campaign_impls.py:44 in hangs"),
-        (None, True, "crash", "the worker process died without a Python fault report (killed)"),
-    ],
-)
-def test_a_case_left_in_flight_by_a_dead_worker_is_a_finding(tmp_path, fault, crashed, check, got):
-    plan, case = _scratch(tmp_path, fault, crashed)
-    units = [cp.Unit(ID, "campaign_impls:x", "user")]
-    snap = cp.collect(tmp_path, plan, units, final=True)
+def test_a_lost_worker_s_case_is_a_finding_only_if_it_fails_again_alone(tmp_path, impls):
+    """xdist marks the item of a worker that died: the case it was judging is
+    replayed in isolation, a finding if it fails there (with the replay's verdict)."""
+    plan, case = _scratch(tmp_path, ABORT_LOG, crashed=True)
+    plan["device"] = None
+    units = [cp.Unit(ID, "campaign_impls:raises", "user")]
+    snap = cp.collect(tmp_path, plan, units, final=True, replays=cp.Replays(plan))
     (finding,) = snap.findings.values()
-    assert finding["check"] == finding["key"] == check and finding["case"] == case
-    assert finding["verdict"]["mismatches"][0]["got"] == got
+    assert finding["key"] == "exception:ValueError" and finding["case"] == case
+    assert finding["verdict"]["mismatches"][0]["got"].startswith("ValueError: refusing 2")
     assert finding["examples_to_failure"] == 10  # nine judged before it
-    assert finding["id"] == f"{ID}--campaign_impls_x--{check}"
+    assert finding["id"] == f"{ID}--campaign_impls_raises--exception_ValueError"
     (run,) = snap.runs
     assert run["status"] == "fail" and run["examples"] == 10 and run["findings"] == [finding["id"]]
-    assert snap.settled == 1
+    assert snap.settled == 1 and not snap.events
+
+
+@pytest.mark.parametrize("fault", [ABORT_LOG, None])
+def test_a_lost_worker_whose_case_passes_alone_is_a_harness_event(tmp_path, fault):
+    """A worker SIGKILLed from outside while judging a case the implementation gets right."""
+    plan, _ = _scratch(tmp_path, fault, crashed=True)
+    plan["device"] = None
+    units = [cp.Unit(ID, "reference", "reference")]
+    snap = cp.collect(tmp_path, plan, units, final=True, replays=cp.Replays(plan))
+    assert not snap.findings
+    (event,) = snap.events
+    assert event["event"] == "worker-lost" and event["implementation"] == "reference"
+    assert "passed when replayed alone" in event["detail"]
+    assert ("Fatal Python error: Aborted" if fault else "killed") in event["detail"]
+    (run,) = snap.runs
+    assert run["status"] == "pass" and run["examples"] == 7 and snap.settled == 1
 
 
 def test_a_case_in_flight_when_the_campaign_stopped_is_not_a_finding(tmp_path):
@@ -368,35 +382,6 @@ def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_fail
     assert "exit status 0" in out
 
 
-def test_faults_are_findings_with_their_case_and_the_campaign_goes_on(tmp_path, impls, capsys):
-    names = ["raises", "exits", "hangs", "aborts", "segfaults"]
-    code, doc = campaign(
-        tmp_path, "--targets", ID, "--impls", *[f"campaign_impls:{n}" for n in names],
-        "reference", "--profile", "ci", "--max-examples", "150", "--example-timeout", "4",
-        "-n", "2",
-    )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 1, out  # findings on user implementations
-    expected = {
-        "raises": ("exception:ValueError", "ValueError: refusing"),
-        "exits": ("exception:SystemExit", "SystemExit: 3"),
-        "hangs": ("timeout", "no verdict after 4s at campaign_impls.py"),
-        "aborts": ("crash", "Fatal Python error: Aborted"),
-        "segfaults": ("crash", "Fatal Python error: Segmentation fault"),
-    }
-    for name, (key, got) in expected.items():
-        found = findings_of(doc, f"campaign_impls:{name}")
-        assert list(found) == [key], (name, found)
-        f = found[key]
-        assert f["check"] == key.split(":")[0]
-        assert f["verdict"]["mismatches"][0]["got"].startswith(got)
-        case = read_case(tmp_path / "out" / f["case_file"])["case"]
-        assert impls.misbehaves(case), f"{name}: the case does not trigger it: {case}"
-    # The reference ran its whole budget beside the dying workers.
-    reference = by_impl(doc)["reference"]
-    assert reference["status"] == "pass" and reference["examples"] == 150
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_campaign_and_what_ran_is_still_written(tmp_path, signum):
     out = tmp_path / "out"
@@ -429,20 +414,29 @@ def test_a_signal_stops_the_campaign_and_what_ran_is_still_written(tmp_path, sig
     assert "interrupted" in text
 
 
-def test_a_budget_is_honoured_and_two_workers_share_one_unit(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNFUZZ_KEEP_WORK", "1")  # keep the workers' files to look at
+def test_a_budget_is_honoured(tmp_path):
+    """Wall clock from the start, worker start-up included: the campaign ends within a
+    few seconds of its budget however loaded the machine (workers cut a call short at
+    the deadline), and says how many examples each run judged."""
     start = time.time()
-    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--budget", "12s",
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--budget", "20s",
                          "-n", "2", "--quiet")  # fmt: skip
     wall = time.time() - start
+    assert code in (0, 3)  # 3: on a machine too slow to judge anything in 20 s
+    assert doc["budget"]["seconds"] == 20 and doc["seconds"] < 20 + 6 and wall < 20 + 10
+
+
+def test_two_workers_share_one_unit(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNFUZZ_KEEP_WORK", "1")  # keep the workers' files to look at
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--max-examples",
+                         "40", "--profile", "ci", "-n", "2", "--quiet")  # fmt: skip
     assert code == 0
-    assert doc["budget"]["seconds"] == 12 and doc["seconds"] < 12 + 4 and wall < 12 + 8
     shards = [
         json.loads(p.read_text()) for p in sorted((tmp_path / "out" / ".work" / "items").iterdir())
     ]
     assert len(shards) == 2 and len({s["pid"] for s in shards}) == 2
-    assert all(s["examples"] > 0 for s in shards), "a worker sat idle"
-    assert by_impl(doc)["reference"]["examples"] == sum(s["examples"] for s in shards)
+    assert [s["examples"] for s in shards] == [20, 20]
+    assert by_impl(doc)["reference"]["examples"] == 40
 
 
 def _free_port() -> int:

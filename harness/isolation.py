@@ -1,0 +1,322 @@
+"""Judging in a child process, so that nothing an implementation does ends the command.
+
+An implementation under test may raise anything (``SystemExit`` and
+``KeyboardInterrupt`` included), hang, abort, segfault, call ``os._exit``,
+flood the terminal or change global state. :class:`IsolatedJudge` runs
+:meth:`Target.judge` in a child process forked from the caller (the kernels
+and the user's module are already imported, so a new child costs
+milliseconds) and turns what happened into a :class:`Verdict`:
+
+- the call returned or raised: the child's verdict (an exception of any class
+  raised by the implementation is the ``exception`` check);
+- no verdict within ``timeout_s``: the ``timeout`` check, with the frame the
+  child was in (:mod:`faulthandler` writes it just before the deadline);
+- the child died: the ``crash`` check, with the signal or exit status and,
+  for a fatal signal, the frame it died in.
+
+A new child is forked for the next case after a timeout or a crash. The
+child ignores SIGINT: Ctrl-C is the caller's to handle, so a
+``KeyboardInterrupt`` seen in the child is always the implementation's own.
+Its standard output and error go to a file of the judge's own (kept to its
+last :data:`OUTPUT_CAP` bytes), never to the terminal.
+
+The same judge serves ``attnfuzz run``, ``attnfuzz repro`` and each campaign
+worker, so the three report the same checks for the same case.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import multiprocessing.connection
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from attnfuzz.harness.oracle import Mismatch, Verdict
+from attnfuzz.harness.target import Implementation, Target, UsageError
+from attnfuzz.reference.batch import Case
+
+DEFAULT_TIMEOUT_S = 30.0  # per example; the first Triton call on a GPU compiles
+# faulthandler dumps the hung child's frames this long before it is killed.
+DUMP_LEAD_S = 0.5
+OUTPUT_CAP = 4 << 20  # bytes of the children's stdout/stderr kept
+
+
+class OutOfTime(Exception):
+    """The deadline passed while a case was being judged: it has no verdict."""
+
+
+class HarnessError(Exception):
+    """The harness itself failed while judging (a reference raised, say): not a finding."""
+
+
+def describe_fault(text: str) -> tuple[str, str] | None:
+    """``("timeout" | "crash", detail)`` from a :mod:`faulthandler` report, or None.
+
+    The detail names the innermost frame of the faulting thread (the file
+    name only, never a full path).
+    """
+    blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", text, flags=re.M)
+    blocks = [b for b in blocks if re.match(r"(Current thread|Thread) 0x", b)]
+    current = [b for b in blocks if b.startswith("Current thread")]
+    # The faulting thread is "Current thread"; on a timeout the main thread is last.
+    block = current[0] if current else blocks[-1] if blocks else ""
+    where = ""
+    frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', block)
+    if frame:
+        where = f" at {Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
+    if re.search(r"Timeout \(([^)]*)\)", text):
+        return "timeout", where
+    fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
+    if fatal:
+        return "crash", f"Fatal Python error: {fatal.group(1).strip()}{where}"
+    return None
+
+
+def timeout_mismatch(where: str, timeout_s: float, detail: str = "") -> Mismatch:
+    return Mismatch(
+        "timeout",
+        where,
+        f"a verdict within {timeout_s:g}s",
+        f"no verdict after {timeout_s:g}s{detail}",
+    )
+
+
+def crash_mismatch(where: str, detail: str) -> Mismatch:
+    return Mismatch("crash", where, "the process to survive the call", detail)
+
+
+def _exit_detail(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"the process exited with status {exitcode} during the call"
+
+
+def _child(
+    conn: Any,
+    parent_end: Any,
+    target: Target | str,
+    impl: Implementation | str,
+    device: str | None,
+    timeout_s: float,
+    fault_path: str,
+    output_path: str,
+) -> None:
+    """The child's loop: judge each case it is sent until the pipe closes."""
+    parent_end.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's
+    if isinstance(target, str):  # spawned: names, resolved here
+        from attnfuzz.harness.registry import get_target
+
+        target = get_target(target)
+        impl = target.resolve(impl)
+    out = os.open(output_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    fault_file = open(fault_path, "w")  # noqa: SIM115 - open for the child's life
+    faulthandler.enable(file=fault_file)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        case = Case.from_dict(message)
+        clock: Counter = Counter()
+        faulthandler.dump_traceback_later(max(timeout_s - DUMP_LEAD_S, 0.1), file=fault_file)
+        try:
+            verdict = target.judge(impl, case, device, clock)
+            reply: tuple = ("verdict", _verdict_state(verdict), dict(clock))
+        except UsageError as err:
+            reply = ("usage", f"{type(err).__name__}\n{err}")
+        except BaseException as err:  # noqa: BLE001 - the harness failed: say how
+            reply = ("harness", "".join(traceback.format_exception(err)))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        fault_file.seek(0)
+        fault_file.truncate()
+        conn.send(reply)
+
+
+def _verdict_state(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "mismatches": [m.to_dict() for m in verdict.mismatches],
+        "statistics": dict(verdict.statistics),
+    }
+
+
+class IsolatedJudge:
+    """``judge(case)`` like :meth:`Target.judge`, in a child process.
+
+    Use as a context manager (or call :meth:`close`): the child is ended on exit.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        impl: Implementation,
+        device: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        self.target, self.impl, self.device = target, impl, device
+        self.timeout_s = float(timeout_s)
+        self._dir = Path(tempfile.mkdtemp(prefix="attnfuzz-judge-"))
+        self._fault_path = self._dir / "fault.log"
+        self._output_path = self._dir / "output.log"
+        self._proc: Any = None
+        self._conn: Any = None
+        self.children = 0  # children started: 1 + one per crash or timeout
+
+    # -- the child ------------------------------------------------------------
+
+    def _context(self) -> Any:
+        import torch
+
+        # A process whose CUDA context exists cannot fork a usable child.
+        if torch.cuda.is_initialized() or "fork" not in multiprocessing.get_all_start_methods():
+            return multiprocessing.get_context("spawn")
+        return multiprocessing.get_context("fork")
+
+    def _start(self) -> None:
+        ctx = self._context()
+        parent_end, child_end = ctx.Pipe()
+        self._fault_path.write_text("")
+        forked = ctx.get_start_method() == "fork"
+        self._proc = ctx.Process(
+            target=_child,
+            args=(
+                child_end,
+                parent_end,
+                self.target if forked else self.target.name,
+                self.impl if forked else self.impl.name,
+                self.device,
+                self.timeout_s,
+                str(self._fault_path),
+                str(self._output_path),
+            ),
+            daemon=True,
+            name=f"attnfuzz-judge-{self.target.name}",
+        )
+        self._proc.start()
+        child_end.close()
+        self._conn = parent_end
+        self.children += 1
+
+    def _stop(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+
+    def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> IsolatedJudge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _trim_output(self) -> None:
+        try:
+            if self._output_path.stat().st_size > OUTPUT_CAP:
+                with self._output_path.open("r+b") as f:
+                    f.seek(-OUTPUT_CAP // 2, os.SEEK_END)
+                    tail = f.read()
+                    f.seek(0)
+                    f.truncate()
+                    f.write(tail)
+        except OSError:
+            pass
+
+    # -- judging --------------------------------------------------------------
+
+    def judge(
+        self, case: Case, clock: Counter | None = None, deadline: float | None = None
+    ) -> Verdict:
+        """The verdict on ``case``; a child that hangs or dies is the verdict.
+
+        ``deadline`` (``time.time()``) bounds the wait whatever the timeout:
+        past it the child is killed and :class:`OutOfTime` raised, the case
+        left unjudged, so that a budget holds even while a call hangs.
+        """
+        if self._proc is None or not self._proc.is_alive():
+            self._stop()
+            self._start()
+        where = self.impl.name
+        try:
+            self._conn.send(case.to_dict())
+        except (BrokenPipeError, OSError):  # died between two cases: a fresh child
+            self._stop()
+            self._start()
+            self._conn.send(case.to_dict())
+        started = time.monotonic()
+        wait = self.timeout_s
+        cut = deadline is not None and deadline - time.time() < wait
+        if cut:
+            wait = max(deadline - time.time(), 0.0)
+        reply = None
+        # Whichever comes first: the reply, the child's end, or the wait's end.
+        ready = multiprocessing.connection.wait([self._conn, self._proc.sentinel], wait)
+        if self._conn in ready:
+            try:
+                reply = self._conn.recv()
+            except (EOFError, OSError):
+                reply = None
+        if not ready and cut:
+            self._stop()
+            raise OutOfTime
+        self._trim_output()
+        if reply is None:
+            return self._fault_verdict(where, time.monotonic() - started)
+        kind, *body = reply
+        if kind == "usage":
+            name, _, message = body[0].partition("\n")
+            from attnfuzz.harness import target as target_module
+
+            raise getattr(target_module, name, UsageError)(message)
+        if kind == "harness":
+            raise HarnessError(body[0])
+        state, phases = body
+        if clock is not None:
+            clock.update(phases)
+        verdict = Verdict([Mismatch(**m) for m in state["mismatches"]])
+        verdict.statistics = state["statistics"]
+        return verdict
+
+    def _fault_verdict(self, where: str, waited: float) -> Verdict:
+        """The child hung (no reply within the timeout) or died: say which, and where."""
+        # A child that closed the pipe is dying (faulthandler may still be writing).
+        self._proc.join(timeout=max(self.timeout_s - waited, 0.0))
+        alive = self._proc.is_alive()
+        if alive:
+            self._proc.kill()
+        self._proc.join()
+        exitcode = self._proc.exitcode
+        try:
+            fault = describe_fault(self._fault_path.read_text(errors="replace"))
+        except OSError:
+            fault = None
+        self._stop()
+        if alive:
+            detail = fault[1] if fault else ""
+            return Verdict([timeout_mismatch(where, self.timeout_s, detail)])
+        detail = _exit_detail(exitcode)
+        if fault is not None and fault[0] == "crash":
+            detail = f"{detail} ({fault[1]})"
+        return Verdict([crash_mismatch(where, detail)])

@@ -1,0 +1,115 @@
+"""Where attnfuzz writes: the example database, the output directory, Hypothesis' own files.
+
+``run``, ``campaign`` and ``zoo`` open both through these functions, so that
+the same ``--db`` and ``--out`` are accepted, refused and resolved the same
+way by every command:
+
+- ``--db`` is a directory or ``redis://HOST:PORT[/N]`` (also ``rediss://``,
+  ``unix://``); anything else with a scheme, an empty value, a file, or a
+  directory attnfuzz cannot write is a usage error before any work.
+- ``--out`` is a directory that can be created and written; checked before
+  any work, so a finding is never lost to a bad path.
+- Both are resolved to absolute paths at start: an implementation that
+  changes the working directory moves nothing.
+- Hypothesis' own cache (``.hypothesis/constants``) goes to a temporary
+  directory, not the working directory: nothing is written outside ``--out``
+  and ``--db``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from attnfuzz.harness.target import UsageError
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def is_redis(spec: str) -> bool:
+    return urlsplit(spec).scheme in REDIS_SCHEMES
+
+
+def _probe_writable(directory: Path, what: str, create: bool = True) -> None:
+    """Show that files can be written in ``directory`` (created if ``create``, else
+    only its nearest existing ancestor is probed); a usage error if not."""
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{what} {directory}: not a directory")
+    probe_in = directory
+    if not create:
+        while not probe_in.exists() and probe_in != probe_in.parent:
+            probe_in = probe_in.parent
+    try:
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        elif not probe_in.is_dir():
+            raise NotADirectoryError(20, f"{probe_in} is not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".attnfuzz-probe-", dir=probe_in)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UsageError(f"{what} {directory}: cannot write there ({err.strerror or err})") from err
+
+
+def database_spec(spec: str) -> str:
+    """Check a ``--db`` value and return it, a directory made absolute."""
+    if not spec.strip():
+        raise UsageError("--db: empty; give a directory or redis://HOST:PORT")
+    scheme = urlsplit(spec).scheme
+    if scheme in REDIS_SCHEMES:
+        return spec
+    if scheme and len(scheme) > 1:  # not a Windows drive letter
+        raise UsageError(f"--db {spec}: expected a directory or redis://HOST:PORT")
+    return str(Path(spec).resolve())
+
+
+def check_database(spec: str) -> None:
+    """The database must be usable before any work: Redis answers, a directory is writable."""
+    if is_redis(spec):
+        try:
+            import redis
+        except ImportError as err:
+            raise UsageError(f"--db {spec}: the redis package is not installed") from err
+        try:
+            redis.Redis.from_url(spec, socket_connect_timeout=5).ping()
+        except (redis.RedisError, ValueError) as err:
+            raise UsageError(f"--db {spec}: cannot reach Redis ({err})") from err
+    else:
+        _probe_writable(Path(database_spec(spec)), "--db")
+
+
+def open_database(spec: str | None) -> ExampleDatabase | None:
+    """Hypothesis' Redis database for ``redis://...``, its directory database otherwise."""
+    if spec is None:
+        return None
+    if is_redis(spec):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        return RedisExampleDatabase(redis.Redis.from_url(spec))
+    return DirectoryBasedExampleDatabase(spec)
+
+
+def prepare_out(path: Path, what: str = "--out", create: bool = True) -> Path:
+    """``--out`` made absolute and shown to be writable; created unless ``create`` is
+    False (``run`` creates it only when there is a case to write)."""
+    path = Path(path).resolve()
+    _probe_writable(path, what, create)
+    return path
+
+
+def private_hypothesis_home() -> None:
+    """Hypothesis' cache in a temporary directory of this process, removed at exit,
+    unless the user named one (``HYPOTHESIS_STORAGE_DIRECTORY``)."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    home = tempfile.mkdtemp(prefix="attnfuzz-hypothesis-")
+    atexit.register(shutil.rmtree, home, True)
+    set_hypothesis_home_dir(home)

@@ -1,0 +1,186 @@
+"""Where attnfuzz writes: ``--db``, ``--out``, Hypothesis' own files, one campaign per ``--out``.
+
+Every bad path is one line on stderr and exit status 2 before any work; a
+finding is never lost to a path; nothing is written outside ``--out`` and
+``--db``; ``run`` and ``campaign`` accept and refuse the same databases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness import campaign as cp
+from attnfuzz.harness.cli import main
+
+ID = "mtp-seq-lens"
+TESTS = Path(__file__).parent
+# A directory no one can write in, root included: procfs refuses new files.
+UNWRITABLE = "/proc/attnfuzz-no-such-dir"
+
+
+def _run(*args: str) -> int:
+    return main(["run", "--target", ID, "--max-examples", "5", "--seed", "0", *args])
+
+
+def _campaign(*args: str) -> int:
+    return main(["campaign", "--targets", ID, "--max-examples", "4", "--profile", "ci", *args])
+
+
+def _one_line_error(capsys, *words: str) -> None:
+    err = capsys.readouterr().err
+    assert err.startswith("attnfuzz: error: ") and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, err
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("command", [_run, _campaign])
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        ("file", ["--out", "not a directory"]),
+        ("under-file", ["--out", "cannot write there"]),
+        ("unwritable", ["--out", "cannot write there"]),
+    ],
+)
+def test_a_bad_out_is_refused_before_any_work(tmp_path, a_file, capsys, command, where, words):
+    out = {"file": a_file, "under-file": a_file / "cases", "unwritable": Path(UNWRITABLE)}[where]
+    assert command("--out", str(out), "--db", str(tmp_path / "db")) == 2
+    _one_line_error(capsys, *words)
+
+
+@pytest.mark.parametrize("command", [_run, _campaign])
+@pytest.mark.parametrize(
+    "db, words",
+    [
+        ("", ["--db", "empty"]),
+        ("ftp://host/x", ["expected a directory or redis://"]),
+        ("redis://127.0.0.1:1", ["cannot reach Redis"]),
+        ("FILE", ["--db", "not a directory"]),
+        (UNWRITABLE, ["--db", "cannot write there"]),
+    ],
+)
+def test_run_and_campaign_refuse_the_same_databases(tmp_path, a_file, capsys, command, db, words):
+    db = str(a_file) if db == "FILE" else db
+    # Without --seed and with a random profile, the database is used: it is checked.
+    args = ["--out", str(tmp_path / "out"), "--db", db]
+    if command is _run:
+        code = main(["run", "--target", ID, "--max-examples", "5", *args])
+    else:
+        code = main(["campaign", "--targets", ID, "--max-examples", "4", "--profile", "dev", *args])
+    assert code == 2
+    _one_line_error(capsys, *words)
+    assert not Path("redis:").exists() and not (tmp_path / "redis:").exists()
+
+
+def test_nothing_is_written_outside_out_and_db(tmp_path, monkeypatch):
+    """Hypothesis' constants cache included (it defaults to ./.hypothesis)."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = dict(os.environ)
+    env.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
+    for args in (
+        ["run", "--target", ID, "--max-examples", "10", "--out", str(tmp_path / "cases"),
+         "--db", str(tmp_path / "db")],
+        ["campaign", "--targets", ID, "--max-examples", "4", "--out", str(tmp_path / "camp"),
+         "--db", str(tmp_path / "db")],
+    ):  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "attnfuzz.harness.cli", *args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_relative_paths_are_resolved_before_the_implementation_runs(tmp_path, monkeypatch):
+    """An implementation that changes directory moves neither the case nor the database."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(TESTS))
+    code = main(["run", "--target", "indexer-decode", "--impl", "campaign_impls:wanders",
+                 "--seed", "0", "--out", "cases", "--db", "db"])  # fmt: skip
+    assert code == 1
+    assert len(list((tmp_path / "cases").glob("*.json"))) == 1
+
+
+def test_a_case_that_cannot_be_written_is_printed(tmp_path, monkeypatch, capsys):
+    """--out was writable at the start; if the write of the case still fails, the case
+    goes to the terminal."""
+    from attnfuzz.harness import casefile
+
+    def refuse(path, doc):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(casefile, "write_case", refuse)
+    code = main(["run", "--target", "indexer-decode", "--impl", "pr39542-writeback", "--seed",
+                 "0", "--max-examples", "500", "--out", str(tmp_path / "cases")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "could not write" in err and '"schema": "attnfuzz.case/1"' in err
+    assert '"q_lens"' in err
+
+
+def test_workers_are_capped_at_the_cores(tmp_path, capsys):
+    cores = len(os.sched_getaffinity(0))
+    code = _campaign("-n", "1000", "--out", str(tmp_path / "out"))
+    assert code == 0
+    assert f"asked for 1000 workers; using {cores}" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "out" / "campaign.json").read_text())
+    assert doc["workers"] == cores
+
+
+def test_a_second_campaign_in_the_same_out_is_refused(tmp_path):
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+         "--budget", "5m", "--out", str(out), "--db", str(tmp_path / "db")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (out / cp.LOCK_FILE).exists() and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        second = subprocess.run(
+            [sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+             "--max-examples", "4", "--out", str(out)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "a campaign is already running there" in second.stderr
+    assert second.stderr.count("\n") == 1
+    assert not list(out.glob(".work-unfinished-*"))
+
+
+def test_the_previous_campaign_is_kept_as_the_baseline(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _campaign("--out", str(out)) == 0
+    first = json.loads((out / "campaign.json").read_text())
+    assert _campaign("--out", str(out)) == 0
+    assert "previous campaign's results are in" in capsys.readouterr().out
+    kept = json.loads((out / "previous" / "campaign.json").read_text())
+    assert kept["started"] == first["started"] and (out / "previous" / "summary.md").exists()
+    # The daily flow's regression report works as the README writes it.
+    assert (
+        main(["report", "--baseline", str(out / "previous" / "campaign.json"),
+              "--current", str(out / "campaign.json")]) == 0
+    )  # fmt: skip
