@@ -503,3 +503,35 @@ def test_the_redis_database_replays_a_failure_first(tmp_path, redis_url):
     _replays_first(tmp_path, url)
     assert client.keys("*"), "nothing was saved in Redis"
     assert not (tmp_path / "db").exists()
+
+
+def test_a_worker_killed_from_outside_is_a_harness_event_not_a_finding(tmp_path):
+    """SIGKILL one worker mid-campaign: the reference's case it was judging passes when
+    replayed alone, so the loss is reported as an event and the campaign still passes."""
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+        "--impls", "reference", "--budget", "40s", "--out", str(out),
+        "--db", str(tmp_path / "db"), "-n", "2", "--quiet",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = None
+        deadline = time.time() + 120
+        while victim is None and time.time() < deadline:
+            time.sleep(0.2)
+            for path in (out / ".work" / "items").glob("*.json"):
+                state = json.loads(path.read_text() or "{}")
+                if state.get("examples", 0) > 0:
+                    victim = state["pid"]
+        assert victim is not None, "no worker judged anything within two minutes"
+        os.kill(victim, signal.SIGKILL)
+        text, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    doc = json.loads((out / "campaign.json").read_text())
+    assert proc.returncode == 0, text
+    assert not doc["findings"]
+    (event,) = doc["events"]
+    assert event["event"] == "worker-lost" and event["implementation"] == "reference"
+    assert "worker-lost" in text and "Harness events" in (out / "summary.md").read_text()
