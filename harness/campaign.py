@@ -734,25 +734,25 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         check_database(database)
     units = plan_units(options.targets, options.impls, options.zoo)
     roots = [r for u in units if ":" in u.impl if (r := _import_root(u.impl.split(":")[0]))]
+    plan = {
+        "started": started,
+        "budget": budget,
+        "deadline": started + budget if budget is not None else None,
+        "workers": workers,
+        "profile": profile.name,
+        "derandomized": derandomized,
+        "seed": seed,
+        "database": database,
+        "scale": options.scale,
+        "device": options.device,
+        "example_timeout": timeout,
+        "items": plan_items(units, workers, options.max_examples),
+    }
     out.mkdir(parents=True, exist_ok=True)  # no usage error left: now it may be made
     lock = lock_out(out)  # one campaign at a time in one --out
     try:
         keep_previous(out, stream)
-        return _run_locked(
-            options,
-            stream,
-            started,
-            profile,
-            units,
-            roots,
-            out,
-            database,
-            seed,
-            derandomized,
-            budget,
-            timeout,
-            workers,
-        )
+        return _run_locked(options, stream, plan, units, roots, out)
     finally:
         lock.close()
 
@@ -816,21 +816,15 @@ def keep_previous(out: Path, stream: TextIO) -> None:
 def _run_locked(
     options: Options,
     stream: TextIO,
-    started: float,
-    profile: Any,
+    plan: dict[str, Any],
     units: list[Unit],
     roots: list[str],
     out: Path,
-    database: str | None,
-    seed: int | None,
-    derandomized: bool,
-    budget: float | None,
-    timeout: float,
-    workers: int,
 ) -> tuple[dict[str, Any], int]:
-    """The campaign proper, its ``--out`` locked: plan, start the workers, supervise."""
+    """The campaign proper, its ``--out`` locked: start the workers, supervise."""
     from attnfuzz.harness.campaign_worker import PLAN, write_json
 
+    started = plan["started"]
     scratch = out / ".work"  # the workers' files: absolute, whatever their cwd
     if scratch.exists():  # a campaign that never finished: its findings may be only there
         kept = out / f".work-unfinished-{int(scratch.stat().st_mtime)}"
@@ -838,21 +832,6 @@ def _run_locked(
         print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
     for sub in ("items", "inflight", "faults", "started", "crashed", "hypothesis"):
         (scratch / sub).mkdir(parents=True)
-    items = plan_items(units, workers, options.max_examples)
-    plan = {
-        "started": started,
-        "budget": budget,
-        "deadline": started + budget if budget is not None else None,
-        "workers": workers,
-        "profile": profile.name,
-        "derandomized": derandomized,
-        "seed": seed,
-        "database": database,
-        "scale": options.scale,
-        "device": options.device,
-        "example_timeout": timeout,
-        "items": items,
-    }
     write_json(scratch / PLAN, plan)
     (scratch / "pytest.ini").write_text("[pytest]\n")
     cmd = [
@@ -871,9 +850,9 @@ def _run_locked(
         "-p",
         "no:faulthandler",
         "-n",
-        str(workers),
+        str(plan["workers"]),
         "--max-worker-restart",
-        str(len(items)),
+        str(len(plan["items"])),
         "-q",
         "--no-header",
     ]
