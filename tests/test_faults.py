@@ -203,3 +203,17 @@ def test_a_hang_or_an_interrupt_does_not_stretch_the_budget(tmp_path, impls):
     runs = {r["implementation"]: r for r in doc["runs"]}
     assert runs["reference"]["status"] == "pass" and runs["reference"]["examples"] > 0
     assert runs["campaign_impls:interrupts"]["status"] == "fail"
+
+
+@pytest.mark.parametrize("body", ["import sys\nsys.exit(7)\n", "raise KeyError('boom')\n"])
+def test_a_module_that_exits_or_raises_on_import_is_a_usage_error(
+    tmp_path, monkeypatch, capsys, body
+):
+    """``--impl mod:fn`` whose module calls ``sys.exit`` while importing: one line, exit 2."""
+    (tmp_path / "exits_on_import.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
+    code = main(["run", "--target", ID, "--impl", "exits_on_import:fn", "--seed", "0",
+                 "--out", str(tmp_path / "cases")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot load implementation" in err, err
