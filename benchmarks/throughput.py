@@ -1,6 +1,7 @@
 """Examples per second per target and implementation, on 1 and 2 workers, and where the time goes.
 
     python benchmarks/throughput.py [--examples 300] [--workers 1 2] [--target T ...] [--impl I ...]
+                                    [--judge in-process isolated]
 
 A worker is a process pinned to its own CPU core (torch on one thread). Each
 runs a derandomized campaign of ``--examples`` examples per target and
@@ -11,6 +12,13 @@ into generation (Hypothesis: drawing, bookkeeping), inputs (tensors from the
 seed), reference, implementation (the kernels) and oracle, in milliseconds
 per example over all workers. The bar: >= 20 examples/s per core on every
 target and implementation, and no failure (a failure would stop the run).
+
+``--judge``: ``isolated`` judges each case in a child process
+(:class:`~attnfuzz.harness.isolation.IsolatedJudge`), as ``attnfuzz run``,
+``repro`` and campaign workers do; ``in-process`` calls ``Target.judge``
+directly, as the test helpers and the zoo do. Both by default, side by side:
+the difference is the price of fault isolation. Isolated rows count the
+judge's phases inside the child and the round trip as generation.
 """
 
 from __future__ import annotations
@@ -29,21 +37,31 @@ PHASES = ["generation", "inputs", "reference", "implementation", "oracle"]
 
 
 def _worker(index, core, jobs, examples, barrier, results) -> None:
-    """Run every (target, impl) job on one pinned core; report each timed campaign."""
+    """Run every (target, impl, judge) job on one pinned core; report each timed campaign."""
+    import contextlib
+
     import torch
+    from attnfuzz.harness.isolation import IsolatedJudge
     from attnfuzz.harness.registry import get_target
     from attnfuzz.harness.runner import fuzz
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    for name, impl_name in jobs:
+    for name, impl_name, how in jobs:
         target = get_target(name)
         impl = target.resolve(impl_name)
-        fuzz(target, impl, max_examples=5, rng_seed=1000 + index, database=None)  # warm up
-        barrier.wait()  # the workers of a row run at the same time
-        r = fuzz(target, impl, max_examples=examples, rng_seed=index, database=None)
-        results.put((name, impl_name, r.examples, r.seconds, dict(r.time_breakdown()), r.failed))
+        with contextlib.ExitStack() as stack:
+            judge = None
+            if how == "isolated":  # the child is forked once and judges every case
+                judge = stack.enter_context(IsolatedJudge(target, impl)).judge
+            fuzz(target, impl, max_examples=5, rng_seed=1000 + index, database=None, judge=judge)
+            barrier.wait()  # the workers of a row run at the same time
+            r = fuzz(
+                target, impl, max_examples=examples, rng_seed=index, database=None, judge=judge
+            )
+        row = (name, impl_name, how, r.examples, r.seconds, dict(r.time_breakdown()), r.failed)
+        results.put(row)
 
 
 def measure(jobs: list[tuple[str, str]], workers: int, examples: int) -> dict:
@@ -63,14 +81,14 @@ def measure(jobs: list[tuple[str, str]], workers: int, examples: int) -> dict:
     pending = workers * len(jobs)
     while pending:
         try:
-            name, impl, n, seconds, phases, failed = results.get(timeout=5)
+            name, impl, how, n, seconds, phases, failed = results.get(timeout=5)
         except queue.Empty:
             if any(p.exitcode for p in procs):  # a crashed worker would leave the rest waiting
                 for p in procs:
                     p.kill()
                 raise RuntimeError("a worker died; run it alone to see why") from None
             continue
-        out.setdefault((name, impl), []).append((n, seconds, phases, failed))
+        out.setdefault((name, impl, how), []).append((n, seconds, phases, failed))
         pending -= 1
     for p in procs:
         p.join()
@@ -85,17 +103,23 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--target", action="append", default=None)
     parser.add_argument("--impl", action="append", default=None)
+    parser.add_argument(
+        "--judge", nargs="+", choices=["in-process", "isolated"], default=["in-process", "isolated"]
+    )
     args = parser.parse_args()
     jobs = [
-        (t, i) for t in args.target or target_names() for i in args.impl or ["triton", "reference"]
+        (t, i, how)
+        for t in args.target or target_names()
+        for i in args.impl or ["triton", "reference"]
+        for how in args.judge
     ]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
     measured = {w: measure(jobs, w, args.examples) for w in args.workers}
     rows, ok = [], True
-    for name, impl in jobs:
+    for name, impl, how in jobs:
         for w in args.workers:
-            runs = measured[w][name, impl]
+            runs = measured[w][name, impl, how]
             total = sum(n for n, _, _, _ in runs)
             rate = sum(n / s for n, s, _, _ in runs if s)
             phases: Counter = Counter()
@@ -105,7 +129,7 @@ def main() -> int:
             passed = not failed and rate / w >= BAR
             ok &= passed
             rows.append(
-                [name, impl, w, total, f"{rate:.1f}", f"{rate / w:.1f}"]
+                [name, impl, how, w, total, f"{rate:.1f}", f"{rate / w:.1f}"]
                 + [f"{1000 * phases[p] / max(total, 1):.1f}" for p in PHASES]
                 + ["FAIL" if failed else ("yes" if passed else "NO")]
             )
@@ -113,7 +137,17 @@ def main() -> int:
     if cores < max(args.workers):
         where += f"; only {cores} core(s) here, so workers share"
     print(f"Throughput ({where}; ms per example by phase; bar: >= {BAR:.0f}/s per core)\n")
-    header = ["target", "impl", "workers", "examples", "ex/s", "ex/s per core", *PHASES, "ok"]
+    header = [
+        "target",
+        "impl",
+        "judge",
+        "workers",
+        "examples",
+        "ex/s",
+        "ex/s per core",
+        *PHASES,
+        "ok",
+    ]
     print(table(header, rows))
     return 0 if ok else 1
 
