@@ -271,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     private_hypothesis_home()
     target = get_target(args.target)
-    device = _device(args.device)
+    device = args.device  # checked by main() before any work
     # Paths first, before any user code runs (it may change directory).
     out = prepare_out(args.out, create=False)
     db = database_spec(args.db)
@@ -328,7 +328,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     # A case file is data: it never makes attnfuzz import a module (see load_case).
     target, impl, case, doc = load_case(args.case, args.impl)
-    device = _device(args.device)
+    device = args.device  # checked by main() before any work
     # The timeout the case was found under, so that a hang replays as a hang.
     timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
     with IsolatedJudge(target, impl, device, timeout) as isolated:
