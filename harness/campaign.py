@@ -1027,7 +1027,7 @@ def _supervise(
             progress.say(line)
         reports = _write_reports(campaign, out)
         if reports:
-            progress.say("reports: " + ", ".join(str(p) for p in reports))
+            progress.say("reports: " + ", ".join(str(shown / p.name) for p in reports))
     clean = snap.settled == len(items) or proc.returncode in (0, 1)
     clean = clean and not any(r["status"] == "error" for r in snap.runs)
     if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
