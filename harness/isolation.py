@@ -193,6 +193,12 @@ class IsolatedJudge:
         parent_end, child_end = ctx.Pipe()
         self._fault_path.write_text("")
         forked = ctx.get_start_method() == "fork"
+        if forked:  # an engine's adapter imports the engine once, here, not in every child
+            try:
+                self.impl.prepare()
+            except Exception as err:  # noqa: BLE001 - the engine would not load: say how
+                what = f"{type(err).__name__}: {err}"
+                raise HarnessError(f"preparing {self.impl.name}: {what}") from err
         self._proc = ctx.Process(
             target=_child,
             args=(

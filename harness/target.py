@@ -77,7 +77,7 @@ def fits_in_memory(what: str) -> Iterator[None]:
 class Implementation:
     name: str
     fn: Callable[[Any], Any]
-    kind: str  # "fixed", "reference", "mutant" or "user"
+    kind: str  # "fixed", "reference", "engine", "mutant" or "user"
     description: str = ""
     # Mutants only, for the zoo's scoreboard: ``reach`` says a case runs the
     # code the bug lives in; ``trigger`` says the case meets the bug's condition.
@@ -86,6 +86,20 @@ class Implementation:
     # The smallest case that triggers the bug, derived by hand (docs/domain.md, section 8,
     # gives each bug's): what a minimized case is measured against.
     smallest: Callable[[], Case] | None = None
+    # The engine whose own code this is ("vllm"), None for attnfuzz's own code;
+    # ``unavailable()`` says why it cannot run here (an optional install), or None.
+    engine: str | None = None
+    unavailable: Callable[[], str | None] | None = None
+
+    def why_unavailable(self) -> str | None:
+        return self.unavailable() if self.unavailable is not None else None
+
+    def prepare(self) -> None:
+        """Import and build what every call shares (an engine's adapter), before a
+        judge forks its child; a no-op for plain callables."""
+        prepare = getattr(self.fn, "prepare", None)
+        if callable(prepare):
+            prepare()
 
 
 @dataclass
@@ -111,7 +125,21 @@ class Target:
 
     @property
     def mutants(self) -> list[Implementation]:
-        return [i for i in self.implementations.values() if i.kind == "mutant"]
+        """The mutants that can run here (an engine's upstream mutants need the engine)."""
+        return [
+            i
+            for i in self.implementations.values()
+            if i.kind == "mutant" and i.why_unavailable() is None
+        ]
+
+    def unavailable(self) -> dict[str, str]:
+        """Implementations that cannot run here, each with the reason."""
+        out = {}
+        for impl in self.implementations.values():
+            reason = impl.why_unavailable()
+            if reason is not None:
+                out[impl.name] = reason
+        return out
 
     def cases(self, scale: Scale = SMALL) -> st.SearchStrategy[Case]:
         params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
@@ -141,7 +169,11 @@ class Target:
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable."""
         if spec in self.implementations:
-            return self.implementations[spec]
+            impl = self.implementations[spec]
+            reason = impl.why_unavailable()
+            if reason is not None:
+                raise UsageError(f"implementation {spec!r} of {self.name} cannot run: {reason}")
+            return impl
         if ":" not in spec:
             known = ", ".join(self.implementations)
             raise UsageError(f"unknown implementation {spec!r} for {self.name} (known: {known})")

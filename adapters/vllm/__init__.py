@@ -1,0 +1,96 @@
+"""vLLM's own metadata code as implementations (``--impl vllm``) of attnfuzz's targets.
+
+vLLM is an optional install (``ATTNFUZZ_VLLM=1 ./setup.sh``, see README
+"Fuzzing vLLM itself"): nothing here imports it until an adapter is called,
+so ``attnfuzz list`` and the default commands work without it, and an
+implementation of this engine that cannot run says why
+(:func:`unavailable`).
+
+One module per target (``mtp_seq_lens.py`` adapts ``mtp-seq-lens``), each with
+a ``run(inputs)`` that calls vLLM's functions unchanged and, where a
+historical bug lived in vLLM, ``upstream_*`` functions: the real function with
+its fix reverted (the pre-fix lines as they were, cited by pull request),
+called through the same adapter. :mod:`._engine` builds vLLM's objects
+(configs, KV-cache specs, ``CommonAttentionMetadata``) from a case.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from typing import Any
+
+from attnfuzz.harness.target import Implementation
+
+ENGINE = "vllm"
+VERSION = "0.33.0"
+"""The release the adapters were written against and CI runs."""
+INSTALL = "ATTNFUZZ_VLLM=1 ./setup.sh"
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version, or None (looked up without importing it)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def unavailable() -> str | None:
+    """Why the vLLM implementations cannot run here, or None when they can."""
+    if installed_version() is None:
+        return f"vLLM is not installed; install vLLM {VERSION} with: {INSTALL}"
+    return None
+
+
+class EngineCall:
+    """``adapters.vllm.<module>.<attr>(inputs)``, imported on first use.
+
+    :meth:`prepare` imports vLLM and builds what every call shares; a judge
+    calls it before it forks its child, so that each child starts warm.
+    """
+
+    def __init__(self, module: str, attr: str):
+        self.module, self.attr = module, attr
+        self._fn: Callable[[Any], Any] | None = None
+
+    def prepare(self) -> Callable[[Any], Any]:
+        if self._fn is None:
+            reason = unavailable()
+            if reason is not None:
+                raise RuntimeError(reason)
+            mod = importlib.import_module(f"{__name__}.{self.module}")
+            mod_prepare = getattr(mod, "prepare", None)
+            if mod_prepare is not None:
+                mod_prepare()
+            self._fn = getattr(mod, self.attr)
+        return self._fn
+
+    def __call__(self, inputs: Any) -> Any:
+        return self.prepare()(inputs)
+
+    def __repr__(self) -> str:
+        return f"<vllm {self.module}.{self.attr}>"
+
+
+def implementation(
+    module: str,
+    attr: str = "run",
+    *,
+    name: str = ENGINE,
+    description: str,
+    kind: str = "engine",
+    **mutant: Any,
+) -> Implementation:
+    """An implementation of a target by vLLM's code (``kind="mutant"`` for an upstream
+    mutant, with ``trigger``, ``reach`` and ``smallest`` as for a re-created one)."""
+    return Implementation(
+        name,
+        EngineCall(module, attr),
+        kind,
+        description,
+        engine=ENGINE,
+        unavailable=unavailable,
+        **mutant,
+    )
