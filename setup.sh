@@ -30,4 +30,13 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "$TORCH_SPEC"
 .venv/bin/python -m pip install --quiet -e '.[test]'
+
+# Opt-in: vLLM 0.33.0 itself, the engine under test of `--impl vllm` (README,
+# "Fuzzing vLLM itself"). Its wheel declares torch==2.14.0 (the CUDA build here)
+# and CUDA-only packages, so it goes in without them: the pinned list holds the
+# wheel and only what importing its metadata code needs, installed --no-deps.
+if [ -n "${ATTNFUZZ_VLLM:-}" ] && [ "${ATTNFUZZ_VLLM}" != 0 ]; then
+    .venv/bin/python -m pip install --quiet --no-deps -r adapters/vllm/requirements-cpu.txt
+    .venv/bin/python -c "import attnfuzz.adapters.vllm._engine, vllm; print('vllm', vllm.__version__)"
+fi
 .venv/bin/python -c "import attnfuzz, torch, triton; print('attnfuzz', attnfuzz.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"

@@ -733,6 +733,8 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         database = database_spec(options.database)
         check_database(database)
     units = plan_units(options.targets, options.impls, options.zoo)
+    if options.zoo:
+        note_unavailable_mutants(options.targets, stream)
     roots = [r for u in units if ":" in u.impl if (r := _import_root(u.impl.split(":")[0]))]
     plan = {
         "started": started,
@@ -755,6 +757,14 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         return _run_locked(options, stream, plan, units, roots, out)
     finally:
         lock.close()
+
+
+def note_unavailable_mutants(targets: list[str] | None, stream: TextIO) -> None:
+    """One line per reason the zoo leaves mutants out (an engine that is not installed)."""
+    from attnfuzz.harness.registry import unavailable_mutants
+
+    for reason, names in unavailable_mutants(targets).items():
+        print(f"zoo: {len(names)} mutant(s) left out ({reason})", file=stream)
 
 
 def cap_workers(asked: int, stream: TextIO) -> int:

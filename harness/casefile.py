@@ -67,7 +67,7 @@ def environment(device: str = "cpu") -> dict[str, str]:
         triton_version = triton.__version__
     except ImportError:  # pragma: no cover - triton is a dependency on Linux
         triton_version = "absent"
-    return {
+    out = {
         "attnfuzz": attnfuzz.__version__,
         "torch": torch.__version__,
         "triton": triton_version,
@@ -75,6 +75,30 @@ def environment(device: str = "cpu") -> dict[str, str]:
         "python": platform.python_version(),
         "device": device,
     }
+    for name, version in engine_versions().items():  # the engines under test, when installed
+        out[name] = version
+    return out
+
+
+def engine_versions() -> dict[str, str]:
+    """The installed version of each engine attnfuzz has adapters for (looked up, not imported)."""
+    from attnfuzz.adapters import vllm
+
+    version = vllm.installed_version()
+    return {} if version is None else {vllm.ENGINE: version}
+
+
+def engine_record(target: str, implementation: str) -> dict[str, str] | None:
+    """``{"name", "version"}`` of the engine whose own code ``implementation`` is, or None."""
+    from attnfuzz.harness.registry import get_target
+
+    try:
+        impl = get_target(target).implementations.get(implementation)
+    except UsageError:
+        return None
+    if impl is None or impl.engine is None:
+        return None
+    return {"name": impl.engine, "version": engine_versions().get(impl.engine, "absent")}
 
 
 def derived(
@@ -139,10 +163,13 @@ def case_document(
         settings["example_timeout"] = example_timeout
     body = case.to_dict()
     body.pop("dtype", None)  # a setting, recorded under "settings"
+    engine = engine_record(target, implementation)
     return {
         "schema": SCHEMA,
         "target": target,
         "implementation": implementation,
+        # The engine under test and its version, for a finding on an engine's own code.
+        **({} if engine is None else {"engine": engine}),
         "case": body,
         "settings": settings,
         "verdict": {
@@ -312,6 +339,17 @@ def read_case(path: Path | str) -> dict[str, Any]:
         )
     for key in ("verdict", "derived", "environment", "settings"):  # export, reports, replay
         _require(isinstance(doc.get(key, {}), dict), path, f"{key!r} must be an object")
+    engine = doc.get("engine")
+    _require(
+        engine is None
+        or (
+            isinstance(engine, dict)
+            and set(engine) == {"name", "version"}
+            and all(isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS for v in engine.values())
+        ),
+        path,
+        "'engine' must be an object with the strings 'name' and 'version'",
+    )
     settings = doc.get("settings", {})
     unknown = sorted(set(settings) - {"dtype", "example_timeout"})
     _require(not unknown, path, f"unknown field(s) {short(unknown)} in 'settings'")

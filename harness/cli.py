@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.target import Implementation, UsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -182,7 +182,14 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "target": name,
                 "summary": target.summary,
                 "implementations": [
-                    {"name": i.name, "kind": i.kind, "description": i.description}
+                    {
+                        "name": i.name,
+                        "kind": i.kind,
+                        "description": i.description,
+                        "engine": i.engine,
+                        # Why it cannot run here (an engine not installed), or null.
+                        "unavailable": i.why_unavailable(),
+                    }
                     for i in target.implementations.values()
                 ],
             }
@@ -190,10 +197,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
+    reasons: dict[str, None] = {}
     for row in rows:
         print(f"{row['target']}: {row['summary']}")
         for impl in row["implementations"]:
-            print(f"  {impl['name']:<28} {impl['kind']:<9} {impl['description']}")
+            mark = ""
+            if impl["unavailable"] is not None:
+                mark = " (unavailable)"
+                reasons[impl["unavailable"]] = None
+            print(f"  {impl['name']:<28} {impl['kind']:<9} {impl['description']}{mark}")
+    for reason in reasons:
+        print(f"unavailable: {reason}")
     return EXIT_OK
 
 
@@ -329,6 +343,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     # A case file is data: it never makes attnfuzz import a module (see load_case).
     target, impl, case, doc = load_case(args.case, args.impl)
     device = args.device  # checked by main() before any work
+    _note_engine_version(doc, impl)
     # The timeout the case was found under, so that a hang replays as a hang.
     timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
     with IsolatedJudge(target, impl, device, timeout) as isolated:
@@ -338,6 +353,22 @@ def cmd_repro(args: argparse.Namespace) -> int:
     for line in lines[1:]:
         print("  " + one_line(line.strip()))
     return EXIT_OK if verdict.ok else EXIT_FAILURE
+
+
+def _note_engine_version(doc: dict, impl: Implementation) -> None:
+    """Say so when a case found on an engine's code replays on another version of it."""
+    from attnfuzz.harness.casefile import engine_versions
+
+    found = doc.get("engine")
+    if found is None or impl.engine != found["name"]:
+        return
+    installed = engine_versions().get(found["name"], "absent")
+    if installed != found["version"]:
+        note = (
+            f"this case was found on {found['name']} {found['version']}; "
+            f"{found['name']} {installed} is installed here, and replays it"
+        )
+        print(f"attnfuzz: note: {one_line(note)}", file=sys.stderr)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -29,3 +29,15 @@ def get_target(name: str) -> Target:
     target = module.build()
     assert target.name == name, f"{module.__name__} builds {target.name!r}, expected {name!r}"
     return target
+
+
+def unavailable_mutants(names: list[str] | None = None) -> dict[str, list[str]]:
+    """``reason -> ["target/mutant", ...]``: the mutants that cannot run here (an
+    engine's upstream mutants where the engine is not installed)."""
+    left: dict[str, list[str]] = {}
+    for name in names or target_names():
+        target = get_target(name)
+        for impl_name, reason in target.unavailable().items():
+            if target.implementations[impl_name].kind == "mutant":
+                left.setdefault(reason, []).append(f"{name}/{impl_name}")
+    return left

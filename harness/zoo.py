@@ -429,7 +429,7 @@ def warm_up(target: Target, device: str | None = None) -> None:
     call of a kernel compiles (or, interpreted, builds its caches), which no
     arm's first run should pay for."""
     for impl in target.implementations.values():
-        if impl.kind in ("fixed", "mutant"):
+        if impl.kind in ("fixed", "mutant") and impl.why_unavailable() is None:
             for case in grid_cases(SMALL, target.params)[:2]:
                 target.judge(impl, case, device)
 
@@ -553,6 +553,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     for name in names:
         registry.get_target(name)  # an unknown name is a usage error before any run
     device = args.device or str(kernel_device())
+    for reason, left in registry.unavailable_mutants(names).items():
+        print(f"zoo: {len(left)} mutant(s) left out ({reason})")
 
     def progress(score: MutantScore) -> None:
         runs = len(score.runs)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from attnfuzz.harness.runner import RunResult
 
 SCHEMA = "attnfuzz.campaign/1"
-KINDS = ("fixed", "reference", "mutant", "user")
+KINDS = ("fixed", "reference", "engine", "mutant", "user")
 # A run that judged no example (a budget too short for the machine, a worker
 # lost at once) is "not run": neither passed nor failed, neither caught nor survived.
 STATUSES = ("pass", "fail", "error", "not run")
