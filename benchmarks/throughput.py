@@ -3,6 +3,10 @@
     python benchmarks/throughput.py [--examples 300] [--workers 1 2] [--target T ...] [--impl I ...]
                                     [--judge in-process isolated]
 
+Implementations by default: ``triton``, ``reference`` and, where vLLM is
+installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), ``vllm``: vLLM 0.33.0's own code
+through its adapter. A target is measured on the implementations it has.
+
 A worker is a process pinned to its own CPU core (torch on one thread). Each
 runs a derandomized campaign of ``--examples`` examples per target and
 implementation (worker ``i`` with seed ``i``, so workers judge different
@@ -96,7 +100,7 @@ def measure(jobs: list[tuple[str, str]], workers: int, examples: int) -> dict:
 
 
 def main() -> int:
-    from attnfuzz.harness.registry import target_names
+    from attnfuzz.harness.registry import get_target, target_names
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300, help="per worker")
@@ -110,9 +114,15 @@ def main() -> int:
     jobs = [
         (t, i, how)
         for t in args.target or target_names()
-        for i in args.impl or ["triton", "reference"]
+        for i in args.impl or ["triton", "reference", "vllm"]
+        if i in get_target(t).implementations
+        and get_target(t).implementations[i].why_unavailable() is None
         for how in args.judge
     ]
+    for t in args.target or target_names():
+        for i, reason in get_target(t).unavailable().items():
+            if i in (args.impl or ["vllm"]):
+                print(f"not measured: {t} / {i}: {reason}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
     measured = {w: measure(jobs, w, args.examples) for w in args.workers}
