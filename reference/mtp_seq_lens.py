@@ -31,6 +31,36 @@ in every step. (With the ragged rule ``B * L`` could exceed the token budget,
 e.g. ``d = [2, 1, 1, 1, 1]`` with a budget of 6, but the right-aligned formula
 would then be wrong for the short decodes anyway: that is the flattening
 path's business, not this one's.)
+
+Where the lengths may live (vLLM 0.33.0, ``vllm/v1/attention/backends/mla/indexer.py``,
+``DeepseekV32IndexerMetadataBuilder``). The builder runs eagerly, before a
+graph replays, so temporaries inside the call are fine (``_prepare_decode_tensors``
+computes the table from ``sub``/``add`` temporaries and copies it in). What a
+graph needs is that the lengths it reads sit in memory that existed before the
+step and keeps its address: a persistent buffer. That is
+
+- the workspace above, or an implementation's own persistent buffer standing
+  for it (an engine's builder allocates its ``decode_seq_lens_buffer`` at
+  start-up); such a buffer of ``n`` elements is loaded with the step's stale
+  ``workspace[:n]`` before the step, so that what the step leaves untouched in
+  it is checkable as in the workspace (:class:`MtpSeqLensOutputs`);
+- or the step's own ``seq_lens``, itself a persistent buffer of the model
+  runner: with ``next_n == 1`` (plain decode) the formula is ``seq_len[b]``
+  and ``build`` passes ``seq_lens[:B]`` through, viewed ``[B, 1]``
+  (``seq_lens.unsqueeze(-1)``), writing nothing.
+
+Which path the engine takes (``_supports_native_decode``, ``_use_flattening``
+and ``use_native`` in ``build``). With ``next_n`` in ``(1, 2)`` every platform
+has a native kernel and the engine takes this path (adaptive verification,
+which can flatten on some GPUs, is not modelled). With ``next_n > 2`` the
+platform decides: Blackwell with DeepGEMM, and Hopper for the ``next_n`` its
+kernel supports, take the native path; every other platform, the CPU one
+included, *flattens* the decodes: split by the ragged rule, one length per
+decode token, ``[N_d, 1]``. This target describes the native path; an
+implementation says which path it took (:class:`MtpSeqLensOutputs`), and a
+flattened answer is accepted only where the engine may flatten, judged here
+only for what a graph and the logits kernel need of it (persistent storage,
+shape, dtype, contiguity): its values are the target ``flatten-decode``'s.
 """
 
 from __future__ import annotations
@@ -43,11 +73,17 @@ from attnfuzz.reference.batch import (
     Case,
     CommonMetadata,
     DecodeSplit,
+    EngineConfig,
     build_common_metadata,
     split_decodes_and_prefills,
 )
 
 _DATA_SEED_SALT = 0x42135  # keeps the workspace stream apart from the page-id stream
+
+NATIVE = "native"
+"""The native path: one ``[B, L]`` table of lengths, the uniform split."""
+FLATTENING = "flattening"
+"""The flattening path: one length per decode token, ``[N_d, 1]``, the ragged split."""
 
 
 @dataclass
@@ -65,6 +101,10 @@ class MtpSeqLensInputs:
     max_num_batched_tokens: int
     max_num_seqs: int
     next_n: int
+    # What the engine's builder receives: its limits and the step's common
+    # metadata (the host copy ``seq_lens`` above was made from).
+    config: EngineConfig
+    common: CommonMetadata
 
     @property
     def flat_table(self) -> torch.Tensor:
@@ -80,13 +120,31 @@ class MtpSeqLensInputs:
 
 @dataclass
 class MtpSeqLensOutputs:
-    context_lens: torch.Tensor  # int32 [B, L], a contiguous view into the workspace
+    """The lengths, the persistent buffer they live in, and the path taken."""
+
+    context_lens: torch.Tensor  # int32 [B, L], a contiguous view of persistent memory
+    # The implementation's own persistent buffer, when the lengths live there
+    # rather than in the workspace: it held ``workspace[:buffer.numel()]`` before
+    # the step, and the step may change it only under ``context_lens``. None:
+    # the inputs' workspace (or the step's ``seq_lens``).
+    buffer: torch.Tensor | None = None
+    path: str = NATIVE  # FLATTENING: ``[N_d, 1]``, where the engine may flatten
 
 
 @dataclass
 class MtpSeqLensExpected:
     context_lens: np.ndarray  # int32 [B, L]
     workspace_before: np.ndarray  # the workspace as the step found it
+    seq_lens_before: np.ndarray  # the step's seq_lens, which nothing may write
+    paths: tuple[str, ...] = (NATIVE,)  # the paths the engine may take
+    flattened_tokens: int = 0  # N_d of the ragged split: rows of a flattened answer
+
+
+def engine_paths(config: EngineConfig) -> tuple[str, ...]:
+    """The decode paths the engine may take under ``config``: native only for
+    ``next_n <= 2``, where every platform has a native kernel; either beyond,
+    as the platform decides (vLLM 0.33.0 ``indexer.py:_supports_native_decode``)."""
+    return (NATIVE,) if config.next_n <= 2 else (NATIVE, FLATTENING)
 
 
 def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
@@ -112,15 +170,25 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> MtpSeqLensInp
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         next_n=config.next_n,
+        config=config,
+        common=meta,
     )
 
 
 def reference(case: Case | None, inputs: MtpSeqLensInputs) -> MtpSeqLensExpected:
-    """The expected table, slot by slot, and the workspace before the step."""
+    """The expected table, slot by slot, the buffers before the step, and the paths
+    the engine may take (with the rows a flattened answer has)."""
     seq_lens = inputs.seq_lens.cpu().numpy()
     B, L = inputs.num_decodes, inputs.max_decode_len
     context_lens = np.zeros((B, L), dtype=np.int32)
     for b in range(B):
         for j in range(L):
             context_lens[b, j] = max(int(seq_lens[b]) - L + 1 + j, 0)
-    return MtpSeqLensExpected(context_lens, inputs.workspace.cpu().numpy().copy())
+    ragged = split_decodes_and_prefills(inputs.common, inputs.config.threshold)
+    return MtpSeqLensExpected(
+        context_lens,
+        inputs.workspace.cpu().numpy().copy(),
+        seq_lens.copy(),
+        paths=engine_paths(inputs.config),
+        flattened_tokens=ragged.num_decode_tokens,
+    )

@@ -142,7 +142,7 @@ def test_triton_returns_the_head_of_the_flat_table():
 
 MUTANT_CHECKS = {
     "pr42135-strided": ["contiguous", "stride", "consumer"],
-    "pr42135-copy": ["graph", "view", "unchanged"],
+    "pr42135-copy": ["graph", "unchanged"],
     "pr42135-noclamp": ["values"],
 }
 
@@ -164,11 +164,10 @@ def test_strided_mutant_shows_the_upstream_assertion():
     assert "context_lens must be contiguous" in verdict.mismatches[2].got
 
 
-def test_copy_mutant_allocates_and_leaves_the_2d_table_written():
+def test_copy_mutant_hands_on_new_storage_and_leaves_the_2d_table_written():
     verdict = judge("pr42135-copy", hand_case((1, 1), (4, 0)))
-    graph, view, unchanged = verdict.mismatches
-    assert "aten.clone" in graph.got and "[2, 1] torch.int32" in graph.got
-    assert view.got == "new storage"
+    graph, unchanged = verdict.mismatches
+    assert graph.got == "new storage" and "persistent buffer" in graph.expected
     assert unchanged.where.startswith("workspace[256]")  # the 2-D table after the flat one
 
 
@@ -233,7 +232,7 @@ def _int64(inputs):
 @pytest.mark.parametrize(
     "fn, expected",
     [
-        (_fresh, ["graph", "view"]),
+        (_fresh, ["graph"]),
         (_scribbles, ["unchanged"]),
         (_int64, ["graph", "dtype"]),
     ],

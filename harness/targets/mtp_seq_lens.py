@@ -1,10 +1,20 @@
 """Target ``mtp-seq-lens``: per-token context lengths of native MTP (bug B, #42135).
 
 The oracle checks what the logits kernel and a CUDA graph need of the table,
-each property on its own: exact shape and dtype, a view inside the persistent
-workspace (no new storage), contiguity and strides, the consumer's own
-contract, exact values, every other element of the workspace unchanged, and
-(``graph_safe``) no allocation inside the call.
+each property on its own: the path is one the engine may take; exact shape and
+dtype; the lengths live in persistent memory that existed before the step
+(``graph``: a view, inside its bounds, of the workspace, of the
+implementation's own persistent buffer, or of the step's ``seq_lens``);
+contiguity and strides; the consumer's own contract; exact values; and nothing
+else written (the workspace, the implementation's buffer outside the lengths,
+the step's ``seq_lens``).
+
+Graph safety is judged on the outputs, not on the call (``graph_safe=False``):
+the engine builds metadata eagerly, before a graph replays (vLLM 0.33.0,
+``indexer.py:DeepseekV32IndexerMetadataBuilder.build``, whose
+``_prepare_decode_tensors`` computes through temporaries), so what a graph
+needs is that the lengths it reads keep their persistent address. A
+``.contiguous()`` copy is new storage, and fails ``graph`` all the same.
 """
 
 from __future__ import annotations
@@ -35,21 +45,74 @@ def expect_consumable(name: str, lens: torch.Tensor, rows: int) -> list[Mismatch
     return []
 
 
+def expect_persistent(
+    name: str, lens: torch.Tensor, buffers: dict[str, torch.Tensor]
+) -> list[Mismatch]:
+    """``graph``: ``lens`` is a view of one of the persistent ``buffers`` (memory that
+    existed before the step, whose address a replayed graph keeps); ``view``: every
+    element of it lies inside that buffer."""
+    for buffer in buffers.values():
+        if lens.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr():
+            return expect_inside(name, lens, buffer)
+    return [
+        Mismatch(
+            "graph",
+            name,
+            f"a view of a persistent buffer that existed before the step ({', '.join(buffers)})",
+            "new storage",
+        )
+    ]
+
+
 def compare(
     case: Case, inputs: ref.MtpSeqLensInputs, expected: ref.MtpSeqLensExpected, got
 ) -> list[Mismatch]:
-    B, L = inputs.num_decodes, inputs.max_decode_len
     lens = getattr(got, "context_lens", got)
-    out = expect_meta("context_lens", lens, (B, L), torch.int32)
-    if out:
-        return out
-    out += expect_inside("context_lens", lens, inputs.workspace)
+    own = getattr(got, "buffer", None)
+    path = getattr(got, "path", ref.NATIVE)
+    if path not in expected.paths:
+        return [Mismatch("path", "path", " or ".join(expected.paths), repr(path))]
+    native = path == ref.NATIVE
+    if native:
+        shape = (inputs.num_decodes, inputs.max_decode_len)
+    else:
+        shape = (expected.flattened_tokens, 1)
+    if not isinstance(lens, torch.Tensor):
+        return expect_meta("context_lens", lens, shape, torch.int32)
+    persistent = {"the workspace": inputs.workspace}
+    if own is not None:
+        if not isinstance(own, torch.Tensor) or own.numel() > inputs.workspace.numel():
+            what = f"{own.numel()} elements" if isinstance(own, torch.Tensor) else type(own)
+            return [
+                Mismatch(
+                    "view",
+                    "buffer",
+                    f"a tensor of at most the workspace's {inputs.workspace.numel()} elements",
+                    str(what),
+                )
+            ]
+        persistent = {"the implementation's own buffer": own}
+    persistent["the step's seq_lens"] = inputs.seq_lens
+    out = expect_persistent("context_lens", lens, persistent)
+    meta = expect_meta("context_lens", lens, shape, torch.int32)
+    if meta:
+        return out + meta
     out += expect_contiguous("context_lens", lens)
-    out += expect_strides("context_lens", lens, (L, 1))
-    out += expect_consumable("context_lens", lens, B * L)
-    out += expect_equal("context_lens", lens, expected.context_lens)
+    out += expect_strides("context_lens", lens, (shape[1], 1))
+    out += expect_consumable("context_lens", lens, shape[0] * shape[1])
+    if native:  # a flattened answer's values are the target flatten-decode's
+        out += expect_equal("context_lens", lens, expected.context_lens)
     out += expect_untouched_outside("workspace", inputs.workspace, expected.workspace_before, lens)
+    if own is not None and native:  # the flattening path zeroes its buffer's tail
+        before = expected.workspace_before[: own.numel()]
+        out += expect_untouched_outside("buffer", own.reshape(-1), before, lens)
+    out += expect_equal("seq_lens", inputs.seq_lens, expected.seq_lens_before, check="unchanged")
     return out
+
+
+def path_statistic(got) -> dict[str, int]:
+    """How many cases each path judged (a flattened answer's values are not judged here)."""
+    return {f"{getattr(got, 'path', ref.NATIVE)}_path": 1}
 
 
 def reference_impl(inputs: ref.MtpSeqLensInputs) -> ref.MtpSeqLensOutputs:
@@ -103,6 +166,21 @@ def trigger_noclamp(case: Case) -> bool:
     return any(int(meta.seq_lens[b]) - L + 1 < 0 for b in range(s.num_decodes))
 
 
+def reach_native_table(case: Case) -> bool:
+    """:func:`reach_table`, where vLLM takes the native path on this platform (the
+    upstream mutants live in it; vLLM on the CPU flattens ``next_n > 2``)."""
+    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
+
+    return reach_table(case) and takes_native_path(case.config)
+
+
+def trigger_native_strided(case: Case) -> bool:
+    """:func:`trigger_strided` on vLLM's native path."""
+    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
+
+    return trigger_strided(case) and takes_native_path(case.config)
+
+
 def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
     from attnfuzz.harness.testing import spec_config
 
@@ -121,19 +199,28 @@ def smallest_noclamp() -> Case:
 
 
 def build() -> Target:
+    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import mtp_seq_lens as k
 
     target = Target(
         name="mtp-seq-lens",
-        summary="per-token context lengths [B, L] of native MTP, a view of the persistent table",
+        summary="per-token context lengths [B, L] of native MTP, a view of persistent memory",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
         describe=ref.describe,
-        graph_safe=True,
+        statistics=path_statistic,
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
+    target.add(
+        vllm_impl(
+            "mtp_seq_lens",
+            "run",
+            description="vLLM 0.33.0: vllm/v1/attention/backends/mla/indexer.py:"
+            "DeepseekV32IndexerMetadataBuilder.build (decode.seq_lens)",
+        )
+    )
     target.add(
         Implementation(
             "pr42135-strided",
@@ -150,7 +237,7 @@ def build() -> Target:
             "pr42135-copy",
             k.mutant_copy,
             "mutant",
-            "#42135 first fix: .contiguous() per step, allocates under graph capture",
+            "#42135 first fix: .contiguous() per step, new storage a graph cannot hold",
             trigger=trigger_strided,
             reach=reach_table,
             smallest=smallest_strided,
@@ -165,6 +252,32 @@ def build() -> Target:
             trigger=trigger_noclamp,
             reach=reach_padded,
             smallest=smallest_noclamp,
+        )
+    )
+    target.add(
+        vllm_impl(
+            "mtp_seq_lens",
+            "upstream_strided",
+            name="upstream-pr42135-strided",
+            kind="mutant",
+            description="vLLM 0.33.0's builder with #42135 reverted: the [max_num_seqs, next_n] "
+            "decode_seq_lens_buffer sliced [:B, :L]",
+            trigger=trigger_native_strided,
+            reach=reach_native_table,
+            smallest=smallest_strided,
+        )
+    )
+    target.add(
+        vllm_impl(
+            "mtp_seq_lens",
+            "upstream_copy",
+            name="upstream-pr42135-copy",
+            kind="mutant",
+            description="vLLM 0.33.0's builder with #42135's first fix: the 2-D slice made "
+            ".contiguous(), a copy per step",
+            trigger=trigger_native_strided,
+            reach=reach_native_table,
+            smallest=smallest_strided,
         )
     )
     return target
