@@ -27,6 +27,7 @@ DEV = device()  # where the kernels run: tensors handed to them live there
 def hand_inputs(q_block: int) -> ref.FlexBlockMaskInputs:
     """Two requests and a padding request; 4 real token rows padded to 6; pages of 2 slots.
 
+    Pages 0..9, page 0 the null block (the padding request's row).
     Request 0: 1 new token after 2 cached (seq_len 3), pages [7, 4], stale 9 after.
     Request 1: 3 new tokens (seq_len 3), pages [2, 5], stale 9 after.
     Row 0 (request 0, position 2) attends pages {7, 4}; rows 1, 2, 3 (request 1,
@@ -48,6 +49,7 @@ def hand_inputs(q_block: int) -> ref.FlexBlockMaskInputs:
         q_block_size=q_block,
         max_model_len=16,
         max_num_batched_tokens=8,
+        num_pages=10,
     )
 
 
@@ -303,13 +305,12 @@ def _copy(inp, out):
     return ref.FlexBlockMaskOutputs(out.kv_indices.clone(), out.kv_num_blocks)
 
 
-def _slice_instead_of_restride(inp, out):
-    """The step's mask in ``table[:rows, :cols]`` of the 2-D persistent table (strided)."""
+def _slice_after_the_fact(inp, out):
+    """The step's mask moved into ``table[:rows, :cols]`` of the 2-D persistent table
+    after it was built contiguous: the strided layout is vLLM's and fine, but the
+    elements the contiguous build wrote outside the slice stay changed."""
     rows, cols = out.kv_indices.shape
-    p_rows, p_cols = ref.persistent_shape(
-        inp.max_num_batched_tokens, inp.max_model_len, inp.block_size, inp.q_block_size
-    )
-    table = inp.persistent_kv_indices[: p_rows * p_cols].view(p_rows, p_cols)
+    table = persistent_table(inp)
     view = table[:rows, :cols]
     # Both start at the head of the persistent memory, and element (r, c) moves
     # from r * cols + c up to r * p_cols + c: moved element by element from the
@@ -320,14 +321,39 @@ def _slice_instead_of_restride(inp, out):
     return ref.FlexBlockMaskOutputs(view, out.kv_num_blocks)
 
 
+def persistent_table(inp: ref.FlexBlockMaskInputs) -> torch.Tensor:
+    """The 2-D persistent ``kv_indices`` table of the fix, at the head of the memory."""
+    p_rows, p_cols = ref.persistent_shape(
+        inp.max_num_batched_tokens, inp.max_model_len, inp.block_size, inp.q_block_size
+    )
+    return inp.persistent_kv_indices[: p_rows * p_cols].view(p_rows, p_cols)
+
+
+def _walk_twice(inp, out):
+    out.kv_num_blocks[0] += 1
+    out.kv_indices[0, out.kv_num_blocks[0] - 1] = out.kv_indices[0, 0]
+
+
+def _walk_outside_the_cache(inp, out):
+    out.kv_num_blocks[0] += 1
+    out.kv_indices[0, out.kv_num_blocks[0] - 1] = inp.num_pages
+
+
+def _count_past_the_row(inp, out):
+    out.kv_num_blocks[0] = out.kv_indices.shape[1] + 1
+
+
 @pytest.mark.parametrize(
     "edit, check",
     [
-        (_swap_a_page, "mask"),
-        (_miscount, "values"),
+        (_swap_a_page, "mask.missing"),
+        (_miscount, "mask.invalid"),  # the head now ends in a -1
+        (_walk_twice, "mask.duplicate"),
+        (_walk_outside_the_cache, "mask.invalid"),
+        (_count_past_the_row, "count"),
         (_write_past_the_view, "unchanged"),
-        (_copy, "graph"),
-        (_slice_instead_of_restride, "contiguous"),
+        (_copy, "view"),
+        (_slice_after_the_fact, "unchanged"),
     ],
 )
 def test_each_check_catches_what_it_guards(edit, check):
@@ -340,6 +366,82 @@ def test_each_check_catches_what_it_guards(edit, check):
 def test_the_order_of_a_row_is_free():
     case = case_of(**MIXED)
     assert judge(tampered(reverse_heads(case)), case).ok
+
+
+# -- the consumer's contract (reference/flex_block_mask.py): what vLLM 0.33.0 does -----
+
+
+def _walk_more(inp, out):
+    """Every row of real tokens also walks the null block and a page of another
+    request: the mask function hides their slots, the output stays the reference's."""
+    foreign = int(inp.block_table[inp.num_reqs - 1, 0])
+    for g in range(out.kv_indices.shape[0]):
+        n = int(out.kv_num_blocks[g])
+        extra = [p for p in (0, foreign) if p not in out.kv_indices[g, :n].tolist()]
+        out.kv_indices[g, n : n + len(extra)] = torch.tensor(extra, dtype=torch.int32)
+        out.kv_num_blocks[g] = n + len(extra)
+
+
+def _stale_tail(inp, out):
+    """Entries after each row's head hold garbage: the kernel never reads them."""
+    n = out.kv_num_blocks[:, None]
+    cols = torch.arange(out.kv_indices.shape[1], device=out.kv_indices.device)[None, :]
+    out.kv_indices.masked_fill_(cols >= n, 12345)
+
+
+def _strided_slice(inp):
+    """vLLM's layout: the reference copied into ``table[:rows, :cols]`` of the 2-D
+    persistent table (vLLM 0.33.0 ``copy_to_persistent``), rows of the real tokens
+    only; nothing else written."""
+    expected = ref.reference(None, inp)
+    rows = expected.num_real_rows
+    view = persistent_table(inp)[:rows, : expected.kv_indices.shape[1]]
+    view.copy_(torch.from_numpy(expected.kv_indices[:rows]))
+    counts = inp.persistent_kv_num_blocks[:rows]
+    counts.copy_(torch.from_numpy(expected.kv_num_blocks[:rows]))
+    return ref.FlexBlockMaskOutputs(view, counts)
+
+
+def strided_slice_impl() -> Implementation:
+    return Implementation("strided-slice", _strided_slice, "user")
+
+
+@pytest.mark.parametrize("edit", [_walk_more, _stale_tail])
+def test_supersets_and_unread_tails_are_what_the_consumer_computes_alike(edit):
+    case = case_of(**MIXED)
+    verdict = judge(tampered(edit), case)
+    assert verdict.ok, str(verdict)
+
+
+def test_vllm_s_strided_slice_of_the_real_rows_passes_and_the_mutant_is_still_caught():
+    """The old oracle demanded a contiguous re-stride with a row per query block of
+    the padded step; vLLM's table is the strided slice of the real tokens' rows."""
+    padded = case_of((2, 2, 2), (3, 5, 1), 1, num_spec=1, cudagraph_capture_sizes=(2, 4, 8))
+    for case in (case_of(**MIXED), padded):
+        verdict = judge(strided_slice_impl(), case)
+        assert verdict.ok, str(verdict)
+        out = _strided_slice(ref.make_inputs(case, DEV))
+        assert not out.kv_indices.is_contiguous()  # what the old oracle refused
+    expected = ref.reference(padded, ref.make_inputs(padded, DEV))
+    assert expected.num_real_rows == 3 < expected.kv_indices.shape[0] == 4
+    assert judge(MUTANT, get_target(TARGET).implementations[MUTANT].smallest()).key.startswith(
+        "exception"
+    )
+
+
+def test_no_real_request_owns_the_null_page():
+    """The common metadata hands out page 0; the target's inputs reserve it (vLLM's
+    block pool never gives it to a request, and its builder drops it from the mask)."""
+    case = case_of((1, 3, 9), (2, 0, 5), 1)  # MIXED: request 2 owns page 0 before the shift
+    meta = build_common_metadata(case.config, case.batch)
+    owned = [meta.block_table[r, : -(-int(s) // 2)] for r, s in enumerate(meta.seq_lens)]
+    assert any(0 in pages for pages in owned)
+    inputs = ref.make_inputs(case, DEV)
+    table, seq_lens = inputs.block_table.cpu().numpy(), inputs.seq_lens.cpu().numpy()
+    for r, s in enumerate(seq_lens):
+        assert 0 not in table[r, : -(-int(s) // 2)]
+    assert inputs.num_pages == meta.num_blocks + 1
+    assert (inputs.common.slot_mapping == meta.slot_mapping + 2).all()  # one page further
 
 
 # -- fuzzing ---------------------------------------------------------------------------
