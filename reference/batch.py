@@ -381,10 +381,14 @@ def split_decodes_and_prefills(
 
     Ragged rule: a request is a decode when ``q_len <= decode_threshold``.
     Uniform rule: decodes must share the first request's ``q_len`` (itself
-    ``<= decode_threshold``); zero-length padding requests of a padded graph
-    count as decodes. In both rules a step of decodes only counts *all*
-    ``num_actual_tokens`` (padded tokens included) as decode tokens, which is
-    how ``N_d`` and ``sum(d)`` come to differ.
+    ``<= decode_threshold``); the first request of another nonzero length
+    starts the prefills, and zero-length padding requests of a padded graph
+    count as decodes wherever they sit (vLLM 0.33.0,
+    ``vllm/v1/attention/backends/utils.py``, ``split_decodes_and_prefills``:
+    ``is_prefill = (query_lens != query_lens[0]) & (query_lens != 0)``).
+    In both rules a step of decodes only counts *all* ``num_actual_tokens``
+    (padded tokens included) as decode tokens, which is how ``N_d`` and
+    ``sum(d)`` come to differ.
     """
     q_lens = meta.query_lens
     num_reqs, num_tokens = meta.num_reqs, meta.num_actual_tokens
@@ -393,10 +397,9 @@ def split_decodes_and_prefills(
     if require_uniform:
         if q_lens[0] > decode_threshold:  # a prefill first: no decodes, whatever the lengths
             num_decodes = 0
-        elif all(q == q_lens[0] or q == 0 for q in q_lens):
-            num_decodes = num_reqs
         else:
-            num_decodes = next(r for r in range(num_reqs) if q_lens[r] != q_lens[0])
+            is_prefill = [q != q_lens[0] and q != 0 for q in q_lens]
+            num_decodes = is_prefill.index(True) if any(is_prefill) else num_reqs
     else:
         is_prefill = [q > decode_threshold for q in q_lens]
         num_decodes = is_prefill.index(True) if any(is_prefill) else num_reqs
