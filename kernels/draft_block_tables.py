@@ -126,31 +126,17 @@ def _check(ok: bool, message: str) -> None:
         raise RuntimeError(message)
 
 
-def flash_attn_varlen_paged(
+def check_varlen_arguments(
     q: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     seqused_k: torch.Tensor,
     block_table: torch.Tensor,
-    max_seqlen_k: int,
-    softmax_scale: float,
     sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Causal varlen attention over a paged KV cache, fp32 ``[total_q, H, D]``.
-
-    ``q`` is ``[total_q, H, D]`` (``total_q = cu_seqlens_q[-1]``), the caches
-    ``[num_blocks, block_size, H, D]``, ``cu_seqlens_q`` int32 ``[batch_size + 1]``,
-    ``seqused_k`` int32 ``[batch_size]`` and ``block_table`` int32
-    ``[batch_size_k, W]``. Sequence ``b``'s queries are its last tokens; with
-    ``sliding_window`` a query sees itself and the ``sliding_window - 1``
-    positions before it. Arguments are checked as FlashAttention checks them.
-
-    Inconsistent metadata is never read past its bounds: rows of ``q`` that
-    ``cu_seqlens_q`` does not describe (``q`` padded past ``cu_seqlens_q[-1]``)
-    are left 0, a sequence sees at most the keys its table row maps, and page
-    ids outside the cache are not attended.
-    """
+) -> None:
+    """Refuse the arguments of :func:`flash_attn_varlen_paged` as FlashAttention does
+    (``RuntimeError``): dtypes, shapes, and ``batch_size == batch_size_k``."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seqused_k", seqused_k),
                     ("block_table", block_table)):  # fmt: skip
         _check(t.dtype == torch.int32, f"{name} must have dtype int32 (got {t.dtype})")
@@ -180,6 +166,38 @@ def flash_attn_varlen_paged(
     )
     _check(block_table.stride(1) == 1, "block_table must have contiguous last dimension")
     _check(sliding_window is None or sliding_window >= 1, "sliding_window must be >= 1")
+
+
+def flash_attn_varlen_paged(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal varlen attention over a paged KV cache, fp32 ``[total_q, H, D]``.
+
+    ``q`` is ``[total_q, H, D]`` (``total_q = cu_seqlens_q[-1]``), the caches
+    ``[num_blocks, block_size, H, D]``, ``cu_seqlens_q`` int32 ``[batch_size + 1]``,
+    ``seqused_k`` int32 ``[batch_size]`` and ``block_table`` int32
+    ``[batch_size_k, W]``. Sequence ``b``'s queries are its last tokens; with
+    ``sliding_window`` a query sees itself and the ``sliding_window - 1``
+    positions before it. Arguments are checked as FlashAttention checks them.
+
+    Inconsistent metadata is never read past its bounds: rows of ``q`` that
+    ``cu_seqlens_q`` does not describe (``q`` padded past ``cu_seqlens_q[-1]``)
+    are left 0, a sequence sees at most the keys its table row maps, and page
+    ids outside the cache are not attended.
+    """
+    check_varlen_arguments(
+        q, key_cache, value_cache, cu_seqlens_q, seqused_k, block_table, sliding_window
+    )
+    total_q, H, D = q.shape
+    batch_size = cu_seqlens_q.numel() - 1
 
     # Zeros: rows of q that cu_seqlens_q does not describe are never written.
     out = torch.zeros_like(q, dtype=torch.float32)
@@ -258,6 +276,7 @@ def mutant_padded_table(inp: DraftBlockTablesInputs) -> DraftBlockTablesOutputs:
 
 __all__ = [
     "attend",
+    "check_varlen_arguments",
     "draft_attention",
     "flash_attn_varlen_paged",
     "group_metadata",

@@ -8,9 +8,11 @@ there are two, as in models that mix attention types:
   tokens, window ``sliding_window`` (a token sees itself and the
   ``sliding_window - 1`` positions before it).
 
-Group ``g``'s table has ``W_g = cdiv(max_model_len, block_size_g)`` columns and
-is stored at the size of the step the graph replays: ``[R_pad, W_g]``, its
-padding rows holding ``PAD_PAGE``. The drafter builds each group's attention
+Group ``g``'s table is a row-slice of the engine's persistent per-group table,
+whose width ``W_g`` is the group's page count ``cdiv(max_model_len, block_size_g)``
+rounded up to whole 128-token spans (:func:`table_width`), and is stored at the
+size of the step the graph replays: ``[R_pad, W_g]``, its padding rows holding
+``PAD_PAGE``. The drafter builds each group's attention
 metadata from the *unpadded* common metadata of the step (``R`` requests,
 ``T`` tokens):
 
@@ -43,7 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from attnfuzz.reference.batch import PAD_PAGE, Case, CommonMetadata, build_common_metadata, cdiv
+from attnfuzz.reference.batch import (
+    PAD_PAGE,
+    Case,
+    CommonMetadata,
+    EngineConfig,
+    build_common_metadata,
+    cdiv,
+)
 
 NULL_PAGE = PAD_PAGE
 """Page id of the null page of every group (the pad value of padding rows, too)."""
@@ -54,6 +63,25 @@ PARAMS: dict[str, tuple[int, int]] = {
 }
 
 _DATA_SEED_SALT = 0x43982  # keeps the data stream apart from the page-id stream
+
+TABLE_TOKEN_ALIGNMENT = 128
+"""A per-group table's rows span whole 128-token stretches (see :func:`table_width`)."""
+
+
+def table_width(max_model_len: int, block_size: int) -> int:
+    """Columns of a group's table: its pages per request, rounded up to 128-token spans.
+
+    The engine's contract (vLLM 0.33.0): the model runner keeps one persistent
+    table per KV-cache group (``vllm/v1/worker/block_table.py``,
+    ``MultiGroupBlockTable.__init__``) of ``get_block_table_width(n, block_size)``
+    columns, ``n = cdiv(max_model_len, block_size)`` (``AttentionSpec.
+    max_num_blocks_per_req`` in ``vllm/v1/kv_cache_interface.py``) rounded up to
+    a multiple of ``128 // gcd(128, block_size)``; each step hands on the row
+    slice ``[:num_reqs_padded]`` of it (``BlockTable.get_device_tensor``), all
+    columns included.
+    """
+    align = TABLE_TOKEN_ALIGNMENT // math.gcd(TABLE_TOKEN_ALIGNMENT, block_size)
+    return cdiv(cdiv(max_model_len, block_size), align) * align
 
 
 @dataclass
@@ -81,6 +109,9 @@ class DraftBlockTablesInputs:
     num_real_tokens: int  # T
     max_seq_len: int  # max(seq_lens[:R])
     softmax_scale: float
+    # The engine's limits, as the drafter's metadata builders and the runner's
+    # persistent per-group tables are sized from them (an engine adapter needs them).
+    config: EngineConfig
 
 
 @dataclass
@@ -142,7 +173,7 @@ def build_group_table(
     keys; freed leading pages hold the null page; entries past the valid pages
     hold stale ids drawn from the whole cache; padding rows hold the pad value.
     """
-    width = cdiv(max_model_len, block_size)
+    width = table_width(max_model_len, block_size)
     R, R_pad = meta.num_real_reqs, meta.num_reqs
     q_lens = meta.query_lens
     needed = [cdiv(int(meta.seq_lens[r]), block_size) for r in range(R)]
@@ -199,6 +230,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> DraftBlockTab
         num_real_tokens=meta.num_real_tokens,
         max_seq_len=meta.max_seq_len,
         softmax_scale=1.0 / math.sqrt(D),
+        config=config,
     )
 
 

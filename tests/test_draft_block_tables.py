@@ -13,7 +13,7 @@ from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import draft_block_tables as kernels
 from attnfuzz.kernels._triton import device
 from attnfuzz.reference import draft_block_tables as ref
-from attnfuzz.reference.batch import PAD_PAGE, Case, build_common_metadata
+from attnfuzz.reference.batch import PAD_PAGE, Case, EngineConfig, build_common_metadata
 from attnfuzz.reference.invariants import violations
 
 TARGET = "draft-block-tables"
@@ -70,6 +70,17 @@ def hand_inputs() -> ref.DraftBlockTablesInputs:
         num_real_tokens=2,
         max_seq_len=4,
         softmax_scale=1.0,
+        # the engine the hand case could come from: 4 tokens is a capture size of next_n = 2
+        config=EngineConfig(
+            max_model_len=6,
+            max_num_seqs=2,
+            max_num_batched_tokens=4,
+            block_size=2,
+            num_spec=1,
+            cudagraph_capture_sizes=(2, 4),
+            num_heads=1,
+            head_dim=1,
+        ),
     )
 
 
@@ -152,11 +163,12 @@ def test_smallest_trigger_is_valid_and_padded_6_to_8():
     full_bs, swa_bs = ref.group_block_sizes(case)
     assert [g.block_size for g in inputs.groups] == [full_bs, swa_bs] == [4, 1]
     for group in inputs.groups:  # stored at the padded size, the padding row holds the pad value
-        width = math.ceil(case.config.max_model_len / group.block_size)
+        width = ref.table_width(case.config.max_model_len, group.block_size)
         assert tuple(group.block_table.shape) == (4, width)
         assert (group.block_table[3] == PAD_PAGE).all()
     expected = ref.reference(case, inputs)
-    assert [tuple(g.block_table.shape) for g in expected.groups] == [(3, 16), (3, 64)]
+    # 16 and 64 pages per request, rounded up to 128 tokens: 32 pages of 4, 128 of 1
+    assert [tuple(g.block_table.shape) for g in expected.groups] == [(3, 32), (3, 128)]
     assert [g.query_start_loc.tolist() for g in expected.groups] == [[0, 2, 4, 6]] * 2
 
 
@@ -183,7 +195,7 @@ def test_shape_check_catches_the_padded_table_without_the_kernel():
         ("shape", "group0.block_table"),
         ("shape", "group1.block_table"),
     ]
-    assert (mismatches[0].expected, mismatches[0].got) == ("[3, 16]", "[4, 16]")
+    assert (mismatches[0].expected, mismatches[0].got) == ("[3, 32]", "[4, 32]")
 
 
 def test_oracle_catches_a_wrong_window_and_unsliced_lengths():
@@ -340,3 +352,13 @@ def test_strided_cu_seqlens_q_is_refused_not_read_as_if_contiguous():
     qsl = int32([0, 9, 2, 9])[::2]
     with pytest.raises(RuntimeError, match="cu_seqlens_q must be a contiguous 1-D tensor"):
         varlen(inputs.q[:2], g, qsl, int32([4]), g.block_table[:1])
+
+
+@pytest.mark.parametrize(
+    "max_model_len, block_size, width",
+    [(64, 4, 32), (64, 1, 128), (64, 16, 8), (200, 16, 16), (129, 1, 256), (1, 3, 128)],
+)
+def test_table_width_is_the_engines_128_token_aligned_width(max_model_len, block_size, width):
+    """vLLM 0.33.0 ``get_block_table_width``: pages per request rounded up to a multiple of
+    ``128 // gcd(128, block_size)`` (the whole row is handed on, not just the pages needed)."""
+    assert ref.table_width(max_model_len, block_size) == width
