@@ -1,4 +1,4 @@
-"""What the tests of vLLM's adapters share: skip, saying why, where vLLM is not installed.
+"""For test suites that run vLLM's own code: skip, saying why, where vLLM is not installed.
 
 CI installs vLLM (``ATTNFUZZ_VLLM=1 ./setup.sh``) and sets
 ``ATTNFUZZ_REQUIRE_VLLM=1``: there a missing vLLM fails these tests instead.
