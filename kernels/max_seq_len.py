@@ -1,8 +1,9 @@
 """``max_seq_len`` of the model state and the draft, and a paged kernel that walks by it.
 
 ``max_seq_len_metadata`` is the fixed path of upstream #43991: a Triton
-reduction over the real rows of ``seq_lens_upper_bound``, then the host glue
-of the metadata builders (graph capture, no draft model). ``paged_walk`` is
+reduction over the real rows of ``seq_lens_cpu_upper_bound`` (copied to the
+kernels' device), then the host glue of the metadata builders (graph capture,
+no draft model). ``paged_walk`` is
 the consumer: it walks ``cdiv(max_seq_len, block_size)`` block-table entries
 per request, reading its bound from the device so that building the metadata
 never waits for the GPU. The mutants differ from the fixed path in the one
@@ -160,9 +161,8 @@ def _run(inp: MaxSeqLenInputs, bounds: torch.Tensor) -> MaxSeqLenOutputs:
 
 def _bounds(inp: MaxSeqLenInputs, rows: int) -> torch.Tensor:
     """Both bounds from the first ``rows`` upper bounds; ``max_model_len`` at capture."""
-    bounds = batch_max_seq_lens(
-        inp.seq_lens_upper_bound, rows, inp.num_spec_steps, inp.max_model_len
-    )
+    upper = inp.seq_lens_cpu_upper_bound.to(inp.kv_cache.device)
+    bounds = batch_max_seq_lens(upper, rows, inp.num_spec_steps, inp.max_model_len)
     if inp.capturing:
         bounds.fill_(inp.max_model_len)
     return bounds
@@ -185,8 +185,3 @@ def mutant_draft_model_len(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     bounds = _bounds(inp, inp.num_real_reqs)
     bounds[1] = inp.max_model_len
     return _run(inp, bounds)
-
-
-def mutant_padded_rows(inp: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """The maximum over the padded rows, whose upper bounds are stale."""
-    return _run(inp, _bounds(inp, inp.num_reqs))

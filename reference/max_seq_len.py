@@ -3,20 +3,32 @@
 ``max_seq_len`` is the bound of the attention metadata that sizes kernel work:
 a paged kernel walks ``cdiv(max_seq_len, block_size)`` block-table entries per
 request. The metadata builder does not know the exact sequence lengths on the
-host; it has ``seq_lens_upper_bound``, a persistent int32 buffer of
-``max_num_seqs`` rows whose first ``R`` rows (``R`` the real requests) hold an
-upper bound of this step's ``seq_len`` (the host counts every draft of the
+host; it has ``seq_lens_cpu_upper_bound``, an int32 host tensor of one row per
+request the kernels see (``R_pad``, padding requests included). The engine
+builds it afresh each step (vLLM 0.33.0 ``vllm/v1/worker/gpu/model_runner.py``,
+``GPUModelRunner.prepare_inputs``: ``np.zeros(num_reqs_padded)``, then
+``num_computed_tokens + num_scheduled_tokens`` into the first ``R`` rows): rows
+``[:R]`` bound this step's ``seq_len`` (the host counts every draft of the
 previous step as accepted, so a bound may exceed the exact ``seq_len`` by up to
-``num_spec``, never ``max_model_len``). Rows from ``R`` on hold stale values of
-earlier steps, the padding rows of a padded graph among them.
+``num_spec``, never ``max_model_len``), and the padding rows ``[R:R_pad]`` are 0.
+No row holds a stale value of an earlier step (the V1 runner's persistent
+``optimistic_seq_lens_cpu`` is zeroed past ``R`` each step as well,
+``vllm/v1/worker/gpu_model_runner.py``, ``GPUModelRunner._prepare_inputs``).
 
-The fixed rule (docs/domain.md, bug D, upstream #43991):
+The fixed rule (docs/domain.md, bug D, upstream #40654 and #43991):
 
-- model state: ``max_model_len`` while the step captures a graph (a captured
-  graph serves every later replay); otherwise ``max(seq_lens_upper_bound[:R])``;
-- draft model (only with speculative decoding, ``num_spec > 0``): the same at
-  capture, otherwise ``min(max(seq_lens_upper_bound[:R]) + num_spec, max_model_len)``
-  (the draft's sequences grow by up to ``num_spec`` tokens while it proposes).
+- model state (vLLM 0.33.0 ``DefaultModelState.prepare_attn`` and
+  ``MambaHybridModelState.prepare_attn``): ``max_model_len`` while the step
+  captures a graph (a captured graph serves every later replay); otherwise
+  ``max(seq_lens_cpu_upper_bound[:num_reqs])``, ``num_reqs`` being ``R_pad`` in a
+  full graph and ``R`` otherwise: the same value, since padding rows are 0;
+- draft model (only with speculative decoding, ``num_spec > 0``;
+  ``TargetDependentARSpeculator.propose`` and
+  ``DraftModelSpeculator._build_attn_metadata``): the same at capture (the
+  draft's graphs are captured with metadata from the model state's capture
+  branch), otherwise ``min(max(seq_lens_cpu_upper_bound[:R]) + num_spec,
+  max_model_len)`` (the draft's sequences grow by up to ``num_spec`` tokens
+  while it proposes).
 
 Invariant: ``max(seq_len[:R]) <= max_seq_len <= max_model_len`` on both paths,
 and the bound is tight (exactly the rule above) outside capture.
@@ -48,7 +60,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from attnfuzz.reference.batch import Case, CommonMetadata, EngineConfig, build_common_metadata, cdiv
+from attnfuzz.reference.batch import (
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    EngineConfig,
+    build_common_metadata,
+    cdiv,
+    split_decodes_and_prefills,
+)
 
 _DATA_SEED_SALT = 0x43991  # keeps the data stream apart from the page-id stream
 
@@ -58,10 +78,20 @@ PATHS = ("model state", "draft")
 
 @dataclass
 class MaxSeqLenInputs:
-    """What the metadata builder and its consumer have at hand for one step."""
+    """What the metadata builders receive for one step, and what their consumer reads.
 
-    seq_lens: torch.Tensor  # int32 [R_pad]: exact, 0 for padding requests
-    seq_lens_upper_bound: torch.Tensor  # int32 [max_num_seqs], persistent; rows >= R stale
+    ``config``, ``common`` and ``split`` are the step as the engine's functions see
+    it (the model state's ``prepare_attn`` gets the step's query lengths,
+    ``query_start_loc``, real and padded request counts): an implementation may
+    take its bound from any of them, so one that uses the wrong rows (the padded
+    ones, the decodes only) can be written and judged.
+    """
+
+    config: EngineConfig  # the engine's limits: max_model_len, num_spec, capture sizes
+    common: CommonMetadata  # the step on the host: query_start_loc, seq_lens, R_pad and R
+    split: DecodeSplit  # the ragged decode/prefill split of ``common`` (decodes first)
+    seq_lens_cpu_upper_bound: torch.Tensor  # int32 [R_pad] on the host, fresh: rows >= R are 0
+    seq_lens: torch.Tensor  # int32 [R_pad] on the device: exact, 0 for padding requests
     block_table: torch.Tensor  # int32 [R_pad, W]; entries past the valid pages stale
     kv_cache: torch.Tensor  # fp32 [num_blocks, block_size, D]; unowned pages NaN
     num_reqs: int  # R_pad: rows the kernels see (padded in a graph)
@@ -94,7 +124,7 @@ class MaxSeqLenExpected:
     max_seq_len: int
     draft_max_seq_len: int | None
     lower: int  # max(seq_len[:R]): no valid bound is below it
-    upper_max: int  # max(seq_lens_upper_bound[:R]): what "tight" means
+    upper_max: int  # max(seq_lens_cpu_upper_bound[:R]): what "tight" means
     out: np.ndarray  # fp32 [2, R_pad, D]
     pages_walked: np.ndarray  # int32 [2, R_pad]
     pages_needed: np.ndarray  # int32 [2, R_pad]
@@ -108,16 +138,17 @@ def describe(case: Case) -> CommonMetadata:
 def _draw_upper_bounds(
     config: EngineConfig, meta: CommonMetadata, gen: torch.Generator
 ) -> np.ndarray:
-    """The persistent buffer: stale rows, then this step's bounds in rows ``[:R]``."""
+    """The step's fresh host bounds, int32 ``[R_pad]``: rows ``[:R]`` bound ``seq_len``
+    by up to ``num_spec`` (never past ``max_model_len``), padding rows are 0."""
     M, R = config.max_model_len, meta.num_real_reqs
-    buffer = torch.randint(0, M + 1, (config.max_num_seqs,), generator=gen).numpy()
     slack = torch.randint(0, config.num_spec + 1, (R,), generator=gen).numpy()
-    buffer[:R] = np.minimum(meta.seq_lens[:R] + slack, M)
-    return buffer.astype(np.int32)
+    upper = np.zeros(meta.num_reqs, dtype=np.int32)
+    upper[:R] = np.minimum(meta.seq_lens[:R] + slack, M)
+    return upper
 
 
 def upper_bounds(case: Case) -> np.ndarray:
-    """``seq_lens_upper_bound`` of ``case`` (int32 [max_num_seqs]), as ``make_inputs`` builds it."""
+    """``seq_lens_cpu_upper_bound`` of ``case`` (int32 ``[R_pad]``), as ``make_inputs`` has it."""
     gen = torch.Generator().manual_seed(case.batch.seed ^ _DATA_SEED_SALT)
     return _draw_upper_bounds(case.config, describe(case), gen)
 
@@ -153,8 +184,11 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> MaxSeqLenInpu
         return torch.as_tensor(x).to(device)
 
     return MaxSeqLenInputs(
+        config=config,
+        common=meta,
+        split=split_decodes_and_prefills(meta, config.threshold),
+        seq_lens_cpu_upper_bound=torch.from_numpy(upper),  # on the host, as the engine has it
         seq_lens=dev(meta.seq_lens),
-        seq_lens_upper_bound=dev(upper),
         block_table=dev(table.astype(np.int32)),
         kv_cache=dev(kv),
         num_reqs=meta.num_reqs,
@@ -211,7 +245,7 @@ def walk(
 
 def reference(case: Case | None, inputs: MaxSeqLenInputs) -> MaxSeqLenExpected:
     """The expected bounds and the consumer on both paths (everything read off ``inputs``)."""
-    upper = inputs.seq_lens_upper_bound.cpu().numpy()
+    upper = inputs.seq_lens_cpu_upper_bound.cpu().numpy()
     seq_lens = inputs.seq_lens.cpu().numpy()
     table = inputs.block_table.cpu().numpy()
     kv = inputs.kv_cache.cpu().numpy()

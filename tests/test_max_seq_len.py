@@ -10,15 +10,15 @@ import torch
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.targets import max_seq_len as target_module
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case, spec_config
 from attnfuzz.kernels import max_seq_len as kernels
 from attnfuzz.kernels._triton import device
 from attnfuzz.reference import max_seq_len as ref
-from attnfuzz.reference.batch import Case, cdiv
+from attnfuzz.reference.batch import Case, CommonMetadata, cdiv, split_decodes_and_prefills
 from attnfuzz.reference.invariants import violations
 
 TARGET = "max-seq-len"
-MUTANTS = ["pr43991-model-len", "pr43991-draft-model-len", "pr43991-padded-rows"]
+MUTANTS = ["pr43991-model-len", "pr43991-draft-model-len"]
 NAN = float("nan")
 DEVICE = device()  # where the kernels run: tensors handed to them live there
 
@@ -31,13 +31,34 @@ def hand_inputs(capturing: bool = False, num_spec_steps: int = 1) -> ref.MaxSeqL
     entry 1 garbage (7), entry 2 poisoned page 1, entry 3 request 0's page 0.
     Row 2 pads the graph (seq_len 0, pad page 0). Pages 1 and 4 belong to no
     request: their keys are NaN. Upper bounds: 4 and 1 for the requests (4 is
-    one above seq_len 3: a draft counted as accepted), stale 7 and 5 after.
+    one above seq_len 3: a draft counted as accepted), 0 for the padding row.
+    The step's description (``config``, ``common``, ``split``: one token each) is
+    not read by the kernels or the reference.
     """
     i32 = dict(dtype=torch.int32, device=DEVICE)
+    config = spec_config(max_model_len=8, block_size=2, num_spec=num_spec_steps, head_dim=1)
+    table = [[2, 0, 4, 9], [3, 7, 1, 0], [0, 0, 0, 0]]
+    common = CommonMetadata(
+        query_start_loc=np.array([0, 1, 2, 2], np.int32),
+        seq_lens=np.array([3, 1, 0], np.int32),
+        block_table=np.array(table, np.int32),
+        slot_mapping=np.array([4, 6], np.int64),
+        num_reqs=3,
+        num_actual_tokens=2,
+        max_query_len=1,
+        max_seq_len=3,
+        num_real_reqs=2,
+        num_real_tokens=2,
+        num_blocks=5,
+        padded=True,
+    )
     return ref.MaxSeqLenInputs(
+        config=config,
+        common=common,
+        split=split_decodes_and_prefills(common, config.threshold),
+        seq_lens_cpu_upper_bound=torch.tensor([4, 1, 0], dtype=torch.int32),
         seq_lens=torch.tensor([3, 1, 0], **i32),
-        seq_lens_upper_bound=torch.tensor([4, 1, 7, 5], **i32),
-        block_table=torch.tensor([[2, 0, 4, 9], [3, 7, 1, 0], [0, 0, 0, 0]], **i32),
+        block_table=torch.tensor(table, **i32),
         kv_cache=torch.tensor(
             [[[1.0], [-2.0]], [[NAN], [NAN]], [[2.0], [1.0]], [[-1.0], [2.0]], [[NAN], [NAN]]],
             device=DEVICE,
@@ -144,17 +165,24 @@ def with_params(case: Case, capturing: int = 0) -> Case:
     return dataclasses.replace(case, params=(("capturing", capturing),))
 
 
-def test_inputs_hold_stale_bounds_stale_pages_and_poison():
+def test_inputs_hold_fresh_bounds_stale_pages_and_poison():
+    """The bounds are the engine's fresh host tensor (``GPUModelRunner.prepare_inputs``):
+    one row per request the kernels see, 0 for padding requests; the block table
+    still holds stale ids past each request's pages."""
     case = with_params(hand_case((2, 2, 2), (3, 9, 0), num_spec=1, block_size=2))
     meta = ref.describe(case)
     assert (meta.num_real_reqs, meta.num_reqs) == (3, 4)  # 6 tokens padded to 8
     inputs = ref.make_inputs(case)  # on the CPU
-    upper = inputs.seq_lens_upper_bound.numpy()
-    assert upper.shape == (case.config.max_num_seqs,)
+    upper = inputs.seq_lens_cpu_upper_bound
+    assert upper.device.type == "cpu" and upper.dtype == torch.int32
+    assert upper.shape == (meta.num_reqs,)
+    upper = upper.numpy()
     np.testing.assert_array_equal(upper, ref.upper_bounds(case))
     seq_lens = np.asarray(case.batch.seq_lens)
     assert (upper[:3] >= seq_lens).all() and (upper[:3] <= seq_lens + 1).all()
-    assert ((upper >= 0) & (upper <= case.config.max_model_len)).all()
+    assert upper[3] == 0  # the padding request's row
+    assert inputs.common.num_reqs == 4 and inputs.common.num_real_reqs == 3
+    assert inputs.split.num_decodes == 4 and inputs.config == case.config
     table, kv = inputs.block_table.numpy(), inputs.kv_cache.numpy()
     num_blocks = kv.shape[0]
     owned = set()
@@ -202,10 +230,6 @@ def test_smallest_cases_are_the_smallest_engines():
     assert model.config.next_n == 1 and model.batch.seq_lens == (1,)
     draft = cases["pr43991-draft-model-len"]
     assert draft.config.next_n == 2 and draft.batch.seq_lens == (2,)
-    padded = ref.describe(cases["pr43991-padded-rows"])
-    assert (padded.num_real_reqs, padded.num_reqs) == (1, 2)
-    upper = ref.upper_bounds(cases["pr43991-padded-rows"])
-    assert upper[1] > upper[0]  # the stale padded row: 3 > 2
 
 
 def test_the_over_walk_is_counted_and_changes_no_value():
@@ -226,11 +250,15 @@ def test_mutants_agree_with_the_fix_at_capture():
         assert judge(impl, case).ok, impl
 
 
-def test_padded_rows_needs_padding_requests():
-    case = with_params(hand_case((2, 2, 2, 2), (3, 9, 0, 5), num_spec=1))  # 8 tokens: no padding
-    impl = get_target(TARGET).resolve("pr43991-padded-rows")
-    assert not impl.reach(case) and judge(impl, case).ok
-    assert not judge("pr43991-model-len", case).ok  # the others still fire
+def test_a_bound_over_the_padded_rows_is_the_fix():
+    """Padding rows of the bounds are 0, so the maximum over the ``R_pad`` rows a full
+    graph sees (vLLM's ``DefaultModelState.prepare_attn`` takes it) is the maximum
+    over the real rows: the former mutant ``pr43991-padded-rows`` (stale padded
+    rows) described a state the engine never builds."""
+    case = with_params(hand_case((2, 2, 2), (3, 9, 0), num_spec=1))  # R = 3, R_pad = 4
+    inputs = ref.make_inputs(case, DEVICE)
+    over_padded = kernels._run(inputs, kernels._bounds(inputs, inputs.num_reqs))
+    assert target_module.compare(case, inputs, ref.reference(case, inputs), over_padded) == []
 
 
 # Broken implementations that no mutant covers: each shows a check failing on its own.
@@ -239,8 +267,14 @@ def test_padded_rows_needs_padding_requests():
 def unclamped_draft(inp: ref.MaxSeqLenInputs) -> ref.MaxSeqLenOutputs:
     """The draft's bound without ``min(..., max_model_len)``."""
     got = kernels.max_seq_len_metadata(inp)
-    top = int(inp.seq_lens_upper_bound[: inp.num_real_reqs].max())
+    top = int(inp.seq_lens_cpu_upper_bound[: inp.num_real_reqs].max())
     return dataclasses.replace(got, draft_max_seq_len=top + inp.num_spec_steps)
+
+
+def decodes_only(inp: ref.MaxSeqLenInputs) -> ref.MaxSeqLenOutputs:
+    """Both bounds from the decodes' rows only (``split.num_decodes``), as if prefills
+    never outgrew them."""
+    return kernels._run(inp, kernels._bounds(inp, inp.split.num_decodes))
 
 
 def full_width_walk(inp: ref.MaxSeqLenInputs) -> ref.MaxSeqLenOutputs:
@@ -276,6 +310,19 @@ def test_invariant_check_catches_a_bound_past_the_model_limit():
     found = target.compare(None, inputs, ref.reference(None, inputs), got)
     assert [m.check for m in found][:2] == ["invariant", "max_seq_len"], found
     assert "max_model_len=8" in found[0].expected and found[0].got == "9"
+
+
+def test_a_bound_over_the_decodes_only_is_caught():
+    """Two decodes of 2 tokens (seq_lens 5, 4), then a 9-token prefill at seq_len 20:
+    the decodes' bound (at most 6) walks too few pages of the prefill's row."""
+    case = with_params(hand_case((2, 2, 9), (3, 2, 11), use_cudagraph=False))
+    inputs = ref.make_inputs(case, DEVICE)
+    assert inputs.split.num_decodes == 2 and inputs.num_real_reqs == 3
+    found = get_target(TARGET).compare(
+        case, inputs, ref.reference(case, inputs), decodes_only(inputs)
+    )
+    checks_found = {m.check for m in found}
+    assert {"invariant", "max_seq_len", "walk", "values"} <= checks_found, found
 
 
 def test_walk_check_catches_a_consumer_that_ignores_the_bound():

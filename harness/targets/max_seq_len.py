@@ -1,7 +1,7 @@
 """Target ``max-seq-len``: the bound that sizes paged kernels (bug D, #43991).
 
 Which check catches what, honestly: a ``max_seq_len`` from the model limit (or
-from stale padded rows) is caught by its exact value against the reference
+from the wrong rows, e.g. the decodes only) is caught by its exact value against the reference
 (``max_seq_len``: tight outside capture) and by the consumer's walk (``walk``:
 more block-table entries read than the tight bound walks) and, where the extra
 entries hold garbage, by the bounds count (``page_bounds``). The consumer's
@@ -54,9 +54,9 @@ def expect_tight(
     if inputs.capturing:
         why = "max_model_len at graph capture"
     elif name.startswith("draft"):
-        why = f"min(max(seq_lens_upper_bound[:{R}])={upper_max} + {inputs.num_spec_steps}, {M})"
+        why = f"min(max(seq_lens_cpu_upper_bound[:{R}])={upper_max} + {inputs.num_spec_steps}, {M})"
     else:
-        why = f"max(seq_lens_upper_bound[:{R}]), tight outside capture"
+        why = f"max(seq_lens_cpu_upper_bound[:{R}]), tight outside capture"
     return [Mismatch("max_seq_len", name, f"{expected} ({why})", str(value))]
 
 
@@ -132,10 +132,9 @@ def reference_impl(inputs: ref.MaxSeqLenInputs) -> ref.MaxSeqLenOutputs:
 # ---------------------------------------------------------------------------
 
 
-def _bounds(case: Case) -> tuple[np.ndarray, int, int]:
-    """``seq_lens_upper_bound``, real and padded request counts of ``case``."""
-    meta = ref.describe(case)
-    return ref.upper_bounds(case), meta.num_real_reqs, meta.num_reqs
+def _bounds(case: Case) -> tuple[np.ndarray, int]:
+    """``seq_lens_cpu_upper_bound`` and the real request count of ``case``."""
+    return ref.upper_bounds(case), ref.describe(case).num_real_reqs
 
 
 def _capturing(case: Case) -> bool:
@@ -149,7 +148,7 @@ def reach_model_len(case: Case) -> bool:
 
 def trigger_model_len(case: Case) -> bool:
     """The batch's bound is below the model limit: ``max(upper[:R]) < max_model_len``."""
-    upper, R, _ = _bounds(case)
+    upper, R = _bounds(case)
     return reach_model_len(case) and int(upper[:R].max()) < case.config.max_model_len
 
 
@@ -160,21 +159,9 @@ def reach_draft_model_len(case: Case) -> bool:
 
 def trigger_draft_model_len(case: Case) -> bool:
     """``max(upper[:R]) + num_spec < max_model_len``: the draft's bound is below the limit."""
-    upper, R, _ = _bounds(case)
+    upper, R = _bounds(case)
     top = int(upper[:R].max())
     return reach_draft_model_len(case) and top + case.config.num_spec < case.config.max_model_len
-
-
-def reach_padded_rows(case: Case) -> bool:
-    """Outside capture, in a graph padded with requests (``R_pad > R``)."""
-    _, R, R_pad = _bounds(case)
-    return not _capturing(case) and R_pad > R
-
-
-def trigger_padded_rows(case: Case) -> bool:
-    """A stale padded row exceeds the real rows: ``max(upper[R:R_pad]) > max(upper[:R])``."""
-    upper, R, R_pad = _bounds(case)
-    return reach_padded_rows(case) and int(upper[R:R_pad].max()) > int(upper[:R].max())
 
 
 # ---------------------------------------------------------------------------
@@ -208,16 +195,8 @@ def smallest_draft_model_len() -> Case:
     return _smallest(next_n=2, capture_size=2, max_num_seqs=1)
 
 
-def smallest_padded_rows() -> Case:
-    """next_n = 2, 2 tokens padded to a graph of 4: R = 1, R_pad = 2.
-
-    Request 0 has seq_len 2 and an upper bound of 2 or 3; the stale bound of
-    padding row 1 is drawn from ``[0, 8]``: with seed 0 it is larger.
-    """
-    return _smallest(next_n=2, capture_size=4, max_num_seqs=2)
-
-
 def build() -> Target:
+    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import max_seq_len as k
 
     target = Target(
@@ -253,15 +232,43 @@ def build() -> Target:
             smallest=smallest_draft_model_len,
         )
     )
-    target.add(
-        Implementation(
-            "pr43991-padded-rows",
-            k.mutant_padded_rows,
-            "mutant",
-            "max_seq_len over the padded rows, whose upper bounds are stale",
-            trigger=trigger_padded_rows,
-            reach=reach_padded_rows,
-            smallest=smallest_padded_rows,
-        )
+    # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
+    model_states = "vllm/v1/worker/gpu/model_states"
+    draft = (
+        "spec_decode/target_dependent_ar/speculator.py:TargetDependentARSpeculator.propose and "
+        "spec_decode/speculator.py:DraftModelSpeculator._build_attn_metadata"
     )
+    target.add(
+        vllm_impl(
+            "max_seq_len", "run",
+            description=f"vLLM 0.33.0: {model_states}/default.py:DefaultModelState.prepare_attn; "
+            f"draft: {draft}; then attnfuzz's paged walk",
+        )
+    )  # fmt: skip
+    target.add(
+        vllm_impl(
+            "max_seq_len", "run_mamba_hybrid", name="vllm-mamba-hybrid",
+            description=f"vLLM 0.33.0: {model_states}/mamba_hybrid.py:"
+            f"MambaHybridModelState.prepare_attn; draft: {draft}; then attnfuzz's paged walk",
+        )
+    )  # fmt: skip
+    target.add(
+        vllm_impl(
+            "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
+            kind="mutant",
+            description="vLLM #43991 reverted: MambaHybridModelState.prepare_attn passes "
+            "max_seq_len=self.max_model_len outside capture too",
+            trigger=trigger_model_len, reach=reach_model_len, smallest=smallest_model_len,
+        )
+    )  # fmt: skip
+    target.add(
+        vllm_impl(
+            "max_seq_len", "upstream_draft_model_len", name="upstream-pr43991-draft-model-len",
+            kind="mutant",
+            description="vLLM #43991 reverted: DraftModelSpeculator._build_attn_metadata passes "
+            "max_seq_len=self.max_model_len",
+            trigger=trigger_draft_model_len, reach=reach_draft_model_len,
+            smallest=smallest_draft_model_len,
+        )
+    )  # fmt: skip
     return target

@@ -1,0 +1,405 @@
+"""vLLM's own ``max_seq_len`` bounds as implementations of target ``max-seq-len`` (bug D).
+
+What runs is vLLM 0.33.0's code, unchanged:
+
+- the model state's bound: ``prepare_attn`` of ``DefaultModelState``
+  (``vllm/v1/worker/gpu/model_states/default.py``; implementation ``vllm``) or of
+  ``MambaHybridModelState`` (``model_states/mamba_hybrid.py``;
+  ``vllm-mamba-hybrid``): ``max_model_len`` when ``for_capture``, else
+  ``seq_lens_cpu_upper_bound[:num_reqs].max()``, handed to ``build_attn_metadata``
+  (``vllm/v1/worker/gpu/attn_utils.py``), which builds the step's
+  ``CommonAttentionMetadata`` for each attention group;
+- the draft's bound: ``TargetDependentARSpeculator.propose``
+  (``spec_decode/target_dependent_ar/speculator.py``, the MTP drafter's) sets
+  ``draft_max_seq_len = min(max(seq_lens_cpu_upper_bound[:num_reqs]) +
+  num_speculative_tokens, max_model_len)``; ``DraftModelSpeculator._build_attn_metadata``
+  (``spec_decode/speculator.py``, through ``_build_uniform_attn_metadata``, as the
+  draft's decode steps call it) hands ``min(draft_max_seq_len, max_model_len)``
+  to ``build_attn_metadata``. At capture the draft's graphs take their metadata
+  from the model state's capture branch (``cudagraph_utils.prepare_inputs_to_capture``
+  calls ``model_state.prepare_attn(for_capture=True)`` with the draft's groups),
+  so that is what runs here for the draft when the case captures.
+
+The bounds are read off the ``CommonAttentionMetadata`` vLLM builds, through
+the metadata builder of the consumer: the consumer (the paged walk and its
+outputs) stays attnfuzz's own, so after vLLM has computed both bounds this
+adapter runs ``kernels.max_seq_len.paged_walk`` with them, as the ``triton``
+implementation does.
+
+The step reaches vLLM as the model runner hands it over
+(``GPUModelRunner.prepare_inputs``, ``vllm/v1/worker/gpu/model_runner.py``): an
+``InputBatch`` with the query lengths, ``query_start_loc`` and the real and
+padded request counts, and the host ``seq_lens_cpu_upper_bound`` of ``R_pad``
+rows. A padded step replays a full graph (``CUDAGraphMode.FULL``: the model state
+takes ``num_reqs_after_padding`` rows); any other step runs eagerly at its real
+sizes.
+
+How each object is built, as cheaply as vLLM allows: the model states and the
+MTP speculator by their own constructors (they run on the CPU with the tiny
+model's config), once per engine config. ``BlockTables`` pins host memory, which
+a CPU-only torch refuses, so the speculator gets in its place a namespace of the
+two attributes ``_build_attn_metadata`` reads (``input_block_tables``,
+``slot_mappings``); ``attn_groups``, ``kv_cache_config`` and ``block_tables`` are
+what ``DraftModelSpeculator.set_attn`` would assign (it also loads the draft's
+attention backends from the model's layers, which this adapter has none of).
+``propose`` runs up to its first call after the bound (``_copy_request_inputs``,
+which starts the draft's forward pass) and is stopped there.
+
+Upstream mutants (``upstream_*``): the same calls with the fix of #43991 reverted
+in vLLM 0.33.0's own source, line for line (see :data:`_PRE_FIX_MODEL_STATE` and
+:data:`_PRE_FIX_DRAFT`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import _engine
+from attnfuzz.kernels.max_seq_len import _run
+from attnfuzz.reference.batch import EngineConfig
+from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs
+
+_LAYER = "attnfuzz.max_seq_len.consumer"  # the one attention layer of the consumer's group
+
+
+# ---------------------------------------------------------------------------
+# Upstream #43991, reverted: vLLM 0.33.0's lines and the lines before the fix
+# ---------------------------------------------------------------------------
+
+# MambaHybridModelState.prepare_attn. #43991 added the bound block after the
+# max_query_len lines and replaced ``max_seq_len=self.max_model_len`` in the
+# build_attn_metadata call (the PR's diff of model_states/mamba_hybrid.py). The
+# reverted method keeps 0.33.0's ``seq_lens_cpu_upper_bound=`` argument, now read
+# off the input batch, since the block that named it is gone.
+_PRE_FIX_MODEL_STATE: list[tuple[str, str]] = [
+    (
+        """        seq_lens_cpu_upper_bound = input_batch.seq_lens_cpu_upper_bound
+        if for_capture:
+            # Capture with worst-case max_seq_len so the graph is valid at any replay.
+            max_seq_len = self.max_model_len
+        else:
+            max_seq_len = seq_lens_cpu_upper_bound[:num_reqs].max().item()
+""",
+        "",
+    ),
+    ("            max_seq_len=max_seq_len,\n", "            max_seq_len=self.max_model_len,\n"),
+    (
+        "            seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound,\n",
+        "            seq_lens_cpu_upper_bound=input_batch.seq_lens_cpu_upper_bound,\n",
+    ),
+]
+
+# DraftModelSpeculator._build_attn_metadata (``_build_draft_attn_metadata`` in
+# eagle/speculator.py when #43991 was written): the pre-fix call passed
+# ``max_seq_len=self.max_model_len``. The fix also added the lines of ``propose``
+# that set ``draft_max_seq_len``; with this line reverted they feed nothing, so
+# ``propose`` runs unchanged.
+_PRE_FIX_DRAFT: list[tuple[str, str]] = [
+    (
+        "            max_seq_len=min(self.draft_max_seq_len, self.max_model_len),\n",
+        "            max_seq_len=self.max_model_len,\n",
+    ),
+]
+
+
+def _reverted(cls: type, name: str, edits: list[tuple[str, str]]) -> Callable[..., Any]:
+    """``cls.name`` compiled from vLLM's own source with ``edits`` applied, each to
+    exactly one place (so a vLLM whose lines moved fails here, loudly), in the
+    globals of the module that defines it."""
+    function = getattr(cls, name)
+    source = inspect.getsource(function)  # indented as in its class, as the edits are
+    for fixed, pre_fix in edits:
+        count = source.count(fixed)
+        if count != 1:
+            raise RuntimeError(
+                f"{cls.__qualname__}.{name}: expected the line(s) {fixed!r} once, found {count} "
+                f"(vLLM {_installed()} differs from the release the revert was written for)"
+            )
+        source = source.replace(fixed, pre_fix)
+    namespace = dict(vars(sys.modules[function.__module__]))
+    code = compile(
+        textwrap.dedent(source), f"<{cls.__qualname__}.{name} before vllm#43991>", "exec"
+    )
+    exec(code, namespace)  # noqa: S102 - vLLM's own source, with the lines above reverted
+    return namespace[name]
+
+
+def _installed() -> str:
+    from attnfuzz.adapters.vllm import installed_version
+
+    return installed_version() or "?"
+
+
+# ---------------------------------------------------------------------------
+# vLLM's objects for one engine config, built once
+# ---------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Raised where ``propose`` leaves the bound for the draft's forward pass."""
+
+
+@dataclass
+class _Engine:
+    vllm_config: Any
+    model_state: Any
+    speculator: Any | None  # None without speculative decoding
+    attn_groups: list[list[Any]]
+    kv_cache_config: Any
+    block_table: torch.Tensor  # the speculator's input block table, [max_num_seqs, W]
+
+
+def _consumer_groups(config: EngineConfig, device: torch.device) -> tuple[list[list[Any]], Any]:
+    """One KV-cache group whose attention group's builder is the consumer's."""
+    from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.worker.utils import AttentionGroup
+
+    class PagedWalkBuilder(AttentionMetadataBuilder):
+        """The consumer's metadata builder: its metadata is the step's
+        ``CommonAttentionMetadata`` as vLLM built it (``max_seq_len``,
+        ``seq_lens``, ``block_table_tensor``), all a paged walk reads."""
+
+        def __init__(self) -> None:  # nothing to allocate: vLLM's base init is not needed
+            pass
+
+        def build(
+            self, common_prefix_len: int, common: CommonAttentionMetadata, fast_build: bool = False
+        ) -> CommonAttentionMetadata:
+            return common
+
+        def build_for_cudagraph_capture(
+            self, common: CommonAttentionMetadata
+        ) -> CommonAttentionMetadata:
+            return common
+
+    spec = FullAttentionSpec(
+        block_size=config.block_size, num_kv_heads=1, head_size=config.head_dim,
+        dtype=torch.float32,
+    )  # fmt: skip
+    group = AttentionGroup(
+        backend=None,  # type: ignore[arg-type]  # never asked: the builder is given
+        layer_names=[_LAYER],
+        kv_cache_spec=spec,
+        kv_cache_group_id=0,
+        metadata_builders=[PagedWalkBuilder()],
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec([_LAYER], spec)]
+    )
+    return [[group]], kv_cache_config
+
+
+@cache
+def _engine_for(
+    config: EngineConfig, device: torch.device, state: str, draft_pre_fix: bool
+) -> _Engine:
+    """vLLM's model state (``state``: "default", "mamba-hybrid" or its pre-fix) and
+    MTP speculator (its pre-fix builder when ``draft_pre_fix``) for ``config``."""
+    import torch.nn as nn
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+    from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
+    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+    vc = _engine.vllm_config(config)
+    attn_groups, kv_cache_config = _consumer_groups(config, device)
+    with set_current_vllm_config(vc):
+        cls = DefaultModelState if state == "default" else MambaHybridModelState
+        # The model module is read only for rope and multimodal state, which a
+        # text model with 1-D positions has none of.
+        model_state = cls(vc, nn.Module(), None, device)
+        if state == "mamba-hybrid-pre-fix":
+            fn = _reverted(MambaHybridModelState, "prepare_attn", _PRE_FIX_MODEL_STATE)
+            model_state.prepare_attn = types.MethodType(fn, model_state)
+        block_table = torch.zeros(
+            (config.max_num_seqs, config.max_blocks_per_seq), dtype=torch.int32, device=device
+        )
+        speculator = None
+        if config.num_spec > 0:
+            speculator = MTPSpeculator(vc, device)
+            if draft_pre_fix:
+                fn = _reverted(MTPSpeculator, "_build_attn_metadata", _PRE_FIX_DRAFT)
+                speculator._build_attn_metadata = types.MethodType(fn, speculator)
+            speculator.attn_groups = attn_groups
+            speculator.kv_cache_config = kv_cache_config
+            speculator.block_tables = types.SimpleNamespace(
+                input_block_tables=[block_table],
+                slot_mappings=torch.full(
+                    (1, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device
+                ),
+            )
+
+            def stop(*args: Any, **kwargs: Any) -> None:
+                raise _Stop
+
+            # The first call of propose after the bound: the draft's forward pass starts.
+            speculator._copy_request_inputs = stop
+    return _Engine(vc, model_state, speculator, attn_groups, kv_cache_config, block_table)
+
+
+def prepare() -> None:
+    """Import vLLM, validate the base configs, import the modules every call uses."""
+    _engine.prepare()
+    _engine._base_config(1)
+    import vllm.v1.worker.gpu.model_states.mamba_hybrid  # noqa: F401
+    import vllm.v1.worker.gpu.spec_decode.mtp.speculator  # noqa: F401
+
+
+# ---------------------------------------------------------------------------
+# The step as the model runner hands it over
+# ---------------------------------------------------------------------------
+
+
+def _input_batch(inputs: MaxSeqLenInputs, device: torch.device) -> Any:
+    """vLLM's ``InputBatch`` of the step, as ``GPUModelRunner.prepare_inputs`` fills it.
+
+    Fields ``prepare_attn`` and ``propose`` do not read before the bound are
+    filled plausibly (zeros, identities), never from stale memory.
+    """
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+
+    meta, config = inputs.common, inputs.config
+    R, R_pad = meta.num_real_reqs, meta.num_reqs
+    T, T_pad = meta.num_real_tokens, meta.num_actual_tokens
+    q_lens = np.diff(meta.query_start_loc).astype(np.int32)[:R]
+    seq_lens = meta.seq_lens[:R].astype(np.int32)
+    num_computed = seq_lens - q_lens
+    # The split's classification: a request longer than the threshold prefills.
+    is_prefilling = q_lens > config.threshold
+    drafts = np.where(is_prefilling, 0, q_lens - 1).astype(np.int32)
+    positions = np.concatenate(
+        [np.arange(c, s, dtype=np.int64) for c, s in zip(num_computed, seq_lens, strict=True)]
+        + [np.zeros(T_pad - T, dtype=np.int64)]
+    )
+    query_start_loc_np = meta.query_start_loc.astype(np.int32)
+    query_start_loc = torch.from_numpy(query_start_loc_np.copy()).to(device)
+    idx_mapping_np = np.arange(R, dtype=np.intp)
+    idx_mapping = torch.arange(R, dtype=torch.int64, device=device)
+    return InputBatch(
+        req_ids=[f"req-{r}" for r in range(R)],
+        num_reqs=R,
+        num_reqs_after_padding=R_pad,
+        idx_mapping=idx_mapping,
+        idx_mapping_np=idx_mapping_np,
+        expanded_idx_mapping=idx_mapping,
+        expanded_local_pos=torch.zeros(R, dtype=torch.int32, device=device),
+        num_scheduled_tokens=q_lens,
+        num_tokens=T,
+        num_tokens_after_padding=T_pad,
+        num_draft_tokens=int(drafts.sum()),
+        num_draft_tokens_per_req=drafts if config.num_spec > 0 else None,
+        query_start_loc=query_start_loc,
+        query_start_loc_np=query_start_loc_np,
+        seq_lens=inputs.seq_lens.clone(),  # the runner's seq_lens buffer, [R_pad]
+        seq_lens_cpu_upper_bound=inputs.seq_lens_cpu_upper_bound,
+        dcp_local_seq_lens=None,
+        num_computed_tokens_np=num_computed,
+        prefill_len_np=np.where(is_prefilling, seq_lens, num_computed).astype(np.int32),
+        num_computed_prefill_tokens_np=num_computed,
+        is_prefilling_np=is_prefilling,
+        has_prefill=bool(is_prefilling.any()),
+        decode_graph_eligible=not bool(is_prefilling.any()),
+        input_ids=torch.zeros(T_pad, dtype=torch.int32, device=device),
+        positions=torch.from_numpy(positions).to(device),
+        is_padding=torch.from_numpy(np.arange(T_pad) >= T).to(device),
+        logits_indices=query_start_loc[1 : R + 1] - 1,
+        cu_num_logits=torch.arange(R + 1, dtype=torch.int32, device=device),
+        cu_num_logits_np=np.arange(R + 1, dtype=np.int32),
+        has_structured_output_reqs=False,
+        prompt_lens=None,
+    )
+
+
+def _bounds(inputs: MaxSeqLenInputs, engine: _Engine) -> tuple[int, int | None]:
+    """``(model state, draft)`` max_seq_len as vLLM's code builds them for the step."""
+    from vllm.config import set_current_vllm_config
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    device = inputs.kv_cache.device
+    meta = inputs.common
+    R, R_pad = meta.num_real_reqs, meta.num_reqs
+    mode = CUDAGraphMode.FULL if meta.padded else CUDAGraphMode.NONE
+    input_batch = _input_batch(inputs, device)
+    block_tables = (inputs.block_table,)  # the runner's, gathered to [R_pad, W]
+    slot_mappings = torch.from_numpy(meta.slot_mapping).to(device)[None]
+    with set_current_vllm_config(engine.vllm_config):
+
+        def model_state_bound(attn_groups: list[list[Any]]) -> int:
+            metadata = engine.model_state.prepare_attn(
+                input_batch, mode, block_tables, slot_mappings, attn_groups,
+                engine.kv_cache_config, for_capture=inputs.capturing,
+            )  # fmt: skip
+            return metadata[_LAYER].max_seq_len
+
+        model = model_state_bound(engine.attn_groups)
+        spec = engine.speculator
+        if spec is None:
+            return model, None
+        if inputs.capturing:
+            # The draft's graphs capture metadata from the model state's capture branch.
+            return model, model_state_bound(spec.attn_groups)
+        try:
+            spec.propose(input_batch, None, None, None, None, None, None, None, None, None, None)
+        except _Stop:
+            pass
+        else:  # pragma: no cover - vLLM's propose changed shape
+            raise RuntimeError("TargetDependentARSpeculator.propose ran past the draft's bound")
+        engine.block_table[:R_pad].copy_(inputs.block_table)
+        # The draft's decode steps run one token per request (a full graph of R_pad
+        # requests when the step is padded).
+        desc = BatchExecutionDescriptor(
+            cg_mode=mode, num_tokens=R_pad, num_reqs=R_pad if meta.padded else None,
+            uniform_token_count=1,
+        )  # fmt: skip
+        metadata = spec._build_uniform_attn_metadata(
+            desc, R, num_query_per_req=1, seq_lens_cpu_upper_bound=inputs.seq_lens_cpu_upper_bound,
+            step=1,
+        )  # fmt: skip
+        return model, metadata[_LAYER].max_seq_len
+
+
+def _consume(inputs: MaxSeqLenInputs, model: int, draft: int | None) -> MaxSeqLenOutputs:
+    """attnfuzz's consumer (the paged walk) on the bounds vLLM built."""
+    bounds = torch.tensor([model, draft or 0], dtype=torch.int32, device=inputs.kv_cache.device)
+    got = _run(inputs, bounds)
+    # The bounds as vLLM hands them to its kernels: host integers.
+    got.max_seq_len, got.draft_max_seq_len = model, draft
+    return got
+
+
+def _call(inputs: MaxSeqLenInputs, state: str, draft_pre_fix: bool = False) -> MaxSeqLenOutputs:
+    engine = _engine_for(inputs.config, inputs.kv_cache.device, state, draft_pre_fix)
+    return _consume(inputs, *_bounds(inputs, engine))
+
+
+def run(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """vLLM 0.33.0: ``DefaultModelState.prepare_attn`` and the MTP drafter's bound."""
+    return _call(inputs, "default")
+
+
+def run_mamba_hybrid(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """vLLM 0.33.0: ``MambaHybridModelState.prepare_attn`` and the MTP drafter's bound."""
+    return _call(inputs, "mamba-hybrid")
+
+
+def upstream_model_len(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """#43991 reverted in ``MambaHybridModelState.prepare_attn``: ``max_model_len``
+    outside capture too (the draft as fixed)."""
+    return _call(inputs, "mamba-hybrid-pre-fix")
+
+
+def upstream_draft_model_len(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """#43991 reverted in ``DraftModelSpeculator._build_attn_metadata``: the draft's
+    ``max_seq_len`` is ``max_model_len`` (the model state as fixed)."""
+    return _call(inputs, "default", draft_pre_fix=True)
