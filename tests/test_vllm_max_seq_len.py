@@ -1,0 +1,225 @@
+"""Target ``max-seq-len`` on vLLM 0.33.0's own model states and MTP drafter: both pass,
+#43991 reverted is caught, and the inputs are the engine's (the fidelity change)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.reference import max_seq_len as ref
+from attnfuzz.reference.batch import Case
+
+pytestmark = requires_vllm
+
+TARGET = "max-seq-len"
+ENGINES = ["vllm", "vllm-mamba-hybrid"]
+UPSTREAM = {
+    "upstream-pr43991-model-len": "pr43991-model-len",
+    "upstream-pr43991-draft-model-len": "pr43991-draft-model-len",
+}
+
+
+def adapter():
+    from attnfuzz.adapters.vllm import max_seq_len
+
+    return max_seq_len
+
+
+def with_params(case: Case, capturing: int = 0) -> Case:
+    return dataclasses.replace(case, params=(("capturing", capturing),))
+
+
+def judge(impl: str, case: Case):
+    target = get_target(TARGET)
+    return target.judge(target.resolve(impl), case)
+
+
+@pytest.mark.parametrize("impl", ENGINES)
+def test_vllm_passes(impl):
+    result = assert_passes(TARGET, impl, max_examples=150)
+    assert result.labels["padding_requests"] > 0 and result.labels["next_n>1"] > 0
+
+
+@pytest.mark.parametrize("upstream", UPSTREAM)
+def test_upstream_mutant_is_detected(upstream):
+    result = assert_detected(TARGET, upstream)  # also asserts the trigger
+    assert result.verdict.key == "max_seq_len"
+    assert result.case.param("capturing") == 0
+
+
+@pytest.mark.parametrize("upstream", UPSTREAM)
+def test_upstream_mutant_fails_the_smallest_trigger_of_its_recreation(upstream):
+    target = get_target(TARGET)
+    impl, recreated = target.resolve(upstream), target.resolve(UPSTREAM[upstream])
+    case = impl.smallest()
+    assert impl.trigger(case) and case == recreated.smallest()
+    for engine in ENGINES:
+        assert judge(engine, case).ok
+    verdict = judge(upstream, case)
+    assert {m.check for m in verdict.mismatches} == {"max_seq_len", "walk", "page_bounds"}
+    assert not judge(UPSTREAM[upstream], case).ok
+
+
+def test_the_bounds_are_vllms_by_hand():
+    """Three decodes of 2 tokens (seq_lens 5, 11, 2) padded to a graph of 8: vLLM takes
+    ``max(upper[:R_pad])`` (a full graph) for the model state and ``min(max + 1, 64)``
+    for the draft; at capture both are ``max_model_len``."""
+    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))
+    inputs = ref.make_inputs(case)
+    upper = inputs.seq_lens_cpu_upper_bound.tolist()
+    assert len(upper) == 4 and upper[3] == 0 and 11 <= upper[1] <= 12
+    for run in (adapter().run, adapter().run_mamba_hybrid):
+        got = run(inputs)
+        assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper), max(upper) + 1)
+    capturing = ref.make_inputs(with_params(case, capturing=1))
+    got = adapter().run(capturing)
+    assert (got.max_seq_len, got.draft_max_seq_len) == (64, 64)
+
+
+def test_without_a_drafter_there_is_no_draft_bound():
+    case = with_params(hand_case((1, 5), (4, 0), num_spec=0, cudagraph_capture_sizes=(1, 2, 4)))
+    got = adapter().run(ref.make_inputs(case))
+    assert got.max_seq_len == 5 and got.draft_max_seq_len is None
+
+
+def test_more_drafts_than_one_reach_the_clamp_at_the_model_limit():
+    """num_spec = 3: 62 + 3 is past max_model_len 64, so the draft's bound is clamped."""
+    case = with_params(hand_case((4, 4), (58, 10), num_spec=3, cudagraph_capture_sizes=(4, 8, 16)))
+    inputs = ref.make_inputs(case)
+    top = int(inputs.seq_lens_cpu_upper_bound.max())
+    got = adapter().run(inputs)
+    assert got.max_seq_len == top and got.draft_max_seq_len == min(top + 3, 64) == 64
+    assert get_target(TARGET).judge(get_target(TARGET).resolve("vllm"), case).ok
+
+
+# ---------------------------------------------------------------------------
+# Fidelity: the bounds are a fresh [R_pad] host tensor, padding rows 0
+# ---------------------------------------------------------------------------
+
+
+def _old_inputs(case: Case) -> ref.MaxSeqLenInputs:
+    """The inputs as the model had them before: a persistent ``[max_num_seqs]`` buffer
+    whose rows past ``R`` are stale (here ``max_model_len``, the largest a stale row
+    could hold)."""
+    inputs = ref.make_inputs(case)
+    R = inputs.num_real_reqs
+    old = torch.full((case.config.max_num_seqs,), case.config.max_model_len, dtype=torch.int32)
+    old[:R] = inputs.seq_lens_cpu_upper_bound[:R]
+    return dataclasses.replace(inputs, seq_lens_cpu_upper_bound=old)
+
+
+def test_old_stale_padded_rows_made_the_oracle_fail_vllms_correct_full_graph():
+    """vLLM 0.33.0's ``DefaultModelState.prepare_attn`` takes ``max(upper[:num_reqs])``
+    with ``num_reqs = num_reqs_after_padding`` in a full graph: correct, because
+    ``GPUModelRunner.prepare_inputs`` builds the bounds afresh with 0 in the padding
+    rows. On the old model's stale rows the same correct code read a stale bound, and
+    the oracle (max over the real rows) called it a bug. With the engine's real
+    bounds vLLM passes and the re-created mutants are still caught."""
+    target = get_target(TARGET)
+    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))  # R = 3, R_pad = 4
+    old = _old_inputs(case)
+    got = adapter().run(old)
+    assert got.max_seq_len == 64  # the stale padding row
+    found = target.compare(case, old, ref.reference(case, old), got)
+    assert [m.where for m in found if m.check == "max_seq_len"] == ["max_seq_len"]
+
+    assert judge("vllm", case).ok and judge("vllm-mamba-hybrid", case).ok
+    for recreated in ("pr43991-model-len", "pr43991-draft-model-len"):
+        assert not judge(recreated, case).ok
+
+
+def test_vllm_reads_the_padded_rows_only_in_a_full_graph():
+    """A padded step (FULL) reads ``R_pad`` rows, any other step ``R``: a poison past
+    them is never read (the bounds are sliced, not scanned to their end)."""
+    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))  # R = 3, R_pad = 4
+    inputs = ref.make_inputs(case)
+    upper = inputs.seq_lens_cpu_upper_bound
+    poisoned = torch.cat([upper, torch.tensor([10**6], dtype=torch.int32)])
+    got = adapter().run(dataclasses.replace(inputs, seq_lens_cpu_upper_bound=poisoned))
+    assert got.max_seq_len == int(upper.max())
+    padding = upper.clone()
+    padding[3] = 63  # not what the engine builds: proof that vLLM reads row 3 in a full graph
+    got = adapter().run(dataclasses.replace(inputs, seq_lens_cpu_upper_bound=padding))
+    assert got.max_seq_len == 63
+
+
+# ---------------------------------------------------------------------------
+# The reverts differ from vLLM 0.33.0 in the lines #43991 changed, nothing else
+# ---------------------------------------------------------------------------
+
+
+def _changed_lines(cls: type, name: str, edits: list[tuple[str, str]]) -> list[str]:
+    fixed = inspect.getsource(getattr(cls, name))
+    reverted = fixed
+    for old, new in edits:
+        assert fixed.count(old) == 1
+        reverted = reverted.replace(old, new)
+    diff = difflib.unified_diff(fixed.splitlines(), reverted.splitlines(), lineterm="", n=0)
+    return [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def test_the_reverted_model_state_changes_only_the_bound():
+    from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
+
+    lines = _changed_lines(MambaHybridModelState, "prepare_attn", adapter()._PRE_FIX_MODEL_STATE)
+    assert lines == [
+        "-        seq_lens_cpu_upper_bound = input_batch.seq_lens_cpu_upper_bound",
+        "-        if for_capture:",
+        "-            # Capture with worst-case max_seq_len so the graph is valid at any replay.",
+        "-            max_seq_len = self.max_model_len",
+        "-        else:",
+        "-            max_seq_len = seq_lens_cpu_upper_bound[:num_reqs].max().item()",
+        "-            max_seq_len=max_seq_len,",
+        "+            max_seq_len=self.max_model_len,",
+        "-            seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound,",
+        "+            seq_lens_cpu_upper_bound=input_batch.seq_lens_cpu_upper_bound,",
+    ]
+
+
+def test_the_reverted_draft_changes_one_line():
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    lines = _changed_lines(DraftModelSpeculator, "_build_attn_metadata", adapter()._PRE_FIX_DRAFT)
+    assert lines == [
+        "-            max_seq_len=min(self.draft_max_seq_len, self.max_model_len),",
+        "+            max_seq_len=self.max_model_len,",
+    ]
+
+
+def test_a_vllm_whose_lines_moved_is_refused_loudly():
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    with pytest.raises(RuntimeError, match="expected the line"):
+        adapter()._reverted(DraftModelSpeculator, "_build_attn_metadata", [("no such line\n", "")])
+
+
+def test_upper_bounds_are_the_engines_shape_on_every_drawn_case():
+    """Every case the strategies draw: ``[R_pad]`` rows, 0 from ``R`` on, ``[:R]`` within
+    ``num_spec`` above ``seq_len`` and at most ``max_model_len``."""
+    from attnfuzz.harness.runner import fuzz
+
+    target = get_target(TARGET)
+    seen = []
+
+    def check(inputs: ref.MaxSeqLenInputs) -> ref.MaxSeqLenOutputs:
+        upper = inputs.seq_lens_cpu_upper_bound.numpy()
+        seq_lens = inputs.common.seq_lens
+        R, config = inputs.num_real_reqs, inputs.config
+        assert upper.shape == (inputs.common.num_reqs,) and not upper[R:].any()
+        assert (upper[:R] >= seq_lens[:R]).all()
+        assert (upper[:R] <= np.minimum(seq_lens[:R] + config.num_spec, config.max_model_len)).all()
+        seen.append(R)
+        return adapter().run(inputs)
+
+    from attnfuzz.harness.target import Implementation
+
+    result = fuzz(target, Implementation("check", check, "user"), max_examples=60, rng_seed=3,
+                  database=None)  # fmt: skip
+    assert not result.failed and len(seen) >= 60
