@@ -1,0 +1,173 @@
+"""Target ``draft-block-tables`` on vLLM's own drafter: passes, #43982 reverted is caught,
+and the tables are as wide as vLLM's (the fidelity change)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import re
+
+import pytest
+import torch
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.reference import draft_block_tables as ref
+from attnfuzz.reference.batch import Case, build_common_metadata, cdiv
+
+pytestmark = requires_vllm
+
+TARGET = "draft-block-tables"
+UPSTREAM = "upstream-pr43982-padded-table"
+RECREATED = "pr43982-padded-table"
+
+
+def judge(impl: str, case: Case):
+    target = get_target(TARGET)
+    return target.judge(target.resolve(impl), case)
+
+
+def smallest() -> Case:
+    smallest = get_target(TARGET).implementations[UPSTREAM].smallest
+    assert smallest is not None
+    return smallest()
+
+
+def with_params(case: Case, sliding_window: int, swa_block_size_log2: int) -> Case:
+    params = {"sliding_window": sliding_window, "swa_block_size_log2": swa_block_size_log2}
+    return dataclasses.replace(case, params=tuple(sorted(params.items())))
+
+
+def test_vllm_passes_150_examples():
+    result = assert_passes(TARGET, "vllm", max_examples=150)
+    assert result.labels["padding_requests"] > 0 and result.labels["mixed"] > 0
+
+
+def test_upstream_mutant_is_detected_with_a_minimized_trigger():
+    result = assert_detected(TARGET, UPSTREAM)
+    meta = build_common_metadata(result.case.config, result.case.batch)
+    assert meta.padded and meta.num_reqs > meta.num_real_reqs
+    # the production symptom: FlashAttention refuses cu_seqlens_q for R against a table of R_pad
+    assert "batch_size must be equal to batch_size_k" in result.verdict.mismatches[0].got
+    assert result.case.batch.num_reqs <= smallest().batch.num_reqs
+
+
+def test_smallest_trigger_passes_vllm_and_fails_the_upstream_mutant():
+    case = smallest()
+    assert judge("vllm", case).ok
+    verdict = judge(UPSTREAM, case)
+    assert verdict.key == "exception:RuntimeError"
+    assert "batch_size 3; block_table has 4 rows" in verdict.mismatches[0].got
+
+
+@pytest.mark.parametrize(
+    "q_lens, computed, use_cudagraph",
+    [
+        ((2, 2, 2, 2), (1, 2, 3, 4), True),  # 8 tokens: a capture size, R_pad == R
+        ((2, 2, 2), (1, 2, 3), False),  # eager: never padded
+        ((1, 2, 7), (4, 4, 0), True),  # ragged and mixed: graphs do not pad requests
+    ],
+)
+def test_unpadded_steps_pass_both(q_lens, computed, use_cudagraph):
+    """Without padding requests the stored tables have R rows: the revert changes nothing."""
+    case = with_params(hand_case(q_lens, computed, use_cudagraph), 4, 1)
+    assert judge("vllm", case).ok and judge(UPSTREAM, case).ok
+
+
+def test_sliding_window_with_freed_pages_passes():
+    """Window 2 on pages of 1: requests 9 and 13 tokens long had their early pages freed
+    to the null page (NaN): vLLM's metadata reaches only the pages the window sees."""
+    case = with_params(hand_case((2, 2, 2), (7, 11, 0)), 2, 0)
+    inputs = ref.make_inputs(case)
+    assert (inputs.groups[1].block_table[:2, :5] == ref.NULL_PAGE).all()
+    assert judge("vllm", case).ok
+    assert not judge(UPSTREAM, case).ok
+
+
+def test_vllm_hands_views_of_its_persistent_tables_and_of_the_step_metadata():
+    """What the method hands each group's builder: row-slices [:R] (views, no copies) of
+    the runner's persistent per-group tables, and the step's own query_start_loc[:R + 1]
+    and seq_lens[:R] (CommonAttentionMetadata.unpadded)."""
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+
+    case = smallest()
+    inputs = ref.make_inputs(case)
+    per_group = adapter._propose(inputs, adapter.Gemma4Proposer)
+    drafter = adapter._drafter(
+        adapter.Gemma4Proposer,
+        case.config,
+        tuple((g.block_size, g.sliding_window) for g in inputs.groups),
+        case.config.num_heads,
+        case.config.head_dim,
+        "cpu",
+    )
+    R = inputs.num_real_reqs
+    for m, table, group in zip(
+        per_group, drafter.block_tables.block_tables, inputs.groups, strict=True
+    ):
+        persistent = table.block_table.gpu
+        assert m.block_table.data_ptr() == persistent.data_ptr()
+        assert m.block_table.shape == (R, persistent.shape[1])
+        assert torch.equal(m.block_table, group.block_table[:R])
+        assert m.query_start_loc.data_ptr() == inputs.query_start_loc.data_ptr()
+        assert m.query_start_loc.shape == (R + 1,) and m.seq_lens.shape == (R,)
+
+
+def test_tables_are_as_wide_as_vllms_and_the_old_width_was_wrong():
+    """Fidelity: vLLM 0.33.0's MultiGroupBlockTable rounds each group's pages per request
+    up to 128-token spans, and the drafter hands on whole rows. The example engine
+    (max_model_len 64) has 16 pages of 4 and 64 pages of 1 per request, but tables 32
+    and 128 wide. The old reference, cdiv(max_model_len, block_size) columns, failed
+    vLLM's correct output on shape; the re-created and upstream mutants are still caught."""
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+
+    case = smallest()
+    target = get_target(TARGET)
+    inputs = target.make_inputs(case, torch.device("cpu"))
+    expected = target.reference(case, inputs)
+    got = adapter.run(inputs)
+    assert [tuple(m.block_table.shape) for m in got.metadata] == [(3, 32), (3, 128)]
+    assert target.compare(case, inputs, expected, got) == []
+
+    # The old reference: the same rows, cdiv(max_model_len, block_size) columns.
+    old = [
+        dataclasses.replace(g, block_table=g.block_table[:, : cdiv(64, bs)])
+        for g, bs in zip(expected.groups, (4, 1), strict=True)
+    ]
+    old_expected = dataclasses.replace(expected, groups=old)
+    mismatches = target.compare(case, inputs, old_expected, got)
+    assert [(m.check, m.where, m.expected, m.got) for m in mismatches] == [
+        ("shape", "group0.block_table", "[3, 16]", "[3, 32]"),
+        ("shape", "group1.block_table", "[3, 64]", "[3, 128]"),
+    ]
+    for mutant in (RECREATED, UPSTREAM):
+        assert not target.judge(target.resolve(mutant), case).ok, mutant
+
+
+def _code_lines(fn) -> list[str]:
+    """A function's statements: no docstring, comments or blank lines, stripped."""
+    source = inspect.getsource(fn)
+    source = re.sub(r'"""(.|\n)*?"""', "", source, count=1)
+    lines = [re.sub(r"\s*#.*$", "", line).strip() for line in source.splitlines()]
+    return [line for line in lines if line]
+
+
+def test_upstream_mutant_differs_from_vllm_only_in_the_lines_of_43982():
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+    from vllm.v1.spec_decode.gemma4 import Gemma4Proposer
+
+    fixed = _code_lines(Gemma4Proposer.build_per_group_and_layer_attn_metadata)
+    reverted = _code_lines(
+        adapter.Gemma4ProposerBefore43982.build_per_group_and_layer_attn_metadata
+    )
+    diff = [
+        line
+        for line in difflib.unified_diff(fixed, reverted, lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    assert diff == [
+        "-batch_size = common_attn_metadata.batch_size()",
+        "-cm.block_table_tensor = self._per_group_block_tables[gid][:batch_size]",
+        "+cm.block_table_tensor = self._per_group_block_tables[gid]",
+    ]
