@@ -15,6 +15,25 @@ Only rows of real decode tokens (``0 .. sum(d)``) are written. Rows of padded
 decode tokens (``sum(d) .. N_d``, present when a graph pads the step) may hold
 anything; every other row, the prefill rows included, must stay as it was.
 
+What the engine's contract fixes (vLLM 0.33.0):
+
+- The split is the engine's: the native ``[B, L]`` decode path (``next_n <= 2``
+  where DeepGEMM cannot take more rows per request) splits with the *uniform*
+  rule, so its decodes share one length but for trailing zero-length padding
+  requests, and beyond it the engine flattens every decode token to its own row
+  and splits ragged (``v1/attention/backends/mla/indexer.py``:
+  ``DeepseekV32IndexerMetadataBuilder.build``, ``require_uniform=not
+  (self.use_flattening or self.supports_varlen)``; ``_use_flattening``,
+  ``_supports_native_decode``). The decode branch of ``sparse_attn_indexer``
+  relies on it: it hands the logits the *unpacked* ``weights[:B*L]``.
+- The prefill rows hold what the prefill branch computes: ``sparse_attn_indexer``
+  clears the step's rows and runs its prefill branch before the decode branch, in
+  the same call. So the buffer a case starts from holds, for each prefill token,
+  its own top-k (ties to the lowest index), and the decode path must leave it.
+- Logits past a row's context are not cleaned by the engine's kernel
+  (``vllm/utils/deep_gemm.py:fp8_fp4_paged_mqa_logits``): only the visible
+  columns of a row are judged (``row_context_lens``).
+
 The data are small integers stored as fp32, so every logit is exact in fp32
 whatever the summation order: a correct kernel matches bit for bit, and ties,
 which are frequent, are real ties.
@@ -30,6 +49,7 @@ from attnfuzz.reference.batch import (
     Case,
     CommonMetadata,
     DecodeSplit,
+    EngineConfig,
     build_common_metadata,
     float_dtype,
     split_decodes_and_prefills,
@@ -62,6 +82,10 @@ class IndexerDecodeInputs:
     requires_padding: bool
     max_model_len: int
     topk: int
+    # What the engine's indexer call also receives: its engine and the step's common
+    # metadata (vLLM's adapters build the engine's own metadata from them).
+    config: EngineConfig | None = None
+    common: CommonMetadata | None = None
 
 
 @dataclass
@@ -80,11 +104,25 @@ class IndexerDecodeExpected:
     free_rows: np.ndarray  # bool [rows]: rows of padded decode tokens (any content)
     context_lens: np.ndarray  # int32 [rows]: visible keys of each checked row
     logit_row: np.ndarray  # int64 [rows]: the logits row of each checked row, else -1
+    row_context_lens: np.ndarray  # int32 [B*L]: visible keys of each logits row
+
+
+NATIVE_MAX_NEXT_N = 2
+"""The largest ``next_n`` the engine scores natively as ``[B, L]`` rows on a platform
+without DeepGEMM's wider kernels (vLLM 0.33.0 ``indexer.py:_supports_native_decode``:
+``next_n in (1, 2)``); beyond it, decode tokens are flattened to one row each."""
+
+
+def native_path(config: EngineConfig) -> bool:
+    return config.next_n <= NATIVE_MAX_NEXT_N
 
 
 def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
+    """The step and its split as the engine's indexer splits it: uniform on the native
+    path, ragged where decode tokens are flattened (module docstring)."""
     meta = build_common_metadata(case.config, case.batch)
-    return meta, split_decodes_and_prefills(meta, case.config.threshold)
+    uniform = native_path(case.config)
+    return meta, split_decodes_and_prefills(meta, case.config.threshold, require_uniform=uniform)
 
 
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> IndexerDecodeInputs:
@@ -105,9 +143,9 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> IndexerDecode
         -1, config.max_model_len, (config.max_num_batched_tokens, config.topk), generator=gen
     ).to(torch.int32)
     prefill = slice(split.num_decode_tokens, split.num_decode_tokens + split.num_prefill_tokens)
-    buffer[prefill] = torch.randint(
-        0, config.max_model_len, (split.num_prefill_tokens, config.topk), generator=gen
-    ).to(torch.int32)
+    buffer[prefill] = torch.as_tensor(
+        prefill_rows(q, weights, kv_cache, meta, split, config.topk), dtype=torch.int32
+    )
 
     def dev(x: np.ndarray | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(x).to(device)
@@ -129,7 +167,44 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> IndexerDecode
         requires_padding=split.requires_padding,
         max_model_len=config.max_model_len,
         topk=config.topk,
+        config=config,
+        common=meta,
     )
+
+
+def _token_logits(
+    q: np.ndarray, w: np.ndarray, kv: np.ndarray, table: np.ndarray, ctx: int
+) -> np.ndarray:
+    """``sum_h w[h] * relu(q[h] . key[k])`` for the ``ctx`` keys ``k`` of one token."""
+    if ctx == 0:
+        return np.zeros(0, dtype=np.float32)
+    bs, pos = kv.shape[1], np.arange(ctx)
+    keys = kv[table[pos // bs], pos % bs]  # [ctx, D], read through the block table
+    return (np.maximum(keys @ q.T, 0.0) @ w).astype(np.float32)
+
+
+def prefill_rows(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: CommonMetadata,
+    split: DecodeSplit,
+    k: int,
+) -> np.ndarray:
+    """The prefill branch's result: each prefill token's top-k over its causal context
+    (``seq_len - q_len + j + 1`` keys), ties to the lowest index."""
+    qn, wn, kvn = q.float().numpy(), weights.float().numpy(), kv_cache.float().numpy()
+    rows = np.zeros((split.num_prefill_tokens, k), dtype=np.int32)
+    qsl, seq_lens = meta.query_start_loc, meta.seq_lens
+    first = split.num_decode_tokens
+    for r in range(split.num_decodes, split.num_decodes + split.num_prefills):
+        q_len = int(qsl[r + 1] - qsl[r])
+        for j in range(q_len):
+            token = int(qsl[r]) + j
+            ctx = int(seq_lens[r]) - q_len + j + 1
+            row = _token_logits(qn[token], wn[token], kvn, meta.block_table[r], ctx)
+            rows[token - first] = topk_row(row, ctx, k)
+    return rows
 
 
 def topk_row(logits: np.ndarray, ctx: int, k: int) -> np.ndarray:
@@ -142,7 +217,7 @@ def topk_row(logits: np.ndarray, ctx: int, k: int) -> np.ndarray:
 
 def reference(case: Case | None, inputs: IndexerDecodeInputs) -> IndexerDecodeExpected:
     """The expected logits and buffer, token by token (everything is read off ``inputs``)."""
-    M, K, bs = inputs.max_model_len, inputs.topk, inputs.kv_cache.shape[1]
+    M, K = inputs.max_model_len, inputs.topk
     q = inputs.q.float().cpu().numpy()
     w = inputs.weights.float().cpu().numpy()
     kv = inputs.kv_cache.float().cpu().numpy()
@@ -159,16 +234,15 @@ def reference(case: Case | None, inputs: IndexerDecodeInputs) -> IndexerDecodeEx
     checked = np.zeros(rows, dtype=bool)
     context_lens = np.zeros(rows, dtype=np.int32)
     logit_row = np.full(rows, -1, dtype=np.int64)
+    row_context_lens = np.zeros(B * L, dtype=np.int32)
     for b in range(B):
         for j in range(int(d[b])):
             token = int(qsl[b]) + j
             ctx = int(seq_lens[b]) - int(d[b]) + j + 1
-            keys = np.stack([kv[table[b, k // bs], k % bs] for k in range(ctx)]) if ctx else None
             row = logits[b * L + j]
-            if keys is not None:
-                scores = np.maximum(keys @ q[token].T, 0.0)  # [ctx, H]
-                row[:ctx] = scores @ w[token]
+            row[:ctx] = _token_logits(q[token], w[token], kv, table[b], ctx)
             logit_rows[b * L + j] = True
+            row_context_lens[b * L + j] = ctx
             buffer[token] = topk_row(row, ctx, K)
             checked[token] = True
             context_lens[token] = ctx
@@ -176,4 +250,6 @@ def reference(case: Case | None, inputs: IndexerDecodeInputs) -> IndexerDecodeEx
     free = np.zeros(rows, dtype=bool)
     num_real = int(d.sum()) if B else 0
     free[num_real : inputs.num_decode_tokens] = True
-    return IndexerDecodeExpected(logits, logit_rows, buffer, checked, free, context_lens, logit_row)
+    return IndexerDecodeExpected(
+        logits, logit_rows, buffer, checked, free, context_lens, logit_row, row_context_lens
+    )

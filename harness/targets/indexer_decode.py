@@ -42,7 +42,11 @@ def compare(
         K,
         row_ids=rows.tolist(),
     )
-    out += expect_close("logits", logits, expected.logits, rows=expected.logit_rows)
+    # The engine's kernel leaves columns past a row's context uncleaned (vLLM 0.33.0
+    # utils/deep_gemm.py:fp8_fp4_paged_mqa_logits): a row is judged on its visible keys.
+    visible = torch.arange(M).unsqueeze(0) < torch.as_tensor(expected.row_context_lens)[:, None]
+    seen = torch.where(visible, logits.detach().cpu(), float("-inf"))
+    out += expect_close("logits", seen, expected.logits, rows=expected.logit_rows)
     return out
 
 
@@ -90,10 +94,27 @@ def trigger_overlap(case: Case) -> bool:
     return s.requires_padding and s.num_decodes * s.max_decode_len > s.num_decode_tokens
 
 
-def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
+def reach_engine_padding(case: Case) -> bool:
+    """The engine's native path packs padded decodes: where #39542 lived upstream
+    (beyond ``next_n = 2`` vLLM flattens decode tokens and never unpacks)."""
+    return ref.native_path(case.config) and reach_padding(case)
+
+
+def trigger_engine_writeback(case: Case) -> bool:
+    """#39542's write-back condition on the engine's native path."""
+    return ref.native_path(case.config) and trigger_writeback(case)
+
+
+# The example engine with next_n = 3 (capture sizes multiples of 3): the smallest
+# engine whose decodes may be ragged, since vLLM splits native steps (next_n <= 2)
+# with the uniform rule (reference/indexer_decode.py).
+SPEC3 = dict(num_spec=2, cudagraph_capture_sizes=(3, 6, 12, 24, 48, 96))
+
+
+def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...], **config: object) -> Case:
     from attnfuzz.harness.testing import spec_config
 
-    return Case(spec_config(), Batch(computed, q_lens, seed=0, use_cudagraph=True))
+    return Case(spec_config(**config), Batch(computed, q_lens, seed=0, use_cudagraph=True))
 
 
 def smallest_writeback() -> Case:
@@ -103,15 +124,16 @@ def smallest_writeback() -> Case:
 
 
 def smallest_lengths() -> Case:
-    """next_n = 2, ragged decodes d = [1, 2] and one prefill of 3 tokens after them:
-    ``R = 3`` requests, ``B = 2`` scored."""
-    return _spec_case((1, 2, 3), (1, 1, 0))
+    """next_n = 3, ragged decodes d = [1, 2] and one prefill of 4 tokens after them:
+    ``R = 3`` requests, ``B = 2`` scored. (With next_n = 2 the engine splits uniformly,
+    so decodes are never ragged and a padded step has no prefill.)"""
+    return _spec_case((1, 2, 4), (1, 1, 0), **SPEC3)
 
 
 def smallest_overlap() -> Case:
-    """next_n = 2, ragged decodes d = [1, 2]: ``B*L = 4 > N_d = 3``, the top-k view
+    """next_n = 3, ragged decodes d = [1, 2]: ``B*L = 4 > N_d = 3``, the top-k view
     covers row 3, which the step does not own."""
-    return _spec_case((1, 2), (1, 1))
+    return _spec_case((1, 2), (1, 1), **SPEC3)
 
 
 def build() -> Target:
@@ -158,6 +180,29 @@ def build() -> Target:
             trigger=trigger_overlap,
             reach=reach_decodes,
             smallest=smallest_overlap,
+        )
+    )
+    from attnfuzz.adapters.vllm import implementation as vllm_impl
+
+    glue = "model_executor/layers/sparse_attn_indexer.py"
+    target.add(
+        vllm_impl(
+            "indexer_decode",
+            "run",
+            description=f"vLLM 0.33.0: {glue}:sparse_attn_indexer (CUDA path, vendor ops stood in)",
+        )
+    )
+    target.add(
+        vllm_impl(
+            "indexer_decode",
+            "upstream_pr39542",
+            name="upstream-pr39542-decode",
+            kind="mutant",
+            description=f"#39542 reverted in {glue}:sparse_attn_indexer: unsliced seq_lens, "
+            "write-back of buffer[:N_d]",
+            trigger=trigger_engine_writeback,
+            reach=reach_engine_padding,
+            smallest=smallest_writeback,
         )
     )
     return target

@@ -1,0 +1,293 @@
+"""vLLM's own sparse-indexer glue as implementations of ``indexer-decode``, and bug A upstream.
+
+Each ``run_*`` drives one backend variant of the indexer as vLLM 0.33.0 ships it,
+unchanged, on one layer of one step:
+
+- ``vllm`` (:func:`run`): ``vllm/model_executor/layers/sparse_attn_indexer.py:
+  sparse_attn_indexer``, the CUDA path (DeepGEMM logits, the decode top-k of
+  ``model_executor/layers/indexer_topk.py``);
+- ``vllm-xpu`` (:func:`run_xpu`): the same function's XPU branches
+  (``current_platform.is_xpu()``);
+- ``vllm-rocm`` (:func:`run_rocm`): ``v1/attention/ops/rocm_aiter_mla_sparse.py:
+  rocm_aiter_sparse_attn_indexer``;
+- ``vllm-cpu`` (:func:`run_cpu`): ``sparse_attn_indexer.py:SparseAttnIndexer.forward_cpu``.
+
+The metadata is vLLM's own: ``DeepseekV32IndexerMetadataBuilder.build``
+(``v1/attention/backends/mla/indexer.py``), built per engine once (its buffers
+are persistent), on the step's ``CommonAttentionMetadata``, read by the glue
+from the forward context (``vllm.forward_context.set_forward_context``). On
+this (CPU) platform the builder takes the native ``[B, L]`` path for
+``next_n <= 2`` and flattens every decode token to its own row beyond.
+
+The vendor kernels the glue calls are the stand-ins of :mod:`.vendor_ops`,
+registered for the call only. The keys sit in the fp8 cache layout vLLM writes
+(``vendor_ops.quantized_cache``); queries are fp8, weights fp32, as the FP8
+path hands them over. The glue's ``topk_indices_buffer`` is the case's own
+buffer, so the rows the glue writes and the rows it leaves are judged as they
+are. The prefill branch runs too (the glue runs it first in the same call,
+after clearing the step's rows): its stand-ins recompute the rows the case
+holds as the prefill result.
+
+What runs interpreted: vLLM's ``pack_seq_triton`` / ``unpack_seq_triton`` and
+the builder's ``@triton.jit`` kernels run under the Triton interpreter.
+
+:func:`upstream_pr39542` is the CUDA glue with #39542's fix reverted (see there).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attnfuzz.kernels._triton  # noqa: F401 - TRITON_INTERPRET=1 before vLLM imports Triton
+import torch
+from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import vendor_ops as vendor
+from attnfuzz.reference.batch import EngineConfig
+from attnfuzz.reference.indexer_decode import IndexerDecodeInputs, IndexerDecodeOutputs
+
+LAYER = "model.layers.0.self_attn.indexer.k_cache"
+_CACHE_SIZE = 16
+_builders: OrderedDict[EngineConfig, Any] = OrderedDict()
+
+
+def prepare() -> None:
+    """Import vLLM's indexer glue and build one builder, before any judge forks."""
+    from attnfuzz.harness.testing import spec_config
+
+    _engine.prepare()
+    import vllm.model_executor.layers.sparse_attn_indexer  # noqa: F401
+    import vllm.v1.attention.ops.rocm_aiter_mla_sparse  # noqa: F401
+
+    _workspace()
+    _builder(spec_config())
+
+
+def _workspace() -> None:
+    """The engine's workspace manager (the prefill branch takes its gather buffers there)."""
+    from vllm.v1.worker import workspace
+
+    if not workspace.is_workspace_manager_initialized():
+        workspace.init_workspace_manager(torch.device("cpu"))
+
+
+def _builder(config: EngineConfig) -> Any:
+    """vLLM's indexer metadata builder for ``config``, made once per engine."""
+    builder = _builders.get(config)
+    if builder is None:
+        from vllm.config import set_current_vllm_config
+        from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        vllm_config = _engine.vllm_config(config)
+        # The indexer's cache: one head of uint8, fp8 keys then their fp32 scales.
+        spec = MLAAttentionSpec(
+            block_size=config.block_size,
+            num_kv_heads=1,
+            head_size=config.head_dim + vendor.SCALE_BYTES,
+            dtype=torch.uint8,
+        )
+        with set_current_vllm_config(vllm_config):
+            builder = DeepseekV32IndexerMetadataBuilder(
+                spec, [LAYER], vllm_config, torch.device("cpu"),
+                block_table_width=config.max_blocks_per_seq,
+            )  # fmt: skip
+        _builders[config] = builder
+        while len(_builders) > _CACHE_SIZE:
+            _builders.popitem(last=False)
+    else:
+        _builders.move_to_end(config)
+    return builder
+
+
+class _Step:
+    """What one call of the glue receives: vLLM's metadata, the fp8 operands, the buffer."""
+
+    def __init__(self, inputs: IndexerDecodeInputs):
+        from vllm.config import set_current_vllm_config
+
+        config, common = inputs.config, inputs.common
+        if config is None or common is None:
+            raise ValueError("vLLM's indexer needs the case's EngineConfig and CommonMetadata")
+        self.inputs, self.config = inputs, config
+        self.vllm_config = _engine.vllm_config(config)
+        self.builder = _builder(config)
+        with set_current_vllm_config(self.vllm_config):
+            self.metadata = self.builder.build(0, _engine.common_attn_metadata(common, "cpu"))
+        self.kv_cache = vendor.quantized_cache(inputs.kv_cache.float().cpu())
+        self.q_fp8 = inputs.q.float().cpu().to(vendor.FP8)
+        self.weights = inputs.weights.float().cpu().contiguous()
+        self.buffer = inputs.topk_indices_buffer
+        self.hidden_states = torch.empty((inputs.q.shape[0], 1), dtype=torch.bfloat16)
+        self.logits: list[torch.Tensor] = []
+
+    def recording(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """``fn`` that also keeps what it returned (the decode logits the glue computes)."""
+
+        def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+            out = fn(*args, **kwargs)
+            self.logits.append(out)
+            return out
+
+        return call
+
+    def forward_context(self) -> Any:
+        from vllm.forward_context import set_forward_context
+
+        return set_forward_context({LAYER: self.metadata}, self.vllm_config)
+
+    def outputs(self) -> IndexerDecodeOutputs:
+        """The decode logits in the target's ``[B*L, max_model_len]`` layout."""
+        inp = self.inputs
+        B, L, M = inp.num_decodes, inp.max_decode_len, inp.max_model_len
+        out = torch.full((B * L, M), float("-inf"), dtype=torch.float32)
+        if not self.logits:
+            return IndexerDecodeOutputs(out[:0] if B == 0 else out)
+        got = self.logits[-1]
+        if got.shape[0] == B * L:  # the native [B, L] layout, as the target's
+            return IndexerDecodeOutputs(got)
+        # Flattened: one row per decode token, in token order.
+        qsl = inp.query_start_loc.tolist()
+        for b, d in enumerate(inp.decode_lens.tolist()):
+            for j in range(d):
+                out[b * L + j] = got[qsl[b] + j]
+        return IndexerDecodeOutputs(out)
+
+
+def _glue_args(step: _Step) -> dict[str, Any]:
+    """The arguments the model's indexer layer hands ``sparse_attn_indexer`` (FP8 cache,
+    no context parallelism, keys already cached)."""
+    from vllm.utils.torch_utils import _encode_layer_name
+    from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
+
+    c = step.config
+    return dict(
+        hidden_states=step.hidden_states,
+        k_cache_prefix=_encode_layer_name(LAYER),
+        kv_cache=step.kv_cache,
+        q_quant=step.q_fp8,
+        q_scale=None,
+        k=None,
+        weights=step.weights,
+        quant_block_size=c.head_dim,
+        scale_fmt="ue8m0",
+        topk_tokens=c.topk,
+        head_dim=c.head_dim,
+        max_model_len=c.max_model_len,
+        total_seq_lens=get_max_prefill_buffer_size(step.vllm_config),
+        topk_indices_buffer=step.buffer,
+        skip_k_cache_insert=True,
+        use_pcp=False,
+        pcp_shard_decode_requests=False,
+        dense_mha_metadata_layer_name=_encode_layer_name(""),
+    )
+
+
+def _no_accelerator() -> list[tuple[Any, str, Any]]:
+    """The workspace manager releases the device cache before it grows the prefill
+    gather buffers; with no accelerator (this machine) there is nothing to release."""
+    if torch.accelerator.is_available():
+        return []
+    return [(torch.accelerator, "empty_cache", lambda: None)]
+
+
+def _cuda_stand_ins(step: _Step) -> list[tuple[Any, str, Any]]:
+    from vllm import _custom_ops
+    from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+    return _no_accelerator() + [
+        (glue, "fp8_fp4_paged_mqa_logits", step.recording(vendor.fp8_fp4_paged_mqa_logits)),
+        (glue, "fp8_fp4_mqa_logits", vendor.fp8_fp4_mqa_logits),
+        (_custom_ops, "cp_gather_indexer_k_quant_cache", vendor.cp_gather_indexer_k_quant_cache),
+        (_custom_ops, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
+        (_custom_ops, "top_k_per_row_decode", vendor.top_k_per_row_decode),
+    ]
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """The stand-ins' tensors are tiny: intra-op threads only contend (on a loaded
+    machine a 2-thread matmul of a few hundred elements takes milliseconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _call_cuda_glue(fn: Callable[..., Any], inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    _workspace()
+    with _one_thread():
+        step = _Step(inputs)
+        with vendor.registered(*_cuda_stand_ins(step)), step.forward_context():
+            fn(**_glue_args(step))
+        return step.outputs()
+
+
+def run(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """vLLM 0.33.0 ``sparse_attn_indexer`` (CUDA path), unchanged."""
+    from vllm.model_executor.layers.sparse_attn_indexer import sparse_attn_indexer
+
+    return _call_cuda_glue(sparse_attn_indexer, inputs)
+
+
+# -- the upstream mutant of bug A ---------------------------------------------------------
+
+# #39542 fixed two lines of the decode branch. Before it (the pre-fix lines as they
+# were, e.g. vllm-project/vllm ``sparse_attn_indexer.py`` before the fix):
+#     fp8_paged_mqa_logits(..., decode_metadata.seq_lens, ...)
+#     top_k_per_row_decode(logits, next_n, decode_metadata.seq_lens, ...)
+#     topk_indices_buffer[:num_decode_tokens, : topk_indices.shape[-1]] = topk_indices
+# 0.33.0 reads ``seq_lens = decode_metadata.seq_lens[:batch_size]`` for both, and
+# writes back ``topk_indices_buffer[: topk_indices.shape[0], ...]``.
+_PR39542_REVERTED = (
+    (
+        "        seq_lens = decode_metadata.seq_lens[:batch_size]\n",
+        "        seq_lens = decode_metadata.seq_lens\n",
+    ),
+    (
+        "            topk_indices_buffer[: topk_indices.shape[0], : topk_indices.shape[-1]] = (\n",
+        "            topk_indices_buffer[:num_decode_tokens, : topk_indices.shape[-1]] = (\n",
+    ),
+)
+_upstream_glue: Callable[..., Any] | None = None
+
+
+def _pr39542_glue() -> Callable[..., Any]:
+    """``sparse_attn_indexer`` of vLLM 0.33.0 with #39542 reverted: compiled from the
+    installed function's own source with exactly the two lines of
+    ``_PR39542_REVERTED`` replaced (each must occur once), bound to the module's own
+    globals (so it calls what the module calls, stand-ins included) and decorated as
+    the module decorates it."""
+    global _upstream_glue
+    if _upstream_glue is None:
+        from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+        source = inspect.getsource(glue.sparse_attn_indexer.__wrapped__)
+        decorator = "@eager_break_during_capture\n"
+        if not source.startswith(decorator):
+            raise RuntimeError("vLLM's sparse_attn_indexer is no longer decorated as in 0.33.0")
+        source = source[len(decorator) :]
+        for fixed, pre_fix in _PR39542_REVERTED:
+            if source.count(fixed) != 1:
+                raise RuntimeError(f"vLLM's sparse_attn_indexer no longer has: {fixed.strip()}")
+            source = source.replace(fixed, pre_fix)
+        scratch: dict[str, Any] = {}
+        exec(compile(source, glue.__file__, "exec"), dict(vars(glue)), scratch)  # noqa: S102
+        code = scratch["sparse_attn_indexer"].__code__
+        raw = types.FunctionType(code, vars(glue), "sparse_attn_indexer")
+        raw.__defaults__ = scratch["sparse_attn_indexer"].__defaults__
+        raw.__kwdefaults__ = scratch["sparse_attn_indexer"].__kwdefaults__
+        _upstream_glue = glue.eager_break_during_capture(raw)
+    return _upstream_glue
+
+
+def upstream_pr39542(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """#39542 upstream: the decode branch of ``sparse_attn_indexer`` before its fix
+    (unsliced lengths, write-back of ``buffer[:N_d]``), through the same adapter."""
+    return _call_cuda_glue(_pr39542_glue(), inputs)
