@@ -1,0 +1,310 @@
+"""vLLM's CUDA-graph padding (model runner V2) and ``CommonAttentionMetadata.unpadded``
+as the implementation ``vllm`` of ``unpadding``.
+
+What runs, unchanged (vLLM 0.33.0):
+
+- ``vllm/v1/worker/gpu/block_table.py``: ``BlockTables`` with its own persistent
+  buffers; ``append_block_ids`` and ``apply_staged_writes`` (the request-state
+  table), ``gather_block_tables(idx_mapping, num_reqs_padded)`` (padding rows
+  zeroed by ``_gather_block_tables_kernel``) and ``compute_slot_mappings``
+  (``_compute_slot_mappings_kernel``: padded tokens get ``PAD_SLOT_ID``);
+- ``vllm/v1/worker/gpu/input_batch.py``: ``InputBuffers`` and
+  ``prepare_pos_seq_lens`` (``_prepare_pos_seq_lens_kernel``: positions, and
+  ``seq_lens`` past the real requests set to 0);
+- ``vllm/v1/attention/backend.py``: ``CommonAttentionMetadata`` and its ``unpadded``.
+
+The Triton kernels run under the interpreter. Two things are the adapter's,
+copied from ``vllm/v1/worker/gpu/model_runner.py`` ``prepare_inputs``
+because they are inline there: the host ``query_start_loc`` with its padding
+(``query_start_loc_np[num_reqs + 1:] = num_tokens``) copied into the
+persistent buffer with ``async_tensor_h2d``, and the ``CommonAttentionMetadata``
+fields as ``vllm/v1/worker/gpu/attn_utils.py`` ``build_attn_metadata`` sets them.
+``BlockTables`` is built with ``is_uva_available`` answered False: vLLM's CPU
+platform claims UVA but CPU-only torch has no pinned memory, and vLLM's own
+non-UVA buffers are what a platform without UVA uses; the kernels under test
+are the same either way.
+
+Each call first writes the case's stale content (what earlier steps left)
+into vLLM's persistent buffers, so that what the padding must overwrite is
+there to be seen.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+from unittest import mock
+
+import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import _engine
+from attnfuzz.reference.unpadding import StepMetadata, UnpaddingInputs, UnpaddingOutputs
+from vllm.triton_utils import tl, triton
+from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+from vllm.v1.worker.gpu.buffer_utils import _load_ptr
+
+_CPU = torch.device("cpu")
+
+
+def prepare() -> None:
+    _engine.prepare()
+    import vllm.v1.worker.gpu.block_table  # noqa: F401
+    import vllm.v1.worker.gpu.input_batch  # noqa: F401
+
+
+@cache
+def _runner_state(
+    block_size: int, max_num_reqs: int, max_num_tokens: int, max_num_blocks: int
+) -> tuple[Any, Any]:
+    """vLLM's ``BlockTables`` and ``InputBuffers`` for one engine (allocated once, as the
+    model runner does at start-up)."""
+    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+    from vllm.v1.worker.gpu.block_table import BlockTables
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+
+    with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
+        tables = BlockTables([block_size], max_num_reqs, max_num_tokens, [max_num_blocks], _CPU)
+    return tables, InputBuffers(max_num_reqs, max_num_tokens, _CPU)
+
+
+def _step(fields: Any, num_reqs: int, num_tokens: int) -> StepMetadata:
+    return StepMetadata(
+        fields.query_start_loc,
+        fields.seq_lens,
+        fields.block_table_tensor,
+        fields.slot_mapping,
+        num_reqs,
+        num_tokens,
+        fields.max_query_len,
+    )
+
+
+def pad_step(inputs: UnpaddingInputs, compute_slot_mappings: Any = None) -> tuple[Any, dict]:
+    """The padded ``CommonAttentionMetadata`` of the step, and vLLM's persistent buffers."""
+    from vllm.utils.torch_utils import async_tensor_h2d
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
+
+    R, T = inputs.num_reqs, inputs.num_tokens
+    R_pad, T_pad = inputs.num_reqs_padded, inputs.num_tokens_padded
+    tables, buffers = _runner_state(
+        inputs.block_size,
+        inputs.max_num_seqs,
+        inputs.max_num_batched_tokens,
+        inputs.block_table_buffer.shape[1],
+    )
+    # what earlier steps left in the persistent buffers
+    tables.input_block_tables[0].copy_(inputs.block_table_buffer)
+    tables.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
+    buffers.query_start_loc.copy_(inputs.query_start_loc_buffer)
+    buffers.seq_lens.copy_(inputs.seq_lens_buffer)
+
+    # the requests' states: request r of the batch is request state r
+    for r in range(R):
+        pages = inputs.block_table[r, : int(inputs.num_pages[r])].tolist()
+        tables.append_block_ids(r, (pages,), overwrite=True)
+    tables.apply_staged_writes()
+    idx_mapping = torch.arange(R, dtype=torch.int32)
+    num_computed = torch.zeros(inputs.max_num_seqs, dtype=torch.int32)
+    num_computed[:R] = torch.as_tensor(inputs.num_computed_tokens)
+
+    # model_runner.py prepare_inputs, inline there: query_start_loc and its padding
+    query_start_loc_np = np.empty(inputs.max_num_seqs + 1, dtype=np.int32)
+    query_start_loc_np[0] = 0
+    np.cumsum(inputs.query_lens, out=query_start_loc_np[1 : R + 1])
+    query_start_loc_np[R + 1 :] = T
+    async_tensor_h2d(query_start_loc_np, out=buffers.query_start_loc)
+    query_start_loc_np = query_start_loc_np[: R_pad + 1]
+    query_start_loc = buffers.query_start_loc[: R_pad + 1]
+
+    prepare_pos_seq_lens(
+        idx_mapping, query_start_loc, num_computed, buffers.positions, buffers.seq_lens
+    )
+    seq_lens = buffers.seq_lens[:R_pad]
+    block_tables = tables.gather_block_tables(idx_mapping, num_reqs_padded=R_pad)
+    slot_fn = compute_slot_mappings or tables.compute_slot_mappings
+    slot_mappings = slot_fn(
+        idx_mapping, query_start_loc, buffers.positions, num_tokens_padded=T_pad
+    )
+
+    common = CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=torch.from_numpy(query_start_loc_np),
+        seq_lens=seq_lens,
+        num_reqs=R_pad,
+        num_actual_tokens=T_pad,
+        max_query_len=int(inputs.query_lens.max()),
+        max_seq_len=int((inputs.num_computed_tokens + inputs.query_lens).max()),
+        block_table_tensor=block_tables[0],
+        slot_mapping=slot_mappings[0],
+    )
+    owned = {
+        "query_start_loc": buffers.query_start_loc,
+        "seq_lens": buffers.seq_lens,
+        "block_table": tables.input_block_tables[0],
+        "slot_mapping": tables.slot_mappings[0],
+    }
+    return common, owned
+
+
+def _run(inputs: UnpaddingInputs, compute_slot_mappings: Any = None) -> UnpaddingOutputs:
+    common, owned = pad_step(inputs, compute_slot_mappings)
+    unpadded = common.unpadded(inputs.num_tokens, inputs.num_reqs)
+    return UnpaddingOutputs(
+        _step(common, common.num_reqs, common.num_actual_tokens),
+        _step(unpadded, unpadded.num_reqs, unpadded.num_actual_tokens),
+        owned,
+    )
+
+
+def run(inputs: UnpaddingInputs) -> UnpaddingOutputs:
+    return _run(inputs)
+
+
+# -- upstream mutant: #36580 reverted ----------------------------------------------------
+
+
+@triton.jit
+def _compute_slot_mappings_kernel_pre_pr36580(
+    num_tokens,
+    max_num_tokens,
+    idx_mapping,  # [num_reqs]
+    query_start_loc,  # [num_reqs + 1]
+    pos,  # [num_tokens]
+    block_table_ptrs,  # [num_kv_cache_groups]
+    block_table_strides,  # [num_kv_cache_groups]
+    block_sizes,  # [num_kv_cache_groups]
+    slot_mapping_enabled,  # [num_kv_cache_groups]
+    dcp_sharded,  # [num_kv_cache_groups]
+    slot_mappings_ptr,  # [num_kv_cache_groups, max_num_tokens]
+    slot_mappings_stride,
+    cp_rank,
+    CP_SIZE: tl.constexpr,
+    CP_INTERLEAVE: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TRITON_BLOCK_SIZE: tl.constexpr,
+):
+    # kv cache group id
+    group_id = tl.program_id(0)
+    batch_idx = tl.program_id(1)
+    slot_mapping_ptr = slot_mappings_ptr + group_id * slot_mappings_stride
+
+    if batch_idx == tl.num_programs(1) - 1:
+        # Pad remaining slots to -1. This is needed for CUDA graphs.
+        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):  # pre-#36580
+            offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+            tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < max_num_tokens)
+        return
+
+    block_table_ptr = _load_ptr(block_table_ptrs + group_id, tl.int32)
+    block_table_stride = tl.load(block_table_strides + group_id)
+    kv_block_size = tl.load(block_sizes + group_id)
+    mapping_enabled = tl.load(slot_mapping_enabled + group_id)
+    if CP_SIZE != 1:
+        sharded = tl.load(dcp_sharded + group_id)
+
+    req_state_idx = tl.load(idx_mapping + batch_idx)
+    # idx_mapping == -1 marks a dummy (or CUDA-graph padding) request that owns
+    # no blocks: never read its block-table row and emit PAD for its tokens.
+    is_real_req = req_state_idx >= 0
+    start_idx = tl.load(query_start_loc + batch_idx)
+    end_idx = tl.load(query_start_loc + batch_idx + 1)
+    for i in range(start_idx, end_idx, TRITON_BLOCK_SIZE):
+        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+        positions = tl.load(pos + offset, mask=offset < end_idx, other=0)
+
+        if CP_SIZE == 1:
+            # Common case: Context parallelism is not used.
+            local_positions = positions
+            is_local = True
+        else:
+            # Context parallelism is used.
+            virtual_block_size = kv_block_size * CP_SIZE
+            virtual_block_indices = positions // virtual_block_size
+            virtual_block_offsets = positions % virtual_block_size
+            is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank
+            rounds = virtual_block_offsets // (CP_INTERLEAVE * CP_SIZE)
+            remainder = virtual_block_offsets % CP_INTERLEAVE
+            local_offsets = rounds * CP_INTERLEAVE + remainder
+            local_positions = virtual_block_indices * kv_block_size + local_offsets
+            local_positions = tl.where(sharded, local_positions, positions)
+            is_local = ~sharded | is_local
+
+        block_indices = tl.where(mapping_enabled, local_positions // kv_block_size, 0)
+        block_offsets = local_positions % kv_block_size
+        block_numbers = tl.load(
+            block_table_ptr + req_state_idx * block_table_stride + block_indices,
+            mask=is_local & is_real_req,
+            other=0,
+        )
+        slot_ids = block_numbers * kv_block_size + block_offsets
+        if CP_SIZE != 1:
+            slot_ids = tl.where(is_local, slot_ids, PAD_ID)
+
+        slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)
+        tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
+
+
+def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
+    """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel."""
+
+    def compute_slot_mappings(
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+    ) -> torch.Tensor:
+        num_reqs = idx_mapping.shape[0]
+        slot_mappings = tables.slot_mappings
+        _compute_slot_mappings_kernel_pre_pr36580[(tables.num_kv_cache_groups, num_reqs + 1)](
+            num_tokens_padded,  # pre-#36580: padding started at the padded token count
+            slot_mappings.shape[1],
+            idx_mapping,
+            query_start_loc,
+            positions,
+            tables.block_table_ptrs,
+            tables.block_table_strides,
+            tables.block_sizes_tensor,
+            tables.slot_mapping_enabled,
+            tables.dcp_sharded,
+            slot_mappings,
+            slot_mappings.stride(0),
+            tables.cp_rank,
+            CP_SIZE=tables.cp_size,
+            CP_INTERLEAVE=tables.cp_interleave,
+            PAD_ID=PAD_SLOT_ID,
+            TRITON_BLOCK_SIZE=1024,  # type: ignore
+        )
+        return slot_mappings[:, :num_tokens_padded]
+
+    return compute_slot_mappings
+
+
+def upstream_stale_slots(inputs: UnpaddingInputs) -> UnpaddingOutputs:
+    """#36580 ("[Model Runner V2] Fix ``_compute_slot_mappings_kernel`` for chunked
+    prefill") reverted: 0.33.0's ``_compute_slot_mappings_kernel`` with its padding
+    program starting at a ``num_tokens`` argument, as before the fix::
+
+        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+
+    where 0.33.0 has::
+
+        actual_num_tokens = tl.load(query_start_loc + batch_idx)
+        for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+
+    Every other line is 0.33.0's. The pre-fix kernel line and its ``num_tokens``
+    argument are as stored copies of the pre-fix ``block_table.py`` show them;
+    that the caller passed the *padded* token count is reconstructed from the
+    fix's comment ("Start from actual token count (not padded) to cover the gap
+    between actual tokens and padded tokens that can contain stale valid slot
+    IDs"), not read from the pre-fix caller. Padded tokens ``T .. T_pad`` keep
+    the slots an earlier step left.
+    """
+    tables, _ = _runner_state(
+        inputs.block_size,
+        inputs.max_num_seqs,
+        inputs.max_num_batched_tokens,
+        inputs.block_table_buffer.shape[1],
+    )
+    return _run(inputs, _compute_slot_mappings_pre_pr36580(tables))
