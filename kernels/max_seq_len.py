@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from attnfuzz.kernels._triton import INTERPRET, add, block, tl, triton
-from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs
+from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs, has_draft
 
 
 @triton.jit
@@ -152,10 +152,10 @@ def paged_walk(
 
 def _run(inp: MaxSeqLenInputs, bounds: torch.Tensor) -> MaxSeqLenOutputs:
     """Host glue after the reduction: no draft model, then the consumer on both paths."""
-    if inp.num_spec_steps == 0:
-        bounds[1] = 0  # no draft model: nothing walks on its path
+    if not has_draft(inp.num_spec_steps):
+        bounds[1] = 0  # no draft metadata: nothing walks on its path
     out, walked, needed, oob = paged_walk(inp.kv_cache, inp.block_table, inp.seq_lens, bounds)
-    draft = bounds[1] if inp.num_spec_steps > 0 else None
+    draft = bounds[1] if has_draft(inp.num_spec_steps) else None
     return MaxSeqLenOutputs(bounds[0], draft, out, walked, needed, oob)
 
 

@@ -22,13 +22,16 @@ The fixed rule (docs/domain.md, bug D, upstream #40654 and #43991):
   captures a graph (a captured graph serves every later replay); otherwise
   ``max(seq_lens_cpu_upper_bound[:num_reqs])``, ``num_reqs`` being ``R_pad`` in a
   full graph and ``R`` otherwise: the same value, since padding rows are 0;
-- draft model (only with speculative decoding, ``num_spec > 0``;
-  ``TargetDependentARSpeculator.propose`` and
+- draft model (the MTP/EAGLE drafter's decode steps, which exist with
+  ``num_spec >= 2``; ``TargetDependentARSpeculator.propose`` and
   ``DraftModelSpeculator._build_attn_metadata``): the same at capture (the
   draft's graphs are captured with metadata from the model state's capture
   branch), otherwise ``min(max(seq_lens_cpu_upper_bound[:R]) + num_spec,
   max_model_len)`` (the draft's sequences grow by up to ``num_spec`` tokens
-  while it proposes).
+  while it proposes). With one speculative token the drafter runs only its
+  prefill, on the model state's metadata, and builds none of its own
+  (``propose`` returns when ``num_speculative_tokens <= 1``; ``capture`` records
+  no decode graph when ``num_speculative_steps == 1``): no draft bound then.
 
 Invariant: ``max(seq_len[:R]) <= max_seq_len <= max_model_len`` on both paths,
 and the bound is tight (exactly the rule above) outside capture.
@@ -76,6 +79,11 @@ PATHS = ("model state", "draft")
 """The two metadata paths, in the order of the consumer's first dimension."""
 
 
+def has_draft(num_spec_steps: int) -> bool:
+    """The drafter builds metadata of its own: its decode steps run (``num_spec >= 2``)."""
+    return num_spec_steps >= 2
+
+
 @dataclass
 class MaxSeqLenInputs:
     """What the metadata builders receive for one step, and what their consumer reads.
@@ -97,7 +105,7 @@ class MaxSeqLenInputs:
     num_reqs: int  # R_pad: rows the kernels see (padded in a graph)
     num_real_reqs: int  # R: scheduled requests
     capturing: bool  # the step captures a CUDA graph
-    num_spec_steps: int  # num_spec; 0: no draft model
+    num_spec_steps: int  # num_spec; below 2: no draft metadata (see has_draft)
     max_model_len: int
 
 
@@ -112,7 +120,7 @@ class MaxSeqLenOutputs:
     """
 
     max_seq_len: int | torch.Tensor  # model state
-    draft_max_seq_len: int | torch.Tensor | None  # None without a draft model
+    draft_max_seq_len: int | torch.Tensor | None  # None without draft metadata (has_draft)
     out: torch.Tensor  # fp32 [2, R_pad, D]: the consumer per path (zeros without a draft)
     pages_walked: torch.Tensor  # int32 [2, R_pad]: block-table entries read
     pages_needed: torch.Tensor  # int32 [2, R_pad]: walked entries holding a visible position
@@ -209,7 +217,7 @@ def max_seq_lens(
         top = max((int(u) for u in upper[:num_real_reqs]), default=0)
         model = top
         draft = min(top + num_spec_steps, max_model_len)
-    return model, (draft if num_spec_steps > 0 else None)
+    return model, (draft if has_draft(num_spec_steps) else None)
 
 
 def walk(

@@ -23,7 +23,7 @@ NAN = float("nan")
 DEVICE = device()  # where the kernels run: tensors handed to them live there
 
 
-def hand_inputs(capturing: bool = False, num_spec_steps: int = 1) -> ref.MaxSeqLenInputs:
+def hand_inputs(capturing: bool = False, num_spec_steps: int = 2) -> ref.MaxSeqLenInputs:
     """Two requests and one padding row; pages of 2 slots, D = 1, max_model_len 8 (W = 4).
 
     Request 0: seq_len 3 in pages [2, 0]; entry 2 is stale (poisoned page 4),
@@ -73,8 +73,8 @@ def hand_inputs(capturing: bool = False, num_spec_steps: int = 1) -> ref.MaxSeqL
 
 def test_reference_by_hand():
     e = ref.reference(None, hand_inputs())
-    # model state: max(4, 1) = 4 -> 2 entries; draft: min(4 + 1, 8) = 5 -> 3 entries
-    assert (e.max_seq_len, e.draft_max_seq_len, e.lower, e.upper_max) == (4, 5, 3, 4)
+    # model state: max(4, 1) = 4 -> 2 entries; draft: min(4 + 2, 8) = 6 -> 3 entries
+    assert (e.max_seq_len, e.draft_max_seq_len, e.lower, e.upper_max) == (4, 6, 3, 4)
     # request 0: 1*2 + 2*1 (page 2) + 3*1 (page 0); request 1: 1*-1 (page 3)
     np.testing.assert_array_equal(e.out[:, :, 0], [[7, -1, 0], [7, -1, 0]])
     assert e.pages_walked.tolist() == [[2, 2, 2], [3, 3, 3]]
@@ -90,21 +90,32 @@ def test_reference_bounds_at_capture_and_without_a_draft():
     assert e.oob_pages.tolist() == [[1, 1, 0], [1, 1, 0]]  # garbage 9 and 7
     assert e.pages_needed.tolist() == [[2, 1, 0], [2, 1, 0]]  # the walk adds no needed page
     np.testing.assert_array_equal(e.out[:, :, 0], [[7, -1, 0], [7, -1, 0]])
-    e = ref.reference(None, hand_inputs(num_spec_steps=0))
-    assert (e.max_seq_len, e.draft_max_seq_len) == (4, None)
-    assert e.pages_walked[1].tolist() == [0, 0, 0] and not e.out[1].any()
+    for num_spec_steps in (0, 1):  # no drafter, or one that builds no metadata of its own
+        e = ref.reference(None, hand_inputs(num_spec_steps=num_spec_steps))
+        assert (e.max_seq_len, e.draft_max_seq_len) == (4, None)
+        assert e.pages_walked[1].tolist() == [0, 0, 0] and not e.out[1].any()
 
 
 def test_draft_bound_is_clamped_at_the_model_limit():
     upper = np.array([7, 2], dtype=np.int32)
     assert ref.max_seq_lens(upper, 2, False, 3, 8) == (7, 8)
-    assert ref.max_seq_lens(upper, 2, False, 1, 8) == (7, 8)
+    assert ref.max_seq_lens(upper, 2, False, 2, 10) == (7, 9)
     assert ref.max_seq_lens(upper, 1, False, 0, 8) == (7, None)
     assert ref.max_seq_lens(upper, 2, True, 0, 8) == (8, None)
 
 
+def test_the_draft_bound_needs_the_drafters_decode_steps():
+    """With one speculative token the drafter runs only its prefill, on the model
+    state's metadata: no draft bound (vLLM 0.33.0 ``TargetDependentARSpeculator.propose``
+    returns when ``num_speculative_tokens <= 1``)."""
+    upper = np.array([7, 2], dtype=np.int32)
+    assert ref.max_seq_lens(upper, 2, False, 1, 8) == (7, None)
+    assert ref.max_seq_lens(upper, 2, True, 1, 8) == (8, None)
+    assert not ref.has_draft(1) and ref.has_draft(2)
+
+
 @pytest.mark.parametrize("capturing", [False, True])
-@pytest.mark.parametrize("num_spec_steps", [0, 1])
+@pytest.mark.parametrize("num_spec_steps", [0, 1, 2])
 def test_triton_matches_the_hand_case(capturing, num_spec_steps):
     inputs = hand_inputs(capturing, num_spec_steps)
     expected = ref.reference(None, inputs)
@@ -229,7 +240,7 @@ def test_smallest_cases_are_the_smallest_engines():
     model = cases["pr43991-model-len"]
     assert model.config.next_n == 1 and model.batch.seq_lens == (1,)
     draft = cases["pr43991-draft-model-len"]
-    assert draft.config.next_n == 2 and draft.batch.seq_lens == (2,)
+    assert draft.config.next_n == 3 and draft.batch.seq_lens == (3,)
 
 
 def test_the_over_walk_is_counted_and_changes_no_value():

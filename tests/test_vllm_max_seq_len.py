@@ -67,20 +67,45 @@ def test_upstream_mutant_fails_the_smallest_trigger_of_its_recreation(upstream):
     assert not judge(UPSTREAM[upstream], case).ok
 
 
+def spec2_case(capturing: int = 0) -> Case:
+    """next_n = 3: three decodes of 3 tokens (seq_lens 6, 12, 3), 9 tokens padded to a
+    graph of 12, so R = 3 and R_pad = 4."""
+    case = hand_case((3, 3, 3), (3, 9, 0), num_spec=2, cudagraph_capture_sizes=(3, 6, 12, 24))
+    return with_params(case, capturing)
+
+
 def test_the_bounds_are_vllms_by_hand():
-    """Three decodes of 2 tokens (seq_lens 5, 11, 2) padded to a graph of 8: vLLM takes
-    ``max(upper[:R_pad])`` (a full graph) for the model state and ``min(max + 1, 64)``
-    for the draft; at capture both are ``max_model_len``."""
-    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))
-    inputs = ref.make_inputs(case)
+    """vLLM takes ``max(upper[:R_pad])`` (a full graph) for the model state and
+    ``min(max + 2, 64)`` for the draft; at capture both are ``max_model_len``."""
+    inputs = ref.make_inputs(spec2_case())
     upper = inputs.seq_lens_cpu_upper_bound.tolist()
-    assert len(upper) == 4 and upper[3] == 0 and 11 <= upper[1] <= 12
+    assert len(upper) == 4 and upper[3] == 0 and 12 <= upper[1] <= 14
     for run in (adapter().run, adapter().run_mamba_hybrid):
         got = run(inputs)
-        assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper), max(upper) + 1)
-    capturing = ref.make_inputs(with_params(case, capturing=1))
-    got = adapter().run(capturing)
+        assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper), max(upper) + 2)
+    got = adapter().run(ref.make_inputs(spec2_case(capturing=1)))
     assert (got.max_seq_len, got.draft_max_seq_len) == (64, 64)
+
+
+def test_one_speculative_token_builds_no_draft_metadata():
+    """Fidelity: with next_n = 2 vLLM's drafter runs only its prefill, on the model
+    state's metadata (``TargetDependentARSpeculator.propose`` returns when
+    ``num_speculative_tokens <= 1``): there is no draft bound. The old rule (a draft
+    bound whenever ``num_spec > 0``) called that a bug; the re-created draft mutant
+    is still caught where the draft's decode steps run."""
+    target = get_target(TARGET)
+    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))  # num_spec = 1
+    inputs = ref.make_inputs(case)
+    got = adapter().run(inputs)
+    assert got.draft_max_seq_len is None and not got.pages_walked[1].any()
+    expected = ref.reference(case, inputs)
+    top = expected.upper_max
+    old = dataclasses.replace(expected, draft_max_seq_len=min(top + 1, 64))
+    found = target.compare(case, inputs, old, got)
+    assert ("max_seq_len", "draft_max_seq_len") in [(m.check, m.where) for m in found]
+    assert judge("vllm", case).ok
+    assert not judge("pr43991-draft-model-len", spec2_case()).ok
+    assert judge("vllm", spec2_case()).ok
 
 
 def test_without_a_drafter_there_is_no_draft_bound():
@@ -123,7 +148,7 @@ def test_old_stale_padded_rows_made_the_oracle_fail_vllms_correct_full_graph():
     the oracle (max over the real rows) called it a bug. With the engine's real
     bounds vLLM passes and the re-created mutants are still caught."""
     target = get_target(TARGET)
-    case = with_params(hand_case((2, 2, 2), (3, 9, 0)))  # R = 3, R_pad = 4
+    case = spec2_case()  # R = 3, R_pad = 4
     old = _old_inputs(case)
     got = adapter().run(old)
     assert got.max_seq_len == 64  # the stale padding row

@@ -9,7 +9,10 @@ What runs is vLLM 0.33.0's code, unchanged:
   ``seq_lens_cpu_upper_bound[:num_reqs].max()``, handed to ``build_attn_metadata``
   (``vllm/v1/worker/gpu/attn_utils.py``), which builds the step's
   ``CommonAttentionMetadata`` for each attention group;
-- the draft's bound: ``TargetDependentARSpeculator.propose``
+- the draft's bound, with two speculative tokens or more (with one the drafter
+  runs only its prefill, on the model state's metadata: ``propose`` returns
+  when ``num_speculative_tokens <= 1``, so there is no draft bound):
+  ``TargetDependentARSpeculator.propose``
   (``spec_decode/target_dependent_ar/speculator.py``, the MTP drafter's) sets
   ``draft_max_seq_len = min(max(seq_lens_cpu_upper_bound[:num_reqs]) +
   num_speculative_tokens, max_model_len)``; ``DraftModelSpeculator._build_attn_metadata``
@@ -58,7 +61,7 @@ import textwrap
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -66,7 +69,7 @@ import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.kernels.max_seq_len import _run
 from attnfuzz.reference.batch import EngineConfig
-from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs
+from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs, has_draft
 
 _LAYER = "attnfuzz.max_seq_len.consumer"  # the one attention layer of the consumer's group
 
@@ -152,7 +155,7 @@ class _Stop(Exception):
 class _Engine:
     vllm_config: Any
     model_state: Any
-    speculator: Any | None  # None without speculative decoding
+    speculator: Any | None  # None where the drafter builds no metadata (has_draft)
     attn_groups: list[list[Any]]
     kv_cache_config: Any
     block_table: torch.Tensor  # the speculator's input block table, [max_num_seqs, W]
@@ -199,7 +202,7 @@ def _consumer_groups(config: EngineConfig, device: torch.device) -> tuple[list[l
     return [[group]], kv_cache_config
 
 
-@cache
+@lru_cache(maxsize=256)  # the strategies draw a new engine config nearly every case
 def _engine_for(
     config: EngineConfig, device: torch.device, state: str, draft_pre_fix: bool
 ) -> _Engine:
@@ -225,7 +228,7 @@ def _engine_for(
             (config.max_num_seqs, config.max_blocks_per_seq), dtype=torch.int32, device=device
         )
         speculator = None
-        if config.num_spec > 0:
+        if has_draft(config.num_spec):
             speculator = MTPSpeculator(vc, device)
             if draft_pre_fix:
                 fn = _reverted(MTPSpeculator, "_build_attn_metadata", _PRE_FIX_DRAFT)

@@ -153,8 +153,8 @@ def trigger_model_len(case: Case) -> bool:
 
 
 def reach_draft_model_len(case: Case) -> bool:
-    """A draft model (``num_spec > 0``) outside capture."""
-    return case.config.num_spec > 0 and not _capturing(case)
+    """The drafter's decode steps (``num_spec >= 2``) outside capture."""
+    return ref.has_draft(case.config.num_spec) and not _capturing(case)
 
 
 def trigger_draft_model_len(case: Case) -> bool:
@@ -191,8 +191,9 @@ def smallest_model_len() -> Case:
 
 
 def smallest_draft_model_len() -> Case:
-    """next_n = 2 (a draft model), one request of 2 tokens: ``min(2 + 1, 8) <= 4 < 8``."""
-    return _smallest(next_n=2, capture_size=2, max_num_seqs=1)
+    """next_n = 3 (the drafter's decode steps need two speculative tokens), one request
+    of 3 tokens: its bound is 3 to 5, the draft's ``min(5 + 2, 8) <= 7 < 8``."""
+    return _smallest(next_n=3, capture_size=3, max_num_seqs=1)
 
 
 def build() -> Target:
