@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.targets.indexer_decode import SPEC3
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import indexer_decode as kernels
 from attnfuzz.kernels._triton import device
@@ -131,7 +132,7 @@ def test_production_shape_98_padded_to_104():
 
 
 def test_unsliced_lengths_break_the_top_k_contract():
-    case = hand_case((1, 2, 3), (4, 4, 0), use_cudagraph=False)
+    case = hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3)
     assert judge("triton", case).ok
     verdict = judge("pr39542-lengths", case)
     assert verdict.key == "exception:ValueError"
@@ -139,8 +140,8 @@ def test_unsliced_lengths_break_the_top_k_contract():
 
 
 def test_overlap_corrupts_the_first_prefill_row_silently():
-    """B = 2, L = 2, N_d = 3: the top-k view buffer[:4] covers prefill row 3."""
-    case = hand_case((1, 2, 3), (4, 4, 0), use_cudagraph=False)
+    """next_n = 3, B = 2, L = 2, N_d = 3: the top-k view buffer[:4] covers prefill row 3."""
+    case = hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3)
     assert judge("triton", case).ok
     verdict = judge("pr39542-overlap", case)
     assert verdict.key == "unchanged"  # no exception: silent corruption
@@ -149,8 +150,59 @@ def test_overlap_corrupts_the_first_prefill_row_silently():
 
 def test_uniform_unpadded_decodes_do_not_trigger_any_mutant():
     case = hand_case((2, 2, 2, 2), (1, 2, 3, 4))  # 8 tokens: a capture size, no padding
-    for impl in get_target(TARGET).implementations:
-        assert judge(impl, case).ok, impl
+    target = get_target(TARGET)
+    for impl in target.implementations:
+        if target.implementations[impl].engine is None:  # vLLM's own: tests/test_vllm_*
+            assert judge(impl, case).ok, impl
+
+
+def test_native_steps_split_uniformly_as_the_engine_does():
+    """vLLM 0.33.0 splits native decode steps (next_n <= 2) with ``require_uniform``
+    (indexer.py: DeepseekV32IndexerMetadataBuilder.build): d = [1, 2] is one decode of
+    1 token and a prefill of 2, never a ragged pair; next_n = 3 flattens and splits ragged."""
+    split = ref.describe(hand_case((1, 2), (1, 1)))[1]
+    assert (split.num_decodes, split.num_prefills, split.requires_padding) == (1, 1, False)
+    split = ref.describe(hand_case((1, 2), (1, 1), **SPEC3))[1]
+    assert (split.num_decodes, split.decode_lens, split.requires_padding) == (2, (1, 2), True)
+
+
+def engine_weights_path(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Our fixed path with the engine's one difference on the native path: the logits
+    take the *unpacked* ``weights[:B*L]`` (vLLM 0.33.0 sparse_attn_indexer, decode
+    branch), right only under the engine's uniform split."""
+    from attnfuzz.kernels import indexer_ops as ops
+
+    B, L = inp.num_decodes, inp.max_decode_len
+    q, _ = kernels._packed_queries(inp)
+    context_lens = ops.decode_context_lens(inp.seq_lens[:B], inp.decode_lens, L)
+    w = inp.weights[: B * L].reshape(B, L, -1)
+    logits = ops.paged_mqa_logits(
+        q, inp.kv_cache, w, context_lens, inp.block_table[:B], inp.max_model_len
+    )
+    topk = ops.top_k_per_row(logits, context_lens.view(-1), inp.topk)
+    ops.write_rows(inp.topk_indices_buffer, kernels._unpacked(inp, topk))
+    return ref.IndexerDecodeOutputs(logits)
+
+
+def test_the_engine_weights_are_right_under_its_split_and_wrong_under_a_ragged_one():
+    """The old model split d = [1, 2] ragged at next_n = 2 and so judged the engine's
+    unpacked weights wrong (token 1 in slot (1, 0) got weights[2]); under the engine's
+    split (uniform: one decode, then prefills) they are right."""
+    case = hand_case((1, 2, 3), (3, 4, 0), use_cudagraph=False, seed=3)
+    target = get_target(TARGET)
+    inputs = ref.make_inputs(case, DEV)
+    assert inputs.num_decodes == 1 and not inputs.requires_padding  # the engine's split
+    expected = ref.reference(case, inputs)
+    assert target.compare(case, inputs, expected, engine_weights_path(inputs)) == []
+    # The old, ragged split of the same step: B = 2, L = 2, packed.
+    meta = ref.build_common_metadata(case.config, case.batch)
+    ragged = ref.split_decodes_and_prefills(meta, case.config.threshold)
+    assert ragged.decode_lens == (1, 2) and ragged.requires_padding
+    inputs.decode_lens = torch.tensor(ragged.decode_lens, dtype=torch.int32, device=DEV)
+    inputs.num_decodes, inputs.max_decode_len, inputs.requires_padding = 2, 2, True
+    inputs.num_decode_tokens = ragged.num_decode_tokens
+    expected = ref.reference(case, inputs)
+    assert target.compare(case, inputs, expected, engine_weights_path(inputs)) != []
 
 
 @pytest.mark.parametrize(
@@ -173,8 +225,10 @@ def test_smallest_trigger_is_valid_meets_the_trigger_and_fails(mutant, key):
 @pytest.mark.parametrize(
     "mutant, case",
     [
-        ("pr39542-writeback", hand_case((1, 2), (1, 1))),  # ragged, unpadded: sum(d) == N_d
-        ("pr39542-lengths", hand_case((1, 2), (1, 1))),  # no prefill after the decodes: R == B
+        # ragged (next_n = 3), unpadded: sum(d) == N_d
+        ("pr39542-writeback", hand_case((1, 2), (1, 1), **SPEC3)),
+        # no prefill after the decodes: R == B
+        ("pr39542-lengths", hand_case((1, 2), (1, 1), **SPEC3)),
         ("pr39542-overlap", hand_case((2, 2, 3), (1, 1, 0))),  # uniform decodes: B*L == N_d
     ],
 )
