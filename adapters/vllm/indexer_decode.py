@@ -236,6 +236,72 @@ def run(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
     return _call_cuda_glue(sparse_attn_indexer, inputs)
 
 
+def run_rocm(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """vLLM 0.33.0 ``rocm_aiter_sparse_attn_indexer`` (``v1/attention/ops/
+    rocm_aiter_mla_sparse.py``), unchanged; AITER's kernels and ``torch.ops._C``'s
+    top-k stood in."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    _workspace()
+    with _one_thread():
+        step = _Step(inputs)
+        args = _glue_args(step)
+        for name in ("q_scale", "use_pcp", "pcp_shard_decode_requests"):
+            del args[name]
+        del args["dense_mha_metadata_layer_name"]
+        args["q_fp8"] = args.pop("q_quant")
+        stand_ins = _no_accelerator() + [
+            (rocm, "rocm_fp8_paged_mqa_logits", step.recording(vendor.rocm_fp8_paged_mqa_logits)),
+            (rocm, "rocm_fp8_mqa_logits", vendor.rocm_fp8_mqa_logits),
+            (
+                rocm,
+                "cp_gather_indexer_k_quant_cache_triton",
+                vendor.cp_gather_indexer_k_quant_cache_triton,
+            ),
+            (torch.ops._C, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
+            (torch.ops._C, "top_k_per_row_decode", vendor.top_k_per_row_decode),
+        ]
+        with vendor.registered(*stand_ins), step.forward_context():
+            rocm.rocm_aiter_sparse_attn_indexer(**args)
+        return step.outputs()
+
+
+class _XpuPlatform:
+    """The platform as the XPU branches of ``sparse_attn_indexer`` see it."""
+
+    def __init__(self, base: Any):
+        self._base = base
+
+    def is_xpu(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+def run_xpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """vLLM 0.33.0 ``sparse_attn_indexer`` through its XPU branches (``current_platform.
+    is_xpu()``: ``torch.ops.vllm.xpu_fp8_paged_mqa_logits`` with one length per sequence,
+    ``xpu_fp8_mqa_logits`` with absolute row starts), unchanged; XPU kernels stood in."""
+    from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+    _workspace()
+    with _one_thread():
+        step = _Step(inputs)
+        stand_ins = _cuda_stand_ins(step) + [
+            (glue, "current_platform", _XpuPlatform(glue.current_platform)),
+            (
+                torch.ops.vllm,
+                "xpu_fp8_paged_mqa_logits",
+                step.recording(vendor.xpu_fp8_paged_mqa_logits),
+            ),
+            (torch.ops.vllm, "xpu_fp8_mqa_logits", vendor.xpu_fp8_mqa_logits),
+        ]
+        with vendor.registered(*stand_ins), step.forward_context():
+            glue.sparse_attn_indexer(**_glue_args(step))
+        return step.outputs()
+
+
 # -- the upstream mutant of bug A ---------------------------------------------------------
 
 # #39542 fixed two lines of the decode branch. Before it (the pre-fix lines as they

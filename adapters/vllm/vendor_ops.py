@@ -331,6 +331,66 @@ def fp8_fp4_mqa_logits(
     return torch.where(cols < (ke - ks).unsqueeze(1), shifted, out)
 
 
+def rocm_fp8_mqa_logits(
+    q: torch.Tensor,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    weights: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+) -> torch.Tensor:
+    """AITER's ragged MQA logits (``rocm_fp8_mqa_logits`` of
+    ``v1/attention/ops/rocm_aiter_mla_sparse.py``).
+
+    Contract (its docstring, vLLM 0.33.0): ``q`` fp8 ``[M, H, D]``, ``kv = (k [N, D]
+    fp8, scales [N] or [N, 1] fp32)``, ``weights`` fp32 ``[M, H]``; returns fp32
+    ``[M, N]`` over the *absolute* key columns: row ``i`` is valid on
+    ``[ks[i], ke[i])``, the rest is not cleaned (``clean_logits=False``).
+    """
+    op = "rocm_fp8_mqa_logits"
+    keys, scales = kv
+    scales = scales.reshape(-1)
+    _require(q.dtype == FP8 and keys.dtype == FP8, op, "q and k must be fp8")
+    _require(scales.dtype == torch.float32, op, f"k scales are {scales.dtype}, not float32")
+    ks, ke = cu_seqlen_ks.to(torch.int64), cu_seqlen_ke.to(torch.int64)
+    _require(bool(((0 <= ks) & (ks <= ke) & (ke <= keys.shape[0])).all()), op, "keys outside k")
+    scores = _weighted_relu(q, keys.float() * scales.unsqueeze(-1), weights)
+    cols = torch.arange(keys.shape[0], device=q.device)
+    valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
+    return torch.where(valid, scores, torch.full_like(scores, UNCLEANED))
+
+
+def xpu_fp8_mqa_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+) -> torch.Tensor:
+    """``torch.ops.vllm.xpu_fp8_mqa_logits`` as the XPU branch of ``sparse_attn_indexer``'s
+    prefill calls it (vLLM 0.33.0): the same contract as :func:`rocm_fp8_mqa_logits`
+    (absolute columns; the glue hands the top-k ``row_starts = cu_seqlen_ks``)."""
+    return rocm_fp8_mqa_logits(q, (k, k_scale), weights, cu_seqlen_ks, cu_seqlen_ke)
+
+
+def cp_gather_indexer_k_quant_cache_triton(
+    k_cache: torch.Tensor,
+    k_fp8: torch.Tensor,
+    k_fp8_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlen: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    block_tile_size: int = 16,
+    head_tile_size: int = 16,
+    cache_layout: str | None = None,
+) -> None:
+    """ROCm's gather of a prefill chunk's keys (``cp_gather_indexer_k_quant_cache_triton``
+    of ``v1/attention/ops/rocm_aiter_mla_sparse.py``): the contract of
+    :func:`cp_gather_indexer_k_quant_cache`, on the plain cache layout (the tile
+    shuffle AITER reads is a byte order the glue never touches)."""
+    cp_gather_indexer_k_quant_cache(k_cache, k_fp8, k_fp8_scale, block_table, cu_seqlen)
+
+
 def cp_gather_indexer_k_quant_cache(
     kv_cache: torch.Tensor,
     dst_k: torch.Tensor,

@@ -195,6 +195,24 @@ def build() -> Target:
     target.add(
         vllm_impl(
             "indexer_decode",
+            "run_xpu",
+            name="vllm-xpu",
+            description=f"vLLM 0.33.0: {glue}:sparse_attn_indexer, its XPU branches "
+            "(XPU kernels stood in)",
+        )
+    )
+    target.add(
+        vllm_impl(
+            "indexer_decode",
+            "run_rocm",
+            name="vllm-rocm",
+            description="vLLM 0.33.0: v1/attention/ops/rocm_aiter_mla_sparse.py:"
+            "rocm_aiter_sparse_attn_indexer (AITER kernels stood in)",
+        )
+    )
+    target.add(
+        vllm_impl(
+            "indexer_decode",
             "upstream_pr39542",
             name="upstream-pr39542-decode",
             kind="mutant",
