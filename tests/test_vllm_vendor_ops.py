@@ -1,0 +1,238 @@
+"""The vendor stand-ins of :mod:`attnfuzz.adapters.vllm.vendor_ops`, each against the reference.
+
+Each stand-in honours its operation's contract (see its docstring for where it is
+written upstream); here each is checked on its own: values against
+``reference/indexer_decode.py``, rows and columns it may not touch, what it refuses.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from attnfuzz.adapters.vllm import vendor_ops as v
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.testing import hand_case
+from attnfuzz.reference import indexer_decode as ref
+
+pytestmark = requires_vllm
+
+I32 = dict(dtype=torch.int32)
+
+
+def small_ints(*shape: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-2, 3, shape, generator=gen).to(torch.float32)
+
+
+def expected_row(inputs: ref.IndexerDecodeInputs, token: int, req: int, ctx: int) -> np.ndarray:
+    """The reference's logits of ``token`` over the first ``ctx`` keys of request ``req``."""
+    return ref._token_logits(
+        inputs.q[token].numpy(),
+        inputs.weights[token].numpy(),
+        inputs.kv_cache.numpy(),
+        inputs.block_table[req].numpy(),
+        ctx,
+    )
+
+
+# -- the fp8 cache ------------------------------------------------------------------
+
+
+def test_cache_round_trips_small_integers_exactly():
+    pages = small_ints(5, 4, 6)
+    cache = v.quantized_cache(pages)
+    assert cache.dtype == torch.uint8 and tuple(cache.shape) == (5, 4, 6 + 4)
+    torch.testing.assert_close(v.dequantized_pages(cache, 6), pages, rtol=0, atol=0)
+
+
+def test_cache_layout_is_values_then_scales_per_page():
+    """Per page: block_size * D fp8 values, then block_size fp32 (ue8m0) scales."""
+    pages = torch.zeros(2, 2, 3)
+    pages[1, 1] = torch.tensor([2.0, -1.0, 0.0])  # amax 2: scale 2 ** ceil(log2(2 / 448))
+    cache = v.quantized_cache(pages)
+    flat = cache.reshape(2, -1)
+    scale = 2.0**-7
+    values = flat[1, :6].view(v.FP8).float().view(2, 3)
+    assert values[1].tolist() == [2 / scale, -1 / scale, 0.0]
+    assert flat[1, 6:].view(torch.float32)[1].item() == scale
+
+
+def test_cache_writer_skips_padding_slots_and_refuses_other_layouts():
+    cache = torch.full((1, 2, 1 + 4), 7, dtype=torch.uint8)
+    v.indexer_k_quant_and_cache(torch.ones(2, 1), cache, torch.tensor([-1, 1]), 1, "ue8m0")
+    assert cache.reshape(-1)[0].item() == 7  # slot 0 untouched: its token was padding
+    with pytest.raises(v.ContractError, match="quant_block_size"):
+        v.indexer_k_quant_and_cache(torch.ones(1, 1), cache, torch.tensor([0]), 2, "ue8m0")
+    with pytest.raises(v.ContractError, match="uint8"):
+        v.indexer_k_quant_and_cache(torch.ones(1, 1), cache.float(), torch.tensor([0]), 1, "x")
+
+
+# -- paged logits -------------------------------------------------------------------
+
+
+def padded_inputs() -> ref.IndexerDecodeInputs:
+    """d = [2, 2, 2, 0] (three decodes padded to a graph of 8), the native path."""
+    return ref.make_inputs(hand_case((2, 2, 2), (3, 5, 1)))
+
+
+def native_operands(inp: ref.IndexerDecodeInputs):
+    B, L = inp.num_decodes, inp.max_decode_len
+    q = inp.q[: B * L].view(B, L, *inp.q.shape[1:]).to(v.FP8)  # uniform: a reshape
+    lens = torch.stack(
+        [torch.clamp(inp.seq_lens[:B] - L + 1 + j, min=0) for j in range(L)], dim=1
+    ).to(torch.int32)
+    return q, v.quantized_cache(inp.kv_cache).unsqueeze(-2), inp.weights[: B * L], lens
+
+
+def test_paged_logits_match_the_reference_and_leave_the_tail_uncleaned():
+    inp = padded_inputs()
+    q, cache, w, lens = native_operands(inp)
+    got = v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, inp.block_table, None, 64)
+    expected = ref.reference(None, inp)
+    assert tuple(got.shape) == (8, 64) and got.dtype == torch.float32
+    for row in range(8):
+        n = int(lens.view(-1)[row])
+        if expected.logit_rows[row]:
+            assert n == expected.row_context_lens[row]
+            np.testing.assert_array_equal(got[row, :n].numpy(), expected.logits[row, :n])
+        assert (got[row, n:] == v.UNCLEANED).all()  # "not cleaned": never -inf promised
+
+
+def test_paged_logits_per_sequence_lengths_derive_each_row():
+    """[B, 1] lengths of a sequence of next_n rows: row j sees seq_len - next_n + j + 1."""
+    inp = padded_inputs()
+    q, cache, w, lens = native_operands(inp)
+    per_row = v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, inp.block_table, None, 64)
+    per_seq = v.fp8_fp4_paged_mqa_logits(
+        (q, None), cache, w, lens[:, -1:].contiguous(), inp.block_table, None, 64
+    )
+    torch.testing.assert_close(per_seq, per_row, rtol=0, atol=0)
+    rocm = v.rocm_fp8_paged_mqa_logits(q, cache, w, lens, inp.block_table, None, 64)
+    xpu = v.xpu_fp8_paged_mqa_logits(
+        q, cache, w, lens[:, -1].contiguous(), inp.block_table, None, 64
+    )
+    torch.testing.assert_close(rocm, per_row, rtol=0, atol=0)
+    torch.testing.assert_close(xpu, per_row, rtol=0, atol=0)
+
+
+def test_paged_logits_never_dereference_pages_past_a_sequence():
+    inp = padded_inputs()
+    q, cache, w, lens = native_operands(inp)
+    table = inp.block_table.clone()
+    table[:, 2:] = 2**30  # 8 keys at most: pages of 4, so entries 2.. are never read
+    v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, table, None, 64)
+
+
+def test_paged_logits_refuse_what_deepgemm_refuses():
+    inp = padded_inputs()
+    q, cache, w, lens = native_operands(inp)
+    t = inp.block_table
+    with pytest.raises(v.ContractError, match="2-D"):
+        v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens.view(-1), t, None, 64)
+    with pytest.raises(v.ContractError, match="MX"):
+        v.fp8_fp4_paged_mqa_logits((q, lens), cache, w, lens, t, None, 64)
+    with pytest.raises(v.ContractError, match="weights"):
+        v.fp8_fp4_paged_mqa_logits((q, None), cache, w[:6], lens, t, None, 64)
+    with pytest.raises(v.ContractError, match="int32"):
+        v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens.long(), t, None, 64)
+    with pytest.raises(v.ContractError, match="1-D"):
+        v.xpu_fp8_paged_mqa_logits(q, cache, w, lens, t, None, 64)
+
+
+# -- prefill: gather and ragged logits --------------------------------------------------
+
+
+def test_gather_copies_each_request_contiguously():
+    pages = small_ints(6, 2, 3, seed=1)
+    cache = v.quantized_cache(pages)
+    table = torch.tensor([[4, 1, 0], [5, 2, 3]], **I32)
+    bounds = torch.tensor([0, 3, 7], **I32)
+    k = torch.zeros(8, 3, dtype=v.FP8)
+    scale = torch.full((8, 4), 9, dtype=torch.uint8)
+    v.cp_gather_indexer_k_quant_cache(cache, k, scale, table, bounds)
+    keys = k.float() * scale.view(torch.float32)
+    want = torch.cat([pages[[4, 1]].reshape(-1, 3)[:3], pages[[5, 2]].reshape(-1, 3)[:4]])
+    torch.testing.assert_close(keys[:7], want, rtol=0, atol=0)
+    assert (scale[7] == 9).all()  # past the chunk: untouched
+
+
+def test_ragged_logits_match_the_reference_in_both_column_conventions():
+    q = small_ints(3, 2, 4, seed=2)
+    w = small_ints(3, 2, seed=3)
+    keys = small_ints(7, 4, seed=4)
+    k8, scales = keys.to(v.FP8), torch.ones(7)
+    ks, ke = torch.tensor([0, 0, 3], **I32), torch.tensor([2, 3, 7], **I32)
+    compressed = v.fp8_fp4_mqa_logits((q.to(v.FP8), None), (k8, scales), w, ks, ke, 4)
+    absolute = v.rocm_fp8_mqa_logits(q.to(v.FP8), (k8, scales), w, ks, ke)
+    assert tuple(compressed.shape) == (3, 4) and tuple(absolute.shape) == (3, 7)
+    for i in range(3):
+        lo, hi = int(ks[i]), int(ke[i])
+        want = (torch.relu(keys[lo:hi] @ q[i].T) @ w[i]).numpy()
+        np.testing.assert_array_equal(compressed[i, : hi - lo].numpy(), want)
+        np.testing.assert_array_equal(absolute[i, lo:hi].numpy(), want)
+    with pytest.raises(v.ContractError, match="max_seqlen_k"):
+        v.fp8_fp4_mqa_logits((q.to(v.FP8), None), (k8, scales), w, ks, ke, 3)
+
+
+# -- top-k --------------------------------------------------------------------------
+
+
+def test_decode_top_k_per_row_lengths_match_the_reference():
+    logits = small_ints(5, 9, seed=5)
+    lens = torch.tensor([[9, 3], [0, 1], [5, 5]], **I32).view(-1)[:5].contiguous()
+    out = torch.full((7, 4), 77, **I32)
+    v.top_k_per_row_decode(logits, 2, lens, out, 5, *logits.stride(), 4)
+    for i in range(5):
+        want = ref.topk_row(logits[i].numpy(), int(lens[i]), 4)
+        assert out[i].tolist() == want.tolist()  # same tie rule: lowest index first
+    assert (out[5:] == 77).all()  # rows past num_rows: untouched
+
+
+def test_decode_top_k_per_sequence_lengths_and_unread_columns():
+    logits = small_ints(4, 8, seed=6)
+    seq = torch.tensor([6, 1], **I32)  # next_n = 2: rows see 5, 6, 0, 1
+    poisoned = logits.clone()
+    for row, n in enumerate([5, 6, 0, 1]):
+        poisoned[row, n:] = float("inf")  # a column read past its row's end would win
+    out = torch.empty(4, 3, **I32)
+    v.top_k_per_row_decode(poisoned, 2, seq, out, 4, *poisoned.stride(), 3)
+    for row, n in enumerate([5, 6, 0, 1]):
+        assert out[row].tolist() == ref.topk_row(logits[row].numpy(), n, 3).tolist()
+
+
+def test_prefill_top_k_is_relative_to_the_row_start():
+    logits = small_ints(2, 10, seed=7)
+    starts, ends = torch.tensor([2, 0], **I32), torch.tensor([9, 4], **I32)
+    out = torch.empty(2, 3, **I32)
+    v.top_k_per_row_prefill(logits, starts, ends, out, 2, *logits.stride(), 3)
+    assert out[0].tolist() == ref.topk_row(logits[0, 2:9].numpy(), 7, 3).tolist()
+    assert out[1].tolist() == ref.topk_row(logits[1, :4].numpy(), 4, 3).tolist()
+
+
+def test_top_k_refuses_what_the_kernels_refuse():
+    logits = torch.zeros(2, 4)
+    out = torch.empty(2, 2, **I32)
+    with pytest.raises(v.ContractError, match="int32"):
+        v.top_k_per_row_decode(logits, 1, torch.ones(2, dtype=torch.int64), out, 2, 4, 1, 2)
+    with pytest.raises(v.ContractError, match="index rows"):
+        v.top_k_per_row_decode(logits, 1, torch.ones(2, **I32), out[:1], 2, 4, 1, 2)
+    with pytest.raises(v.ContractError, match="float32"):
+        v.top_k_per_row_decode(logits.half(), 1, torch.ones(2, **I32), out, 2, 4, 1, 2)
+    with pytest.raises(v.ContractError, match="lengths for"):
+        v.top_k_per_row_decode(logits, 1, torch.ones(1, **I32), out, 2, 4, 1, 2)
+
+
+# -- registration for one call ----------------------------------------------------------
+
+
+def test_registered_restores_and_removes():
+    obj = types.SimpleNamespace(kept=1)
+    with v.registered((obj, "kept", 2), (obj, "added", 3)):
+        assert (obj.kept, obj.added) == (2, 3)
+    assert obj.kept == 1 and not hasattr(obj, "added")
+    with pytest.raises(RuntimeError), v.registered((obj, "kept", 5)):
+        raise RuntimeError
+    assert obj.kept == 1
