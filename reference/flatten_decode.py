@@ -40,10 +40,20 @@ both of its flattening branches, and ``build``):
 - per-request decode lengths: ``d`` in ``[0, B)`` only.
 
 ``requires_padding`` is False: flattened tokens need no packing.
+
+Block-table width. The model runner's block table is wider than
+``max_blocks_per_seq``: its rows are aligned to whole 128-token spans
+(vLLM 0.33.0, ``vllm/v1/worker/block_table.py`` ``get_block_table_width``,
+used by both model runners and, through ``AttentionGroup``, to size the
+builder's ``block_table_width``). Columns past ``max_blocks_per_seq`` are
+never written by any request, so they hold 0. The inputs present the step's
+block table at that width, and the expanded buffer has it too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +139,17 @@ class FlattenDecodeExpected:
     before: DecodeBuffers  # the buffers as the step found them (NumPy)
 
 
+BLOCK_TABLE_TOKEN_ALIGNMENT = 128
+"""Tokens a block-table row is aligned to (``get_block_table_width``'s default)."""
+
+
+def block_table_width(config: EngineConfig) -> int:
+    """The model runner's block-table width: ``max_blocks_per_seq`` rounded up to
+    whole spans of 128 tokens."""
+    align = BLOCK_TABLE_TOKEN_ALIGNMENT // math.gcd(BLOCK_TABLE_TOKEN_ALIGNMENT, config.block_size)
+    return cdiv(config.max_blocks_per_seq, align) * align
+
+
 def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
     """The step's metadata and its ragged split (the flattening path's)."""
     meta = build_common_metadata(case.config, case.batch)
@@ -139,7 +160,11 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> FlattenDecode
     """The step of ``case``; the builder's buffers hold stale values from the seed."""
     config = case.config
     meta, split = describe(case)
-    M, W = config.max_num_batched_tokens, config.max_blocks_per_seq
+    M, W = config.max_num_batched_tokens, block_table_width(config)
+    # The runner's table: the model's columns, then columns no request ever wrote.
+    wide = np.zeros((meta.num_reqs, W), dtype=np.int32)
+    wide[:, : meta.block_table.shape[1]] = meta.block_table
+    meta = dataclasses.replace(meta, block_table=wide)
     gen = torch.Generator().manual_seed(case.batch.seed ^ _DATA_SEED_SALT)
 
     def stale(lo: int, hi: int, *shape: int) -> torch.Tensor:

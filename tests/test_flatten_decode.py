@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case, spec_config
 from attnfuzz.kernels import flatten_decode as kernels
 from attnfuzz.reference import flatten_decode as ref
 
@@ -69,6 +69,24 @@ def test_reference_a_step_without_decodes_touches_nothing():
     np.testing.assert_array_equal(expected.context_lens_buffer, expected.before.context_lens)
     for impl in ("triton", "reference"):
         assert judge(impl, case).ok, impl
+
+
+@pytest.mark.parametrize(
+    "max_model_len, block_size, width",
+    [(64, 4, 32), (8, 1, 128), (128, 64, 2), (200, 64, 4), (256, 2, 128), (300, 2, 192)],
+)
+def test_block_table_width_is_the_runners_aligned_to_128_tokens(max_model_len, block_size, width):
+    """vLLM 0.33.0 get_block_table_width: pages rounded up to whole 128-token spans."""
+    config = spec_config(max_model_len=max_model_len, block_size=block_size)
+    assert ref.block_table_width(config) == width
+
+
+def test_inputs_present_the_table_at_the_runners_width_past_columns_zero():
+    case = hand_case((1, 2), (1, 1))
+    inputs = ref.make_inputs(case)
+    assert inputs.block_table.shape == (2, 32) and inputs.buffers.block_table.shape[1] == 32
+    assert (inputs.block_table[:, 16:] == 0).all()
+    assert inputs.common.block_table.shape == (2, 32)
 
 
 # -- the kernel and the oracle -------------------------------------------------------

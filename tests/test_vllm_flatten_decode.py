@@ -6,7 +6,7 @@ import pytest
 import torch
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import assert_passes, hand_case
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 
 pytestmark = requires_vllm
 
@@ -61,6 +61,36 @@ def test_vllm_zeroes_the_tail_and_keeps_rows_past_the_step():
     assert torch.equal(got.buffers.block_table[8:], inputs.buffers.block_table[8:])
     assert torch.equal(got.buffers.decode_lens[8:], inputs.buffers.decode_lens[8:])
     assert got.requires_padding is False
+
+
+def test_vllm_block_table_has_the_runners_aligned_width():
+    """Fidelity: the runner hands the builder a table 128-token aligned, and
+    ``block_table_width`` to match (vllm/v1/worker/utils.py AttentionGroup,
+    get_block_table_width); vLLM's expanded table has that width, 32 here, where
+    ``max_blocks_per_seq`` is 16. An oracle of width 16 rejected vLLM's correct output."""
+    target = get_target(TARGET)
+    case = hand_case((1, 2), (1, 1))
+    assert case.config.max_blocks_per_seq == 16
+    inputs = target.make_inputs(case, "cpu")
+    got = target.implementations["vllm"].fn(inputs)
+    assert tuple(got.block_table.shape) == (3, 32)
+    assert tuple(got.buffers.block_table.shape) == (case.config.max_num_batched_tokens, 32)
+    assert target.compare(case, inputs, target.reference(case, inputs), got) == []
+
+
+def test_upstream_pr50302_raises_the_historical_error_on_ragged_decodes():
+    """d = [1, 2]: the variable branch assigns [3, 32] rows into a [3, 16] slice."""
+    target = get_target(TARGET)
+    verdict = target.judge(target.resolve(UPSTREAM), hand_case((1, 2), (1, 1)))
+    assert verdict.key == "exception:RuntimeError"
+    assert "must match the existing size (32)" in verdict.mismatches[0].got
+
+
+UPSTREAM = "upstream-pr50302-unaligned-width"
+
+
+def test_upstream_mutant_is_detected():
+    assert_detected(TARGET, UPSTREAM)
 
 
 @pytest.mark.parametrize("mutant", ["right-aligned-on-max", "row-by-max", "padding-not-zeroed"])

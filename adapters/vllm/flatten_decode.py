@@ -25,7 +25,7 @@ outputs are the views ``build`` returns with those buffers.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vLLM is imported
@@ -46,21 +46,30 @@ def prepare() -> None:
     _engine.prepare()
 
 
-@cache
-def _builder(config: EngineConfig, device: str) -> tuple[Any, Any]:
-    """The engine's ``VllmConfig`` for ``config`` and its indexer metadata builder."""
+@lru_cache(maxsize=4)  # a few engine shapes at a time: every draw brings its own
+def _builder(config: EngineConfig, device: str, upstream: str | None = None) -> tuple[Any, Any]:
+    """The engine's ``VllmConfig`` for ``config`` and its indexer metadata builder
+    (``upstream``: the class of an upstream mutant instead of 0.33.0's).
+
+    ``block_table_width`` is what ``AttentionGroup.create_metadata_builders``
+    (``vllm/v1/worker/utils.py``) passes: ``get_block_table_width`` of the
+    spec's ``max_num_blocks_per_req``.
+    """
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    from vllm.v1.worker.block_table import get_block_table_width
 
     vc = _engine.vllm_config(config)
     spec = MLAAttentionSpec(
         block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.uint8
     )
+    width = get_block_table_width(
+        spec.max_num_blocks_per_req(vc, vc.model_config.max_model_len), spec.block_size
+    )
+    cls = DeepseekV32IndexerMetadataBuilder if upstream is None else _upstream_classes()[upstream]
     with set_current_vllm_config(vc):
-        builder = DeepseekV32IndexerMetadataBuilder(
-            spec, ["l0"], vc, torch.device(device), block_table_width=config.max_blocks_per_seq
-        )
+        builder = cls(spec, ["l0"], vc, torch.device(device), block_table_width=width)
     if not builder.use_flattening:  # see the module docstring
         builder.use_flattening = True
     return vc, builder
@@ -75,15 +84,15 @@ def _buffers(builder: Any) -> DecodeBuffers:
     )
 
 
-def run(inputs: FlattenDecodeInputs) -> FlattenDecodeOutputs:
-    """``DeepseekV32IndexerMetadataBuilder.build`` with flattening, unchanged."""
+def _run(inputs: FlattenDecodeInputs, upstream: str | None = None) -> FlattenDecodeOutputs:
     from vllm.config import set_current_vllm_config
 
     device = str(inputs.seq_lens.device)
-    vc, builder = _builder(inputs.config, device)
+    vc, builder = _builder(inputs.config, device, upstream)
     buffers = _buffers(builder)
     for own, stale in zip(buffers.tensors(), inputs.buffers.tensors(), strict=True):
-        own.copy_(stale)  # the persistent buffers as the step finds them
+        if own.shape == stale.shape:  # an upstream mutant's buffer of another shape stays as is
+            own.copy_(stale)  # the persistent buffers as the step finds them
     common = _engine.common_attn_metadata(inputs.common, device)
     with set_current_vllm_config(vc):
         metadata = builder.build(0, common)
@@ -98,3 +107,61 @@ def run(inputs: FlattenDecodeInputs) -> FlattenDecodeOutputs:
         requires_padding=decode.requires_padding,
         buffers=buffers,
     )
+
+
+def run(inputs: FlattenDecodeInputs) -> FlattenDecodeOutputs:
+    """``DeepseekV32IndexerMetadataBuilder.build`` with flattening, unchanged."""
+    return _run(inputs)
+
+
+@cache
+def _upstream_classes() -> dict[str, type]:
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+
+    class PreFix50302Builder(DeepseekV32IndexerMetadataBuilder):
+        """The builder before #50302 ("Universally align block table width to 128
+        tokens", fixes #46074): the indexer sized its expanded block table itself,
+        ``cdiv(max_model_len, block_size * get_total_cp_world_size())`` columns,
+        while the runner's block table is aligned to 128 tokens.
+
+        The lines that differ from 0.33.0: 0.33.0 allocates
+        ``expanded_block_table_buffer`` with the ``block_table_width`` the runner
+        passes; before the fix ``__init__`` took no such argument and allocated
+
+            max_num_blocks_per_req = cdiv(
+                self.vllm_config.model_config.max_model_len,
+                self.kv_cache_spec.block_size * get_total_cp_world_size(),
+            )
+            self.expanded_block_table_buffer = torch.zeros(
+                (scheduler_config.max_num_batched_tokens, max_num_blocks_per_req),
+                dtype=torch.int32, device=self.device)
+
+        Reconstructed, not copied from the pre-fix file: the formula is quoted in
+        the descriptions of the superseded fixes #48404 and #50050 and in a
+        third-party incident report of the same crash; no copy of the pre-fix
+        ``indexer.py`` was found in the stored sources. Here CP is 1, so the
+        divisor is the block size. Everything else is 0.33.0's code.
+        """
+
+        def __init__(self, *args: Any, block_table_width: int, **kwargs: Any) -> None:
+            super().__init__(*args, block_table_width=block_table_width, **kwargs)
+            max_num_blocks_per_req = cdiv(
+                self.vllm_config.model_config.max_model_len,
+                self.kv_cache_spec.block_size * 1,  # get_total_cp_world_size() without CP
+            )
+            self.expanded_block_table_buffer = torch.zeros(
+                (self.vllm_config.scheduler_config.max_num_batched_tokens, max_num_blocks_per_req),
+                dtype=torch.int32,
+                device=self.device,
+            )
+
+    return {"pr50302": PreFix50302Builder}
+
+
+def upstream_unaligned_width(inputs: FlattenDecodeInputs) -> FlattenDecodeOutputs:
+    """vLLM 0.33.0 with #50302 reverted: the expanded block table one alignment
+    narrower than the runner's table. Ragged decodes raise in the variable
+    branch (``The expanded size of the tensor (W) must match the existing size
+    (W_aligned)``), uniform ones return a table of the wrong width."""
+    return _run(inputs, "pr50302")

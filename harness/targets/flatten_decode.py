@@ -170,6 +170,14 @@ def trigger_padding_not_zeroed(case: Case) -> bool:
     return inputs.num_decodes > 0 and bool((inputs.buffers.context_lens[lo:hi] != 0).any())
 
 
+def trigger_unaligned_width(case: Case) -> bool:
+    """The step has decodes and the runner's 128-token-aligned block table is wider
+    than ``cdiv(max_model_len, block_size)``, the width #50302 replaced."""
+    return reach_decodes(case) and ref.block_table_width(case.config) != (
+        case.config.max_blocks_per_seq
+    )
+
+
 def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
     from attnfuzz.harness.testing import spec_config
 
@@ -186,6 +194,12 @@ def smallest_padded() -> Case:
     """next_n = 2, three decodes of 2 tokens = 6 padded to capture size 8 (``R_pad = 4``,
     ``d = [2, 2, 2, 0]``): flattened tokens 6 and 7 belong to no request."""
     return _spec_case((2, 2, 2), (1, 1, 1))
+
+
+def smallest_unaligned_width() -> Case:
+    """One decode of one token; ``max_model_len = 64`` in pages of 4 is 16 pages, the
+    runner's row 32 (128 tokens)."""
+    return _spec_case((1,), (0,))
 
 
 def build() -> Target:
@@ -207,6 +221,19 @@ def build() -> Target:
             "run",
             description="vLLM 0.33.0: vllm/v1/attention/backends/mla/indexer.py:"
             "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
+        )
+    )
+    target.add(
+        vllm_impl(
+            "flatten_decode",
+            "upstream_unaligned_width",
+            name="upstream-pr50302-unaligned-width",
+            kind="mutant",
+            description="vLLM 0.33.0 with #50302 reverted: expanded block table of "
+            "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
+            trigger=trigger_unaligned_width,
+            reach=reach_decodes,
+            smallest=smallest_unaligned_width,
         )
     )
     target.add(
