@@ -25,7 +25,10 @@ persistent ``[max_num_seqs, W]`` block table indexed by a request's *state
 row*, and the step maps its batch index ``r`` to ``req_state_rows[r]``
 (vLLM's ``idx_mapping``). The rows of requests not in the step hold stale
 page ids. The inputs draw those rows from the seed, so an implementation that
-reads the batch row instead of the state row reads the wrong pages.
+reads the batch row instead of the state row reads the wrong pages. Its width is the
+runner's, aligned to whole 128-token spans
+(:func:`attnfuzz.reference.flatten_decode.block_table_width`); columns past
+``max_blocks_per_seq`` are 0, as no request ever writes them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from attnfuzz.reference.batch import (
     EngineConfig,
     build_common_metadata,
 )
+from attnfuzz.reference.flatten_decode import block_table_width
 
 PAD_SLOT_ID = -1
 """Slot of a token that must not be written to the cache (padding)."""
@@ -91,12 +95,13 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> SlotMappingIn
     meta = build_common_metadata(config, batch)
     R, T = meta.num_real_reqs, meta.num_real_tokens
     gen = torch.Generator().manual_seed(batch.seed ^ _DATA_SEED_SALT)
-    width = config.max_blocks_per_seq
+    width = block_table_width(config)
     # State rows: a seeded choice of R distinct rows of the persistent table.
     rows = torch.randperm(config.max_num_seqs, generator=gen)[:R].to(torch.int64)
     table = torch.randint(0, meta.num_blocks, (config.max_num_seqs, width), generator=gen)
     table = table.to(torch.int32)
-    table[rows] = torch.as_tensor(meta.block_table[:R])
+    table[:, config.max_blocks_per_seq :] = 0  # columns no request writes
+    table[rows, : config.max_blocks_per_seq] = torch.as_tensor(meta.block_table[:R])
     # Stale slots of earlier steps: valid-looking ids, never -1.
     num_slots = meta.num_blocks * config.block_size
     stale = torch.randint(0, num_slots, (config.max_num_batched_tokens,), generator=gen)
