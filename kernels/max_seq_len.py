@@ -65,39 +65,42 @@ def _paged_walk_kernel(
 ):  # fmt: skip
     # Row ``idx`` of the tile is request ``idx % num_reqs`` on path ``idx // num_reqs``
     # (0: model state, 1: draft); ``bounds_ptr[path]`` is that path's max_seq_len.
-    idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # Integer arithmetic is int64 throughout: no index can wrap, and the
+    # interpreter checks only narrower integers for overflow (extra ops on each).
+    idx = tl.arange(0, BLOCK_R).to(tl.int64) + tl.program_id(0).to(tl.int64) * BLOCK_R
     in_rows = idx < 2 * num_reqs
     r = idx % num_reqs
-    seq_len = tl.load(seq_lens_ptr + r, mask=in_rows, other=0)
-    bound = tl.load(bounds_ptr + idx // num_reqs, mask=in_rows, other=0)
+    seq_len = tl.load(seq_lens_ptr + r, mask=in_rows, other=0).to(tl.int64)
+    bound = tl.load(bounds_ptr + idx // num_reqs, mask=in_rows, other=0).to(tl.int64)
     # The walk covers whole pages: cdiv(max_seq_len, block_size) entries, never
     # past the table's width (that would read the next request's row).
     walk_end = tl.minimum((bound + block_size - 1) // block_size, width) * block_size
     longest = tl.reduce(walk_end, 0, tl.standard._elementwise_max)
-    dims = tl.arange(0, BLOCK_D)
+    dims = tl.arange(0, BLOCK_D).to(tl.int64)
     in_d = dims < D
     acc = tl.full((BLOCK_R, BLOCK_D), 0, tl.float32)
-    walked = tl.full((BLOCK_R,), 0, tl.int32)
-    needed = tl.full((BLOCK_R,), 0, tl.int32)
-    oob = tl.full((BLOCK_R,), 0, tl.int32)
+    walked = tl.full((BLOCK_R,), 0, tl.int64)
+    needed = tl.full((BLOCK_R,), 0, tl.int64)
+    oob = tl.full((BLOCK_R,), 0, tl.int64)
     for p0 in range(0, longest, BLOCK_P):
-        pos = p0 + tl.arange(0, BLOCK_P)
+        pos = tl.arange(0, BLOCK_P).to(tl.int64) + p0
         on_walk = in_rows[:, None] & (pos[None, :] < walk_end[:, None])  # [R, P]
         # Block-table entries are read for the whole walk, as the kernel goes.
         page = tl.load(
-            table_ptr + r[:, None].to(tl.int64) * table_stride + pos[None, :] // block_size,
+            table_ptr + r[:, None] * table_stride + pos[None, :] // block_size,
             mask=on_walk,
             other=0,
         )
+        page = page.to(tl.int64)
         in_cache = (page >= 0) & (page < num_blocks)
         visible = on_walk & in_cache & (pos[None, :] < seq_len[:, None])
         # One count per entry: at its first position.
         first = on_walk & (pos[None, :] % block_size == 0)
-        walked += tl.reduce(tl.where(first, 1, 0), 1, add)
-        needed += tl.reduce(tl.where(first & visible, 1, 0), 1, add)
-        oob += tl.reduce(tl.where(first & ~in_cache, 1, 0), 1, add)
+        walked += tl.reduce(first.to(tl.int64), 1, add)
+        needed += tl.reduce((first & visible).to(tl.int64), 1, add)
+        oob += tl.reduce((first & ~in_cache).to(tl.int64), 1, add)
         # Keys only where visible: stale and poisoned pages are never loaded.
-        page = tl.where(visible, page, 0).to(tl.int64)
+        page = tl.where(visible, page, 0)
         slot = (page * block_size + pos[None, :] % block_size) * D
         keys = tl.load(
             kv_ptr + slot[:, :, None] + dims[None, None, :],
@@ -107,13 +110,13 @@ def _paged_walk_kernel(
         weight = tl.where(visible, pos[None, :] + 1, 0).to(tl.float32)
         acc += tl.reduce(weight[:, :, None] * keys, 1, add)
     tl.store(
-        out_ptr + idx[:, None].to(tl.int64) * D + dims[None, :],
+        out_ptr + idx[:, None] * D + dims[None, :],
         acc,
         mask=in_rows[:, None] & in_d[None, :],
     )
-    tl.store(walked_ptr + idx, walked, mask=in_rows)
-    tl.store(needed_ptr + idx, needed, mask=in_rows)
-    tl.store(oob_ptr + idx, oob, mask=in_rows)
+    tl.store(walked_ptr + idx, walked.to(tl.int32), mask=in_rows)
+    tl.store(needed_ptr + idx, needed.to(tl.int32), mask=in_rows)
+    tl.store(oob_ptr + idx, oob.to(tl.int32), mask=in_rows)
 
 
 def paged_walk(

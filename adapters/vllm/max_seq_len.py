@@ -50,7 +50,13 @@ which starts the draft's forward pass) and is stopped there.
 
 Upstream mutants (``upstream_*``): the same calls with the fix of #43991 reverted
 in vLLM 0.33.0's own source, line for line (see :data:`_PRE_FIX_MODEL_STATE` and
-:data:`_PRE_FIX_DRAFT`).
+:data:`_PRE_FIX_DRAFT`). The pre-fix lines are those of the pull request: its
+description (``MambaHybridModelState.prepare_attn`` and the eagle/MTP draft's
+``_build_draft_attn_metadata`` "still passed ``max_seq_len=max_model_len``"), its
+diff of ``model_states/mamba_hybrid.py`` (the bound block added after the
+``max_query_len`` lines), and a public back-port script of #43991 whose
+old/new anchors give the replaced lines verbatim. ``DefaultModelState`` got its
+bound in #40654, before #43991, so no revert of it is registered here.
 """
 
 from __future__ import annotations
