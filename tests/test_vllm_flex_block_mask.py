@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from attnfuzz.adapters.vllm import flex_block_mask as adapter
@@ -130,3 +131,106 @@ def test_vllm_and_triton_agree_on_a_step_past_max_model_len(q_block_log2):
     assert trigger_capacity(case) and trigger_upstream_capacity(case)
     assert judge("vllm", case).ok and judge("triton", case).ok
     assert judge(UPSTREAM, case).key == "exception:RuntimeError"
+
+
+# -- the consumer, emulated: the oracle's conditions are what the attention output needs --
+
+
+def flex_attention_output(
+    inputs: ref.FlexBlockMaskInputs, kv_indices: torch.Tensor, kv_num_blocks: torch.Tensor
+) -> np.ndarray:
+    """Per real token, what vLLM's flex_attention computes from the mask: it walks
+    ``kv_indices[g, :kv_num_blocks[g]]`` (duplicates walked twice) and keeps slot
+    ``s`` of page ``p`` where vLLM 0.33.0's paged mask function does: ``p`` at logical
+    index ``i`` of the row's request (the largest, as ``physical_to_logical_mapping``
+    takes; page 0 never), ``i * bs + s`` below ``seq_len`` and at most ``pos``.
+    One head, keys and values drawn per cache slot."""
+    bs, q = inputs.block_size, inputs.q_block_size
+    qsl = inputs.query_start_loc.cpu().numpy()
+    seq_lens = inputs.seq_lens.cpu().numpy()
+    table = inputs.block_table.cpu().numpy()
+    walked_rows = kv_indices.cpu().numpy()
+    counts = kv_num_blocks.cpu().numpy()
+    rng = np.random.default_rng(0)
+    slots = inputs.num_pages * bs
+    keys, values = rng.normal(size=(slots, 4)), rng.normal(size=(slots, 4))
+    queries = rng.normal(size=(int(qsl[inputs.num_reqs]), 4))
+    out = np.zeros_like(queries)
+    for r in range(inputs.num_reqs):
+        n_pages = -(-int(seq_lens[r]) // bs)
+        logical = {int(p): i for i, p in enumerate(table[r, :n_pages]) if p != 0}
+        for t in range(int(qsl[r]), int(qsl[r + 1])):
+            pos = int(seq_lens[r]) - int(qsl[r + 1] - qsl[r]) + t - int(qsl[r])
+            seen = []
+            g = t // q
+            for p in walked_rows[g, : counts[g]].tolist():
+                i = logical.get(p, -1)
+                seen += [p * bs + s for s in range(bs) if i >= 0 and i * bs + s <= pos]
+            if not seen:  # a row that sees nothing: flex_attention writes zeros
+                continue
+            scores = keys[seen] @ queries[t]
+            weights = np.exp(scores - scores.max())
+            out[t] = weights @ values[seen] / weights.sum()
+    return out
+
+
+def reference_output(inputs: ref.FlexBlockMaskInputs) -> np.ndarray:
+    """The same attention over exactly the causal keys of each token, walked in order."""
+    expected = ref.reference(None, inputs)
+    rows = torch.as_tensor(expected.kv_indices)
+    return flex_attention_output(inputs, rows, torch.as_tensor(expected.kv_num_blocks))
+
+
+CONSUMER_CASES = [MIXED, PADDED, case_of((1, 1, 14), (9, 3, 0), 2, seed=11)]
+
+
+@pytest.mark.parametrize("case", CONSUMER_CASES, ids=["mixed", "padded", "q4"])
+def test_vllm_s_mask_gives_the_reference_attention(case):
+    inputs = ref.make_inputs(case)
+    out = adapter.run(inputs)
+    np.testing.assert_allclose(
+        flex_attention_output(inputs, out.kv_indices, out.kv_num_blocks), reference_output(inputs)
+    )
+
+
+def _walk(inputs, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int32)
+    return table, torch.tensor([len(r) for r in rows], dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "edit, check",
+    [
+        # the null block and a page of request 2 in every row: the output stays
+        (lambda rows, foreign: [r + [p for p in (0, foreign) if p not in r] for r in rows], None),
+        (lambda rows, foreign: [r[1:] for r in rows], "mask.missing"),
+        (lambda rows, foreign: [r + r[:1] for r in rows], "mask.duplicate"),
+    ],
+    ids=["superset", "missing", "duplicate"],
+)
+def test_the_oracle_fails_exactly_when_the_consumer_s_output_moves(edit, check):
+    """Walked pages edited on the reference's mask of MIXED: where the emulated
+    attention output stays the reference's the oracle passes, where it moves the
+    oracle names why."""
+    inputs = ref.make_inputs(MIXED)
+    expected = ref.reference(MIXED, inputs)
+    heads = [
+        row[:n].tolist() for row, n in zip(expected.kv_indices, expected.kv_num_blocks, strict=True)
+    ]
+    foreign = int(inputs.block_table[2, 0])
+    rows = edit(heads, foreign)
+    kv_indices, kv_num_blocks = _walk(inputs, rows)
+    same = np.allclose(
+        flex_attention_output(inputs, kv_indices, kv_num_blocks), reference_output(inputs)
+    )
+    assert same == (check is None)
+    # The same heads in the persistent memory, as an implementation returns them.
+    width = expected.kv_indices.shape[1]
+    view = inputs.persistent_kv_indices[: len(rows) * width].view(len(rows), width)
+    counts = inputs.persistent_kv_num_blocks[: len(rows)]
+    view[:, : kv_indices.shape[1]] = kv_indices[:, :width]
+    counts.copy_(kv_num_blocks)
+    got = ref.FlexBlockMaskOutputs(view, counts)
+    checks = {m.check for m in get_target(TARGET).compare(MIXED, inputs, expected, got)}
+    assert checks == (set() if check is None else {check}), checks
