@@ -37,6 +37,7 @@ the builder's ``@triton.jit`` kernels run under the Triton interpreter.
 from __future__ import annotations
 
 import inspect
+import linecache
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -324,31 +325,39 @@ _PR39542_REVERTED = (
 _upstream_glue: Callable[..., Any] | None = None
 
 
+def pr39542_source() -> str:
+    """The source of vLLM 0.33.0's ``sparse_attn_indexer`` (undecorated) with exactly the
+    two lines of ``_PR39542_REVERTED`` replaced; each must occur once."""
+    from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+    source = inspect.getsource(glue.sparse_attn_indexer.__wrapped__)
+    decorator = "@eager_break_during_capture\n"
+    if not source.startswith(decorator):
+        raise RuntimeError("vLLM's sparse_attn_indexer is no longer decorated as in 0.33.0")
+    source = source[len(decorator) :]
+    for fixed, pre_fix in _PR39542_REVERTED:
+        if source.count(fixed) != 1:
+            raise RuntimeError(f"vLLM's sparse_attn_indexer no longer has: {fixed.strip()}")
+        source = source.replace(fixed, pre_fix)
+    return source
+
+
 def _pr39542_glue() -> Callable[..., Any]:
-    """``sparse_attn_indexer`` of vLLM 0.33.0 with #39542 reverted: compiled from the
-    installed function's own source with exactly the two lines of
-    ``_PR39542_REVERTED`` replaced (each must occur once), bound to the module's own
-    globals (so it calls what the module calls, stand-ins included) and decorated as
-    the module decorates it."""
+    """:func:`pr39542_source` compiled, bound to the module's own globals (so it calls
+    what the module calls, stand-ins included) and decorated as the module decorates it."""
     global _upstream_glue
     if _upstream_glue is None:
         from vllm.model_executor.layers import sparse_attn_indexer as glue
 
-        source = inspect.getsource(glue.sparse_attn_indexer.__wrapped__)
-        decorator = "@eager_break_during_capture\n"
-        if not source.startswith(decorator):
-            raise RuntimeError("vLLM's sparse_attn_indexer is no longer decorated as in 0.33.0")
-        source = source[len(decorator) :]
-        for fixed, pre_fix in _PR39542_REVERTED:
-            if source.count(fixed) != 1:
-                raise RuntimeError(f"vLLM's sparse_attn_indexer no longer has: {fixed.strip()}")
-            source = source.replace(fixed, pre_fix)
+        source = pr39542_source()
+        filename = "<vllm 0.33.0 sparse_attn_indexer, #39542 reverted>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         scratch: dict[str, Any] = {}
-        exec(compile(source, glue.__file__, "exec"), dict(vars(glue)), scratch)  # noqa: S102
-        code = scratch["sparse_attn_indexer"].__code__
-        raw = types.FunctionType(code, vars(glue), "sparse_attn_indexer")
-        raw.__defaults__ = scratch["sparse_attn_indexer"].__defaults__
-        raw.__kwdefaults__ = scratch["sparse_attn_indexer"].__kwdefaults__
+        exec(compile(source, filename, "exec"), dict(vars(glue)), scratch)  # noqa: S102
+        compiled = scratch["sparse_attn_indexer"]
+        raw = types.FunctionType(compiled.__code__, vars(glue), "sparse_attn_indexer")
+        raw.__defaults__ = compiled.__defaults__
+        raw.__kwdefaults__ = compiled.__kwdefaults__
         _upstream_glue = glue.eager_break_during_capture(raw)
     return _upstream_glue
 

@@ -1,0 +1,130 @@
+"""vLLM 0.33.0's own sparse-indexer glue as implementations of ``indexer-decode``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from attnfuzz.adapters.vllm import indexer_decode as adapter
+from attnfuzz.adapters.vllm import vendor_ops
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.oracle import expect_close
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.targets.indexer_decode import SPEC3, smallest_writeback
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.reference import indexer_decode as ref
+from attnfuzz.reference.batch import Case
+
+pytestmark = requires_vllm
+
+TARGET = "indexer-decode"
+UPSTREAM = "upstream-pr39542-decode"
+
+
+def judge(impl: str, case: Case):
+    target = get_target(TARGET)
+    return target.judge(target.resolve(impl), case, "cpu")
+
+
+@pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
+def test_passes(impl):
+    result = assert_passes(TARGET, impl, max_examples=100)
+    assert result.labels["requires_padding"] > 0
+
+
+CASES = {
+    "padded 6 -> 8": hand_case((2, 2, 2), (3, 5, 1)),
+    "uniform, a capture size": hand_case((2, 2, 2, 2), (1, 2, 3, 4)),
+    "native: uniform decode, prefills": hand_case((1, 2, 3), (4, 4, 0), use_cudagraph=False),
+    "flattened (next_n 3): ragged decodes, a prefill": hand_case(
+        (1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3
+    ),
+    "flattened (next_n 3): padded 6 -> 12": hand_case((3, 3), (2, 1), **SPEC3),
+}
+
+
+@pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_hand_cases_on_both_paths(impl, name):
+    assert judge(impl, CASES[name]).ok
+
+
+def test_upstream_mutant_crashes_as_in_production():
+    """#39542 reverted: 6 unpacked rows into buffer[:8], the crash the issue reports."""
+    case = smallest_writeback()
+    assert judge("vllm", case).ok
+    verdict = judge(UPSTREAM, case)
+    assert verdict.key == "exception:RuntimeError"
+    assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
+    # 49 requests x 2 tokens replaying the graph of 104, at K = 4.
+    verdict = judge(UPSTREAM, hand_case((2,) * 49, (1,) * 49))
+    assert "(104) must match the existing size (98)" in verdict.mismatches[0].got
+
+
+def test_upstream_mutant_is_detected():
+    assert_detected(TARGET, UPSTREAM, max_examples=300)
+
+
+def test_upstream_mutant_differs_from_0_33_0_in_the_two_reverted_lines_only():
+    import inspect
+
+    from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+    fixed = inspect.getsource(glue.sparse_attn_indexer.__wrapped__).splitlines()[1:]
+    reverted = adapter.pr39542_source().splitlines()
+    changed = [(a, b) for a, b in zip(fixed, reverted, strict=True) if a != b]
+    assert changed == [(f.rstrip("\n"), p.rstrip("\n")) for f, p in adapter._PR39542_REVERTED]
+
+
+def test_rocm_glue_still_has_bug_a():
+    """Finding: vLLM 0.33.0's ``rocm_aiter_sparse_attn_indexer`` still writes back
+    ``topk_indices_buffer[:num_decode_tokens]`` with ``sum(d)`` unpacked rows, the line
+    #39542 fixed in ``sparse_attn_indexer``: a padded MTP step crashes on ROCm."""
+    verdict = judge("vllm-rocm", smallest_writeback())
+    assert verdict.key == "exception:RuntimeError"
+    assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
+    for name in ["uniform, a capture size", "native: uniform decode, prefills"]:
+        assert judge("vllm-rocm", CASES[name]).ok, name
+
+
+# -- fidelity: each change, a hand case where the old oracle was wrong on vLLM ---------
+
+
+def test_prefill_rows_hold_the_prefill_branch_result():
+    """The glue clears the step's rows and recomputes the prefill rows before its decode
+    branch (``sparse_attn_indexer``): the old inputs' random prefill rows were judged
+    "unchanged" against vLLM's correct recomputation. The re-created overlap mutant,
+    which clobbers the first prefill row, is still caught."""
+    case = CASES["native: uniform decode, prefills"]
+    target = get_target(TARGET)
+    inputs = ref.make_inputs(case)
+    prefill = slice(inputs.num_decode_tokens, int(inputs.query_start_loc[-1]))
+    old = inputs.topk_indices_buffer.clone()
+    old[prefill] = torch.randint(0, 64, old[prefill].shape, dtype=torch.int32)
+    inputs.topk_indices_buffer.copy_(old)
+    expected = ref.reference(case, inputs)
+    mismatches = target.compare(case, inputs, expected, adapter.run(inputs))
+    assert mismatches and all(m.check == "unchanged" for m in mismatches)
+    assert judge("vllm", case).ok  # with the prefill branch's own rows
+    overlap = hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3)
+    verdict = judge("pr39542-overlap", overlap)
+    assert verdict.key == "unchanged" and judge("vllm", overlap).ok
+
+
+def test_logits_past_a_row_context_are_not_judged():
+    """DeepGEMM's paged logits leave columns past a row's context uncleaned
+    (``utils/deep_gemm.py:fp8_fp4_paged_mqa_logits``); the old full-row comparison
+    failed vLLM's correct output there. Visible columns are still compared exactly."""
+    case = CASES["padded 6 -> 8"]
+    target = get_target(TARGET)
+    inputs = ref.make_inputs(case)
+    expected = ref.reference(case, inputs)
+    got = adapter.run(inputs)
+    assert (got.logits == vendor_ops.UNCLEANED).any()
+    assert expect_close("logits", got.logits, expected.logits, rows=expected.logit_rows) != []
+    assert target.compare(case, inputs, expected, got) == []
+    wrong = got.logits.clone()
+    row = int(np.flatnonzero(expected.logit_rows)[0])
+    wrong[row, 0] += 1  # a visible column
+    got.logits = wrong
+    assert [m.check for m in target.compare(case, inputs, expected, got)] == ["values"]
