@@ -33,6 +33,7 @@ What the adapter sets up, as the engine does at start:
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -42,7 +43,10 @@ from attnfuzz.reference.flex_block_mask import FlexBlockMaskInputs, FlexBlockMas
 
 _HEAD_SIZE = 16  # the KV-cache spec's; the block mask does not depend on it
 
-_builders: dict[tuple[EngineConfig, int, bool], Any] = {}
+# The engine's builders, most recent last: each holds vLLM's other persistent
+# buffers (sized by the limits), so only the last few are kept.
+_builders: OrderedDict[tuple[EngineConfig, int, bool], Any] = OrderedDict()
+_KEEP_BUILDERS = 8
 
 
 def prepare() -> None:
@@ -69,14 +73,15 @@ def _pre_fix_builder_class() -> type:
         The pre-fix lines were not found in the indexed sources; they are
         reconstructed from the pull request's title and crash and from
         docs/domain.md (bug E): the tables had one row per token of a longest
-        sequence and one column per page of it. Differs from 0.33.0's
-        ``__init__`` only in the three lines after ``super().__init__``:
-        0.33.0 has ``max_num_query_groups = cdiv(max_num_batched_tokens,
-        q_block_size)``, ``max_num_kv_indices = q_block_size *
-        cdiv(max_model_len, block_size)`` and ``persistent_kv_num_blocks`` of
-        ``max_num_query_groups`` entries. ``build`` (which allocates
-        ``persistent_kv_indices`` as ``[max_num_query_groups,
-        max_num_kv_indices]``) is 0.33.0's, unchanged.
+        sequence and one column per page of it. The only difference from
+        0.33.0 is the three values its ``__init__`` computes, re-assigned here
+        after it: 0.33.0 has ``max_num_query_groups =
+        cdiv(max_num_batched_tokens, q_block_size)``, ``max_num_kv_indices =
+        q_block_size * cdiv(max_model_len, block_size)`` and
+        ``persistent_kv_num_blocks`` of ``max_num_query_groups`` entries.
+        ``build`` (which allocates ``persistent_kv_indices`` as
+        ``[max_num_query_groups, max_num_kv_indices]`` and copies each step's
+        mask into its slice ``[:rows, :cols]``) is 0.33.0's, unchanged.
         """
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,7 +100,9 @@ def _builder(inputs: FlexBlockMaskInputs, fixed: bool) -> Any:
     assert inputs.config is not None, "the vLLM adapter needs the case's EngineConfig"
     key = (inputs.config, inputs.q_block_size, fixed)
     builder = _builders.get(key)
-    if builder is None:
+    if builder is not None:
+        _builders.move_to_end(key)
+    else:
         from vllm.config import set_current_vllm_config
         from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadataBuilder
         from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -109,6 +116,8 @@ def _builder(inputs: FlexBlockMaskInputs, fixed: bool) -> Any:
         with set_current_vllm_config(vc):
             builder = cls(spec, ["flex.0"], vc, inputs.persistent_kv_indices.device)
         _builders[key] = builder
+        while len(_builders) > _KEEP_BUILDERS:
+            _builders.popitem(last=False)
     return builder
 
 

@@ -252,7 +252,7 @@ def build() -> Target:
 
     target = Target(
         name="flex-block-mask",
-        summary="FlexAttention block mask per query block, re-strided into persistent tables",
+        summary="FlexAttention block mask per query block, in views of persistent tables",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
