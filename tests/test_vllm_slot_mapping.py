@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import assert_passes, hand_case
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 
 pytestmark = requires_vllm
 
@@ -37,3 +37,24 @@ def test_vllm_passes_each_mutants_smallest_case(mutant):
     case = target.resolve(mutant).smallest()
     for impl in ("vllm", "vllm-v1"):
         assert target.judge(target.resolve(impl), case).ok, impl
+
+
+UPSTREAM = "upstream-pr36580-stale-padding"
+
+
+def test_upstream_pr36580_leaves_the_padded_tokens_stale_slots():
+    """6 tokens in the graph of 8: the pre-fix kernel pads from positions.shape[0] = 8,
+    so slots 6 and 7 keep the valid-looking ids an earlier step left there."""
+    target = get_target(TARGET)
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    inputs = target.make_inputs(case, "cpu")
+    stale = inputs.slot_mapping_buffer[6:8].tolist()
+    got = target.implementations[UPSTREAM].fn(inputs)
+    assert got.slot_mapping[6:].tolist() == stale and min(stale) >= 0
+    assert (got.buffer[8:] == -1).all()
+    verdict = target.judge(target.resolve(UPSTREAM), case)
+    assert verdict.key == "values" and "slot_mapping[6]" in verdict.mismatches[0].where
+
+
+def test_upstream_mutant_is_detected():
+    assert_detected(TARGET, UPSTREAM)

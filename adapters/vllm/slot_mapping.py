@@ -12,7 +12,10 @@
   (``vllm/v1/worker/gpu_model_runner.py``) calls it, then the view
   ``slot_mapping.gpu[:num_tokens_padded]`` the runner hands to attention.
 
-Both kernels are ``@triton.jit`` and run under the Triton interpreter here.
+- ``upstream_stale_padding``: the V2 kernel with #36580 reverted (padding
+  from the padded token count), an upstream mutant.
+
+The kernels are ``@triton.jit`` and run under the Triton interpreter here.
 Each adapter keeps one block-table object per engine shape, as the runner
 keeps one for its life, and before every step fills its persistent buffers
 with what the case says they hold (stale rows and stale slots included).
@@ -20,14 +23,16 @@ with what the case says they hold (stale rows and stale slots included).
 
 from __future__ import annotations
 
-from functools import cache
+from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
 import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vLLM is imported
 import torch
 from attnfuzz.adapters.vllm import _engine  # noqa: F401  - vLLM's environment, before vLLM
+from attnfuzz.kernels._triton import tl, triton
 from attnfuzz.reference.slot_mapping import SlotMappingInputs, SlotMappingOutputs
+from vllm.v1.worker.gpu.buffer_utils import _load_ptr
 
 
 def prepare() -> None:
@@ -36,7 +41,7 @@ def prepare() -> None:
     import vllm.v1.worker.gpu.block_table  # noqa: F401
 
 
-@cache
+@lru_cache(maxsize=4)  # a few engine shapes at a time: every draw brings its own
 def _block_tables(
     max_num_seqs: int, max_num_batched_tokens: int, width: int, block_size: int, device: str
 ) -> Any:
@@ -94,7 +99,7 @@ def run(inputs: SlotMappingInputs) -> SlotMappingOutputs:
     return SlotMappingOutputs(out[0], bt.slot_mappings[0])
 
 
-@cache
+@lru_cache(maxsize=4)  # a few engine shapes at a time: every draw brings its own
 def _block_table_v1(
     max_num_seqs: int, max_num_batched_tokens: int, width: int, block_size: int, device: str
 ) -> Any:
@@ -130,3 +135,143 @@ def run_v1(inputs: SlotMappingInputs) -> SlotMappingOutputs:
     bt.compute_slot_mapping(R, inputs.query_start_loc, inputs.positions[:T])
     buffer = bt.slot_mapping.gpu
     return SlotMappingOutputs(buffer[: inputs.num_tokens_padded], buffer)
+
+
+# -- upstream mutant: #36580 reverted -------------------------------------------------
+
+
+@triton.jit
+def _compute_slot_mappings_kernel_pre_pr36580(
+    num_tokens,  # pre-fix: positions.shape[0], the padded token count
+    max_num_tokens,
+    idx_mapping,  # [num_reqs]
+    query_start_loc,  # [num_reqs + 1]
+    pos,  # [num_tokens]
+    block_table_ptrs,  # [num_kv_cache_groups]
+    block_table_strides,  # [num_kv_cache_groups]
+    block_sizes,  # [num_kv_cache_groups]
+    slot_mapping_enabled,  # [num_kv_cache_groups]
+    dcp_sharded,  # [num_kv_cache_groups]
+    slot_mappings_ptr,  # [num_kv_cache_groups, max_num_tokens]
+    slot_mappings_stride,
+    cp_rank,
+    CP_SIZE: tl.constexpr,
+    CP_INTERLEAVE: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TRITON_BLOCK_SIZE: tl.constexpr,
+):
+    """vLLM 0.33.0's ``_compute_slot_mappings_kernel`` with the fix of #36580
+    ("[Model Runner V2] Fix ``_compute_slot_mappings_kernel`` for chunked
+    prefill") reverted. The lines that differ: the padding loop starts at the
+    ``num_tokens`` argument, as before the fix,
+
+        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+
+    where 0.33.0 starts at the real token count,
+
+        actual_num_tokens = tl.load(query_start_loc + batch_idx)
+        for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+
+    and ``num_tokens`` is the kernel's first argument again. The pre-fix lines
+    are those of a stored copy of an earlier ``vllm/v1/worker/gpu/block_table.py``;
+    that #36580 is the fix is read from its title and from the comment 0.33.0
+    carries on these lines. The rest is 0.33.0's kernel, line for line.
+    """
+    # kv cache group id
+    group_id = tl.program_id(0)
+    batch_idx = tl.program_id(1)
+    slot_mapping_ptr = slot_mappings_ptr + group_id * slot_mappings_stride
+
+    if batch_idx == tl.num_programs(1) - 1:
+        # Pad remaining slots to -1. This is needed for CUDA graphs.
+        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+            offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+            tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < max_num_tokens)
+        return
+
+    block_table_ptr = _load_ptr(block_table_ptrs + group_id, tl.int32)
+    block_table_stride = tl.load(block_table_strides + group_id)
+    kv_block_size = tl.load(block_sizes + group_id)
+    mapping_enabled = tl.load(slot_mapping_enabled + group_id)
+    if CP_SIZE != 1:
+        sharded = tl.load(dcp_sharded + group_id)
+
+    req_state_idx = tl.load(idx_mapping + batch_idx)
+    # idx_mapping == -1 marks a dummy (or CUDA-graph padding) request that owns
+    # no blocks: never read its block-table row and emit PAD for its tokens.
+    is_real_req = req_state_idx >= 0
+    start_idx = tl.load(query_start_loc + batch_idx)
+    end_idx = tl.load(query_start_loc + batch_idx + 1)
+    for i in range(start_idx, end_idx, TRITON_BLOCK_SIZE):
+        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
+        positions = tl.load(pos + offset, mask=offset < end_idx, other=0)
+
+        if CP_SIZE == 1:
+            # Common case: Context parallelism is not used.
+            local_positions = positions
+            is_local = True
+        else:
+            # Context parallelism is used.
+            virtual_block_size = kv_block_size * CP_SIZE
+            virtual_block_indices = positions // virtual_block_size
+            virtual_block_offsets = positions % virtual_block_size
+            is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank
+            rounds = virtual_block_offsets // (CP_INTERLEAVE * CP_SIZE)
+            remainder = virtual_block_offsets % CP_INTERLEAVE
+            local_offsets = rounds * CP_INTERLEAVE + remainder
+            local_positions = virtual_block_indices * kv_block_size + local_offsets
+            local_positions = tl.where(sharded, local_positions, positions)
+            is_local = ~sharded | is_local
+
+        block_indices = tl.where(mapping_enabled, local_positions // kv_block_size, 0)
+        block_offsets = local_positions % kv_block_size
+        block_numbers = tl.load(
+            block_table_ptr + req_state_idx * block_table_stride + block_indices,
+            mask=is_local & is_real_req,
+            other=0,
+        )
+        slot_ids = block_numbers * kv_block_size + block_offsets
+        if CP_SIZE != 1:
+            slot_ids = tl.where(is_local, slot_ids, PAD_ID)
+
+        slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)
+        tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
+
+
+def upstream_stale_padding(inputs: SlotMappingInputs) -> SlotMappingOutputs:
+    """vLLM 0.33.0's ``BlockTables.compute_slot_mappings`` with #36580 reverted.
+
+    The method is 0.33.0's but for the launch: the pre-fix kernel above, given
+    ``positions.shape[0]`` as ``num_tokens`` as the pre-fix method did. The
+    runner hands it positions of the padded length, so a graph's padded tokens
+    ``T .. T_pad`` keep the slots an earlier, longer step wrote there: the
+    step's padding K/V overwrites another request's cache.
+    """
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+    bt = _block_tables(*_key(inputs))
+    bt.block_tables[0].gpu.copy_(inputs.block_table)
+    bt.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
+    idx_mapping, positions = inputs.req_state_rows, inputs.positions
+    num_reqs = idx_mapping.shape[0]
+    slot_mappings = bt.slot_mappings
+    _compute_slot_mappings_kernel_pre_pr36580[(bt.num_kv_cache_groups, num_reqs + 1)](
+        positions.shape[0],  # the pre-fix padding start
+        slot_mappings.shape[1],
+        idx_mapping,
+        inputs.query_start_loc,
+        positions,
+        bt.block_table_ptrs,
+        bt.block_table_strides,
+        bt.block_sizes_tensor,
+        bt.slot_mapping_enabled,
+        bt.dcp_sharded,
+        slot_mappings,
+        slot_mappings.stride(0),
+        bt.cp_rank,
+        CP_SIZE=bt.cp_size,
+        CP_INTERLEAVE=bt.cp_interleave,
+        PAD_ID=PAD_SLOT_ID,
+        TRITON_BLOCK_SIZE=1024,
+    )
+    return SlotMappingOutputs(slot_mappings[0, : inputs.num_tokens_padded], bt.slot_mappings[0])
