@@ -234,25 +234,15 @@ def build() -> Target:
         )
     )
     # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
-    model_states = "vllm/v1/worker/gpu/model_states"
-    draft = (
-        "spec_decode/target_dependent_ar/speculator.py:TargetDependentARSpeculator.propose and "
-        "spec_decode/speculator.py:DraftModelSpeculator._build_attn_metadata"
-    )
-    target.add(
-        vllm_impl(
-            "max_seq_len", "run",
-            description=f"vLLM 0.33.0: {model_states}/default.py:DefaultModelState.prepare_attn; "
-            f"draft: {draft}; then attnfuzz's paged walk",
+    draft = "draft: spec_decode/speculator.py:DraftModelSpeculator._build_attn_metadata"
+    for attr, name, where in (
+        ("run", "vllm", "default.py:DefaultModelState"),
+        ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
+    ):
+        description = (
+            f"vLLM 0.33.0: model_states/{where}.prepare_attn; {draft}; attnfuzz's paged walk"
         )
-    )  # fmt: skip
-    target.add(
-        vllm_impl(
-            "max_seq_len", "run_mamba_hybrid", name="vllm-mamba-hybrid",
-            description=f"vLLM 0.33.0: {model_states}/mamba_hybrid.py:"
-            f"MambaHybridModelState.prepare_attn; draft: {draft}; then attnfuzz's paged walk",
-        )
-    )  # fmt: skip
+        target.add(vllm_impl("max_seq_len", attr, name=name, description=description))
     target.add(
         vllm_impl(
             "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
