@@ -14,9 +14,9 @@ of another length is a prefill, and the zero-length padding requests of a
 graph (``seq_len = 0``) count as decodes. Their slots are the only ones the
 clamp at 0 changes (``0 - L + 1 + j < 0`` for ``j < L - 1``).
 
-Storage. The table is metadata that a CUDA graph replays, so it is written
-into the engine's persistent workspace, allocated once at start-up, and
-*viewed* per step: the call allocates nothing. The workspace holds
+Storage. The table is metadata that a CUDA graph replays, so it lives in the
+engine's persistent workspace, allocated once at start-up, and is *viewed* per
+step: what the step hands on is never new storage. The workspace holds
 
 - the flat table, ``workspace[:max_num_batched_tokens]``: the accepted fix of
   #42135 views its first ``B * L`` elements as ``[B, L]``, contiguous, as the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -254,6 +256,104 @@ def test_graph_recorder_sees_a_contiguous_copy_and_a_fresh_empty_not_views():
     assert allocated == []  # already contiguous: the same view back
     _, allocated = allocations(kernels.mtp_context_lens, inputs)
     assert allocated == []
+
+
+# -- where the lengths may live, and which path (vLLM 0.33.0's contract) -----------------
+
+
+def _through_temporaries(inputs):
+    """vLLM's fixed ``_prepare_decode_tensors``: ``sub``/``add`` temporaries on the host's
+    view of the step, copied into the head of the flat table."""
+    B, L = inputs.num_decodes, inputs.max_decode_len
+    out = inputs.flat_table[: B * L].view(B, L)
+    offsets = torch.arange(L, dtype=torch.int32, device=out.device)
+    out[:] = (inputs.seq_lens[:B].unsqueeze(1) - L + 1 + offsets).clamp_(min=0)
+    return ref.MtpSeqLensOutputs(out)
+
+
+def test_temporaries_inside_the_call_are_not_a_finding_a_copy_handed_on_is():
+    """The builder runs eagerly, before a graph replays: only what it hands on must be
+    persistent. The allocation recorder sees the temporaries; the verdict does not."""
+    from attnfuzz.harness.target import Implementation
+
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    inputs = ref.make_inputs(case, DEV)
+    _, allocated = allocations(_through_temporaries, inputs)
+    assert allocated  # what the old graph-safe judgement refused
+    assert judge(Implementation("temporaries", _through_temporaries, "user"), case).ok
+    smallest = get_target(TARGET).resolve("pr42135-copy").smallest()
+    assert checks(judge("pr42135-copy", smallest)) == ["graph", "unchanged"]
+
+
+def _seq_lens_view(inputs):
+    """Plain decode as vLLM's ``build`` does it: ``seq_lens[:B].unsqueeze(-1)``."""
+    return ref.MtpSeqLensOutputs(inputs.seq_lens[: inputs.num_decodes].unsqueeze(-1))
+
+
+def test_plain_decode_may_hand_on_a_view_of_the_steps_seq_lens():
+    from attnfuzz.harness.target import Implementation
+
+    plain = hand_case((1, 1, 1), (4, 0, 9), num_spec=0, cudagraph_capture_sizes=(1, 2, 4))
+    assert judge(Implementation("seq_lens", _seq_lens_view, "user"), plain).ok
+    spec = hand_case((2, 2), (3, 4))  # next_n = 2: seq_lens is not the table there
+    verdict = judge(Implementation("seq_lens", _seq_lens_view, "user"), spec)
+    assert checks(verdict) == ["shape"]
+
+
+def _flattened(inputs):
+    """The flattening path's answer: one length per decode token of the ragged split
+    (the causal end of each token), [N_d, 1], at the head of the flat table."""
+    meta = inputs.common
+    split = split_decodes_and_prefills(meta, inputs.config.threshold)
+    lens = [
+        int(meta.seq_lens[b]) - d + j + 1 for b, d in enumerate(split.decode_lens) for j in range(d)
+    ]
+    lens += [0] * (split.num_decode_tokens - len(lens))
+    out = inputs.flat_table[: split.num_decode_tokens].view(-1, 1)
+    out.copy_(torch.tensor(lens, dtype=torch.int32).view(-1, 1))
+    return ref.MtpSeqLensOutputs(out, path=ref.FLATTENING)
+
+
+def test_a_flattened_answer_is_accepted_only_where_the_engine_may_flatten():
+    from attnfuzz.harness.target import Implementation
+
+    impl = Implementation("flattened", _flattened, "user")
+    flattens = hand_case((3, 1), (0, 7), num_spec=2, cudagraph_capture_sizes=(3, 6))
+    assert ref.engine_paths(flattens.config) == (ref.NATIVE, ref.FLATTENING)
+    assert judge(impl, flattens).ok and judge("triton", flattens).ok
+    verdict = judge(impl, hand_case((2, 1), (3, 3)))  # next_n = 2: native on every platform
+    assert checks(verdict) == ["path"] and verdict.mismatches[0].expected == "native"
+
+
+def test_the_steps_seq_lens_are_left_as_they_were():
+    from attnfuzz.harness.target import Implementation
+
+    def clamps_seq_lens(inputs):
+        inputs.seq_lens.clamp_(min=3)
+        return kernels.mtp_context_lens(inputs)
+
+    verdict = judge(Implementation("clamps", clamps_seq_lens, "user"), hand_case((1, 1), (4, 0)))
+    assert (
+        checks(verdict) == ["values", "unchanged"] and verdict.mismatches[1].where == "seq_lens[1]"
+    )
+
+
+def test_an_own_buffer_stands_for_the_workspace_head_and_is_checked_as_it():
+    from attnfuzz.harness.target import Implementation
+
+    def own(inputs, scribble: bool):
+        # stands for a buffer the implementation made at start-up (the oracle trusts that)
+        buffer = inputs.workspace[: inputs.max_num_batched_tokens].clone()
+        inputs = dataclasses.replace(inputs, workspace=buffer)  # the kernel writes there
+        out = kernels.mtp_context_lens(inputs).context_lens
+        if scribble:
+            buffer[-1] += 1
+        return ref.MtpSeqLensOutputs(out, buffer)
+
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    assert judge(Implementation("own", lambda i: own(i, False), "user"), case).ok
+    verdict = judge(Implementation("own", lambda i: own(i, True), "user"), case)
+    assert checks(verdict) == ["unchanged"] and verdict.mismatches[0].where == "buffer[255]"
 
 
 # -- end to end ------------------------------------------------------------------------
