@@ -382,12 +382,13 @@ def test_mutant_is_detected_with_a_minimized_trigger(mutant):
 
 
 def test_case_files_derive_the_split_of_the_target_path():
+    """Case files show the native path's uniform split, not the ragged one."""
     from attnfuzz.harness.casefile import case_document
     from attnfuzz.harness.oracle import Mismatch, Verdict
 
     case = hand_case((2, 1), (3, 3))  # ragged: two decodes; uniform: one, then a prefill
     verdict = Verdict([Mismatch("values", "x", "1", "2")])
     native = case_document("mtp-seq-lens", "triton", case, verdict)["derived"]
-    indexer = case_document("indexer-decode", "triton", case, verdict)["derived"]
     assert (native["num_decodes"], native["requires_padding"]) == (1, False)
-    assert (indexer["num_decodes"], indexer["requires_padding"]) == (2, True)
+    ragged = split_decodes_and_prefills(ref.describe(case)[0], case.config.threshold)
+    assert (ragged.num_decodes, ragged.requires_padding) == (2, True)
