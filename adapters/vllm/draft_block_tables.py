@@ -22,8 +22,9 @@ What runs is vLLM 0.33.0's own ``Gemma4Proposer.build_per_group_and_layer_attn_m
 
 ``SpecDecodeBaseProposer.propose`` hands that metadata to the method through
 ``set_inputs_first_pass``, which returns it unchanged when the drafter needs no
-extra input slots (Gemma4's MTP: ``llm_base_proposer.py``), so the adapter calls
-the method with it directly.
+extra input slots: Gemma4 passes hidden states to its model, so without parallel
+drafting it needs none (``llm_base_proposer.py``, ``SpecDecodeBaseProposer.__init__``,
+``needs_extra_input_slots``). The adapter calls the method with it directly.
 
 The outputs are, per group, ``query_start_loc``, ``seq_lens`` and ``block_table``
 of the metadata vLLM's builder returns: ``TritonAttentionMetadataBuilder.build``
@@ -74,10 +75,11 @@ class Gemma4ProposerBefore43982(Gemma4Proposer):
     """``Gemma4Proposer`` with the fix of vLLM #43982 reverted (upstream mutant).
 
     ``build_per_group_and_layer_attn_metadata`` below is vLLM 0.33.0's with the
-    lines of #43982 as they were before it (``vllm/v1/spec_decode/gemma4.py``,
-    pre-fix version found in the public index of vllm-project/vllm; the pull
-    request's description says the same: "slice ``_per_group_block_tables[gid]``
-    to ``[:batch_size]``"). The lines that differ from 0.33.0:
+    lines #43982 changed as they were before it. The pre-fix lines are those of a
+    pre-fix copy of ``vllm/v1/spec_decode/gemma4.py`` in the public code index
+    (same method, same docstring; the pull request's description names the fix:
+    "slice ``_per_group_block_tables[gid]`` to ``[:batch_size]`` in
+    ``build_per_group_and_layer_attn_metadata``"). The lines that differ from 0.33.0:
 
     - 0.33.0's ``batch_size = common_attn_metadata.batch_size()`` is absent;
     - ``cm.block_table_tensor = self._per_group_block_tables[gid]`` stands for
@@ -85,9 +87,11 @@ class Gemma4ProposerBefore43982(Gemma4Proposer):
       four comment lines above it).
 
     The builder call stays 0.33.0's ``attn_group.build_metadata_for_drafting``:
-    before #43982 it read ``attn_group.get_metadata_builder().build_for_drafting``,
-    which a later, unrelated change (kernel block tables) replaced; the two are
-    the same call for a group without a kernel block size, as here.
+    before and just after #43982 it read
+    ``attn_group.get_metadata_builder().build_for_drafting``, which a later change
+    replaced (``AttentionGroup.build_metadata_for_drafting`` maps the table to
+    kernel blocks first); for a group without a kernel block size, as here, both
+    hand the builder the same metadata.
     """
 
     def build_per_group_and_layer_attn_metadata(
