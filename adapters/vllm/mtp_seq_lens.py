@@ -54,10 +54,9 @@ _builders: OrderedDict[tuple[type, EngineConfig, str], Any] = OrderedDict()
 
 def prepare() -> None:
     """Import vLLM's indexer and build one builder, before any judge forks."""
-    from attnfuzz.harness.testing import spec_config
-
     _engine.prepare()
-    _builder(_builder_class(), spec_config(), torch.device("cpu"))
+    warm = EngineConfig(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=8, block_size=4)
+    _builder(_builder_class(), warm, torch.device("cpu"))
 
 
 def _builder_class() -> type:
