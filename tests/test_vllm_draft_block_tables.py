@@ -171,3 +171,58 @@ def test_upstream_mutant_differs_from_vllm_only_in_the_lines_of_43982():
         "-cm.block_table_tensor = self._per_group_block_tables[gid][:batch_size]",
         "+cm.block_table_tensor = self._per_group_block_tables[gid]",
     ]
+
+
+@pytest.mark.parametrize(
+    "q_lens, computed, window, swa_log2",
+    [
+        ((2, 2, 2), (7, 11, 0), 2, 0),  # window 2 on pages of 1: leading pages freed (NaN)
+        ((1, 2, 9), (30, 41, 3), 7, 3),  # ragged and mixed, window 7 on pages of 8
+    ],
+)
+def test_vllms_triton_attention_on_vllms_metadata_agrees_with_the_reference(
+    q_lens, computed, window, swa_log2
+):
+    """The stand-in consumer's contract checked against vLLM's own: ``unified_attention``
+    (``vllm/v1/attention/ops/triton_unified_attention.py``), called as
+    ``TritonAttentionImpl.forward`` calls it (window ``(sliding_window - 1, 0)``), on the
+    metadata vLLM's drafter built, computes the reference's output, and reads no null
+    page (NaN) freed before a window. Too slow interpreted to run per fuzz example."""
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    case = with_params(hand_case(q_lens, computed), window, swa_log2)
+    target = get_target(TARGET)
+    inputs = target.make_inputs(case, torch.device("cpu"))
+    expected = target.reference(case, inputs)
+    per_group = adapter._propose(inputs, adapter.Gemma4Proposer)
+    for m, group, want in zip(per_group, inputs.groups, expected.groups, strict=True):
+        q = inputs.q[: m.num_actual_tokens]
+        out = torch.zeros_like(q)
+        window_size = (-1, -1) if group.sliding_window is None else (group.sliding_window - 1, 0)
+        descale = torch.ones(m.query_start_loc.shape[0] - 1, q.shape[1])
+        unified_attention(
+            q=q,
+            k=group.key_cache,
+            v=group.value_cache,
+            out=out,
+            cu_seqlens_q=m.query_start_loc,
+            max_seqlen_q=m.max_query_len,
+            seqused_k=m.seq_lens,
+            max_seqlen_k=m.max_seq_len,
+            softmax_scale=inputs.softmax_scale,
+            causal=True,
+            window_size=window_size,
+            block_table=m.block_table,
+            softcap=0,
+            q_descale=None,
+            k_descale=descale,
+            v_descale=descale,
+            seq_threshold_3D=m.seq_threshold_3D,
+            num_par_softmax_segments=m.num_par_softmax_segments,
+            softmax_segm_output=m.softmax_segm_output,
+            softmax_segm_max=m.softmax_segm_max,
+            softmax_segm_expsum=m.softmax_segm_expsum,
+        )
+        assert out.isfinite().all()
+        torch.testing.assert_close(out, torch.as_tensor(want.out))
