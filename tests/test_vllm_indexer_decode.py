@@ -128,3 +128,36 @@ def test_logits_past_a_row_context_are_not_judged():
     wrong[row, 0] += 1  # a visible column
     got.logits = wrong
     assert [m.check for m in target.compare(case, inputs, expected, got)] == ["values"]
+
+
+# -- the CPU glue: K = 512 only, no native MTP ------------------------------------------
+
+K512 = dict(topk=512)
+ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **K512)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        hand_case((1, 1, 1), (3, 5, 1), **ONE),
+        hand_case((1, 1, 5), (3, 5, 0), use_cudagraph=False, **ONE),
+        hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3, **K512),
+        hand_case((3, 3), (2, 1), **SPEC3, **K512),
+    ],
+)
+def test_cpu_glue_passes_what_it_supports(case):
+    assert judge("vllm-cpu", case).ok
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (CASES["padded 6 -> 8"], "does not support speculative decoding (native MTP)"),
+        (hand_case((1, 1), (3, 5), num_spec=0, cudagraph_capture_sizes=(1, 2)), "== 512"),
+    ],
+)
+def test_cpu_glue_refuses_native_mtp_and_other_widths(case, message):
+    """``forward_cpu`` asserts both itself: on the CPU platform the builder takes the native
+    path for next_n = 2 (``indexer.py:_supports_native_decode``), which this glue refuses."""
+    verdict = judge("vllm-cpu", case)
+    assert verdict.key == "exception:AssertionError" and message in verdict.mismatches[0].got

@@ -236,3 +236,32 @@ def test_registered_restores_and_removes():
     with pytest.raises(RuntimeError), v.registered((obj, "kept", 5)):
         raise RuntimeError
     assert obj.kept == 1
+
+
+# -- the CPU kernels of SparseAttnIndexer.forward_cpu ----------------------------------
+
+
+def test_cpu_logits_take_one_row_per_query_and_match_the_paged_stand_in():
+    inp = padded_inputs()
+    q, cache, w, lens = native_operands(inp)
+    per_row = v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, inp.block_table, None, 64)
+    table = inp.block_table.repeat_interleave(2, dim=0)  # one table row per query row
+    flat = cache.squeeze(-2).reshape(cache.shape[0], -1)
+    got = v.fp8_paged_mqa_logits_cpu(q.view(8, *q.shape[2:]), flat, w, lens.view(-1), table, 4, 16)
+    assert tuple(got.shape) == (8, 16)
+    for row, n in enumerate(lens.view(-1).tolist()):
+        torch.testing.assert_close(got[row, :n], per_row[row, :n], rtol=0, atol=0)
+
+
+def test_cpu_top_512_writes_positions_and_cache_slots():
+    scores = small_ints(2, 12, seed=8)
+    lens = torch.tensor([12, 5], **I32)
+    table = torch.tensor([[3, 0, 2], [1, 4, 5]], **I32)
+    pages, raw = torch.empty(2, 512, **I32), torch.empty(2, 512, **I32)
+    v.topk_transform_512_cpu(scores, lens, table, pages, 4, raw)
+    for i in range(2):
+        assert raw[i].tolist() == ref.topk_row(scores[i].numpy(), int(lens[i]), 512).tolist()
+        for pos, slot in zip(raw[i].tolist(), pages[i].tolist(), strict=True):
+            assert slot == (-1 if pos < 0 else int(table[i, pos // 4]) * 4 + pos % 4)
+    with pytest.raises(v.ContractError, match="512"):
+        v.topk_transform_512_cpu(scores, lens, table, torch.empty(2, 4, **I32), 4)

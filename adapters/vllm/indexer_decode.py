@@ -148,14 +148,18 @@ class _Step:
         out = torch.full((B * L, M), float("-inf"), dtype=torch.float32)
         if not self.logits:
             return IndexerDecodeOutputs(out[:0] if B == 0 else out)
-        got = self.logits[-1]
-        if got.shape[0] == B * L:  # the native [B, L] layout, as the target's
+        got = self.logits[-1][:, :M]  # the CPU kernel's rows are max_seq_len wide
+        if got.shape[0] == B * L and got.shape[1] == M:  # the native [B, L] layout
             return IndexerDecodeOutputs(got)
+        width = got.shape[1]
+        if got.shape[0] == B * L:
+            out[:, :width] = got
+            return IndexerDecodeOutputs(out)
         # Flattened: one row per decode token, in token order.
         qsl = inp.query_start_loc.tolist()
         for b, d in enumerate(inp.decode_lens.tolist()):
             for j in range(d):
-                out[b * L + j] = got[qsl[b] + j]
+                out[b * L + j, :width] = got[qsl[b] + j]
         return IndexerDecodeOutputs(out)
 
 
@@ -300,6 +304,47 @@ def run_xpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
         ]
         with vendor.registered(*stand_ins), step.forward_context():
             glue.sparse_attn_indexer(**_glue_args(step))
+        return step.outputs()
+
+
+def run_cpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """vLLM 0.33.0 ``SparseAttnIndexer.forward_cpu`` (``sparse_attn_indexer.py``), unchanged,
+    on a layer built by its own ``__init__``; the CPU kernels stood in.
+
+    The glue itself refuses what its kernels cannot do: any ``index_topk`` but 512,
+    and native MTP decodes (more than one query token per decode request)."""
+    from vllm import _custom_ops
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    with _one_thread():
+        step = _Step(inputs)
+        c = step.config
+        cache = types.SimpleNamespace(prefix=LAYER, kv_cache=step.kv_cache)
+        with set_current_vllm_config(step.vllm_config):
+            layer = SparseAttnIndexer(
+                cache,
+                quant_block_size=c.head_dim,
+                scale_fmt="ue8m0",
+                topk_tokens=c.topk,
+                head_dim=c.head_dim,
+                max_model_len=c.max_model_len,
+                max_total_seq_len=_glue_args(step)["total_seq_lens"],
+                topk_indices_buffer=step.buffer,
+                skip_k_cache_insert=True,
+            )
+        stand_ins = [
+            (
+                _custom_ops,
+                "fp8_paged_mqa_logits_cpu",
+                step.recording(vendor.fp8_paged_mqa_logits_cpu),
+            ),
+            (_custom_ops, "topk_transform_512_cpu", vendor.topk_transform_512_cpu),
+        ]
+        with vendor.registered(*stand_ins), step.forward_context():
+            layer.forward_cpu(step.hidden_states, step.q_fp8, None, step.weights)
+        if step.metadata.num_prefills:  # the prefill branch's logits came first
+            step.logits = step.logits[1:]
         return step.outputs()
 
 

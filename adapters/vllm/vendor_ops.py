@@ -424,6 +424,74 @@ def cp_gather_indexer_k_quant_cache(
             dst_scale[bounds[r] + t] = scales[page, t % block_size].reshape(1).view(torch.uint8)
 
 
+def fp8_paged_mqa_logits_cpu(
+    q_fp8: torch.Tensor,
+    kvcache_fp8: torch.Tensor,
+    weight: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """``vllm._custom_ops.fp8_paged_mqa_logits_cpu`` (``torch.ops._C``, CPU build).
+
+    Contract (vLLM 0.33.0: its fake in ``_custom_ops.py`` returns fp32 ``[rows,
+    max_seq_len]``; ``SparseAttnIndexer.forward_cpu`` hands it one query row per
+    row of ``page_table``): ``q_fp8`` ``[rows, H, D]``, ``kvcache_fp8`` the uint8
+    cache viewed ``[num_blocks, block_size * (D + 4)]``, ``weight`` fp32 ``[rows, H]``,
+    ``seq_lens`` int32 ``[rows]`` (row ``i`` sees keys ``[0, seq_lens[i])``),
+    ``page_table`` int32 ``[rows, W]``. Columns past a row's length are not cleaned.
+    """
+    op = "fp8_paged_mqa_logits_cpu"
+    rows, heads, head_dim = q_fp8.shape
+    _require(seq_lens.dim() == 1 and seq_lens.shape[0] == rows, op, "one length per row")
+    _require(seq_lens.dtype == torch.int32, op, "seq_lens are not int32")
+    _require(page_table.shape[0] >= rows, op, "fewer page-table rows than query rows")
+    cache = kvcache_fp8.reshape(kvcache_fp8.shape[0], block_size, head_dim + SCALE_BYTES)
+    lens = seq_lens.to(torch.int64)
+    _require(bool((lens <= max_seq_len).all()), op, "a row is longer than max_seq_len")
+    out = _paged_logits(
+        op,
+        q_fp8.unsqueeze(1),
+        cache.unsqueeze(-2),
+        weight,
+        lens,
+        page_table,
+        max(max_seq_len, 0),
+    )
+    return out
+
+
+def topk_transform_512_cpu(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_tables: torch.Tensor,
+    out_page_indices: torch.Tensor,
+    page_size: int,
+    out_raw_indices: torch.Tensor | None = None,
+) -> None:
+    """``vllm._custom_ops.topk_transform_512_cpu`` (``torch.ops._C``, CPU build).
+
+    Contract (vLLM 0.33.0 ``_custom_ops.py`` signature; ``SparseAttnIndexer.forward_cpu``):
+    a top-512 per row of ``scores`` among columns ``[0, seq_lens[i])``, ``-1`` after;
+    ``out_raw_indices`` (when given) gets the positions, ``out_page_indices`` the
+    cache slots ``page_tables[i, pos // page_size] * page_size + pos % page_size``.
+    Refuses any width but 512.
+    """
+    op = "topk_transform_512_cpu"
+    _require(out_page_indices.shape[-1] == 512, op, "only top-512 rows")
+    rows = scores.shape[0]
+    raw = torch.empty((rows, 512), dtype=torch.int32, device=scores.device)
+    _top_k_rows(op, scores, torch.zeros_like(seq_lens), seq_lens, raw, rows, 512)
+    pos = raw.clamp(min=0).to(torch.int64)
+    pages = torch.gather(page_tables[:rows].to(torch.int64), 1, pos // page_size)
+    slots = pages * page_size + pos % page_size
+    out_page_indices[:rows] = torch.where(raw >= 0, slots, -1).to(out_page_indices.dtype)
+    if out_raw_indices is not None:
+        _require(out_raw_indices.shape[-1] == 512, op, "only top-512 rows")
+        out_raw_indices[:rows] = raw
+
+
 # -- top-k -------------------------------------------------------------------------
 
 

@@ -213,6 +213,15 @@ def build() -> Target:
     target.add(
         vllm_impl(
             "indexer_decode",
+            "run_cpu",
+            name="vllm-cpu",
+            description=f"vLLM 0.33.0: {glue}:SparseAttnIndexer.forward_cpu (CPU kernels "
+            "stood in; the glue refuses index_topk != 512 and native MTP)",
+        )
+    )
+    target.add(
+        vllm_impl(
+            "indexer_decode",
             "upstream_pr39542",
             name="upstream-pr39542-decode",
             kind="mutant",
