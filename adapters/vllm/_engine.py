@@ -30,6 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+# First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
+from attnfuzz.kernels import _triton  # noqa: F401  # isort: skip
 from attnfuzz.reference.batch import CommonMetadata, EngineConfig
 
 
