@@ -201,24 +201,27 @@ def build() -> Target:
             "(XPU kernels stood in)",
         )
     )
+    # vLLM 0.33.0's ROCm glue still writes back buffer[:N_d] (#39542 was fixed in
+    # sparse_attn_indexer only): shipped code with bug A, so it is filed with the
+    # mutants (caught, with #39542's trigger) until vLLM fixes it.
     target.add(
         vllm_impl(
             "indexer_decode",
             "run_rocm",
             name="vllm-rocm",
+            kind="mutant",
             description="vLLM 0.33.0: v1/attention/ops/rocm_aiter_mla_sparse.py:"
-            "rocm_aiter_sparse_attn_indexer (AITER kernels stood in)",
+            "rocm_aiter_sparse_attn_indexer (AITER kernels stood in); still has #39542's "
+            "write-back of buffer[:N_d]",
+            trigger=trigger_engine_writeback,
+            reach=reach_engine_padding,
+            smallest=smallest_writeback,
         )
     )
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run_cpu",
-            name="vllm-cpu",
-            description=f"vLLM 0.33.0: {glue}:SparseAttnIndexer.forward_cpu (CPU kernels "
-            "stood in; the glue refuses index_topk != 512 and native MTP)",
-        )
-    )
+    # SparseAttnIndexer.forward_cpu (adapters/vllm/indexer_decode.py:run_cpu) is not
+    # registered: its own asserts refuse every index_topk but 512 and native MTP, so
+    # it cannot judge this target's steps (K <= 16); run it as a user implementation
+    # (--impl attnfuzz.adapters.vllm.indexer_decode:run_cpu) on K = 512 engines.
     target.add(
         vllm_impl(
             "indexer_decode",
