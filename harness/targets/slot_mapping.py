@@ -7,9 +7,9 @@ slots, the slot of every real token and ``-1`` for padded ones, and ``-1``
 in every slot of the buffer past the view (the engine's contract, see
 :mod:`attnfuzz.reference.slot_mapping`).
 
-The metadata is prepared before a graph is replayed, not inside it (vLLM
-fills it in ``prepare_attn``, with host reads), so the call itself is not
-asked to be graph-safe; the address it writes is.
+The metadata is prepared before a graph is replayed, not inside it (vLLM's
+runners fill it while preparing the step's inputs), so the call itself is
+not asked to be graph-safe; the address it writes is.
 """
 
 from __future__ import annotations
