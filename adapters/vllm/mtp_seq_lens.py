@@ -142,10 +142,12 @@ def run(inputs: MtpSeqLensInputs) -> MtpSeqLensOutputs:
 # Before #42135 the native path kept its lengths in a [max_num_seqs, next_n] table
 # and handed on the slice [:B, :L]: not contiguous when B >= 2 and L < next_n, and
 # DeepGEMM's paged MQA logits metadata asserted ``context_lens.is_contiguous()``.
-# The pre-fix lines below are those of vllm-project/vllm's indexer.py before the
-# merge (commit 07492607e92c, ``__init__`` and ``_prepare_decode_tensors``). The
-# clamp at 0 of 0.33.0 came after #42135 (the merged fix had none) and is kept, so
-# that each mutant differs from 0.33.0 in #42135's lines only.
+# The pre-fix lines below are copied from vllm-project/vllm's indexer.py as it read
+# before the merge (``__init__``'s "Native MTP: 2D buffer for per-token seq_lens" and
+# ``_prepare_decode_tensors``'s ``dim() == 2`` branch), which #42135's description
+# names ("used to slice the 2D decode_seq_lens_buffer as [:, :max_decode_len]"). The
+# clamp at 0 of 0.33.0 came after #42135 (the merged flat view had none) and is
+# kept, so that each mutant differs from 0.33.0 in #42135's lines only.
 
 
 @cache
