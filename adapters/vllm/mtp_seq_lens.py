@@ -19,9 +19,11 @@ and the path vLLM took:
   and flattens beyond (``_supports_native_decode``); :func:`run` reports the
   path with vLLM's own ``use_native`` expression.
 
-What runs interpreted: the flattening path's uniform-decode kernel
-(``_PREPARE_UNIFORM_DECODE_KERNEL``, a ``@triton.jit`` kernel) runs under the
-Triton interpreter; the native path is torch ops only.
+What runs interpreted: ``build`` is called whole, so its ``@triton.jit`` kernels
+run under the Triton interpreter: the prefill chunks' metadata
+(``BuildPrefillChunkMetadataKernel``, steps with prefills) and the flattening
+path's uniform decodes (``_PREPARE_UNIFORM_DECODE_KERNEL``); they take most of
+a case's time. The native path itself is torch ops only.
 
 The upstream mutants (:func:`upstream_strided`, :func:`upstream_copy`) are the
 same builder with #42135 reverted, subclassed so that only the reverted lines
