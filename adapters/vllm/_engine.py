@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import tempfile
 from functools import cache
@@ -40,6 +41,10 @@ def configure_environment() -> None:
     """Set what vLLM reads at import, before it is imported (never overriding a user's)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # Imported as a library, vLLM leaves its loggers unconfigured, and Python's
+    # last-resort handler would print its platform warnings ("Failed to import
+    # from vllm._C", "Reset SSM cache type ...") into attnfuzz's own output.
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         if os.environ.get("TRITON_INTERPRET") == "1":
