@@ -248,3 +248,74 @@ def test_upper_bounds_are_the_engines_shape_on_every_drawn_case():
     result = fuzz(target, Implementation("check", check, "user"), max_examples=60, rng_seed=3,
                   database=None)  # fmt: skip
     assert not result.failed and len(seen) >= 60
+
+
+# ---------------------------------------------------------------------------
+# The V1 model runner (gpu_model_runner.py), also in vLLM 0.33.0
+# ---------------------------------------------------------------------------
+
+
+def test_vllm_v1_passes():
+    result = assert_passes(TARGET, "vllm-v1", max_examples=150)
+    assert result.labels["padding_requests"] > 0 and result.labels["next_n>1"] > 0
+
+
+def test_the_v1_bound_is_read_from_the_runners_optimistic_seq_lens(monkeypatch):
+    """The model state's bound comes from V1's ``_build_attention_metadata``: a value
+    planted in ``optimistic_seq_lens_cpu`` just before it runs is what comes back,
+    and at capture the runner's own ``max_model_len``."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    build = GPUModelRunner._build_attention_metadata
+    calls = []
+
+    def planted(self, *args, **kwargs):
+        calls.append(kwargs["for_cudagraph_capture"])
+        self.optimistic_seq_lens_cpu[1] = 37  # row 1 of R = 3
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPUModelRunner, "_build_attention_metadata", planted)
+    inputs = ref.make_inputs(spec2_case())
+    assert adapter().run_v1(inputs).max_seq_len == 37
+    runner = adapter()._v1_runner(inputs.config, inputs.kv_cache.device)
+    monkeypatch.setattr(runner, "max_model_len", 41)
+    assert adapter().run_v1(ref.make_inputs(spec2_case(capturing=1))).max_seq_len == 41
+    assert calls == [False, True]
+
+
+def test_the_v1_runner_zeroes_the_rows_of_an_earlier_larger_step():
+    """The runner is cached per engine config, so its persistent buffer holds the
+    previous step's rows; ``_prepare_inputs``' zeroing past ``num_reqs`` keeps them
+    out of a smaller step's bound (max over ``[:R]``) and its padded rows."""
+    big = with_params(hand_case((1, 1, 1), (40, 50, 60), num_spec=0, cudagraph_capture_sizes=(4,)))
+    small = with_params(hand_case((1,), (3,), num_spec=0, cudagraph_capture_sizes=(4,)))
+    assert big.config == small.config
+    assert adapter().run_v1(ref.make_inputs(big)).max_seq_len == 61
+    inputs = ref.make_inputs(small)
+    assert adapter().run_v1(inputs).max_seq_len == 4
+    runner = adapter()._v1_runner(inputs.config, inputs.kv_cache.device)
+    assert not runner.optimistic_seq_lens_cpu[1:].any()
+    assert judge("vllm-v1", small).ok
+
+
+@pytest.mark.parametrize("num_spec", [1, 2, 3])
+def test_v1s_drafter_raises_its_bound_by_one_per_decode_step(num_spec):
+    """V1's EAGLE/MTP drafter (``SpecDecodeBaseProposer._update_positions_dependent_metadata``)
+    has ``min(max + k, max_model_len)`` at decode step ``k < num_spec``, none with
+    one speculative token; the V2 drafter one bound, ``min(max + num_spec,
+    max_model_len)``, for all its steps: V1's last step is one below it (both
+    cover the draft's longest sequence, ``max + num_spec - 1``)."""
+    case = with_params(
+        hand_case(
+            (num_spec + 1,) * 2,
+            (20, 10),
+            num_spec=num_spec,
+            cudagraph_capture_sizes=(2 * (num_spec + 1),),
+        )
+    )
+    inputs = ref.make_inputs(case)
+    top = int(inputs.seq_lens_cpu_upper_bound.max())
+    steps = adapter().v1_draft_bounds(inputs)
+    assert steps == [min(top + k, 64) for k in range(1, num_spec)]
+    v2 = adapter().run(inputs).draft_max_seq_len
+    assert v2 == (min(top + num_spec, 64) if num_spec >= 2 else None)

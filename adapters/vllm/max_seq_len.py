@@ -23,6 +23,16 @@ What runs is vLLM 0.33.0's code, unchanged:
   calls ``model_state.prepare_attn(for_capture=True)`` with the draft's groups),
   so that is what runs here for the draft when the case captures.
 
+The V1 model runner, also in 0.33.0, as ``vllm-v1`` (:func:`run_v1`): its
+``GPUModelRunner._build_attention_metadata`` (``vllm/v1/worker/gpu_model_runner.py``)
+takes ``max_model_len`` when ``for_cudagraph_capture``, else
+``optimistic_seq_lens_cpu[:num_reqs].max()`` (the real requests), on the runner's
+persistent buffer that ``_prepare_inputs`` fills and zeroes past ``num_reqs``
+each step. The draft's bound there is the V2 drafter's, as in ``vllm``: V1's
+drafter raises the target's bound by one per decode step instead
+(:func:`v1_draft_bounds`). #43991 touched only the V2 runner ("[Model Runner
+V2] Use actual batch max_seq_len"), so no V1 revert is registered.
+
 The bounds are read off the ``CommonAttentionMetadata`` vLLM builds, through
 the metadata builder of the consumer: the consumer (the paged walk and its
 outputs) stays attnfuzz's own, so after vLLM has computed both bounds this
@@ -412,3 +422,147 @@ def upstream_draft_model_len(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     """#43991 reverted in ``DraftModelSpeculator._build_attn_metadata``: the draft's
     ``max_seq_len`` is ``max_model_len`` (the model state as fixed)."""
     return _call(inputs, "default", draft_pre_fix=True)
+
+
+# ---------------------------------------------------------------------------
+# The V1 model runner (vllm/v1/worker/gpu_model_runner.py), also in 0.33.0
+# ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def _v1_runner(config: EngineConfig, device: torch.device) -> Any:
+    """vLLM's V1 ``GPUModelRunner`` for ``config``, built by its own constructor on
+    the CPU, with the consumer's KV-cache group and attention group.
+
+    It is built from the config without its speculative config: with one, the
+    constructor asks for the pipeline-parallel group (``get_pp_group``) to build
+    its drafter, which needs a distributed init. ``_build_attention_metadata``
+    reads the speculative config only to pick the metadata it hands the drafter
+    (the first group's ``cm``), not for ``max_seq_len``.
+    """
+    import dataclasses as dc
+
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    vc = _engine.vllm_config(dc.replace(config, num_spec=0))
+    with set_current_vllm_config(vc):
+        runner = GPUModelRunner(vc, device)
+    # What initialize_kv_cache would assign (it also allocates the cache and loads
+    # the layers' backends, which this adapter has none of).
+    attn_groups, runner.kv_cache_config = _consumer_groups(config, device)
+    runner.attn_groups = attn_groups
+    return runner
+
+
+def _v1_bound(inputs: MaxSeqLenInputs) -> int:
+    """The model state's ``max_seq_len`` as the V1 runner builds it for the step:
+    ``GPUModelRunner._build_attention_metadata``, read off the
+    ``CommonAttentionMetadata`` it hands the consumer's builder."""
+    from vllm.config import set_current_vllm_config
+
+    device = inputs.kv_cache.device
+    meta = inputs.common
+    R, R_pad = meta.num_real_reqs, meta.num_reqs
+    T, T_pad = meta.num_real_tokens, meta.num_actual_tokens
+    runner = _v1_runner(inputs.config, device)
+    q_lens = np.diff(meta.query_start_loc).astype(np.int32)[:R]
+    upper = inputs.seq_lens_cpu_upper_bound
+    input_batch = runner.input_batch
+    # The host's num_computed_tokens counts every draft of the previous step as
+    # accepted, so num_computed + num_scheduled is the step's upper bound.
+    computed = upper[:R].numpy().astype(np.int32) - q_lens
+    input_batch.num_computed_tokens_cpu_tensor[:R] = torch.from_numpy(computed)
+    prefilling = q_lens > inputs.config.threshold
+    prompt = np.where(prefilling, upper[:R].numpy(), computed).astype(np.int32)
+    input_batch.num_prompt_tokens_cpu_tensor[:R] = torch.from_numpy(prompt)
+    num_scheduled_tokens = q_lens
+    num_reqs = R
+    # GPUModelRunner._prepare_inputs' lines for the two buffers the bound reads
+    # (the whole method needs the scheduler's output and the request states):
+    # query_start_loc, padded non-decreasing, and the optimistic seq_lens, zeroed
+    # past num_reqs, verbatim.
+    cu_num_tokens = np.cumsum(num_scheduled_tokens)
+    runner.query_start_loc.np[0] = 0
+    runner.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
+    runner.query_start_loc.np[num_reqs + 1 :].fill(cu_num_tokens[-1])
+    runner.query_start_loc.copy_to_gpu()
+    torch.add(
+        runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs],
+        torch.from_numpy(num_scheduled_tokens),
+        out=runner.optimistic_seq_lens_cpu[:num_reqs],
+    )
+    runner.optimistic_seq_lens_cpu[num_reqs:].fill_(0)
+    runner.seq_lens[:R_pad].copy_(inputs.seq_lens)  # the exact lengths, 0 for padding
+    slot_mappings = {0: torch.from_numpy(meta.slot_mapping).to(device)}
+    with set_current_vllm_config(runner.vllm_config):
+        metadata, _ = runner._build_attention_metadata(
+            num_tokens=T, num_reqs=R, max_query_len=int(q_lens.max()),
+            num_tokens_padded=T_pad, num_reqs_padded=R_pad,
+            for_cudagraph_capture=inputs.capturing, slot_mappings=slot_mappings,
+        )  # fmt: skip
+    return metadata[_LAYER].max_seq_len
+
+
+def run_v1(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """vLLM 0.33.0's V1 runner: ``GPUModelRunner._build_attention_metadata`` for the
+    model state's bound; the draft's bound from the MTP drafter, as in :func:`run`.
+
+    V1's own drafter (``spec_decode/llm_base_proposer.py``) does not build one
+    draft bound: each of its decode steps raises the target's ``max_seq_len`` by
+    one (``SpecDecodeBaseProposer._update_positions_dependent_metadata``:
+    ``min(max_seq_len + 1, max_model_len)``), so step ``k`` of ``num_spec - 1`` has
+    ``min(max + k, max_model_len)``, one below the model's single draft bound at the
+    last step. That rule is not this target's draft path; see
+    :func:`v1_draft_bounds`.
+    """
+    engine = _engine_for(inputs.config, inputs.kv_cache.device, "default", False)
+    _, draft = _bounds(inputs, engine)
+    return _consume(inputs, _v1_bound(inputs), draft)
+
+
+def v1_draft_bounds(inputs: MaxSeqLenInputs) -> list[int]:
+    """``max_seq_len`` of each decode step of V1's EAGLE/MTP drafter for the step
+    (``num_spec - 1`` of them; none with one speculative token: ``propose``
+    returns after its first pass when ``num_speculative_tokens == 1``).
+
+    The drafter starts from the metadata ``_build_attention_metadata`` hands it
+    (the first group's, unpadded; ``prepare_inputs_padded``, the default padded
+    drafter batch, keeps its ``max_seq_len``) and runs, per decode step,
+    ``SpecDecodeBaseProposer._update_positions_dependent_metadata`` unchanged
+    (its slot-mapping kernel interpreted). The proposer is ``object.__new__`` with
+    the four attributes that method reads (``uses_mrope``, ``positions``,
+    ``_slot_mapping_buffer``, ``max_model_len``): its constructor loads the draft
+    model's config and needs the pipeline-parallel group.
+    """
+    from copy import copy
+
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    _v1_bound(inputs)  # fills the runner's buffers and builds the step's metadata
+    runner = _v1_runner(inputs.config, inputs.kv_cache.device)
+    meta, config = inputs.common, inputs.config
+    R, R_pad = meta.num_real_reqs, meta.num_reqs
+    T, T_pad = meta.num_real_tokens, meta.num_actual_tokens
+    metadata, _ = runner._build_attention_metadata(
+        num_tokens=T, num_reqs=R, max_query_len=1, num_tokens_padded=T_pad,
+        num_reqs_padded=R_pad, slot_mappings={0: torch.from_numpy(meta.slot_mapping)},
+    )  # fmt: skip
+    cm = copy(metadata[_LAYER])
+    if R != R_pad or T != T_pad:
+        cm = cm.unpadded(T, R)  # as _build_attention_metadata does for the drafter
+    cm.seq_lens = cm.seq_lens.clone()  # the kernel advances them in place
+    cm.block_table_tensor = inputs.block_table[:R].clone()
+    proposer = object.__new__(EagleProposer)
+    proposer.uses_mrope = False
+    proposer.max_model_len = config.max_model_len
+    proposer.positions = torch.zeros(config.max_num_batched_tokens, dtype=torch.int64)
+    proposer._slot_mapping_buffer = torch.zeros(config.max_num_batched_tokens, dtype=torch.int64)
+    positions = (cm.seq_lens - 1).to(torch.int64)  # each request's last position
+    bounds = []
+    for _ in range(config.num_spec - 1):  # SpecDecodeBaseProposer.propose's loop
+        positions = proposer._update_positions_dependent_metadata(
+            positions, cm, R, R, config.block_size
+        )
+        bounds.append(int(cm.max_seq_len))
+    return bounds

@@ -245,6 +245,14 @@ def build() -> Target:
         target.add(vllm_impl("max_seq_len", attr, name=name, description=description))
     target.add(
         vllm_impl(
+            "max_seq_len", "run_v1", name="vllm-v1",
+            description="vLLM 0.33.0 (V1 runner): gpu_model_runner.py:GPUModelRunner."
+            f"_build_attention_metadata; {draft} (V1's drafter raises its bound per "
+            "decode step); attnfuzz's paged walk",
+        )
+    )  # fmt: skip
+    target.add(
+        vllm_impl(
             "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
             kind="mutant",
             description="vLLM #43991 reverted: MambaHybridModelState.prepare_attn passes "
