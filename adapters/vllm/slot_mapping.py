@@ -238,6 +238,44 @@ def _compute_slot_mappings_kernel_pre_pr36580(
         tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
 
 
+def launch_pre_pr36580(
+    tables: Any,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    num_tokens: int,
+) -> torch.Tensor:
+    """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel
+    on ``tables`` (a V2 ``BlockTables``), its padding program starting at
+    ``num_tokens``; the two upstream mutants of #36580 (this target's and
+    ``unpadding``'s) share it. Returns the ``[groups, max_num_tokens]`` buffer."""
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+
+    slot_mappings = tables.slot_mappings
+    _compute_slot_mappings_kernel_pre_pr36580[
+        (tables.num_kv_cache_groups, idx_mapping.shape[0] + 1)
+    ](
+        num_tokens,
+        slot_mappings.shape[1],
+        idx_mapping,
+        query_start_loc,
+        positions,
+        tables.block_table_ptrs,
+        tables.block_table_strides,
+        tables.block_sizes_tensor,
+        tables.slot_mapping_enabled,
+        tables.dcp_sharded,
+        slot_mappings,
+        slot_mappings.stride(0),
+        tables.cp_rank,
+        CP_SIZE=tables.cp_size,
+        CP_INTERLEAVE=tables.cp_interleave,
+        PAD_ID=PAD_SLOT_ID,
+        TRITON_BLOCK_SIZE=1024,
+    )
+    return slot_mappings
+
+
 def upstream_stale_padding(inputs: SlotMappingInputs) -> SlotMappingOutputs:
     """vLLM 0.33.0's ``BlockTables.compute_slot_mappings`` with #36580 reverted.
 
@@ -247,31 +285,12 @@ def upstream_stale_padding(inputs: SlotMappingInputs) -> SlotMappingOutputs:
     ``T .. T_pad`` keep the slots an earlier, longer step wrote there: the
     step's padding K/V overwrites another request's cache.
     """
-    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
-
     bt = _block_tables(*_key(inputs))
     bt.block_tables[0].gpu.copy_(inputs.block_table)
     bt.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
-    idx_mapping, positions = inputs.req_state_rows, inputs.positions
-    num_reqs = idx_mapping.shape[0]
-    slot_mappings = bt.slot_mappings
-    _compute_slot_mappings_kernel_pre_pr36580[(bt.num_kv_cache_groups, num_reqs + 1)](
-        positions.shape[0],  # the pre-fix padding start
-        slot_mappings.shape[1],
-        idx_mapping,
-        inputs.query_start_loc,
-        positions,
-        bt.block_table_ptrs,
-        bt.block_table_strides,
-        bt.block_sizes_tensor,
-        bt.slot_mapping_enabled,
-        bt.dcp_sharded,
-        slot_mappings,
-        slot_mappings.stride(0),
-        bt.cp_rank,
-        CP_SIZE=bt.cp_size,
-        CP_INTERLEAVE=bt.cp_interleave,
-        PAD_ID=PAD_SLOT_ID,
-        TRITON_BLOCK_SIZE=1024,
+    positions = inputs.positions
+    # The pre-fix method passed positions.shape[0], the padded length, as num_tokens.
+    slot_mappings = launch_pre_pr36580(
+        bt, inputs.req_state_rows, inputs.query_start_loc, positions, positions.shape[0]
     )
     return SlotMappingOutputs(slot_mappings[0, : inputs.num_tokens_padded], bt.slot_mappings[0])

@@ -39,10 +39,8 @@ import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's k
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm.slot_mapping import launch_pre_pr36580
 from attnfuzz.reference.unpadding import StepMetadata, UnpaddingInputs, UnpaddingOutputs
-from vllm.triton_utils import tl, triton
-from vllm.v1.attention.backends.utils import PAD_SLOT_ID
-from vllm.v1.worker.gpu.buffer_utils import _load_ptr
 
 _CPU = torch.device("cpu")
 
@@ -165,87 +163,6 @@ def run(inputs: UnpaddingInputs) -> UnpaddingOutputs:
 # -- upstream mutant: #36580 reverted ----------------------------------------------------
 
 
-@triton.jit
-def _compute_slot_mappings_kernel_pre_pr36580(
-    num_tokens,
-    max_num_tokens,
-    idx_mapping,  # [num_reqs]
-    query_start_loc,  # [num_reqs + 1]
-    pos,  # [num_tokens]
-    block_table_ptrs,  # [num_kv_cache_groups]
-    block_table_strides,  # [num_kv_cache_groups]
-    block_sizes,  # [num_kv_cache_groups]
-    slot_mapping_enabled,  # [num_kv_cache_groups]
-    dcp_sharded,  # [num_kv_cache_groups]
-    slot_mappings_ptr,  # [num_kv_cache_groups, max_num_tokens]
-    slot_mappings_stride,
-    cp_rank,
-    CP_SIZE: tl.constexpr,
-    CP_INTERLEAVE: tl.constexpr,
-    PAD_ID: tl.constexpr,
-    TRITON_BLOCK_SIZE: tl.constexpr,
-):
-    # kv cache group id
-    group_id = tl.program_id(0)
-    batch_idx = tl.program_id(1)
-    slot_mapping_ptr = slot_mappings_ptr + group_id * slot_mappings_stride
-
-    if batch_idx == tl.num_programs(1) - 1:
-        # Pad remaining slots to -1. This is needed for CUDA graphs.
-        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):  # pre-#36580
-            offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-            tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < max_num_tokens)
-        return
-
-    block_table_ptr = _load_ptr(block_table_ptrs + group_id, tl.int32)
-    block_table_stride = tl.load(block_table_strides + group_id)
-    kv_block_size = tl.load(block_sizes + group_id)
-    mapping_enabled = tl.load(slot_mapping_enabled + group_id)
-    if CP_SIZE != 1:
-        sharded = tl.load(dcp_sharded + group_id)
-
-    req_state_idx = tl.load(idx_mapping + batch_idx)
-    # idx_mapping == -1 marks a dummy (or CUDA-graph padding) request that owns
-    # no blocks: never read its block-table row and emit PAD for its tokens.
-    is_real_req = req_state_idx >= 0
-    start_idx = tl.load(query_start_loc + batch_idx)
-    end_idx = tl.load(query_start_loc + batch_idx + 1)
-    for i in range(start_idx, end_idx, TRITON_BLOCK_SIZE):
-        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-        positions = tl.load(pos + offset, mask=offset < end_idx, other=0)
-
-        if CP_SIZE == 1:
-            # Common case: Context parallelism is not used.
-            local_positions = positions
-            is_local = True
-        else:
-            # Context parallelism is used.
-            virtual_block_size = kv_block_size * CP_SIZE
-            virtual_block_indices = positions // virtual_block_size
-            virtual_block_offsets = positions % virtual_block_size
-            is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank
-            rounds = virtual_block_offsets // (CP_INTERLEAVE * CP_SIZE)
-            remainder = virtual_block_offsets % CP_INTERLEAVE
-            local_offsets = rounds * CP_INTERLEAVE + remainder
-            local_positions = virtual_block_indices * kv_block_size + local_offsets
-            local_positions = tl.where(sharded, local_positions, positions)
-            is_local = ~sharded | is_local
-
-        block_indices = tl.where(mapping_enabled, local_positions // kv_block_size, 0)
-        block_offsets = local_positions % kv_block_size
-        block_numbers = tl.load(
-            block_table_ptr + req_state_idx * block_table_stride + block_indices,
-            mask=is_local & is_real_req,
-            other=0,
-        )
-        slot_ids = block_numbers * kv_block_size + block_offsets
-        if CP_SIZE != 1:
-            slot_ids = tl.where(is_local, slot_ids, PAD_ID)
-
-        slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)
-        tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
-
-
 def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
     """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel."""
 
@@ -255,26 +172,9 @@ def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
         positions: torch.Tensor,
         num_tokens_padded: int,
     ) -> torch.Tensor:
-        num_reqs = idx_mapping.shape[0]
-        slot_mappings = tables.slot_mappings
-        _compute_slot_mappings_kernel_pre_pr36580[(tables.num_kv_cache_groups, num_reqs + 1)](
-            num_tokens_padded,  # pre-#36580: padding started at the padded token count
-            slot_mappings.shape[1],
-            idx_mapping,
-            query_start_loc,
-            positions,
-            tables.block_table_ptrs,
-            tables.block_table_strides,
-            tables.block_sizes_tensor,
-            tables.slot_mapping_enabled,
-            tables.dcp_sharded,
-            slot_mappings,
-            slot_mappings.stride(0),
-            tables.cp_rank,
-            CP_SIZE=tables.cp_size,
-            CP_INTERLEAVE=tables.cp_interleave,
-            PAD_ID=PAD_SLOT_ID,
-            TRITON_BLOCK_SIZE=1024,  # type: ignore
+        # pre-#36580: padding started at the padded token count
+        slot_mappings = launch_pre_pr36580(
+            tables, idx_mapping, query_start_loc, positions, num_tokens_padded
         )
         return slot_mappings[:, :num_tokens_padded]
 
