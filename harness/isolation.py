@@ -132,6 +132,13 @@ def _child(
     os.dup2(out, 1)
     os.dup2(out, 2)
     fault_file = open(fault_path, "w")  # noqa: SIM115 - open for the child's life
+    # The judge alone says how a crash is reported: a fatal-signal handler that a
+    # library installed in the parent (vLLM's code loads tvm_ffi, which installs
+    # one for SIGSEGV) would otherwise run after faulthandler's dump, abort, and
+    # turn a segfault into a SIGABRT or lose its frame.
+    faulthandler.disable()
+    for name in ("SIGSEGV", "SIGFPE", "SIGABRT", "SIGBUS", "SIGILL"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     faulthandler.enable(file=fault_file)
     while True:
         try:

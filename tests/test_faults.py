@@ -217,3 +217,28 @@ def test_a_module_that_exits_or_raises_on_import_is_a_usage_error(
                  "--out", str(tmp_path / "cases")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "cannot load implementation" in err, err
+
+
+def test_a_segfault_handler_a_library_left_in_the_parent_changes_no_verdict():
+    """vLLM's code loads tvm_ffi, which installs a SIGSEGV handler that aborts: the
+    judge's child must still report the segfault, with its frame, as a segfault."""
+    script = f"""
+import ctypes, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from attnfuzz.harness.isolation import IsolatedJudge
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.testing import hand_case
+libc = ctypes.CDLL(None)
+libc.signal.restype = ctypes.c_void_p
+libc.signal(11, ctypes.cast(libc.abort, ctypes.c_void_p))  # a foreign handler, as tvm_ffi's
+target = get_target({ID!r})
+with IsolatedJudge(target, target.resolve("campaign_impls:segfaults"), timeout_s=60) as judge:
+    print(judge.judge(hand_case((2, 2), (3, 4))).mismatches[0].got)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr
+    got = done.stdout.strip().splitlines()[-1]
+    assert got.startswith("killed by SIGSEGV (Fatal Python error: Segmentation fault"), got
+    assert "in string_at" in got or " at " in got, got
