@@ -24,6 +24,7 @@ Modelling choices, stated once:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,6 +134,25 @@ class EngineConfig:
         d = dict(d)
         d["cudagraph_capture_sizes"] = tuple(d.get("cudagraph_capture_sizes", ()))
         return cls(**d)
+
+
+BLOCK_TABLE_TOKEN_ALIGNMENT = 128
+"""Tokens a row of the model runner's block table is aligned to."""
+
+
+def runner_table_width(max_model_len: int, block_size: int) -> int:
+    """Columns of the model runner's persistent block table for pages of ``block_size``.
+
+    The engine's contract (vLLM 0.33.0): ``MultiGroupBlockTable.__init__``
+    (``vllm/v1/worker/block_table.py``) sizes each KV-cache group's table with
+    ``get_block_table_width(n, block_size)``, ``n = cdiv(max_model_len,
+    block_size)`` rounded up to a multiple of ``128 // gcd(128, block_size)``
+    (whole 128-token spans), and ``AttentionGroup.create_metadata_builders``
+    (``vllm/v1/worker/utils.py``) hands builders that width; each step hands
+    on all its columns. Columns past ``n`` are never written by a request.
+    """
+    align = BLOCK_TABLE_TOKEN_ALIGNMENT // math.gcd(BLOCK_TABLE_TOKEN_ALIGNMENT, block_size)
+    return cdiv(cdiv(max_model_len, block_size), align) * align
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ there are two, as in models that mix attention types:
 
 Group ``g``'s table is a row-slice of the engine's persistent per-group table,
 whose width ``W_g`` is the group's page count ``cdiv(max_model_len, block_size_g)``
-rounded up to whole 128-token spans (:func:`table_width`), and is stored at the
-size of the step the graph replays: ``[R_pad, W_g]``, its padding rows holding
+rounded up to whole 128-token spans
+(:func:`~attnfuzz.reference.batch.runner_table_width`), and is stored at the size
+of the step the graph replays: ``[R_pad, W_g]``, its padding rows holding
 ``PAD_PAGE``. The drafter builds each group's attention
 metadata from the *unpadded* common metadata of the step (``R`` requests,
 ``T`` tokens):
@@ -52,6 +53,7 @@ from attnfuzz.reference.batch import (
     EngineConfig,
     build_common_metadata,
     cdiv,
+    runner_table_width,
 )
 
 NULL_PAGE = PAD_PAGE
@@ -63,25 +65,6 @@ PARAMS: dict[str, tuple[int, int]] = {
 }
 
 _DATA_SEED_SALT = 0x43982  # keeps the data stream apart from the page-id stream
-
-TABLE_TOKEN_ALIGNMENT = 128
-"""A per-group table's rows span whole 128-token stretches (see :func:`table_width`)."""
-
-
-def table_width(max_model_len: int, block_size: int) -> int:
-    """Columns of a group's table: its pages per request, rounded up to 128-token spans.
-
-    The engine's contract (vLLM 0.33.0): the model runner keeps one persistent
-    table per KV-cache group (``vllm/v1/worker/block_table.py``,
-    ``MultiGroupBlockTable.__init__``) of ``get_block_table_width(n, block_size)``
-    columns, ``n = cdiv(max_model_len, block_size)`` (``AttentionSpec.
-    max_num_blocks_per_req`` in ``vllm/v1/kv_cache_interface.py``) rounded up to
-    a multiple of ``128 // gcd(128, block_size)``; each step hands on the row
-    slice ``[:num_reqs_padded]`` of it (``BlockTable.get_device_tensor``), all
-    columns included.
-    """
-    align = TABLE_TOKEN_ALIGNMENT // math.gcd(TABLE_TOKEN_ALIGNMENT, block_size)
-    return cdiv(cdiv(max_model_len, block_size), align) * align
 
 
 @dataclass
@@ -173,7 +156,7 @@ def build_group_table(
     keys; freed leading pages hold the null page; entries past the valid pages
     hold stale ids drawn from the whole cache; padding rows hold the pad value.
     """
-    width = table_width(max_model_len, block_size)
+    width = runner_table_width(max_model_len, block_size)
     R, R_pad = meta.num_real_reqs, meta.num_reqs
     q_lens = meta.query_lens
     needed = [cdiv(int(meta.seq_lens[r]), block_size) for r in range(R)]

@@ -53,7 +53,6 @@ block table at that width, and the expanded buffer has it too.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +65,7 @@ from attnfuzz.reference.batch import (
     EngineConfig,
     build_common_metadata,
     cdiv,
+    runner_table_width,
     split_decodes_and_prefills,
 )
 
@@ -139,15 +139,10 @@ class FlattenDecodeExpected:
     before: DecodeBuffers  # the buffers as the step found them (NumPy)
 
 
-BLOCK_TABLE_TOKEN_ALIGNMENT = 128
-"""Tokens a block-table row is aligned to (``get_block_table_width``'s default)."""
-
-
 def block_table_width(config: EngineConfig) -> int:
-    """The model runner's block-table width: ``max_blocks_per_seq`` rounded up to
-    whole spans of 128 tokens."""
-    align = BLOCK_TABLE_TOKEN_ALIGNMENT // math.gcd(BLOCK_TABLE_TOKEN_ALIGNMENT, config.block_size)
-    return cdiv(config.max_blocks_per_seq, align) * align
+    """The model runner's block-table width for ``config``'s pages (see
+    :func:`~attnfuzz.reference.batch.runner_table_width`)."""
+    return runner_table_width(config.max_model_len, config.block_size)
 
 
 def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:

@@ -27,7 +27,7 @@ row*, and the step maps its batch index ``r`` to ``req_state_rows[r]``
 page ids. The inputs draw those rows from the seed, so an implementation that
 reads the batch row instead of the state row reads the wrong pages. Its width is the
 runner's, aligned to whole 128-token spans
-(:func:`attnfuzz.reference.flatten_decode.block_table_width`); columns past
+(:func:`attnfuzz.reference.batch.runner_table_width`); columns past
 ``max_blocks_per_seq`` are 0, as no request ever writes them.
 """
 
@@ -42,8 +42,8 @@ from attnfuzz.reference.batch import (
     CommonMetadata,
     EngineConfig,
     build_common_metadata,
+    runner_table_width,
 )
-from attnfuzz.reference.flatten_decode import block_table_width
 
 PAD_SLOT_ID = -1
 """Slot of a token that must not be written to the cache (padding)."""
@@ -95,7 +95,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> SlotMappingIn
     meta = build_common_metadata(config, batch)
     R, T = meta.num_real_reqs, meta.num_real_tokens
     gen = torch.Generator().manual_seed(batch.seed ^ _DATA_SEED_SALT)
-    width = block_table_width(config)
+    width = runner_table_width(config.max_model_len, config.block_size)
     # State rows: a seeded choice of R distinct rows of the persistent table.
     rows = torch.randperm(config.max_num_seqs, generator=gen)[:R].to(torch.int64)
     table = torch.randint(0, meta.num_blocks, (config.max_num_seqs, width), generator=gen)

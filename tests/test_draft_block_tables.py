@@ -13,7 +13,13 @@ from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import draft_block_tables as kernels
 from attnfuzz.kernels._triton import device
 from attnfuzz.reference import draft_block_tables as ref
-from attnfuzz.reference.batch import PAD_PAGE, Case, EngineConfig, build_common_metadata
+from attnfuzz.reference.batch import (
+    PAD_PAGE,
+    Case,
+    EngineConfig,
+    build_common_metadata,
+    runner_table_width,
+)
 from attnfuzz.reference.invariants import violations
 
 TARGET = "draft-block-tables"
@@ -163,7 +169,7 @@ def test_smallest_trigger_is_valid_and_padded_6_to_8():
     full_bs, swa_bs = ref.group_block_sizes(case)
     assert [g.block_size for g in inputs.groups] == [full_bs, swa_bs] == [4, 1]
     for group in inputs.groups:  # stored at the padded size, the padding row holds the pad value
-        width = ref.table_width(case.config.max_model_len, group.block_size)
+        width = runner_table_width(case.config.max_model_len, group.block_size)
         assert tuple(group.block_table.shape) == (4, width)
         assert (group.block_table[3] == PAD_PAGE).all()
     expected = ref.reference(case, inputs)
@@ -361,4 +367,4 @@ def test_strided_cu_seqlens_q_is_refused_not_read_as_if_contiguous():
 def test_table_width_is_the_engines_128_token_aligned_width(max_model_len, block_size, width):
     """vLLM 0.33.0 ``get_block_table_width``: pages per request rounded up to a multiple of
     ``128 // gcd(128, block_size)`` (the whole row is handed on, not just the pages needed)."""
-    assert ref.table_width(max_model_len, block_size) == width
+    assert runner_table_width(max_model_len, block_size) == width
