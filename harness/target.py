@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +31,7 @@ from attnfuzz.harness.oracle import (
 )
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.invariants import violations
-from attnfuzz.strategies.batches import SMALL, Scale, cases
+from attnfuzz.strategies.batches import SMALL, Scale, cases, fixes_problems, fixes_violations
 from hypothesis import strategies as st
 
 
@@ -90,6 +90,17 @@ class Implementation:
     # ``unavailable()`` says why it cannot run here (an optional install), or None.
     engine: str | None = None
     unavailable: Callable[[], str | None] | None = None
+    # The engine-config fields this implementation requires, e.g. ``{"topk": 512,
+    # "next_n": 1}`` for a kernel built for one top-k and no native MTP (fields:
+    # ``strategies.batches.FIXABLE``). Its cases are drawn with these values at
+    # any scale, and ``Target.judge`` refuses a case that differs (InvalidCase).
+    fixes: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        problems = fixes_problems(self.fixes)
+        if problems:
+            raise UsageError(f"implementation {self.name!r}: {'; '.join(problems)}")
+        object.__setattr__(self, "fixes", dict(self.fixes))  # a copy the caller cannot change
 
     def why_unavailable(self) -> str | None:
         return self.unavailable() if self.unavailable is not None else None
@@ -141,9 +152,26 @@ class Target:
                 out[impl.name] = reason
         return out
 
-    def cases(self, scale: Scale = SMALL) -> st.SearchStrategy[Case]:
+    def cases(
+        self, scale: Scale = SMALL, impl: Implementation | None = None
+    ) -> st.SearchStrategy[Case]:
+        """The cases of this target at ``scale``; with ``impl``, only those it
+        accepts: its ``fixes`` are drawn as their values, whatever the scale's
+        limits. An implementation without fixes draws exactly the cases (and
+        shrinks exactly as) ``cases(scale)`` does, so saved corpora replay."""
         params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
-        return cases(scale, params)
+        return cases(scale, params, impl.fixes if impl is not None else None)
+
+    def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
+        """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field
+        ``impl`` fixes: the implementation was never meant to run it."""
+        wrong = fixes_violations(case.config, impl.fixes)
+        if wrong:
+            prefix = f"{where}: " if where else ""
+            raise InvalidCase(
+                f"{prefix}implementation {impl.name} of {self.name} cannot judge this case: "
+                f"{'; '.join(wrong)}"
+            )
 
     def param_violations(self, case: Case) -> list[str]:
         """The case's own integers are exactly the target's, each inside its range."""
@@ -199,6 +227,9 @@ class Target:
     ) -> Verdict:
         """Run ``impl`` on ``case`` and compare it with the reference.
 
+        A case the engine could not produce, or one outside ``impl.fixes``, is
+        refused with :class:`InvalidCase` before anything runs.
+
         ``clock``, when given, accumulates the seconds spent in each phase:
         ``inputs``, ``reference``, ``implementation`` and ``oracle``.
         """
@@ -208,6 +239,7 @@ class Target:
 
             device = kernel_device()
         self.refuse_invalid(case)
+        self.refuse_unfixed(impl, case)
         with fits_in_memory(self.name):
             inputs = self.make_inputs(case, torch.device(device))
             lap("inputs")

@@ -54,15 +54,93 @@ SCALES = {"small": SMALL, "production": PRODUCTION}
 _BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
+# The ``EngineConfig`` fields an implementation may fix (``Implementation.fixes``):
+# an engine's kernel may accept one value only (vLLM's CPU sparse indexer runs
+# ``topk == 512`` and no native MTP, so ``next_n == 1``). ``next_n`` stands for
+# ``num_spec + 1``.
+FIXABLE = (
+    "next_n",
+    "block_size",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "topk",
+    "num_heads",
+    "head_dim",
+)
+
+
+def config_value(config: EngineConfig, name: str) -> int:
+    """The value of a :data:`FIXABLE` field of ``config``."""
+    return config.next_n if name == "next_n" else getattr(config, name)
+
+
+def fixes_problems(fixes: Mapping[str, int]) -> list[str]:
+    """Why ``fixes`` cannot fix an engine config: unknown fields, values that are
+    not integers >= 1, or values no valid config has together (``next_n`` above
+    ``max_model_len`` or ``max_num_batched_tokens``). Empty when they can."""
+    out = []
+    for name, value in fixes.items():
+        if name not in FIXABLE:
+            out.append(f"cannot fix {name!r} (fixable: {', '.join(FIXABLE)})")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            out.append(f"{name} must be fixed to an integer >= 1, got {value!r}")
+    if out:
+        return out
+    next_n = fixes.get("next_n", 1)
+    for limit in ("max_model_len", "max_num_batched_tokens"):
+        if limit in fixes and fixes[limit] < next_n:
+            out.append(f"next_n={next_n} does not fit {limit}={fixes[limit]}")
+    return out
+
+
+def fixes_violations(config: EngineConfig, fixes: Mapping[str, int]) -> list[str]:
+    """``"field=value (requires field=wanted)"`` for each fixed field ``config`` differs in."""
+    out = []
+    for name, wanted in fixes.items():
+        have = config_value(config, name)
+        if have != wanted:
+            out.append(f"{name}={have} (requires {name}={wanted})")
+    return out
+
+
 @st.composite
-def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
-    """Engine limits, with ``max_num_batched_tokens`` both below and above ``max_model_len``."""
-    next_n = draw(st.integers(1, scale.max_next_n))
-    block_size = draw(st.sampled_from([b for b in _BLOCK_SIZES if b <= scale.max_model_len]))
-    max_model_len = draw(st.integers(max(8, next_n), scale.max_model_len))
-    max_num_seqs = draw(st.integers(1, scale.max_num_seqs))
+def engine_configs(
+    draw: st.DrawFn, scale: Scale = SMALL, fixes: Mapping[str, int] | None = None
+) -> EngineConfig:
+    """Engine limits, with ``max_num_batched_tokens`` both below and above ``max_model_len``.
+
+    A field in ``fixes`` (see :data:`FIXABLE`) takes that value whatever the
+    scale's limit for it (``topk=512`` at ``SMALL``), and is not drawn; the
+    ranges of the fields drawn after it are bounded by it where they depend on
+    it. Without ``fixes``, the draws (and so saved corpora, seeds and shrinking)
+    are exactly those of an unfixed strategy.
+    """
+    fixed = dict(fixes or {})
+    problems = fixes_problems(fixed)
+    if problems:
+        raise ValueError(f"fixes {fixed}: {'; '.join(problems)}")
+
+    def pick(name: str, strategy: st.SearchStrategy[int]) -> int:
+        return fixed[name] if name in fixed else draw(strategy)
+
+    # Unfixed, every bound below is the scale's own (the min/max are no-ops).
+    top_next_n = min(
+        scale.max_next_n,
+        fixed.get("max_model_len", 2**62),
+        fixed.get("max_num_batched_tokens", 2**62),
+    )
+    next_n = pick("next_n", st.integers(1, top_next_n))
+    top_len = fixed.get("max_model_len", scale.max_model_len)
+    block_size = pick("block_size", st.sampled_from([b for b in _BLOCK_SIZES if b <= top_len]))
+    low_len = max(8, next_n)
+    max_model_len = pick("max_model_len", st.integers(low_len, max(low_len, scale.max_model_len)))
+    max_num_seqs = pick("max_num_seqs", st.integers(1, scale.max_num_seqs))
     # Enough for one full decode step; above or below max_model_len alike.
-    max_num_batched_tokens = draw(st.integers(next_n, scale.max_num_batched_tokens))
+    max_num_batched_tokens = pick(
+        "max_num_batched_tokens",
+        st.integers(next_n, max(next_n, scale.max_num_batched_tokens)),
+    )
     # Capture sizes: multiples of next_n that a decode step can fill. Request
     # counts are drawn over a range that depends on neither next_n nor the
     # limits and folded into 1..max_graph_reqs, so that shrinking next_n or a
@@ -82,9 +160,9 @@ def engine_configs(draw: st.DrawFn, scale: Scale = SMALL) -> EngineConfig:
         block_size=block_size,
         num_spec=next_n - 1,
         cudagraph_capture_sizes=sizes,
-        topk=draw(st.integers(1, scale.topk)),
-        num_heads=draw(st.integers(1, scale.num_heads)),
-        head_dim=draw(st.integers(1, scale.head_dim)),
+        topk=pick("topk", st.integers(1, scale.topk)),
+        num_heads=pick("num_heads", st.integers(1, scale.num_heads)),
+        head_dim=pick("head_dim", st.integers(1, scale.head_dim)),
     )
 
 
@@ -193,13 +271,15 @@ def cases(
     draw: st.DrawFn,
     scale: Scale = SMALL,
     params: Mapping[str, st.SearchStrategy[int]] | None = None,
+    fixes: Mapping[str, int] | None = None,
 ) -> Case:
     """An engine config, a step it admits, and the target's own parameters.
 
     ``params`` maps a parameter name to a strategy of integers, drawn after
     the step (so a target with parameters shrinks its batch the same way).
+    ``fixes`` fixes engine-config fields (see :func:`engine_configs`).
     """
-    config = draw(engine_configs(scale))
+    config = draw(engine_configs(scale, fixes))
     batch = draw(batches(config))
     drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))
     return Case(config, batch, drawn)

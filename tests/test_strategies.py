@@ -78,3 +78,82 @@ def test_default_sizes_stay_small():
 def test_production_scale_is_a_setting_of_the_same_strategy():
     labels, n = collect(cases(PRODUCTION), 100)
     assert n == 100 and labels["next_n>1"] > 0
+
+
+def test_fixed_fields_are_drawn_as_their_values_above_the_scales_limits():
+    """``fixes`` wins over the scale (topk=512 at SMALL, whose topk is 16); the
+    other fields still vary, and every case stays one the engine can produce."""
+    from attnfuzz.strategies.batches import SMALL
+
+    fixes = {"topk": 512, "next_n": 1}
+    lengths: set[int] = set()
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(cases(SMALL, None, fixes))
+    def draw(case):
+        assert case.config.topk == 512 and case.config.next_n == 1, case
+        assert violations(case.config, case.batch) == [], case
+        lengths.add(case.config.max_model_len)
+
+    draw()
+    assert len(lengths) > 1  # unfixed fields are still drawn
+    heads: set[int] = set()
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(cases(PRODUCTION, None, {"next_n": 3, "max_num_batched_tokens": 5}))
+    def production(case):
+        assert case.config.next_n == 3 and case.config.max_num_batched_tokens == 5, case
+        assert violations(case.config, case.batch) == [], case
+        heads.add(case.config.num_heads)
+
+    production()
+    assert len(heads) > 1  # unfixed fields are still drawn
+
+
+def test_fixes_that_no_config_can_meet_are_refused():
+    import pytest
+    from attnfuzz.strategies.batches import engine_configs, fixes_problems
+
+    assert fixes_problems({"topk": 512, "next_n": 1}) == []
+    assert "cannot fix 'num_spec'" in fixes_problems({"num_spec": 0})[0]
+    assert "integer >= 1" in fixes_problems({"topk": 0})[0]
+    assert "integer >= 1" in fixes_problems({"topk": True})[0]
+    assert "does not fit max_model_len=2" in fixes_problems({"next_n": 3, "max_model_len": 2})[0]
+
+    @settings(max_examples=1, database=None)
+    @given(engine_configs(fixes={"seed": 1}))
+    def draw(config):
+        pass
+
+    with pytest.raises(ValueError, match="cannot fix 'seed'"):
+        draw()
+
+
+def test_no_fixes_draw_and_shrink_exactly_as_before():
+    """Saved corpora and derandomized seeds replay unchanged for implementations
+    without fixes: the same draws, and the same minimal case for a property."""
+    from attnfuzz.reference.batch import Batch, Case, EngineConfig
+    from hypothesis import find
+
+    def drawn(strategy) -> list:
+        out = []
+
+        @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+        @given(strategy)
+        def draw(case):
+            out.append(case)
+
+        draw()
+        return out
+
+    assert drawn(cases()) == drawn(cases(fixes={}))
+    minimal = find(
+        cases(),
+        lambda c: c.config.next_n > 2 and c.batch.num_reqs > 3 and c.config.topk > 5,
+        settings=settings(derandomize=True, database=None, max_examples=2000),
+    )
+    config = EngineConfig(
+        max_model_len=8, max_num_seqs=4, max_num_batched_tokens=12, block_size=1, num_spec=2,
+        cudagraph_capture_sizes=(3, 12), topk=6, num_heads=1, head_dim=1,
+    )  # fmt: skip
+    assert minimal == Case(config, Batch((0, 0, 0, 0), (3, 3, 3, 3), seed=0, use_cudagraph=True))

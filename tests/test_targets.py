@@ -80,3 +80,40 @@ def test_an_allocation_failure_building_a_case_is_a_usage_error_and_other_errors
 
     with pytest.raises(RuntimeError, match="a bug in make_inputs"):
         replace(target, make_inputs=broken).judge(impl, case, "cpu")
+
+
+def test_an_implementations_fixes_shape_its_cases_and_its_judge_refuses_others():
+    """A kernel built for one top-k and no native MTP (``fixes``) is only given
+    such cases, at any scale, and a case outside them is refused in one line
+    naming the field, the case's value and the requirement: never judged."""
+    import dataclasses
+
+    from attnfuzz.harness.target import Implementation, InvalidCase, UsageError
+
+    t = get_target("indexer-decode")
+    impl = dataclasses.replace(
+        t.implementations["reference"], name="ref-512", fixes={"topk": 512, "next_n": 1}
+    )
+    judged = [0]
+
+    @settings(
+        max_examples=25, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(t.cases(impl=impl))
+    def check(case):
+        assert case.config.topk == 512 and case.config.next_n == 1
+        assert t.judge(impl, case, "cpu").ok
+        judged[0] += 1
+
+    check()
+    assert judged[0] == 25
+    case = t.implementations["pr39542-lengths"].smallest()
+    assert case.config.next_n > 1
+    with pytest.raises(InvalidCase) as err:
+        t.judge(impl, case, "cpu")
+    message = str(err.value)
+    assert "\n" not in message and "ref-512" in message
+    assert f"topk={case.config.topk} (requires topk=512)" in message
+    assert f"next_n={case.config.next_n} (requires next_n=1)" in message
+    with pytest.raises(UsageError, match="cannot fix 'seq_len'"):
+        Implementation("bad", impl.fn, "user", fixes={"seq_len": 3})
