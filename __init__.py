@@ -1,3 +1,227 @@
-"""attnfuzz: differential testing and fuzzing of attention metadata."""
+"""attnfuzz: differential testing and fuzzing of attention metadata.
 
-__version__ = "0.1.0"
+The public API is what ``__all__`` lists (README: "Public Python API");
+everything under ``attnfuzz.harness``, ``attnfuzz.strategies`` and
+``attnfuzz.kernels`` is internal. ``import attnfuzz`` is cheap: it imports
+neither torch, Triton nor Hypothesis; each name is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
+    from attnfuzz.harness.campaign import Options as CampaignOptions
+    from attnfuzz.harness.campaign import run_campaign
+    from attnfuzz.harness.oracle import Mismatch, Verdict
+    from attnfuzz.harness.registry import get_target, target_names
+    from attnfuzz.harness.runner import RunResult
+    from attnfuzz.harness.target import Implementation, Target, UsageError
+    from attnfuzz.reference.batch import Batch, Case, EngineConfig
+    from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
+    from hypothesis.strategies import SearchStrategy
+
+try:
+    __version__ = version("attnfuzz")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
+    __version__ = "0+unknown"
+
+# Public name -> "module:attribute". Moving a module only changes this map.
+_LAZY: dict[str, str] = {
+    "target_names": "attnfuzz.harness.registry:target_names",
+    "get_target": "attnfuzz.harness.registry:get_target",
+    "run_campaign": "attnfuzz.harness.campaign:run_campaign",
+    "CampaignOptions": "attnfuzz.harness.campaign:Options",
+    "Target": "attnfuzz.harness.target:Target",
+    "Implementation": "attnfuzz.harness.target:Implementation",
+    "UsageError": "attnfuzz.harness.target:UsageError",
+    "Verdict": "attnfuzz.harness.oracle:Verdict",
+    "Mismatch": "attnfuzz.harness.oracle:Mismatch",
+    "RunResult": "attnfuzz.harness.runner:RunResult",
+    "Case": "attnfuzz.reference.batch:Case",
+    "EngineConfig": "attnfuzz.reference.batch:EngineConfig",
+    "Batch": "attnfuzz.reference.batch:Batch",
+    "Scale": "attnfuzz.strategies.batches:Scale",
+    "SMALL": "attnfuzz.strategies.batches:SMALL",
+    "PRODUCTION": "attnfuzz.strategies.batches:PRODUCTION",
+}
+
+__all__ = [
+    "__version__",
+    # targets and their strategies
+    "target_names",
+    "get_target",
+    "cases",
+    # judging, case files
+    "judge",
+    "load_case",
+    "replay",
+    # fuzzing
+    "run",
+    "run_campaign",
+    "CampaignOptions",
+    # types
+    "Target",
+    "Implementation",
+    "Case",
+    "EngineConfig",
+    "Batch",
+    "Verdict",
+    "Mismatch",
+    "RunResult",
+    "Scale",
+    "SMALL",
+    "PRODUCTION",
+    "UsageError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    spec = _LAZY.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'attnfuzz' has no attribute {name!r}")
+    module_name, _, attr = spec.partition(":")
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def _target(target: str | Target) -> Target:
+    from attnfuzz.harness.registry import get_target
+
+    return get_target(target) if isinstance(target, str) else target
+
+
+def _implementation(target: Target, impl: str | Implementation | Callable[[Any], Any]):
+    from attnfuzz.harness.target import Implementation
+
+    if isinstance(impl, Implementation):
+        return impl
+    if isinstance(impl, str):
+        return target.resolve(impl)
+    if callable(impl):
+        name = f"{getattr(impl, '__module__', '?')}:{getattr(impl, '__qualname__', repr(impl))}"
+        return Implementation(name, impl, "user", f"user implementation {name}")
+    raise TypeError(f"an implementation is a name, an Implementation or a callable, got {impl!r}")
+
+
+def cases(
+    target: str | Target,
+    scale: Scale | None = None,
+    impl: str | Implementation | Callable[[Any], Any] | None = None,
+) -> SearchStrategy[Case]:
+    """The Hypothesis strategy of ``target``'s cases: engine configs, scheduler
+    steps and the target's own parameters, up to ``scale`` (default ``SMALL``).
+
+    ``impl``, when given, is the implementation the cases are for: an
+    implementation that fixes engine fields (``Implementation.fixes``) gets
+    cases drawn with those values. The target is looked up when the strategy
+    is first drawn from, so using this in ``@given(...)`` at import time costs
+    nothing and an unknown name fails the test that draws, not the import.
+    """
+    from attnfuzz.strategies.batches import SMALL
+    from hypothesis import strategies as st
+
+    def build() -> SearchStrategy[Case]:
+        t = _target(target)
+        if impl is None:
+            return t.cases(scale or SMALL)
+        return t.cases(scale or SMALL, _implementation(t, impl))
+
+    return st.deferred(build)
+
+
+def judge(
+    target: str | Target,
+    impl: str | Implementation | Callable[[Any], Any],
+    case: Case,
+    device: str | None = None,
+) -> Verdict:
+    """Run ``impl`` on ``case`` in this process and compare it with ``target``'s oracle.
+
+    ``target`` is a name (``"mtp-seq-lens"``) or a :class:`Target`; ``impl`` a
+    registered name (``"triton"``), ``"module:attribute"``, an
+    :class:`Implementation`, or any callable taking the target's inputs.
+    ``device`` defaults to where the kernels run. Returns the :class:`Verdict`
+    (``verdict.ok``; ``str(verdict)`` says what failed); never raises for a
+    failure of the implementation. A case the engine could never produce
+    raises :class:`UsageError` (``InvalidCase``), as does an unknown name.
+    """
+    t = _target(target)
+    return t.judge(_implementation(t, impl), case, device)
+
+
+def load_case(path: str | Path) -> Case:
+    """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
+    found in, checked as ``attnfuzz repro`` checks it. Reading a case file
+    imports nothing it names. Every problem is a one-line :class:`UsageError`."""
+    import dataclasses
+
+    from attnfuzz.harness.casefile import read_case
+
+    doc = read_case(path)
+    case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
+    _target(doc["target"]).refuse_invalid(case, str(path))
+    return case
+
+
+def replay(
+    path: str | Path,
+    impl: str | Implementation | Callable[[Any], Any] | None = None,
+    device: str | None = None,
+) -> Verdict:
+    """Judge a case file's case on ``impl`` (default: the implementation the file
+    names, which must be registered: a ``module:attribute`` in a file is imported
+    only when passed again as ``impl``), in this process. ``attnfuzz repro`` is
+    the same judged in a child process, under the timeout the case was found with."""
+    from attnfuzz.harness.export import load_case as resolve_case
+
+    spec = impl if isinstance(impl, str) or impl is None else None
+    target, implementation, case, _ = resolve_case(path, spec)
+    if spec is None and impl is not None:
+        implementation = _implementation(target, impl)
+    return target.judge(implementation, case, device)
+
+
+def run(
+    target: str | Target,
+    impl: str | Implementation | Callable[[Any], Any] = "triton",
+    *,
+    max_examples: int = 200,
+    seed: int | None = None,
+    database: str | Path | None = None,
+    scale: Scale | None = None,
+    device: str | None = None,
+    budget_s: float | None = None,
+) -> RunResult:
+    """Fuzz one implementation of one target in this process, as ``attnfuzz run``
+    does (without its child process per case); the failure, if any, comes back
+    minimized in the :class:`RunResult` (``result.failed``, ``result.case``,
+    ``result.verdict``), never raised.
+
+    ``seed`` makes the run derandomized; ``database`` (a directory or
+    ``redis://HOST:PORT``, default none) keeps and replays what was found.
+    ``budget_s`` ends a search that found nothing after that many seconds.
+    """
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.strategies.batches import SMALL
+
+    t = _target(target)
+    return fuzz(
+        t,
+        _implementation(t, impl),
+        max_examples=max_examples,
+        rng_seed=seed,
+        database=None if database is None else str(database),
+        scale=scale or SMALL,
+        device=device,
+        budget_s=budget_s,
+    )

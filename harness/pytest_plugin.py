@@ -1,0 +1,348 @@
+"""attnfuzz's pytest plugin (entry point ``pytest11: attnfuzz``).
+
+pytest loads it in every run where attnfuzz is installed, so it does nothing
+unless asked: importing it imports nothing beyond pytest, and a suite that
+uses none of its options, ini keys or fixtures collects and runs exactly as
+without it (``-p no:attnfuzz`` disables it). What it offers (README: "Using
+attnfuzz from pytest"):
+
+- ``--attnfuzz-impl TARGET=IMPL`` (repeatable; ``IMPL`` a registered name or
+  ``module:attribute``): one test item per pair, ``attnfuzz::TARGET[IMPL]``,
+  a Hypothesis test of ``IMPL`` against the target's oracle. It runs under the
+  suite's Hypothesis settings (profile, ``--hypothesis-seed``, example
+  database, ``--hypothesis-show-statistics``), with attnfuzz's corpus key, so
+  a database shared with ``attnfuzz run --db`` replays the same failures. The
+  pair also names the implementation under test of ``TARGET`` for the two
+  below; the ini key ``attnfuzz_impl`` (lines ``TARGET=IMPL``) names it
+  without adding fuzz items, and the command line wins.
+- the session fixture ``attnfuzz_judge``: ``attnfuzz_judge(target, case,
+  impl=None)`` judges ``case`` on ``impl`` (default: the implementation under
+  test of ``target``) and fails the test with the verdict and the case file.
+- case files as tests: every ``*.json`` under a directory of the ini key
+  ``attnfuzz_cases`` (collected when pytest's collection reaches it) or of
+  ``--attnfuzz-cases DIR`` (always collected) is one test item that replays
+  the case on the implementation under test of its target, or, when none is
+  named, on the implementation the file names.
+
+Every item this plugin makes carries the marker ``attnfuzz`` (``-m attnfuzz``).
+A failure's message is the verdict, then the case as a case file
+(``attnfuzz.case/1``), ready to save and replay with ``attnfuzz repro``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from attnfuzz.harness.oracle import Verdict
+    from attnfuzz.harness.target import Implementation, Target
+    from attnfuzz.reference.batch import Case
+
+IMPL_OPTION = "--attnfuzz-impl"
+CASES_OPTION = "--attnfuzz-cases"
+IMPL_INI = "attnfuzz_impl"
+CASES_INI = "attnfuzz_cases"
+MARKER = "attnfuzz"
+
+_STATE = pytest.StashKey["_State"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attnfuzz", "attnfuzz: fuzz attention metadata against its oracle")
+    group.addoption(
+        IMPL_OPTION,
+        action="append",
+        default=[],
+        metavar="TARGET=IMPL",
+        help="fuzz IMPL (a registered name or module:attribute) against TARGET's oracle "
+        "as one test item under the suite's Hypothesis settings; IMPL is also the "
+        "implementation attnfuzz_judge and case files use for TARGET (repeatable)",
+    )
+    group.addoption(
+        CASES_OPTION,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="collect every *.json case file under DIR as a test that replays it (repeatable)",
+    )
+    parser.addini(
+        IMPL_INI,
+        type="linelist",
+        default=[],
+        help="TARGET=IMPL lines: the implementation under test of each target, for "
+        "attnfuzz_judge and case files (adds no fuzz item; --attnfuzz-impl wins)",
+    )
+    parser.addini(
+        CASES_INI,
+        type="paths",
+        default=[],
+        help="directories whose *.json files are attnfuzz case files, collected as tests",
+    )
+
+
+class _State:
+    """What the options and ini keys say, parsed once per session."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.fuzz: list[tuple[str, str]] = [
+            _pair(text, IMPL_OPTION) for text in config.getoption("attnfuzz_impl")
+        ]
+        self.impls: dict[str, str] = dict(_pair(text, IMPL_INI) for text in config.getini(IMPL_INI))
+        self.impls.update(self.fuzz)  # the command line wins
+        asked = [Path(d).resolve() for d in config.getoption("attnfuzz_cases")]
+        for d in asked:
+            if not d.is_dir():
+                raise pytest.UsageError(f"{CASES_OPTION} {d}: not a directory")
+        self.case_dirs = asked + [Path(d).resolve() for d in config.getini(CASES_INI)]
+        self.asked_dirs = asked
+
+    def holds_case(self, path: Path) -> bool:
+        return path.suffix == ".json" and any(path.is_relative_to(d) for d in self.case_dirs)
+
+
+def _pair(text: str, where: str) -> tuple[str, str]:
+    target, sep, impl = text.strip().partition("=")
+    if not sep or not target.strip() or not impl.strip():
+        raise pytest.UsageError(f"{where} {text!r}: expected TARGET=IMPL, e.g. mtp-seq-lens=pkg:fn")
+    return target.strip(), impl.strip()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: a test item made by attnfuzz's plugin (fuzz run or case file)"
+    )
+    state = _State(config)
+    config.stash[_STATE] = state
+    # Directories asked for on the command line are collected like test paths.
+    # (Workers of pytest-xdist get the controller's arguments: nothing is added twice.)
+    have = {Path(a.split("::")[0]).resolve() for a in config.args}
+    for d in state.asked_dirs:
+        if d not in have:
+            config.args.append(str(d))
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    state = parent.config.stash.get(_STATE, None)
+    if state is None or not state.case_dirs or not state.holds_case(file_path.resolve()):
+        return None
+    return CaseFile.from_parent(parent, path=file_path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect, so that they see these items
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    state = session.config.stash.get(_STATE, None)
+    if state is None:
+        return
+    for target, impl in state.fuzz:
+        name = f"{target}[{impl}]"
+        items.append(FuzzItem.from_parent(session, name=name, nodeid=f"attnfuzz::{name}"))
+
+
+class CaseFailure(AssertionError):
+    """A case an implementation fails: the verdict, then the case as a case file."""
+
+    def __init__(self, target: str, impl: Implementation, case: Case, verdict: Verdict) -> None:
+        from attnfuzz.harness.casefile import case_document
+
+        self.target, self.impl, self.case, self.verdict = target, impl, case, verdict
+        self.document = case_document(target, impl.name, case, verdict)
+        name = f"{target}--{impl.name.replace(':', '_').replace('/', '_')}--{verdict.key}"
+        name = name.replace(":", "_") + ".json"
+        again = f" --impl {impl.name}" if impl.kind == "user" else ""
+        super().__init__(
+            f"{target} / {impl.name}: {verdict}\n"
+            f"case file (save as {name}; replay: attnfuzz repro {name}{again}):\n"
+            + json.dumps(self.document, indent=2)
+        )
+
+
+def _failures(err: BaseException) -> Iterator[BaseException]:
+    """The failures of a case inside ``err`` (Hypothesis groups distinct ones)."""
+    if isinstance(err, BaseExceptionGroup):
+        for inner in err.exceptions:
+            yield from _failures(inner)
+    elif isinstance(err, CaseFailure) or hasattr(err, "verdict"):
+        yield err
+
+
+def _message(err: BaseException) -> str | None:
+    found = list(_failures(err))
+    return "\n\n".join(str(e) for e in found) if found else None
+
+
+def _usage_error(err: BaseException) -> bool:
+    from attnfuzz.harness.target import UsageError
+
+    return isinstance(err, UsageError)
+
+
+class FuzzItem(pytest.Item):
+    """``--attnfuzz-impl TARGET=IMPL``: Hypothesis searches ``TARGET``'s cases for one
+    that ``IMPL`` fails, under the suite's settings, and shrinks it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.target_name, _, rest = self.name.partition("[")
+        self.impl_spec = rest[:-1]
+        self.add_marker(MARKER)
+        self.extra_keyword_matches.update({self.target_name, "attnfuzz"})
+
+    def setup(self) -> None:
+        # Built here, not at collection: the settings in force are the profile the
+        # suite loaded, and collection stays free of torch for deselected items.
+        # ``obj`` is what Hypothesis' own pytest plugin looks at (statistics, reporting).
+        self.obj = _fuzz_test(self.target_name, self.impl_spec)
+
+    def runtest(self) -> None:
+        self.obj()
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
+        message = _message(excinfo.value)
+        if message is not None:
+            return message
+        if _usage_error(excinfo.value):
+            return f"{self.name}: {excinfo.value}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"attnfuzz fuzz {self.target_name} / {self.impl_spec}"
+
+
+def _fuzz_test(target_name: str, impl_spec: str) -> Any:
+    """A Hypothesis test of ``impl_spec`` on ``target_name``'s cases that raises
+    :class:`CaseFailure` on a case it fails; its settings are the active profile's."""
+    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.runner import database_key
+    from hypothesis import HealthCheck, given, settings
+
+    target = get_target(target_name)
+    impl = target.resolve(impl_spec)
+    impl.prepare()
+
+    # The item has no fixtures: the checks of fixtures Hypothesis' plugin runs
+    # would look for a test function the item does not have.
+    suppressed = {HealthCheck.function_scoped_fixture, HealthCheck.differing_executors}
+
+    @settings(suppress_health_check=suppressed | set(settings.default.suppress_health_check))
+    @given(target.cases(_scale(), impl) if _takes_impl(target) else target.cases(_scale()))
+    def fuzz(case: Case) -> None:
+        verdict = target.judge(impl, case)
+        if not verdict.ok:
+            raise CaseFailure(target.name, impl, case, verdict)
+
+    # One corpus per target and implementation, as ``attnfuzz run`` keeps.
+    fuzz._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
+    return fuzz
+
+
+def _scale() -> Any:
+    from attnfuzz.strategies.batches import SMALL
+
+    return SMALL
+
+
+def _takes_impl(target: Target) -> bool:
+    import inspect
+
+    return "impl" in inspect.signature(target.cases).parameters
+
+
+class CaseFile(pytest.File):
+    """One case file: one item replaying its case."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        from attnfuzz.harness.casefile import read_case
+
+        doc = read_case(self.path)
+        yield CaseItem.from_parent(self, name=doc["target"], found_on=doc["implementation"])
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
+        if _usage_error(excinfo.value):
+            return f"not an attnfuzz case file: {excinfo.value}"
+        return super().repr_failure(excinfo, style)  # type: ignore[arg-type]
+
+
+class CaseItem(pytest.Item):
+    """Replays a case file's case: passes when the implementation passes it."""
+
+    def __init__(self, *, found_on: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.found_on = found_on
+        self.add_marker(MARKER)
+        self.extra_keyword_matches.add("attnfuzz")
+
+    def runtest(self) -> None:
+        from attnfuzz.harness.export import load_case
+
+        state = self.config.stash[_STATE]
+        spec = state.impls.get(self.name)
+        if spec is None and ":" in self.found_on:
+            raise _Unnamed(
+                f"{self.path.name} was found on {self.found_on!r}, which is not registered: "
+                f"name the implementation to replay it on with {IMPL_OPTION} "
+                f"{self.name}=IMPL or the ini key {IMPL_INI}"
+            )
+        target, impl, case, _ = load_case(self.path, spec, note_dtype=False)
+        impl.prepare()
+        verdict = target.judge(impl, case)
+        if not verdict.ok:
+            raise CaseFailure(target.name, impl, case, verdict)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
+        message = _message(excinfo.value)
+        if message is not None:
+            return f"{self.path.name}: {message}"
+        if _usage_error(excinfo.value) or isinstance(excinfo.value, _Unnamed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"attnfuzz case {self.path.name} ({self.name})"
+
+
+class _Unnamed(Exception):
+    """A case file found on a user's implementation, which no option names."""
+
+
+class SuiteJudge:
+    """The ``attnfuzz_judge`` fixture: judges cases inside the suite's own tests."""
+
+    def __init__(self, impls: dict[str, str]) -> None:
+        self.impls = impls
+
+    def implementation(self, target: str) -> str | None:
+        """The implementation under test of ``target`` (``--attnfuzz-impl`` or the
+        ini key ``attnfuzz_impl``), or None."""
+        return self.impls.get(target)
+
+    def __call__(self, target: str, case: Case, impl: str | None = None) -> Verdict:
+        """Judge ``case`` on ``impl`` (default: the implementation under test of
+        ``target``); a failure raises :class:`CaseFailure` (an ``AssertionError``)
+        whose message is the verdict and the case file. Returns the passing verdict."""
+        from attnfuzz.harness.registry import get_target
+        from attnfuzz.harness.target import UsageError
+
+        spec = impl or self.impls.get(target)
+        if spec is None:
+            raise UsageError(
+                f"attnfuzz_judge: no implementation of {target} named: pass impl=..., "
+                f"{IMPL_OPTION} {target}=IMPL or the ini key {IMPL_INI}"
+            )
+        t = get_target(target)
+        implementation = t.resolve(spec)
+        verdict = t.judge(implementation, case)
+        if not verdict.ok:
+            raise CaseFailure(t.name, implementation, case, verdict)
+        return verdict
+
+
+@pytest.fixture(scope="session")
+def attnfuzz_judge(pytestconfig: pytest.Config) -> SuiteJudge:
+    """``attnfuzz_judge(target, case, impl=None)``: judge a case, fail with its verdict
+    and case file (session-scoped, so that ``@given`` tests may use it)."""
+    return SuiteJudge(pytestconfig.stash[_STATE].impls)
