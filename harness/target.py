@@ -29,9 +29,17 @@ from attnfuzz.harness.oracle import (
     expect_no_allocation,
     output_mismatch,
 )
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import Case, build_common_metadata, split_decodes_and_prefills
 from attnfuzz.reference.invariants import violations
-from attnfuzz.strategies.batches import SMALL, Scale, cases, fixes_problems, fixes_violations
+from attnfuzz.strategies.batches import (
+    BOUNDARY_MEASURES,
+    SMALL,
+    Scale,
+    boundary_measures,
+    cases,
+    fixes_problems,
+    fixes_violations,
+)
 from hypothesis import strategies as st
 
 
@@ -130,6 +138,12 @@ class Target:
     describe: Callable[[Case], Any] | None = None
     # Per-case counts read off an implementation's outputs, summed over a run.
     statistics: Callable[[Any], dict[str, int]] | None = None
+    # Names of statistics that measure a case's closeness to a bug's condition
+    # (larger is closer): the search maximizes each with ``hypothesis.target``.
+    # A name in ``strategies.batches.BOUNDARY_MEASURES`` is measured on the case
+    # itself (``describe``'s view), so no implementation can misreport it; any
+    # other name is a key of ``statistics``. Each target says why it chose them.
+    guided: tuple[str, ...] = ()
 
     def add(self, impl: Implementation) -> None:
         self.implementations[impl.name] = impl
@@ -172,6 +186,19 @@ class Target:
                 f"{prefix}implementation {impl.name} of {self.name} cannot judge this case: "
                 f"{'; '.join(wrong)}"
             )
+
+    def boundary(self, case: Case) -> dict[str, int]:
+        """The guided measures of ``case`` that are read off the case itself (see ``guided``)."""
+        names = [name for name in self.guided if name in BOUNDARY_MEASURES]
+        if not names:
+            return {}
+        if self.describe is not None:
+            meta, split = self.describe(case)
+        else:
+            meta = build_common_metadata(case.config, case.batch)
+            split = split_decodes_and_prefills(meta, case.config.threshold)
+        measures = boundary_measures(case, meta, split)
+        return {name: measures[name] for name in names}
 
     def param_violations(self, case: Case) -> list[str]:
         """The case's own integers are exactly the target's, each inside its range."""
@@ -230,6 +257,8 @@ class Target:
         A case the engine could not produce, or one outside ``impl.fixes``, is
         refused with :class:`InvalidCase` before anything runs.
 
+        The verdict's ``statistics`` hold the case's guided boundary measures
+        (:meth:`boundary`) and the target's ``statistics`` of the outputs.
         ``clock``, when given, accumulates the seconds spent in each phase:
         ``inputs``, ``reference``, ``implementation`` and ``oracle``.
         """
@@ -241,6 +270,7 @@ class Target:
         self.refuse_invalid(case)
         self.refuse_unfixed(impl, case)
         with fits_in_memory(self.name):
+            measured = self.boundary(case)  # of the case: in every verdict, failing ones too
             inputs = self.make_inputs(case, torch.device(device))
             lap("inputs")
             expected = self.reference(case, inputs)  # before the implementation writes its buffers
@@ -257,7 +287,7 @@ class Target:
             except BaseException as err:  # an exception of any class on a valid case is a finding
                 _reraise_interruption(err, interrupted)
                 lap("implementation")
-                return Verdict([exception_mismatch(impl.name, err)])
+                return Verdict([exception_mismatch(impl.name, err)], dict(measured))
             lap("implementation")
             # Whatever came back is judged: an output the oracle cannot even read
             # (an attribute that raises, a tensor-like that is not) is a finding.
@@ -268,9 +298,10 @@ class Target:
                 mismatches = [output_mismatch(impl.name, err)]
             # Graph safety first: an allocation is the finding even when values agree.
             verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
+            verdict.statistics.update(measured)
             if self.statistics is not None:
                 try:
-                    verdict.statistics = self.statistics(got)
+                    verdict.statistics.update(self.statistics(got))
                 except BaseException as err:
                     _reraise_interruption(err, interrupted)
                     if verdict.ok:  # outputs already rejected have no counts; the verdict stands

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from attnfuzz.reference.batch import (
     Batch,
     Case,
+    CommonMetadata,
+    DecodeSplit,
     EngineConfig,
     build_common_metadata,
     is_uniform_decode,
@@ -332,3 +334,31 @@ def scenario_labels(case: Case) -> list[str]:
     else:
         labels.append("max_num_batched_tokens>=max_model_len")
     return labels
+
+
+# Measures of a case that grow as it nears the conditions of the historical bugs
+# (docs/domain.md, section 8): a target names the ones that fit its bugs in
+# ``Target.guided``, and the search maximizes them with ``hypothesis.target``.
+BOUNDARY_MEASURES = ("padded_tokens", "padding_requests", "short_decodes", "step_tokens")
+
+
+def boundary_measures(case: Case, meta: CommonMetadata, split: DecodeSplit) -> dict[str, int]:
+    """Each of :data:`BOUNDARY_MEASURES` for ``case``, read off the target's view of the
+    step (``meta`` and ``split``, as ``Target.describe`` gives them):
+
+    - ``padded_tokens``: ``T_pad - T``, token slots a graph pads (stale slots,
+      lengths not zeroed, padded decode tokens where ``sum(d) != N_d``);
+    - ``padding_requests``: ``R_pad - R``, rows of padding requests (``seq_len = 0``
+      rows, stored tables with padding rows, ``R != B``);
+    - ``short_decodes``: real decodes with ``0 < d[b] < next_n`` (ragged decodes,
+      ``max_decode_len < next_n``, ``B * L != N_d``);
+    - ``step_tokens``: the step's real tokens ``T`` (masks and tables sized by
+      the step outgrow those sized by ``max_model_len``).
+    """
+    real = split.decode_lens[: meta.num_real_reqs]
+    return {
+        "padded_tokens": meta.num_actual_tokens - meta.num_real_tokens,
+        "padding_requests": meta.num_reqs - meta.num_real_reqs,
+        "short_decodes": sum(1 for d in real if 0 < d < case.config.next_n),
+        "step_tokens": meta.num_real_tokens,
+    }

@@ -117,3 +117,58 @@ def test_an_implementations_fixes_shape_its_cases_and_its_judge_refuses_others()
     assert f"next_n={case.config.next_n} (requires next_n=1)" in message
     with pytest.raises(UsageError, match="cannot fix 'seq_len'"):
         Implementation("bad", impl.fn, "user", fixes={"seq_len": 3})
+
+
+@pytest.mark.parametrize("target", target_names())
+def test_every_guided_statistic_is_in_every_verdict_and_points_at_a_bug(target):
+    """Each name in ``guided`` is in the statistics of every judged case (the
+    search gets a value each time), failing verdicts included, and is positive
+    on the smallest trigger of at least one of the target's mutants: a guided
+    measure that no bug's condition raises would steer the search nowhere."""
+    from attnfuzz.harness.target import Implementation
+    from attnfuzz.strategies.batches import BOUNDARY_MEASURES
+
+    t = get_target(target)
+    assert t.guided, f"{target} guides the search with nothing"
+    assert t.statistics is not None or set(t.guided) <= set(BOUNDARY_MEASURES)
+    reference = t.resolve("reference")
+
+    @settings(
+        max_examples=20, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(t.cases())
+    def check(case):
+        statistics = t.judge(reference, case, "cpu").statistics
+        assert set(t.guided) <= set(statistics), case
+        assert all(statistics[name] >= 0 for name in t.guided)
+
+    check()
+
+    def crash(inputs):
+        raise RuntimeError("boom")
+
+    case = t.mutants[0].smallest()
+    failing = t.judge(Implementation("crash", crash, "user"), case, "cpu")
+    assert not failing.ok
+    boundary = [n for n in t.guided if n in BOUNDARY_MEASURES]
+    assert set(boundary) <= set(failing.statistics)
+    raised = [
+        m.name
+        for m in t.mutants
+        if any(t.judge(reference, m.smallest(), "cpu").statistics[n] > 0 for n in t.guided)
+    ]
+    assert raised, f"no guided statistic of {target} is raised by any mutant's smallest case"
+
+
+def test_boundary_measures_count_padding_and_short_decodes():
+    """Bug C's smallest case (docs/domain.md): 3 decodes of next_n = 2 (6 tokens)
+    replayed in a graph of 8: two padded tokens, one padding request."""
+    from attnfuzz.harness.targets.draft_block_tables import smallest_padded_table
+    from attnfuzz.harness.targets.mtp_seq_lens import smallest_strided
+
+    t = get_target("unpadding")
+    padded = smallest_padded_table()
+    assert t.boundary(padded) == {"padded_tokens": 2, "padding_requests": 1}
+    strided = smallest_strided()  # two decodes with L = 1 < next_n
+    assert get_target("mtp-seq-lens").boundary(strided)["short_decodes"] == 2
+    assert get_target("flex-block-mask").boundary(padded) == {"step_tokens": 6}

@@ -195,6 +195,10 @@ def build() -> Target:
         compare=compare,
         params=dict(ref.PARAMS),
         describe=ref.describe,
+        # The uniform rule meets padding requests (R_pad > R: padding as prefills),
+        # graph-padded tokens (T_pad > T: real decode tokens) and decodes of
+        # another length (ragged where uniform); each grows towards its bug.
+        guided=("padding_requests", "padded_tokens", "short_decodes"),
     )
     target.add(Implementation("triton", k.decode_split, "fixed", "torch masks on the host"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference rules"))

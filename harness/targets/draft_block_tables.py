@@ -89,6 +89,8 @@ def build() -> Target:
         reference=ref.reference,
         compare=compare,
         params=dict(ref.PARAMS),
+        # Bug C needs stored tables with rows of padding requests (R_pad != R).
+        guided=("padding_requests",),
     )
     target.add(
         Implementation("triton", k.draft_attention, "fixed", "tables sliced to R, Triton attention")

@@ -212,6 +212,9 @@ def build() -> Target:
         reference=ref.reference,
         compare=compare,
         describe=ref.describe,
+        # Right-aligned and wrong-row bugs need decodes shorter than the longest
+        # (short decodes); stale lengths need graph-padded decode tokens.
+        guided=("short_decodes", "padded_tokens"),
     )
     target.add(Implementation("triton", k.flatten_decode, "fixed", "one program per decode"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))

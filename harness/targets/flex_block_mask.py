@@ -264,6 +264,9 @@ def build() -> Target:
         # graph replays is the tables' address: compare demands views at the head of
         # the persistent memory, and nothing else of it changed.
         graph_safe=False,
+        # #39353: the step's mask outgrows tables sized by max_model_len as the
+        # step's tokens grow (rows are its query blocks).
+        guided=("step_tokens",),
     )
     target.add(
         Implementation("triton", k.flex_block_mask, "fixed", "tables sized by the #39353 fix")

@@ -210,6 +210,10 @@ def build() -> Target:
         compare=compare,
         describe=ref.describe,
         statistics=path_statistic,
+        # #42135: a strided table needs L < next_n over B >= 2 decodes (short
+        # decodes), and an unclamped length needs padding requests (seq_len 0).
+        # The path statistic is a 0/1 indicator, no distance: not guided.
+        guided=("short_decodes", "padding_requests"),
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))

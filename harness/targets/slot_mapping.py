@@ -128,6 +128,8 @@ def build() -> Target:
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        # Stale slots sit in graph-padded token slots (T_pad > T).
+        guided=("padded_tokens",),
     )
     target.add(Implementation("triton", k.slot_mapping, "fixed", "one program per request"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))
