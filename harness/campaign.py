@@ -53,29 +53,36 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from attnfuzz.harness.cli import DURATION_HELP, non_negative_int, parse_duration, positive_int
+from attnfuzz.harness.definitions import (
+    CAMPAIGN_SCHEMA,
+    DEFAULT_OUT,
+    EXIT_FOUND,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    PROFILE_ENV,
+    case_size,
+    finding_id,
+    merge_timelines,
+    timestamp,
+)
+from attnfuzz.harness.definitions import DEFAULT_DB as _DEFAULT_DB
 from attnfuzz.harness.devices import check_device
 from attnfuzz.harness.storage import check_database, database_spec, prepare_out
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reports.document import NOT_RUN, SURVIVED, run_verdict
 
-SCHEMA = "attnfuzz.campaign/1"
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-EXIT_INCOMPLETE = 3  # some run judged no example: the campaign says nothing of it
-DEFAULT_DB = str(Path(".attnfuzz") / "db")
-DEFAULT_OUT = Path(".attnfuzz") / "campaign"
-PROFILE_ENV = "ATTNFUZZ_PROFILE"
+DEFAULT_DB = str(_DEFAULT_DB)  # --db takes a directory or a URL: a string
+
 # Workers end their units at the deadline by themselves (a call still running
 # then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
 STOP_GRACE_S = 1.0  # after the deadline, before the workers are told to stop
@@ -294,11 +301,6 @@ def plan_items(units: list[Unit], workers: int, max_examples: int | None) -> lis
     return items
 
 
-def finding_id(target: str, impl: str, key: str) -> str:
-    """``<target>--<impl>--<key>``, safe as a file name."""
-    return "--".join(re.sub(r"[^A-Za-z0-9._=-]", "_", part) for part in (target, impl, key))
-
-
 def _import_root(module_name: str) -> str | None:
     """The sys.path entry a user's module was imported from, for the workers."""
     module = sys.modules.get(module_name)
@@ -351,21 +353,6 @@ class Replays:
         return self.verdicts[item_id]
 
 
-def _merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
-    """Examples of all shards together over time, a few points a second at most."""
-    events = sorted((t, i, n) for i, tl in enumerate(timelines) for t, n in tl)
-    last = [0] * len(timelines)
-    merged: list[list[float]] = []
-    for t, i, n in events:
-        last[i] = n
-        point = [round(t, 3), sum(last)]
-        if merged and point[0] - merged[-1][0] < 0.25:
-            merged[-1] = point
-        else:
-            merged.append(point)
-    return merged
-
-
 @dataclass
 class Snapshot:
     """The campaign as its files say it is now."""
@@ -392,7 +379,7 @@ def collect(
     case it left in flight is replayed in isolation (``replays``) and is a
     finding if it fails there, else the loss is a ``worker-lost`` event.
     """
-    from attnfuzz.harness.campaign_worker import case_size, read_json
+    from attnfuzz.harness.campaign_worker import read_json
 
     items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
     for item in plan["items"]:
@@ -495,7 +482,7 @@ def collect(
             "examples_per_second": round(examples / seconds, 3) if seconds else 0.0,
             "status": status,
             "labels": dict(sorted(labels.items())),
-            "timeline": _merge_timelines([s["timeline"] for s in states]),
+            "timeline": merge_timelines([s["timeline"] for s in states]),
             "findings": ids,
         }
         if errors:
@@ -531,13 +518,13 @@ def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
     mutants, then runs that judged nothing."""
     runs = campaign["runs"]
     if any(r["status"] == "error" for r in runs):
-        return EXIT_FAILURE
+        return EXIT_FOUND
     if any(r["findings"] and r["kind"] != "mutant" for r in runs):
-        return EXIT_FAILURE
+        return EXIT_FOUND
     if campaign["interrupted"]:
         return 128 + (signum or signal.SIGINT)
     if any(run_verdict(r) == SURVIVED for r in runs):
-        return EXIT_FAILURE
+        return EXIT_FOUND
     if any(run_verdict(r) == NOT_RUN for r in runs):
         return EXIT_INCOMPLETE
     return EXIT_OK
@@ -638,10 +625,6 @@ class LiveProgress:
 
 
 # -- the campaign -----------------------------------------------------------------
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -1010,9 +993,9 @@ def _supervise(
         _report_new(snap, writer, progress, started)
         finished = time.time()
         campaign = {
-            "schema": SCHEMA,
-            "started": _iso(started),
-            "finished": _iso(finished),
+            "schema": CAMPAIGN_SCHEMA,
+            "started": timestamp(started),
+            "finished": timestamp(finished),
             "seconds": round(finished - started, 3),
             "budget": {"seconds": budget, "max_examples": options.max_examples},
             "profile": plan["profile"],

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.definitions import CASE_SCHEMA
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
@@ -32,7 +33,6 @@ from attnfuzz.reference.batch import (
 )
 from attnfuzz.reference.invariants import batch_violations, config_violations
 
-SCHEMA = "attnfuzz.case/1"
 MAX_EXAMPLE_TIMEOUT_S = 24 * 3600  # a recorded per-example timeout longer than a day is no case
 
 MAX_CASE_BYTES = 1 << 20
@@ -165,7 +165,7 @@ def case_document(
     body.pop("dtype", None)  # a setting, recorded under "settings"
     engine = engine_record(target, implementation)
     return {
-        "schema": SCHEMA,
+        "schema": CASE_SCHEMA,
         "target": target,
         "implementation": implementation,
         # The engine under test and its version, for a finding on an engine's own code.
@@ -325,9 +325,9 @@ def read_case(path: Path | str) -> dict[str, Any]:
     key = _long_key(doc, MAX_KEY_CHARS)
     _require(key is None, path, f"key {short(key)} is longer than {MAX_KEY_CHARS} characters")
     _require(
-        doc.get("schema") == SCHEMA,
+        doc.get("schema") == CASE_SCHEMA,
         path,
-        f"unsupported schema {short(doc.get('schema'))} (this attnfuzz reads {SCHEMA!r})",
+        f"unsupported schema {short(doc.get('schema'))} (this attnfuzz reads {CASE_SCHEMA!r})",
     )
     for key in ("target", "implementation"):
         value = doc.get(key)

@@ -18,9 +18,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.definitions import (
+    DEFAULT_CASES,
+    DEFAULT_DB,
+    DEFAULT_REGRESSIONS,
+    DEFAULT_ZOO_OUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+)
 from attnfuzz.harness.target import Implementation, UsageError
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def positive_int(text: str) -> int:
@@ -89,10 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--impl", default="triton", help="registered name or module:attribute")
     p.add_argument("--max-examples", type=positive_int, default=200)
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized run")
-    p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "cases")
+    p.add_argument("--out", type=Path, default=DEFAULT_CASES)
     p.add_argument(
         "--db",
-        default=str(Path(".attnfuzz") / "db"),
+        default=str(DEFAULT_DB),
         help="example database: a directory, or redis://HOST:PORT (unused with --seed)",
     )
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
@@ -111,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--out",
         type=Path,
-        default=Path("tests") / "regressions",
+        default=DEFAULT_REGRESSIONS,
         help="a directory or a FILE.py (default: tests/regressions of the current directory)",
     )
     p.add_argument("--impl", default=None, help="the implementation the test judges")
@@ -143,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds of shrinking per run: a plain number, in seconds (default 60)",
     )
-    p.add_argument("--out", type=Path, default=Path(".attnfuzz") / "zoo")
+    p.add_argument("--out", type=Path, default=DEFAULT_ZOO_OUT)
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
     p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
     return parser
@@ -333,7 +341,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result.interrupted:
         print("interrupted while shrinking: the smallest failing case so far")
     _print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
-    return 128 + signals.signum if result.interrupted else EXIT_FAILURE
+    return 128 + signals.signum if result.interrupted else EXIT_FOUND
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
@@ -352,7 +360,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     print(f"{target.name} / {impl.name}: {lines[0]}")
     for line in lines[1:]:
         print("  " + one_line(line.strip()))
-    return EXIT_OK if verdict.ok else EXIT_FAILURE
+    return EXIT_OK if verdict.ok else EXIT_FOUND
 
 
 def _note_engine_version(doc: dict, impl: Implementation) -> None:
@@ -391,7 +399,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 MESSAGE_LIMIT = 500
 """Characters of a message to the terminal that quotes input (an error, a note)."""
 PATH_LIMIT = 4096
-EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
 
 
 def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.casefile import read_case
+from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Case
 
-DEFAULT_DIR = Path("tests") / "regressions"
+DEFAULT_DIR = DEFAULT_REGRESSIONS
 """Where ``attnfuzz export`` writes, relative to the current directory: where a
 project keeps its regression tests (this project's own pytest and ruff skip it)."""
 LINE = 88

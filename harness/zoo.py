@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from attnfuzz.harness import registry
+from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_OK, ZOO_SCHEMA, markdown_table
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
 from attnfuzz.strategies.batches import SMALL, Scale
 
-SCHEMA = "attnfuzz.zoo/1"
 ARMS = ("attnfuzz", "naive-random", "grid")
 
 
@@ -490,18 +490,6 @@ def run_zoo(
     return scores
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table with aligned columns."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in cells
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
-
-
 def scoreboard(scores: Sequence[MutantScore]) -> str:
     return markdown_table(COLUMNS, [s.row() for s in scores])
 
@@ -518,7 +506,7 @@ def write_reports(
 
     out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "schema": SCHEMA,
+        "schema": ZOO_SCHEMA,
         "seeds": seeds,
         "budget_s": budget_s,
         "environment": environment(device),
@@ -541,7 +529,6 @@ def write_reports(
 
 def cmd_zoo(args: argparse.Namespace) -> int:
     """``attnfuzz zoo``: the scoreboard of the attnfuzz arm; exit 1 if a mutant survives."""
-    from attnfuzz.harness.cli import EXIT_FAILURE, EXIT_OK
     from attnfuzz.harness.target import UsageError
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.strategies.batches import SCALES
@@ -576,6 +563,6 @@ def cmd_zoo(args: argparse.Namespace) -> int:
             "SURVIVED: "
             + ", ".join(f"{s.target}/{s.mutant} ({s.found}/{len(s.runs)})" for s in lost)
         )
-        return EXIT_FAILURE
+        return EXIT_FOUND
     print(f"every mutant killed in every seed ({len(scores)} mutants)")
     return EXIT_OK

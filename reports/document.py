@@ -19,39 +19,28 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.casefile import case_document, load_json, write_case
+from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES: re-exported)
+    CAMPAIGN_SCHEMA,
+    CAUGHT,
+    ERROR,
+    FAIL,
+    KINDS,
+    NOT_RUN,
+    PASS,
+    STATUSES,
+    SURVIVED,
+    finding_id,
+)
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
 
 if TYPE_CHECKING:
     from attnfuzz.harness.runner import RunResult
-
-SCHEMA = "attnfuzz.campaign/1"
-KINDS = ("fixed", "reference", "engine", "mutant", "user")
-# A run that judged no example (a budget too short for the machine, a worker
-# lost at once) is "not run": neither passed nor failed, neither caught nor survived.
-STATUSES = ("pass", "fail", "error", "not run")
-
-# Verdict words, one per outcome; the reports show exactly these.
-PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
-    "pass",
-    "FAIL",
-    "caught",
-    "survived",
-    "ERROR",
-    "not run",
-)
-
-
-def now_iso() -> str:
-    """The current UTC time as ISO-8601 (seconds), as ``started``/``finished`` hold it."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
 
 # -- text ---------------------------------------------------------------------
 
@@ -88,11 +77,6 @@ def case_label(finding: Mapping[str, Any]) -> str:
     if finding.get("check") in UNSHRUNK_CHECKS:
         return "case as it ran (not shrunk: the process died or hung)"
     return "minimized case"
-
-
-def finding_id(target: str, implementation: str, key: str) -> str:
-    """``<target>--<impl>--<key>``, usable as a file name (``:`` and ``/`` become ``_``)."""
-    return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")
 
 
 def repro_command(case_path: Path | str, implementation: str) -> str:
@@ -248,7 +232,7 @@ def campaign_record(
 ) -> dict[str, Any]:
     """The whole ``campaign.json`` document (checked before it is returned)."""
     doc = {
-        "schema": SCHEMA,
+        "schema": CAMPAIGN_SCHEMA,
         "started": started,
         "finished": finished,
         "seconds": round(seconds, 3),
@@ -303,8 +287,8 @@ def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
     c = _Checker(where)
     if not isinstance(doc, dict):
         c.fail("the document", "is not a JSON object")
-    if doc.get("schema") != SCHEMA:
-        c.fail("the document", f"has schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    if doc.get("schema") != CAMPAIGN_SCHEMA:
+        c.fail("the document", f"has schema {doc.get('schema')!r}, expected {CAMPAIGN_SCHEMA!r}")
     for key in ("started", "finished"):
         c.need(doc, "campaign", key, str)
     c.need(doc, "campaign", "seconds", _NUMBER)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from attnfuzz.harness.definitions import markdown_table
 from attnfuzz.reports.document import (
     CAUGHT,
     ERROR,
@@ -54,12 +55,8 @@ def fenced(text: str, info: str = "") -> str:
 
 
 def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str]:
-    """Markdown table lines; ``align`` holds one of ``l``/``r`` per column."""
-    align = align or "l" * len(header)
-    rule = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
+    """Markdown table lines (:func:`markdown_table`); ``align``: ``l``/``r`` per column."""
+    return markdown_table(header, rows, align, pad=False).splitlines()
 
 
 _SHOWN = {PASS: "pass", CAUGHT: "caught", FAIL: "**FAIL**", SURVIVED: "**survived**"}

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.definitions import REGRESSION_SCHEMA
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
@@ -33,7 +34,6 @@ from attnfuzz.reports.document import (
 )
 from attnfuzz.reports.markdown import code, table
 
-SCHEMA = "attnfuzz.regression/1"
 SHARE_THRESHOLD = 0.10  # ten percentage points of a target's examples
 
 
@@ -112,7 +112,7 @@ def compare(
             mutants["no_longer_caught"].append(entry)
 
     report = {
-        "schema": SCHEMA,
+        "schema": REGRESSION_SCHEMA,
         "baseline": {k: baseline.get(k) for k in ("started", "profile", "seed")},
         "current": {k: current.get(k) for k in ("started", "profile", "seed")},
         "new": [_summary(f) for fid, f in new.items() if fid not in old],

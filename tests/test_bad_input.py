@@ -24,12 +24,12 @@ import torch
 from attnfuzz.harness import devices
 from attnfuzz.harness.casefile import (
     MAX_CASE_BYTES,
-    SCHEMA,
     case_document,
     read_case,
     write_case,
 )
 from attnfuzz.harness.cli import main, one_line
+from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
 from attnfuzz.harness.export import LINE, _literal, export_case, load_case
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import target_names

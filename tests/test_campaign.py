@@ -22,9 +22,14 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness import campaign as cp
 from attnfuzz.harness.campaign_worker import item_deadline, write_json
-from attnfuzz.harness.casefile import SCHEMA as CASE_SCHEMA
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main
+from attnfuzz.harness.definitions import (
+    CAMPAIGN_SCHEMA,
+    CASE_SCHEMA,
+    finding_id,
+    merge_timelines,
+)
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
@@ -131,13 +136,13 @@ def test_a_unit_gets_its_share_of_the_time_left(tmp_path):
 
 
 def test_finding_ids_are_file_names():
-    fid = cp.finding_id(ID, "pkg.mod:fn/x", "exception:RuntimeError")
+    fid = finding_id(ID, "pkg.mod:fn/x", "exception:RuntimeError")
     assert fid == "indexer-decode--pkg.mod_fn_x--exception_RuntimeError"
     assert "/" not in fid and ":" not in fid
 
 
 def test_timelines_of_shards_add_up():
-    merged = cp._merge_timelines([[[0.0, 0], [1.0, 10], [2.0, 20]], [[0.5, 0], [1.5, 5]]])
+    merged = merge_timelines([[[0.0, 0], [1.0, 10], [2.0, 20]], [[0.5, 0], [1.5, 5]]])
     assert merged == [[0.0, 0], [0.5, 0], [1.0, 10], [1.5, 15], [2.0, 25]]
     assert all(b[0] - a[0] >= 0.25 for a, b in zip(merged, merged[1:], strict=False))
 
@@ -345,7 +350,7 @@ def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_fail
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert doc["schema"] == cp.SCHEMA and doc["profile"] == "ci" and doc["seed"] == 0
+    assert doc["schema"] == CAMPAIGN_SCHEMA and doc["profile"] == "ci" and doc["seed"] == 0
     assert doc["workers"] == 2 and doc["database"] == "none" and not doc["interrupted"]
     assert doc["budget"] == {"seconds": None, "max_examples": 300}
     assert set(doc["environment"]) >= {"torch", "hypothesis", "device"}
@@ -362,7 +367,7 @@ def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_fail
         assert runs[name]["status"] == "fail" and runs[name]["findings"]
     for f in doc["findings"]:
         assert (f["target"], f["key"]) == (ID, f["verdict"]["key"])
-        assert f["id"] == cp.finding_id(ID, f["implementation"], f["key"])
+        assert f["id"] == finding_id(ID, f["implementation"], f["key"])
         assert f["case_file"] == f"cases/{f['id']}.json" and f["examples_to_failure"] >= 1
         path = tmp_path / "out" / f["case_file"]
         assert f["repro"] == f"attnfuzz repro {path}"

@@ -8,8 +8,9 @@ import sys
 import textwrap
 
 import pytest
-from attnfuzz.harness.casefile import SCHEMA, read_case
+from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main
+from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
 from attnfuzz.harness.target import UsageError
 
 

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from attnfuzz.harness.casefile import SCHEMA, case_document, write_case
+from attnfuzz.harness.casefile import case_document, write_case
 from attnfuzz.harness.cli import main
+from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
 from attnfuzz.harness.export import export_case
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target

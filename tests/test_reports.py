@@ -19,18 +19,17 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness.casefile import environment, read_case
 from attnfuzz.harness.cli import main
+from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, timestamp
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, UsageError
 from attnfuzz.reports import write_reports
 from attnfuzz.reports.document import (
-    SCHEMA,
     Timeline,
     campaign_record,
     campaign_verdict,
     check_campaign,
     from_result,
-    now_iso,
     run_record,
     run_verdict,
 )
@@ -64,7 +63,7 @@ def campaign(tmp_path_factory) -> tuple[dict, Path]:
     that survived and a run that errored, so that every verdict appears."""
     out = tmp_path_factory.mktemp("campaign")
     target = get_target("indexer-decode")
-    started, start = now_iso(), time.perf_counter()
+    started, start = timestamp(), time.perf_counter()
     runs, findings = [], []
     plan = [
         (target.implementations["reference"], 40),
@@ -101,7 +100,7 @@ def campaign(tmp_path_factory) -> tuple[dict, Path]:
         runs,
         findings,
         started=started,
-        finished=now_iso(),
+        finished=timestamp(),
         seconds=time.perf_counter() - start,
         environment=environment("cpu"),
         max_examples=300,
@@ -120,7 +119,7 @@ def written(campaign) -> dict[str, Path]:
 
 def test_campaign_document_from_real_runs(campaign):
     doc, out = campaign
-    assert doc["schema"] == SCHEMA
+    assert doc["schema"] == CAMPAIGN_SCHEMA
     verdicts = {r["implementation"]: run_verdict(r) for r in doc["runs"]}
     assert verdicts == {
         "reference": "pass",
@@ -314,8 +313,8 @@ def test_reports_of_an_interrupted_campaign_with_no_runs(tmp_path):
     doc = campaign_record(
         [],
         [],
-        started=now_iso(),
-        finished=now_iso(),
+        started=timestamp(),
+        finished=timestamp(),
         seconds=0.1,
         environment={"device": "cpu"},
         interrupted=True,

@@ -1,0 +1,137 @@
+"""The one definition of the names and small rules several parts of attnfuzz share.
+
+Schema ids, exit codes, default paths, the verdict words the reports print, how
+a finding is named, how two cases of one finding are ordered, how shards'
+timelines add up, how a Markdown table and a timestamp are written. Everything
+else imports these from here, so a value changes in one place only.
+
+This module imports nothing from attnfuzz (and nothing heavy), so any module
+may import it without creating an import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# -- schema ids (the "schema" field of each document attnfuzz writes) -----------------
+
+CASE_SCHEMA = "attnfuzz.case/1"
+CAMPAIGN_SCHEMA = "attnfuzz.campaign/1"
+ZOO_SCHEMA = "attnfuzz.zoo/1"
+REGRESSION_SCHEMA = "attnfuzz.regression/1"
+
+# -- exit codes of the command line ---------------------------------------------------
+
+EXIT_OK = 0
+EXIT_FOUND = 1  # a failing case was found (or a mutant survived, or a case still fails)
+EXIT_USAGE = 2  # the command line or an input file was refused; nothing ran
+EXIT_INCOMPLETE = 3  # some campaign run judged no example: the campaign says nothing of it
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
+
+# -- default paths, relative to the working directory --------------------------------
+
+STATE_DIR = Path(".attnfuzz")
+DEFAULT_DB = STATE_DIR / "db"  # Hypothesis' example database
+DEFAULT_OUT = STATE_DIR / "campaign"  # a campaign's results
+DEFAULT_CASES = STATE_DIR / "cases"  # `attnfuzz run`'s failing cases
+DEFAULT_ZOO_OUT = STATE_DIR / "zoo"  # `attnfuzz zoo`'s scoreboard
+DEFAULT_REGRESSIONS = Path("tests") / "regressions"  # `attnfuzz export`'s tests
+
+PROFILE_ENV = "ATTNFUZZ_PROFILE"  # the Hypothesis profile when none is named
+
+# -- implementation kinds, run statuses and verdict words ---------------------------
+
+KINDS = ("fixed", "reference", "engine", "mutant", "user")
+# A run that judged no example (a budget too short for the machine, a worker
+# lost at once) is "not run": neither passed nor failed, neither caught nor survived.
+STATUSES = ("pass", "fail", "error", "not run")
+
+# Verdict words, one per outcome; the reports show exactly these. A mutant that
+# fails was "caught"; one that passes "survived". Every other kind must pass.
+PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
+    "pass",
+    "FAIL",
+    "caught",
+    "survived",
+    "ERROR",
+    "not run",
+)
+
+# -- small shared rules ---------------------------------------------------------------
+
+
+def finding_id(target: str, implementation: str, key: str) -> str:
+    """``<target>--<impl>--<key>``, usable as a file name: every character outside
+    ``[0-9A-Za-z._=-]`` (``:`` and ``/`` among them) becomes ``_``."""
+    return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")
+
+
+def case_size(case_dict: dict[str, Any]) -> tuple[int, str]:
+    """Orders cases of one finding: the shorter printed case is the smaller; among
+    equally long ones, the first in text order (so the order is total)."""
+    text = json.dumps(case_dict, sort_keys=True, separators=(",", ":"))
+    return len(text), text
+
+
+TIMELINE_STEP_S = 0.25  # merged points closer than this keep only the later one
+
+
+def merge_timelines(timelines: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
+    """Examples of all shards together over time, a few points a second at most.
+
+    Each timeline is ``[seconds, examples so far]`` points of one shard; the
+    result's point at each event time is the sum of every shard's latest count.
+    """
+    events = sorted((t, i, n) for i, tl in enumerate(timelines) for t, n in tl)
+    last: list[float] = [0] * len(timelines)
+    merged: list[list[float]] = []
+    for t, i, n in events:
+        last[i] = n
+        point = [round(t, 3), sum(last)]
+        if merged and point[0] - merged[-1][0] < TIMELINE_STEP_S:
+            merged[-1] = point
+        else:
+            merged.append(point)
+    return merged
+
+
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], align: str = "", *, pad: bool = True
+) -> str:
+    """A Markdown table; ``align`` holds ``l`` or ``r`` per column (default: all
+    left). With ``pad``, every column is padded to one width (for a terminal);
+    without, cells are written as they are (smaller files, same rendering).
+    Cells are written with ``str``: escaping ``|`` is the caller's business."""
+    align = align or "l" * len(header)
+    if len(align) != len(header):
+        raise ValueError(f"align {align!r} does not give one letter per column of {list(header)}")
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    if pad:
+        widths = [max(3, *(len(row[i]) for row in cells)) for i in range(len(header))]
+    else:
+        widths = [4 if a == "r" else 3 for a in align]
+
+    def line(row: Sequence[str]) -> str:
+        if not pad:
+            return "| " + " | ".join(row) + " |"
+        triples = zip(row, widths, align, strict=True)
+        return (
+            "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in triples) + " |"
+        )
+
+    rule = [
+        "-" * (w - 1) + ":" if a == "r" else "-" * w for w, a in zip(widths, align, strict=True)
+    ]
+    return "\n".join([line(cells[0]), line(rule), *(line(r) for r in cells[1:])])
+
+
+def timestamp(t: float | None = None) -> str:
+    """UTC time ``t`` (seconds since the epoch; default now) in ISO 8601 to the
+    second with a ``Z``, as campaign.json's ``started``/``finished`` hold it."""
+    when = datetime.now(UTC) if t is None else datetime.fromtimestamp(t, UTC)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
