@@ -10,7 +10,7 @@ from attnfuzz.adapters.vllm import vendor_ops
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.oracle import expect_close
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import Implementation
+from attnfuzz.harness.target import Implementation, InvalidCase
 from attnfuzz.harness.targets.indexer_decode import SPEC3, smallest_writeback
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.reference import indexer_decode as ref
@@ -24,9 +24,13 @@ UPSTREAM = "upstream-pr39542-decode"
 
 def judge(impl: str, case: Case):
     target = get_target(TARGET)
-    if impl == "vllm-cpu":  # not registered: it refuses this target's usual steps
-        return target.judge(Implementation(impl, adapter.run_cpu, "user"), case, "cpu")
     return target.judge(target.resolve(impl), case, "cpu")
+
+
+def judge_unfixed(fn, case: Case):
+    """``fn`` judged as a user implementation, without the registered one's ``fixes``:
+    what the glue itself does on a case outside its domain."""
+    return get_target(TARGET).judge(Implementation("unfixed", fn, "user"), case, "cpu")
 
 
 @pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
@@ -134,34 +138,148 @@ def test_logits_past_a_row_context_are_not_judged():
     assert [m.check for m in target.compare(case, inputs, expected, got)] == ["values"]
 
 
-# -- the CPU glue: K = 512 only, no native MTP ------------------------------------------
+# -- the CPU glue: K = 512, head dim 128, no native MTP -----------------------------------
 
-K512 = dict(topk=512)
-ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **K512)
+CPU = dict(topk=512, head_dim=128)
+ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **CPU)
+
+
+def test_cpu_glue_passes():
+    result = assert_passes(TARGET, "vllm-cpu", max_examples=100)
+    assert result.labels["shape:mixed"] > 0
+
+
+def test_cpu_glue_declares_its_domain():
+    impl = get_target(TARGET).resolve("vllm-cpu")
+    assert impl.fixes == {"topk": 512, "head_dim": 128, "next_n": 1}
+    assert impl.kind == "engine"
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        hand_case((1, 1, 1), (3, 5, 1), **ONE),
-        hand_case((1, 1, 5), (3, 5, 0), use_cudagraph=False, **ONE),
-        hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3, **K512),
-        hand_case((3, 3), (2, 1), **SPEC3, **K512),
+        hand_case((1, 1, 1), (3, 5, 1), **ONE),  # decodes padded 3 -> 4 by the graph
+        hand_case((1, 1, 5), (3, 5, 0), use_cudagraph=False, **ONE),  # decodes, a prefill
+        hand_case((7, 2), (0, 3), use_cudagraph=False, **ONE),  # prefills only
     ],
 )
-def test_cpu_glue_passes_what_it_supports(case):
+def test_cpu_glue_passes_hand_cases(case):
     assert judge("vllm-cpu", case).ok
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3, **CPU),
+        hand_case((3, 3), (2, 1), **SPEC3, **CPU),
+    ],
+)
+def test_cpu_glue_also_runs_flattened_decodes(case):
+    """next_n = 3 is outside the declared domain, yet the glue runs it: the builder
+    flattens every decode token to its own row, one query token per decode request."""
+    assert judge_unfixed(adapter.run_cpu, case).ok
 
 
 @pytest.mark.parametrize(
     "case, message",
     [
-        (CASES["padded 6 -> 8"], "does not support speculative decoding (native MTP)"),
+        (hand_case((2, 2, 2), (3, 5, 1), **CPU), "does not support speculative decoding"),
+        (hand_case((2, 2), (3, 5), use_cudagraph=False, **CPU), "exactly one query token"),
         (hand_case((1, 1), (3, 5), num_spec=0, cudagraph_capture_sizes=(1, 2)), "== 512"),
     ],
 )
 def test_cpu_glue_refuses_native_mtp_and_other_widths(case, message):
     """``forward_cpu`` asserts both itself: on the CPU platform the builder takes the native
-    path for next_n = 2 (``indexer.py:_supports_native_decode``), which this glue refuses."""
-    verdict = judge("vllm-cpu", case)
+    path for next_n = 2 (``indexer.py:_supports_native_decode``), which this glue refuses,
+    padded (``requires_padding``) or not. Hence ``fixes``: the judge refuses such a case
+    for the registered implementation before any code runs."""
+    verdict = judge_unfixed(adapter.run_cpu, case)
     assert verdict.key == "exception:AssertionError" and message in verdict.mismatches[0].got
+    with pytest.raises(InvalidCase, match="vllm-cpu"):
+        judge("vllm-cpu", case)
+
+
+def test_cpu_kernels_refuse_other_head_dims():
+    """The CPU logits kernel is compiled for an indexer head dim of 128 only."""
+    case = hand_case((1, 1), (3, 5), **ONE | dict(head_dim=64))
+    verdict = judge_unfixed(adapter.run_cpu, case)
+    assert verdict.key == "exception:ContractError" and "head_dim 64" in verdict.mismatches[0].got
+
+
+def test_cpu_glue_uses_the_cpu_platform_builder(monkeypatch):
+    """One prefill chunk whatever the logits budget (``forward_cpu`` asserts it), where the
+    shared builder splits the step's prefills into chunks."""
+    import vllm.envs
+    from vllm.models.deepseek_v4.cpu.cpu_mla import DeepseekV4CPUIndexerMetadataBuilder
+
+    monkeypatch.setattr(vllm.envs, "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", 0)
+    inputs = ref.make_inputs(hand_case((5, 6), (0, 2), use_cudagraph=False, **ONE))
+    shared = adapter._Step(inputs).metadata
+    step = adapter._Step(inputs, cpu=True)
+    assert isinstance(step.builder, DeepseekV4CPUIndexerMetadataBuilder)
+    assert len(shared.prefill.chunks) > 1 and len(step.metadata.prefill.chunks) == 1
+
+
+# -- DeepSeek-V4.1's gfx942 indexer layer: bug A, live --------------------------------------
+
+
+def test_v41_gfx942_decode_step_still_has_bug_a():
+    """Finding: ``models/deepseek_v41/amd/ops/sparse_indexer.py:_decode_step`` (vLLM 0.33.0)
+    writes back ``topk_indices_buffer[:num_decode_tokens]`` with ``sum(d)`` unpacked rows,
+    the line #39542 fixed in ``sparse_attn_indexer``: a padded MTP decode step crashes."""
+    verdict = judge(V41, smallest_writeback())
+    assert verdict.key == "exception:RuntimeError"
+    assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
+    assert_detected(TARGET, V41, max_examples=300)
+
+
+V41 = "vllm-deepseek-v41-amd"
+V41_CASES = {
+    "uniform, a capture size": hand_case((2, 2, 2, 2), (1, 2, 3, 4)),
+    "uniform, K = 512 (the gfx942 top-512)": hand_case((2, 2, 2, 2), (1, 2, 3, 4), topk=512),
+    "mixed: vLLM's ROCm op": hand_case((1, 2, 3), (4, 4, 0), use_cudagraph=False),
+    "flattened (next_n 3), padded 6 -> 12": hand_case((3, 3), (2, 1), **SPEC3),
+    "flattened, K = 512": hand_case((3, 3), (2, 1), **SPEC3, topk=512),
+}
+
+
+@pytest.mark.parametrize("name", list(V41_CASES))
+def test_v41_gfx942_layer_passes_where_bug_a_does_not_trigger(name, monkeypatch):
+    from vllm.models.deepseek_v41.amd.ops import sparse_indexer as gfx942
+
+    calls = []
+    decode_step = gfx942._decode_step
+    monkeypatch.setattr(gfx942, "_decode_step", lambda *a: calls.append(a) or decode_step(*a))
+    top512 = []
+    ext = adapter._Gfx942Extension.top_k_per_row_decode_512
+    monkeypatch.setattr(
+        adapter._Gfx942Extension,
+        "top_k_per_row_decode_512",
+        staticmethod(lambda *a, **k: top512.append(a) or ext(*a, **k)),
+    )
+    case = V41_CASES[name]
+    assert judge(V41, case).ok
+    split = ref.describe(case)[1]
+    assert bool(calls) == (split.num_prefills == 0)  # decode-only steps run _decode_step
+    assert bool(top512) == (bool(calls) and case.config.topk == 512)
+
+
+def test_v41_gfx942_decode_step_with_the_39542_fix_passes(monkeypatch):
+    """The finding is exactly #39542's line: ``_decode_step`` with its write-back made
+    ``buffer[: unpacked.shape[0]]`` (0.33.0's fix in ``sparse_attn_indexer``) passes
+    the case that crashes it."""
+    import inspect
+    import types
+
+    from vllm.models.deepseek_v41.amd.ops import sparse_indexer as gfx942
+
+    source = inspect.getsource(gfx942._decode_step)
+    line = "topk_indices_buffer[:num_decode_tokens, : unpacked.shape[-1]] = unpacked"
+    assert source.count(line) == 1
+    fixed_source = source.replace(line, line.replace(":num_decode_tokens", ": unpacked.shape[0]"))
+    scratch: dict = {}
+    exec(compile(fixed_source, "<_decode_step, #39542 applied>", "exec"), vars(gfx942), scratch)
+    fixed = types.FunctionType(scratch["_decode_step"].__code__, vars(gfx942), "_decode_step")
+    monkeypatch.setattr(gfx942, "_decode_step", fixed)
+    assert judge(V41, smallest_writeback()).ok
+    assert judge(V41, hand_case((2,) * 49, (1,) * 49)).ok

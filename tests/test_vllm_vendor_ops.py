@@ -241,27 +241,108 @@ def test_registered_restores_and_removes():
 # -- the CPU kernels of SparseAttnIndexer.forward_cpu ----------------------------------
 
 
-def test_cpu_logits_take_one_row_per_query_and_match_the_paged_stand_in():
-    inp = padded_inputs()
-    q, cache, w, lens = native_operands(inp)
-    per_row = v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, inp.block_table, None, 64)
-    table = inp.block_table.repeat_interleave(2, dim=0)  # one table row per query row
-    flat = cache.squeeze(-2).reshape(cache.shape[0], -1)
-    got = v.fp8_paged_mqa_logits_cpu(q.view(8, *q.shape[2:]), flat, w, lens.view(-1), table, 4, 16)
-    assert tuple(got.shape) == (8, 16)
-    for row, n in enumerate(lens.view(-1).tolist()):
-        torch.testing.assert_close(got[row, :n], per_row[row, :n], rtol=0, atol=0)
+def cpu_operands(seed: int = 9):
+    """Three one-token queries of 2 heads over a 128-wide fp8 cache of 6 pages of 4."""
+    pages = small_ints(6, 4, 128, seed=seed)
+    cache = v.quantized_cache(pages)
+    flat = cache.view(6, -1)  # as forward_cpu views it: [pages, block_size * 132]
+    q = small_ints(3, 2, 128, seed=seed + 1)
+    w = small_ints(3, 2, seed=seed + 2)
+    table = torch.tensor([[5, 0, 3], [1, 2, 4], [4, 3, 2]], **I32)
+    return pages, flat, q, w, table
 
 
-def test_cpu_top_512_writes_positions_and_cache_slots():
-    scores = small_ints(2, 12, seed=8)
+def cpu_logits_row(pages, q, w, table, b: int, n: int) -> torch.Tensor:
+    keys = pages[table[b].long()].reshape(-1, 128)[:n]
+    return torch.relu(keys @ q[b].T) @ w[b]
+
+
+def test_cpu_logits_match_the_reference_per_row_and_leave_the_rest_uninitialized():
+    pages, flat, q, w, table = cpu_operands()
+    lens = torch.tensor([7, 0, 12], **I32)
+    got = v.fp8_paged_mqa_logits_cpu(q.to(v.FP8), flat, w, lens, table, 4, 10)
+    assert tuple(got.shape) == (3, 10) and got.dtype == torch.float32
+    for b, n in enumerate([7, 0, 10]):  # row 2 is cut at max_seq_len, as the kernel loops
+        torch.testing.assert_close(
+            got[b, :n], cpu_logits_row(pages, q, w, table, b, n), rtol=0, atol=0
+        )
+        assert (got[b, n:] == v.UNCLEANED).all()
+
+
+def test_cpu_logits_read_a_pooled_page_stride_and_only_the_pages_a_row_needs():
+    pages, flat, q, w, table = cpu_operands()
+    pooled = torch.zeros(6, flat.shape[1] + 40, dtype=torch.uint8)
+    pooled[:, : flat.shape[1]] = flat
+    view = pooled[:, : flat.shape[1]]  # a page of a larger per-layer allocation
+    lens = torch.tensor([4, 8, 1], **I32)
+    poisoned = table.clone()
+    poisoned[[0, 2], 1:] = 2**30  # rows of 4 keys and fewer never read their second page
+    poisoned[1, 2] = 2**30
+    got = v.fp8_paged_mqa_logits_cpu(q.to(v.FP8), view, w, lens.long(), poisoned.long(), 4, 8)
+    want = v.fp8_paged_mqa_logits_cpu(q.to(v.FP8), flat, w, lens, table, 4, 8)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(q=lambda q: q[..., :64]), "head_dim 64 != 128"),
+        (dict(q=lambda q: q.float()), "3-D fp8"),
+        (dict(table=lambda t: t[:2]), "page_table must be 2-D"),
+        (dict(lens=lambda n: n.view(3, 1)), "seq_lens must be 1-D"),
+        (dict(lens=lambda n: n.short()), "int32 or int64"),
+        (dict(w=lambda w: w.double()), "weight must be"),
+        (dict(flat=lambda f: f[:, :100]), "too small for block_size"),
+        (dict(flat=lambda f: f.float()), "2-D uint8"),
+    ],
+)
+def test_cpu_logits_refuse_what_the_kernel_checks(change, message):
+    _, flat, q, w, table = cpu_operands()
+    args = dict(q=q.to(v.FP8), flat=flat, w=w, lens=torch.tensor([1, 2, 3], **I32), table=table)
+    for name, f in change.items():
+        args[name] = f(args[name])
+    with pytest.raises(v.ContractError, match=message):
+        v.fp8_paged_mqa_logits_cpu(
+            args["q"], args["flat"], args["w"], args["lens"], args["table"], 4, 8
+        )
+
+
+def test_cpu_top_512_of_a_short_row_is_its_positions_in_order():
+    """A row of at most 512 keys: raw indices 0..n-1 (the scores are not read), -1 after;
+    the page indices are the cache slots of those positions."""
+    scores = torch.full((2, 12), float("nan"))  # never read on this path
     lens = torch.tensor([12, 5], **I32)
     table = torch.tensor([[3, 0, 2], [1, 4, 5]], **I32)
     pages, raw = torch.empty(2, 512, **I32), torch.empty(2, 512, **I32)
     v.topk_transform_512_cpu(scores, lens, table, pages, 4, raw)
-    for i in range(2):
-        assert raw[i].tolist() == ref.topk_row(scores[i].numpy(), int(lens[i]), 512).tolist()
+    for i, n in enumerate([12, 5]):
+        assert raw[i].tolist() == list(range(n)) + [-1] * (512 - n)
         for pos, slot in zip(raw[i].tolist(), pages[i].tolist(), strict=True):
             assert slot == (-1 if pos < 0 else int(table[i, pos // 4]) * 4 + pos % 4)
+
+
+def test_cpu_top_512_of_a_long_row_matches_the_reference_and_clamps_to_the_scores():
+    scores = small_ints(2, 700, seed=10)
+    lens = torch.tensor([900, 600], **I32)  # row 0 is cut to the 700 columns there are
+    table = torch.arange(2 * 175, dtype=torch.int32).view(2, 175).flip(1).contiguous()
+    pages, raw = torch.empty(2, 512, **I32), torch.empty(2, 512, **I32)
+    v.topk_transform_512_cpu(scores, lens, table, pages, 4, raw)
+    for i, n in enumerate([700, 600]):
+        want = ref.topk_row(scores[i].numpy(), n, 512)
+        assert sorted(raw[i].tolist()) == sorted(want.tolist())
+    v.topk_transform_512_cpu(scores, lens, table, pages, 4)  # raw indices are optional
+
+
+def test_cpu_top_512_refuses_what_the_kernel_checks():
+    scores, lens, table = torch.zeros(2, 8), torch.tensor([3, 4], **I32), torch.zeros(2, 2, **I32)
+    out = torch.empty(2, 512, **I32)
     with pytest.raises(v.ContractError, match="512"):
         v.topk_transform_512_cpu(scores, lens, table, torch.empty(2, 4, **I32), 4)
+    with pytest.raises(v.ContractError, match="power of 2"):
+        v.topk_transform_512_cpu(scores, lens, table, out, 3)
+    with pytest.raises(v.ContractError, match="contiguous int32"):
+        v.topk_transform_512_cpu(scores, lens, table, out, 4, torch.empty(2, 1024, **I32)[:, ::2])
+    with pytest.raises(v.ContractError, match="page_tables"):
+        v.topk_transform_512_cpu(scores, lens, table.long(), out, 4)
+    with pytest.raises(v.ContractError, match="seq_lens"):
+        v.topk_transform_512_cpu(scores, lens[:1], table, out, 4)

@@ -10,14 +10,21 @@ unchanged, on one layer of one step:
   (``current_platform.is_xpu()``);
 - ``vllm-rocm`` (:func:`run_rocm`): ``v1/attention/ops/rocm_aiter_mla_sparse.py:
   rocm_aiter_sparse_attn_indexer``;
-- ``vllm-cpu`` (:func:`run_cpu`): ``sparse_attn_indexer.py:SparseAttnIndexer.forward_cpu``.
+- ``vllm-cpu`` (:func:`run_cpu`): ``sparse_attn_indexer.py:SparseAttnIndexer.forward_cpu``
+  (DeepSeek-V4 on the CPU platform), with the CPU platform's own builder;
+- ``vllm-deepseek-v41-amd`` (:func:`run_deepseek_v41_amd`): ``models/deepseek_v41/amd/
+  ops/sparse_indexer.py:gfx942_sparse_attn_indexer`` and its ``_decode_step``
+  (DeepSeek-V4.1 with ``--monokernel`` on gfx942), a mutant: it still has bug A.
 
 The metadata is vLLM's own: ``DeepseekV32IndexerMetadataBuilder.build``
-(``v1/attention/backends/mla/indexer.py``), built per engine once (its buffers
+(``v1/attention/backends/mla/indexer.py``; for ``vllm-cpu`` its CPU subclass
+``DeepseekV4CPUIndexerMetadataBuilder``), built per engine once (its buffers
 are persistent), on the step's ``CommonAttentionMetadata``, read by the glue
 from the forward context (``vllm.forward_context.set_forward_context``). On
 this (CPU) platform the builder takes the native ``[B, L]`` path for
-``next_n <= 2`` and flattens every decode token to its own row beyond.
+``next_n <= 2`` and flattens every decode token to its own row beyond. The
+indexer cache is the uncompressed one the target models (``compress_ratio``
+1): DeepSeek-V4's compressed (C4) indexer pages are not modelled.
 
 The vendor kernels the glue calls are the stand-ins of :mod:`.vendor_ops`,
 registered for the call only. The keys sit in the fp8 cache layout vLLM writes
@@ -53,7 +60,7 @@ from attnfuzz.reference.indexer_decode import IndexerDecodeInputs, IndexerDecode
 
 LAYER = "model.layers.0.self_attn.indexer.k_cache"
 _CACHE_SIZE = 16
-_builders: OrderedDict[EngineConfig, Any] = OrderedDict()
+_builders: OrderedDict[tuple[EngineConfig, bool], Any] = OrderedDict()
 
 
 def prepare() -> None:
@@ -62,6 +69,8 @@ def prepare() -> None:
 
     _engine.prepare()
     import vllm.model_executor.layers.sparse_attn_indexer  # noqa: F401
+    import vllm.models.deepseek_v4.cpu.cpu_mla  # noqa: F401
+    import vllm.models.deepseek_v41.amd.ops.sparse_indexer  # noqa: F401
     import vllm.v1.attention.ops.rocm_aiter_mla_sparse  # noqa: F401
 
     _workspace()
@@ -76,14 +85,23 @@ def _workspace() -> None:
         workspace.init_workspace_manager(torch.device("cpu"))
 
 
-def _builder(config: EngineConfig) -> Any:
-    """vLLM's indexer metadata builder for ``config``, made once per engine."""
-    builder = _builders.get(config)
+def _builder(config: EngineConfig, cpu: bool = False) -> Any:
+    """vLLM's indexer metadata builder for ``config``, made once per engine: the shared
+    ``DeepseekV32IndexerMetadataBuilder``, or with ``cpu`` the CPU platform's own
+    (``models/deepseek_v4/cpu/cpu_mla.py:DeepseekV4CPUIndexerMetadataBuilder``, the
+    builder of the one model the CPU platform runs the sparse indexer for)."""
+    key = (config, cpu)
+    builder = _builders.get(key)
     if builder is None:
         from vllm.config import set_current_vllm_config
         from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
+        cls = DeepseekV32IndexerMetadataBuilder
+        if cpu:
+            from vllm.models.deepseek_v4.cpu.cpu_mla import DeepseekV4CPUIndexerMetadataBuilder
+
+            cls = DeepseekV4CPUIndexerMetadataBuilder
         vllm_config = _engine.vllm_config(config)
         # The indexer's cache: one head of uint8, fp8 keys then their fp32 scales.
         spec = MLAAttentionSpec(
@@ -93,22 +111,22 @@ def _builder(config: EngineConfig) -> Any:
             dtype=torch.uint8,
         )
         with set_current_vllm_config(vllm_config):
-            builder = DeepseekV32IndexerMetadataBuilder(
+            builder = cls(
                 spec, [LAYER], vllm_config, torch.device("cpu"),
                 block_table_width=config.max_blocks_per_seq,
             )  # fmt: skip
-        _builders[config] = builder
+        _builders[key] = builder
         while len(_builders) > _CACHE_SIZE:
             _builders.popitem(last=False)
     else:
-        _builders.move_to_end(config)
+        _builders.move_to_end(key)
     return builder
 
 
 class _Step:
     """What one call of the glue receives: vLLM's metadata, the fp8 operands, the buffer."""
 
-    def __init__(self, inputs: IndexerDecodeInputs):
+    def __init__(self, inputs: IndexerDecodeInputs, cpu: bool = False):
         from vllm.config import set_current_vllm_config
 
         config, common = inputs.config, inputs.common
@@ -116,7 +134,7 @@ class _Step:
             raise ValueError("vLLM's indexer needs the case's EngineConfig and CommonMetadata")
         self.inputs, self.config = inputs, config
         self.vllm_config = _engine.vllm_config(config)
-        self.builder = _builder(config)
+        self.builder = _builder(config, cpu)
         with set_current_vllm_config(self.vllm_config):
             self.metadata = self.builder.build(0, _engine.common_attn_metadata(common, "cpu"))
         self.kv_cache = vendor.quantized_cache(inputs.kv_cache.float().cpu())
@@ -250,24 +268,8 @@ def run_rocm(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
     _workspace()
     with _one_thread():
         step = _Step(inputs)
-        args = _glue_args(step)
-        for name in ("q_scale", "use_pcp", "pcp_shard_decode_requests"):
-            del args[name]
-        del args["dense_mha_metadata_layer_name"]
-        args["q_fp8"] = args.pop("q_quant")
-        stand_ins = _no_accelerator() + [
-            (rocm, "rocm_fp8_paged_mqa_logits", step.recording(vendor.rocm_fp8_paged_mqa_logits)),
-            (rocm, "rocm_fp8_mqa_logits", vendor.rocm_fp8_mqa_logits),
-            (
-                rocm,
-                "cp_gather_indexer_k_quant_cache_triton",
-                vendor.cp_gather_indexer_k_quant_cache_triton,
-            ),
-            (torch.ops._C, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
-            (torch.ops._C, "top_k_per_row_decode", vendor.top_k_per_row_decode),
-        ]
-        with vendor.registered(*stand_ins), step.forward_context():
-            rocm.rocm_aiter_sparse_attn_indexer(**args)
+        with vendor.registered(*_rocm_stand_ins(step)), step.forward_context():
+            rocm.rocm_aiter_sparse_attn_indexer(**_rocm_args(step))
         return step.outputs()
 
 
@@ -309,16 +311,20 @@ def run_xpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
 
 def run_cpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
     """vLLM 0.33.0 ``SparseAttnIndexer.forward_cpu`` (``sparse_attn_indexer.py``), unchanged,
-    on a layer built by its own ``__init__``; the CPU kernels stood in.
+    on a layer built by its own ``__init__``, with the CPU platform's own metadata
+    builder (``DeepseekV4CPUIndexerMetadataBuilder``: the whole prefill in one chunk,
+    as ``forward_cpu`` asserts); the CPU kernels stood in (the installed build has none).
 
-    The glue itself refuses what its kernels cannot do: any ``index_topk`` but 512,
-    and native MTP decodes (more than one query token per decode request)."""
+    The glue and its kernels refuse what they cannot do: any ``index_topk`` but 512,
+    native MTP decodes (more than one query token per decode request: ``next_n = 2``
+    on this platform, see ``indexer.py:_supports_native_decode``), and any indexer
+    head dim but 128 (the logits kernel's compile-time ``kIndexHeadDim``)."""
     from vllm import _custom_ops
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
     with _one_thread():
-        step = _Step(inputs)
+        step = _Step(inputs, cpu=True)
         c = step.config
         cache = types.SimpleNamespace(prefix=LAYER, kv_cache=step.kv_cache)
         with set_current_vllm_config(step.vllm_config):
@@ -345,6 +351,94 @@ def run_cpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
             layer.forward_cpu(step.hidden_states, step.q_fp8, None, step.weights)
         if step.metadata.num_prefills:  # the prefill branch's logits came first
             step.logits = step.logits[1:]
+        return step.outputs()
+
+
+class _Gfx942Extension:
+    """``topk512_gfx942.cu`` as ``models/deepseek_v41/amd/ops/topk.py`` loads it: the two
+    decode top-512 entry points its ``top_k_per_row_decode_512`` calls, whose contract
+    that function's docstring states: "the contract of vLLM's ops.top_k_per_row_decode
+    with topK = 512" (any order within a row, ``-1`` past a short row's end). The
+    candidate launches (DSpark layers 24 to 36) are absent: the layer adapted here
+    has no candidate blocks, and a call of one fails loudly."""
+
+    @staticmethod
+    def top_k_per_row_decode_512(
+        logits: torch.Tensor,
+        next_n: int,
+        seq_lens: torch.Tensor,
+        indices: torch.Tensor,
+        max_blocks: int = 8,
+        min_chunk: int = 16384,
+    ) -> None:
+        vendor.top_k_per_row_decode(
+            logits, next_n, seq_lens, indices, logits.shape[0], *logits.stride(), 512
+        )
+
+    @staticmethod
+    def top_k_per_row_decode_512_regs(
+        logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor, indices: torch.Tensor
+    ) -> None:
+        _Gfx942Extension.top_k_per_row_decode_512(logits, next_n, seq_lens, indices)
+
+
+def _rocm_stand_ins(step: _Step) -> list[tuple[Any, str, Any]]:
+    """AITER's kernels and ``torch.ops._C``'s top-k, for ``rocm_aiter_mla_sparse``."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    return _no_accelerator() + [
+        (rocm, "rocm_fp8_paged_mqa_logits", step.recording(vendor.rocm_fp8_paged_mqa_logits)),
+        (rocm, "rocm_fp8_mqa_logits", vendor.rocm_fp8_mqa_logits),
+        (
+            rocm,
+            "cp_gather_indexer_k_quant_cache_triton",
+            vendor.cp_gather_indexer_k_quant_cache_triton,
+        ),
+        (torch.ops._C, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
+        (torch.ops._C, "top_k_per_row_decode", vendor.top_k_per_row_decode),
+    ]
+
+
+def _rocm_args(step: _Step) -> dict[str, Any]:
+    """:func:`_glue_args` as the ROCm op's signature names them."""
+    args = _glue_args(step)
+    for name in ("q_scale", "use_pcp", "pcp_shard_decode_requests"):
+        del args[name]
+    del args["dense_mha_metadata_layer_name"]
+    args["q_fp8"] = args.pop("q_quant")
+    return args
+
+
+def run_deepseek_v41_amd(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
+    """vLLM 0.33.0 ``models/deepseek_v41/amd/ops/sparse_indexer.py:
+    gfx942_sparse_attn_indexer`` (what ``Gfx942SparseAttnIndexer.forward_hip`` calls,
+    DeepSeek-V4.1 with ``--monokernel`` on gfx942), unchanged: a step of only decode
+    rows runs its own ``_decode_step``, any other step ``rocm_aiter_sparse_attn_indexer``.
+
+    Stood in: ``ops.enabled()`` (true with ``--monokernel`` on gfx942) where the glue
+    reads it, the built ``topk512_gfx942.cu`` extension (:class:`_Gfx942Extension`;
+    its Python hooks in ``topk.py`` run unchanged), AITER's logits and
+    ``torch.ops._C``'s top-k. The metadata is the shared builder's: the FP8 indexer
+    of DeepSeek-V4.1 is ``DeepseekV41IndexerBackend``, which keeps
+    ``DeepseekV32IndexerMetadataBuilder``."""
+    from vllm.models.deepseek_v41.amd.ops import sparse_indexer as gfx942
+    from vllm.models.deepseek_v41.amd.ops import topk
+
+    _workspace()
+    with _one_thread():
+        step = _Step(inputs)
+        stand_ins = _rocm_stand_ins(step) + [
+            (gfx942, "enabled", lambda: True),
+            (topk, "enabled", lambda: True),
+            (topk, "_ext", _Gfx942Extension),
+            (
+                gfx942,
+                "rocm_fp8_paged_mqa_logits",
+                step.recording(vendor.rocm_fp8_paged_mqa_logits),
+            ),
+        ]
+        with vendor.registered(*stand_ins), step.forward_context():
+            gfx942.gfx942_sparse_attn_indexer(**_rocm_args(step))
         return step.outputs()
 
 

@@ -424,6 +424,10 @@ def cp_gather_indexer_k_quant_cache(
             dst_scale[bounds[r] + t] = scales[page, t % block_size].reshape(1).view(torch.uint8)
 
 
+CPU_INDEX_HEAD_DIM = 128  # the CPU logits kernel's compile-time head dim (kIndexHeadDim)
+CPU_TOPK = 512  # the CPU top-k's fixed width (TOPK_TRANSFORM_K)
+
+
 def fp8_paged_mqa_logits_cpu(
     q_fp8: torch.Tensor,
     kvcache_fp8: torch.Tensor,
@@ -433,33 +437,75 @@ def fp8_paged_mqa_logits_cpu(
     block_size: int,
     max_seq_len: int,
 ) -> torch.Tensor:
-    """``vllm._custom_ops.fp8_paged_mqa_logits_cpu`` (``torch.ops._C``, CPU build).
+    """``vllm._custom_ops.fp8_paged_mqa_logits_cpu`` (``torch.ops._C``, AVX512 CPU build).
 
-    Contract (vLLM 0.33.0: its fake in ``_custom_ops.py`` returns fp32 ``[rows,
-    max_seq_len]``; ``SparseAttnIndexer.forward_cpu`` hands it one query row per
-    row of ``page_table``): ``q_fp8`` ``[rows, H, D]``, ``kvcache_fp8`` the uint8
-    cache viewed ``[num_blocks, block_size * (D + 4)]``, ``weight`` fp32 ``[rows, H]``,
-    ``seq_lens`` int32 ``[rows]`` (row ``i`` sees keys ``[0, seq_lens[i])``),
-    ``page_table`` int32 ``[rows, W]``. Columns past a row's length are not cleaned.
+    Contract (vLLM ``csrc/cpu/sgl-kernels/paged_mqa_logits.cpp``, the kernel
+    vLLM 0.33.0's wrapper calls; its fake in ``_custom_ops.py`` gives the shape):
+    ``q_fp8`` fp8 ``[batch, heads, 128]`` (the head dim is a compile-time 128),
+    ``kvcache_fp8`` uint8 2-D ``[pages, bytes]`` contiguous within a page, at least
+    ``block_size * 132`` bytes a page (values, then fp32 scales at byte
+    ``block_size * 128``), ``weight`` fp32 ``[batch, heads]``, ``seq_lens`` 1-D
+    int32/int64 ``[batch]``, ``page_table`` 2-D int32/int64 ``[batch, pages]``
+    (exactly one row per query row), ``block_size > 0``, ``max_seq_len >= 0``.
+    Returns fp32 ``[batch, max_seq_len]``: column ``t`` of row ``b`` is written for
+    ``t < min(seq_lens[b], max_seq_len)`` (token ``t`` read from page
+    ``page_table[b, t // block_size]``), every other column is left uninitialized
+    (here: :data:`UNCLEANED`). Refuses what its ``TORCH_CHECK``s refuse.
     """
     op = "fp8_paged_mqa_logits_cpu"
-    rows, heads, head_dim = q_fp8.shape
-    _require(seq_lens.dim() == 1 and seq_lens.shape[0] == rows, op, "one length per row")
-    _require(seq_lens.dtype == torch.int32, op, "seq_lens are not int32")
-    _require(page_table.shape[0] >= rows, op, "fewer page-table rows than query rows")
-    cache = kvcache_fp8.reshape(kvcache_fp8.shape[0], block_size, head_dim + SCALE_BYTES)
-    lens = seq_lens.to(torch.int64)
-    _require(bool((lens <= max_seq_len).all()), op, "a row is longer than max_seq_len")
-    out = _paged_logits(
+    _require(
+        q_fp8.dim() == 3 and q_fp8.dtype == FP8, op, "q_fp8 must be a 3-D fp8 [batch, heads, 128]"
+    )
+    _require(q_fp8.shape[2] == CPU_INDEX_HEAD_DIM, op, f"head_dim {q_fp8.shape[2]} != 128")
+    _require(
+        kvcache_fp8.dim() == 2 and kvcache_fp8.dtype == torch.uint8,
+        op,
+        "kvcache_fp8 must be a 2-D uint8 [num_pages, bytes_per_page]",
+    )
+    _require(
+        kvcache_fp8.stride(1) == 1 and kvcache_fp8.stride(0) >= kvcache_fp8.shape[1],
+        op,
+        "kvcache_fp8 must be contiguous within a page",
+    )
+    _require(block_size > 0, op, "block_size must be positive")
+    head_dim = CPU_INDEX_HEAD_DIM
+    _require(
+        kvcache_fp8.shape[1] >= block_size * (head_dim + SCALE_BYTES),
+        op,
+        "page byte width too small for block_size",
+    )
+    batch, heads = q_fp8.shape[:2]
+    _require(
+        weight.dim() == 2
+        and weight.dtype == torch.float32
+        and tuple(weight.shape) == (batch, heads),
+        op,
+        "weight must be a 2-D fp32 [batch, heads]",
+    )
+    _require(seq_lens.dim() == 1 and seq_lens.shape[0] == batch, op, "seq_lens must be 1-D [batch]")
+    _require(
+        page_table.dim() == 2 and page_table.shape[0] == batch,
+        op,
+        "page_table must be 2-D [batch, pages]",
+    )
+    _require(seq_lens.dtype in (torch.int32, torch.int64), op, "seq_lens must be int32 or int64")
+    _require(
+        page_table.dtype in (torch.int32, torch.int64), op, "page_table must be int32 or int64"
+    )
+    _require(max_seq_len >= 0, op, "max_seq_len must be non-negative")
+    page_bytes = block_size * (head_dim + SCALE_BYTES)
+    cache = kvcache_fp8[:, :page_bytes].reshape(-1, block_size, head_dim + SCALE_BYTES)
+    # The kernel computes columns t < max_seq_len only: a longer row is cut there.
+    lens = seq_lens.to(torch.int64).clamp(min=0, max=max_seq_len)
+    return _paged_logits(
         op,
         q_fp8.unsqueeze(1),
         cache.unsqueeze(-2),
         weight,
         lens,
-        page_table,
-        max(max_seq_len, 0),
+        page_table.to(torch.int32),
+        max_seq_len,
     )
-    return out
 
 
 def topk_transform_512_cpu(
@@ -470,26 +516,61 @@ def topk_transform_512_cpu(
     page_size: int,
     out_raw_indices: torch.Tensor | None = None,
 ) -> None:
-    """``vllm._custom_ops.topk_transform_512_cpu`` (``torch.ops._C``, CPU build).
+    """``vllm._custom_ops.topk_transform_512_cpu`` (``torch.ops._C``, AVX512 CPU build).
 
-    Contract (vLLM 0.33.0 ``_custom_ops.py`` signature; ``SparseAttnIndexer.forward_cpu``):
-    a top-512 per row of ``scores`` among columns ``[0, seq_lens[i])``, ``-1`` after;
-    ``out_raw_indices`` (when given) gets the positions, ``out_page_indices`` the
-    cache slots ``page_tables[i, pos // page_size] * page_size + pos % page_size``.
-    Refuses any width but 512.
+    Contract (the kernel vLLM's CPU build adapts from sgl-kernel's
+    ``topk_transform_512_cpu``, ``csrc/cpu``; the signature is vLLM 0.33.0's
+    ``_custom_ops.py``): ``scores`` fp32 2-D contiguous ``[B, S]``, ``seq_lens``
+    1-D int32/int64 ``[B]``, ``page_tables`` int32 2-D contiguous ``[B, pages]``,
+    ``out_page_indices`` (and ``out_raw_indices`` when given) int32 contiguous
+    ``[B, 512]``, ``page_size`` a positive power of two. Row ``b`` sees
+    ``n = clamp(seq_lens[b], 0, S)`` columns: when ``n <= 512`` its raw indices are
+    ``0 .. n-1`` (the scores are not read), else the positions of its 512
+    largest scores (the lowest index first among equals); ``-1`` fills the row.
+    ``out_page_indices`` gets each raw ``r`` as the cache slot
+    ``page_tables[b, r // page_size] * page_size + r % page_size`` (``-1`` stays
+    ``-1``), ``out_raw_indices`` the raw ``r``. Refuses what its checks refuse.
     """
     op = "topk_transform_512_cpu"
-    _require(out_page_indices.shape[-1] == 512, op, "only top-512 rows")
-    rows = scores.shape[0]
-    raw = torch.empty((rows, 512), dtype=torch.int32, device=scores.device)
-    _top_k_rows(op, scores, torch.zeros_like(seq_lens), seq_lens, raw, rows, 512)
+    _require(
+        scores.dim() == 2 and scores.dtype == torch.float32 and scores.is_contiguous(),
+        op,
+        "scores must be a contiguous 2-D float32",
+    )
+    rows, width = scores.shape
+    _require(seq_lens.dim() == 1 and seq_lens.shape[0] == rows, op, "seq_lens must be 1-D [B]")
+    _require(seq_lens.dtype in (torch.int32, torch.int64), op, "seq_lens must be int32 or int64")
+    _require(
+        page_tables.dim() == 2
+        and page_tables.shape[0] == rows
+        and page_tables.dtype == torch.int32
+        and page_tables.is_contiguous(),
+        op,
+        "page_tables must be a contiguous 2-D int32 [B, pages]",
+    )
+    _require(page_size > 0 and page_size & (page_size - 1) == 0, op, "page_size: power of 2")
+    outs = [out_page_indices] + ([] if out_raw_indices is None else [out_raw_indices])
+    for out in outs:
+        _require(
+            tuple(out.shape) == (rows, CPU_TOPK)
+            and out.dtype == torch.int32
+            and out.is_contiguous(),
+            op,
+            f"outputs must be contiguous int32 [{rows}, 512], not {list(out.shape)}",
+        )
+    raw = torch.full((rows, CPU_TOPK), -1, dtype=torch.int32)
+    for b, n in enumerate(seq_lens.to(torch.int64).clamp(min=0, max=width).tolist()):
+        if n <= CPU_TOPK:
+            raw[b, :n] = torch.arange(n, dtype=torch.int32)
+        else:
+            order = torch.sort(scores[b, :n], descending=True, stable=True).indices[:CPU_TOPK]
+            raw[b] = order.to(torch.int32)
     pos = raw.clamp(min=0).to(torch.int64)
-    pages = torch.gather(page_tables[:rows].to(torch.int64), 1, pos // page_size)
-    slots = pages * page_size + pos % page_size
-    out_page_indices[:rows] = torch.where(raw >= 0, slots, -1).to(out_page_indices.dtype)
+    pages = torch.gather(page_tables.to(torch.int64), 1, pos // page_size)
+    slots = torch.where(raw >= 0, pages * page_size + pos % page_size, -1)
+    out_page_indices.copy_(slots.to(torch.int32))
     if out_raw_indices is not None:
-        _require(out_raw_indices.shape[-1] == 512, op, "only top-512 rows")
-        out_raw_indices[:rows] = raw
+        out_raw_indices.copy_(raw)
 
 
 # -- top-k -------------------------------------------------------------------------
