@@ -22,9 +22,10 @@ that dies all the same (killed from outside, out of memory) leaves its
 in-flight case; the controller (:mod:`attnfuzz.harness.campaign`) replays it
 in isolation, and files it as a finding only if it fails there too.
 
-Hypothesis generates, shrinks and remembers: each distinct failure (its
-:attr:`Verdict.key`) raises its own subclass of :class:`Finding`, so that
-Hypothesis tells them apart (``report_multiple_bugs``) and shrinks each.
+The search is :func:`attnfuzz.harness.engine.fuzz_test`'s, as for
+``attnfuzz run``: each distinct failure (its :attr:`Verdict.key`) raises its
+own subclass of :class:`Finding`, so that Hypothesis tells them apart
+(``report_multiple_bugs``) and shrinks each.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.runner import Finding, database_key
-from attnfuzz.harness.storage import open_database
-from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from hypothesis import seed, settings
 
 PLAN = "plan.json"
 
@@ -73,33 +73,24 @@ PROFILES = {
 }
 
 for _profile in PROFILES.values():
-    # No Hypothesis deadline (the per-example timeout is the campaign's own),
-    # no health check (a slow first call is expected), every distinct bug.
+    # Hypothesis' defaults under the engine's requirements (fuzz_settings), and
+    # every distinct bug: a unit reports each failure it finds.
     settings.register_profile(
         _profile.hypothesis_profile,
-        max_examples=_profile.round_examples,
-        derandomize=_profile.derandomized,
-        database=None,  # chosen per campaign: see open_database
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=True,
-        print_blob=False,
+        fuzz_settings(
+            settings.get_profile("default"),
+            max_examples=_profile.round_examples,
+            derandomize=_profile.derandomized,
+            database=None,  # chosen per campaign: see open_database
+            report_multiple_bugs=True,
+            print_blob=False,
+        ),
     )
 
 
 class _Stop(BaseException):
     """Ends a Hypothesis run at the unit's deadline. Not an ``Exception``, so
     Hypothesis lets it through rather than taking it for a failure to shrink."""
-
-
-_FINDINGS: dict[str, type[Finding]] = {}
-
-
-def finding_class(key: str) -> type[Finding]:
-    """One exception type per verdict key: Hypothesis shrinks each separately."""
-    if key not in _FINDINGS:
-        _FINDINGS[key] = type(f"Finding[{key}]", (Finding,), {"__module__": __name__})
-    return _FINDINGS[key]
 
 
 def round_seed(base: int, item: dict[str, Any], n: int) -> int:
@@ -289,7 +280,7 @@ def _run_rounds(
     log: ItemLog, plan: dict[str, Any], item: dict[str, Any], deadline: float | None
 ) -> None:
     from attnfuzz.harness.registry import get_target
-    from attnfuzz.strategies.batches import SCALES, scenario_labels
+    from attnfuzz.strategies.batches import SCALES
 
     target = get_target(item["target"])
     impl = target.resolve(item["impl"])
@@ -302,27 +293,24 @@ def _run_rounds(
     def out_of_time() -> bool:
         return deadline is not None and time.time() >= deadline
 
-    def check(case) -> None:
+    def judge(case) -> Verdict:
         if out_of_time():
             raise _Stop
-        labels = scenario_labels(case)
-        for label in labels:
-            event(label)
         case_dict = case.to_dict()
         log.before(case_dict)
         try:
             # The campaign's deadline bounds even a hanging call: the budget holds.
-            verdict = isolated.judge(case, deadline=plan["deadline"])
+            return isolated.judge(case, deadline=plan["deadline"])
         except OutOfTime:
             raise _Stop from None
         finally:
             log.after()
+
+    def record(case, verdict: Verdict, labels: list[str]) -> None:
         log.judged(labels)
         if not verdict.ok:
-            log.found(case_dict, verdict)
-            raise finding_class(verdict.key)(verdict)
+            log.found(case.to_dict(), verdict)
 
-    strategy = target.cases(SCALES[plan["scale"]])
     profile = PROFILES[plan["profile"]]
     cap: int | None = item["max_examples"]
     # Every case is judged in a child of this worker: what the implementation
@@ -332,17 +320,19 @@ def _run_rounds(
         while not out_of_time():
             # The corpus is replayed once, first; later runs look for new failures
             # (Hypothesis skips generation while replayed failures still fail).
-            phases = [Phase.explicit, Phase.generate, Phase.target, Phase.shrink]
-            if n == 0:
-                phases.insert(1, Phase.reuse)
-            limit = cap if cap is not None else profile.round_examples
-            test = settings(
-                settings.get_profile(profile.hypothesis_profile),
-                max_examples=limit,
-                database=database,
-                phases=phases,
-            )(given(strategy)(check))
-            test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
+            test = fuzz_test(
+                target,
+                impl,
+                settings=fuzz_settings(
+                    settings.get_profile(profile.hypothesis_profile),
+                    max_examples=cap if cap is not None else profile.round_examples,
+                    database=database,
+                    reuse=n == 0,
+                ),
+                judge=judge,
+                scale=SCALES[plan["scale"]],
+                on_case=record,
+            )
             if plan["derandomized"]:
                 test = seed(round_seed(plan["seed"] or 0, item, n))(test)
             # else Hypothesis draws the seed: an explicit @seed would turn its database off.

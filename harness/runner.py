@@ -1,43 +1,27 @@
-"""Fuzz one implementation of one target with Hypothesis and keep what it finds.
+"""Fuzz one implementation of one target and keep what it finds.
 
-Hypothesis generates, shrinks and remembers (its example database); this
-module only wires a target's oracle into a property, labels scenario classes
-with ``hypothesis.event`` and records the minimized failing case.
+The search is :func:`attnfuzz.harness.engine.fuzz_test`'s (the one fuzz
+engine); this module adds what ``attnfuzz run``, the zoo and the benchmarks
+ask of a run: budgets, Ctrl-C, timings and the minimized failing case.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.storage import open_database
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
-from attnfuzz.strategies.batches import SMALL, Scale, scenario_labels
-from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from attnfuzz.strategies.batches import SMALL, Scale
+from hypothesis import seed
 from hypothesis.database import ExampleDatabase
 
 DEFAULT_DB = Path(".attnfuzz") / "db"
-
-
-def database_key(target: str, implementation: str) -> bytes:
-    """The example-database key of a target and implementation: it names only what
-    is fuzzed, so saved failures survive edits of the harness and are shared by
-    ``attnfuzz run`` and ``attnfuzz campaign``."""
-    return f"attnfuzz.campaign/{target}/{implementation}".encode()
-
-
-class Finding(Exception):
-    """Raised inside the property so that Hypothesis shrinks the case."""
-
-    def __init__(self, verdict: Verdict):
-        super().__init__(str(verdict))
-        self.verdict = verdict
 
 
 class _OutOfBudget(BaseException):
@@ -101,6 +85,7 @@ def fuzz(
     on_case: Callable[[Case, Verdict], None] | None = None,
     judge: Judge | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    examples: Sequence[Case] = (),
 ) -> RunResult:
     """Run a campaign; a failure is shrunk and returned, never raised.
 
@@ -121,6 +106,10 @@ def fuzz(
     ``stop_requested`` is asked before each example, so that a signal whose
     ``KeyboardInterrupt`` landed where Python ignores exceptions (a garbage
     collector callback) still ends the run.
+
+    ``examples`` are judged first, as Hypothesis explicit examples (see
+    :func:`~attnfuzz.harness.engine.fuzz_test`): a failing one is the run's
+    case, unshrunk, and ends the run.
     """
     if judge is None:
 
@@ -130,7 +119,8 @@ def fuzz(
     result = RunResult(target.name, impl.name)
     clock: dict[str, float] = {}
 
-    def check(case: Case) -> None:
+    def timed_judge(case: Case) -> Verdict:
+        """The budgets and Ctrl-C, checked before each example; then the judge."""
         if stop_requested is not None and stop_requested():
             raise KeyboardInterrupt
         now = time.perf_counter()
@@ -140,10 +130,10 @@ def fuzz(
                 raise _OutOfBudget
         elif shrink_budget_s is not None and now - clock["found"] > shrink_budget_s:
             raise _OutOfBudget
-        for label in scenario_labels(case):
-            event(label)
-            result.labels[label] += 1
-        verdict = judge(case, result.phase_seconds)
+        return judge(case, result.phase_seconds)
+
+    def record(case: Case, verdict: Verdict, labels: list[str]) -> None:
+        result.labels.update(labels)
         result.examples += 1
         result.statistics.update(verdict.statistics)
         if on_case is not None:
@@ -158,27 +148,23 @@ def fuzz(
             if verdict.key in UNSHRUNK_CHECKS:
                 result.shrunk = False
                 raise _NotShrunk
-            raise Finding(verdict)
 
-    check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
-    if shrink:
-        phases.append(Phase.shrink)
-    test = settings(
-        max_examples=max_examples,
-        deadline=None,  # the first Triton call compiles
-        database=None
-        if rng_seed is not None or database is None
-        else database
-        if isinstance(database, ExampleDatabase)
-        else open_database(str(database)),
-        phases=phases,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        print_blob=False,
-    )(given(target.cases(scale))(check))
-    # One corpus per target and implementation, shared with campaigns.
-    test._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
+    test = fuzz_test(
+        target,
+        impl,
+        # A derandomized run neither reads nor writes the database.
+        settings=fuzz_settings(
+            max_examples=max_examples,
+            database=None if rng_seed is not None else database,
+            shrink=shrink,
+            report_multiple_bugs=False,
+            print_blob=False,
+        ),
+        judge=timed_judge,
+        scale=scale,
+        on_case=record,
+        examples=examples,
+    )
     if rng_seed is not None:
         test = seed(rng_seed)(test)
 

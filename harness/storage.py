@@ -5,8 +5,12 @@ the same ``--db`` and ``--out`` are accepted, refused and resolved the same
 way by every command:
 
 - ``--db`` is a directory or ``redis://HOST:PORT[/N]`` (also ``rediss://``,
-  ``unix://``); anything else with a scheme, an empty value, a file, or a
-  directory attnfuzz cannot write is a usage error before any work.
+  ``unix://``), optionally multiplexed with a GitHub Actions artifact
+  (``DIR+github:OWNER/REPO[/ARTIFACT]``, or ``github:...`` alone, read-only:
+  :func:`attnfuzz.harness.engine.open_database` says how each is opened);
+  anything else with a scheme, an empty value, a file, or a directory
+  attnfuzz cannot write is a usage error before any work. The artifact
+  itself is fetched on first use, never checked here.
 - ``--out`` is a directory that can be created and written; checked before
   any work, so a finding is never lost to a bad path.
 - Both are resolved to absolute paths at start: an implementation that
@@ -25,14 +29,19 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
+# The database names are the engine's; importable from here as before.
+from attnfuzz.harness.engine import GITHUB, REDIS_SCHEMES, is_redis, open_database, split_github
 from attnfuzz.harness.target import UsageError
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-
-def is_redis(spec: str) -> bool:
-    return urlsplit(spec).scheme in REDIS_SCHEMES
+__all__ = [
+    "REDIS_SCHEMES",
+    "check_database",
+    "database_spec",
+    "is_redis",
+    "open_database",
+    "prepare_out",
+    "private_hypothesis_home",
+]
 
 
 def _probe_writable(directory: Path, what: str, create: bool = True) -> None:
@@ -57,19 +66,34 @@ def _probe_writable(directory: Path, what: str, create: bool = True) -> None:
 
 
 def database_spec(spec: str) -> str:
-    """Check a ``--db`` value and return it, a directory made absolute."""
+    """Check a ``--db`` value and return it, a directory made absolute (also
+    the directory before ``+github:``)."""
     if not spec.strip():
         raise UsageError("--db: empty; give a directory or redis://HOST:PORT")
+    local, github = split_github(spec)
+    if github is not None:
+        rest = spec[len(local) + 1 :] if local is not None else spec
+        return rest if local is None else f"{database_spec(local)}+{rest}"
     scheme = urlsplit(spec).scheme
     if scheme in REDIS_SCHEMES:
         return spec
     if scheme and len(scheme) > 1:  # not a Windows drive letter
-        raise UsageError(f"--db {spec}: expected a directory or redis://HOST:PORT")
+        raise UsageError(
+            f"--db {spec}: expected a directory or redis://HOST:PORT "
+            f"(optionally +{GITHUB}OWNER/REPO[/ARTIFACT])"
+        )
     return str(Path(spec).resolve())
 
 
 def check_database(spec: str) -> None:
-    """The database must be usable before any work: Redis answers, a directory is writable."""
+    """The database must be usable before any work: Redis answers, a directory is
+    writable. Of ``LOCAL+github:...`` the local part is checked; the artifact is
+    fetched (or found missing, with Hypothesis' warning) on first use."""
+    local, github = split_github(spec)
+    if github is not None:
+        if local is not None:
+            check_database(local)
+        return
     if is_redis(spec):
         try:
             import redis
@@ -81,18 +105,6 @@ def check_database(spec: str) -> None:
             raise UsageError(f"--db {spec}: cannot reach Redis ({err})") from err
     else:
         _probe_writable(Path(database_spec(spec)), "--db")
-
-
-def open_database(spec: str | None) -> ExampleDatabase | None:
-    """Hypothesis' Redis database for ``redis://...``, its directory database otherwise."""
-    if spec is None:
-        return None
-    if is_redis(spec):
-        import redis
-        from hypothesis.extra.redis import RedisExampleDatabase
-
-        return RedisExampleDatabase(redis.Redis.from_url(spec))
-    return DirectoryBasedExampleDatabase(spec)
 
 
 def prepare_out(path: Path, what: str = "--out", create: bool = True) -> Path:

@@ -1,9 +1,17 @@
-"""Assertions for test suites: an implementation passes, a mutant is caught."""
+"""Assertions for test suites: an implementation passes, a mutant is caught.
+
+Each mutant's hand-derived smallest case (:attr:`Implementation.smallest`) is
+always judged, as a Hypothesis explicit example (``@example``): in
+:func:`assert_passes` every mutant's smallest case of the target the
+implementation can run must pass, and :func:`assert_detected` first asserts
+that the mutant fails its own.
+"""
 
 from __future__ import annotations
 
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import RunResult, fuzz
+from attnfuzz.harness.target import Implementation, InvalidCase, Target
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
 
@@ -42,19 +50,50 @@ def hand_case(
     return case
 
 
+def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
+    """The smallest case of each of ``target``'s mutants that has one, in
+    registration order, except those ``impl`` was never meant to run (outside
+    the engine values it fixes)."""
+    out = []
+    for mutant in target.implementations.values():
+        if mutant.kind != "mutant" or mutant.smallest is None:
+            continue
+        case = mutant.smallest()
+        refuse = getattr(target, "refuse_unfixed", None)
+        if refuse is not None:
+            try:
+                refuse(impl, case)
+            except InvalidCase:
+                continue
+        out.append(case)
+    return out
+
+
 def assert_passes(target: str, impl: str, max_examples: int = 300, seed: int = 0) -> RunResult:
-    """A derandomized run of ``max_examples`` cases finds nothing."""
+    """Every mutant's smallest case (explicit examples) and a derandomized run of
+    ``max_examples`` generated cases find nothing."""
     t = get_target(target)
-    result = fuzz(t, t.resolve(impl), max_examples=max_examples, rng_seed=seed, database=None)
+    i = t.resolve(impl)
+    explicit = smallest_cases(t, i)
+    result = fuzz(t, i, max_examples=max_examples, rng_seed=seed, database=None, examples=explicit)
     assert not result.failed, f"{target}/{impl} failed on {result.case}:\n{result.verdict}"
-    assert result.examples >= max_examples, f"only {result.examples} examples ran"
+    assert result.examples >= max_examples + len(explicit), f"only {result.examples} examples ran"
     return result
 
 
 def assert_detected(target: str, mutant: str, seed: int = 0, max_examples: int = 1000) -> RunResult:
-    """A derandomized run finds the mutant; its minimized case meets the bug's trigger."""
+    """The mutant fails its smallest case (an explicit example), and a
+    derandomized run without it finds the mutant, its minimized case meeting
+    the bug's trigger."""
     t = get_target(target)
     impl = t.resolve(mutant)
+    if impl.smallest is not None:
+        smallest = impl.smallest()
+        # Generation is asked for one case only: the explicit example fails first and ends the run.
+        alone = fuzz(t, impl, max_examples=1, rng_seed=seed, database=None, examples=[smallest])
+        assert alone.failed and alone.case == smallest and alone.examples == 1, (
+            f"{target}/{mutant} passes its smallest case {smallest}"
+        )
     result = fuzz(t, impl, max_examples=max_examples, rng_seed=seed, database=None)
     assert result.failed, f"{target}/{mutant} survived {result.examples} examples"
     assert result.case is not None
