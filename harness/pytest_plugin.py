@@ -40,7 +40,7 @@ import pytest
 
 if TYPE_CHECKING:
     from attnfuzz.harness.oracle import Verdict
-    from attnfuzz.harness.target import Implementation, Target
+    from attnfuzz.harness.target import Implementation
     from attnfuzz.reference.batch import Case
 
 IMPL_OPTION = "--attnfuzz-impl"
@@ -126,6 +126,21 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(str(d))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The way down to a directory of ``--attnfuzz-cases`` is not ignored, even where
+    ``norecursedirs`` would skip it (``.attnfuzz/``, hidden) and pytest dropped it
+    from the arguments as lying under another one."""
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.asked_dirs:
+        return None
+    path = collection_path.resolve()
+    for d in state.asked_dirs:
+        if d.is_relative_to(path) or path.is_relative_to(d):
+            return False
+    return None
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     state = parent.config.stash.get(_STATE, None)
     if state is None or not state.case_dirs or not state.holds_case(file_path.resolve()):
@@ -143,36 +158,35 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
         items.append(FuzzItem.from_parent(session, name=name, nodeid=f"attnfuzz::{name}"))
 
 
+def failure_text(target: str, impl: Implementation, case: Case, verdict: Verdict) -> str:
+    """The verdict, then the case as a case file and how to replay it."""
+    from attnfuzz.harness.casefile import case_document
+
+    document = case_document(target, impl.name, case, verdict)
+    name = f"{target}--{impl.name}--{verdict.key}".replace(":", "_").replace("/", "_") + ".json"
+    again = f" --impl {impl.name}" if impl.kind == "user" else ""
+    return (
+        f"{target} / {impl.name}: {verdict}\n"
+        f"case file (save as {name}; replay: attnfuzz repro {name}{again}):\n"
+        + json.dumps(document, indent=2)
+    )
+
+
 class CaseFailure(AssertionError):
-    """A case an implementation fails: the verdict, then the case as a case file."""
+    """A case an implementation fails; the message is :func:`failure_text`'s."""
 
     def __init__(self, target: str, impl: Implementation, case: Case, verdict: Verdict) -> None:
-        from attnfuzz.harness.casefile import case_document
-
-        self.target, self.impl, self.case, self.verdict = target, impl, case, verdict
-        self.document = case_document(target, impl.name, case, verdict)
-        name = f"{target}--{impl.name.replace(':', '_').replace('/', '_')}--{verdict.key}"
-        name = name.replace(":", "_") + ".json"
-        again = f" --impl {impl.name}" if impl.kind == "user" else ""
-        super().__init__(
-            f"{target} / {impl.name}: {verdict}\n"
-            f"case file (save as {name}; replay: attnfuzz repro {name}{again}):\n"
-            + json.dumps(self.document, indent=2)
-        )
+        self.verdict, self.case = verdict, case
+        super().__init__(failure_text(target, impl, case, verdict))
 
 
 def _failures(err: BaseException) -> Iterator[BaseException]:
-    """The failures of a case inside ``err`` (Hypothesis groups distinct ones)."""
+    """The failing cases inside ``err`` (Hypothesis groups distinct ones)."""
     if isinstance(err, BaseExceptionGroup):
         for inner in err.exceptions:
             yield from _failures(inner)
-    elif isinstance(err, CaseFailure) or hasattr(err, "verdict"):
+    elif hasattr(err, "verdict") and hasattr(err, "case"):
         yield err
-
-
-def _message(err: BaseException) -> str | None:
-    found = list(_failures(err))
-    return "\n\n".join(str(e) for e in found) if found else None
 
 
 def _usage_error(err: BaseException) -> bool:
@@ -193,63 +207,33 @@ class FuzzItem(pytest.Item):
         self.extra_keyword_matches.update({self.target_name, "attnfuzz"})
 
     def setup(self) -> None:
-        # Built here, not at collection: the settings in force are the profile the
+        # Built here, not at collection: the settings are those of the profile the
         # suite loaded, and collection stays free of torch for deselected items.
         # ``obj`` is what Hypothesis' own pytest plugin looks at (statistics, reporting).
-        self.obj = _fuzz_test(self.target_name, self.impl_spec)
+        from attnfuzz.harness.engine import fuzz_test
+        from attnfuzz.harness.registry import get_target
+
+        self.target = get_target(self.target_name)
+        self.impl = self.target.resolve(self.impl_spec)
+        self.impl.prepare()
+        self.obj = fuzz_test(self.target, self.impl)
 
     def runtest(self) -> None:
         self.obj()
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
-        message = _message(excinfo.value)
-        if message is not None:
-            return message
+        found = list(_failures(excinfo.value))
+        if found:
+            return "\n\n".join(
+                failure_text(self.target.name, self.impl, e.case, e.verdict)  # type: ignore[attr-defined]
+                for e in found
+            )
         if _usage_error(excinfo.value):
             return f"{self.name}: {excinfo.value}"
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"attnfuzz fuzz {self.target_name} / {self.impl_spec}"
-
-
-def _fuzz_test(target_name: str, impl_spec: str) -> Any:
-    """A Hypothesis test of ``impl_spec`` on ``target_name``'s cases that raises
-    :class:`CaseFailure` on a case it fails; its settings are the active profile's."""
-    from attnfuzz.harness.registry import get_target
-    from attnfuzz.harness.runner import database_key
-    from hypothesis import HealthCheck, given, settings
-
-    target = get_target(target_name)
-    impl = target.resolve(impl_spec)
-    impl.prepare()
-
-    # The item has no fixtures: the checks of fixtures Hypothesis' plugin runs
-    # would look for a test function the item does not have.
-    suppressed = {HealthCheck.function_scoped_fixture, HealthCheck.differing_executors}
-
-    @settings(suppress_health_check=suppressed | set(settings.default.suppress_health_check))
-    @given(target.cases(_scale(), impl) if _takes_impl(target) else target.cases(_scale()))
-    def fuzz(case: Case) -> None:
-        verdict = target.judge(impl, case)
-        if not verdict.ok:
-            raise CaseFailure(target.name, impl, case, verdict)
-
-    # One corpus per target and implementation, as ``attnfuzz run`` keeps.
-    fuzz._hypothesis_internal_database_key = database_key(target.name, impl.name)  # type: ignore[attr-defined]
-    return fuzz
-
-
-def _scale() -> Any:
-    from attnfuzz.strategies.batches import SMALL
-
-    return SMALL
-
-
-def _takes_impl(target: Target) -> bool:
-    import inspect
-
-    return "impl" in inspect.signature(target.cases).parameters
 
 
 class CaseFile(pytest.File):
@@ -294,9 +278,9 @@ class CaseItem(pytest.Item):
             raise CaseFailure(target.name, impl, case, verdict)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
-        message = _message(excinfo.value)
-        if message is not None:
-            return f"{self.path.name}: {message}"
+        found = list(_failures(excinfo.value))
+        if found:
+            return f"{self.path.name}: {found[0]}"
         if _usage_error(excinfo.value) or isinstance(excinfo.value, _Unnamed):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
