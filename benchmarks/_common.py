@@ -12,7 +12,7 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 
 import torch  # noqa: E402
-from attnfuzz.harness.zoo import markdown_table as table  # noqa: E402, F401 (re-exported)
+from attnfuzz.harness.definitions import markdown_table as table  # noqa: E402, F401 (re-exported)
 
 
 def pin_one_core() -> str:

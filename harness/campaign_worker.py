@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.definitions import case_size
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
@@ -97,12 +98,6 @@ def round_seed(base: int, item: dict[str, Any], n: int) -> int:
     """The seed of round ``n`` of a derandomized unit: distinct per shard and round."""
     text = f"{base}/{item['target']}/{item['impl']}/{item['shard']}/{n}"
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
-def case_size(case_dict: dict[str, Any]) -> tuple[int, str]:
-    """Orders cases of one finding: the shorter printed case is the smaller."""
-    text = json.dumps(case_dict, sort_keys=True, separators=(",", ":"))
-    return len(text), text
 
 
 def write_json(path: Path, doc: Any) -> None:
@@ -279,9 +274,12 @@ def run_item(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> dict[
 def _run_rounds(
     log: ItemLog, plan: dict[str, Any], item: dict[str, Any], deadline: float | None
 ) -> None:
-    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.registry import add_mutants, get_target
     from attnfuzz.strategies.batches import SCALES
 
+    # A user's mutants live in their module, not in this fresh process's registry.
+    for spec in plan.get("mutants", []):
+        add_mutants(spec)
     target = get_target(item["target"])
     impl = target.resolve(item["impl"])
     if item["max_examples"] == 0:

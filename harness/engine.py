@@ -11,9 +11,8 @@ target's boundary statistics to :func:`hypothesis.target` and names the corpus.
 
 from __future__ import annotations
 
-import inspect
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -227,18 +226,6 @@ Judge = Callable[[Case], Verdict]
 OnCase = Callable[[Case, Verdict, list[str]], None]
 
 
-def guided_statistics(target: Target) -> Collection[str]:
-    """The names of ``target``'s statistics that measure closeness to a boundary."""
-    return tuple(getattr(target, "guided", ()))
-
-
-def _cases(target: Target, scale: Scale, impl: Implementation) -> Any:
-    """``target.cases`` for ``impl``: its fixed engine values where the target honours them."""
-    if "impl" in inspect.signature(target.cases).parameters:
-        return target.cases(scale, impl)  # type: ignore[call-arg]
-    return target.cases(scale)
-
-
 def fuzz_test(
     target: Target,
     impl: Implementation,
@@ -251,11 +238,12 @@ def fuzz_test(
 ) -> Callable[[], None]:
     """A Hypothesis test of ``impl`` over ``target.cases(scale, impl)``; call it to search.
 
-    For each case drawn it emits the case's scenario labels with
-    :func:`hypothesis.event`, judges the case (``judge``; by default
-    :meth:`Target.judge` in this process on the kernels' device), feeds each
-    of the target's guided statistics present in the verdict to
-    :func:`hypothesis.target` (labelled by its name), calls ``on_case(case,
+    The cases are drawn with ``impl.fixes``' engine values. For each case it
+    emits the case's scenario labels with :func:`hypothesis.event`, judges the
+    case (``judge``; by default :meth:`Target.judge` in this process on the
+    kernels' device), feeds each of ``target.guided`` present in the verdict's
+    statistics to :func:`hypothesis.target` (labelled by its name; the search
+    maximizes it), calls ``on_case(case,
     verdict, labels)``, and raises :func:`finding_class` ``(verdict.key)``
     (a :class:`Finding`) on a failing verdict, so that Hypothesis shrinks it.
 
@@ -273,7 +261,7 @@ def fuzz_test(
         def judge(case: Case) -> Verdict:
             return target.judge(impl, case)
 
-    guided = guided_statistics(target)
+    guided = tuple(target.guided)
 
     def check(case: Case) -> None:
         labels = scenario_labels(case)
@@ -292,7 +280,7 @@ def fuzz_test(
     for case in reversed(examples):  # Hypothesis runs the last decorator's first
         check = example(case)(check)
     test = (settings if settings is not None else fuzz_settings())(
-        given(_cases(target, scale, impl))(check)
+        given(target.cases(scale, impl))(check)
     )
     # One corpus per target and implementation, shared by every command.
     test._hypothesis_internal_database_key = corpus_key(target.name, impl.name)  # type: ignore[attr-defined]

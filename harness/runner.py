@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import Implementation, Target
@@ -20,8 +21,6 @@ from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale
 from hypothesis import seed
 from hypothesis.database import ExampleDatabase
-
-DEFAULT_DB = Path(".attnfuzz") / "db"
 
 
 class _OutOfBudget(BaseException):

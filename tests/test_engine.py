@@ -8,11 +8,14 @@ nothing reaches the network (the GitHub artifact is never fetched).
 from __future__ import annotations
 
 import copy
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attnfuzz.harness import engine
-from attnfuzz.harness.campaign_worker import PROFILES
+from attnfuzz.harness import engine, registry
+from attnfuzz.harness.campaign_worker import PROFILES, run_item
 from attnfuzz.harness.engine import (
     Finding,
     corpus_key,
@@ -267,3 +270,53 @@ def test_run_budget_and_derandomized_seed_through_the_engine():
     assert runs[0] == runs[1] and len(runs[0]) == 10
     result = fuzz(target, impl, max_examples=10**6, rng_seed=3, database=None, budget_s=0.0)
     assert result.stopped_by_budget and result.examples <= 2
+
+
+# -- the campaign worker ------------------------------------------------------------
+
+USER_MUTANTS = """
+import attnfuzz.harness.registry as registry
+from attnfuzz.harness.targets.slot_mapping import reference_impl
+
+
+def first_slot_off_by_one(inputs):
+    out = reference_impl(inputs)
+    out.slot_mapping[0] += 1
+    return out
+
+
+MUTANTS = [registry.mutant("slot-mapping", "engine-test-first-slot", first_slot_off_by_one)]
+"""
+
+
+@pytest.fixture
+def user_mutants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A module of user mutants importable from ``tmp_path``; the registry is
+    rebuilt before and after, so the mutant is seen by this test only."""
+    (tmp_path / "attnfuzz_test_engine_mutants.py").write_text(USER_MUTANTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.get_target.cache_clear()
+    yield "attnfuzz_test_engine_mutants"
+    registry.get_target.cache_clear()
+    sys.modules.pop("attnfuzz_test_engine_mutants", None)
+
+
+def _worker_run(scratch: Path, mutants: list[str] | None) -> dict:
+    for sub in ("items", "inflight", "faults", "started"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    item = {"id": "u0", "unit": "u0", "shard": 0, "target": "slot-mapping",
+            "impl": "engine-test-first-slot", "kind": "mutant", "max_examples": 50}  # fmt: skip
+    plan = {"started": time.time(), "deadline": None, "items": [item], "workers": 1,
+            "example_timeout": 60, "device": "cpu", "derandomized": True, "database": None,
+            "scale": "small", "profile": "ci", "seed": 0}  # fmt: skip
+    if mutants is not None:
+        plan["mutants"] = mutants
+    return run_item(scratch, plan, item)
+
+
+def test_a_campaign_worker_adds_the_plan_s_mutants_before_resolving(tmp_path, user_mutants):
+    """A worker is a fresh process: the plan's ``--mutants`` specs are how it knows them."""
+    with pytest.raises(UsageError, match="engine-test-first-slot"):
+        _worker_run(tmp_path / "without", None)
+    state = _worker_run(tmp_path / "with", [user_mutants])
+    assert state["status"] == "done" and state["findings"], state
