@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.campaign import Options as CampaignOptions
     from attnfuzz.harness.campaign import run_campaign
     from attnfuzz.harness.oracle import Mismatch, Verdict
-    from attnfuzz.harness.registry import get_target, target_names
+    from attnfuzz.harness.registry import Mutant, add_mutants, get_target, mutant, target_names
     from attnfuzz.harness.runner import RunResult
     from attnfuzz.harness.target import Implementation, Target, UsageError
     from attnfuzz.reference.batch import Batch, Case, EngineConfig
@@ -34,6 +34,9 @@ except PackageNotFoundError:  # pragma: no cover - a checkout that was never ins
 _LAZY: dict[str, str] = {
     "target_names": "attnfuzz.harness.registry:target_names",
     "get_target": "attnfuzz.harness.registry:get_target",
+    "mutant": "attnfuzz.harness.registry:mutant",
+    "Mutant": "attnfuzz.harness.registry:Mutant",
+    "add_mutants": "attnfuzz.harness.registry:add_mutants",
     "run_campaign": "attnfuzz.harness.campaign:run_campaign",
     "CampaignOptions": "attnfuzz.harness.campaign:Options",
     "Target": "attnfuzz.harness.target:Target",
@@ -56,6 +59,10 @@ __all__ = [
     "target_names",
     "get_target",
     "cases",
+    # a user's own mutants (bug zoo)
+    "mutant",
+    "Mutant",
+    "add_mutants",
     # judging, case files
     "judge",
     "load_case",

@@ -1,0 +1,132 @@
+"""The public Python API: ``attnfuzz.__all__`` is what the README documents, and
+``import attnfuzz`` is cheap."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import attnfuzz
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+HEAVY = ("torch", "triton", "hypothesis", "numpy")
+TIMEOUT_S = 300
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+def test_import_prints_all_and_imports_nothing_heavy() -> None:
+    result = python(
+        "import sys, json, attnfuzz; print(json.dumps(attnfuzz.__all__)); "
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    )
+    assert result.returncode == 0, result.stderr
+    names, heavy = (json.loads(line) for line in result.stdout.splitlines())
+    assert names == attnfuzz.__all__
+    assert heavy == []
+
+
+def test_the_pytest_plugin_imports_nothing_heavy() -> None:
+    """pytest imports the plugin in every run where attnfuzz is installed."""
+    result = python(
+        "import sys, attnfuzz.harness.pytest_plugin; "
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves() -> None:
+    assert len(set(attnfuzz.__all__)) == len(attnfuzz.__all__)
+    for name in attnfuzz.__all__:
+        assert getattr(attnfuzz, name) is not None, name
+    assert set(attnfuzz.__all__) <= set(dir(attnfuzz))
+    with pytest.raises(AttributeError):
+        attnfuzz.no_such_name  # noqa: B018
+
+
+def test_version_is_pyprojects() -> None:
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert attnfuzz.__version__ == importlib.metadata.version("attnfuzz") == declared
+
+
+def test_packaging_declares_plugin_typing_and_extras() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    points = importlib.metadata.entry_points(group="pytest11")
+    assert [p.value for p in points if p.name == "attnfuzz"] == ["attnfuzz.harness.pytest_plugin"]
+    assert (ROOT / "py.typed").is_file()
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["attnfuzz"]
+    assert not any(d.startswith("redis") for d in project["project"]["dependencies"])
+    assert "redis" in project["project"]["optional-dependencies"]
+
+
+def test_python_m_attnfuzz_is_the_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "attnfuzz", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: attnfuzz")
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_every_public_name_is_documented() -> None:
+    """Each name of ``__all__`` appears as ``attnfuzz.NAME`` in the README's
+    "Public Python API" section."""
+    section = _section(README.read_text(), "Public Python API")
+    documented = set(re.findall(r"attnfuzz\.(\w+)", section))
+    missing = [name for name in attnfuzz.__all__ if name not in documented]
+    assert not missing, f"not documented in README's Public Python API: {missing}"
+
+
+def test_the_readme_documents_no_other_name() -> None:
+    """Every ``attnfuzz.X`` in the README is a public name, ``__all__`` itself, a
+    subpackage (a module path such as ``attnfuzz.reference.<target>``), the
+    entry-point group of targets, or a schema id (``attnfuzz.case/1``)."""
+    from attnfuzz.harness.registry import ENTRY_POINT_GROUP
+
+    subpackages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    groups = {ENTRY_POINT_GROUP.removeprefix("attnfuzz.")}
+    allowed = set(attnfuzz.__all__) | {"__all__"} | subpackages | groups
+    text = README.read_text()
+    unknown = set()
+    for match in re.finditer(r"\battnfuzz\.(\w+)(?!/|\w)", text):
+        name = match.group(1)
+        if name not in allowed:
+            unknown.add(name)
+    assert not unknown, f"README names attnfuzz.X not in __all__: {sorted(unknown)}"
+
+
+def test_every_package_of_the_checkout_is_shipped() -> None:
+    """A wheel holds the packages ``pyproject.toml`` lists: each folder of modules
+    (but the test suite and the benchmarks, which are not installed) is one."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    not_shipped = {"tests", "benchmarks", "docs", "build"}
+    found = set()
+    for module in ROOT.rglob("*.py"):
+        parts = module.relative_to(ROOT).parent.parts
+        if parts and (parts[0] in not_shipped or parts[0].startswith(".")):
+            continue
+        found.add(".".join(("attnfuzz", *parts)))
+    assert found - listed == set(), "folders of modules missing from [tool.setuptools] packages"
+    assert listed - found == set(), "packages listed that do not exist"
