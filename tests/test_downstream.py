@@ -10,6 +10,7 @@ fixed builder and fails on the bug, naming the check.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -65,11 +66,20 @@ def expected_items(impl: str) -> set[str]:
 
 
 def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
-    result = pytest_run(tmp_path, "--attnfuzz-impl", f"{TARGET}={FIXED}")
+    result = pytest_run(
+        tmp_path, "--attnfuzz-impl", f"{TARGET}={FIXED}", "--hypothesis-show-statistics"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     got = outcomes(result)
     assert set(got) == expected_items(FIXED), got
     assert set(got.values()) == {"PASSED"}
+    # The fuzz item ran under the suite's profile ("quick": 25 examples) and
+    # reported Hypothesis' statistics, with attnfuzz's scenario labels as events.
+    stats, stopped = result.stdout.split(FUZZ_ITEM.format(FIXED) + ":", 1)[1].split(
+        "Stopped because", 1
+    )
+    assert "Events:" in stats and "next_n" in stats, stats
+    assert stopped.startswith(" settings.max_examples=25"), stopped
 
 
 def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch) -> None:
@@ -83,6 +93,11 @@ def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch) -> No
         profile="thorough",
     )
     assert result.returncode == 1, result.stdout + result.stderr
+    # The failure went into the suite's example database, under the key attnfuzz's
+    # commands use for this target and implementation: `attnfuzz run --db` shares it.
+    key = f"attnfuzz.campaign/{TARGET}/{MUTANT}".encode()
+    saved = tmp_path / "hypothesis" / "examples" / hashlib.sha384(key).hexdigest()[:16]
+    assert saved.is_dir() and any(saved.iterdir())
     got = outcomes(result)
     assert set(got) == expected_items(MUTANT), got
     assert got == {
@@ -151,6 +166,12 @@ def test_a_bad_option_is_a_usage_error(tmp_path: Path) -> None:
     result = pytest_run(tmp_path, "--attnfuzz-impl", "mtp-seq-lens")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert "expected TARGET=IMPL" in result.stderr
+    # Names are resolved when the item runs: an unknown one is that item's error, in a line.
+    result = pytest_run(tmp_path, "--attnfuzz-impl", "no-such-target=triton", "-k", "no-such")
+    assert outcomes(result) == {
+        FUZZ_ITEM.replace(TARGET, "no-such-target").format("triton"): "ERROR"
+    }
+    assert "unknown target 'no-such-target'" in result.stdout
 
 
 def test_a_suite_without_attnfuzz_runs_as_without_the_plugin(tmp_path: Path) -> None:

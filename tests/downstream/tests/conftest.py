@@ -4,9 +4,10 @@ import os
 
 from hypothesis import settings
 
-# Few examples: a quick suite. "nightly" searches longer, with the example
-# database under .hypothesis/ (failures found there replay first next time).
+# "quick": few examples, no example database. "thorough" and "nightly" search
+# longer and keep Hypothesis' example database (under .hypothesis/): a failure
+# found once replays first the next time.
 settings.register_profile("quick", max_examples=25, deadline=None, database=None)
-settings.register_profile("thorough", max_examples=300, deadline=None, database=None)
+settings.register_profile("thorough", max_examples=300, deadline=None)
 settings.register_profile("nightly", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
