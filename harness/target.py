@@ -11,6 +11,7 @@ self-check), the historical bugs (mutants), or a user's own
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import threading
 import time
@@ -29,7 +30,14 @@ from attnfuzz.harness.oracle import (
     expect_no_allocation,
     output_mismatch,
 )
-from attnfuzz.reference.batch import Case, build_common_metadata, split_decodes_and_prefills
+from attnfuzz.reference.batch import (
+    DTYPE_VARIABLE,
+    FLOAT_DTYPES,
+    Case,
+    build_common_metadata,
+    split_decodes_and_prefills,
+    using_float_dtype,
+)
 from attnfuzz.reference.invariants import violations
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
@@ -144,6 +152,57 @@ class Target:
     # itself (``describe``'s view), so no implementation can misreport it; any
     # other name is a key of ``statistics``. Each target says why it chose them.
     guided: tuple[str, ...] = ()
+    # The float dtypes the target's inputs can be built in, as OpInfo's ``dtypes``;
+    # the first is the default. ``ATTNFUZZ_DTYPE`` overrides it with another of
+    # them; a target without float inputs keeps the default, float32 only.
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+
+    def __post_init__(self) -> None:
+        known = set(FLOAT_DTYPES.values())
+        if (
+            not self.dtypes
+            or len(set(self.dtypes)) != len(self.dtypes)
+            or not (set(self.dtypes) <= known)
+        ):
+            raise UsageError(
+                f"target {self.name}: dtypes must be distinct, among "
+                f"{', '.join(FLOAT_DTYPES)}, got {self.dtypes}"
+            )
+
+    @property
+    def dtype_names(self) -> list[str]:
+        """``dtypes`` by name (``float32``, ...), the default first."""
+        names = {dtype: name for name, dtype in FLOAT_DTYPES.items()}
+        return [names[d] for d in self.dtypes]
+
+    def float_dtype_name(self, case: Case | None = None) -> str:
+        """The name of the float dtype ``case``'s inputs are built in: the one it
+        records (a case file's), else ``ATTNFUZZ_DTYPE`` when set, else the
+        target's default (``dtypes[0]``). One that is not among ``dtypes`` is
+        refused in one line: :class:`InvalidCase` for a case's, :class:`UsageError`
+        for the variable's. Without ``case``: the setting a run would use (check
+        it before any work)."""
+        allowed = self.dtype_names
+        if case is not None and case.dtype is not None:
+            if case.dtype not in allowed:
+                raise InvalidCase(
+                    f"the case's dtype {case.dtype}: {self.name} builds its inputs in "
+                    f"{', '.join(allowed)} only"
+                )
+            return case.dtype
+        setting = os.environ.get(DTYPE_VARIABLE)
+        if not setting:
+            return allowed[0]
+        if setting not in FLOAT_DTYPES:
+            raise UsageError(
+                f"{DTYPE_VARIABLE}={setting!r}: expected one of {', '.join(FLOAT_DTYPES)}"
+            )
+        if setting not in allowed:
+            raise UsageError(
+                f"{DTYPE_VARIABLE}={setting}: {self.name} builds its inputs in "
+                f"{', '.join(allowed)} only"
+            )
+        return setting
 
     def add(self, impl: Implementation) -> None:
         self.implementations[impl.name] = impl
@@ -255,7 +314,9 @@ class Target:
         """Run ``impl`` on ``case`` and compare it with the reference.
 
         A case the engine could not produce, or one outside ``impl.fixes``, is
-        refused with :class:`InvalidCase` before anything runs.
+        refused with :class:`InvalidCase` before anything runs. Float inputs
+        are built in :meth:`float_dtype_name` (a reduced precision needs a CUDA
+        ``device``: :class:`UsageError` otherwise).
 
         The verdict's ``statistics`` hold the case's guided boundary measures
         (:meth:`boundary`) and the target's ``statistics`` of the outputs.
@@ -269,7 +330,11 @@ class Target:
             device = kernel_device()
         self.refuse_invalid(case)
         self.refuse_unfixed(impl, case)
-        with fits_in_memory(self.name):
+        dtype = self.float_dtype_name(case)
+        from attnfuzz.harness.devices import check_dtype  # devices imports this module
+
+        check_dtype(dtype, torch.device(device), "the case's dtype" if case.dtype else None)
+        with fits_in_memory(self.name), using_float_dtype(dtype):
             measured = self.boundary(case)  # of the case: in every verdict, failing ones too
             inputs = self.make_inputs(case, torch.device(device))
             lap("inputs")

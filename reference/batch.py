@@ -46,8 +46,9 @@ FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 DEFAULT_FLOAT_DTYPE = "float32"
 DTYPE_VARIABLE = "ATTNFUZZ_DTYPE"
 
-# The dtype of the case whose inputs are being built, when it records one
-# (``Case.dtype``, set by :func:`using_float_dtype`): it wins over the environment.
+# The dtype the inputs being built are in, when one is set (:func:`using_float_dtype`:
+# ``Target.judge`` sets the target's choice, a case file's replay the recorded one):
+# it wins over the environment.
 _CASE_DTYPE: ContextVar[str | None] = ContextVar("attnfuzz_case_dtype", default=None)
 
 
@@ -64,14 +65,15 @@ def float_dtype_name() -> str:
 
 @contextmanager
 def using_float_dtype(name: str | None) -> Iterator[None]:
-    """Within the block, float inputs are built in ``name`` (None: the environment's).
+    """Within the block, float inputs are built in ``name``; None keeps the dtype
+    in force (an enclosing block's, else ``ATTNFUZZ_DTYPE``'s).
 
     Replaying a case file builds its inputs in the dtype it was found in,
     whatever ``ATTNFUZZ_DTYPE`` says; the environment is never modified.
     """
     if name is not None and name not in FLOAT_DTYPES:
         raise ValueError(f"float dtype {name!r}: expected one of {', '.join(FLOAT_DTYPES)}")
-    token = _CASE_DTYPE.set(name)
+    token = _CASE_DTYPE.set(name if name is not None else _CASE_DTYPE.get())
     try:
         yield
     finally:

@@ -172,3 +172,69 @@ def test_boundary_measures_count_padding_and_short_decodes():
     strided = smallest_strided()  # two decodes with L = 1 < next_n
     assert get_target("mtp-seq-lens").boundary(strided)["short_decodes"] == 2
     assert get_target("flex-block-mask").boundary(padded) == {"step_tokens": 6}
+
+
+def test_targets_declare_their_dtypes_and_the_variable_may_only_pick_one_of_them(monkeypatch):
+    """``Target.dtypes`` is the source of truth (the first is the default);
+    ``ATTNFUZZ_DTYPE`` overrides it with another of the target's dtypes only, and
+    a case's recorded dtype wins over the variable."""
+    import dataclasses
+
+    import torch
+    from attnfuzz.harness.target import InvalidCase, Target, UsageError
+
+    for name in target_names():
+        assert get_target(name).dtypes[0] == torch.float32, name
+    indexer, slots = get_target("indexer-decode"), get_target("slot-mapping")
+    assert indexer.dtype_names == ["float32", "float16", "bfloat16"]
+    assert slots.dtype_names == ["float32"]
+    monkeypatch.delenv("ATTNFUZZ_DTYPE", raising=False)
+    assert indexer.float_dtype_name() == slots.float_dtype_name() == "float32"
+    half_first = dataclasses.replace(indexer, dtypes=(torch.bfloat16, torch.float32))
+    assert half_first.float_dtype_name() == "bfloat16"  # the target's default, no variable
+
+    monkeypatch.setenv("ATTNFUZZ_DTYPE", "float16")
+    assert indexer.float_dtype_name() == "float16"
+    with pytest.raises(
+        UsageError, match="ATTNFUZZ_DTYPE=float16: slot-mapping builds its inputs in float32 only"
+    ):
+        slots.float_dtype_name()
+    case = slots.mutants[0].smallest()
+    with pytest.raises(UsageError, match="slot-mapping builds its inputs in float32 only"):
+        slots.judge(slots.resolve("triton"), case, "cpu")  # refused before anything runs
+    assert slots.float_dtype_name(dataclasses.replace(case, dtype="float32")) == "float32"
+    with pytest.raises(InvalidCase, match="the case's dtype bfloat16: slot-mapping builds"):
+        slots.float_dtype_name(dataclasses.replace(case, dtype="bfloat16"))
+    monkeypatch.setenv("ATTNFUZZ_DTYPE", "float64")
+    with pytest.raises(UsageError, match="ATTNFUZZ_DTYPE='float64': expected one of"):
+        indexer.float_dtype_name()
+    with pytest.raises(UsageError, match="dtypes must be distinct, among float32"):
+        Target("t", "", slots.make_inputs, slots.reference, slots.compare, dtypes=(torch.float64,))
+
+
+def test_judge_builds_inputs_in_the_targets_dtype_and_refuses_reduced_precision_off_cuda(
+    monkeypatch,
+):
+    import dataclasses
+
+    from attnfuzz.harness.target import UsageError
+    from attnfuzz.reference.batch import float_dtype_name
+
+    indexer = get_target("indexer-decode")
+    seen: list[str] = []
+
+    def spy(case, device):
+        seen.append(float_dtype_name())
+        return indexer.make_inputs(case, device)
+
+    spying = dataclasses.replace(indexer, make_inputs=spy)
+    impl = indexer.resolve("reference")
+    case = indexer.mutants[0].smallest()
+    monkeypatch.setenv("ATTNFUZZ_DTYPE", "float32")
+    assert spying.judge(impl, case, "cpu").ok and seen == ["float32"]
+    monkeypatch.setenv("ATTNFUZZ_DTYPE", "bfloat16")
+    with pytest.raises(UsageError, match="ATTNFUZZ_DTYPE='bfloat16' needs a CUDA device"):
+        spying.judge(impl, case, "cpu")
+    # A recorded dtype wins over the variable, on replay.
+    assert spying.judge(impl, dataclasses.replace(case, dtype="float32"), "cpu").ok
+    assert seen == ["float32", "float32"]

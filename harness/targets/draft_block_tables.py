@@ -91,6 +91,8 @@ def build() -> Target:
         params=dict(ref.PARAMS),
         # Bug C needs stored tables with rows of padding requests (R_pad != R).
         guided=("padding_requests",),
+        # Queries, keys and values are built in float32 whatever ATTNFUZZ_DTYPE says.
+        dtypes=(torch.float32,),
     )
     target.add(
         Implementation("triton", k.draft_attention, "fixed", "tables sliced to R, Triton attention")

@@ -143,6 +143,9 @@ def build() -> Target:
         name="indexer-decode",
         summary="sparse-attention indexer decode path: pack, paged MQA logits, top-k, write-back",
         make_inputs=in_case_dtype(ref.make_inputs),  # float inputs in the case's dtype
+        # q, the key cache and the head weights: small integers, exact in each of
+        # these; reduced precision is built on CUDA only (the interpreter computes in fp32).
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
         reference=ref.reference,
         compare=compare,
         describe=ref.describe,

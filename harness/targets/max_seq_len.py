@@ -212,6 +212,8 @@ def build() -> Target:
         # where stale and out-of-cache page ids sit; pages_walked is not guided
         # (an over-walk is already a mismatch, never a step towards one).
         guided=("pages_needed",),
+        # The KV cache and the consumer's output are float32 by construction.
+        dtypes=(torch.float32,),
     )
     target.add(Implementation("triton", k.max_seq_len_metadata, "fixed", "tight bounds (fixed)"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
