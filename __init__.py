@@ -166,18 +166,25 @@ def judge(
     return t.judge(_implementation(t, impl), case, device)
 
 
-def load_case(path: str | Path) -> Case:
-    """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
-    found in, checked as ``attnfuzz repro`` checks it. Reading a case file
-    imports nothing it names. Every problem is a one-line :class:`UsageError`."""
+def _read_case(path: str | Path) -> tuple[Target, Case]:
+    """The target and case of a case file, in the dtype it was found in, refused as
+    ``attnfuzz repro`` refuses it (a one-line :class:`UsageError`)."""
     import dataclasses
 
     from attnfuzz.harness.casefile import read_case
 
     doc = read_case(path)
+    target = _target(doc["target"])
     case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
-    _target(doc["target"]).refuse_invalid(case, str(path))
-    return case
+    target.refuse_invalid(case, str(path))
+    return target, case
+
+
+def load_case(path: str | Path) -> Case:
+    """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
+    found in, checked as ``attnfuzz repro`` checks it. Reading a case file
+    imports nothing it names. Every problem is a one-line :class:`UsageError`."""
+    return _read_case(path)[1]
 
 
 def replay(
@@ -185,15 +192,19 @@ def replay(
     impl: str | Implementation | Callable[[Any], Any] | None = None,
     device: str | None = None,
 ) -> Verdict:
-    """Judge a case file's case on ``impl`` (default: the implementation the file
-    names, which must be registered: a ``module:attribute`` in a file is imported
-    only when passed again as ``impl``), in this process. ``attnfuzz repro`` is
-    the same judged in a child process, under the timeout the case was found with."""
-    from attnfuzz.harness.export import load_case as resolve_case
+    """Judge a case file's case on ``impl`` in this process: the :class:`Verdict`.
 
-    spec = impl if isinstance(impl, str) or impl is None else None
-    target, implementation, case, _ = resolve_case(path, spec)
-    if spec is None and impl is not None:
+    ``impl`` is as for :func:`judge`; by default the implementation the file
+    names, which must be registered (a ``module:attribute`` in a file is
+    imported only when passed again as ``impl``). ``attnfuzz repro`` is the
+    same judged in a child process, under the timeout the case was found with.
+    """
+    if impl is None or isinstance(impl, str):
+        from attnfuzz.harness.export import load_case as resolve_case
+
+        target, implementation, case, _ = resolve_case(path, impl, note_dtype=False)
+    else:
+        target, case = _read_case(path)
         implementation = _implementation(target, impl)
     return target.judge(implementation, case, device)
 

@@ -161,9 +161,10 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
 def failure_text(target: str, impl: Implementation, case: Case, verdict: Verdict) -> str:
     """The verdict, then the case as a case file and how to replay it."""
     from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.definitions import finding_id
 
     document = case_document(target, impl.name, case, verdict)
-    name = f"{target}--{impl.name}--{verdict.key}".replace(":", "_").replace("/", "_") + ".json"
+    name = finding_id(target, impl.name, verdict.key) + ".json"  # as `attnfuzz run` names it
     again = f" --impl {impl.name}" if impl.kind == "user" else ""
     return (
         f"{target} / {impl.name}: {verdict}\n"
