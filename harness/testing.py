@@ -59,12 +59,10 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
         if mutant.kind != "mutant" or mutant.smallest is None:
             continue
         case = mutant.smallest()
-        refuse = getattr(target, "refuse_unfixed", None)
-        if refuse is not None:
-            try:
-                refuse(impl, case)
-            except InvalidCase:
-                continue
+        try:
+            target.refuse_unfixed(impl, case)
+        except InvalidCase:
+            continue  # e.g. a mutant's case of another top-k than ``impl`` is built for
         out.append(case)
     return out
 
