@@ -157,3 +157,26 @@ def test_no_fixes_draw_and_shrink_exactly_as_before():
         cudagraph_capture_sizes=(3, 12), topk=6, num_heads=1, head_dim=1,
     )  # fmt: skip
     assert minimal == Case(config, Batch((0, 0, 0, 0), (3, 3, 3, 3), seed=0, use_cudagraph=True))
+
+
+def test_the_baselines_honour_fixes_and_draw_as_before_without_them():
+    """The zoo's baselines give an implementation with fixes only cases it
+    accepts; without fixes their stream of draws is the one saved runs used."""
+    import random
+
+    from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
+
+    fixes = {"topk": 512, "next_n": 1}
+    stream = naive_random_cases(random.Random(1), params={"w": (0, 3)}, fixes=fixes)
+    drawn = [next(stream) for _ in range(100)]
+    grid = grid_cases(fixes=fixes)
+    for case in drawn + grid:
+        assert case.config.topk == 512 and case.config.next_n == 1, case
+        assert violations(case.config, case.batch) == [], case
+    assert len({c.config.max_model_len for c in drawn}) > 1 and len(grid) > 1
+    plain, empty = (
+        naive_random_cases(random.Random(5)),
+        naive_random_cases(random.Random(5), fixes={}),
+    )
+    assert [next(plain) for _ in range(50)] == [next(empty) for _ in range(50)]
+    assert {c.config.next_n for c in grid_cases()} == {1, 2, 3, 4}
