@@ -13,6 +13,7 @@ from pathlib import Path
 
 import attnfuzz
 import pytest
+from hypothesis import given, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -130,3 +131,58 @@ def test_every_package_of_the_checkout_is_shipped() -> None:
         found.add(".".join(("attnfuzz", *parts)))
     assert found - listed == set(), "folders of modules missing from [tool.setuptools] packages"
     assert listed - found == set(), "packages listed that do not exist"
+
+
+CASE_FILE = (
+    ROOT
+    / "tests"
+    / "downstream"
+    / "tests"
+    / "cases"
+    / "mtp-seq-lens--pr42135-strided--contiguous.json"
+)
+
+
+def test_judge_load_case_and_replay() -> None:
+    case = attnfuzz.load_case(CASE_FILE)
+    assert isinstance(case, attnfuzz.Case)
+    # The file names a registered mutant: replayed on it by default, on any implementation asked.
+    assert attnfuzz.replay(CASE_FILE).key == "contiguous"
+    assert attnfuzz.replay(CASE_FILE, "triton").ok
+    target = attnfuzz.get_target("mtp-seq-lens")
+    strided = target.implementations["pr42135-strided"]
+    for impl in ("pr42135-strided", strided, strided.fn):  # a name, an Implementation, a callable
+        verdict = attnfuzz.judge("mtp-seq-lens", impl, case)
+        assert isinstance(verdict, attnfuzz.Verdict) and verdict.key == "contiguous"
+        assert all(isinstance(m, attnfuzz.Mismatch) for m in verdict.mismatches)
+    with pytest.raises(attnfuzz.UsageError, match="unknown target"):
+        attnfuzz.judge("no-such-target", "triton", case)
+
+
+def test_run() -> None:
+    result = attnfuzz.run("mtp-seq-lens", "pr42135-strided", max_examples=300, seed=0)
+    assert isinstance(result, attnfuzz.RunResult)
+    assert result.failed and result.verdict is not None
+    assert not attnfuzz.judge("mtp-seq-lens", "pr42135-strided", result.case).ok
+    assert attnfuzz.judge("mtp-seq-lens", "triton", result.case).ok
+
+
+@settings(max_examples=10, database=None)
+@given(case=attnfuzz.cases("mtp-seq-lens", attnfuzz.SMALL, impl="triton"))
+def test_cases_draws_the_targets_cases(case) -> None:
+    assert isinstance(case, attnfuzz.Case)
+    assert case.config.max_model_len <= attnfuzz.SMALL.max_model_len
+
+
+def test_run_campaign(tmp_path: Path) -> None:
+    import io
+
+    options = attnfuzz.CampaignOptions(
+        targets=["mtp-seq-lens"], impls=["triton"], max_examples=5, seed=0, out=tmp_path
+    )
+    campaign, status = attnfuzz.run_campaign(options, io.StringIO())
+    assert status == 0
+    assert [(r["target"], r["implementation"]) for r in campaign["runs"]] == [
+        ("mtp-seq-lens", "triton")
+    ]
+    assert (tmp_path / "campaign.json").is_file()
