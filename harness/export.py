@@ -74,7 +74,7 @@ def load_case(
     implementation = target.resolve(name)
     setting = os.environ.get(DTYPE_VARIABLE)
     if note_dtype and setting and case.dtype is not None and setting != case.dtype:
-        from attnfuzz.harness.cli import one_line
+        from attnfuzz.harness.cli.args import one_line
 
         note = (
             f"{DTYPE_VARIABLE}={setting} is not used: {path} was found in {case.dtype}, "

@@ -32,7 +32,6 @@ A mutant is *killed* when every seed detects it; otherwise it *survived*
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from attnfuzz.harness import registry
-from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_OK, ZOO_SCHEMA, markdown_table
+from attnfuzz.harness.definitions import ZOO_SCHEMA, markdown_table
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
@@ -525,44 +524,3 @@ def write_reports(
         )
     )
     return json_path, md_path
-
-
-def cmd_zoo(args: argparse.Namespace) -> int:
-    """``attnfuzz zoo``: the scoreboard of the attnfuzz arm; exit 1 if a mutant survives."""
-    from attnfuzz.harness.target import UsageError
-    from attnfuzz.kernels._triton import device as kernel_device
-    from attnfuzz.strategies.batches import SCALES
-
-    for name in ("budget", "shrink_budget"):
-        if not getattr(args, name) > 0:  # also refuses NaN
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0 seconds")
-    names = args.targets or registry.target_names()
-    for name in names:
-        registry.get_target(name)  # an unknown name is a usage error before any run
-    device = args.device or str(kernel_device())
-    for reason, left in registry.unavailable_mutants(names).items():
-        print(f"zoo: {len(left)} mutant(s) left out ({reason})")
-
-    def progress(score: MutantScore) -> None:
-        runs = len(score.runs)
-        print(f"{score.target} / {score.mutant}: {score.found}/{runs} seeds, {score.status}")
-
-    scores = run_zoo(
-        names, seeds=args.seeds, budget_s=args.budget, shrink_budget_s=args.shrink_budget,
-        scale=SCALES[args.scale], device=device, progress=progress,
-    )  # fmt: skip
-    json_path, md_path = write_reports(
-        scores, args.out, seeds=args.seeds, budget_s=args.budget, device=device
-    )
-    print()
-    print(scoreboard(scores))
-    print(f"\nwritten to {json_path} and {md_path}")
-    lost = survivors(scores)
-    if lost:
-        print(
-            "SURVIVED: "
-            + ", ".join(f"{s.target}/{s.mutant} ({s.found}/{len(s.runs)})" for s in lost)
-        )
-        return EXIT_FOUND
-    print(f"every mutant killed in every seed ({len(scores)} mutants)")
-    return EXIT_OK

@@ -23,7 +23,7 @@ import pytest
 from attnfuzz.harness import campaign as cp
 from attnfuzz.harness.campaign_worker import item_deadline, write_json
 from attnfuzz.harness.casefile import read_case
-from attnfuzz.harness.cli import main
+from attnfuzz.harness.cli import main, parse_duration
 from attnfuzz.harness.definitions import (
     CAMPAIGN_SCHEMA,
     CASE_SCHEMA,
@@ -69,13 +69,13 @@ def findings_of(doc: dict, impl: str) -> dict[str, dict]:
     [("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400), ("2m30s", 150)],
 )
 def test_durations(text, seconds):
-    assert cp.parse_duration(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["10x", "0", "", "m", "1h-5m", "-3"])
 def test_bad_durations(text):
     with pytest.raises(Exception, match="duration"):
-        cp.parse_duration(text)
+        parse_duration(text)
 
 
 def test_default_plan_is_every_target_against_its_fixed_implementation():

@@ -1,0 +1,205 @@
+"""Reading what the workers wrote: runs, deduplicated findings and harness events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnfuzz.harness.campaign.plan import Unit
+from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
+
+
+def worker_fault(scratch: Path, item_id: str) -> str:
+    """How a lost worker died, from its own fault log (a harness event, not a verdict)."""
+    from attnfuzz.harness.isolation import describe_fault
+
+    try:
+        text = (scratch / "faults" / f"{item_id}.log").read_text(errors="replace")
+    except OSError:
+        text = ""
+    fault = describe_fault(text)
+    return fault[1] if fault else "killed without a Python fault report"
+
+
+class Replays:
+    """Cases a lost worker was judging, replayed once each in isolation.
+
+    A worker is lost to what happens outside the implementation too (a
+    SIGKILL, the machine's memory): its in-flight case is a finding only
+    when it fails again, alone, in a fresh child.
+    """
+
+    def __init__(self, plan: dict[str, Any]):
+        self.plan = plan
+        self.verdicts: dict[str, Any] = {}
+
+    def verdict(self, item_id: str, unit: Unit, case_dict: dict[str, Any]) -> Any:
+        if item_id not in self.verdicts:
+            from attnfuzz.harness.isolation import IsolatedJudge
+            from attnfuzz.harness.registry import get_target
+            from attnfuzz.reference.batch import Case
+
+            target = get_target(unit.target)
+            impl = target.resolve(unit.impl)
+            timeout = self.plan["example_timeout"]
+            with IsolatedJudge(target, impl, self.plan["device"], timeout) as judge:
+                self.verdicts[item_id] = judge.judge(Case.from_dict(case_dict))
+        return self.verdicts[item_id]
+
+
+@dataclass
+class Snapshot:
+    """The campaign as its files say it is now."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    findings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # the harness's, not findings
+    settled: int = 0  # work units that ended (done, error, interrupted, or died judging)
+
+
+def collect(
+    scratch: Path,
+    plan: dict[str, Any],
+    units: list[Unit],
+    *,
+    final: bool = False,
+    interrupted: bool = False,
+    pytest_status: str | None = None,
+    replays: Replays | None = None,
+) -> Snapshot:
+    """Merge the work units' files into runs, deduplicated findings and events.
+
+    A shard whose worker died (xdist's crash mark says so) has ended; the
+    case it left in flight is replayed in isolation (``replays``) and is a
+    finding if it fails there, else the loss is a ``worker-lost`` event.
+    """
+    from attnfuzz.harness.campaign_worker import read_json
+
+    items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
+    for item in plan["items"]:
+        items_by_unit[item["unit"]].append(item)
+    snap = Snapshot()
+    for u, unit in enumerate(units):
+        states, errors = [], []
+        settled_before = snap.settled
+        keyed: dict[str, dict[str, Any]] = {}
+        for item in items_by_unit[u]:
+            state = read_json(scratch / "items" / f"{item['id']}.json")
+            if state is None:
+                if final and not interrupted and pytest_status is not None:
+                    errors.append(f"shard {item['shard']} never ran ({pytest_status})")
+                continue
+            states.append(state)
+            if state.get("status") != "running":
+                snap.settled += 1
+            if state.get("status") == "error":
+                errors.append(state.get("error") or "the harness failed")
+            found = list(state["findings"].values())
+            lost = (scratch / "crashed" / item["id"]).exists()
+            if lost and state.get("status") == "running":  # the worker died: the shard ended
+                snap.settled += 1
+                inflight = read_json(scratch / "inflight" / f"{item['id']}.json")
+                event = {
+                    "event": "worker-lost",
+                    "target": unit.target,
+                    "implementation": unit.impl,
+                    "shard": item["shard"],
+                    "detail": worker_fault(scratch, item["id"]),
+                }
+                verdict = None
+                if inflight is not None and replays is not None:
+                    verdict = replays.verdict(item["id"], unit, inflight["case"])
+                if verdict is not None and not verdict.ok:
+                    count_dead_example(state, inflight, plan)
+                    found.append(
+                        {
+                            "key": verdict.key,
+                            "case": inflight["case"],
+                            "verdict": {
+                                "key": verdict.key,
+                                "mismatches": [m.to_dict() for m in verdict.mismatches],
+                            },
+                            "examples_to_failure": inflight["examples"] + 1,
+                            "seconds_to_failure": inflight["started"]
+                            - (state.get("first_example") or inflight["started"]),
+                            "found": inflight["started"],
+                        }
+                    )
+                else:
+                    event["detail"] += (
+                        "; the case it was judging passed when replayed alone"
+                        if verdict is not None
+                        else "; it was between two cases"
+                    )
+                    snap.events.append(event)
+            for f in found:
+                known = keyed.get(f["key"])
+                if known is None:
+                    keyed[f["key"]] = dict(f)
+                    continue
+                first = min(known, f, key=lambda x: x["found"])
+                small = min(known, f, key=lambda x: case_size(x["case"]))
+                keyed[f["key"]] = small | {
+                    k: first[k] for k in ("examples_to_failure", "seconds_to_failure", "found")
+                }
+        examples = sum(s["examples"] for s in states)
+        seconds = sum(max(0.0, (s.get("finished") or s["updated"]) - s["started"]) for s in states)
+        labels: dict[str, int] = {}
+        for s in states:
+            for label, count in s["labels"].items():
+                labels[label] = labels.get(label, 0) + count
+        ids = []
+        for key, f in sorted(keyed.items(), key=lambda kv: kv[1]["found"]):
+            fid = finding_id(unit.target, unit.impl, key)
+            ids.append(fid)
+            snap.findings[fid] = {
+                "id": fid,
+                "target": unit.target,
+                "implementation": unit.impl,
+                "key": key,
+                "check": f["verdict"]["mismatches"][0]["check"],
+                "case_file": f"cases/{fid}.json",
+                "case": f["case"],
+                "verdict": f["verdict"],
+                "examples_to_failure": f["examples_to_failure"],
+                "seconds_to_failure": round(f["seconds_to_failure"], 3),
+                "found": f["found"],
+            }
+        status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
+        running = snap.settled - settled_before < len(items_by_unit[u])
+        run = {
+            "target": unit.target,
+            "implementation": unit.impl,
+            "kind": unit.kind,
+            "examples": examples,
+            "seconds": round(seconds, 3),
+            "examples_per_second": round(examples / seconds, 3) if seconds else 0.0,
+            "status": status,
+            "labels": dict(sorted(labels.items())),
+            "timeline": merge_timelines([s["timeline"] for s in states]),
+            "findings": ids,
+        }
+        if errors:
+            run["error"] = "; ".join(errors)
+        if not final:
+            run["_running"] = running
+            run["_started"] = min((s["started"] for s in states), default=None)
+        snap.runs.append(run)
+    return snap
+
+
+def count_dead_example(
+    state: dict[str, Any], inflight: dict[str, Any], plan: dict[str, Any]
+) -> None:
+    """The example a worker died on was judged too: its verdict is the replay's."""
+    from attnfuzz.reference.batch import Case
+    from attnfuzz.strategies.batches import scenario_labels
+
+    examples = max(state["examples"], inflight["examples"] + 1)
+    end = max(state["updated"], inflight["started"])
+    if examples > state["examples"]:
+        for label in scenario_labels(Case.from_dict(inflight["case"])):
+            state["labels"][label] = state["labels"].get(label, 0) + 1
+    state["examples"], state["updated"] = examples, end
+    state["timeline"].append([round(end - plan["started"], 3), examples])

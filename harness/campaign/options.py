@@ -1,0 +1,31 @@
+"""What a campaign is asked to do: plain values (the command line builds them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnfuzz.harness.definitions import DEFAULT_DB as _DEFAULT_DB
+from attnfuzz.harness.definitions import DEFAULT_OUT
+
+DEFAULT_DB = str(_DEFAULT_DB)  # --db takes a directory or a URL: a string
+
+
+@dataclass
+class Options:
+    """A campaign's settings; ``None`` means the profile's (or every target's) default."""
+
+    targets: list[str] | None = None
+    impls: list[str] | None = None
+    zoo: bool = False
+    budget_s: float | None = None
+    max_examples: int | None = None
+    workers: int = 1
+    database: str = DEFAULT_DB
+    out: Path = DEFAULT_OUT
+    seed: int | None = None
+    profile: str | None = None
+    example_timeout_s: float | None = None
+    scale: str = "small"
+    device: str | None = None
+    quiet: bool = False

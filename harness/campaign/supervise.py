@@ -1,0 +1,285 @@
+"""Running the workers' pytest run and watching it until every unit has ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from attnfuzz.harness.campaign.collect import Replays, Snapshot, collect
+from attnfuzz.harness.campaign.options import Options
+from attnfuzz.harness.campaign.plan import Unit
+from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress
+from attnfuzz.harness.campaign.results import (
+    FINDING_FIELDS,
+    CaseWriter,
+    exit_status,
+    report_new,
+    summary_lines,
+    write_reports,
+)
+from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, timestamp
+
+# Workers end their units at the deadline by themselves (a call still running
+# then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
+STOP_GRACE_S = 1.0  # after the deadline, before the workers are told to stop
+KILL_GRACE_S = 2.0  # after they were told, before they are killed
+POLL_S = 0.25
+
+
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def child_env(roots: list[str], scratch: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # Hypothesis' own cache stays in the campaign's scratch: nothing outside --out and --db.
+    env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(scratch / "hypothesis")
+    for name in list(env):
+        # The campaign's pytest run is ours: nothing of an enclosing pytest or xdist.
+        if name.startswith(("PYTEST_XDIST_", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")):
+            del env[name]
+    for name in ("PYTEST_CURRENT_TEST", "PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        env.pop(name, None)
+    paths = [os.getcwd(), *roots, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # One worker per core: a worker's BLAS (the interpreter's tl.dot is a NumPy
+    # matmul) must not start a thread per core of its own, unless asked to.
+    for name in BLAS_THREAD_VARIABLES:
+        env.setdefault(name, "1")
+    return env
+
+
+def run_locked(
+    options: Options,
+    stream: TextIO,
+    plan: dict[str, Any],
+    units: list[Unit],
+    roots: list[str],
+    out: Path,
+) -> tuple[dict[str, Any], int]:
+    """The campaign proper, its ``--out`` locked: start the workers, supervise."""
+    from attnfuzz.harness.campaign_worker import PLAN, write_json
+
+    started = plan["started"]
+    scratch = out / ".work"  # the workers' files: absolute, whatever their cwd
+    if scratch.exists():  # a campaign that never finished: its findings may be only there
+        kept = out / f".work-unfinished-{int(scratch.stat().st_mtime)}"
+        scratch.rename(kept)
+        print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
+    for sub in ("items", "inflight", "faults", "started", "crashed", "hypothesis"):
+        (scratch / sub).mkdir(parents=True)
+    write_json(scratch / PLAN, plan)
+    (scratch / "pytest.ini").write_text("[pytest]\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(scratch / PLAN),
+        "-c",
+        str(scratch / "pytest.ini"),
+        "--rootdir",
+        str(scratch),
+        "-p",
+        "attnfuzz.harness.campaign_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:faulthandler",
+        "-n",
+        str(plan["workers"]),
+        "--max-worker-restart",
+        str(len(plan["items"])),
+        "-q",
+        "--no-header",
+    ]
+    log_path = scratch / "pytest.log"
+    log = log_path.open("w")
+    stopper = Stopper()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    in_main = in_main_thread()
+    if in_main:  # from here on a signal is noted, never raised: the report gets written
+        signal.signal(signal.SIGINT, stopper.on_signal)
+        signal.signal(signal.SIGTERM, stopper.on_signal)
+    try:
+        stopper.proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(roots, scratch),
+            start_new_session=True,  # Ctrl-C reaches us; we stop the workers in order
+        )
+        return supervise(stopper, options, plan, units, scratch, stream, started, log)
+    finally:
+        log.close()
+        stopper.kill()
+        if in_main:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+class Stopper:
+    """Stops the campaign's pytest run: at the deadline, on a signal, or for good."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.interrupted_by: int | None = None
+        self.stop_sent: float | None = None
+        self.killed = False
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.interrupted_by is None:
+            self.interrupted_by = signum
+            self.stop()
+        else:
+            self.kill()  # asked twice: no more waiting
+
+    def _group(self, sig: int) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self) -> None:
+        """SIGINT to the pytest run and its workers: they end their example and stop."""
+        if self.proc is not None and self.stop_sent is None:
+            self._group(signal.SIGINT)
+            self.stop_sent = time.time()
+
+    def kill(self) -> None:
+        if self.proc is not None and not self.killed:
+            self._group(signal.SIGKILL)
+            self.killed = True
+            self.proc.wait()
+
+    def tick(self, snap: Snapshot, deadline: float | None) -> None:
+        now = time.time()
+        if self.interrupted_by is not None:
+            self.stop()  # a signal that came before the run had started
+        over = now - deadline if deadline is not None else None
+        if over is not None and over > STOP_GRACE_S:
+            # Units still judging past the deadline are told to stop; a pytest
+            # run merely shutting down is left to finish.
+            if any(r["_running"] and r["_started"] for r in snap.runs):
+                self.stop()
+            if over > STOP_GRACE_S + KILL_GRACE_S:
+                self.kill()
+        if self.stop_sent is not None and now > self.stop_sent + KILL_GRACE_S:
+            self.kill()
+
+
+def supervise(
+    stopper: Stopper,
+    options: Options,
+    plan: dict[str, Any],
+    units: list[Unit],
+    scratch: Path,
+    stream: TextIO,
+    started: float,
+    log: TextIO,
+) -> tuple[dict[str, Any], int]:
+    """Watch the workers' files until every unit has ended, then write the campaign."""
+    from attnfuzz.harness.casefile import environment
+    from attnfuzz.kernels._triton import device as kernel_device
+
+    proc = stopper.proc
+    assert proc is not None
+    # Files go to the absolute --out; what is printed names it as the user did.
+    out, shown, items = scratch.parent, options.out, plan["items"]
+    replays = Replays(plan)
+    device = options.device or str(kernel_device())
+    env_info = environment(device)
+    writer = CaseWriter(out, device)
+    writer.shown, writer.example_timeout = shown, plan["example_timeout"]
+    title = f"campaign: {len(units)} runs, {plan['workers']} worker(s), profile {plan['profile']}"
+    if options.quiet or not stream.isatty():
+        progress: LineProgress | LiveProgress = LineProgress(
+            stream, None if options.quiet else 10.0
+        )
+    else:
+        progress = LiveProgress(title)
+    budget = plan["budget"]
+    with progress:
+        budget_text = f"budget {budget:g}s" if budget is not None else "no time budget"
+        cap_text = f", {options.max_examples} examples per run" if options.max_examples else ""
+        db_text = plan["database"] or "none (derandomized)"
+        progress.say(f"{title}, {budget_text}{cap_text}, database {db_text}")
+        announced = False
+        snap = Snapshot()
+        while proc.poll() is None and snap.settled < len(items):
+            time.sleep(POLL_S)
+            if stopper.interrupted_by is not None and not announced:
+                progress.say("interrupted: stopping the workers, writing what ran")
+                announced = True
+            snap = collect(scratch, plan, units, replays=replays)
+            report_new(snap, writer, progress, started)
+            now = time.time()
+            left = max(0.0, plan["deadline"] - now) if plan["deadline"] else None
+            progress.update(snap, now - started, left)
+            stopper.tick(snap, plan["deadline"])
+        # Every unit has ended: what is left of the pytest run is its teardown,
+        # not worth the wait (nor are the workers of a run that failed).
+        ended_by_itself = proc.poll() is not None
+        stopped = stopper.stop_sent is not None or stopper.killed
+        stopper.kill()
+        log.flush()
+        snap = collect(
+            scratch,
+            plan,
+            units,
+            final=True,
+            interrupted=stopped,
+            pytest_status=f"pytest exit code {proc.returncode}" if ended_by_itself else None,
+            replays=replays,
+        )
+        report_new(snap, writer, progress, started)
+        finished = time.time()
+        campaign = {
+            "schema": CAMPAIGN_SCHEMA,
+            "started": timestamp(started),
+            "finished": timestamp(finished),
+            "seconds": round(finished - started, 3),
+            "budget": {"seconds": budget, "max_examples": options.max_examples},
+            "profile": plan["profile"],
+            "seed": plan["seed"],
+            "workers": plan["workers"],
+            "database": plan["database"] or "none",
+            "interrupted": stopper.interrupted_by is not None,
+            "environment": env_info,
+            "runs": snap.runs,
+            "findings": [],
+            "events": snap.events,
+        }
+        for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
+            writer.write(f)
+            f["repro"] = f"attnfuzz repro {shown / f['case_file']}"
+            campaign["findings"].append({k: f[k] for k in FINDING_FIELDS})
+        tmp = out / ".campaign.json.tmp"
+        tmp.write_text(json.dumps(campaign, indent=2) + "\n")
+        os.replace(tmp, out / "campaign.json")
+        code = exit_status(campaign, stopper.interrupted_by)
+        for line in summary_lines(campaign, shown, code):
+            progress.say(line)
+        reports = write_reports(campaign, out)
+        if reports:
+            progress.say("reports: " + ", ".join(str(shown / p.name) for p in reports))
+    clean = snap.settled == len(items) or proc.returncode in (0, 1)
+    clean = clean and not any(r["status"] == "error" for r in snap.runs)
+    if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        print(f"campaign files kept for inspection: {scratch}", file=stream)
+    return campaign, code
+
+
+def in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

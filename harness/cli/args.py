@@ -1,0 +1,143 @@
+"""Argument types and terminal helpers shared by the subcommands.
+
+Every parser here raises :class:`argparse.ArgumentTypeError` with a one-line
+reason; :func:`attnfuzz.harness.cli.main` turns it into a usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+
+DURATION_HELP = "a number of seconds, or with a unit: 90s, 10m, 1h30m"
+
+MESSAGE_LIMIT = 500
+"""Characters of a message to the terminal that quotes input (an error, a note)."""
+PATH_LIMIT = 4096
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """``90`` (seconds), ``90s``, ``10m``, ``1h30m``, ``1.5h``: seconds, > 0."""
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        value = float(s)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", s)
+        if not parts or "".join(a + b for a, b in parts) != s:
+            raise argparse.ArgumentTypeError(
+                f"expected a duration such as 90s, 10m or 1h30m, got {text!r}"
+            )
+        value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A plain number of seconds (no unit: ``10`` is ten seconds), finite; whether it
+    is > 0 the command checks."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a plain number of seconds such as 10 or 2.5, got {text!r}"
+        ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
+
+
+def workers(text: str) -> int:
+    """A number of worker processes >= 1, or ``auto``: one per core this process may use."""
+    if text == "auto":
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of workers or auto, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 worker, got {value}")
+    return value
+
+
+def names(values: list[str] | None) -> list[str] | None:
+    """``--targets a b`` and ``--targets a,b`` alike; ``None`` (not given) stays ``None``."""
+    if values is None:
+        return None
+    return [name for value in values for name in value.split(",") if name]
+
+
+def add_timeout_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--example-timeout",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help=f"{what} ({DURATION_HELP})",
+    )
+
+
+def add_device_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
+
+
+def add_scale_argument(p: argparse.ArgumentParser) -> None:
+    from attnfuzz.strategies.batches import SCALES
+
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+
+
+def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` as one line of printable characters, at most ``limit`` long.
+
+    Control characters, line breaks and other non-printables are escaped as
+    ``repr`` writes them (``\\x1b``, ``\\n``); a longer text is cut and ends
+    with ``...``. Whatever an input held, it never reaches the terminal raw.
+    """
+    out: list[str] = []
+    length = 0
+    for c in str(text):
+        piece = c if c.isprintable() else repr(c)[1:-1]
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            return "".join(out)[: max(limit - 3, 0)] + "..."
+    return "".join(out)
+
+
+def device(name: str | None) -> str:
+    """``--device`` checked, with ``ATTNFUZZ_DTYPE``: a one-line :class:`UsageError`
+    for an unknown or absent device or a dtype it cannot run (see harness/devices.py)."""
+    from attnfuzz.harness.devices import check_device
+
+    return check_device(name)

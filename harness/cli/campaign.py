@@ -1,0 +1,104 @@
+"""``attnfuzz campaign``: its command line (the campaign is :mod:`attnfuzz.harness.campaign`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnfuzz.harness.campaign.options import DEFAULT_DB, Options
+from attnfuzz.harness.cli.args import (
+    DURATION_HELP,
+    names,
+    non_negative_int,
+    parse_duration,
+    positive_int,
+    workers,
+)
+from attnfuzz.harness.definitions import DEFAULT_OUT, PROFILE_ENV
+
+HELP = "targets x implementations within a budget, N workers"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from attnfuzz.harness.campaign_worker import PROFILES
+    from attnfuzz.strategies.batches import SCALES
+
+    p.description = (
+        "Fuzz targets x implementations within a wall-clock budget on N workers; write "
+        "campaign.json, one case file per distinct finding, and the reports."
+    )
+    p.epilog = (
+        "exit status: 2 usage error; 1 a finding on a fixed, reference or user implementation, "
+        "or a run that could not go on; 130/143 interrupted (SIGINT/SIGTERM); 1 a mutant "
+        "survived; 0 otherwise"
+    )
+    p.add_argument("--targets", nargs="+", metavar="TARGET", help="default: every target")
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        metavar="IMPL",
+        help="registered names or module:attribute (default: each target's fixed one, triton)",
+    )
+    p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
+    p.add_argument(
+        "--budget",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help=f"wall clock from the start, worker start-up included ({DURATION_HELP})",
+    )
+    p.add_argument("--max-examples", type=positive_int, default=None, help="per implementation")
+    p.add_argument(
+        "-n",
+        "--workers",
+        type=workers,
+        default=1,
+        help="worker processes, or auto: one per core (more than the cores are capped)",
+    )
+    p.add_argument("--db", default=DEFAULT_DB, help="a directory, or redis://HOST:PORT")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized campaign")
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help=f"Hypothesis settings profile (default: ${PROFILE_ENV}, else dev)",
+    )
+    p.add_argument(
+        "--example-timeout",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help=f"per example (default: the profile's; {DURATION_HELP})",
+    )
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
+    p.add_argument("--quiet", action="store_true", help="plain lines: findings and the summary")
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """The campaign's :class:`Options` from its parsed command line."""
+    return Options(
+        targets=names(args.targets),
+        impls=names(args.impls),
+        zoo=args.zoo,
+        budget_s=args.budget,
+        max_examples=args.max_examples,
+        workers=args.workers,
+        database=args.db,
+        out=args.out,
+        seed=args.seed,
+        profile=args.profile,
+        example_timeout_s=args.example_timeout,
+        scale=args.scale,
+        device=args.device,
+        quiet=args.quiet,
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """``attnfuzz campaign``: see :mod:`attnfuzz.harness.campaign` for the exit status."""
+    from attnfuzz.harness.campaign import run_campaign
+
+    _, code = run_campaign(options_from_args(args))
+    return code

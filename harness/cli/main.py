@@ -1,0 +1,93 @@
+"""``attnfuzz``'s parser and ``main``: dispatch to the subcommand modules."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import sys
+from types import ModuleType
+
+from attnfuzz.harness.cli import campaign, export, listing, report, repro, run, zoo
+from attnfuzz.harness.cli.args import device, one_line
+from attnfuzz.harness.definitions import EXIT_BROKEN_PIPE, EXIT_USAGE
+from attnfuzz.harness.target import UsageError
+
+COMMANDS: dict[str, ModuleType] = {
+    "list": listing,
+    "run": run,
+    "repro": repro,
+    "export": export,
+    "report": report,
+    "campaign": campaign,
+    "zoo": zoo,
+}
+"""Each subcommand's module: ``HELP``, ``add_arguments(parser)``, ``command(args) -> int``,
+and ``CHECKS_DEVICE = True`` where ``--device`` is checked before any work."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: ``attnfuzz [--version] COMMAND ...``."""
+    import attnfuzz
+
+    parser = argparse.ArgumentParser(
+        prog="attnfuzz", description="Differential fuzzing of attention metadata."
+    )
+    parser.add_argument("--version", action="version", version=f"attnfuzz {attnfuzz.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module in COMMANDS.items():
+        module.add_arguments(sub.add_parser(name, help=module.HELP))
+    return parser
+
+
+def _parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, its errors one line on stderr (exit status 2), like ours."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_args(argv)
+    except SystemExit as stop:
+        if stop.code in (0, None):  # --help: printed on stdout, nothing to say
+            raise
+        text = captured.getvalue()
+        found = re.search(r"^attnfuzz(?: (\S+))?: error: (.*)\Z", text, re.M | re.S)
+        command, message = found.groups() if found else (None, text)
+        message = message.strip()
+        hint = f"attnfuzz {command} --help" if command else "attnfuzz --help"
+        where = f"{command}: " if command else ""
+        print(f"attnfuzz: error: {where}{one_line(message)} (see {hint})", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def _stdout_closed() -> int:
+    """The reader of our output went away (``attnfuzz list | head -1``): nothing more
+    is written to it, and the exit status says so, without a traceback."""
+    try:  # the recipe of Python's signal docs: what is still buffered goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # a stdout without a file descriptor (captured): nothing to redirect
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command. Exit status: 0 no failure, 1 a failure was found, 2 a usage
+    error (one line on stderr, before any work), 141 stdout was closed early."""
+    args = _parse_args(build_parser(), argv)
+    # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = COMMANDS[args.command]
+    try:
+        if getattr(module, "CHECKS_DEVICE", False):  # the device and dtype, before any work
+            args.device = device(args.device)
+        status = module.command(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
+    except UsageError as err:
+        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return _stdout_closed()

@@ -1,0 +1,165 @@
+"""``attnfuzz run``: fuzz one implementation of one target; write its failing case."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from attnfuzz.harness.cli.args import (
+    add_device_argument,
+    add_scale_argument,
+    add_timeout_argument,
+    non_negative_int,
+    one_line,
+    positive_int,
+)
+from attnfuzz.harness.definitions import DEFAULT_CASES, DEFAULT_DB, EXIT_FOUND, EXIT_OK
+
+HELP = "fuzz one implementation of one target"
+CHECKS_DEVICE = True  # main() checks --device before any work
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True)
+    p.add_argument("--impl", default="triton", help="registered name or module:attribute")
+    p.add_argument("--max-examples", type=positive_int, default=200)
+    p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized run")
+    p.add_argument("--out", type=Path, default=DEFAULT_CASES)
+    p.add_argument(
+        "--db",
+        default=str(DEFAULT_DB),
+        help="example database: a directory, or redis://HOST:PORT (unused with --seed)",
+    )
+    add_scale_argument(p)
+    add_device_argument(p)
+    add_timeout_argument(p, "per example: a call without a verdict by then is a 'timeout'")
+
+
+def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
+    print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
+    for m in doc["verdict"]["mismatches"][:8]:
+        # An implementation's exception text may hold anything: one printable line each.
+        print(
+            "  "
+            + one_line(f"[{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
+        )
+    print("minimized case:" if shrunk else "case:")
+    print(
+        "  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
+    )
+    print("  derived: " + json.dumps(doc["derived"]))
+    if path is not None:
+        print(f"written to {path}")
+        print(f"replay: attnfuzz repro {path}")
+
+
+def save_case(path: Path, doc: dict) -> Path | None:
+    """Write a case file; if that fails, the case goes to the terminal, never lost."""
+    from attnfuzz.harness.casefile import write_case
+
+    try:
+        return write_case(path, doc)
+    except OSError as err:
+        print(
+            f"attnfuzz: could not write {path} ({err.strerror or err}); the case:", file=sys.stderr
+        )
+        print(json.dumps(doc, indent=2), file=sys.stderr)
+        return None
+
+
+class Signals:
+    """SIGINT and SIGTERM end a run as Ctrl-C does (``KeyboardInterrupt``), and are
+    remembered: what was found is still written, and the exit status is 128 + signal."""
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT
+        self._got = False
+        self._previous: dict[int, Any] = {}
+
+    def received(self) -> bool:
+        return self._got
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signum, self._got = signum, True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def command(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.harness.storage import (
+        check_database,
+        database_spec,
+        prepare_out,
+        private_hypothesis_home,
+    )
+    from attnfuzz.strategies.batches import SCALES
+
+    private_hypothesis_home()
+    target = get_target(args.target)
+    device = args.device  # checked by main() before any work
+    # Paths first, before any user code runs (it may change directory).
+    out = prepare_out(args.out, create=False)
+    db = database_spec(args.db)
+    if args.seed is None:  # a derandomized run neither reads nor writes the database
+        check_database(db)
+    impl = target.resolve(args.impl)
+    timeout = args.example_timeout or DEFAULT_TIMEOUT_S
+    with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
+        result = fuzz(
+            target,
+            impl,
+            max_examples=args.max_examples,
+            rng_seed=args.seed,
+            database=db,
+            scale=SCALES[args.scale],
+            device=device,
+            judge=isolated.judge,
+            stop_requested=signals.received,
+        )
+    rate = result.examples / result.seconds if result.seconds else 0.0
+    print(
+        f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
+        f"({rate:.1f}/s)" + (" (interrupted)" if result.interrupted else "")
+    )
+    if result.statistics:
+        print("statistics: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statistics.items())))
+    if not result.failed:
+        if result.interrupted:
+            print("INTERRUPTED: no failure found so far")
+            return 128 + signals.signum
+        print("PASS: no failure found")
+        return EXIT_OK
+    assert result.case is not None and result.verdict is not None
+    doc = case_document(
+        target.name, impl.name, result.case, result.verdict, device, example_timeout=timeout
+    )
+    name = f"{target.name}--{impl.name.replace(':', '_').replace('/', '_')}--{result.verdict.key}"
+    path = save_case(out / f"{name.replace(':', '_')}.json", doc)
+    print(
+        f"first failure after {result.examples_to_failure} examples, "
+        f"{result.seconds_to_failure:.2f}s"
+    )
+    if not result.shrunk:
+        print(f"the case that failed as it ran (a {result.verdict.key} is not shrunk)")
+    elif result.interrupted:
+        print("interrupted while shrinking: the smallest failing case so far")
+    print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
+    return 128 + signals.signum if result.interrupted else EXIT_FOUND
