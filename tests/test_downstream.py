@@ -10,6 +10,7 @@ fixed builder and fails on the bug, naming the check.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -33,17 +35,25 @@ TIMEOUT_S = 600  # generous: a loaded machine; the suites take seconds
 
 
 def pytest_run(
-    tmp_path: Path, *args: str, cwd: Path = DOWNSTREAM, profile: str = "quick"
+    tmp_path: Path,
+    *args: str,
+    cwd: Path = DOWNSTREAM,
+    profile: str = "quick",
+    path: tuple[Path, ...] = (),
+    module: str = "pytest",
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest ARGS`` in ``cwd`` with the downstream module importable;
-    nothing is written into the checkout (no cache, Hypothesis' files under ``tmp_path``)."""
+    """``python -m pytest ARGS`` (or another ``module``) in ``cwd`` with the
+    downstream modules importable, and ``path`` after them; nothing is written
+    into the checkout (no cache, Hypothesis' files under ``tmp_path``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
     env |= {
-        "PYTHONPATH": str(DOWNSTREAM),
+        "PYTHONPATH": os.pathsep.join(map(str, (DOWNSTREAM, *path))),
         "HYPOTHESIS_PROFILE": profile,
         "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / "hypothesis"),
     }
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *args]
+    command = [sys.executable, "-m", module, *args]
+    if module == "pytest":
+        command[3:3] = ["-p", "no:cacheprovider", "-rA"]
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
@@ -63,6 +73,23 @@ def expected_items(impl: str) -> set[str]:
         "tests/test_mtp_builder.py::test_fixed_builder_through_the_public_api",
         FUZZ_ITEM.format(impl),
     }
+
+
+def test_the_project_imports_only_the_public_api() -> None:
+    """``attnfuzz`` itself, and the inputs and outputs of a target it implements
+    (``attnfuzz.reference.<target>``, README "Testing your own implementation")."""
+    for source in DOWNSTREAM.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "attnfuzz":
+                    ok = name == "attnfuzz" or re.fullmatch(r"attnfuzz\.reference\.\w+", name)
+                    assert ok, f"{source.name} imports {name}"
 
 
 def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
@@ -210,3 +237,52 @@ def test_a_suite_without_attnfuzz_runs_as_without_the_plugin(tmp_path: Path) -> 
         return re.sub(r" in [\d.]+s", "", result.stdout.strip().splitlines()[-1])
 
     assert summary(with_plugin) == summary(without)
+
+
+def installed_metadata(site: Path) -> Path:
+    """The metadata ``pip install`` writes for the downstream project, with its entry
+    points as its pyproject.toml declares them, in a folder put on ``PYTHONPATH``:
+    the project looks installed to that interpreter only (not to this environment)."""
+    project = tomllib.loads((DOWNSTREAM / "pyproject.toml").read_text())["project"]
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    lines = []
+    for group, points in project["entry-points"].items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {value}" for name, value in points.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return site
+
+
+def test_a_target_from_the_projects_entry_point(tmp_path: Path) -> None:
+    """The project's own target ``query-start-loc`` (entry point ``attnfuzz.targets``):
+    ``attnfuzz run`` catches its mutant, and the plugin fuzzes its fixed
+    implementation and replays the case found as a regression test."""
+    site = installed_metadata(tmp_path / "site")
+    out = tmp_path / "found"
+    found = pytest_run(
+        tmp_path,
+        *("run", "--target", "query-start-loc", "--impl", "exclusive", "--seed", "0"),
+        *("--max-examples", "100", "--out", str(out)),
+        module="attnfuzz",
+        cwd=tmp_path,
+        path=(site,),
+    )
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "FAIL query-start-loc / exclusive  [values]" in found.stdout
+    assert [p.name for p in out.iterdir()] == ["query-start-loc--exclusive--values.json"]
+    result = pytest_run(
+        tmp_path,
+        # `=`: a bare path among the arguments would move pytest's rootdir there.
+        *("--attnfuzz-impl", "query-start-loc=torch", f"--attnfuzz-cases={out}"),
+        *("-k", "query-start-loc"),
+        path=(site,),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    got = outcomes(result)
+    case = "query-start-loc--exclusive--values.json::query-start-loc"  # outside the rootdir
+    assert sorted(got) == ["attnfuzz::query-start-loc[torch]", case], got
+    assert set(got.values()) == {"PASSED"}
