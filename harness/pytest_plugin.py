@@ -24,6 +24,10 @@ attnfuzz from pytest"):
   the case on the implementation under test of its target, or, when none is
   named, on the implementation the file names.
 
+- a user's mutants: ``--attnfuzz-mutants MODULE[:ATTR]`` (repeatable) or the
+  ini key ``attnfuzz_mutants`` registers the mutants a module declares
+  (``attnfuzz.mutant``), so that the names above may name them.
+
 Every item this plugin makes carries the marker ``attnfuzz`` (``-m attnfuzz``).
 A failure's message is the verdict, then the case as a case file
 (``attnfuzz.case/1``), ready to save and replay with ``attnfuzz repro``.
@@ -45,8 +49,10 @@ if TYPE_CHECKING:
 
 IMPL_OPTION = "--attnfuzz-impl"
 CASES_OPTION = "--attnfuzz-cases"
+MUTANTS_OPTION = "--attnfuzz-mutants"
 IMPL_INI = "attnfuzz_impl"
 CASES_INI = "attnfuzz_cases"
+MUTANTS_INI = "attnfuzz_mutants"
 MARKER = "attnfuzz"
 
 _STATE = pytest.StashKey["_State"]()
@@ -69,6 +75,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="DIR",
         help="collect every *.json case file under DIR as a test that replays it (repeatable)",
+    )
+    group.addoption(
+        MUTANTS_OPTION,
+        action="append",
+        default=[],
+        metavar="MODULE[:ATTR]",
+        help="register the mutants MODULE declares (its MUTANTS, or ATTR), so that "
+        "--attnfuzz-impl and case files can name them (repeatable)",
+    )
+    parser.addini(
+        MUTANTS_INI,
+        type="linelist",
+        default=[],
+        help="MODULE[:ATTR] lines: mutants to register, as --attnfuzz-mutants",
     )
     parser.addini(
         IMPL_INI,
@@ -100,6 +120,22 @@ class _State:
                 raise pytest.UsageError(f"{CASES_OPTION} {d}: not a directory")
         self.case_dirs = asked + [Path(d).resolve() for d in config.getini(CASES_INI)]
         self.asked_dirs = asked
+        self.mutants: list[str] = [
+            *config.getini(MUTANTS_INI),
+            *config.getoption("attnfuzz_mutants"),
+        ]
+        self._registered = False
+
+    def register_mutants(self) -> None:
+        """Register the user's mutants, once, before the first name is resolved (not
+        at start-up: a suite that runs none of attnfuzz's items imports nothing)."""
+        if self._registered:
+            return
+        from attnfuzz.harness.registry import add_mutants
+
+        for spec in self.mutants:
+            add_mutants(spec)
+        self._registered = True
 
     def holds_case(self, path: Path) -> bool:
         return path.suffix == ".json" and any(path.is_relative_to(d) for d in self.case_dirs)
@@ -214,6 +250,7 @@ class FuzzItem(pytest.Item):
         from attnfuzz.harness.engine import fuzz_test
         from attnfuzz.harness.registry import get_target
 
+        self.config.stash[_STATE].register_mutants()
         self.target = get_target(self.target_name)
         self.impl = self.target.resolve(self.impl_spec)
         self.impl.prepare()
@@ -265,6 +302,7 @@ class CaseItem(pytest.Item):
         from attnfuzz.harness.export import load_case
 
         state = self.config.stash[_STATE]
+        state.register_mutants()
         spec = state.impls.get(self.name)
         if spec is None and ":" in self.found_on:
             raise _Unnamed(
@@ -297,8 +335,9 @@ class _Unnamed(Exception):
 class SuiteJudge:
     """The ``attnfuzz_judge`` fixture: judges cases inside the suite's own tests."""
 
-    def __init__(self, impls: dict[str, str]) -> None:
-        self.impls = impls
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.impls = state.impls
 
     def implementation(self, target: str) -> str | None:
         """The implementation under test of ``target`` (``--attnfuzz-impl`` or the
@@ -312,6 +351,7 @@ class SuiteJudge:
         from attnfuzz.harness.registry import get_target
         from attnfuzz.harness.target import UsageError
 
+        self.state.register_mutants()
         spec = impl or self.impls.get(target)
         if spec is None:
             raise UsageError(
@@ -330,4 +370,4 @@ class SuiteJudge:
 def attnfuzz_judge(pytestconfig: pytest.Config) -> SuiteJudge:
     """``attnfuzz_judge(target, case, impl=None)``: judge a case, fail with its verdict
     and case file (session-scoped, so that ``@given`` tests may use it)."""
-    return SuiteJudge(pytestconfig.stash[_STATE].impls)
+    return SuiteJudge(pytestconfig.stash[_STATE])

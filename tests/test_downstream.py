@@ -28,6 +28,7 @@ CASES = DOWNSTREAM / "tests" / "cases"
 TARGET = "mtp-seq-lens"
 FIXED = "mtp_builder:context_lens"
 MUTANT = "mtp_builder:context_lens_noclamp"
+DECLARED = "builder-noclamp"  # the same, declared in mtp_builder.MUTANTS
 NOCLAMP_CASE = "mtp-seq-lens--mtp_builder_context_lens_noclamp--values.json"
 STRIDED_CASE = "mtp-seq-lens--pr42135-strided--contiguous.json"
 FUZZ_ITEM = f"attnfuzz::{TARGET}[{{}}]"
@@ -109,12 +110,14 @@ def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
     assert stopped.startswith(" settings.max_examples=25"), stopped
 
 
-def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("named", [MUTANT, DECLARED])
+def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch, named: str) -> None:
+    """The bug named by ``module:attribute`` or as the project's declared mutant."""
     # Enough examples for the search to meet a padded graph (the bug's trigger), seeded.
     result = pytest_run(
         tmp_path,
         "--attnfuzz-impl",
-        f"{TARGET}={MUTANT}",
+        f"{TARGET}={named}",
         "--hypothesis-seed",
         "0",
         profile="thorough",
@@ -122,38 +125,40 @@ def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch) -> No
     assert result.returncode == 1, result.stdout + result.stderr
     # The failure went into the suite's example database, under the key attnfuzz's
     # commands use for this target and implementation: `attnfuzz run --db` shares it.
-    key = f"attnfuzz.campaign/{TARGET}/{MUTANT}".encode()
+    key = f"attnfuzz.campaign/{TARGET}/{named}".encode()
     saved = tmp_path / "hypothesis" / "examples" / hashlib.sha384(key).hexdigest()[:16]
     assert saved.is_dir() and any(saved.iterdir())
     got = outcomes(result)
-    assert set(got) == expected_items(MUTANT), got
+    assert set(got) == expected_items(named), got
     assert got == {
         f"tests/cases/{NOCLAMP_CASE}::{TARGET}": "FAILED",  # the regression case
         f"tests/cases/{STRIDED_CASE}::{TARGET}": "PASSED",  # another bug's case
         "tests/test_mtp_builder.py::test_context_lens_agree_with_the_oracle": "FAILED",
         # judges the fixed builder whatever the option says
         "tests/test_mtp_builder.py::test_fixed_builder_through_the_public_api": "PASSED",
-        FUZZ_ITEM.format(MUTANT): "FAILED",
+        FUZZ_ITEM.format(named): "FAILED",
     }
     out = result.stdout
     # Each failure's message is the verdict, naming the check and where it failed.
-    assert f"{TARGET} / {MUTANT}: FAIL (values)" in out
+    assert f"{TARGET} / {named}: FAIL (values)" in out
     assert "[values] context_lens[" in out
     assert out.count("FAIL (values)") >= 3, out
     # ... and then the case file, which replays the failure.
-    marker = f"replay: attnfuzz repro {TARGET}--mtp_builder_context_lens_noclamp--values.json"
+    name = re.sub(r"[^0-9A-Za-z._=-]", "_", f"{TARGET}--{named}--values")
+    marker = f"replay: attnfuzz repro {name}.json"
     start = out.index("{", out.index(marker))
     document, _ = json.JSONDecoder().raw_decode(out, start)
     assert document["schema"] == "attnfuzz.case/1"
-    assert document["implementation"] == MUTANT
+    assert document["implementation"] == named
     assert document["verdict"]["key"] == "values"
     saved = tmp_path / "found.json"
     saved.write_text(json.dumps(document))
     monkeypatch.syspath_prepend(str(DOWNSTREAM))
     import attnfuzz
+    import mtp_builder  # declares its mutants; registers none in this process
 
-    assert attnfuzz.replay(saved, MUTANT).key == "values"
-    assert attnfuzz.replay(saved, FIXED).ok
+    assert attnfuzz.replay(saved, mtp_builder.context_lens_noclamp).key == "values"
+    assert attnfuzz.replay(saved, mtp_builder.context_lens).ok
 
 
 def test_ini_names_the_implementation_without_a_fuzz_item(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@
 ``max(seq_len[b] - L + 1 + j, 0)`` in a view of the persistent workspace),
 written in plain torch. ``context_lens_noclamp`` is the same with a known bug
 of that target: no clamp at 0, so the padding requests of a padded CUDA graph
-(``seq_len`` 0) get negative lengths.
+(``seq_len`` 0) get negative lengths; ``MUTANTS`` declares it as this project's
+own mutant ``builder-noclamp``, so that attnfuzz checks its search still finds it.
 """
 
 from __future__ import annotations
 
+import attnfuzz
 import torch
 
 # The implementation's inputs and outputs are the target's reference dataclasses
@@ -37,3 +39,15 @@ def context_lens(inp: MtpSeqLensInputs) -> MtpSeqLensOutputs:
 def context_lens_noclamp(inp: MtpSeqLensInputs) -> MtpSeqLensOutputs:
     """The builder with the bug: negative lengths for padding requests."""
     return _build(inp, clamp=False)
+
+
+# This project's known bug, kept as a mutant: `--mutants mtp_builder` (campaign,
+# zoo) or the pytest ini key attnfuzz_mutants registers it under this name.
+MUTANTS = [
+    attnfuzz.mutant(
+        "mtp-seq-lens",
+        "builder-noclamp",
+        context_lens_noclamp,
+        description="the builder without its clamp at 0: padding requests get negative lengths",
+    )
+]
