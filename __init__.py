@@ -225,8 +225,8 @@ def run(
     minimized in the :class:`RunResult` (``result.failed``, ``result.case``,
     ``result.verdict``), never raised.
 
-    ``seed`` makes the run derandomized; ``database`` (a directory or
-    ``redis://HOST:PORT``, default none) keeps and replays what was found.
+    ``seed`` makes the run derandomized; ``database`` (a directory or any
+    ``--db`` spec, default none) keeps and replays what was found.
     ``budget_s`` ends a search that found nothing after that many seconds.
     """
     from attnfuzz.harness.runner import fuzz
