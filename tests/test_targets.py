@@ -238,3 +238,45 @@ def test_judge_builds_inputs_in_the_targets_dtype_and_refuses_reduced_precision_
     # A recorded dtype wins over the variable, on replay.
     assert spying.judge(impl, dataclasses.replace(case, dtype="float32"), "cpu").ok
     assert seen == ["float32", "float32"]
+
+
+def test_indexer_prefill_rows_are_judged_as_sets_and_every_other_untouched_row_exactly():
+    """The step's prefill rows hold the prefill branch's top-k, a set per row: glue
+    that recomputes them may write them in another order. Another set there, or
+    any change to a row outside the step, is still "unchanged" failing."""
+    import torch
+    from attnfuzz.harness.target import Implementation
+    from attnfuzz.harness.targets.indexer_decode import SPEC3, reference_impl
+    from attnfuzz.harness.testing import hand_case
+    from attnfuzz.reference.indexer_decode import describe
+
+    t = get_target("indexer-decode")
+    case = hand_case((1, 2, 4), (4, 4, 0), use_cudagraph=False, **SPEC3)
+    split = describe(case)[1]
+    first, end = split.num_decode_tokens, split.num_decode_tokens + split.num_prefill_tokens
+    assert split.num_prefill_tokens > 0
+
+    def rewrite(change):
+        def fn(inputs):
+            out = reference_impl(inputs)
+            change(inputs.topk_indices_buffer)
+            return out
+
+        return Implementation("rewrite", fn, "user")
+
+    def reverse_prefill_rows(buf):
+        before = buf[first:end].clone()
+        buf[first:end] = before.flip(1)
+        assert not torch.equal(before, buf[first:end])  # an exact comparison would fail
+
+    def replace_a_prefill_index(buf):
+        buf[first, 0] = buf[first].max() + 1
+
+    def reverse_a_stale_row(buf):
+        buf[end + 1] = buf[end + 1].flip(0)
+
+    assert t.judge(rewrite(reverse_prefill_rows), case, "cpu").ok
+    for change, row in ((replace_a_prefill_index, first), (reverse_a_stale_row, end + 1)):
+        verdict = t.judge(rewrite(change), case, "cpu")
+        assert verdict.key == "unchanged", change.__name__
+        assert verdict.mismatches[0].where.startswith(f"topk_indices_buffer[{row}]")

@@ -30,9 +30,19 @@ def compare(
     out += expect_meta("topk_indices_buffer", buffer, expected.buffer.shape, torch.int32)
     if out:
         return out
-    # Every row the decode path does not own must be exactly as it was.
+    # Every row the decode path does not own must be as it was: exactly, but for
+    # the step's prefill rows, which hold the prefill branch's top-k, a set per row
+    # ("any order", as the decode rows are judged): glue that runs the whole
+    # forward recomputes them in its own kernel's order (vLLM's CPU top-512 writes
+    # a short row's positions in position order). Same check, one pass, so the
+    # first row reported is still the lowest.
     untouched = ~(expected.checked_rows | expected.free_rows)
-    out += expect_equal("topk_indices_buffer", buffer, expected.buffer, untouched, "unchanged")
+    prefill = slice(inputs.num_decode_tokens, int(inputs.query_start_loc[-1]))  # decodes first
+    got_rows = buffer.detach().cpu().clone()
+    got_rows[prefill] = got_rows[prefill].sort(dim=1).values
+    want_rows = np.array(expected.buffer, copy=True)
+    want_rows[prefill] = np.sort(want_rows[prefill], axis=1)
+    out += expect_equal("topk_indices_buffer", got_rows, want_rows, untouched, "unchanged")
     rows = np.flatnonzero(expected.checked_rows)
     out += expect_topk_rows(
         "topk_indices_buffer",
@@ -224,10 +234,35 @@ def build() -> Target:
             smallest=smallest_writeback,
         )
     )
-    # SparseAttnIndexer.forward_cpu (adapters/vllm/indexer_decode.py:run_cpu) is not
-    # registered: its own asserts refuse every index_topk but 512 and native MTP, so
-    # it cannot judge this target's steps (K <= 16); run it as a user implementation
-    # (--impl attnfuzz.adapters.vllm.indexer_decode:run_cpu) on K = 512 engines.
+    target.add(
+        vllm_impl(
+            "indexer_decode",
+            "run_cpu",
+            name="vllm-cpu",
+            description=f"vLLM 0.33.0: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
+            "platform's own metadata builder (CPU kernels stood in); it takes index_topk 512, "
+            "indexer head dim 128 and no native MTP only",
+            fixes={"topk": 512, "head_dim": 128, "next_n": 1},
+        )
+    )
+    # DeepSeek-V4.1's gfx942 --monokernel indexer layer runs its own copy of the ROCm
+    # decode branch (_decode_step), which still writes back buffer[:N_d] (#39542 was
+    # fixed in sparse_attn_indexer only): shipped code with bug A, filed with the mutants.
+    target.add(
+        vllm_impl(
+            "indexer_decode",
+            "run_deepseek_v41_amd",
+            name="vllm-deepseek-v41-amd",
+            kind="mutant",
+            description="vLLM 0.33.0: models/deepseek_v41/amd/ops/sparse_indexer.py:"
+            "gfx942_sparse_attn_indexer (--monokernel on gfx942; gfx942 top-512, AITER and "
+            "torch.ops._C kernels stood in); its _decode_step still has #39542's write-back "
+            "of buffer[:N_d]",
+            trigger=trigger_engine_writeback,
+            reach=reach_engine_padding,
+            smallest=smallest_writeback,
+        )
+    )
     target.add(
         vllm_impl(
             "indexer_decode",
