@@ -46,7 +46,8 @@ def pytest_run(
     """``python -m pytest ARGS`` (or another ``module``) in ``cwd`` with the
     downstream modules importable, and ``path`` after them; nothing is written
     into the checkout (no cache, Hypothesis' files under ``tmp_path``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HYPOTHESIS_"))}
+    own = ("PYTEST_", "HYPOTHESIS_", "ATTNFUZZ_")  # the outer run's settings stay outside
+    env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env |= {
         "PYTHONPATH": os.pathsep.join(map(str, (DOWNSTREAM, *path))),
         "HYPOTHESIS_PROFILE": profile,
