@@ -100,21 +100,47 @@ def record_finding(
     """Write the finding's case file under ``out/cases/`` and return its record."""
     assert not verdict.ok, "a finding needs a failing verdict"
     fid = finding_id(target, implementation, verdict.key)
-    case_file = f"cases/{fid}.json"
     document = case_document(target, implementation, case, verdict, device)
-    write_case(out / case_file, document)
-    first = verdict.mismatches[0]
+    write_case(out / f"cases/{fid}.json", document)
+    return finding_record(
+        target,
+        implementation,
+        case.to_dict(),
+        document["verdict"],
+        derived=document["derived"],
+        shown_out=out,
+        examples_to_failure=examples_to_failure,
+        seconds_to_failure=seconds_to_failure,
+    )
+
+
+def finding_record(
+    target: str,
+    implementation: str,
+    case: Mapping[str, Any],
+    verdict: Mapping[str, Any],
+    *,
+    derived: Mapping[str, Any],
+    shown_out: Path,
+    examples_to_failure: int | None,
+    seconds_to_failure: float | None,
+) -> dict[str, Any]:
+    """One finding of ``campaign.json``: ``verdict`` as its case file records it
+    (``key`` and ``mismatches``), the case file under ``cases/``, and the replay
+    command naming ``shown_out`` (the results directory as the user gave it)."""
+    fid = finding_id(target, implementation, verdict["key"])
+    case_file = f"cases/{fid}.json"
     return {
         "id": fid,
         "target": target,
         "implementation": implementation,
-        "key": verdict.key,
-        "check": first.check,
+        "key": verdict["key"],
+        "check": verdict["mismatches"][0]["check"],
         "case_file": case_file,
-        "case": case.to_dict(),
-        "verdict": document["verdict"],
-        "derived": document["derived"],
-        "repro": repro_command(out / case_file, implementation),
+        "case": dict(case),
+        "verdict": dict(verdict),
+        "derived": dict(derived),
+        "repro": repro_command(shown_out / case_file, implementation),
         "examples_to_failure": examples_to_failure,
         "seconds_to_failure": seconds_to_failure,
     }
@@ -166,10 +192,12 @@ def run_record(
         "kind": kind,
         "examples": examples,
         "seconds": round(seconds, 3),
-        "examples_per_second": round(examples / seconds, 2) if seconds > 0 else 0.0,
+        "examples_per_second": round(examples / seconds, 3) if seconds > 0 else 0.0,
         "status": status,
         "labels": dict(sorted((labels or {}).items())),
-        "timeline": [list(p) for p in timeline] if timeline else [[0.0, 0], [seconds, examples]],
+        "timeline": (
+            [list(p) for p in timeline] if timeline is not None else [[0.0, 0], [seconds, examples]]
+        ),
         "findings": list(findings),
     }
     if error is not None:
@@ -229,8 +257,11 @@ def campaign_record(
     workers: int = 1,
     database: str = "",
     interrupted: bool = False,
+    events: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The whole ``campaign.json`` document (checked before it is returned)."""
+    """The whole ``campaign.json`` document (checked before it is returned): the one
+    builder of it, for ``attnfuzz campaign`` and for tests alike. ``events`` are the
+    harness's own (a worker lost), written only when given."""
     doc = {
         "schema": CAMPAIGN_SCHEMA,
         "started": started,
@@ -246,6 +277,8 @@ def campaign_record(
         "runs": runs,
         "findings": findings,
     }
+    if events is not None:
+        doc["events"] = events
     return check_campaign(doc)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -34,6 +35,7 @@ from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import Case
+from attnfuzz.reports.document import run_record
 
 TESTS = Path(__file__).parent
 ID = "indexer-decode"
@@ -148,13 +150,12 @@ def test_timelines_of_shards_add_up():
 
 
 def _run(kind: str, findings: int = 0, status: str | None = None, examples: int = 5) -> dict:
+    """A run as the campaign records it (the one builder of campaign.json's runs)."""
     status = status or ("fail" if findings else "pass" if examples else "not run")
-    return {
-        "kind": kind,
-        "status": status,
-        "examples": examples,
-        "findings": [f"f{i}" for i in range(findings)],
-    }
+    findings_ = [f"f{i}" for i in range(findings)]
+    return run_record(
+        ID, "impl", kind, examples=examples, seconds=1.0, status=status, findings=findings_
+    )
 
 
 @pytest.mark.parametrize(
@@ -285,16 +286,8 @@ def test_live_progress_renders_a_row_per_run():
     progress.console.file = StringIO()
     snap = cp.Snapshot(
         runs=[
-            {
-                "target": ID,
-                "implementation": "triton",
-                "kind": "fixed",
-                "examples": 12,
-                "findings": [],
-                "examples_per_second": 3.0,
-                "_running": True,
-                "_started": 1.0,
-            }
+            run_record(ID, "triton", "fixed", examples=12, seconds=4.0, status="pass")
+            | {"_running": True, "_started": 1.0}  # what collect() adds while it runs
         ]
     )
     with progress:
@@ -429,6 +422,19 @@ def test_a_budget_is_honoured(tmp_path):
     wall = time.time() - start
     assert code in (0, 3)  # 3: on a machine too slow to judge anything in 20 s
     assert doc["budget"]["seconds"] == 20 and doc["seconds"] < 20 + 6 and wall < 20 + 10
+
+
+def test_a_user_implementation_s_replay_line_names_it_again(tmp_path, impls):
+    """A case file never makes attnfuzz import anything: the printed replay of a
+    finding on ``module:attribute`` must pass ``--impl`` itself, and must work."""
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "campaign_impls:raises",
+                         "--max-examples", "20", "--profile", "ci", "--quiet")  # fmt: skip
+    assert code == 1
+    (finding,) = doc["findings"]
+    argv = shlex.split(finding["repro"])
+    assert argv[:2] == ["attnfuzz", "repro"], finding["repro"]
+    assert argv[-2:] == ["--impl", "campaign_impls:raises"], finding["repro"]
+    assert main(argv[1:]) == 1  # the replay fails as the campaign's run did
 
 
 def test_two_workers_share_one_unit(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from typing import Any
 
 from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
+from attnfuzz.reports.document import run_record
 
 
 def worker_fault(scratch: Path, item_id: str) -> str:
@@ -168,20 +169,18 @@ def collect(
             }
         status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
         running = snap.settled - settled_before < len(items_by_unit[u])
-        run = {
-            "target": unit.target,
-            "implementation": unit.impl,
-            "kind": unit.kind,
-            "examples": examples,
-            "seconds": round(seconds, 3),
-            "examples_per_second": round(examples / seconds, 3) if seconds else 0.0,
-            "status": status,
-            "labels": dict(sorted(labels.items())),
-            "timeline": merge_timelines([s["timeline"] for s in states]),
-            "findings": ids,
-        }
-        if errors:
-            run["error"] = "; ".join(errors)
+        run = run_record(
+            unit.target,
+            unit.impl,
+            unit.kind,
+            examples=examples,
+            seconds=seconds,
+            status=status,
+            labels=labels,
+            timeline=merge_timelines([s["timeline"] for s in states]),
+            findings=ids,
+            error="; ".join(errors) if errors else None,
+        )
         if not final:
             run["_running"] = running
             run["_started"] = min((s["started"] for s in states), default=None)

@@ -70,22 +70,6 @@ class CaseWriter:
         return new
 
 
-FINDING_FIELDS = (
-    "id",
-    "target",
-    "implementation",
-    "key",
-    "check",
-    "case_file",
-    "case",
-    "verdict",
-    "derived",
-    "repro",
-    "examples_to_failure",
-    "seconds_to_failure",
-)
-
-
 def report_new(snap: Snapshot, writer: CaseWriter, progress: Any, started: float) -> None:
     for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
         if writer.write(f):

@@ -17,14 +17,14 @@ from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress
 from attnfuzz.harness.campaign.results import (
-    FINDING_FIELDS,
     CaseWriter,
     exit_status,
     report_new,
     summary_lines,
     write_reports,
 )
-from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, timestamp
+from attnfuzz.harness.definitions import timestamp
+from attnfuzz.reports.document import campaign_record, finding_record
 
 # Workers end their units at the deadline by themselves (a call still running
 # then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
@@ -241,26 +241,37 @@ def supervise(
         )
         report_new(snap, writer, progress, started)
         finished = time.time()
-        campaign = {
-            "schema": CAMPAIGN_SCHEMA,
-            "started": timestamp(started),
-            "finished": timestamp(finished),
-            "seconds": round(finished - started, 3),
-            "budget": {"seconds": budget, "max_examples": options.max_examples},
-            "profile": plan["profile"],
-            "seed": plan["seed"],
-            "workers": plan["workers"],
-            "database": plan["database"] or "none",
-            "interrupted": stopper.interrupted_by is not None,
-            "environment": env_info,
-            "runs": snap.runs,
-            "findings": [],
-            "events": snap.events,
-        }
+        findings = []
         for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
-            writer.write(f)
-            f["repro"] = f"attnfuzz repro {shown / f['case_file']}"
-            campaign["findings"].append({k: f[k] for k in FINDING_FIELDS})
+            writer.write(f)  # sets f["derived"]
+            findings.append(
+                finding_record(
+                    f["target"],
+                    f["implementation"],
+                    f["case"],
+                    f["verdict"],
+                    derived=f["derived"],
+                    shown_out=shown,
+                    examples_to_failure=f["examples_to_failure"],
+                    seconds_to_failure=f["seconds_to_failure"],
+                )
+            )
+        campaign = campaign_record(
+            snap.runs,
+            findings,
+            started=timestamp(started),
+            finished=timestamp(finished),
+            seconds=finished - started,
+            environment=env_info,
+            budget_seconds=budget,
+            max_examples=options.max_examples,
+            profile=plan["profile"],
+            seed=plan["seed"],
+            workers=plan["workers"],
+            database=plan["database"] or "none",
+            interrupted=stopper.interrupted_by is not None,
+            events=snap.events,
+        )
         tmp = out / ".campaign.json.tmp"
         tmp.write_text(json.dumps(campaign, indent=2) + "\n")
         os.replace(tmp, out / "campaign.json")

@@ -18,7 +18,13 @@ from attnfuzz.harness.cli.args import (
     one_line,
     positive_int,
 )
-from attnfuzz.harness.definitions import DEFAULT_CASES, DEFAULT_DB, EXIT_FOUND, EXIT_OK
+from attnfuzz.harness.definitions import (
+    DEFAULT_CASES,
+    DEFAULT_DB,
+    EXIT_FOUND,
+    EXIT_OK,
+    finding_id,
+)
 
 HELP = "fuzz one implementation of one target"
 CHECKS_DEVICE = True  # main() checks --device before any work
@@ -41,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
+    from attnfuzz.reports.document import repro_command
+
     print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
         # An implementation's exception text may hold anything: one printable line each.
@@ -55,7 +63,7 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
     print("  derived: " + json.dumps(doc["derived"]))
     if path is not None:
         print(f"written to {path}")
-        print(f"replay: attnfuzz repro {path}")
+        print(f"replay: {repro_command(path, doc['implementation'])}")
 
 
 def save_case(path: Path, doc: dict) -> Path | None:
@@ -151,8 +159,7 @@ def command(args: argparse.Namespace) -> int:
     doc = case_document(
         target.name, impl.name, result.case, result.verdict, device, example_timeout=timeout
     )
-    name = f"{target.name}--{impl.name.replace(':', '_').replace('/', '_')}--{result.verdict.key}"
-    path = save_case(out / f"{name.replace(':', '_')}.json", doc)
+    path = save_case(out / f"{finding_id(target.name, impl.name, result.verdict.key)}.json", doc)
     print(
         f"first failure after {result.examples_to_failure} examples, "
         f"{result.seconds_to_failure:.2f}s"
