@@ -10,6 +10,7 @@ self-check), the historical bugs (mutants), or a user's own
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import signal
@@ -281,7 +282,10 @@ class Target:
             raise InvalidCase(f"{prefix}not a batch the engine can produce: {'; '.join(broken)}")
 
     def resolve(self, spec: str) -> Implementation:
-        """A registered name, or ``module:attribute`` naming a user's callable."""
+        """A registered name, or ``module:attribute`` naming a user's callable or a
+        user's :class:`Implementation` (to declare ``fixes`` and a description);
+        either is judged as kind ``"user"`` under the name ``spec``, which is
+        how its corpus and case files name it."""
         if spec in self.implementations:
             impl = self.implementations[spec]
             reason = impl.why_unavailable()
@@ -300,6 +304,8 @@ class Target:
             raise UsageError(
                 f"cannot load implementation {spec!r}: {type(err).__name__}: {err}"
             ) from err
+        if isinstance(obj, Implementation):
+            return dataclasses.replace(obj, name=spec, kind="user")
         if not callable(obj):
             raise UsageError(f"implementation {spec!r} is not callable")
         return Implementation(spec, obj, "user", f"user implementation {spec}")

@@ -223,3 +223,24 @@ def test_a_module_that_fails_to_import_is_reported_with_its_error(fresh_registry
     )
     with pytest.raises(UsageError, match="ImportError: needs a GPU"):
         add_mutants("attnfuzz_test_broken")
+
+
+def test_a_user_implementation_may_be_an_implementation_with_fixes(fresh_registry):
+    """``--impl module:attr`` naming an :class:`Implementation` keeps its fixes and
+    description, under the spec's name and kind "user" (a must-pass)."""
+    (fresh_registry / "attnfuzz_test_impl.py").write_text(
+        textwrap.dedent("""
+            from attnfuzz.harness.target import Implementation
+            from attnfuzz.harness.targets.indexer_decode import reference_impl
+
+            K512 = Implementation(
+                "mine", reference_impl, "mutant", "my kernel: K = 512", fixes={"topk": 512}
+            )
+        """)
+    )
+    target = get_target("indexer-decode")
+    impl = target.resolve("attnfuzz_test_impl:K512")
+    assert (impl.name, impl.kind, impl.fixes) == ("attnfuzz_test_impl:K512", "user", {"topk": 512})
+    assert impl.description == "my kernel: K = 512"
+    with pytest.raises(UsageError, match=r"topk=\d+ \(requires topk=512\)"):
+        target.judge(impl, target.resolve("pr39542-overlap").smallest(), "cpu")
