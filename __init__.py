@@ -25,6 +25,10 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
     from hypothesis.strategies import SearchStrategy
 
+    # What names an implementation: a registered name or "module:attribute", an
+    # Implementation, or any callable taking the target's inputs.
+    ImplementationLike = str | Implementation | Callable[[Any], Any]
+
 try:
     __version__ = version("attnfuzz")  # one source: pyproject.toml's version
 except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
@@ -107,7 +111,7 @@ def _target(target: str | Target) -> Target:
     return get_target(target) if isinstance(target, str) else target
 
 
-def _implementation(target: Target, impl: str | Implementation | Callable[[Any], Any]):
+def _implementation(target: Target, impl: ImplementationLike) -> Implementation:
     from attnfuzz.harness.target import Implementation
 
     if isinstance(impl, Implementation):
@@ -123,7 +127,7 @@ def _implementation(target: Target, impl: str | Implementation | Callable[[Any],
 def cases(
     target: str | Target,
     scale: Scale | None = None,
-    impl: str | Implementation | Callable[[Any], Any] | None = None,
+    impl: ImplementationLike | None = None,
 ) -> SearchStrategy[Case]:
     """The Hypothesis strategy of ``target``'s cases: engine configs, scheduler
     steps and the target's own parameters, up to ``scale`` (default ``SMALL``).
@@ -134,10 +138,11 @@ def cases(
     is first drawn from, so using this in ``@given(...)`` at import time costs
     nothing and an unknown name fails the test that draws, not the import.
     """
-    from attnfuzz.strategies.batches import SMALL
     from hypothesis import strategies as st
 
     def build() -> SearchStrategy[Case]:
+        from attnfuzz.strategies.batches import SMALL
+
         t = _target(target)
         if impl is None:
             return t.cases(scale or SMALL)
@@ -148,7 +153,7 @@ def cases(
 
 def judge(
     target: str | Target,
-    impl: str | Implementation | Callable[[Any], Any],
+    impl: ImplementationLike,
     case: Case,
     device: str | None = None,
 ) -> Verdict:
@@ -189,7 +194,7 @@ def load_case(path: str | Path) -> Case:
 
 def replay(
     path: str | Path,
-    impl: str | Implementation | Callable[[Any], Any] | None = None,
+    impl: ImplementationLike | None = None,
     device: str | None = None,
 ) -> Verdict:
     """Judge a case file's case on ``impl`` in this process: the :class:`Verdict`.
@@ -211,7 +216,7 @@ def replay(
 
 def run(
     target: str | Target,
-    impl: str | Implementation | Callable[[Any], Any] = "triton",
+    impl: ImplementationLike = "triton",
     *,
     max_examples: int = 200,
     seed: int | None = None,

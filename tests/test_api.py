@@ -38,6 +38,16 @@ def test_import_prints_all_and_imports_nothing_heavy() -> None:
     assert heavy == []
 
 
+def test_a_strategy_at_import_time_builds_nothing() -> None:
+    """``@given(attnfuzz.cases(...))`` in a test module: the target is built on the first draw."""
+    result = python(
+        "import sys, attnfuzz; attnfuzz.cases('mtp-seq-lens'); attnfuzz.cases('no-such-target'); "
+        "print([m for m in ('torch', 'triton') if m in sys.modules])"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_the_pytest_plugin_imports_nothing_heavy() -> None:
     """pytest imports the plugin in every run where attnfuzz is installed."""
     result = python(
