@@ -437,8 +437,11 @@ def run_deepseek_v41_amd(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
                 step.recording(vendor.rocm_fp8_paged_mqa_logits),
             ),
         ]
+        # The layer hands its cache's prefix as a plain str (``Gfx942SparseAttnIndexer.
+        # forward_hip``), which the glue looks up in the forward context as it is.
+        args = _rocm_args(step) | dict(k_cache_prefix=LAYER)
         with vendor.registered(*stand_ins), step.forward_context():
-            gfx942.gfx942_sparse_attn_indexer(**_rocm_args(step))
+            gfx942.gfx942_sparse_attn_indexer(**args)
         return step.outputs()
 
 
