@@ -1,0 +1,203 @@
+"""The search arms (attnfuzz, naive-random, grid) and the zoo's loop over mutants and seeds."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from attnfuzz.harness import registry
+from attnfuzz.harness.runner import fuzz
+from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.zoo.scores import ARMS, CaseSize, MutantScore, SeedRun
+from attnfuzz.reference.batch import Case
+from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
+from attnfuzz.strategies.batches import SMALL, Scale
+
+
+def _count_matching(predicate: Callable[[Case], bool] | None, cases: Sequence[Case]) -> int | None:
+    return None if predicate is None else sum(bool(predicate(c)) for c in cases)
+
+
+def _finish(impl: Implementation, run: SeedRun, searched: Sequence[Case]) -> SeedRun:
+    """Counts over the search examples, evaluated after the run so they cost no search time."""
+    run.reached = _count_matching(impl.reach, searched)
+    run.triggered = _count_matching(impl.trigger, searched)
+    if run.case is not None and impl.trigger is not None:
+        run.meets_trigger = bool(impl.trigger(run.case))
+    return run
+
+
+def run_attnfuzz(
+    target: Target,
+    impl: Implementation,
+    seed: int,
+    budget_s: float,
+    *,
+    shrink_budget_s: float | None = None,
+    max_examples: int | None = None,
+    scale: Scale = SMALL,
+    device: str | None = None,
+) -> SeedRun:
+    """The shipped strategy, derandomized by ``seed``, no example database; then shrinking."""
+    searched: list[Case] = []
+    state = {"found": False}
+
+    def on_case(case: Case, verdict) -> None:
+        if not state["found"]:  # the search only: shrinking starts after
+            searched.append(case)
+            state["found"] = not verdict.ok
+
+    r = fuzz(
+        target,
+        impl,
+        max_examples=max_examples or 10**9,  # the budget ends the search
+        rng_seed=seed,
+        database=None,
+        scale=scale,
+        device=device,
+        budget_s=budget_s,
+        shrink_budget_s=budget_s if shrink_budget_s is None else shrink_budget_s,
+        on_case=on_case,
+    )
+    run = SeedRun(
+        seed=seed,
+        examples=r.examples_to_failure or r.examples,
+        seconds=r.seconds_to_failure if r.failed else r.seconds,
+        detected=r.failed,
+        key=r.verdict.key if r.verdict is not None else None,
+        case=r.case,
+        shrink_cut=r.failed and r.stopped_by_budget,
+    )
+    return _finish(impl, run, searched)
+
+
+def run_baseline(
+    target: Target,
+    impl: Implementation,
+    cases: Iterator[Case] | Iterable[Case],
+    seed: int,
+    budget_s: float,
+    *,
+    max_examples: int | None = None,
+    device: str | None = None,
+) -> SeedRun:
+    """Judge ``cases`` in order until the first failure, the budget, or the end of them.
+
+    Timed like :func:`~attnfuzz.harness.runner.fuzz`: from the first judged
+    example; generating later cases counts. The first failing case is reported
+    as it came.
+    """
+    searched: list[Case] = []
+    start: float | None = None
+    for case in cases:
+        now = time.perf_counter()
+        start = now if start is None else start
+        if now - start > budget_s or (max_examples is not None and len(searched) >= max_examples):
+            break
+        verdict = target.judge(impl, case, device)
+        searched.append(case)
+        if not verdict.ok:
+            run = SeedRun(seed, len(searched), time.perf_counter() - start, True, verdict.key, case)
+            return _finish(impl, run, searched)
+    seconds = 0.0 if start is None else time.perf_counter() - start
+    return _finish(impl, SeedRun(seed, len(searched), seconds, False), searched)
+
+
+def run_arm(
+    arm: str,
+    target: Target,
+    impl: Implementation,
+    seed: int,
+    budget_s: float,
+    *,
+    shrink_budget_s: float | None = None,
+    max_examples: int | None = None,
+    scale: Scale = SMALL,
+    device: str | None = None,
+) -> SeedRun:
+    """One seed of one arm (see :data:`ARMS`) on one implementation.
+
+    ``shrink_budget_s`` (``attnfuzz`` only; default ``budget_s``) bounds shrinking.
+    """
+    if arm == "attnfuzz":
+        return run_attnfuzz(
+            target, impl, seed, budget_s, shrink_budget_s=shrink_budget_s,
+            max_examples=max_examples, scale=scale, device=device,
+        )  # fmt: skip
+    if arm == "naive-random":
+        cases: Iterable[Case] = naive_random_cases(random.Random(seed), scale, target.params)
+    elif arm == "grid":
+        cases = grid_cases(scale, target.params, seed=seed)
+    else:
+        raise ValueError(f"unknown arm {arm!r} (known: {', '.join(ARMS)})")
+    return run_baseline(
+        target, impl, cases, seed, budget_s, max_examples=max_examples, device=device
+    )
+
+
+def warm_up(target: Target, device: str | None = None) -> None:
+    """Judge a few tidy cases on every non-reference implementation: the first
+    call of a kernel compiles (or, interpreted, builds its caches), which no
+    arm's first run should pay for."""
+    for impl in target.implementations.values():
+        if impl.kind in ("fixed", "mutant") and impl.why_unavailable() is None:
+            for case in grid_cases(SMALL, target.params)[:2]:
+                target.judge(impl, case, device)
+
+
+def score_mutant(
+    target: Target,
+    impl: Implementation,
+    arm: str,
+    seeds: int,
+    budget_s: float,
+    **kwargs: Any,
+) -> MutantScore:
+    """Seeds ``0 .. seeds - 1`` of one arm on one mutant."""
+    smallest = CaseSize.of(impl.smallest()) if impl.smallest is not None else None
+    score = MutantScore(target.name, impl.name, arm, budget_s, [], impl.description, smallest)
+    for seed in range(seeds):
+        score.runs.append(run_arm(arm, target, impl, seed, budget_s, **kwargs))
+    return score
+
+
+def run_zoo(
+    targets: Sequence[str] | None = None,
+    *,
+    seeds: int = 5,
+    budget_s: float = 10.0,
+    arms: Sequence[str] = ("attnfuzz",),
+    shrink_budget_s: float | None = None,
+    max_examples: int | None = None,
+    scale: Scale = SMALL,
+    device: str | None = None,
+    progress: Callable[[MutantScore], None] | None = None,
+) -> list[MutantScore]:
+    """Every mutant of every target (all registered ones by default), every arm.
+
+    Arms of one mutant run one after another, so the machine's load is shared
+    alike. ``progress`` is called with each score as soon as it is complete.
+    """
+    scores = []
+    for name in targets or registry.target_names():
+        target = registry.get_target(name)
+        warm_up(target, device)
+        for impl in target.mutants:
+            for arm in arms:
+                score = score_mutant(
+                    target,
+                    impl,
+                    arm,
+                    seeds,
+                    budget_s,
+                    shrink_budget_s=shrink_budget_s,
+                    max_examples=max_examples,
+                    scale=scale,
+                    device=device,
+                )
+                scores.append(score)
+                if progress is not None:
+                    progress(score)
+    return scores
