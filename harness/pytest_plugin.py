@@ -189,9 +189,15 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
     state = session.config.stash.get(_STATE, None)
     if state is None:
         return
+    made: list[pytest.Item] = []
     for target, impl in state.fuzz:
         name = f"{target}[{impl}]"
-        items.append(FuzzItem.from_parent(session, name=name, nodeid=f"attnfuzz::{name}"))
+        made.append(FuzzItem.from_parent(session, name=name, nodeid=f"attnfuzz::{name}"))
+    if made:
+        items.extend(made)
+        # Reported as collected, so that pytest's counts ("collected N items") include them.
+        report = pytest.CollectReport("attnfuzz", "passed", None, made)
+        session.ihook.pytest_collectreport(report=report)
 
 
 def failure_text(target: str, impl: Implementation, case: Case, verdict: Verdict) -> str:
