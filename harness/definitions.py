@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,6 +70,13 @@ def finding_id(target: str, implementation: str, key: str) -> str:
     """``<target>--<impl>--<key>``, usable as a file name: every character outside
     ``[0-9A-Za-z._=-]`` (``:`` and ``/`` among them) becomes ``_``."""
     return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")
+
+
+def repro_command(case_path: Path | str, implementation: str) -> str:
+    """The command that replays a case file; a user's ``module:attribute`` is named
+    again (``--impl``), since a case file never makes attnfuzz import anything by itself."""
+    cmd = f"attnfuzz repro {shlex.quote(str(case_path))}"
+    return cmd + (f" --impl {shlex.quote(implementation)}" if ":" in implementation else "")
 
 
 def case_size(case_dict: dict[str, Any]) -> tuple[int, str]:

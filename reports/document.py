@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.casefile import case_document, load_json, write_case
-from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES: re-exported)
+from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro_command: re-exported)
     CAMPAIGN_SCHEMA,
     CAUGHT,
     ERROR,
@@ -34,6 +33,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES: re-ex
     STATUSES,
     SURVIVED,
     finding_id,
+    repro_command,
 )
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
@@ -77,13 +77,6 @@ def case_label(finding: Mapping[str, Any]) -> str:
     if finding.get("check") in UNSHRUNK_CHECKS:
         return "case as it ran (not shrunk: the process died or hung)"
     return "minimized case"
-
-
-def repro_command(case_path: Path | str, implementation: str) -> str:
-    """The command that replays a case file; a user's ``module:attribute`` is named
-    again, since a case file never makes attnfuzz import anything by itself."""
-    cmd = f"attnfuzz repro {shlex.quote(str(case_path))}"
-    return cmd + (f" --impl {shlex.quote(implementation)}" if ":" in implementation else "")
 
 
 def record_finding(

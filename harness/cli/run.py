@@ -24,6 +24,7 @@ from attnfuzz.harness.definitions import (
     EXIT_FOUND,
     EXIT_OK,
     finding_id,
+    repro_command,
 )
 
 HELP = "fuzz one implementation of one target"
@@ -47,8 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
-    from attnfuzz.reports.document import repro_command
-
     print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
         # An implementation's exception text may hold anything: one printable line each.

@@ -1,35 +1,25 @@
-"""Failing cases as readable, replayable JSON.
+"""Reading a case file (and other JSON input): every field checked, within fixed limits.
 
-A case file holds only printable scalars (the drawn config and batch with its
-data seed), never a Hypothesis blob and never code: loading one parses JSON
-and checks every field, nothing more. The same file replays the same failure
-on another machine and under another Hypothesis version.
+A file is data: reading one parses JSON and checks it, nothing more (no import,
+no code), and every refusal is a one-line :class:`UsageError` naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import platform
 import reprlib
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import CASE_SCHEMA
-from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
     FLOAT_DTYPES,
     Case,
-    CommonMetadata,
-    DecodeSplit,
     EngineConfig,
-    build_common_metadata,
     cdiv,
-    float_dtype_name,
-    split_decodes_and_prefills,
 )
 from attnfuzz.reference.invariants import batch_violations, config_violations
 
@@ -54,137 +44,6 @@ MAX_NAME_CHARS = 200
 MAX_KEY_CHARS = 40
 """Object keys in a case file (its own are field names), so that an exported
 test lays every ``key: value`` out within 88 columns."""
-
-
-def environment(device: str = "cpu") -> dict[str, str]:
-    import attnfuzz
-    import hypothesis
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:  # pragma: no cover - triton is a dependency on Linux
-        triton_version = "absent"
-    out = {
-        "attnfuzz": attnfuzz.__version__,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "hypothesis": hypothesis.__version__,
-        "python": platform.python_version(),
-        "device": device,
-    }
-    for name, version in engine_versions().items():  # the engines under test, when installed
-        out[name] = version
-    return out
-
-
-def engine_versions() -> dict[str, str]:
-    """The installed version of each engine attnfuzz has adapters for (looked up, not imported)."""
-    from attnfuzz.adapters import vllm
-
-    version = vllm.installed_version()
-    return {} if version is None else {vllm.ENGINE: version}
-
-
-def engine_record(target: str, implementation: str) -> dict[str, str] | None:
-    """``{"name", "version"}`` of the engine whose own code ``implementation`` is, or None."""
-    from attnfuzz.harness.registry import get_target
-
-    try:
-        impl = get_target(target).implementations.get(implementation)
-    except UsageError:
-        return None
-    if impl is None or impl.engine is None:
-        return None
-    return {"name": impl.engine, "version": engine_versions().get(impl.engine, "absent")}
-
-
-def derived(
-    case: Case, describe: Callable[[Case], tuple[CommonMetadata, DecodeSplit]] | None = None
-) -> dict[str, Any]:
-    """The quantities a reader checks the trigger against (not read back on load).
-
-    ``describe`` is the target's own view of the step (its metadata and its
-    decode split); by default the ragged rule's.
-    """
-    if describe is not None:
-        meta, split = describe(case)
-    else:
-        meta = build_common_metadata(case.config, case.batch)
-        split = split_decodes_and_prefills(meta, case.config.threshold)
-    return {
-        "next_n": case.config.next_n,
-        "num_reqs": meta.num_reqs,
-        "num_real_reqs": meta.num_real_reqs,
-        "num_actual_tokens": meta.num_actual_tokens,
-        "num_real_tokens": meta.num_real_tokens,
-        "padded": meta.padded,
-        "query_start_loc": meta.query_start_loc.tolist(),
-        "seq_lens": meta.seq_lens.tolist(),
-        "num_decodes": split.num_decodes,
-        "num_decode_tokens": split.num_decode_tokens,
-        "decode_lens": list(split.decode_lens),
-        "max_decode_len": split.max_decode_len,
-        "requires_padding": split.requires_padding,
-        "num_prefills": split.num_prefills,
-    }
-
-
-def _describer(target: str) -> Callable[[Case], tuple[CommonMetadata, DecodeSplit]] | None:
-    from attnfuzz.harness.registry import get_target  # targets import kernels: only when asked
-
-    try:
-        return get_target(target).describe
-    except UsageError:  # an unknown target has no view of its own
-        return None
-
-
-def case_document(
-    target: str,
-    implementation: str,
-    case: Case,
-    verdict: Verdict,
-    device: str = "cpu",
-    dtype: str | None = None,
-    example_timeout: float | None = None,
-) -> dict[str, Any]:
-    """The case file of a finding.
-
-    ``settings.dtype`` records the float dtype the inputs were built in, so that
-    the case replays in it: ``dtype`` if given, else the case's own, else the
-    setting in force (``ATTNFUZZ_DTYPE``, ``float32`` when unset).
-    ``settings.example_timeout`` (seconds), when given, is the per-example
-    timeout the case was judged under: ``repro`` replays it with the same one.
-    """
-    settings: dict[str, Any] = {"dtype": dtype or case.dtype or float_dtype_name()}
-    if example_timeout is not None:
-        settings["example_timeout"] = example_timeout
-    body = case.to_dict()
-    body.pop("dtype", None)  # a setting, recorded under "settings"
-    engine = engine_record(target, implementation)
-    return {
-        "schema": CASE_SCHEMA,
-        "target": target,
-        "implementation": implementation,
-        # The engine under test and its version, for a finding on an engine's own code.
-        **({} if engine is None else {"engine": engine}),
-        "case": body,
-        "settings": settings,
-        "verdict": {
-            "key": verdict.key,
-            "mismatches": [m.to_dict() for m in verdict.mismatches],
-        },
-        "derived": derived(case, _describer(target)),
-        "environment": environment(device),
-    }
-
-
-def write_case(path: Path, document: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    return path
 
 
 def _require(cond: bool, path: Path | str, what: str) -> None:
@@ -480,7 +339,3 @@ def _refuse_too_large(case: Case, path: Path | str) -> None:
             f"{path}: the case is too large to replay: its {what} alone would hold "
             f"{elements:.3g} elements (at most 2**33); draw smaller cases (--scale small)"
         )
-
-
-def replay_command(path: Path | str) -> str:
-    return f"attnfuzz repro {path}"
