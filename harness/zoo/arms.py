@@ -117,7 +117,8 @@ def run_arm(
     scale: Scale = SMALL,
     device: str | None = None,
 ) -> SeedRun:
-    """One seed of one arm (see :data:`ARMS`) on one implementation.
+    """One seed of one arm (see :data:`ARMS`) on one implementation; the baseline
+    arms draw with the implementation's ``fixes`` too, as the attnfuzz arm does.
 
     ``shrink_budget_s`` (``attnfuzz`` only; default ``budget_s``) bounds shrinking.
     """
@@ -127,9 +128,11 @@ def run_arm(
             max_examples=max_examples, scale=scale, device=device,
         )  # fmt: skip
     if arm == "naive-random":
-        cases: Iterable[Case] = naive_random_cases(random.Random(seed), scale, target.params)
+        cases: Iterable[Case] = naive_random_cases(
+            random.Random(seed), scale, target.params, fixes=impl.fixes
+        )
     elif arm == "grid":
-        cases = grid_cases(scale, target.params, seed=seed)
+        cases = grid_cases(scale, target.params, seed=seed, fixes=impl.fixes)
     else:
         raise ValueError(f"unknown arm {arm!r} (known: {', '.join(ARMS)})")
     return run_baseline(
@@ -143,7 +146,7 @@ def warm_up(target: Target, device: str | None = None) -> None:
     arm's first run should pay for."""
     for impl in target.implementations.values():
         if impl.kind in ("fixed", "mutant") and impl.why_unavailable() is None:
-            for case in grid_cases(SMALL, target.params)[:2]:
+            for case in grid_cases(SMALL, target.params, fixes=impl.fixes)[:2]:
                 target.judge(impl, case, device)
 
 
