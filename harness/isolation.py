@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.oracle import Mismatch, Verdict
+from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import Case
 
@@ -58,7 +58,7 @@ class HarnessError(Exception):
     """The harness itself failed while judging (a reference raised, say): not a finding."""
 
 
-def describe_fault(text: str) -> tuple[str, str] | None:
+def describe_fault(text: str) -> tuple[Check, str] | None:
     """``("timeout" | "crash", detail)`` from a :mod:`faulthandler` report, or None.
 
     The detail names the innermost frame of the faulting thread (the file
@@ -74,16 +74,16 @@ def describe_fault(text: str) -> tuple[str, str] | None:
     if frame:
         where = f" at {Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
     if re.search(r"Timeout \(([^)]*)\)", text):
-        return "timeout", where
+        return Check.TIMEOUT, where
     fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
     if fatal:
-        return "crash", f"Fatal Python error: {fatal.group(1).strip()}{where}"
+        return Check.CRASH, f"Fatal Python error: {fatal.group(1).strip()}{where}"
     return None
 
 
 def timeout_mismatch(where: str, timeout_s: float, detail: str = "") -> Mismatch:
     return Mismatch(
-        "timeout",
+        Check.TIMEOUT,
         where,
         f"a verdict within {timeout_s:g}s",
         f"no verdict after {timeout_s:g}s{detail}",
@@ -91,7 +91,7 @@ def timeout_mismatch(where: str, timeout_s: float, detail: str = "") -> Mismatch
 
 
 def crash_mismatch(where: str, detail: str) -> Mismatch:
-    return Mismatch("crash", where, "the process to survive the call", detail)
+    return Mismatch(Check.CRASH, where, "the process to survive the call", detail)
 
 
 def _exit_detail(exitcode: int | None) -> str:
@@ -336,6 +336,6 @@ class IsolatedJudge:
             detail = fault[1] if fault else ""
             return Verdict([timeout_mismatch(where, self.timeout_s, detail)])
         detail = _exit_detail(exitcode)
-        if fault is not None and fault[0] == "crash":
+        if fault is not None and fault[0] == Check.CRASH:
             detail = f"{detail} ({fault[1]})"
         return Verdict([crash_mismatch(where, detail)])

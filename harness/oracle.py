@@ -12,16 +12,64 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 import numpy as np
 import torch
+
+
+class Check(StrEnum):
+    """The names of the oracle's checks, as case files and reports write them.
+
+    A :class:`StrEnum`: each member *is* its string (``Check.VALUES == "values"``,
+    ``json.dumps`` writes ``"values"``), so files written before it read the same.
+    The generic checks come first; a target's own checks follow (a target may
+    still name a check of its own with a plain string).
+    """
+
+    # what an implementation returned, compared with the reference (this module)
+    TYPE = "type"
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    STRIDE = "stride"
+    CONTIGUOUS = "contiguous"
+    VIEW = "view"
+    GRAPH = "graph"
+    VALUES = "values"
+    UNCHANGED = "unchanged"
+    TOPK_FILL = "topk.fill"
+    TOPK_UNIQUE = "topk.unique"
+    TOPK_VISIBLE = "topk.visible"
+    TOPK_VALUES = "topk.values"
+    # how the call ended, when it did not return (this module and harness/isolation.py)
+    EXCEPTION = "exception"
+    OUTPUT = "output"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    # targets' own (harness/targets/*.py)
+    CONSUMER = "consumer"
+    COUNT = "count"
+    INVARIANT = "invariant"
+    MASK_DUPLICATE = "mask.duplicate"
+    MAX_SEQ_LEN = "max_seq_len"
+    METADATA = "metadata"
+    PADDING = "padding"
+    PAGE_BOUNDS = "page_bounds"
+    PATH = "path"
+    WALK = "walk"
+    ZEROED = "zeroed"
+
+
+UNSHRUNK_CHECKS = frozenset({Check.CRASH, Check.TIMEOUT})
+"""Checks of a call whose process died or hung: its case is the one that was
+running, never shrunk (shrinking would re-run what kills or hangs)."""
 
 
 @dataclass(frozen=True)
 class Mismatch:
     """One failed check: which, where, what was expected and what came."""
 
-    check: str  # e.g. "shape", "dtype", "values", "topk", "unchanged", "exception"
+    check: str  # a Check (a str), or a target's own check name
     where: str
     expected: str
     got: str
@@ -52,7 +100,7 @@ class Verdict:
         if self.ok:
             return "ok"
         first = self.mismatches[0]
-        if first.check == "exception":
+        if first.check == Check.EXCEPTION:
             return f"exception:{first.got.split(':', 1)[0]}"
         return first.check
 
@@ -73,12 +121,12 @@ def _short(x: object, limit: int = 160) -> str:
 def expect_meta(name: str, got: object, shape: Sequence[int], dtype: torch.dtype) -> list[Mismatch]:
     """Exact shape and dtype; a non-tensor is a mismatch of its own."""
     if not isinstance(got, torch.Tensor):
-        return [Mismatch("type", name, "a torch.Tensor", type(got).__name__)]
+        return [Mismatch(Check.TYPE, name, "a torch.Tensor", type(got).__name__)]
     out = []
     if tuple(got.shape) != tuple(shape):
-        out.append(Mismatch("shape", name, str(list(shape)), str(list(got.shape))))
+        out.append(Mismatch(Check.SHAPE, name, str(list(shape)), str(list(got.shape))))
     if got.dtype != dtype:
-        out.append(Mismatch("dtype", name, str(dtype), str(got.dtype)))
+        out.append(Mismatch(Check.DTYPE, name, str(dtype), str(got.dtype)))
     return out
 
 
@@ -87,13 +135,13 @@ def expect_equal(
     got: torch.Tensor,
     expected: np.ndarray,
     rows: np.ndarray | None = None,
-    check: str = "values",
+    check: str = Check.VALUES,
 ) -> list[Mismatch]:
     """Exact equality, optionally on a boolean mask of rows; reports the first bad row."""
     g = got.detach().cpu().numpy()
     e = np.asarray(expected)
     if g.shape != e.shape:
-        return [Mismatch("shape", name, str(list(e.shape)), str(list(g.shape)))]
+        return [Mismatch(Check.SHAPE, name, str(list(e.shape)), str(list(g.shape)))]
     bad = (g != e).any(axis=tuple(range(1, g.ndim)))  # one flag per row
     if rows is not None:
         bad &= rows
@@ -112,7 +160,7 @@ def expect_close(
     g = got.detach().cpu()
     e = torch.as_tensor(np.asarray(expected))
     if tuple(g.shape) != tuple(e.shape):
-        return [Mismatch("shape", name, str(list(e.shape)), str(list(g.shape)))]
+        return [Mismatch(Check.SHAPE, name, str(list(e.shape)), str(list(g.shape)))]
     if rows is not None:
         keep = torch.as_tensor(rows)
         g, e = g[keep], e[keep]
@@ -120,7 +168,7 @@ def expect_close(
         torch.testing.assert_close(g, e.to(g.dtype), equal_nan=False)
     except AssertionError as err:  # turned into a finding, never swallowed
         detail = " ".join(str(err).split())
-        return [Mismatch("values", name, "values close to the reference", _short(detail, 400))]
+        return [Mismatch(Check.VALUES, name, "values close to the reference", _short(detail, 400))]
     return []
 
 
@@ -149,12 +197,14 @@ def expect_topk_rows(
         n = min(k, ctx)
         chosen = row[row != -1]
         if int((row == -1).sum()) != k - n:
-            out.append(Mismatch("topk.fill", where, f"{k - n} entries -1", _short(row.tolist())))
+            out.append(
+                Mismatch(Check.TOPK_FILL, where, f"{k - n} entries -1", _short(row.tolist()))
+            )
         elif len(set(chosen.tolist())) != len(chosen):
-            out.append(Mismatch("topk.unique", where, "distinct indices", _short(row.tolist())))
+            out.append(Mismatch(Check.TOPK_UNIQUE, where, "distinct indices", _short(row.tolist())))
         elif ((chosen < 0) | (chosen >= ctx)).any():
             out.append(
-                Mismatch("topk.visible", where, f"indices in [0, {ctx})", _short(row.tolist()))
+                Mismatch(Check.TOPK_VISIBLE, where, f"indices in [0, {ctx})", _short(row.tolist()))
             )
         else:
             want = np.sort(logits[i, :ctx])[::-1][:n]
@@ -162,7 +212,7 @@ def expect_topk_rows(
             if not np.array_equal(want, have):
                 out.append(
                     Mismatch(
-                        "topk.values",
+                        Check.TOPK_VALUES,
                         where,
                         f"selected logits {_short(want.tolist())}",
                         f"{_short(have.tolist())} (indices {_short(row.tolist())})",
@@ -184,12 +234,12 @@ def _describe(err: BaseException) -> str:
 
 def exception_mismatch(where: str, err: BaseException) -> Mismatch:
     """An exception raised on a valid case is a finding: keep its type and message."""
-    return Mismatch("exception", where, "no exception", _describe(err))
+    return Mismatch(Check.EXCEPTION, where, "no exception", _describe(err))
 
 
 def output_mismatch(where: str, err: BaseException) -> Mismatch:
     """Outputs the oracle could not read (reading them raised): a finding of their own."""
-    return Mismatch("output", where, "outputs the oracle can read", _describe(err))
+    return Mismatch(Check.OUTPUT, where, "outputs the oracle can read", _describe(err))
 
 
 def expect_strides(name: str, got: torch.Tensor, strides: Sequence[int]) -> list[Mismatch]:
@@ -198,7 +248,7 @@ def expect_strides(name: str, got: torch.Tensor, strides: Sequence[int]) -> list
     is never used to address anything, as ``torch.Tensor.is_contiguous`` agrees."""
     used = [i for i, n in enumerate(got.shape) if n > 1]
     if [got.stride(i) for i in used] != [strides[i] for i in used]:
-        return [Mismatch("stride", name, str(tuple(strides)), str(tuple(got.stride())))]
+        return [Mismatch(Check.STRIDE, name, str(tuple(strides)), str(tuple(got.stride())))]
     return []
 
 
@@ -206,7 +256,7 @@ def expect_contiguous(name: str, got: torch.Tensor) -> list[Mismatch]:
     if not got.is_contiguous():
         return [
             Mismatch(
-                "contiguous",
+                Check.CONTIGUOUS,
                 name,
                 "a contiguous tensor",
                 f"shape {list(got.shape)} with strides {tuple(got.stride())}",
@@ -220,10 +270,10 @@ def expect_view_of(
 ) -> list[Mismatch]:
     """``got`` lives inside ``buffer``'s storage, starting ``offset`` elements in."""
     if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
-        return [Mismatch("view", name, "a view of the preallocated buffer", "new storage")]
+        return [Mismatch(Check.VIEW, name, "a view of the preallocated buffer", "new storage")]
     start = got.storage_offset() - buffer.storage_offset()
     if start != offset:
-        return [Mismatch("view", name, f"a view at element {offset}", f"element {start}")]
+        return [Mismatch(Check.VIEW, name, f"a view at element {offset}", f"element {start}")]
     return []
 
 
@@ -232,7 +282,9 @@ def expect_no_allocation(name: str, allocated: Sequence[str]) -> list[Mismatch]:
     if allocated:
         listed = "; ".join(allocated[:3]) + (" ..." if len(allocated) > 3 else "")
         return [
-            Mismatch("graph", name, "no allocation, no host read (graph-safe)", _short(listed, 300))
+            Mismatch(
+                Check.GRAPH, name, "no allocation, no host read (graph-safe)", _short(listed, 300)
+            )
         ]
     return []
 
@@ -248,13 +300,13 @@ def _element_offsets(t: torch.Tensor) -> np.ndarray:
 def expect_inside(name: str, got: torch.Tensor, buffer: torch.Tensor) -> list[Mismatch]:
     """``got`` is a view whose every element lies inside the preallocated ``buffer``."""
     if got.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
-        return [Mismatch("view", name, "a view of the preallocated buffer", "new storage")]
+        return [Mismatch(Check.VIEW, name, "a view of the preallocated buffer", "new storage")]
     offsets = _element_offsets(got)
     lo, hi = buffer.storage_offset(), buffer.storage_offset() + buffer.numel()
     if offsets.size and (offsets.min() < lo or offsets.max() >= hi):
         return [
             Mismatch(
-                "view",
+                Check.VIEW,
                 name,
                 f"elements inside the buffer [{lo}, {hi})",
                 f"elements [{offsets.min()}, {offsets.max()}]",
@@ -277,4 +329,6 @@ def expect_untouched_outside(
         return []
     i = int(bad[0])
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-    return [Mismatch("unchanged", f"{name}[{i}]{more}", str(before.reshape(-1)[i]), str(after[i]))]
+    return [
+        Mismatch(Check.UNCHANGED, f"{name}[{i}]{more}", str(before.reshape(-1)[i]), str(after[i]))
+    ]

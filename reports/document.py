@@ -35,7 +35,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     finding_id,
     repro_command,
 )
-from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
 
@@ -66,10 +66,6 @@ def mismatch_line(m: Mapping[str, Any]) -> str:
 
 
 # -- building -----------------------------------------------------------------
-
-
-UNSHRUNK_CHECKS = ("crash", "timeout")
-"""Findings whose process died or hung: their case is the one that was running, not shrunk."""
 
 
 def case_label(finding: Mapping[str, Any]) -> str:

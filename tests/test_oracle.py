@@ -128,3 +128,18 @@ def test_exception_becomes_a_finding_with_type_and_message():
     )
     assert Verdict([m]).key == "exception:RuntimeError"
     assert Verdict([]).ok and str(Verdict([])) == "PASS"
+
+
+def test_check_names_are_the_strings_case_files_hold():
+    """``Check`` members are their strings: written as before, read back equal."""
+    import json
+
+    from attnfuzz.harness.oracle import Check, Mismatch
+
+    (m,) = expect_meta("x", torch.zeros(2), (3,), torch.float32)
+    assert m.check is Check.SHAPE and m.check == "shape"
+    written = json.dumps(m.to_dict())
+    assert json.loads(written)["check"] == "shape" and '"check": "shape"' in written
+    assert Mismatch(**json.loads(written)) == m  # a case file's mismatch compares equal
+    assert Check("topk.fill") is Check.TOPK_FILL
+    assert len({c.value for c in Check}) == len(Check)
