@@ -13,17 +13,22 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import signal
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from attnfuzz.harness.graph import allocations
+from attnfuzz.harness.guards import (
+    CaseTooLarge,
+    InvalidCase,
+    Lap,
+    UsageError,
+    fits_in_memory,
+    reraise_interruption,
+    sigint_noted,
+)
 from attnfuzz.harness.oracle import (
     Mismatch,
     Verdict,
@@ -51,43 +56,15 @@ from attnfuzz.strategies.batches import (
 )
 from hypothesis import strategies as st
 
-
-class UsageError(Exception):
-    """A mistake of the caller (unknown name, bad case file): exit status 2."""
-
-
-class InvalidCase(UsageError):
-    """A case the engine could never produce; the oracle refuses to judge it."""
-
-
-class CaseTooLarge(UsageError):
-    """A case whose metadata, inputs or reference do not fit in this machine's memory."""
-
-
-def _out_of_memory(err: BaseException) -> bool:
-    if isinstance(err, MemoryError | torch.OutOfMemoryError):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text
-    )
-
-
-@contextmanager
-def fits_in_memory(what: str) -> Iterator[None]:
-    """Turn an allocation failure while the harness builds a case into a one-line
-    :class:`CaseTooLarge`: a usage error, never a finding (the implementation
-    under test has not run yet) and never a traceback."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as err:
-        if not _out_of_memory(err):
-            raise
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
-        raise CaseTooLarge(
-            f"{what}: the case does not fit in memory ({reason}); replay it on a machine "
-            "with more memory, or draw smaller cases (--scale small)"
-        ) from err
+# The errors live in ``guards``; callers import them from here, with the target.
+__all__ = [
+    "CaseTooLarge",
+    "Implementation",
+    "InvalidCase",
+    "Target",
+    "UsageError",
+    "fits_in_memory",
+]
 
 
 @dataclass(frozen=True)
@@ -329,7 +306,7 @@ class Target:
         ``clock``, when given, accumulates the seconds spent in each phase:
         ``inputs``, ``reference``, ``implementation`` and ``oracle``.
         """
-        lap = _Lap(clock)
+        lap = Lap(clock)
         if device is None:
             from attnfuzz.kernels._triton import device as kernel_device
 
@@ -347,7 +324,7 @@ class Target:
             expected = self.reference(case, inputs)  # before the implementation writes its buffers
             lap("reference")
         allocated: list[str] = []
-        with _sigint_noted() as interrupted:
+        with sigint_noted() as interrupted:
             try:
                 # The reference computes on the host by design (reading device
                 # tensors back is a copy): graph safety is asked of device code only.
@@ -356,7 +333,7 @@ class Target:
                 else:
                     got = impl.fn(inputs)
             except BaseException as err:  # an exception of any class on a valid case is a finding
-                _reraise_interruption(err, interrupted)
+                reraise_interruption(err, interrupted)
                 lap("implementation")
                 return Verdict([exception_mismatch(impl.name, err)], dict(measured))
             lap("implementation")
@@ -365,7 +342,7 @@ class Target:
             try:
                 mismatches = self.compare(case, inputs, expected, got)
             except BaseException as err:
-                _reraise_interruption(err, interrupted)
+                reraise_interruption(err, interrupted)
                 mismatches = [output_mismatch(impl.name, err)]
             # Graph safety first: an allocation is the finding even when values agree.
             verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
@@ -374,53 +351,8 @@ class Target:
                 try:
                     verdict.statistics.update(self.statistics(got))
                 except BaseException as err:
-                    _reraise_interruption(err, interrupted)
+                    reraise_interruption(err, interrupted)
                     if verdict.ok:  # outputs already rejected have no counts; the verdict stands
                         verdict.mismatches.append(output_mismatch(impl.name, err))
         lap("oracle")
         return verdict
-
-
-@contextmanager
-def _sigint_noted() -> Iterator[list[int]]:
-    """Notes SIGINTs delivered while the implementation runs (the handler in
-    force still runs): a ``KeyboardInterrupt`` with none noted was raised by the
-    implementation itself, and is a finding like any other exception."""
-    noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        noted.append(signal.SIGINT)  # no handler of ours here: take it for a real Ctrl-C
-        yield noted
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def note(signum: int, frame: Any) -> None:
-        noted.append(signum)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, note)
-    try:
-        yield noted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _reraise_interruption(err: BaseException, noted: list[int]) -> None:
-    """Ctrl-C is the caller's: never a finding."""
-    if isinstance(err, KeyboardInterrupt) and noted:
-        raise err
-
-
-class _Lap:
-    """Adds the seconds since the previous lap to ``clock[phase]``."""
-
-    def __init__(self, clock: Counter | None):
-        self.clock, self.last = clock, time.perf_counter()
-
-    def __call__(self, phase: str) -> None:
-        if self.clock is not None:
-            now = time.perf_counter()
-            self.clock[phase] += now - self.last
-            self.last = now
