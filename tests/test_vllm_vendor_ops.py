@@ -286,7 +286,7 @@ def test_cpu_logits_read_a_pooled_page_stride_and_only_the_pages_a_row_needs():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(q=lambda q: q[..., :64]), "head_dim 64 != 128"),
+        (dict(q=lambda q: q[..., :64].contiguous()), "head_dim 64 != 128"),
         (dict(q=lambda q: q.float()), "3-D fp8"),
         (dict(table=lambda t: t[:2]), "page_table must be 2-D"),
         (dict(lens=lambda n: n.view(3, 1)), "seq_lens must be 1-D"),
@@ -294,6 +294,7 @@ def test_cpu_logits_read_a_pooled_page_stride_and_only_the_pages_a_row_needs():
         (dict(w=lambda w: w.double()), "weight must be"),
         (dict(flat=lambda f: f[:, :100]), "too small for block_size"),
         (dict(flat=lambda f: f.float()), "2-D uint8"),
+        (dict(table=lambda t: t.t().contiguous().t()), "page_table must be contiguous"),
     ],
 )
 def test_cpu_logits_refuse_what_the_kernel_checks(change, message):
@@ -333,6 +334,16 @@ def test_cpu_top_512_of_a_long_row_matches_the_reference_and_clamps_to_the_score
     v.topk_transform_512_cpu(scores, lens, table, pages, 4)  # raw indices are optional
 
 
+def test_cpu_top_512_writes_the_first_512_columns_only():
+    scores, lens = small_ints(1, 6, seed=11), torch.tensor([6])  # int64 lengths are taken
+    table = torch.tensor([[2, 7]])  # and int64 page tables
+    pages, raw = torch.full((1, 520), 9, **I32), torch.full((1, 520), 9, **I32)
+    v.topk_transform_512_cpu(scores, lens, table, pages, 4, raw)
+    assert raw[0, :6].tolist() == list(range(6)) and (raw[0, 6:512] == -1).all()
+    assert pages[0, :6].tolist() == [8, 9, 10, 11, 28, 29]
+    assert (raw[0, 512:] == 9).all() and (pages[0, 512:] == 9).all()
+
+
 def test_cpu_top_512_refuses_what_the_kernel_checks():
     scores, lens, table = torch.zeros(2, 8), torch.tensor([3, 4], **I32), torch.zeros(2, 2, **I32)
     out = torch.empty(2, 512, **I32)
@@ -340,9 +351,13 @@ def test_cpu_top_512_refuses_what_the_kernel_checks():
         v.topk_transform_512_cpu(scores, lens, table, torch.empty(2, 4, **I32), 4)
     with pytest.raises(v.ContractError, match="power of 2"):
         v.topk_transform_512_cpu(scores, lens, table, out, 3)
-    with pytest.raises(v.ContractError, match="contiguous int32"):
+    with pytest.raises(v.ContractError, match="out_raw_indices"):
         v.topk_transform_512_cpu(scores, lens, table, out, 4, torch.empty(2, 1024, **I32)[:, ::2])
+    with pytest.raises(v.ContractError, match="out_raw_indices"):
+        v.topk_transform_512_cpu(scores, lens, table, out, 4, torch.empty(2, 513, **I32))
     with pytest.raises(v.ContractError, match="page_tables"):
-        v.topk_transform_512_cpu(scores, lens, table.long(), out, 4)
+        v.topk_transform_512_cpu(scores, lens, table.short(), out, 4)
     with pytest.raises(v.ContractError, match="seq_lens"):
         v.topk_transform_512_cpu(scores, lens[:1], table, out, 4)
+    with pytest.raises(v.ContractError, match="contiguous"):
+        v.topk_transform_512_cpu(scores.t(), lens, table, out, 4)

@@ -425,7 +425,7 @@ def cp_gather_indexer_k_quant_cache(
 
 
 CPU_INDEX_HEAD_DIM = 128  # the CPU logits kernel's compile-time head dim (kIndexHeadDim)
-CPU_TOPK = 512  # the CPU top-k's fixed width (TOPK_TRANSFORM_K)
+CPU_TOPK = 512  # the CPU top-k's fixed width (kC4Topk)
 
 
 def fp8_paged_mqa_logits_cpu(
@@ -446,13 +446,17 @@ def fp8_paged_mqa_logits_cpu(
     ``block_size * 132`` bytes a page (values, then fp32 scales at byte
     ``block_size * 128``), ``weight`` fp32 ``[batch, heads]``, ``seq_lens`` 1-D
     int32/int64 ``[batch]``, ``page_table`` 2-D int32/int64 ``[batch, pages]``
-    (exactly one row per query row), ``block_size > 0``, ``max_seq_len >= 0``.
+    (exactly one row per query row), ``block_size > 0``, ``max_seq_len >= 0``;
+    ``q_fp8``, ``weight``, ``seq_lens`` and ``page_table`` contiguous.
     Returns fp32 ``[batch, max_seq_len]``: column ``t`` of row ``b`` is written for
     ``t < min(seq_lens[b], max_seq_len)`` (token ``t`` read from page
     ``page_table[b, t // block_size]``), every other column is left uninitialized
     (here: :data:`UNCLEANED`). Refuses what its ``TORCH_CHECK``s refuse.
     """
     op = "fp8_paged_mqa_logits_cpu"
+    for name, t in (("q_fp8", q_fp8), ("weight", weight), ("seq_lens", seq_lens)):
+        _require(t.is_contiguous(), op, f"{name} must be contiguous")
+    _require(page_table.is_contiguous(), op, "page_table must be contiguous")
     _require(
         q_fp8.dim() == 3 and q_fp8.dtype == FP8, op, "q_fp8 must be a 3-D fp8 [batch, heads, 128]"
     )
@@ -518,45 +522,53 @@ def topk_transform_512_cpu(
 ) -> None:
     """``vllm._custom_ops.topk_transform_512_cpu`` (``torch.ops._C``, AVX512 CPU build).
 
-    Contract (the kernel vLLM's CPU build adapts from sgl-kernel's
-    ``topk_transform_512_cpu``, ``csrc/cpu``; the signature is vLLM 0.33.0's
-    ``_custom_ops.py``): ``scores`` fp32 2-D contiguous ``[B, S]``, ``seq_lens``
-    1-D int32/int64 ``[B]``, ``page_tables`` int32 2-D contiguous ``[B, pages]``,
-    ``out_page_indices`` (and ``out_raw_indices`` when given) int32 contiguous
-    ``[B, 512]``, ``page_size`` a positive power of two. Row ``b`` sees
-    ``n = clamp(seq_lens[b], 0, S)`` columns: when ``n <= 512`` its raw indices are
-    ``0 .. n-1`` (the scores are not read), else the positions of its 512
-    largest scores (the lowest index first among equals); ``-1`` fills the row.
-    ``out_page_indices`` gets each raw ``r`` as the cache slot
+    Contract (vLLM ``csrc/cpu/sgl-kernels/topk.cpp``: ``topk_transform_512_cpu``, the
+    kernel vLLM 0.33.0's wrapper calls): ``scores`` fp32 2-D ``[B, S]``, ``seq_lens``
+    1-D int32/int64 ``[B]``, ``page_tables`` 2-D int32/int64 ``[B, pages]``,
+    ``out_page_indices`` int32 2-D ``[B, >= 512]`` and ``out_raw_indices`` (when
+    given) of the same sizes, every tensor contiguous; ``page_size`` a positive
+    power of two. Row ``b`` sees ``n = clamp(seq_lens[b], 0, S)`` columns: when
+    ``n <= 512`` its raw indices are ``0 .. n-1`` in order (the scores are not
+    read), else the positions of its 512 largest scores (an earlier index wins a
+    tie; the kernel leaves them in heap order, here in score order: a set either
+    way); ``-1`` fills the rest of the 512. Columns ``0 .. 511`` of
+    ``out_page_indices`` get each raw ``r`` as the cache slot
     ``page_tables[b, r // page_size] * page_size + r % page_size`` (``-1`` stays
-    ``-1``), ``out_raw_indices`` the raw ``r``. Refuses what its checks refuse.
+    ``-1``), those of ``out_raw_indices`` the raw ``r``; nothing else is written.
+    Refuses what its checks refuse.
     """
     op = "topk_transform_512_cpu"
-    _require(
-        scores.dim() == 2 and scores.dtype == torch.float32 and scores.is_contiguous(),
-        op,
-        "scores must be a contiguous 2-D float32",
-    )
+    for name, t in (("scores", scores), ("seq_lens", seq_lens), ("page_tables", page_tables)):
+        _require(t.is_contiguous(), op, f"{name} must be contiguous")
+    _require(scores.dim() == 2 and scores.dtype == torch.float32, op, "scores: 2-D float32")
     rows, width = scores.shape
     _require(seq_lens.dim() == 1 and seq_lens.shape[0] == rows, op, "seq_lens must be 1-D [B]")
     _require(seq_lens.dtype in (torch.int32, torch.int64), op, "seq_lens must be int32 or int64")
     _require(
         page_tables.dim() == 2
         and page_tables.shape[0] == rows
-        and page_tables.dtype == torch.int32
-        and page_tables.is_contiguous(),
+        and page_tables.dtype in (torch.int32, torch.int64),
         op,
-        "page_tables must be a contiguous 2-D int32 [B, pages]",
+        "page_tables must be a 2-D int32 or int64 [B, pages]",
     )
     _require(page_size > 0 and page_size & (page_size - 1) == 0, op, "page_size: power of 2")
-    outs = [out_page_indices] + ([] if out_raw_indices is None else [out_raw_indices])
-    for out in outs:
+    _require(
+        out_page_indices.dim() == 2
+        and out_page_indices.shape[0] == rows
+        and out_page_indices.shape[1] >= CPU_TOPK
+        and out_page_indices.dtype == torch.int32
+        and out_page_indices.is_contiguous(),
+        op,
+        f"out_page_indices must be a contiguous int32 [{rows}, >= 512], "
+        f"not {list(out_page_indices.shape)}",
+    )
+    if out_raw_indices is not None:
         _require(
-            tuple(out.shape) == (rows, CPU_TOPK)
-            and out.dtype == torch.int32
-            and out.is_contiguous(),
+            out_raw_indices.shape == out_page_indices.shape
+            and out_raw_indices.dtype == torch.int32
+            and out_raw_indices.is_contiguous(),
             op,
-            f"outputs must be contiguous int32 [{rows}, 512], not {list(out.shape)}",
+            "out_raw_indices must be a contiguous int32 of out_page_indices' shape",
         )
     raw = torch.full((rows, CPU_TOPK), -1, dtype=torch.int32)
     for b, n in enumerate(seq_lens.to(torch.int64).clamp(min=0, max=width).tolist()):
@@ -568,9 +580,9 @@ def topk_transform_512_cpu(
     pos = raw.clamp(min=0).to(torch.int64)
     pages = torch.gather(page_tables.to(torch.int64), 1, pos // page_size)
     slots = torch.where(raw >= 0, pages * page_size + pos % page_size, -1)
-    out_page_indices.copy_(slots.to(torch.int32))
+    out_page_indices[:, :CPU_TOPK] = slots.to(torch.int32)
     if out_raw_indices is not None:
-        out_raw_indices.copy_(raw)
+        out_raw_indices[:, :CPU_TOPK] = raw
 
 
 # -- top-k -------------------------------------------------------------------------
