@@ -8,6 +8,6 @@ from hypothesis import settings
 # longer and keep Hypothesis' example database (under .hypothesis/): a failure
 # found once replays first the next time.
 settings.register_profile("quick", max_examples=25, deadline=None, database=None)
-settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.register_profile("nightly", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
