@@ -122,3 +122,21 @@ def raises_slowly(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
         time.sleep(0.5)
         raise ValueError(f"refusing {inp.num_decodes} decodes")
     return reference_impl(inp)
+
+
+def _user_mutants() -> list:
+    from attnfuzz.harness.registry import mutant
+
+    return [
+        mutant(
+            "indexer-decode",
+            "user-raises",
+            raises,
+            description="a user's known bug: raises on two decodes or more",
+            trigger=misbehaves,
+        )
+    ]
+
+
+# ``--mutants campaign_impls`` (the default attribute) and ``campaign_impls:MUTANTS`` alike.
+MUTANTS = _user_mutants()

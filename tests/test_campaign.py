@@ -437,6 +437,32 @@ def test_a_user_implementation_s_replay_line_names_it_again(tmp_path, impls):
     assert main(argv[1:]) == 1  # the replay fails as the campaign's run did
 
 
+def test_a_user_s_mutants_run_in_the_campaign_s_workers(tmp_path):
+    """``--mutants`` registers a user's mutants here and, through the plan, in every
+    worker (a fresh process): the mutant runs on its target, and is caught. In a
+    subprocess, so that this process's registry stays as it was."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+         "--impls", "reference", "--mutants", "campaign_impls:MUTANTS", "--max-examples",
+         "100", "--profile", "ci", "--quiet", "--out", str(out), "--db", str(tmp_path / "db")],
+        cwd=TESTS, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((out / "campaign.json").read_text())
+    run = by_impl(doc)["user-raises"]
+    assert run["kind"] == "mutant" and run["status"] == "fail", run
+    assert set(by_impl(doc)) == {"reference", "user-raises"}
+
+
+def test_a_bad_mutants_spec_is_a_usage_error_before_any_work(tmp_path, capsys):
+    for command in (["campaign", "--out", str(tmp_path / "out")], ["zoo", "--out", str(tmp_path)]):
+        assert main([*command, "--targets", ID, "--mutants", "no_such_module_here"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no_such_module_here" in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+
+
 def test_two_workers_share_one_unit(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNFUZZ_KEEP_WORK", "1")  # keep the workers' files to look at
     code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--max-examples",

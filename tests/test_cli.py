@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from attnfuzz.harness.casefile import read_case
@@ -163,3 +164,39 @@ def test_user_implementation_by_module_attribute(tmp_path):
     replay = subprocess.run([*exe, "repro", str(case), "--impl", "my_indexer:broken"],
                             cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert replay.returncode == 1, replay.stdout + replay.stderr
+
+
+def test_version_prints_the_distribution_s_version(capsys):
+    import attnfuzz
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attnfuzz {attnfuzz.__version__}"
+
+
+def test_project_defaults_apply_and_the_command_line_wins():
+    from attnfuzz.harness.cli import build_parser
+
+    config = {"max_examples": 7, "targets": ["indexer-decode"], "mutants": ["a", "b:C"],
+              "scale": "production", "cases": Path("kept"), "workers": 3}  # fmt: skip
+    parser = build_parser(config)
+    args = parser.parse_args(["campaign"])
+    assert (args.max_examples, args.targets, args.mutants) == (7, ["indexer-decode"], ["a", "b:C"])
+    assert (args.scale, args.workers) == ("production", 3)
+    args = parser.parse_args(["campaign", "--max-examples", "3", "--mutants", "x", "-n", "1"])
+    assert (args.max_examples, args.mutants, args.workers) == (3, ["x"], 1)  # replaced, not added
+    args = parser.parse_args(["run", "--target", "t"])
+    assert (args.max_examples, args.out, args.scale) == (7, Path("kept"), "production")
+    assert parser.parse_args(["zoo"]).mutants == ["a", "b:C"]
+    plain = build_parser()  # no project: attnfuzz's own defaults
+    assert plain.parse_args(["run", "--target", "t"]).max_examples == 200
+    assert plain.parse_args(["campaign"]).mutants is None
+
+
+def test_a_broken_project_table_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "pyproject.toml").write_text("[tool.attnfuzz]\nmax_exampels = 5\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "max_exampels" in err and "pyproject.toml" in err

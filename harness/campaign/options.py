@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnfuzz.harness.definitions import DEFAULT_DB as _DEFAULT_DB
@@ -29,3 +29,6 @@ class Options:
     scale: str = "small"
     device: str | None = None
     quiet: bool = False
+    # MODULE[:ATTRIBUTE] specs of a user's mutants (registry.add_mutants): registered
+    # here and in every worker, and run on the selected targets
+    mutants: list[str] = field(default_factory=list)

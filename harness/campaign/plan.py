@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,18 @@ class Unit:
     kind: str
 
 
-def plan_units(targets: list[str] | None, impls: list[str] | None, zoo: bool) -> list[Unit]:
+def plan_units(
+    targets: list[str] | None,
+    impls: list[str] | None,
+    zoo: bool,
+    mutants: Sequence[tuple[str, str]] = (),
+) -> list[Unit]:
     """Every selected target against every selected implementation it has.
 
     A registered name applies to the targets that have it (it must exist on
     one of them); ``module:attribute`` applies to every selected target.
+    ``mutants`` are ``(target, mutant)`` pairs a user registered
+    (``--mutants``): each runs on its target when that target is selected.
     """
     from attnfuzz.harness.registry import get_target, target_names
 
@@ -46,6 +54,7 @@ def plan_units(targets: list[str] | None, impls: list[str] | None, zoo: bool) ->
             chosen += [s for s in impls if ":" in s or s in target.implementations]
         if zoo:
             chosen += [m.name for m in target.mutants]
+        chosen += [m for t, m in mutants if t == target.name]
         for spec in dict.fromkeys(chosen):
             impl = target.resolve(spec)  # imports a user's module: a UsageError if it cannot
             units.append(Unit(name, impl.name, impl.kind))

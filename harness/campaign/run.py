@@ -47,10 +47,14 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
     if not derandomized:
         database = database_spec(options.database)
         check_database(database)
-    units = plan_units(options.targets, options.impls, options.zoo)
+    from attnfuzz.harness.registry import add_mutants
+
+    added = [pair for spec in options.mutants for pair in add_mutants(spec)]
+    units = plan_units(options.targets, options.impls, options.zoo, mutants=added)
     if options.zoo:
         note_unavailable_mutants(options.targets, stream)
-    roots = [r for u in units if ":" in u.impl if (r := import_root(u.impl.split(":")[0]))]
+    user_modules = [u.impl for u in units if ":" in u.impl] + list(options.mutants)
+    roots = [r for spec in user_modules if (r := import_root(spec.split(":")[0]))]
     plan = {
         "started": started,
         "budget": budget,
@@ -64,6 +68,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "device": options.device,
         "example_timeout": timeout,
         "items": plan_items(units, workers, options.max_examples),
+        "mutants": list(options.mutants),  # the workers register them too
     }
     out.mkdir(parents=True, exist_ok=True)  # no usage error left: now it may be made
     lock = lock_out(out)  # one campaign at a time in one --out

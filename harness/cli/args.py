@@ -97,6 +97,33 @@ def names(values: list[str] | None) -> list[str] | None:
     return [name for value in values for name in value.split(",") if name]
 
 
+class Repeatable(argparse.Action):
+    """``--opt A --opt B`` collects ``[A, B]``; the first one given replaces the
+    default (a project's ``[tool.attnfuzz]`` list), it does not add to it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = [] if current is None or current is self.default else list(current)
+        items.append(values)
+        setattr(namespace, self.dest, items)
+
+
+def add_mutants_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mutants",
+        action=Repeatable,
+        default=None,
+        metavar="MODULE[:ATTR]",
+        help="a user's mutant declaration(s) to register and run (repeatable; see attnfuzz.mutant)",
+    )
+
+
 def add_timeout_argument(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--example-timeout",

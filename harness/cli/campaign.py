@@ -8,6 +8,7 @@ from pathlib import Path
 from attnfuzz.harness.campaign.options import DEFAULT_DB, Options
 from attnfuzz.harness.cli.args import (
     DURATION_HELP,
+    add_mutants_argument,
     names,
     non_negative_int,
     parse_duration,
@@ -17,6 +18,18 @@ from attnfuzz.harness.cli.args import (
 from attnfuzz.harness.definitions import DEFAULT_OUT, PROFILE_ENV
 
 HELP = "targets x implementations within a budget, N workers"
+# [tool.attnfuzz] key -> this command's option (its dest): the project's defaults
+CONFIG = {
+    "db": "db",
+    "out": "out",
+    "budget": "budget",
+    "max_examples": "max_examples",
+    "profile": "profile",
+    "targets": "targets",
+    "mutants": "mutants",
+    "scale": "scale",
+    "workers": "workers",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="registered names or module:attribute (default: each target's fixed one, triton)",
     )
     p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
+    add_mutants_argument(p)
     p.add_argument(
         "--budget",
         type=parse_duration,
@@ -93,6 +107,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         scale=args.scale,
         device=args.device,
         quiet=args.quiet,
+        mutants=list(args.mutants or []),
     )
 
 

@@ -8,7 +8,9 @@ import io
 import os
 import re
 import sys
+from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 from attnfuzz.harness.cli import campaign, export, listing, report, repro, run, zoo
 from attnfuzz.harness.cli.args import device, one_line
@@ -28,17 +30,30 @@ COMMANDS: dict[str, ModuleType] = {
 and ``CHECKS_DEVICE = True`` where ``--device`` is checked before any work."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line: ``attnfuzz [--version] COMMAND ...``."""
+def build_parser(config: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The whole command line: ``attnfuzz [--version] COMMAND ...``.
+
+    ``config`` is a project's ``[tool.attnfuzz]`` (:func:`attnfuzz.harness.config.defaults`):
+    each key a subcommand lists in its ``CONFIG`` becomes that option's default,
+    so an option given on the command line wins over it.
+    """
     import attnfuzz
 
     parser = argparse.ArgumentParser(
-        prog="attnfuzz", description="Differential fuzzing of attention metadata."
+        prog="attnfuzz",
+        description="Differential fuzzing of attention metadata.",
+        epilog="defaults of run, campaign and zoo may come from [tool.attnfuzz] in the "
+        "nearest pyproject.toml; options given here win",
     )
     parser.add_argument("--version", action="version", version=f"attnfuzz {attnfuzz.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=module.HELP))
+        p = sub.add_parser(name, help=module.HELP)
+        module.add_arguments(p)
+        keys = getattr(module, "CONFIG", {})
+        p.set_defaults(
+            **{dest: (config or {})[key] for key, dest in keys.items() if key in (config or {})}
+        )
     return parser
 
 
@@ -75,7 +90,14 @@ def _stdout_closed() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0 no failure, 1 a failure was found, 2 a usage
     error (one line on stderr, before any work), 141 stdout was closed early."""
-    args = _parse_args(build_parser(), argv)
+    from attnfuzz.harness.config import defaults
+
+    try:
+        config = defaults()
+    except UsageError as err:  # a broken [tool.attnfuzz]: nothing runs
+        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    args = _parse_args(build_parser(config), argv)
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

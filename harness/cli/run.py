@@ -29,6 +29,7 @@ from attnfuzz.harness.definitions import (
 
 HELP = "fuzz one implementation of one target"
 CHECKS_DEVICE = True  # main() checks --device before any work
+CONFIG = {"db": "db", "cases": "out", "max_examples": "max_examples", "scale": "scale"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnfuzz.harness.cli.args import add_device_argument, add_scale_argument, positive_int, seconds
+from attnfuzz.harness.cli.args import (
+    add_device_argument,
+    add_mutants_argument,
+    add_scale_argument,
+    positive_int,
+    seconds,
+)
 from attnfuzz.harness.definitions import DEFAULT_ZOO_OUT, EXIT_FOUND, EXIT_OK
 
 HELP = "every mutant of every target: the detection scoreboard"
 CHECKS_DEVICE = True
+CONFIG = {"targets": "targets", "mutants": "mutants", "scale": "scale"}  # see cli.campaign
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds of shrinking per run: a plain number, in seconds (default 60)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_ZOO_OUT)
+    add_mutants_argument(p)
     add_scale_argument(p)
     add_device_argument(p)
 
@@ -45,6 +53,8 @@ def command(args: argparse.Namespace) -> int:
     for name in ("budget", "shrink_budget"):
         if not getattr(args, name) > 0:  # also refuses NaN
             raise UsageError(f"--{name.replace('_', '-')} must be > 0 seconds")
+    for spec in args.mutants or []:
+        registry.add_mutants(spec)  # a UsageError before any run
     names = args.targets or registry.target_names()
     for name in names:
         registry.get_target(name)  # an unknown name is a usage error before any run
