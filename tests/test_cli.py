@@ -200,3 +200,15 @@ def test_a_broken_project_table_is_a_usage_error(tmp_path, monkeypatch, capsys):
     assert main(["list"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "max_exampels" in err and "pyproject.toml" in err
+
+
+def test_list_names_targets_that_could_not_be_built(monkeypatch, capsys):
+    from attnfuzz.harness import registry
+
+    monkeypatch.setattr(registry, "unavailable_targets", lambda: {"their-target": "ImportError: x"})
+    assert main(["list"]) == 0
+    assert "their-target: unavailable target (ImportError: x)" in capsys.readouterr().out
+    assert main(["list", "--json"]) == 0
+    rows = {r["target"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["their-target"]["unavailable"] == "ImportError: x"
+    assert rows["their-target"]["implementations"] == []

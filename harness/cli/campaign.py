@@ -69,7 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="worker processes, or auto: one per core (more than the cores are capped)",
     )
-    p.add_argument("--db", default=DEFAULT_DB, help="a directory, or redis://HOST:PORT")
+    p.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        help="a directory, redis://HOST:PORT, or DIR+github:OWNER/REPO[/ARTIFACT]",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized campaign")
     p.add_argument(

@@ -15,6 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from attnfuzz.harness import registry
     from attnfuzz.harness.registry import get_target, target_names
 
     rows = []
@@ -37,7 +38,13 @@ def command(args: argparse.Namespace) -> int:
                 ],
             }
         )
+    # Targets of other distributions (entry points) that could not be built, with why.
+    broken = registry.unavailable_targets()
     if args.json:
+        rows += [
+            {"target": name, "summary": None, "implementations": [], "unavailable": why}
+            for name, why in broken.items()
+        ]
         print(json.dumps(rows, indent=2))
         return EXIT_OK
     reasons: dict[str, None] = {}
@@ -51,4 +58,6 @@ def command(args: argparse.Namespace) -> int:
             print(f"  {impl['name']:<28} {impl['kind']:<9} {impl['description']}{mark}")
     for reason in reasons:
         print(f"unavailable: {reason}")
+    for name, why in broken.items():
+        print(f"{name}: unavailable target ({why})")
     return EXIT_OK

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--db",
         default=str(DEFAULT_DB),
-        help="example database: a directory, or redis://HOST:PORT (unused with --seed)",
+        help="example database: a directory, redis://HOST:PORT, or "
+        "DIR+github:OWNER/REPO[/ARTIFACT] (unused with --seed)",
     )
     add_scale_argument(p)
     add_device_argument(p)
