@@ -264,6 +264,27 @@ def test_v41_gfx942_layer_passes_where_bug_a_does_not_trigger(name, monkeypatch)
     assert bool(top512) == (bool(calls) and case.config.topk == 512)
 
 
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_v41_gfx942_layer_passes_derandomized_runs_where_nothing_is_unpacked(next_n):
+    """Bug A needs the packed native path (``next_n = 2`` here): on ``next_n = 1`` and on
+    flattened (``next_n = 3``) steps nothing is unpacked, and the rest of the layer's
+    glue passes."""
+    from attnfuzz.adapters.vllm import implementation as vllm_impl
+    from attnfuzz.harness.runner import fuzz
+
+    target = get_target(TARGET)
+    impl = vllm_impl(
+        "indexer_decode",
+        "run_deepseek_v41_amd",
+        name=f"{V41}-next_n-{next_n}",
+        description="the gfx942 layer on one next_n",
+        fixes={"next_n": next_n},
+    )
+    result = fuzz(target, impl, max_examples=100, rng_seed=0, database=None)
+    assert not result.failed, f"{result.case}: {result.verdict}"
+    assert result.examples >= 100 and result.labels["all_decode"] > 0
+
+
 def test_v41_gfx942_decode_step_with_the_39542_fix_passes(monkeypatch):
     """The finding is exactly #39542's line: ``_decode_step`` with its write-back made
     ``buffer[: unpacked.shape[0]]`` (0.33.0's fix in ``sparse_attn_indexer``) passes
