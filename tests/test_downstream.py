@@ -35,7 +35,7 @@ FUZZ_ITEM = f"attnfuzz::{TARGET}[{{}}]"
 TIMEOUT_S = 600  # generous: a loaded machine; the suites take seconds
 
 
-def pytest_run(
+def run_downstream(
     tmp_path: Path,
     *args: str,
     cwd: Path = DOWNSTREAM,
@@ -95,7 +95,7 @@ def test_the_project_imports_only_the_public_api() -> None:
 
 
 def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
-    result = pytest_run(
+    result = run_downstream(
         tmp_path, "--attnfuzz-impl", f"{TARGET}={FIXED}", "--hypothesis-show-statistics"
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -115,7 +115,7 @@ def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
 def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch, named: str) -> None:
     """The bug named by ``module:attribute`` or as the project's declared mutant."""
     # Enough examples for the search to meet a padded graph (the bug's trigger), seeded.
-    result = pytest_run(
+    result = run_downstream(
         tmp_path,
         "--attnfuzz-impl",
         f"{TARGET}={named}",
@@ -165,7 +165,7 @@ def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch, named
 def test_ini_names_the_implementation_without_a_fuzz_item(tmp_path: Path) -> None:
     """Without the option, attnfuzz_judge and the case files judge the ini's
     implementation, and no fuzz item is added."""
-    result = pytest_run(tmp_path)
+    result = run_downstream(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     got = outcomes(result)
     assert set(got) == expected_items(FIXED) - {FUZZ_ITEM.format(FIXED)}, got
@@ -182,7 +182,7 @@ def test_cases_option_collects_a_directory_anywhere(tmp_path: Path) -> None:
     for name in (NOCLAMP_CASE, STRIDED_CASE):
         shutil.copy(CASES / name, cases / name)
     (tmp_path / "work" / "unrelated.json").write_text("{}")  # not asked for: not collected
-    result = pytest_run(tmp_path, "--attnfuzz-cases", str(cases), cwd=tmp_path / "work")
+    result = run_downstream(tmp_path, "--attnfuzz-cases", str(cases), cwd=tmp_path / "work")
     assert result.returncode == 1, result.stdout + result.stderr
     prefix = ".attnfuzz/campaign/cases/"
     assert outcomes(result) == {
@@ -196,11 +196,11 @@ def test_cases_option_collects_a_directory_anywhere(tmp_path: Path) -> None:
 
 
 def test_a_bad_option_is_a_usage_error(tmp_path: Path) -> None:
-    result = pytest_run(tmp_path, "--attnfuzz-impl", "mtp-seq-lens")
+    result = run_downstream(tmp_path, "--attnfuzz-impl", "mtp-seq-lens")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert "expected TARGET=IMPL" in result.stderr
     # Names are resolved when the item runs: an unknown one is that item's error, in a line.
-    result = pytest_run(tmp_path, "--attnfuzz-impl", "no-such-target=triton", "-k", "no-such")
+    result = run_downstream(tmp_path, "--attnfuzz-impl", "no-such-target=triton", "-k", "no-such")
     assert outcomes(result) == {
         FUZZ_ITEM.replace(TARGET, "no-such-target").format("triton"): "ERROR"
     }
@@ -227,7 +227,7 @@ def test_a_suite_without_attnfuzz_runs_as_without_the_plugin(tmp_path: Path) -> 
         "    assert three + n > 3\n"
     )
     runs = {
-        flags: pytest_run(tmp_path, *flags, "-q", "--tb=line", "-p", "no:randomly", cwd=suite)
+        flags: run_downstream(tmp_path, *flags, "-q", "--tb=line", "-p", "no:randomly", cwd=suite)
         for flags in [(), ("-p", "no:attnfuzz")]
     }
     with_plugin, without = runs.values()
@@ -269,7 +269,7 @@ def test_a_target_from_the_projects_entry_point(tmp_path: Path) -> None:
     implementation and replays the case found as a regression test."""
     site = installed_metadata(tmp_path / "site")
     out = tmp_path / "found"
-    found = pytest_run(
+    found = run_downstream(
         tmp_path,
         *("run", "--target", "query-start-loc", "--impl", "exclusive", "--seed", "0"),
         *("--max-examples", "100", "--out", str(out)),
@@ -280,7 +280,7 @@ def test_a_target_from_the_projects_entry_point(tmp_path: Path) -> None:
     assert found.returncode == 1, found.stdout + found.stderr
     assert "FAIL query-start-loc / exclusive  [values]" in found.stdout
     assert [p.name for p in out.iterdir()] == ["query-start-loc--exclusive--values.json"]
-    result = pytest_run(
+    result = run_downstream(
         tmp_path,
         # `=`: a bare path among the arguments would move pytest's rootdir there.
         *("--attnfuzz-impl", "query-start-loc=torch", f"--attnfuzz-cases={out}"),
