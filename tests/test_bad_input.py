@@ -123,28 +123,55 @@ BAD_FILES = {
         "nested too deeply",
     ),
     "array.json": ("[1, 2]", "holds one JSON object"),
-    "case_list.json": ({**_doc(), "case": []}, "missing 'case' object"),
-    "config_list.json": ({**_doc(), "case": {"config": [], "batch": {}}}, "must be objects"),
-    "verdict.json": ({**_doc(), "verdict": "x"}, "'verdict' must be an object"),
-    "target_type.json": ({**_doc(), "target": 3}, "missing or non-string 'target'"),
-    "long_name.json": ({**_doc(), "implementation": "i" * 5000}, "longer than 200 characters"),
+    "case_list.json": ({**_doc(), "case": []}, "$.case: [] is not of type 'object'"),
+    "config_list.json": (
+        {**_doc(), "case": {"config": [], "batch": {}}},
+        "$.case.config: [] is not of type 'object'",
+    ),
+    "verdict.json": ({**_doc(), "verdict": "x"}, "$.verdict: 'x' is not of type 'object'"),
+    "target_type.json": ({**_doc(), "target": 3}, "$.target: 3 is not of type 'string'"),
+    "long_name.json": (
+        {**_doc(), "implementation": "i" * 5000},
+        ("$.implementation: ", "(maxLength)"),
+    ),
     "long_key.json": ({**_doc(), "derived": {"k" * 5000: 1}}, "longer than 40 characters"),
-    "config_field.json": (_doc(config={"\x1b[31mred": 1}), "unknown field(s) ['\\x1b[31mred']"),
-    "bool.json": (_doc(config={"topk": True}), "config.topk must be an integer"),
+    "config_field.json": (
+        _doc(config={"\x1b[31mred": 1}),
+        "$.case.config: Additional properties are not allowed ('\\x1b[31mred' was",
+    ),
+    "bool.json": (_doc(config={"topk": True}), "$.case.config.topk: True is not of type 'integer'"),
     "nan.json": (json.dumps(_doc()).replace('"topk": 4', '"topk": NaN'), "config.topk"),
-    "list_str.json": (_doc(batch={"q_lens": "222"}), "batch.q_lens must be a list of integers"),
-    "flag.json": (_doc(batch={"use_cudagraph": 1}), "batch.use_cudagraph must be true or false"),
-    "dtype.json": ({**_doc(), "settings": {"dtype": "float64"}}, "settings.dtype must be one of"),
-    "settings.json": ({**_doc(), "settings": {"dtype": "float32", "x": 1}}, "in 'settings'"),
+    "list_str.json": (
+        _doc(batch={"q_lens": "222"}),
+        "$.case.batch.q_lens: '222' is not of type 'array'",
+    ),
+    "flag.json": (
+        _doc(batch={"use_cudagraph": 1}),
+        "$.case.batch.use_cudagraph: 1 is not of type 'boolean'",
+    ),
+    "dtype.json": (
+        {**_doc(), "settings": {"dtype": "float64"}},
+        "$.settings.dtype: 'float64' is not one of",
+    ),
+    "settings.json": (
+        {**_doc(), "settings": {"dtype": "float32", "x": 1}},
+        "$.settings: Additional properties are not allowed ('x' was unexpected)",
+    ),
     "case_dtype.json": ({**_doc(), "case": {**_doc()["case"], "dtype": "float32"}}, "'dtype'"),
-    "range.json": (_doc(config={"max_model_len": 10**15}), "config.max_model_len=1000000000000000"),
+    "range.json": (
+        _doc(config={"max_model_len": 10**15}),
+        "$.case.config.max_model_len: 1000000000000000 is greater than the maximum",
+    ),
     # In Python's range but not int64's: NumPy overflowed building the metadata.
     "overflow.json": (
         _doc(config={"max_model_len": 2**64}, batch={"num_computed_tokens": [2**63, 9, 3]}),
-        "outside the engine's 32-bit range",
+        "$.case.config.max_model_len: 18446744073709551616 is greater than the maximum",
     ),
     "negative.json": (_doc(batch={"q_lens": [2, -(2**40), 2]}), "batch.q_lens[1]"),
-    "param.json": (_doc(params={"window": 2**31}), "params.'window'=2147483648"),
+    "param.json": (
+        _doc(params={"window": 2**31}),
+        "$.case.params.window: 2147483648 is greater than the maximum of 2147483647",
+    ),
     # In range, but its tensors would overflow torch's size arithmetic or be absurd.
     "tensors.json": (
         _doc(config={"topk": 2**31 - 1, "max_num_batched_tokens": 2**31 - 1}),
@@ -163,7 +190,8 @@ def test_bad_case_files_are_one_line_errors(tmp_path, capsys, name):
     path = _write(tmp_path / name, content)
     with pytest.raises(UsageError):
         read_case(path)
-    _repro_and_export(tmp_path, capsys, path, fragment)
+    fragments = fragment if isinstance(fragment, tuple) else (fragment,)
+    _repro_and_export(tmp_path, capsys, path, f"{name}: ", *fragments)  # the file, then why
 
 
 def test_paths_that_are_no_case_file(tmp_path, capsys):

@@ -143,9 +143,15 @@ BAD_CASES = {
     "target.json": ({**_doc(), "target": "no-such-target"}, "unknown target 'no-such-target'"),
     "impl.json": ({**_doc(), "implementation": "nope"}, "unknown implementation 'nope'"),
     "user.json": ({**_doc(), "implementation": "mod:fn"}, "replay it with --impl mod:fn"),
-    "float.json": (_doc(batch={"q_lens": [2.5, 2, 2]}), "batch.q_lens must be a list of integers"),
-    "string.json": (_doc(config={"topk": "4"}), "config.topk must be an integer"),
-    "field.json": (_doc(batch={"q_len": [2]}), "unknown field(s) ['q_len'] in 'batch'"),
+    "float.json": (
+        _doc(batch={"q_lens": [2.5, 2, 2]}),
+        "$.case.batch.q_lens[0]: 2.5 is not of type 'integer'",
+    ),
+    "string.json": (_doc(config={"topk": "4"}), "$.case.config.topk: '4' is not of type 'integer'"),
+    "field.json": (
+        _doc(batch={"q_len": [2]}),
+        "$.case.batch: Additional properties are not allowed ('q_len' was",
+    ),
     "too_long.json": (
         _doc(batch={"num_computed_tokens": [63, 9, 3]}),
         "not a batch the engine can produce: a seq_len exceeds max_model_len=64",

@@ -6,7 +6,6 @@ no code), and every refusal is a one-line :class:`UsageError` naming the file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import reprlib
 import stat
@@ -14,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import CASE_SCHEMA
+from attnfuzz.harness.schemas import validate
 from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
-    FLOAT_DTYPES,
     Case,
-    EngineConfig,
     cdiv,
 )
 from attnfuzz.reference.invariants import batch_violations, config_violations
 
-MAX_EXAMPLE_TIMEOUT_S = 24 * 3600  # a recorded per-example timeout longer than a day is no case
-
+# What a case file may hold (fields, types, int32 ranges, name lengths, the
+# per-example timeout) is its published schema (harness/schemas/case.schema.json);
+# these are the limits a schema cannot state, checked before or beside it.
 MAX_CASE_BYTES = 1 << 20
 """A case file is a few kilobytes; a larger one is refused unread."""
 MAX_JSON_BYTES = 256 << 20
@@ -34,13 +33,9 @@ MAX_CASE_DEPTH = 8
 MAX_JSON_DEPTH = 64
 MAX_INT_DIGITS = 40
 """Longer integers are refused while parsing: none of a case's needs 20 digits."""
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-"""Every integer of a case but the seed: the engine's metadata is int32."""
 MAX_CASE_ELEMENTS = 2**33
 """A case replays only if each array its metadata and inputs need (block table,
 KV pages, tokens x heads x head_dim, ...) holds at most this many elements."""
-MAX_NAME_CHARS = 200
-"""Target and implementation names in a case file."""
 MAX_KEY_CHARS = 40
 """Object keys in a case file (its own are field names), so that an exported
 test lays every ``key: value`` out within 88 columns."""
@@ -188,133 +183,19 @@ def read_case(path: Path | str) -> dict[str, Any]:
         path,
         f"unsupported schema {short(doc.get('schema'))} (this attnfuzz reads {CASE_SCHEMA!r})",
     )
-    for key in ("target", "implementation"):
-        value = doc.get(key)
-        _require(isinstance(value, str) and value != "", path, f"missing or non-string {key!r}")
-        _require(
-            len(value) <= MAX_NAME_CHARS,
-            path,
-            f"{key} {short(value)} is longer than {MAX_NAME_CHARS} characters",
-        )
-    for key in ("verdict", "derived", "environment", "settings"):  # export, reports, replay
-        _require(isinstance(doc.get(key, {}), dict), path, f"{key!r} must be an object")
-    engine = doc.get("engine")
-    _require(
-        engine is None
-        or (
-            isinstance(engine, dict)
-            and set(engine) == {"name", "version"}
-            and all(isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS for v in engine.values())
-        ),
-        path,
-        "'engine' must be an object with the strings 'name' and 'version'",
-    )
+    # Types, fields, ranges (int32), names, settings: the published schema says them all.
+    validate(doc, "case", str(path))
     settings = doc.get("settings", {})
-    unknown = sorted(set(settings) - {"dtype", "example_timeout"})
-    _require(not unknown, path, f"unknown field(s) {short(unknown)} in 'settings'")
     timeout = settings.get("example_timeout")
-    _require(
-        timeout is None
-        or (
-            isinstance(timeout, int | float)
-            and not isinstance(timeout, bool)
-            and 0 < timeout <= MAX_EXAMPLE_TIMEOUT_S
-        ),
-        path,
-        f"settings.example_timeout must be seconds in (0, {MAX_EXAMPLE_TIMEOUT_S}], "
-        f"got {short(timeout)}",
-    )
     dtype = settings.get("dtype", "float32")  # older files: float32
-    _require(
-        isinstance(dtype, str) and dtype in FLOAT_DTYPES,
-        path,
-        f"settings.dtype must be one of {', '.join(FLOAT_DTYPES)}, got {short(dtype)}",
-    )
     doc["settings"] = {"dtype": dtype} | ({} if timeout is None else {"example_timeout": timeout})
-    body = doc.get("case")
-    _require(isinstance(body, dict), path, "missing 'case' object")
     try:
-        _check_fields(body)
-        case = Case.from_dict(body)
-        _check_scalars(case)
+        case = Case.from_dict(doc["case"])
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"{path}: malformed case ({type(err).__name__}: {err})") from err
     _refuse_too_large(case, path)
     doc["case"] = case
     return doc
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
-_BATCH_FIELDS = frozenset({"num_computed_tokens", "q_lens", "seed", "use_cudagraph"})
-_CASE_FIELDS = frozenset({"config", "batch", "params"})
-
-
-def _in_range(name: str, value: int) -> None:
-    if not INT32_MIN <= value <= INT32_MAX:
-        raise ValueError(f"{name}={value} is outside the engine's 32-bit range")
-
-
-def _check_fields(body: dict[str, Any]) -> None:
-    """Exact JSON types, ranges and no unknown field, before anything is built.
-
-    ``Batch.from_dict`` converts with ``int()``: without this, ``2.7`` or ``"2"``
-    would replay silently as another case, and a misspelt field would vanish.
-    Every integer but the seed fits the engine's int32 metadata, so that
-    nothing built from it overflows (the seed's range is an invariant).
-    """
-    unknown = sorted(set(body) - _CASE_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {short(unknown)} in 'case'")
-    config, batch = body.get("config"), body.get("batch")
-    if not isinstance(config, dict) or not isinstance(batch, dict):
-        raise TypeError("'config' and 'batch' must be objects")
-    unknown = sorted(set(config) - _CONFIG_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {short(unknown)} in 'config'")
-    unknown = sorted(set(batch) - _BATCH_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {short(unknown)} in 'batch'")
-    for name in ("num_computed_tokens", "q_lens"):
-        value = batch.get(name)
-        if not isinstance(value, list) or not all(_is_int(x) for x in value):
-            raise TypeError(f"batch.{name} must be a list of integers, got {short(value)}")
-        for i, x in enumerate(value):
-            _in_range(f"batch.{name}[{i}]", x)
-    if "seed" in batch and not _is_int(batch["seed"]):
-        raise TypeError(f"batch.seed must be an integer, got {short(batch['seed'])}")
-    flag = batch.get("use_cudagraph", True)
-    if not isinstance(flag, bool):
-        raise TypeError(f"batch.use_cudagraph must be true or false, got {short(flag)}")
-    for name, value in config.items():
-        if name == "cudagraph_capture_sizes":
-            ok = isinstance(value, list) and all(_is_int(x) for x in value)
-            for i, x in enumerate(value if ok else []):
-                _in_range(f"config.{name}[{i}]", x)
-        else:  # decode_threshold may be null: the default, next_n
-            ok = _is_int(value) or (name == "decode_threshold" and value is None)
-            if ok and value is not None:
-                _in_range(f"config.{name}", value)
-        if not ok:
-            raise TypeError(f"config.{name} must be an integer, got {short(value)}")
-    params = body.get("params", {})
-    if not isinstance(params, dict) or not all(_is_int(v) for v in params.values()):
-        raise TypeError(f"params must map names to integers, got {short(params)}")
-    for name, value in params.items():
-        _in_range(f"params.{short(name)}", value)
-
-
-def _check_scalars(case: Case) -> None:
-    values = list(case.config.to_dict().values()) + list(case.batch.to_dict().values())
-    values += [v for _, v in case.params]
-    for v in values:
-        items = v if isinstance(v, list) else [v]
-        for x in items:
-            if x is not None and not isinstance(x, bool | int):
-                raise TypeError(f"expected integers, got {x!r}")
 
 
 def _refuse_too_large(case: Case, path: Path | str) -> None:
