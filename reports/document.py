@@ -14,7 +14,6 @@ missed it ("survived"). Every other kind must pass ("pass"; "FAIL" otherwise).
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +35,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     repro_command,
 )
 from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
+from attnfuzz.harness.schemas import validate
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
 
@@ -274,102 +274,28 @@ def campaign_record(
 # -- checking and reading -------------------------------------------------------
 
 
-class _Checker:
-    def __init__(self, where: str):
-        self.where = where
-
-    def fail(self, path: str, what: str) -> None:
-        raise UsageError(f"{self.where}: {path} {what}")
-
-    def need(self, obj: Mapping, path: str, key: str, types: Any, optional: bool = False) -> Any:
-        if key not in obj:
-            if optional:
-                return None
-            self.fail(path, f"has no {key!r}")
-        value = obj[key]
-        ok = isinstance(value, types) and not (
-            isinstance(value, bool) and bool not in _as_tuple(types)
-        )
-        if isinstance(value, float) and not math.isfinite(value):
-            ok = False
-        if not ok:
-            self.fail(f"{path}.{key}", f"has the wrong type ({type(value).__name__})")
-        return value
-
-
-def _as_tuple(types: Any) -> tuple:
-    return types if isinstance(types, tuple) else (types,)
-
-
-_NUMBER = (int, float)
-
-
 def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
-    """Check the shape every report relies on; any problem is a one-line :class:`UsageError`."""
-    c = _Checker(where)
-    if not isinstance(doc, dict):
-        c.fail("the document", "is not a JSON object")
-    if doc.get("schema") != CAMPAIGN_SCHEMA:
-        c.fail("the document", f"has schema {doc.get('schema')!r}, expected {CAMPAIGN_SCHEMA!r}")
-    for key in ("started", "finished"):
-        c.need(doc, "campaign", key, str)
-    c.need(doc, "campaign", "seconds", _NUMBER)
-    c.need(doc, "campaign", "interrupted", bool, optional=True)
-    c.need(doc, "campaign", "environment", dict, optional=True)
-    budget = c.need(doc, "campaign", "budget", dict, optional=True) or {}
-    c.need(budget, "budget", "seconds", (*_NUMBER, type(None)), optional=True)
-    c.need(budget, "budget", "max_examples", (int, type(None)), optional=True)
-    ids = set()
-    for i, f in enumerate(c.need(doc, "campaign", "findings", list)):
-        path = f"findings[{i}]"
-        if not isinstance(f, dict):
-            c.fail(path, "is not an object")
-        for key in ("id", "target", "implementation", "key", "check", "case_file", "repro"):
-            c.need(f, path, key, str)
-        c.need(f, path, "case", dict)
-        c.need(f, path, "derived", dict, optional=True)
-        c.need(f, path, "examples_to_failure", (int, type(None)), optional=True)
-        c.need(f, path, "seconds_to_failure", (*_NUMBER, type(None)), optional=True)
-        verdict = c.need(f, path, "verdict", dict)
-        for j, m in enumerate(c.need(verdict, f"{path}.verdict", "mismatches", list)):
-            if not isinstance(m, dict) or not all(
-                isinstance(m.get(k), str) for k in ("check", "where", "expected", "got")
-            ):
-                c.fail(f"{path}.verdict.mismatches[{j}]", "is not a mismatch")
+    """Check the shape every report relies on; any problem is a one-line :class:`UsageError`.
+
+    Types, required keys and the kind/status words are the published campaign
+    schema's (:func:`attnfuzz.harness.schemas.validate`); what it cannot say is
+    checked here: the schema version (named as such), finding ids unique, and
+    each run's findings naming findings of the document.
+    """
+    if isinstance(doc, dict) and doc.get("schema") != CAMPAIGN_SCHEMA:
+        raise UsageError(
+            f"{where}: the document has schema {doc.get('schema')!r}, expected {CAMPAIGN_SCHEMA!r}"
+        )
+    validate(doc, "campaign", where)
+    ids: set[str] = set()
+    for i, f in enumerate(doc["findings"]):
         if f["id"] in ids:
-            c.fail(path, f"repeats the id {f['id']!r}")
+            raise UsageError(f"{where}: findings[{i}] repeats the id {f['id']!r}")
         ids.add(f["id"])
-    for i, e in enumerate(c.need(doc, "campaign", "events", list, optional=True) or []):
-        if not isinstance(e, dict):
-            c.fail(f"events[{i}]", "is not an object")
-        for key in ("event", "target", "implementation", "detail"):
-            c.need(e, f"events[{i}]", key, str)
-    for i, r in enumerate(c.need(doc, "campaign", "runs", list)):
-        path = f"runs[{i}]"
-        if not isinstance(r, dict):
-            c.fail(path, "is not an object")
-        c.need(r, path, "target", str)
-        c.need(r, path, "implementation", str)
-        if r.get("kind") not in KINDS:
-            c.fail(f"{path}.kind", f"is {r.get('kind')!r}, expected one of {list(KINDS)}")
-        if r.get("status") not in STATUSES:
-            c.fail(f"{path}.status", f"is {r.get('status')!r}, expected one of {list(STATUSES)}")
-        c.need(r, path, "examples", int)
-        c.need(r, path, "seconds", _NUMBER)
-        c.need(r, path, "error", str, optional=True)
-        labels = c.need(r, path, "labels", dict, optional=True) or {}
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in labels.values()):
-            c.fail(f"{path}.labels", "must map scenario classes to counts")
-        for p in c.need(r, path, "timeline", list, optional=True) or []:
-            if not (
-                isinstance(p, list | tuple)
-                and len(p) == 2
-                and all(isinstance(x, _NUMBER) and math.isfinite(x) for x in p)
-            ):
-                c.fail(f"{path}.timeline", f"holds {p!r}, not a [seconds, examples] pair")
-        for fid in c.need(r, path, "findings", list, optional=True) or []:
+    for i, r in enumerate(doc["runs"]):
+        for fid in r.get("findings", []):
             if fid not in ids:
-                c.fail(f"{path}.findings", f"names {fid!r}, which is no finding")
+                raise UsageError(f"{where}: runs[{i}].findings names {fid!r}, which is no finding")
     return doc
 
 

@@ -334,7 +334,7 @@ def test_a_malformed_campaign_is_a_one_line_usage_error(campaign, tmp_path):
         write_reports(bad, tmp_path)
     bad = copy.deepcopy(doc)
     bad["runs"][1]["kind"] = "bogus"
-    with pytest.raises(UsageError, match=r"runs\[1\]\.kind is 'bogus'"):
+    with pytest.raises(UsageError, match=r"\$\.runs\[1\]\.kind: 'bogus' is not one of \['fixed',"):
         check_campaign(bad)
     assert not list(tmp_path.iterdir())
 
@@ -500,9 +500,12 @@ def test_report_command(campaign, tmp_path, capsys):
     "text, message",
     [
         ('{"schema": "attnfuzz.campaign/1", "runs": [', "not valid JSON"),
-        ("[]", "is not a JSON object"),
+        ("[]", "$: [] is not of type 'object'"),
         ('{"schema": "attnfuzz.campaign/9"}', "has schema 'attnfuzz.campaign/9'"),
-        ('{"schema": "attnfuzz.campaign/1", "started": "x"}', "has no 'finished'"),
+        (
+            '{"schema": "attnfuzz.campaign/1", "started": "x"}',
+            "$: 'finished' is a required property",
+        ),
         (b"\x89PNG\x00\xff", "not a text file"),
         ("[" * 100_000, "nested too deeply"),
     ],
