@@ -4,8 +4,9 @@
                                     [--judge in-process isolated]
 
 Implementations by default: ``triton``, ``reference`` and, where vLLM is
-installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), ``vllm``: vLLM 0.33.0's own code
-through its adapter. A target is measured on the implementations it has.
+installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), every engine implementation
+(kind ``engine``: ``vllm``, ``vllm-cpu``, ...): vLLM 0.33.0's own code through
+its adapter. A target is measured on the implementations it has.
 
 A worker is a process pinned to its own CPU core (torch on one thread). Each
 runs a derandomized campaign of ``--examples`` examples per target and
@@ -111,17 +112,22 @@ def main() -> int:
         "--judge", nargs="+", choices=["in-process", "isolated"], default=["in-process", "isolated"]
     )
     args = parser.parse_args()
+
+    def chosen(t: str) -> list[str]:
+        impls = get_target(t).implementations.items()
+        return args.impl or [n for n, i in impls if i.kind in ("fixed", "reference", "engine")]
+
     jobs = [
         (t, i, how)
         for t in args.target or target_names()
-        for i in args.impl or ["triton", "reference", "vllm"]
+        for i in chosen(t)
         if i in get_target(t).implementations
         and get_target(t).implementations[i].why_unavailable() is None
         for how in args.judge
     ]
     for t in args.target or target_names():
         for i, reason in get_target(t).unavailable().items():
-            if i in (args.impl or ["vllm"]):
+            if i in chosen(t):
                 print(f"not measured: {t} / {i}: {reason}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
-from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.oracle import Check, Verdict
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale
@@ -33,7 +33,9 @@ class _NotShrunk(BaseException):
     so the case that hung is kept as it ran."""
 
 
-UNSHRUNK_CHECKS = ("timeout",)  # verdicts whose case is kept as it ran
+# A hang ends the run with its case as it ran: each shrinking step would cost a
+# whole timeout. A crash is shrunk (a new judging child per case is cheap).
+ENDS_RUN_UNSHRUNK = frozenset({Check.TIMEOUT})
 
 Judge = Callable[[Case, Counter], Verdict]
 
@@ -144,7 +146,7 @@ def fuzz(
                 result.seconds_to_failure = clock["found"] - clock["start"]
             # Hypothesis replays the minimal example last, so this ends as the shrunk one.
             result.case, result.verdict = case, verdict
-            if verdict.key in UNSHRUNK_CHECKS:
+            if verdict.key in ENDS_RUN_UNSHRUNK:
                 result.shrunk = False
                 raise _NotShrunk
 
