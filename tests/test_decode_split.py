@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from attnfuzz.harness.engine import fuzz_settings
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.targets import decode_split as target_module
 from attnfuzz.harness.testing import assert_detected, assert_passes, spec_config
@@ -123,11 +124,9 @@ def test_batch_uniform_rule_skips_zero_length_requests_wherever_they_sit():
 
 
 def test_batch_split_agrees_with_this_targets_rules_on_drawn_cases():
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import given
 
-    @settings(
-        max_examples=200, database=None, deadline=None, suppress_health_check=list(HealthCheck)
-    )
+    @fuzz_settings(max_examples=200, database=None)
     @given(get_target(TARGET).cases())
     def check(c: Case) -> None:
         inputs = dataclasses.replace(ref.make_inputs(c), treat_short_extends_as_decodes=True)

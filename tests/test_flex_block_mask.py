@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
+from attnfuzz.harness.engine import fuzz_settings
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.targets.flex_block_mask import reach_capacity, trigger_capacity
@@ -16,7 +17,7 @@ from attnfuzz.kernels._triton import device
 from attnfuzz.reference import flex_block_mask as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
 from attnfuzz.reference.invariants import violations
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 TARGET = "flex-block-mask"
 MUTANT = "pr39353-capacity"
@@ -468,10 +469,7 @@ def test_default_strategies_reach_the_trigger():
     """Share of cases whose mask outgrows the pre-fix tables (measured: 14% of 1000)."""
     seen: Counter = Counter()
 
-    @settings(
-        max_examples=300, derandomize=True, database=None, deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
+    @fuzz_settings(max_examples=300, derandomize=True, database=None)
     @given(get_target(TARGET).cases())
     def draw(case):
         seen["cases"] += 1

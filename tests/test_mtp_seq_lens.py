@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from attnfuzz.harness.engine import fuzz_settings
 from attnfuzz.harness.graph import allocations
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
@@ -15,7 +16,7 @@ from attnfuzz.kernels._triton import device
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import Case, split_decodes_and_prefills
 from attnfuzz.reference.invariants import violations
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 TARGET = "mtp-seq-lens"
 MUTANTS = ["pr42135-strided", "pr42135-copy", "pr42135-noclamp"]
@@ -76,7 +77,7 @@ def test_native_path_splits_by_the_uniform_rule():
         assert judge(impl, case).ok, impl
 
 
-@settings(max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz_settings(max_examples=300, database=None)
 @given(get_target(TARGET).cases())
 def test_flat_table_of_max_num_batched_tokens_holds_every_step(case):
     """Under the uniform rule ``B * L == N_d``, which the token budget bounds."""

@@ -7,12 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from attnfuzz.harness.engine import fuzz_settings
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
 from attnfuzz.kernels import slot_mapping as kernels
 from attnfuzz.reference import slot_mapping as ref
 from attnfuzz.reference.batch import build_common_metadata
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 TARGET = "slot-mapping"
 MUTANTS = ["stale-padding", "position-off-by-one", "page-width"]
@@ -65,7 +66,7 @@ def test_reference_reads_each_request_through_its_state_row():
     assert expected.slot_mapping.tolist() == [4 * p for p in pages]
 
 
-@settings(max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz_settings(max_examples=300, database=None)
 @given(get_target(TARGET).cases())
 def test_reference_agrees_with_the_common_metadata(case):
     """The loops here and ``build_common_metadata``'s slot_mapping are one formula."""
