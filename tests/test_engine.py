@@ -211,6 +211,16 @@ def test_guided_statistics_feed_hypothesis_target(monkeypatch):
     assert len(calls) >= 20
 
 
+def test_a_registered_target_s_guided_measures_reach_hypothesis_target(monkeypatch):
+    """Through the real judge: every case observes exactly the target's guided names."""
+    labels: list[str] = []
+    monkeypatch.setattr(engine, "guide", lambda observation, label="": labels.append(label))
+    target = get_target(TARGET)
+    assert target.guided, "the target guides nothing: pick another for this test"
+    result = fuzz(target, target.resolve("triton"), max_examples=10, rng_seed=0, database=None)
+    assert labels == list(target.guided) * result.examples
+
+
 def test_an_unguided_target_observes_nothing(monkeypatch):
     calls: list[float] = []
     monkeypatch.setattr(engine, "guide", lambda observation, label="": calls.append(observation))
