@@ -243,9 +243,9 @@ def fuzz_test(
     case (``judge``; by default :meth:`Target.judge` in this process on the
     kernels' device), feeds each of ``target.guided`` present in the verdict's
     statistics to :func:`hypothesis.target` (labelled by its name; the search
-    maximizes it), calls ``on_case(case,
-    verdict, labels)``, and raises :func:`finding_class` ``(verdict.key)``
-    (a :class:`Finding`) on a failing verdict, so that Hypothesis shrinks it.
+    maximizes it), calls ``on_case(case, verdict, labels)``, and raises
+    :func:`finding_class` ``(verdict.key)`` (a :class:`Finding`) on a failing
+    verdict, so that Hypothesis shrinks it.
 
     ``examples`` are judged first, in order, as Hypothesis explicit examples
     (:func:`hypothesis.example`): never shrunk, and a failing one ends the search.
@@ -277,7 +277,7 @@ def fuzz_test(
             raise finding_class(verdict.key)(verdict, case)
 
     check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
-    for case in reversed(examples):  # Hypothesis runs the last decorator's first
+    for case in reversed(examples):  # the outermost @example runs first
         check = example(case)(check)
     test = (settings if settings is not None else fuzz_settings())(
         given(target.cases(scale, impl))(check)
