@@ -203,14 +203,13 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
 def failure_text(target: str, impl: Implementation, case: Case, verdict: Verdict) -> str:
     """The verdict, then the case as a case file and how to replay it."""
     from attnfuzz.harness.casefile import case_document
-    from attnfuzz.harness.definitions import finding_id
+    from attnfuzz.harness.definitions import finding_id, repro_command
 
     document = case_document(target, impl.name, case, verdict)
     name = finding_id(target, impl.name, verdict.key) + ".json"  # as `attnfuzz run` names it
-    again = f" --impl {impl.name}" if impl.kind == "user" else ""
     return (
         f"{target} / {impl.name}: {verdict}\n"
-        f"case file (save as {name}; replay: attnfuzz repro {name}{again}):\n"
+        f"case file (save as {name}; replay: {repro_command(name, impl.name)}):\n"
         + json.dumps(document, indent=2)
     )
 
