@@ -292,3 +292,31 @@ def test_a_target_from_the_projects_entry_point(tmp_path: Path) -> None:
     case = "query-start-loc--exclusive--values.json::query-start-loc"  # outside the rootdir
     assert sorted(got) == ["attnfuzz::query-start-loc[torch]", case], got
     assert set(got.values()) == {"PASSED"}
+
+
+def test_the_projects_own_mutant_in_a_campaign(tmp_path: Path, monkeypatch) -> None:
+    """``[tool.attnfuzz] mutants`` adds the project's declared mutant to a campaign
+    run in the project, which catches it; the case found replays in the project's
+    suite through the plugin, which knows the mutant by name (``attnfuzz_mutants``)."""
+    out = tmp_path / "campaign"
+    found = run_downstream(
+        tmp_path,
+        *("campaign", "--targets", TARGET, "--impls", DECLARED, "--seed", "0"),
+        *("--max-examples", "1000", "--out", str(out), "--quiet"),
+        module="attnfuzz",
+    )
+    assert found.returncode == 0, found.stdout + found.stderr  # a mutant caught is no failure
+    assert f"CAUGHT   {TARGET} / {DECLARED} (mutant)" in found.stdout
+    case = out / "cases" / f"{TARGET}--{DECLARED}--values.json"
+    assert json.loads(case.read_text())["implementation"] == DECLARED
+    result = run_downstream(
+        tmp_path, f"--attnfuzz-cases={case.parent}", "--attnfuzz-impl", f"{TARGET}={DECLARED}"
+    )
+    failed = {node for node, outcome in outcomes(result).items() if outcome == "FAILED"}
+    assert f"{case.name}::{TARGET}" in failed, result.stdout
+    assert f"{case.name}: {TARGET} / {DECLARED}: FAIL (values)" in result.stdout
+    monkeypatch.syspath_prepend(str(DOWNSTREAM))
+    import attnfuzz
+    import mtp_builder
+
+    assert attnfuzz.replay(case, mtp_builder.context_lens).ok
