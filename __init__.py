@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.campaign import Options as CampaignOptions
     from attnfuzz.harness.campaign import run_campaign
-    from attnfuzz.harness.oracle import Mismatch, Verdict
+    from attnfuzz.harness.oracle import Check, Mismatch, Verdict
     from attnfuzz.harness.registry import Mutant, add_mutants, get_target, mutant, target_names
     from attnfuzz.harness.runner import RunResult
     from attnfuzz.harness.target import Implementation, Target, UsageError
@@ -48,6 +48,7 @@ _LAZY: dict[str, str] = {
     "UsageError": "attnfuzz.harness.target:UsageError",
     "Verdict": "attnfuzz.harness.oracle:Verdict",
     "Mismatch": "attnfuzz.harness.oracle:Mismatch",
+    "Check": "attnfuzz.harness.oracle:Check",
     "RunResult": "attnfuzz.harness.runner:RunResult",
     "Case": "attnfuzz.reference.batch:Case",
     "EngineConfig": "attnfuzz.reference.batch:EngineConfig",
@@ -83,6 +84,7 @@ __all__ = [
     "Batch",
     "Verdict",
     "Mismatch",
+    "Check",
     "RunResult",
     "Scale",
     "SMALL",

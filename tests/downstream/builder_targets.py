@@ -52,15 +52,26 @@ def compare(
     else changed; the implementation returns a view of its first ``R + 1`` elements."""
     rows = len(case.batch.q_lens) + 1
     if not isinstance(got, torch.Tensor) or got.data_ptr() != inputs.buffer.data_ptr():
-        return [attnfuzz.Mismatch("graph", "query_start_loc", "a view of the buffer", repr(got))]
+        return [
+            attnfuzz.Mismatch(
+                attnfuzz.Check.GRAPH, "query_start_loc", "a view of the buffer", repr(got)
+            )
+        ]
     if tuple(got.shape) != (rows,):
-        return [attnfuzz.Mismatch("shape", "query_start_loc", str([rows]), str(list(got.shape)))]
+        return [
+            attnfuzz.Mismatch(
+                attnfuzz.Check.SHAPE, "query_start_loc", str([rows]), str(list(got.shape))
+            )
+        ]
     after = inputs.buffer.cpu().numpy()
     if not np.array_equal(after, expected.buffer):
         wrong = int(np.flatnonzero(after != expected.buffer)[0])
         return [
             attnfuzz.Mismatch(
-                "values", f"buffer[{wrong}]", str(expected.buffer[wrong]), str(after[wrong])
+                attnfuzz.Check.VALUES,
+                f"buffer[{wrong}]",
+                str(expected.buffer[wrong]),
+                str(after[wrong]),
             )
         ]
     return []
