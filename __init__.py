@@ -1,8 +1,9 @@
 """attnfuzz: differential testing and fuzzing of attention metadata.
 
-The public API is what ``__all__`` lists (README: "Public Python API");
-everything under ``attnfuzz.harness``, ``attnfuzz.strategies`` and
-``attnfuzz.kernels`` is internal. ``import attnfuzz`` is cheap: it imports
+The public API is what ``__all__`` lists (README: "Public Python API"), with
+the input and output dataclasses of ``attnfuzz.reference.<target>``; every
+other module (``attnfuzz.harness``, ``attnfuzz.strategies``, ``attnfuzz.kernels``,
+``attnfuzz.adapters``, ``attnfuzz.reports``) is internal. ``import attnfuzz`` is cheap: it imports
 neither torch, Triton nor Hypothesis; each name is imported on first use.
 """
 
