@@ -572,3 +572,11 @@ def test_a_worker_killed_from_outside_is_a_harness_event_not_a_finding(tmp_path)
     (event,) = doc["events"]
     assert event["event"] == "worker-lost" and event["implementation"] == "reference"
     assert "worker-lost" in text and "Harness events" in (out / "summary.md").read_text()
+
+
+def test_a_dtype_a_selected_target_cannot_build_in_is_refused_while_planning(monkeypatch):
+    """Before any worker starts (on a CPU the device check refuses it even earlier)."""
+    monkeypatch.setenv("ATTNFUZZ_DTYPE", "bfloat16")
+    assert cp.plan_units([ID], None, zoo=False)  # indexer-decode builds in bfloat16
+    with pytest.raises(UsageError, match="ATTNFUZZ_DTYPE"):
+        cp.plan_units([ID, "mtp-seq-lens"], None, zoo=False)  # float32 only

@@ -47,6 +47,7 @@ def plan_units(
             raise UsageError(f"no selected target has an implementation {spec!r}")
     for name in dict.fromkeys(names):
         target = get_target(name)
+        target.float_dtype_name()  # ATTNFUZZ_DTYPE it cannot build in: a usage error now
         chosen: list[str] = []
         if impls is None:
             chosen += [i.name for i in target.implementations.values() if i.kind == "fixed"]

@@ -123,6 +123,7 @@ def command(args: argparse.Namespace) -> int:
 
     private_hypothesis_home()
     target = get_target(args.target)
+    target.float_dtype_name()  # ATTNFUZZ_DTYPE this target cannot build in: before any work
     device = args.device  # checked by main() before any work
     # Paths first, before any user code runs (it may change directory).
     out = prepare_out(args.out, create=False)

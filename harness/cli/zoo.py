@@ -57,7 +57,8 @@ def command(args: argparse.Namespace) -> int:
         registry.add_mutants(spec)  # a UsageError before any run
     names = args.targets or registry.target_names()
     for name in names:
-        registry.get_target(name)  # an unknown name is a usage error before any run
+        # An unknown name, or an ATTNFUZZ_DTYPE the target cannot build in: before any run.
+        registry.get_target(name).float_dtype_name()
     device = args.device or str(kernel_device())
     for reason, left in registry.unavailable_mutants(names).items():
         print(f"zoo: {len(left)} mutant(s) left out ({reason})")
