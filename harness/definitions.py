@@ -63,6 +63,9 @@ PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
     "not run",
 )
 
+# A whole campaign's verdict: every run as it should be, or not, or some run judged nothing.
+CAMPAIGN_PASS, CAMPAIGN_FAIL, CAMPAIGN_INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
+
 # -- small shared rules ---------------------------------------------------------------
 
 

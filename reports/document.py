@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.casefile import case_document, load_json, write_case
 from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro_command: re-exported)
+    CAMPAIGN_FAIL,
+    CAMPAIGN_INCOMPLETE,
+    CAMPAIGN_PASS,
     CAMPAIGN_SCHEMA,
     CAUGHT,
     ERROR,
@@ -329,10 +332,10 @@ def campaign_verdict(campaign: Mapping[str, Any]) -> str:
     or a run judged nothing; ``PASS`` otherwise."""
     runs = campaign["runs"]
     if not all(as_expected(r) for r in runs):
-        return "FAIL"
+        return CAMPAIGN_FAIL
     if campaign.get("interrupted") or any(run_verdict(r) == NOT_RUN for r in runs) or not runs:
-        return "INCOMPLETE"
-    return "PASS"
+        return CAMPAIGN_INCOMPLETE
+    return CAMPAIGN_PASS
 
 
 def kind_of(campaign: Mapping[str, Any], target: str, implementation: str) -> str | None:

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
+from attnfuzz.harness.definitions import CAMPAIGN_INCOMPLETE, CAMPAIGN_PASS
 from attnfuzz.reports.document import (
     CAUGHT,
     NOT_RUN,
@@ -59,9 +60,9 @@ def _el(parent: ET.Element, tag: str, text: Any = None, **attrs: Any) -> ET.Elem
 
 def _css_class(verdict: str) -> str:
     """Good, bad or neither, for a run's verdict and the campaign's (PASS, FAIL, INCOMPLETE)."""
-    if verdict in (PASS, CAUGHT, "PASS"):
+    if verdict in (PASS, CAUGHT, CAMPAIGN_PASS):
         return "verdict good"
-    return "verdict meh" if verdict in (NOT_RUN, "INCOMPLETE") else "verdict bad"
+    return "verdict meh" if verdict in (NOT_RUN, CAMPAIGN_INCOMPLETE) else "verdict bad"
 
 
 def anchor(finding_id: str) -> str:
