@@ -63,6 +63,9 @@ PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
     "not run",
 )
 
+# The zoo's word for a mutant every seed detected (one some seed missed "survived").
+KILLED = "killed"
+
 # A whole campaign's verdict: every run as it should be, or not, or some run judged nothing.
 CAMPAIGN_PASS, CAMPAIGN_FAIL, CAMPAIGN_INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
 

@@ -68,7 +68,7 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
             case,
             "failure",
             message=f"mutant survived {run['examples']} examples: the harness missed its bug",
-            type="survived",
+            type=SURVIVED,
         )
     elif verdict == ERROR:
         el = ET.SubElement(

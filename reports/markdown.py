@@ -59,7 +59,7 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str
     return markdown_table(header, rows, align, pad=False).splitlines()
 
 
-_SHOWN = {PASS: "pass", CAUGHT: "caught", FAIL: "**FAIL**", SURVIVED: "**survived**"}
+_SHOWN = {PASS: PASS, CAUGHT: CAUGHT, FAIL: f"**{FAIL}**", SURVIVED: f"**{SURVIVED}**"}
 
 
 def verdict_cell(run: Mapping[str, Any]) -> str:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnfuzz.harness.definitions import ZOO_SCHEMA, markdown_table
+from attnfuzz.harness.definitions import KILLED, ZOO_SCHEMA, markdown_table
 from attnfuzz.harness.zoo.scores import COLUMNS, MutantScore
 
 
@@ -15,7 +15,7 @@ def scoreboard(scores: Sequence[MutantScore]) -> str:
 
 
 def survivors(scores: Sequence[MutantScore]) -> list[MutantScore]:
-    return [s for s in scores if s.arm == "attnfuzz" and s.status != "killed"]
+    return [s for s in scores if s.arm == "attnfuzz" and s.status != KILLED]
 
 
 def write_reports(

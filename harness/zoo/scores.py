@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from attnfuzz.harness.definitions import KILLED, SURVIVED
 from attnfuzz.reference.batch import Case
 
 ARMS = ("attnfuzz", "naive-random", "grid")
@@ -140,7 +141,7 @@ class MutantScore:
 
     @property
     def status(self) -> str:
-        return "killed" if self.runs and self.found == len(self.runs) else "survived"
+        return KILLED if self.runs and self.found == len(self.runs) else SURVIVED
 
     def _count(self, name: str) -> int | None:
         values = [getattr(r, name) for r in self.runs]
