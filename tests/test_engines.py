@@ -91,7 +91,7 @@ def test_case_files_record_the_engine_and_its_version(monkeypatch, tmp_path):
     assert "engine" not in ours  # attnfuzz's own kernels are no engine's code
     bad = dict(doc, engine={"name": "vllm"})
     path.write_text(json.dumps(bad))
-    with pytest.raises(UsageError, match="'engine' must be an object"):
+    with pytest.raises(UsageError, match=r"\$\.engine: 'version' is a required property"):
         read_case(path)
 
 
