@@ -210,10 +210,14 @@ def build() -> Target:
         compare=compare,
         describe=ref.describe,
         statistics=path_statistic,
-        # #42135: a strided table needs L < next_n over B >= 2 decodes (short
-        # decodes), and an unclamped length needs padding requests (seq_len 0).
-        # The path statistic is a 0/1 indicator, no distance: not guided.
-        guided=("short_decodes", "padding_requests"),
+        # An unclamped length needs padding requests (seq_len 0): guided. The
+        # strided table (#42135) needs L < next_n over B >= 2 decodes, but the
+        # count of short decodes is no distance to it: it grows with next_n,
+        # and vLLM flattens next_n > 2 on this platform, away from the native
+        # path the upstream mutants live in (guided by it, `attnfuzz run
+        # --seed 2` missed them in 1000 examples). The path statistic is a 0/1
+        # indicator, no distance: not guided either.
+        guided=("padding_requests",),
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
