@@ -215,10 +215,15 @@ def test_a_registered_target_s_guided_measures_reach_hypothesis_target(monkeypat
     """Through the real judge: every case observes exactly the target's guided names."""
     labels: list[str] = []
     monkeypatch.setattr(engine, "guide", lambda observation, label="": labels.append(label))
-    target = get_target(TARGET)
+    target = get_target("decode-split")
     assert target.guided, "the target guides nothing: pick another for this test"
     result = fuzz(target, target.resolve("triton"), max_examples=10, rng_seed=0, database=None)
     assert labels == list(target.guided) * result.examples
+    # mtp-seq-lens guides nothing (see its build()): its search observes nothing.
+    labels.clear()
+    target = get_target("mtp-seq-lens")
+    result = fuzz(target, target.resolve("triton"), max_examples=10, rng_seed=0, database=None)
+    assert result.examples == 10 and labels == []
 
 
 def test_an_unguided_target_observes_nothing(monkeypatch):
