@@ -136,8 +136,7 @@ def test_every_guided_statistic_is_in_every_verdict_and_points_at_a_bug(target):
     # from vLLM's native path (see its build()). Every other target guides.
     assert bool(t.guided) == (target not in UNGUIDED), f"{target}: guided {t.guided}"
     if not t.guided:
-        assert t.boundary(t.mutants[0].smallest()) == {}
-        return
+        return  # test_an_unguided_target_observes_nothing: such a search observes nothing
     assert t.statistics is not None or set(t.guided) <= set(BOUNDARY_MEASURES)
     reference = t.resolve("reference")
 

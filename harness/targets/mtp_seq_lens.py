@@ -210,14 +210,10 @@ def build() -> Target:
         compare=compare,
         describe=ref.describe,
         statistics=path_statistic,
-        # Not guided: its bugs' conditions are thresholds, not distances (a
-        # strided table needs L < next_n over B >= 2 decodes, an unclamped
-        # length one padding request with L >= 2), and climbing a count of short
-        # decodes or padding requests draws the search away from next_n = 2,
-        # the only next_n of vLLM's native path on this platform, where the
-        # upstream #42135 mutants live. Measured: guided by short decodes, `run
-        # --seed 2` missed them in 1000 examples; by padding requests, the zoo
-        # missed them in 2 of 3 seeds; unguided, it catches them in 3 of 3.
+        # Not guided: its bugs' conditions are thresholds, not distances, and
+        # climbing a count of short decodes or padding requests drew the search
+        # away from next_n = 2, vLLM's only native-path next_n on this platform,
+        # where the upstream #42135 mutants live (README, "What the strategies draw").
         guided=(),
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
