@@ -9,6 +9,9 @@ that the mutant fails its own.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
@@ -48,6 +51,35 @@ def hand_case(
     broken = violations(case.config, case.batch)
     assert not broken, broken
     return case
+
+
+def require_variable(engine: str) -> str:
+    """``ATTNFUZZ_REQUIRE_<ENGINE>``: set to 1 (CI, with the engine installed), a test
+    of that engine's code fails instead of skipping where the engine is missing."""
+    return f"ATTNFUZZ_REQUIRE_{engine.upper()}"
+
+
+def implementation_params(target: str) -> list[Any]:
+    """Every implementation of ``target`` as a ``pytest.param`` named after it.
+
+    One of an engine (``vllm``) carries that engine's marker (``-m vllm`` selects
+    them) and skips, saying why, where the engine is not installed; under
+    :func:`require_variable` it fails instead.
+    """
+    import pytest
+
+    out = []
+    for name, impl in get_target(target).implementations.items():
+        marks: list[Any] = []
+        if impl.engine is not None:
+            marks.append(getattr(pytest.mark, impl.engine))
+            reason = impl.why_unavailable()
+            if reason is not None:
+                if os.environ.get(require_variable(impl.engine)) == "1":
+                    raise RuntimeError(f"{require_variable(impl.engine)}=1 but {reason}")
+                marks.append(pytest.mark.skip(reason=reason))
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
 
 
 def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
