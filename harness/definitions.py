@@ -31,7 +31,14 @@ REGRESSION_SCHEMA = "attnfuzz.regression/1"
 EXIT_OK = 0
 EXIT_FOUND = 1  # a failing case was found (or a mutant survived, or a case still fails)
 EXIT_USAGE = 2  # the command line or an input file was refused; nothing ran
-EXIT_INCOMPLETE = 3  # some campaign run judged no example: the campaign says nothing of it
+EXIT_INCOMPLETE = 3  # some run (or zoo seed) found nothing short of its example floor: no verdict
+# attnfuzz's own code raised while judging (an adapter's glue, a stand-in, the
+# harness): no verdict on the implementation, and never a finding or a case file.
+EXIT_ERROR = 4
+HARNESS_FAULT_NOTE = (
+    "a fault of attnfuzz itself, not a finding on the implementation: no case was written; "
+    "please report it with the line above"
+)
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
 
 # -- default paths, relative to the working directory --------------------------------
@@ -68,6 +75,20 @@ KILLED = "killed"
 
 # A whole campaign's verdict: every run as it should be, or not, or some run judged nothing.
 CAMPAIGN_PASS, CAMPAIGN_FAIL, CAMPAIGN_INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
+
+# The example floor: a run (a campaign's target x implementation, a zoo seed) that
+# found nothing is a pass, or a surviving mutant, only once it judged this many
+# examples; one whose time budget ended sooner is INCOMPLETE (exit 3): on a loaded
+# machine a budget, not the search, would otherwise decide the verdict. 200 is
+# above the most examples any zoo mutant needed to its first detection (157, the
+# README's scoreboard), and it is what `attnfuzz run` judges and one round of the
+# ci and dev profiles generates. A run capped lower (--max-examples) is complete
+# at its cap; a mutant detected is caught at any count.
+DEFAULT_MIN_EXAMPLES = 200
+
+# The verdict of such a run, and of a zoo mutant with such seeds and no survivor:
+# written as the campaign's own word, so that every report shows the two alike.
+INCOMPLETE = CAMPAIGN_INCOMPLETE
 
 # -- small shared rules ---------------------------------------------------------------
 

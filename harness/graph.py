@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from attnfuzz.harness.blame import transparent
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -28,6 +29,7 @@ def _storages(values: Any) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor)}
 
 
+@transparent  # an op that raises through it was the implementation's call
 class AllocationRecorder(TorchDispatchMode):
     """Records the aten ops that produce new, non-empty tensor storage, and
     reads of a tensor's value back to the host (``.item()``, ``int(t)``): a
@@ -60,6 +62,7 @@ def _triton_launches_unrecorded():
         return
     original = GridExecutor.__call__
 
+    @transparent
     def call(self, *args, **kwargs):
         with _disable_current_modes():
             return original(self, *args, **kwargs)
@@ -71,6 +74,7 @@ def _triton_launches_unrecorded():
         GridExecutor.__call__ = original
 
 
+@transparent  # it calls the implementation: what raises below it is the implementation's
 def allocations(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
     """Call ``fn`` and list what it allocated (empty list: graph-safe)."""
     cuda = torch.cuda.is_available()

@@ -33,6 +33,12 @@ class CaseTooLarge(UsageError):
     """A case whose metadata, inputs or reference do not fit in this machine's memory."""
 
 
+class HarnessError(Exception):
+    """attnfuzz's own code failed while judging (an adapter's glue, a stand-in, a
+    reference, the harness): no verdict on the implementation, never a finding.
+    Its message names the file and line in attnfuzz (:class:`~attnfuzz.harness.blame.Fault`)."""
+
+
 def _out_of_memory(err: BaseException) -> bool:
     if isinstance(err, MemoryError | torch.OutOfMemoryError):
         return True

@@ -40,6 +40,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.blame import attnfuzz_fault
+from attnfuzz.harness.guards import HarnessError
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import Case
@@ -52,10 +54,6 @@ OUTPUT_CAP = 4 << 20  # bytes of the children's stdout/stderr kept
 
 class OutOfTime(Exception):
     """The deadline passed while a case was being judged: it has no verdict."""
-
-
-class HarnessError(Exception):
-    """The harness itself failed while judging (a reference raised, say): not a finding."""
 
 
 def describe_fault(text: str) -> tuple[Check, str] | None:
@@ -153,13 +151,20 @@ def _child(
             reply: tuple = ("verdict", _verdict_state(verdict), dict(clock))
         except UsageError as err:
             reply = ("usage", f"{type(err).__name__}\n{err}")
-        except BaseException as err:  # noqa: BLE001 - the harness failed: say how
-            reply = ("harness", "".join(traceback.format_exception(err)))
+        except HarnessError as err:
+            reply = ("harness", str(err))
+        except BaseException as err:  # noqa: BLE001 - the harness failed (a reference raised): where
+            fault = attnfuzz_fault(err, err.__traceback__)
+            reply = ("harness", str(fault) if fault else _one_exception(err))
         finally:
             faulthandler.cancel_dump_traceback_later()
         fault_file.seek(0)
         fault_file.truncate()
         conn.send(reply)
+
+
+def _one_exception(err: BaseException) -> str:
+    return "".join(traceback.format_exception_only(err)).strip().replace("\n", " ")
 
 
 def _verdict_state(verdict: Verdict) -> dict[str, Any]:
@@ -209,9 +214,9 @@ class IsolatedJudge:
         if forked:  # an engine's adapter imports the engine once, here, not in every child
             try:
                 self.impl.prepare()
-            except Exception as err:  # noqa: BLE001 - the engine would not load: say how
-                what = f"{type(err).__name__}: {err}"
-                raise HarnessError(f"preparing {self.impl.name}: {what}") from err
+            except Exception as err:  # noqa: BLE001 - the engine would not load: one line
+                what = " ".join(f"{type(err).__name__}: {err}".split())  # the CLI trims it
+                raise UsageError(f"cannot load implementation {self.impl.name}: {what}") from err
         self._proc = ctx.Process(
             target=_child,
             args=(

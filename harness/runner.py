@@ -16,7 +16,7 @@ from pathlib import Path
 from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
 from attnfuzz.harness.oracle import Check, Verdict
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import HarnessError, Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale
 from hypothesis import seed
@@ -26,6 +26,11 @@ from hypothesis.database import ExampleDatabase
 class _OutOfBudget(BaseException):
     """Raised inside the property to end the run; not an ``Exception``, so
     Hypothesis lets it through instead of taking it for a failure to shrink."""
+
+
+class _HarnessFailed(BaseException):
+    """Carries a :class:`HarnessError` through Hypothesis, which would otherwise take it
+    for the property failing and shrink it: attnfuzz's own fault ends the run at once."""
 
 
 class _NotShrunk(BaseException):
@@ -88,7 +93,9 @@ def fuzz(
     stop_requested: Callable[[], bool] | None = None,
     examples: Sequence[Case] = (),
 ) -> RunResult:
-    """Run a campaign; a failure is shrunk and returned, never raised.
+    """Run a campaign; a failure is shrunk and returned, never raised. A
+    :class:`HarnessError` (attnfuzz's own code failed) ends the run at once and is
+    raised: it is no verdict on ``impl``.
 
     ``rng_seed`` makes the run derandomized and independent of any database;
     without it the run is random and replays the database's saved failures first.
@@ -131,7 +138,10 @@ def fuzz(
                 raise _OutOfBudget
         elif shrink_budget_s is not None and now - clock["found"] > shrink_budget_s:
             raise _OutOfBudget
-        return judge(case, result.phase_seconds)
+        try:
+            return judge(case, result.phase_seconds)
+        except HarnessError as err:
+            raise _HarnessFailed(err) from err
 
     def record(case: Case, verdict: Verdict, labels: list[str]) -> None:
         result.labels.update(labels)
@@ -180,5 +190,7 @@ def fuzz(
         result.stopped_by_budget = True
     except KeyboardInterrupt:
         result.interrupted = True
+    except _HarnessFailed as failed:
+        raise failed.args[0] from None
     result.seconds = time.perf_counter() - start
     return result

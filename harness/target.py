@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from attnfuzz.harness.blame import attnfuzz_fault
 from attnfuzz.harness.graph import allocations
 from attnfuzz.harness.guards import (
     CaseTooLarge,
+    HarnessError,
     InvalidCase,
     Lap,
     UsageError,
@@ -44,6 +46,7 @@ from attnfuzz.reference.batch import (
     split_decodes_and_prefills,
     using_float_dtype,
 )
+from attnfuzz.reference.history import RemovedField
 from attnfuzz.reference.invariants import violations
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
@@ -59,6 +62,7 @@ from hypothesis import strategies as st
 # The errors live in ``guards``; callers import them from here, with the target.
 __all__ = [
     "CaseTooLarge",
+    "HarnessError",
     "Implementation",
     "InvalidCase",
     "Target",
@@ -297,7 +301,12 @@ class Target:
         """Run ``impl`` on ``case`` and compare it with the reference.
 
         A case the engine could not produce, or one outside ``impl.fixes``, is
-        refused with :class:`InvalidCase` before anything runs. Float inputs
+        refused with :class:`InvalidCase` before anything runs. An exception
+        that attnfuzz's own code raised while the implementation ran (an
+        adapter's glue, a stand-in: :mod:`~attnfuzz.harness.blame`) is a
+        :class:`HarnessError`, never a finding; one that reads a field a
+        reference dataclass no longer has (:class:`RemovedField`) is a
+        :class:`UsageError` that gives the field's history. Float inputs
         are built in :meth:`float_dtype_name` (a reduced precision needs a CUDA
         ``device``: :class:`UsageError` otherwise).
 
@@ -334,6 +343,13 @@ class Target:
                     got = impl.fn(inputs)
             except BaseException as err:  # an exception of any class on a valid case is a finding
                 reraise_interruption(err, interrupted)
+                if isinstance(err, RemovedField):  # written against an older contract
+                    raise UsageError(f"implementation {impl.name}: {err}") from err
+                # ... unless attnfuzz raised it: judged from below this frame.
+                below = err.__traceback__.tb_next if err.__traceback__ is not None else None
+                fault = attnfuzz_fault(err, below)
+                if fault is not None:
+                    raise HarnessError(str(fault)) from err
                 lap("implementation")
                 return Verdict([exception_mismatch(impl.name, err)], dict(measured))
             lap("implementation")

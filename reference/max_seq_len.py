@@ -60,6 +60,7 @@ the order of summation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -72,6 +73,7 @@ from attnfuzz.reference.batch import (
     cdiv,
     split_decodes_and_prefills,
 )
+from attnfuzz.reference.history import FieldHistory
 
 _DATA_SEED_SALT = 0x43991  # keeps the data stream apart from the page-id stream
 
@@ -85,7 +87,7 @@ def has_draft(num_spec_steps: int) -> bool:
 
 
 @dataclass
-class MaxSeqLenInputs:
+class MaxSeqLenInputs(FieldHistory):
     """What the metadata builders receive for one step, and what their consumer reads.
 
     ``config``, ``common`` and ``split`` are the step as the engine's functions see
@@ -94,6 +96,14 @@ class MaxSeqLenInputs:
     take its bound from any of them, so one that uses the wrong rows (the padded
     ones, the decodes only) can be written and judged.
     """
+
+    removed: ClassVar[dict[str, str]] = {
+        "seq_lens_upper_bound": "was renamed to seq_lens_cpu_upper_bound in 0.2.0, with "
+        "another meaning: it was a persistent int32 [max_num_seqs] buffer whose rows >= R "
+        "were stale; it is now int32 [R_pad], built afresh each step, rows >= R 0 (as vLLM "
+        "0.33.0 builds it)",
+        "upper_max": "was removed in 0.2.0: it is max(seq_lens_cpu_upper_bound[:num_real_reqs])",
+    }
 
     config: EngineConfig  # the engine's limits: max_model_len, num_spec, capture sizes
     common: CommonMetadata  # the step on the host: query_start_loc, seq_lens, R_pad and R

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.decode_split import DecodeSplitInputs, DecodeSplitOutputs
 
 
@@ -51,6 +52,7 @@ def run(inputs: DecodeSplitInputs) -> DecodeSplitOutputs:
     return _run(inputs, split_decodes_and_prefills)
 
 
+@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
 def split_decodes_and_prefills_pre_pr29644(
     common_attn_metadata: Any,
     decode_threshold: int = 1,

@@ -50,6 +50,7 @@ import torch
 
 # isort: off
 # attnfuzz's kernels first: they set TRITON_INTERPRET, which _engine reads before vLLM is imported.
+from attnfuzz.harness.blame import under_test
 from attnfuzz.kernels import draft_block_tables as kernels
 from attnfuzz.adapters.vllm import _engine
 
@@ -71,6 +72,7 @@ from vllm.v1.worker.block_table import MultiGroupBlockTable
 from vllm.v1.worker.utils import AttentionGroup
 
 
+@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
 class Gemma4ProposerBefore43982(Gemma4Proposer):
     """``Gemma4Proposer`` with the fix of vLLM #43982 reverted (upstream mutant).
 

@@ -31,6 +31,7 @@ from typing import Any
 import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vLLM is imported
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.flatten_decode import (
     DecodeBuffers,
@@ -119,6 +120,7 @@ def _upstream_classes() -> dict[str, type]:
     from vllm.utils.math_utils import cdiv
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
 
+    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     class PreFix50302Builder(DeepseekV32IndexerMetadataBuilder):
         """The builder before #50302 ("Universally align block table width to 128
         tokens", fixes #46074): the indexer sized its expanded block table itself,

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.batch import EngineConfig, cdiv
 from attnfuzz.reference.flex_block_mask import FlexBlockMaskInputs, FlexBlockMaskOutputs
 
@@ -66,6 +67,7 @@ def _vllm_config(config: EngineConfig, q_block_size: int) -> Any:
 def _pre_fix_builder_class() -> type:
     from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadataBuilder
 
+    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     class PreFix39353Builder(FlexAttentionMetadataBuilder):
         """vLLM 0.33.0's builder with the persistent block-mask tables sized as before
         #39353 ("[Model Runner V2] Fix flex attention kv blocks calculation issue").

@@ -40,6 +40,7 @@ from typing import Any
 import attnfuzz.kernels._triton  # noqa: F401 - TRITON_INTERPRET=1 before vLLM imports Triton
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.mtp_seq_lens import (
     FLATTENING,
@@ -154,6 +155,7 @@ def run(inputs: MtpSeqLensInputs) -> MtpSeqLensOutputs:
 
 @cache
 def _strided_class() -> type:
+    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     class PrefixStridedBuilder(_builder_class()):  # type: ignore[misc]
         """0.33.0's builder with the pre-#42135 2-D table. Differs from 0.33.0 in
         ``__init__``'s allocation of ``decode_seq_lens_buffer`` (``[max_num_seqs,
@@ -206,6 +208,7 @@ def _strided_class() -> type:
 
 @cache
 def _copy_class() -> type:
+    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     class FirstFixCopyBuilder(_strided_class()):  # type: ignore[misc]
         """#42135's first commit on top of the 2-D table: ``seq_lens =
         seq_lens.contiguous()`` on what ``_prepare_decode_tensors`` returned (the

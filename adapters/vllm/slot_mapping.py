@@ -30,6 +30,7 @@ from typing import Any
 import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vLLM is imported
 import torch
 from attnfuzz.adapters.vllm import _engine  # noqa: F401  - vLLM's environment, before vLLM
+from attnfuzz.harness.blame import under_test
 from attnfuzz.kernels._triton import tl, triton
 from attnfuzz.reference.slot_mapping import SlotMappingInputs, SlotMappingOutputs
 from vllm.v1.worker.gpu.buffer_utils import _load_ptr
@@ -140,6 +141,7 @@ def run_v1(inputs: SlotMappingInputs) -> SlotMappingOutputs:
 # -- upstream mutant: #36580 reverted -------------------------------------------------
 
 
+@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
 @triton.jit
 def _compute_slot_mappings_kernel_pre_pr36580(
     num_tokens,  # pre-fix: positions.shape[0], the padded token count
@@ -238,6 +240,7 @@ def _compute_slot_mappings_kernel_pre_pr36580(
         tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
 
 
+@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
 def launch_pre_pr36580(
     tables: Any,
     idx_mapping: torch.Tensor,

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm.slot_mapping import launch_pre_pr36580
+from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.unpadding import StepMetadata, UnpaddingInputs, UnpaddingOutputs
 
 _CPU = torch.device("cpu")
@@ -166,6 +167,7 @@ def run(inputs: UnpaddingInputs) -> UnpaddingOutputs:
 def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
     """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel."""
 
+    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     def compute_slot_mappings(
         idx_mapping: torch.Tensor,
         query_start_loc: torch.Tensor,

@@ -14,8 +14,13 @@ from typing import Any
 
 from attnfuzz.harness.cli import campaign, export, listing, report, repro, run, zoo
 from attnfuzz.harness.cli.args import device, one_line
-from attnfuzz.harness.definitions import EXIT_BROKEN_PIPE, EXIT_USAGE
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.definitions import (
+    EXIT_BROKEN_PIPE,
+    EXIT_ERROR,
+    EXIT_USAGE,
+    HARNESS_FAULT_NOTE,
+)
+from attnfuzz.harness.target import HarnessError, UsageError
 
 COMMANDS: dict[str, ModuleType] = {
     "list": listing,
@@ -89,7 +94,9 @@ def _stdout_closed() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0 no failure, 1 a failure was found, 2 a usage
-    error (one line on stderr, before any work), 141 stdout was closed early."""
+    error (one line on stderr, before any work), 4 attnfuzz's own code failed while
+    judging (one line naming the file and line in attnfuzz; no verdict, no case
+    file), 141 stdout was closed early."""
     from attnfuzz.harness.config import defaults
 
     try:
@@ -111,5 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
+    except HarnessError as err:  # attnfuzz's fault: says nothing of the code under test
+        print(f"attnfuzz: ERROR: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: {HARNESS_FAULT_NOTE}", file=sys.stderr)
+        return EXIT_ERROR
     except BrokenPipeError:
         return _stdout_closed()
