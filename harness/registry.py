@@ -98,6 +98,18 @@ def target_names() -> list[str]:
     return sorted([*_builtin_names(), *_plugins()[0]])
 
 
+def split_impl_spec(spec: str) -> tuple[str | None, str]:
+    """``TARGET=IMPL`` -> ``(TARGET, IMPL)``; a bare ``IMPL`` (a registered name or
+    ``module:attribute``) -> ``(None, IMPL)``. The same form everywhere an
+    implementation is named: ``run``, ``campaign``, the pytest plugin."""
+    target, sep, impl = spec.partition("=")
+    if not sep or ":" in target:  # "=" inside module:attribute is no target
+        return None, spec
+    if not target.strip() or not impl.strip():
+        raise UsageError(f"implementation {spec!r}: expected TARGET=IMPL, e.g. slot-mapping=pkg:fn")
+    return target.strip(), impl.strip()
+
+
 def unavailable_targets() -> dict[str, str]:
     """``name -> reason`` for each ``attnfuzz.targets`` entry point that cannot be built."""
     return dict(_plugins()[1])

@@ -29,19 +29,41 @@ def plan_units(
 ) -> list[Unit]:
     """Every selected target against every selected implementation it has.
 
-    A registered name applies to the targets that have it (it must exist on
-    one of them); ``module:attribute`` applies to every selected target.
-    ``mutants`` are ``(target, mutant)`` pairs a user registered
-    (``--mutants``): each runs on its target when that target is selected.
+    ``TARGET=IMPL`` applies to that target alone (selected by it when no
+    ``targets`` are given). A bare registered name applies to the targets that
+    have it (it must exist on one of them); a bare ``module:attribute`` is a
+    user's code written for one target's inputs, so it needs exactly one
+    selected target. ``mutants`` are ``(target, mutant)`` pairs a user
+    registered (``--mutants``): each runs on its target when that target is selected.
     """
-    from attnfuzz.harness.registry import get_target, target_names
+    from attnfuzz.harness.registry import get_target, split_impl_spec, target_names
 
-    names = targets or target_names()
-    for name in names:
+    pairs = [split_impl_spec(spec) for spec in impls or []]
+    named = [t for t, _ in pairs if t is not None]
+    if targets:
+        names = targets
+    elif pairs and all(t is not None for t, _ in pairs):
+        names = list(dict.fromkeys(named))
+    else:
+        names = target_names()
+    for name in [*names, *named]:
         get_target(name)  # a one-line UsageError for an unknown name
+    for t in named:
+        if t not in names:
+            raise UsageError(
+                f"--impls {t}=...: target {t} is not among --targets {' '.join(names)}"
+            )
     units: list[Unit] = []
-    for spec in impls or []:
+    for target_name, spec in pairs:
+        if target_name is not None:
+            continue
         if ":" in spec:
+            if len(set(names)) > 1:
+                raise UsageError(
+                    f"--impls {spec}: a module:attribute is written for one target's inputs, "
+                    f"and the campaign has {len(set(names))} targets; name it, e.g. "
+                    f"{names[0]}={spec}"
+                )
             continue
         if not any(spec in get_target(t).implementations for t in names):
             raise UsageError(f"no selected target has an implementation {spec!r}")
@@ -52,7 +74,9 @@ def plan_units(
         if impls is None:
             chosen += [i.name for i in target.implementations.values() if i.kind == "fixed"]
         else:
-            chosen += [s for s in impls if ":" in s or s in target.implementations]
+            for t, spec in pairs:
+                if t == name or (t is None and (":" in spec or spec in target.implementations)):
+                    chosen.append(spec)
         if zoo:
             chosen += [m.name for m in target.mutants]
         chosen += [m for t, m in mutants if t == target.name]

@@ -16,7 +16,9 @@ CHECKS_DEVICE = True
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("case", type=Path)
-    p.add_argument("--impl", default=None, help="another implementation to replay it on")
+    p.add_argument(
+        "--impl", default=None, help="another implementation to replay it on (or TARGET=IMPL)"
+    )
     add_device_argument(p)
     add_timeout_argument(p, "for the replay (default: the case's, else 30s)")
 
@@ -24,9 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.export import load_case
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.registry import split_impl_spec
+    from attnfuzz.harness.target import UsageError
 
+    named, spec = split_impl_spec(args.impl) if args.impl else (None, None)
     # A case file is data: it never makes attnfuzz import a module (see load_case).
-    target, impl, case, doc = load_case(args.case, args.impl)
+    target, impl, case, doc = load_case(args.case, spec)
+    if named is not None and named != target.name:
+        raise UsageError(f"--impl {args.impl} names target {named}; the case is of {target.name}")
     device = args.device  # checked by main() before any work
     note_engine_version(doc, impl)
     # The timeout the case was found under, so that a hang replays as a hang.

@@ -21,8 +21,10 @@ from attnfuzz.harness.cli.args import (
 from attnfuzz.harness.definitions import (
     DEFAULT_CASES,
     DEFAULT_DB,
+    EXIT_ERROR,
     EXIT_FOUND,
     EXIT_OK,
+    HARNESS_FAULT_NOTE,
     finding_id,
     repro_command,
 )
@@ -33,8 +35,12 @@ CONFIG = {"db": "db", "cases": "out", "max_examples": "max_examples", "scale": "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True)
-    p.add_argument("--impl", default="triton", help="registered name or module:attribute")
+    p.add_argument("--target", default=None, help="required unless --impl names it")
+    p.add_argument(
+        "--impl",
+        default="triton",
+        help="registered name, module:attribute, or TARGET=IMPL (then --target may be left out)",
+    )
     p.add_argument("--max-examples", type=positive_int, default=200)
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized run")
     p.add_argument("--out", type=Path, default=DEFAULT_CASES)
@@ -111,7 +117,7 @@ class Signals:
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
-    from attnfuzz.harness.registry import get_target
+    from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.storage import (
         check_database,
@@ -119,10 +125,16 @@ def command(args: argparse.Namespace) -> int:
         prepare_out,
         private_hypothesis_home,
     )
+    from attnfuzz.harness.target import HarnessError, UsageError
     from attnfuzz.strategies.batches import SCALES
 
     private_hypothesis_home()
-    target = get_target(args.target)
+    named, spec = split_impl_spec(args.impl)
+    if named is not None and args.target is not None and named != args.target:
+        raise UsageError(f"--impl {args.impl} names target {named}, --target {args.target}")
+    if named is None and args.target is None:
+        raise UsageError("the target is missing: --target TARGET, or --impl TARGET=IMPL")
+    target = get_target(named or args.target)
     target.float_dtype_name()  # ATTNFUZZ_DTYPE this target cannot build in: before any work
     device = args.device  # checked by main() before any work
     # Paths first, before any user code runs (it may change directory).
@@ -130,20 +142,26 @@ def command(args: argparse.Namespace) -> int:
     db = database_spec(args.db)
     if args.seed is None:  # a derandomized run neither reads nor writes the database
         check_database(db)
-    impl = target.resolve(args.impl)
+    impl = target.resolve(spec)
     timeout = args.example_timeout or DEFAULT_TIMEOUT_S
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
-        result = fuzz(
-            target,
-            impl,
-            max_examples=args.max_examples,
-            rng_seed=args.seed,
-            database=db,
-            scale=SCALES[args.scale],
-            device=device,
-            judge=isolated.judge,
-            stop_requested=signals.received,
-        )
+        try:
+            result = fuzz(
+                target,
+                impl,
+                max_examples=args.max_examples,
+                rng_seed=args.seed,
+                database=db,
+                scale=SCALES[args.scale],
+                device=device,
+                judge=isolated.judge,
+                stop_requested=signals.received,
+            )
+        except HarnessError as err:  # no verdict on the implementation, no case file
+            print(f"ERROR {target.name} / {impl.name}  [attnfuzz error]")
+            print("  " + one_line(err))
+            print(HARNESS_FAULT_NOTE)
+            return EXIT_ERROR
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
