@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_device_argument(p)
     add_timeout_argument(p, "for the replay (default: the case's, else 30s)")
+    p.add_argument("--json", action="store_true", help="the verdict and differences as JSON")
 
 
 def command(args: argparse.Namespace) -> int:
@@ -40,11 +42,63 @@ def command(args: argparse.Namespace) -> int:
     timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
     with IsolatedJudge(target, impl, device, timeout) as isolated:
         verdict = isolated.judge(case)
+    found_elsewhere = differences(doc, impl, device)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "target": target.name,
+                    "implementation": impl.name,
+                    "ok": verdict.ok,
+                    "key": None if verdict.ok else verdict.key,
+                    "mismatches": [m.to_dict() for m in verdict.mismatches],
+                    "differences": found_elsewhere,
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK if verdict.ok else EXIT_FOUND
     lines = str(verdict).splitlines()
     print(f"{target.name} / {impl.name}: {lines[0]}")
     for line in lines[1:]:
         print("  " + one_line(line.strip()))
+    for d in found_elsewhere:  # a verdict read beside where the case was recorded
+        print(one_line(f"  recorded with {d['what']} {d['recorded']}, replayed with {d['here']}"))
     return EXIT_OK if verdict.ok else EXIT_FOUND
+
+
+def differences(doc: dict, impl: Implementation, device: str | None) -> list[dict[str, str]]:
+    """What differs between where the case was recorded and this replay: attnfuzz's
+    version, the device, the engine's version (for a case of an engine's code, replayed
+    on it), the float dtype the environment asks for (the recorded one is used)."""
+    import os
+
+    import attnfuzz
+    from attnfuzz.harness.casefile import engine_versions
+    from attnfuzz.kernels._triton import device as kernel_device
+    from attnfuzz.reference.batch import DTYPE_VARIABLE
+
+    recorded = doc.get("environment", {})
+    here_device = str(device or kernel_device())
+    rows = [
+        ("attnfuzz", recorded.get("attnfuzz"), attnfuzz.__version__),
+        ("device", recorded.get("device"), here_device),
+    ]
+    found = doc.get("engine")
+    if found is not None and impl.engine == found["name"]:
+        rows.append(
+            (found["name"], found["version"], engine_versions().get(found["name"], "absent"))
+        )
+    asked = os.environ.get(DTYPE_VARIABLE)
+    dtype = doc.get("settings", {}).get("dtype")
+    if asked and dtype and asked != dtype:
+        rows.append((f"dtype (the recorded one is used; {DTYPE_VARIABLE} asks)", dtype, asked))
+    out = []
+    for what, then, now in rows:
+        if then is None or str(then).split(":")[0] == str(now).split(":")[0]:
+            continue  # cuda:0 and cuda are one device kind
+        out.append({"what": what, "recorded": str(then), "here": str(now)})
+    return out
 
 
 def note_engine_version(doc: dict, impl: Implementation) -> None:
