@@ -70,6 +70,8 @@ def database_spec(spec: str) -> str:
     the directory before ``+github:``)."""
     if not spec.strip():
         raise UsageError("--db: empty; give a directory or redis://HOST:PORT")
+    if not spec.isprintable():  # a terminal escape or a line break is no path anyone meant
+        raise UsageError(f"--db {spec!r}: control characters in the name; nothing was created")
     local, github = split_github(spec)
     if github is not None:
         rest = spec[len(local) + 1 :] if local is not None else spec
@@ -104,7 +106,9 @@ def check_database(spec: str) -> None:
         except (redis.RedisError, ValueError) as err:
             raise UsageError(f"--db {spec}: cannot reach Redis ({err})") from err
     else:
-        _probe_writable(Path(database_spec(spec)), "--db")
+        # Probed, not created: a command refused later leaves no empty database
+        # behind; Hypothesis makes the directory when it first saves an example.
+        _probe_writable(Path(database_spec(spec)), "--db", create=False)
 
 
 def prepare_out(path: Path, what: str = "--out", create: bool = True) -> Path:
