@@ -26,15 +26,12 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
+from attnfuzz.harness.blame import ContractError  # a refusal of the vendor's contract: a finding
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_BYTES = 4  # one fp32 (or packed ue8m0) scale per cached token
 UNCLEANED = 1.0e30  # what the logits stand-ins leave past a row's context ("not cleaned")
-
-
-class ContractError(ValueError):
-    """A stand-in refused arguments its vendor operation does not accept."""
 
 
 def _require(ok: bool, op: str, what: str) -> None:
