@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.target import Implementation
@@ -27,6 +29,8 @@ ENGINE = "vllm"
 VERSION = "0.33.0"
 """The release the adapters were written against and CI runs."""
 INSTALL = "ATTNFUZZ_VLLM=1 ./setup.sh"
+REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
+"""The pinned list setup.sh installs, shipped with attnfuzz: a pip install has no setup.sh."""
 
 
 def installed_version() -> str | None:
@@ -40,7 +44,10 @@ def installed_version() -> str | None:
 def unavailable() -> str | None:
     """Why the vLLM implementations cannot run here, or None when they can."""
     if installed_version() is None:
-        return f"vLLM is not installed; install vLLM {VERSION} with: {INSTALL}"
+        how = f"{INSTALL} in a checkout"
+        if REQUIREMENTS.is_file():  # package data of attnfuzz, in a pip install too
+            how += f", or pip install --no-deps -r {shlex.quote(str(REQUIREMENTS))}"
+        return f"vLLM is not installed; install vLLM {VERSION} with: {how}"
     return None
 
 

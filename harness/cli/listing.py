@@ -3,15 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import sys
+from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.definitions import EXIT_OK
 
+if TYPE_CHECKING:  # rich is imported by the text output only: --json, which CI reads, skips it
+    from rich.console import RenderableType
+
 HELP = "targets, implementations and mutants"
+
+PIPE_WIDTH = 4096
+"""Columns of a table written to a pipe or a file, whatever ``COLUMNS`` says: wide
+enough that no row wraps, so that each row stays one line for ``grep`` and ``head``."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def show(*renderables: RenderableType) -> None:
+    """Print ``renderables`` on stdout with rich: on a tty at its width, in colour;
+    elsewhere plain text (no escape codes, whatever ``FORCE_COLOR`` says) at
+    ``PIPE_WIDTH``, without the blanks rich pads a table's last column with."""
+    from rich.console import Console
+
+    # Our strings are data, not rich markup: "[max_model_len, W]" is a shape, ":x:" no emoji.
+    plain: dict[str, Any] = {"markup": False, "emoji": False, "highlight": False}
+    if sys.stdout.isatty():
+        out = Console(file=sys.stdout, **plain)
+        for renderable in renderables:
+            out.print(renderable)
+        return
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=PIPE_WIDTH, color_system=None, force_terminal=False, **plain)
+    for renderable in renderables:
+        out.print(renderable)
+    sys.stdout.write("".join(f"{line.rstrip()}\n" for line in buffer.getvalue().splitlines()))
 
 
 def command(args: argparse.Namespace) -> int:
@@ -47,17 +77,35 @@ def command(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return EXIT_OK
+    _print_table(rows, broken)
+    return EXIT_OK
+
+
+def _print_table(rows: list[dict[str, Any]], broken: dict[str, str]) -> None:
+    """Each target's line, then its implementations in columns that line up across
+    all targets (one width per column, the widest name's)."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    impls = [impl for row in rows for impl in row["implementations"]]
+    name_width = max((len(i["name"]) for i in impls), default=0)
+    kind_width = max((len(i["kind"]) for i in impls), default=0)
+    lines: list[RenderableType] = []
     reasons: dict[str, None] = {}
     for row in rows:
-        print(f"{row['target']}: {row['summary']}")
+        lines.append(Text(f"{row['target']}: {row['summary']}", style="bold"))
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+        table.add_column(no_wrap=True, width=name_width)
+        table.add_column(no_wrap=True, width=kind_width, style="dim")
+        table.add_column()  # wrapped by words on a narrow terminal only
         for impl in row["implementations"]:
-            mark = ""
+            description = Text(impl["description"])
             if impl["unavailable"] is not None:
-                mark = " (unavailable)"
+                description.append(" (unavailable)", style="yellow")
                 reasons[impl["unavailable"]] = None
-            print(f"  {impl['name']:<28} {impl['kind']:<9} {impl['description']}{mark}")
-    for reason in reasons:
-        print(f"unavailable: {reason}")
-    for name, why in broken.items():
-        print(f"{name}: unavailable target ({why})")
-    return EXIT_OK
+            table.add_row(Text(impl["name"]), Text(impl["kind"]), description)
+        lines.append(Padding(table, (0, 0, 0, 2)))
+    lines += [Text(f"unavailable: {reason}") for reason in reasons]
+    lines += [Text(f"{name}: unavailable target ({why})") for name, why in broken.items()]
+    show(*lines)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from attnfuzz.harness.cli import campaign, export, listing, report, repro, run, zoo
+from attnfuzz.harness.cli import campaign, describe, export, listing, report, repro, run, zoo
 from attnfuzz.harness.cli.args import device, one_line
 from attnfuzz.harness.definitions import (
     EXIT_BROKEN_PIPE,
@@ -24,6 +24,7 @@ from attnfuzz.harness.target import HarnessError, UsageError
 
 COMMANDS: dict[str, ModuleType] = {
     "list": listing,
+    "describe": describe,
     "run": run,
     "repro": repro,
     "export": export,
