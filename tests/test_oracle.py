@@ -15,8 +15,10 @@ from attnfuzz.harness.oracle import (
     expect_no_allocation,
     expect_strides,
     expect_topk_rows,
+    expect_untouched_outside,
     expect_view_of,
 )
+from attnfuzz.harness.testing import hand_case
 from attnfuzz.kernels._triton import device
 
 DEV = device()  # implementations' outputs live where the kernels run; the oracle reads them back
@@ -50,17 +52,106 @@ def test_topk_mismatch_says_where_and_what():
     assert m.where == "buf[0]" and "6.0" in m.expected and "indices [0, 2]" in m.got
 
 
-def test_equal_reports_the_first_bad_row_and_the_count():
+def test_equal_reports_the_first_bad_element_and_the_count():
     expected = np.arange(12, dtype=np.int32).reshape(4, 3)
     got = torch.as_tensor(expected.copy(), device=DEV)
     assert expect_equal("b", got, expected) == []
     got[1, 2] = -7
     got[3, 0] = -7
     (m,) = expect_equal("b", got, expected, check="unchanged")
-    assert m.check == "unchanged" and m.where == "b[1] (and 1 more rows)"
-    assert m.expected == "[3, 4, 5]" and m.got == "[3, 4, -7]"
+    assert m.check == "unchanged" and m.where == "b[1, 2]"
+    assert m.expected == "5" and m.got.startswith("-7; Mismatched elements: 2 / 12 (16.7%); ")
     rows = np.array([True, False, True, False])  # rows 1 and 3 are not checked
     assert expect_equal("b", got, expected, rows) == []
+
+
+# -- the one form of a value mismatch (torch.testing's, on one line) -----------------
+
+
+def test_a_slice_is_reported_at_the_elements_index_in_the_named_tensor():
+    """``buffer[4:][1]`` is ``buffer[5]``; ``out[1]``'s ``[0, 2]`` is ``out[1, 0, 2]``."""
+    expected = np.full(8, -1, dtype=np.int64)
+    got = torch.as_tensor(expected.copy(), device=DEV)
+    got[5] = 7
+    tail = np.s_[4:]
+    (m,) = expect_equal("buffer", got[tail], expected[tail], check="padding", at=tail)
+    assert (m.check, m.where, m.expected) == ("padding", "buffer[5]", "-1")
+    assert m.got.startswith("7; ")
+    table = np.zeros((2, 3, 4), dtype=np.int32)
+    wrong = torch.as_tensor(table.copy(), device=DEV)
+    wrong[1, 0, 2] = 3
+    (m,) = expect_equal("pages", wrong[1], table[1], at=1, label="draft")
+    assert m.where == "pages[1, 0, 2] (draft)" and "at index (1, 0, 2)" in m.got
+    (m,) = expect_equal("lens", wrong[:, 0, 2], table[:, 0, 2], at=np.s_[:, 0, 2])
+    assert m.where == "lens[1, 0, 2]"
+
+
+def test_the_slot_mapping_target_names_the_padding_slot_itself():
+    """The step of 6 tokens padded to 8: slot 9 of the buffer is the tail's second."""
+    from attnfuzz.harness.targets import slot_mapping as target
+    from attnfuzz.reference import slot_mapping as ref
+
+    case = hand_case((2, 2, 2), (3, 5, 1))
+    inputs = ref.make_inputs(case)
+    assert inputs.num_tokens_padded == 8
+    got = target.reference_impl(inputs)
+    got.buffer[9] = 12
+    (m,) = target.compare(case, inputs, ref.reference(case, inputs), got)
+    assert (m.check, m.where, m.expected) == ("padding", "slot_mapping_buffer[9]", "-1")
+    assert Verdict([m]).key == "padding"  # the finding's key: its check, as before
+
+
+def test_the_count_line_counts_the_wrong_elements_of_those_compared():
+    expected = np.arange(16, dtype=np.int32).reshape(4, 4)
+    got = torch.as_tensor(expected.copy(), device=DEV)
+    got[0, 3], got[2, 1], got[3, 3] = 0, 99, 3
+    (m,) = expect_equal("block_table", got, expected)
+    assert m.where == "block_table[0, 3]" and (m.expected, m.got.split(";")[0]) == ("3", "0")
+    assert "; Mismatched elements: 3 / 16 (18.8%); " in m.got
+    rows = np.array([False, True, True, False])  # 8 elements compared, 1 wrong
+    (m,) = expect_equal("block_table", got, expected, rows)
+    assert m.where == "block_table[2, 1]" and "; Mismatched elements: 1 / 8 (12.5%); " in m.got
+
+
+def test_the_greatest_difference_line_of_integers_is_exact():
+    expected = np.arange(16, dtype=np.int64).reshape(4, 4)
+    got = torch.as_tensor(expected.copy(), device=DEV)
+    got[0, 3], got[2, 1], got[3, 3] = 0, 99, -(2**62)  # a difference past 2**53
+    (m,) = expect_equal("block_table", got, expected)
+    assert str(m) == (
+        "[values] block_table[0, 3]: expected 3, got 0; Mismatched elements: 3 / 16 (18.8%); "
+        f"Greatest absolute difference: {2**62 + 15} at index (3, 3) (up to 0 allowed)"
+    )
+
+
+def test_the_greatest_difference_lines_of_floats_give_the_tolerances_used():
+    expected = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    got = torch.as_tensor(expected.copy(), device=DEV)
+    got[1, 0] = 3.5
+    got[1, 1] = 4.5
+    (m,) = expect_close("out", got, expected, rows=np.array([False, True]), at=0)
+    assert m.where == "out[0, 1, 0]" and (m.expected, m.got.split(";")[0]) == ("3.0", "3.5")
+    assert m.got.split("; ")[1:] == [
+        "Mismatched elements: 2 / 2 (100.0%)",
+        "Greatest absolute difference: 0.5 at index (0, 1, 0) (up to 1e-05 allowed)",
+        "Greatest relative difference: 0.16666667 at index (0, 1, 0) (up to 1.3e-06 allowed)",
+    ]
+    got[1, 1] = float("nan")  # NaN is the greatest difference, as assert_close says
+    (m,) = expect_close("out", got[1:], expected[1:], at=np.s_[1:])
+    assert "Greatest absolute difference: nan at index (1, 1)" in m.got
+    (m,) = expect_close("out", got.to(torch.bfloat16), expected)  # bfloat16's tolerances
+    assert "(up to 1e-05 allowed)" in m.got and "(up to 0.016 allowed)" in m.got
+
+
+def test_untouched_memory_is_reported_at_its_index_in_the_buffer():
+    buffer = torch.zeros(3, 4, dtype=torch.int32, device=DEV)
+    before = buffer.cpu().numpy().copy()
+    view = buffer[:1]
+    view.fill_(5)  # its own: free
+    buffer[2, 1] = 9
+    (m,) = expect_untouched_outside("persistent", buffer, before, view)
+    assert (m.check, m.where, m.expected) == ("unchanged", "persistent[2, 1]", "0")
+    assert "; Mismatched elements: 1 / 8 (12.5%); " in m.got
 
 
 def test_close_uses_assert_close_tolerances_and_never_passes_nan():

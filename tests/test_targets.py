@@ -286,4 +286,4 @@ def test_indexer_prefill_rows_are_judged_as_sets_and_every_other_untouched_row_e
     for change, row in ((replace_a_prefill_index, first), (reverse_a_stale_row, end + 1)):
         verdict = t.judge(rewrite(change), case, "cpu")
         assert verdict.key == "unchanged", change.__name__
-        assert verdict.mismatches[0].where.startswith(f"topk_indices_buffer[{row}]")
+        assert verdict.mismatches[0].where.startswith(f"topk_indices_buffer[{row}, ")

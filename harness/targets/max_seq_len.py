@@ -92,16 +92,17 @@ def compare(
         return out + meta
     for path, label in enumerate(ref.PATHS):
         # The walk: entries read per request, and the ones that held a visible position.
+        # Each named tensor's first dimension is the path: ``label`` says which.
         for field in fields[:2]:
             out += expect_equal(
-                f"{field} ({label})", getattr(got, field)[path],
-                getattr(expected, field)[path], check="walk",
+                field, getattr(got, field)[path], getattr(expected, field)[path],
+                check="walk", at=path, label=label,
             )  # fmt: skip
         out += expect_equal(
-            f"oob_pages ({label})", got.oob_pages[path], expected.oob_pages[path],
-            check="page_bounds",
+            "oob_pages", got.oob_pages[path], expected.oob_pages[path],
+            check="page_bounds", at=path, label=label,
         )  # fmt: skip
-        out += expect_close(f"out ({label})", got.out[path], expected.out[path])
+        out += expect_close("out", got.out[path], expected.out[path], at=path, label=label)
     return out
 
 

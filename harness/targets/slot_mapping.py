@@ -35,8 +35,9 @@ def compare(
         return out
     out += expect_view_of("slot_mapping", mapping, buffer)
     out += expect_equal("slot_mapping", mapping, expected.slot_mapping)
+    tail = np.s_[T_pad:]
     out += expect_equal(
-        f"slot_mapping_buffer[{T_pad}:]", buffer[T_pad:], expected.buffer[T_pad:], check="padding"
+        "slot_mapping_buffer", buffer[tail], expected.buffer[tail], check="padding", at=tail
     )
     return out
 
