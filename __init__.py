@@ -191,8 +191,31 @@ def _read_case(path: str | Path) -> tuple[Target, Case]:
 def load_case(path: str | Path) -> Case:
     """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
     found in, checked as ``attnfuzz repro`` checks it. Reading a case file
-    imports nothing it names. Every problem is a one-line :class:`UsageError`."""
+    imports nothing it names. Every problem is a one-line :class:`UsageError`.
+
+    A relative ``path`` is relative to the current directory, as everywhere in
+    Python; in a test module, name the file relative to the module instead
+    (``Path(__file__).parent / "cases" / "CASE.json"``), so that the suite runs
+    from any directory. A file that is not there says both."""
+    _refuse_missing(path)
     return _read_case(path)[1]
+
+
+def _refuse_missing(path: str | Path) -> None:
+    """A relative path to nothing: a one-line :class:`UsageError` naming the path
+    tried and how to name one relative to the test file (pytest, and so the current
+    directory, may be started anywhere)."""
+    import os
+
+    from attnfuzz.harness.target import UsageError
+
+    if Path(path).is_absolute() or os.path.lexists(path):
+        return  # anything else that is wrong is read_case's to say
+    raise UsageError(
+        f"no case file {path}: tried {Path.cwd() / path}, relative to the current "
+        "directory; in a test module, name it relative to the module, e.g. "
+        f"Path(__file__).parent / 'cases' / {Path(path).name!r}"
+    )
 
 
 def replay(
@@ -207,6 +230,7 @@ def replay(
     imported only when passed again as ``impl``). ``attnfuzz repro`` is the
     same judged in a child process, under the timeout the case was found with.
     """
+    _refuse_missing(path)
     if impl is None or isinstance(impl, str):
         from attnfuzz.harness.export import load_case as resolve_case
 

@@ -45,7 +45,8 @@ def run_downstream(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m pytest ARGS`` (or another ``module``) in ``cwd`` with the
     downstream modules importable, and ``path`` after them; nothing is written
-    into the checkout (no cache, Hypothesis' files under ``tmp_path``)."""
+    into the checkout (no cache, Hypothesis' files and the plugin's case files
+    under ``tmp_path``)."""
     own = ("PYTEST_", "HYPOTHESIS_", "ATTNFUZZ_")  # the outer run's settings stay outside
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env |= {
@@ -56,6 +57,8 @@ def run_downstream(
     command = [sys.executable, "-m", module, *args]
     if module == "pytest":
         command[3:3] = ["-p", "no:cacheprovider", "-rA"]
+        if "no:attnfuzz" not in args:
+            command.append(f"--attnfuzz-out={tmp_path / 'found'}")
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
@@ -144,16 +147,21 @@ def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch, named
     assert f"{TARGET} / {named}: FAIL (values)" in out
     assert "[values] context_lens[" in out
     assert out.count("FAIL (values)") >= 3, out
-    # ... and then the case file, which replays the failure.
+    # ... then the case file it wrote, which replays the failure, and how.
     name = re.sub(r"[^0-9A-Za-z._=-]", "_", f"{TARGET}--{named}--values")
-    marker = f"replay: attnfuzz repro {name}.json"
-    start = out.index("{", out.index(marker))
-    document, _ = json.JSONDecoder().raw_decode(out, start)
+    saved = tmp_path / "found" / f"{name}.json"
+    assert f"case file: {saved}\n" in out, out
+    assert f"replay: attnfuzz repro {saved}" in out, out
+    document = json.loads(saved.read_text())
     assert document["schema"] == "attnfuzz.case/1"
     assert document["implementation"] == named
     assert document["verdict"]["key"] == "values"
-    saved = tmp_path / "found.json"
-    saved.write_text(json.dumps(document))
+    # A few lines a failure, as torch.testing's: no case printed at length, none
+    # of the plugin's source (three failures: the case file, @given, the fuzz item).
+    failures = out.split("= FAILURES =", 1)[1].split("= short test summary info =", 1)[0]
+    assert len(failures.splitlines()) < 50, failures
+    assert '"schema"' not in failures and not re.search(r"^E\s+max_num_seqs=", failures, re.M)
+    assert "pytest_plugin.py" not in failures, failures
     monkeypatch.syspath_prepend(str(DOWNSTREAM))
     import attnfuzz
     import mtp_builder  # declares its mutants; registers none in this process
@@ -199,12 +207,13 @@ def test_a_bad_option_is_a_usage_error(tmp_path: Path) -> None:
     result = run_downstream(tmp_path, "--attnfuzz-impl", "mtp-seq-lens")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert "expected TARGET=IMPL" in result.stderr
-    # Names are resolved when the item runs: an unknown one is that item's error, in a line.
+    # Names are resolved when pytest starts: an unknown one is the same one line.
     result = run_downstream(tmp_path, "--attnfuzz-impl", "no-such-target=triton", "-k", "no-such")
-    assert outcomes(result) == {
-        FUZZ_ITEM.replace(TARGET, "no-such-target").format("triton"): "ERROR"
-    }
-    assert "unknown target 'no-such-target'" in result.stdout
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "ERROR: --attnfuzz-impl no-such-target=triton: unknown target 'no-such-target' (known: "
+    ), line
 
 
 def test_a_suite_without_attnfuzz_runs_as_without_the_plugin(tmp_path: Path) -> None:
@@ -314,7 +323,8 @@ def test_the_projects_own_mutant_in_a_campaign(tmp_path: Path, monkeypatch) -> N
     )
     failed = {node for node, outcome in outcomes(result).items() if outcome == "FAILED"}
     assert f"{case.name}::{TARGET}" in failed, result.stdout
-    assert f"{case.name}: {TARGET} / {DECLARED}: FAIL (values)" in result.stdout
+    assert f"{TARGET} / {DECLARED}: FAIL (values)" in result.stdout
+    assert f"case file: {case}\nreplay: attnfuzz repro {case}\n" in result.stdout
     monkeypatch.syspath_prepend(str(DOWNSTREAM))
     import attnfuzz
     import mtp_builder
