@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.oracle import Check, Mismatch, Verdict
     from attnfuzz.harness.registry import Mutant, add_mutants, get_target, mutant, target_names
     from attnfuzz.harness.runner import RunResult
-    from attnfuzz.harness.target import Implementation, Target, UsageError
+    from attnfuzz.harness.target import HarnessError, Implementation, Target, UsageError
     from attnfuzz.reference.batch import Batch, Case, EngineConfig
     from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
     from hypothesis.strategies import SearchStrategy
@@ -47,6 +47,7 @@ _LAZY: dict[str, str] = {
     "Target": "attnfuzz.harness.target:Target",
     "Implementation": "attnfuzz.harness.target:Implementation",
     "UsageError": "attnfuzz.harness.target:UsageError",
+    "HarnessError": "attnfuzz.harness.target:HarnessError",
     "Verdict": "attnfuzz.harness.oracle:Verdict",
     "Mismatch": "attnfuzz.harness.oracle:Mismatch",
     "Check": "attnfuzz.harness.oracle:Check",
@@ -91,6 +92,7 @@ __all__ = [
     "SMALL",
     "PRODUCTION",
     "UsageError",
+    "HarnessError",
 ]
 
 
