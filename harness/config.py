@@ -8,6 +8,7 @@ Example::
     cases = "tests/attnfuzz-cases"
     budget = 120                 # seconds
     max_examples = 1000
+    min_examples = 200           # the example floor of a pass or a survivor (0: none)
     profile = "ci"               # a Hypothesis settings profile
     targets = ["mtp-seq-lens", "indexer-decode"]
     mutants = ["my_engine.bugs"] # registry.add_mutants specs
@@ -19,11 +20,13 @@ Command-line options win over these; these win over attnfuzz's own defaults.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.definitions import PROFILE_NAMES
 from attnfuzz.harness.target import UsageError
 from attnfuzz.strategies.batches import SCALES
 
@@ -38,8 +41,14 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _non_negative_int(value: Any) -> bool:
+    return _positive_int(value) or (type(value) is int and value == 0)
+
+
 def _positive_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    # TOML has inf and nan; a budget of either would never end (--budget refuses them too).
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
 
 
 def _texts(value: Any) -> bool:
@@ -51,9 +60,10 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "db": (_text, "a non-empty string (a directory or a database URL)"),
     "out": (_text, "a non-empty string (a directory)"),
     "cases": (_text, "a non-empty string (a directory)"),
-    "budget": (_positive_number, "a number of seconds > 0"),
+    "budget": (_positive_number, "a finite number of seconds > 0"),
     "max_examples": (_positive_int, "an integer >= 1"),
-    "profile": (_text, "a non-empty string (a Hypothesis settings profile)"),
+    "min_examples": (_non_negative_int, "an integer >= 0"),
+    "profile": (lambda v: v in PROFILE_NAMES, f"one of {', '.join(PROFILE_NAMES)}"),
     "targets": (_texts, "a list of target names"),
     "mutants": (_texts, "a list of MODULE[:ATTRIBUTE] specs"),
     "scale": (lambda v: v in SCALES, f"one of {', '.join(sorted(SCALES))}"),
@@ -81,7 +91,7 @@ def defaults(start: Path | None = None) -> dict[str, Any]:
     checked and typed: ``out`` and ``cases`` as :class:`~pathlib.Path` resolved
     against the file's directory; ``db`` likewise unless it is a URL or names a
     remote database (``scheme://...`` or containing ``github:``), kept as
-    written; ``budget`` as float; ``max_examples`` and ``workers`` as int;
+    written; ``budget`` as float; ``max_examples``, ``min_examples`` and ``workers`` as int;
     ``targets`` and ``mutants`` as lists of strings; ``profile`` and ``scale``
     as strings. A file that is not TOML, a ``tool.attnfuzz`` that is not a table,
     an unknown key or a value of the wrong type is a :class:`UsageError` naming

@@ -51,6 +51,7 @@ DEFAULT_ZOO_OUT = STATE_DIR / "zoo"  # `attnfuzz zoo`'s scoreboard
 DEFAULT_REGRESSIONS = Path("tests") / "regressions"  # `attnfuzz export`'s tests
 
 PROFILE_ENV = "ATTNFUZZ_PROFILE"  # the Hypothesis profile when none is named
+PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (campaign_worker.PROFILES)
 
 # -- implementation kinds, run statuses and verdict words ---------------------------
 

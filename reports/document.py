@@ -9,6 +9,11 @@ be rebuilt from a saved ``campaign.json`` and two campaigns can be compared.
 Outcomes depend on the implementation's kind. A *mutant* re-creates a known
 bug: failing is the expected outcome ("caught"), passing means the harness
 missed it ("survived"). Every other kind must pass ("pass"; "FAIL" otherwise).
+A run that found nothing says so only once it judged its example floor
+(``min_examples``): short of it (its time budget ended, its worker was lost)
+it is "INCOMPLETE", neither a pass nor a survivor. A run's ``status`` is what
+happened (``pass``: examples judged, nothing failed); its verdict is
+:func:`run_verdict`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     CAUGHT,
     ERROR,
     FAIL,
+    INCOMPLETE,
     KINDS,
     NOT_RUN,
     PASS,
@@ -175,8 +181,14 @@ def run_record(
     timeline: Sequence[Sequence[float]] | None = None,
     findings: Iterable[str] = (),
     error: str | None = None,
+    min_examples: int | None = None,
+    incomplete: str | None = None,
 ) -> dict[str, Any]:
-    """One run's record. ``error`` is the one-line reason of a run with status "error"."""
+    """One run's record. ``error`` is the one-line reason of a run with status "error".
+
+    ``min_examples`` is the run's example floor (absent: none, as in documents
+    older than it); ``incomplete`` says why a run that found nothing stopped
+    short of it (``the time budget ended``), written only then."""
     assert kind in KINDS and status in STATUSES, (kind, status)
     run: dict[str, Any] = {
         "target": target,
@@ -194,6 +206,10 @@ def run_record(
     }
     if error is not None:
         run["error"] = one_line(error)
+    if min_examples is not None:
+        run["min_examples"] = min_examples
+    if incomplete is not None:
+        run["incomplete"] = one_line(incomplete)
     return run
 
 
@@ -244,6 +260,7 @@ def campaign_record(
     environment: dict[str, str],
     budget_seconds: float | None = None,
     max_examples: int | None = None,
+    min_examples: int | None = None,
     profile: str = "dev",
     seed: int | None = None,
     workers: int = 1,
@@ -253,13 +270,17 @@ def campaign_record(
 ) -> dict[str, Any]:
     """The whole ``campaign.json`` document (checked before it is returned): the one
     builder of it, for ``attnfuzz campaign`` and for tests alike. ``events`` are the
-    harness's own (a worker lost), written only when given."""
+    harness's own (a worker lost), written only when given. ``min_examples`` is the
+    floor asked for (each run records its own, at most its share of ``max_examples``)."""
+    budget: dict[str, Any] = {"seconds": budget_seconds, "max_examples": max_examples}
+    if min_examples is not None:
+        budget["min_examples"] = min_examples
     doc = {
         "schema": CAMPAIGN_SCHEMA,
         "started": started,
         "finished": finished,
         "seconds": round(seconds, 3),
-        "budget": {"seconds": budget_seconds, "max_examples": max_examples},
+        "budget": budget,
         "profile": profile,
         "seed": seed,
         "workers": workers,
@@ -310,30 +331,49 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 # -- verdicts -----------------------------------------------------------------
 
 
+def below_floor(run: Mapping[str, Any]) -> bool:
+    """The run found nothing and judged fewer examples than its floor."""
+    return run["status"] == "pass" and run["examples"] < run.get("min_examples", 0)
+
+
 def run_verdict(run: Mapping[str, Any]) -> str:
     """``caught``/``survived`` for a mutant, ``pass``/``FAIL`` otherwise; ``ERROR`` when
-    the run could not go on, ``not run`` when it judged no example at all."""
+    the run could not go on, ``not run`` when it judged no example at all,
+    ``INCOMPLETE`` when it found nothing short of its floor (``min_examples``)."""
     if run["status"] == "error":
         return ERROR
     if run["status"] == NOT_RUN or (run["examples"] == 0 and run["status"] == "pass"):
         return NOT_RUN
+    if below_floor(run):  # a failure counts at any count; a pass or a miss only at the floor
+        return INCOMPLETE
     if run["kind"] == "mutant":
         return CAUGHT if run["status"] == "fail" else SURVIVED
     return PASS if run["status"] == "pass" else FAIL
 
 
+def no_verdict(run: Mapping[str, Any]) -> bool:
+    """The run says nothing: it judged no example, or too few to pass or survive."""
+    return run_verdict(run) in (NOT_RUN, INCOMPLETE)
+
+
+def incomplete_text(run: Mapping[str, Any]) -> str:
+    """``incomplete: 120 of 200 examples, the time budget ended``, for a report."""
+    why = f", {run['incomplete']}" if run.get("incomplete") else ""
+    return f"incomplete: {run['examples']} of {run.get('min_examples', 0)} examples{why}"
+
+
 def as_expected(run: Mapping[str, Any]) -> bool:
-    """Nothing went wrong: a mutant caught, anything else passing (or not run)."""
-    return run_verdict(run) in (PASS, CAUGHT, NOT_RUN)
+    """Nothing went wrong: a mutant caught, anything else passing (or with no verdict)."""
+    return run_verdict(run) in (PASS, CAUGHT, NOT_RUN, INCOMPLETE)
 
 
 def campaign_verdict(campaign: Mapping[str, Any]) -> str:
     """``FAIL`` if any run ended otherwise than it should; ``INCOMPLETE`` if interrupted
-    or a run judged nothing; ``PASS`` otherwise."""
+    or a run judged nothing or too little (see :func:`no_verdict`); ``PASS`` otherwise."""
     runs = campaign["runs"]
     if not all(as_expected(r) for r in runs):
         return CAMPAIGN_FAIL
-    if campaign.get("interrupted") or any(run_verdict(r) == NOT_RUN for r in runs) or not runs:
+    if campaign.get("interrupted") or any(no_verdict(r) for r in runs) or not runs:
         return CAMPAIGN_INCOMPLETE
     return CAMPAIGN_PASS
 
@@ -366,14 +406,17 @@ def plural(n: int, word: str) -> str:
 
 
 def budget_text(budget: Mapping[str, Any] | None) -> str:
-    """``600 s, at most 1000 examples per run`` (or ``none``)."""
+    """``600 s, at most 1000 examples per run, floor 200`` (or ``none``)."""
     budget = budget or {}
     parts = []
     if budget.get("seconds") is not None:
         parts.append(f"{fmt_seconds(budget['seconds'])} s")
     if budget.get("max_examples") is not None:
         parts.append(f"at most {budget['max_examples']} examples per run")
-    return ", ".join(parts) or "none"
+    text = ", ".join(parts) or "none"
+    if budget.get("min_examples"):
+        text += f"; floor {budget['min_examples']} examples per run"
+    return text
 
 
 def fmt_seconds(x: float | None) -> str:

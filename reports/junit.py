@@ -5,6 +5,12 @@ The usual shape: ``testsuites > testsuite`` (one per target) ``> testcase``
 seconds) holding a ``failure`` (the minimized case, its mismatches and the
 replay command), an ``error`` (the run could not go on) or ``skipped``. A
 caught mutant is a passing test case; a mutant that survived is a failure.
+
+A run with no verdict is ``skipped``: one that judged nothing, and one that
+found nothing in fewer examples than its floor (``INCOMPLETE``, its message
+``incomplete: 120 of 200 examples, the time budget ended``). Not an
+``error``: that is the harness failing, and a CI view paints both alike; not
+a pass either. The exit status (3) is what fails the job.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from attnfuzz.reports.document import (
     CAUGHT,
     ERROR,
     FAIL,
+    INCOMPLETE,
     NOT_RUN,
     SURVIVED,
     case_label,
+    incomplete_text,
     mismatch_line,
     one_line,
     printable,
@@ -80,6 +88,8 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
         el.text = printable(run.get("error") or "")
     elif verdict == NOT_RUN:
         ET.SubElement(case, "skipped", message="not run: no example was judged")
+    elif verdict == INCOMPLETE:
+        ET.SubElement(case, "skipped", message=one_line(incomplete_text(run)))
     out = [f"kind: {run['kind']}", f"verdict: {verdict}", f"examples: {run['examples']}"]
     if run.get("labels"):
         out.append("scenario classes: " + json.dumps(run["labels"]))
@@ -101,7 +111,7 @@ def junit_xml(campaign: Mapping[str, Any]) -> str:
             "tests": len(runs),
             "failures": sum(v in (FAIL, SURVIVED) for v in verdicts),
             "errors": verdicts.count(ERROR),
-            "skipped": verdicts.count(NOT_RUN),
+            "skipped": verdicts.count(NOT_RUN) + verdicts.count(INCOMPLETE),
         }
         suite = ET.SubElement(
             root,

@@ -17,6 +17,7 @@ from attnfuzz.reports.document import (
     CAUGHT,
     ERROR,
     FAIL,
+    INCOMPLETE,
     PASS,
     SURVIVED,
     budget_text,
@@ -25,6 +26,7 @@ from attnfuzz.reports.document import (
     compact_json,
     expected_finding,
     fmt_seconds,
+    incomplete_text,
     mismatch_line,
     one_line,
     plural,
@@ -100,6 +102,8 @@ def verdict_table(campaign: Mapping[str, Any]) -> list[str]:
         keys = [code(findings[f]["key"]) for f in run.get("findings", []) if f in findings]
         if run_verdict(run) == ERROR and run.get("error"):
             keys.append(code(run["error"], 160))
+        if run_verdict(run) == INCOMPLETE:
+            keys.append(incomplete_text(run))
         rows.append(
             [
                 code(run["target"]),
@@ -161,9 +165,24 @@ def coverage_lines(campaign: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def incomplete_lines(campaign: Mapping[str, Any]) -> list[str]:
+    """A note under the verdicts when some run found nothing short of its floor."""
+    short = [r for r in campaign["runs"] if run_verdict(r) == INCOMPLETE]
+    if not short:
+        return []
+    names = ", ".join(f"{code(r['target'])} / {code(r['implementation'])}" for r in short)
+    return [
+        f"> **{INCOMPLETE}**: {plural(len(short), 'run')} found nothing in fewer examples "
+        f"than their floor, so they neither pass nor survive: {names}. A longer budget "
+        "(or fewer runs per worker) gives them a verdict.",
+        "",
+    ]
+
+
 def summary_markdown(campaign: Mapping[str, Any]) -> str:
     """The campaign summary: verdicts, then findings (unexpected first) with repro commands."""
     lines = [*header_lines(campaign), "", *verdict_table(campaign), ""]
+    lines += incomplete_lines(campaign)
     unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
     caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
     lines += [f"### Findings ({len(unexpected)})", ""]
@@ -172,7 +191,9 @@ def summary_markdown(campaign: Mapping[str, Any]) -> str:
     for finding in unexpected:
         lines += finding_lines(finding)
     survived = [r for r in campaign["runs"] if run_verdict(r) == SURVIVED]
-    lines += [f"### Mutants: {len(caught)} finding(s), {len(survived)} survived", ""]
+    short = [r for r in campaign["runs"] if r["kind"] == "mutant" and run_verdict(r) == INCOMPLETE]
+    heading = f"### Mutants: {len(caught)} finding(s), {len(survived)} survived"
+    lines += [heading + (f", {len(short)} incomplete" if short else ""), ""]
     if survived:
         names = ", ".join(f"{code(r['target'])} / {code(r['implementation'])}" for r in survived)
         lines += [f"Survived (the harness missed their bug): {names}", ""]

@@ -28,6 +28,7 @@ from attnfuzz.harness.cli import main, parse_duration
 from attnfuzz.harness.definitions import (
     CAMPAIGN_SCHEMA,
     CASE_SCHEMA,
+    INCOMPLETE,
     finding_id,
     merge_timelines,
 )
@@ -35,7 +36,7 @@ from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import Case
-from attnfuzz.reports.document import run_record
+from attnfuzz.reports.document import campaign_record, run_record, run_verdict
 
 TESTS = Path(__file__).parent
 ID = "indexer-decode"
@@ -149,12 +150,25 @@ def test_timelines_of_shards_add_up():
     assert all(b[0] - a[0] >= 0.25 for a, b in zip(merged, merged[1:], strict=False))
 
 
-def _run(kind: str, findings: int = 0, status: str | None = None, examples: int = 5) -> dict:
+def _run(
+    kind: str,
+    findings: int = 0,
+    status: str | None = None,
+    examples: int = 5,
+    floor: int | None = None,
+) -> dict:
     """A run as the campaign records it (the one builder of campaign.json's runs)."""
     status = status or ("fail" if findings else "pass" if examples else "not run")
     findings_ = [f"f{i}" for i in range(findings)]
     return run_record(
-        ID, "impl", kind, examples=examples, seconds=1.0, status=status, findings=findings_
+        ID,
+        "impl",
+        kind,
+        examples=examples,
+        seconds=1.0,
+        status=status,
+        findings=findings_,
+        min_examples=floor,
     )
 
 
@@ -176,6 +190,14 @@ def _run(kind: str, findings: int = 0, status: str | None = None, examples: int 
         ([_run("fixed"), _run("mutant", examples=0)], False, None, 3),
         ([_run("fixed", examples=0), _run("mutant", 0)], False, None, 1),  # a survivor first
         ([_run("fixed", examples=0)], True, signal.SIGINT, 130),
+        # Found nothing short of the floor: no verdict, neither a pass nor a survivor ...
+        ([_run("fixed", floor=200)], False, None, 3),
+        ([_run("fixed", examples=200, floor=200), _run("mutant", floor=200)], False, None, 3),
+        # ... while a failure counts at any count, and a survivor or a finding wins.
+        ([_run("mutant", 1, floor=200), _run("fixed", examples=200, floor=200)], False, None, 0),
+        ([_run("fixed", 1, floor=200)], False, None, 1),
+        ([_run("fixed", floor=200), _run("mutant", examples=200, floor=200)], False, None, 1),
+        ([_run("user", 1), _run("mutant", floor=200)], False, None, 1),
     ],
 )
 def test_exit_status(runs, interrupted, signum, code):
@@ -281,6 +303,87 @@ def test_a_harness_failure_is_an_error_run_and_a_unit_that_never_ran_too(tmp_pat
     assert snap.runs[0]["error"] == "boom"
 
 
+def _ended_at_deadline(tmp_path: Path) -> None:
+    """The worker of ``_scratch`` ended its unit at the unit's deadline, having found nothing."""
+    (tmp_path / "inflight" / "u000s00.json").unlink()
+    path = tmp_path / "items" / "u000s00.json"
+    state = json.loads(path.read_text())
+    ended = {"deadline": state["updated"], "finished": state["updated"] + 0.1}
+    write_json(path, state | {"status": "done", **ended})
+
+
+@pytest.mark.parametrize("kind", ["fixed", "mutant"])
+def test_a_run_short_of_its_floor_is_incomplete_neither_pass_nor_survived(tmp_path, kind):
+    """Its budget ended after 7 examples: the machine's speed, not the search, would
+    decide a pass (or a survivor). The run says so, with its count and why."""
+    plan, _ = _scratch(tmp_path, fault=None)
+    _ended_at_deadline(tmp_path)
+    plan["min_examples"] = 200
+    snap = cp.collect(tmp_path, plan, [cp.Unit(ID, "reference", kind)], final=True)
+    (run,) = snap.runs
+    assert run["status"] == "pass" and run["examples"] == 7  # what happened, as before
+    assert run["min_examples"] == 200 and run["incomplete"] == "the time budget ended"
+    assert run_verdict(run) == INCOMPLETE and cp.verdict_word(run) == INCOMPLETE
+    assert cp.exit_status({"runs": snap.runs, "interrupted": False}) == 3
+    # Its whole example cap judged, the run is complete: the floor is at most the cap.
+    plan["items"][0]["max_examples"] = 7
+    (run,) = cp.collect(tmp_path, plan, [cp.Unit(ID, "reference", kind)], final=True).runs
+    assert run["min_examples"] == 7 and "incomplete" not in run
+    assert run_verdict(run) == ("pass" if kind == "fixed" else "survived")
+
+
+def test_a_lost_worker_s_unit_short_of_its_floor_says_so(tmp_path):
+    """SIGKILLed mid-run after 7 examples, the case it was judging passing alone: a
+    harness event, and a run with no verdict (not a pass) that says why."""
+    plan, _ = _scratch(tmp_path, None, crashed=True)
+    plan.update(device=None, min_examples=200)
+    units = [cp.Unit(ID, "reference", "reference")]
+    snap = cp.collect(tmp_path, plan, units, final=True, replays=cp.Replays(plan))
+    (event,) = snap.events
+    assert event["event"] == "worker-lost"
+    (run,) = snap.runs
+    assert run_verdict(run) == INCOMPLETE and run["examples"] == 7
+    assert run["incomplete"] == "its worker was lost"
+    assert cp.exit_status({"runs": snap.runs, "interrupted": False}) == 3
+
+
+def test_every_report_shows_an_incomplete_run_with_its_count_and_why(tmp_path):
+    from attnfuzz.reports.junit import junit_xml
+    from attnfuzz.reports.markdown import summary_markdown
+
+    short = run_record(
+        ID, "triton", "fixed", examples=120, seconds=9.0, status="pass", min_examples=200,
+        incomplete="the time budget ended",
+    )  # fmt: skip
+    mutant = run_record(
+        ID, MUTANTS[0], "mutant", examples=80, seconds=9.0, status="pass", min_examples=200,
+        incomplete="its worker was lost",
+    )  # fmt: skip
+    doc = campaign_record(
+        [short, mutant], [], started="2025-01-01T00:00:00Z", finished="2025-01-01T00:00:10Z",
+        seconds=10.0, environment={}, budget_seconds=10.0, min_examples=200,
+    )  # fmt: skip
+    assert doc["budget"] == {"seconds": 10.0, "max_examples": None, "min_examples": 200}
+    assert [cp.verdict_word(r) for r in doc["runs"]] == [INCOMPLETE, INCOMPLETE]
+    summary = summary_markdown(doc)
+    assert summary.startswith(f"## attnfuzz campaign: {INCOMPLETE}")
+    assert "| fixed | INCOMPLETE | 120 |" in summary
+    assert "incomplete: 120 of 200 examples, the time budget ended" in summary
+    assert "0 survived, 1 incomplete" in summary and "floor 200 examples per run" in summary
+    junit = junit_xml(doc)
+    assert '<skipped message="incomplete: 120 of 200 examples, the time budget ended"' in junit
+    assert '<skipped message="incomplete: 80 of 200 examples, its worker was lost"' in junit
+    assert 'skipped="2"' in junit and 'failures="0"' in junit and "<failure" not in junit
+    lines = cp.results.summary_lines(doc, tmp_path, 3)
+    assert any(
+        line.startswith(f"{INCOMPLETE} {ID} / triton (fixed): 120 examples") for line in lines
+    )
+    assert "(incomplete: 120 of 200 examples, the time budget ended)" in lines[0]
+    # A document from before the floor (no min_examples) reads as it always did.
+    old = run_record(ID, "triton", "fixed", examples=120, seconds=9.0, status="pass")
+    assert run_verdict(old) == "pass"
+
+
 def test_live_progress_renders_a_row_per_run():
     progress = cp.LiveProgress("campaign")
     progress.console.file = StringIO()
@@ -316,7 +419,14 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
 
 
 @pytest.mark.parametrize(
-    "args", [["--budget", "10x"], ["-n", "0"], ["--max-examples", "0"], ["--profile", "x"]]
+    "args",
+    [
+        ["--budget", "10x"],
+        ["-n", "0"],
+        ["--max-examples", "0"],
+        ["--min-examples", "-1"],
+        ["--profile", "x"],
+    ],
 )
 def test_bad_flags_exit_2(args):
     with pytest.raises(SystemExit) as exc:
@@ -345,11 +455,12 @@ def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_fail
     assert code == 0, out
     assert doc["schema"] == CAMPAIGN_SCHEMA and doc["profile"] == "ci" and doc["seed"] == 0
     assert doc["workers"] == 2 and doc["database"] == "none" and not doc["interrupted"]
-    assert doc["budget"] == {"seconds": None, "max_examples": 400}
+    assert doc["budget"] == {"seconds": None, "max_examples": 400, "min_examples": 200}
     assert set(doc["environment"]) >= {"torch", "hypothesis", "device"}
     runs = by_impl(doc)
     assert set(runs) == {"reference", *MUTANTS}
     assert runs["reference"]["status"] == "pass" and runs["reference"]["examples"] == 400
+    assert runs["reference"]["min_examples"] == 200  # 400 judged: the floor reached, a pass
     for run in runs.values():
         assert run["labels"] and run["seconds"] > 0 and run["examples_per_second"] > 0
         counts = [n for _, n in run["timeline"]]
@@ -422,6 +533,28 @@ def test_a_budget_is_honoured(tmp_path):
     wall = time.time() - start
     assert code in (0, 3)  # 3: on a machine too slow to judge anything in 20 s
     assert doc["budget"]["seconds"] == 20 and doc["seconds"] < 20 + 6 and wall < 20 + 10
+
+
+def test_a_budget_too_short_for_the_floor_is_incomplete_never_pass_nor_survived(tmp_path, capsys):
+    """The bug report's campaign, the machine's load standing in for by a floor out of
+    reach: what found nothing in its share of the budget says so (exit 3), never
+    PASS for the reference nor SURVIVED for the mutant; a mutant caught counts."""
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "pr39542-lengths",
+                         "--budget", "10s", "--min-examples", "1000000", "--quiet")  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert doc["budget"] == {"seconds": 10, "max_examples": None, "min_examples": 1000000}
+    verdicts = {r["implementation"]: run_verdict(r) for r in doc["runs"]}
+    assert verdicts["reference"] in (INCOMPLETE, "not run"), verdicts  # not run: no example
+    assert verdicts["pr39542-lengths"] in (INCOMPLETE, "not run", "caught"), verdicts
+    for run in doc["runs"]:
+        assert run["min_examples"] == 1000000
+        if run_verdict(run) == INCOMPLETE:
+            assert run["incomplete"] == "the time budget ended"
+            line = f"{INCOMPLETE} {ID} / {run['implementation']} ({run['kind']}): "
+            assert line + f"{run['examples']} examples" in out
+    assert f"## attnfuzz campaign: {INCOMPLETE}" in (tmp_path / "out" / "summary.md").read_text()
+    assert "exit status 3" in out and "SURVIVED" not in out and "PASS " not in out
 
 
 def test_a_user_implementation_s_replay_line_names_it_again(tmp_path, impls):

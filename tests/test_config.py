@@ -18,6 +18,7 @@ out = "campaign"
 cases = "/abs/cases"
 budget = 120
 max_examples = 1000
+min_examples = 0
 profile = "ci"
 targets = ["mtp-seq-lens", "indexer-decode"]
 mutants = ["my_engine.bugs", "my_engine.more:MUTANTS"]
@@ -43,6 +44,7 @@ def test_every_key_is_read_from_the_nearest_pyproject_and_typed(tmp_path):
         "cases": Path("/abs/cases"),
         "budget": 120.0,
         "max_examples": 1000,
+        "min_examples": 0,  # no floor: 0 is a value, not a missing one
         "profile": "ci",
         "targets": ["mtp-seq-lens", "indexer-decode"],
         "mutants": ["my_engine.bugs", "my_engine.more:MUTANTS"],
@@ -81,8 +83,11 @@ def test_no_pyproject_no_defaults(tmp_path, monkeypatch):
     "body, why",
     [
         ("seed = 3", "unknown key 'seed' \\(known: db, "),
-        ('budget = "2m"', "budget must be a number of seconds > 0, got '2m'"),
-        ("budget = 0", "budget must be a number of seconds > 0"),
+        ('budget = "2m"', "budget must be a finite number of seconds > 0, got '2m'"),
+        ("budget = 0", "budget must be a finite number of seconds > 0"),
+        ("budget = inf", "budget must be a finite number of seconds > 0, got inf"),
+        ("budget = 1e400", "budget must be a finite number of seconds > 0, got inf"),
+        ("budget = nan", "budget must be a finite number of seconds > 0, got nan"),
         ("max_examples = 1.5", "max_examples must be an integer >= 1"),
         ("workers = true", "workers must be an integer >= 1, got True"),
         ("workers = 0", "workers must be an integer >= 1, got 0"),
@@ -90,7 +95,8 @@ def test_no_pyproject_no_defaults(tmp_path, monkeypatch):
         ("mutants = [1]", "mutants must be a list of MODULE\\[:ATTRIBUTE\\] specs"),
         ('scale = "huge"', "scale must be one of production, small, got 'huge'"),
         ('db = ""', "db must be a non-empty string"),
-        ("profile = 3", "profile must be a non-empty string"),
+        ("profile = 3", "profile must be one of ci, fuzz, dev, got 3"),
+        ('profile = "nightly"', "profile must be one of ci, fuzz, dev, got 'nightly'"),
     ],
 )
 def test_a_wrong_setting_is_a_usage_error_naming_the_file_and_the_key(tmp_path, body, why):

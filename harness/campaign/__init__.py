@@ -49,9 +49,11 @@ is :mod:`attnfuzz.harness.cli.campaign`.
 Exit status, in this order: ``2`` usage error; ``1`` a finding on an
 implementation that must pass (fixed, reference, user) or a run that could
 not go on (``error``); ``130`` (Ctrl-C) or ``143`` (SIGTERM) interrupted,
-the report covers what ran; ``1`` a mutant survived (no finding); ``3`` a
-run judged no example at all (``not run``: the budget was too short for the
-machine), so the campaign says nothing of it; ``0`` otherwise.
+the report covers what ran; ``1`` a mutant survived (no finding in at least
+its floor of examples, ``--min-examples``); ``3`` a run has no verdict: it
+judged no example (``not run``) or found nothing in fewer examples than its
+floor (``INCOMPLETE``: its budget, its worker lost), so the campaign says
+nothing of it; ``0`` otherwise.
 """
 
 from __future__ import annotations

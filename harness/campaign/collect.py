@@ -10,6 +10,35 @@ from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
 from attnfuzz.reports.document import run_record
 
+# Why a run that found nothing stopped short of its floor, most telling first.
+WORKER_LOST = "its worker was lost"
+NEVER_STARTED = "a shard never started"
+INTERRUPTED = "stopped before its time was up"
+TIME_BUDGET = "the time budget ended"
+SEARCH_ENDED = "the search ended before its cap"
+SHORT_REASONS = (WORKER_LOST, NEVER_STARTED, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED)
+
+
+def run_floor(plan: dict[str, Any], items: list[dict[str, Any]]) -> int:
+    """A run's example floor: the campaign's, at most the examples its shards may judge."""
+    floor = plan.get("min_examples", 0)
+    caps = [item.get("max_examples") for item in items]
+    if caps and all(c is not None for c in caps):
+        floor = min(floor, sum(caps))  # a run that judged its whole cap is complete
+    return floor
+
+
+def short_reason(state: dict[str, Any] | None, lost: bool) -> str:
+    """Why one shard ended before it could judge more (see :data:`SHORT_REASONS`)."""
+    if state is None:
+        return NEVER_STARTED
+    if lost:
+        return WORKER_LOST
+    deadline, end = state.get("deadline"), state.get("finished") or state["updated"]
+    if state.get("status") == "interrupted" and (deadline is None or end < deadline):
+        return INTERRUPTED
+    return TIME_BUDGET if deadline is not None else SEARCH_ENDED
+
 
 def worker_fault(scratch: Path, item_id: str) -> str:
     """How a lost worker died, from its own fault log (a harness event, not a verdict)."""
@@ -83,6 +112,7 @@ def collect(
     snap = Snapshot()
     for u, unit in enumerate(units):
         states, errors = [], []
+        short: set[str] = set()  # why shards ended, should the run fall short of its floor
         settled_before = snap.settled
         keyed: dict[str, dict[str, Any]] = {}
         for item in items_by_unit[u]:
@@ -90,6 +120,7 @@ def collect(
             if state is None:
                 if final and not interrupted and pytest_status is not None:
                     errors.append(f"shard {item['shard']} never ran ({pytest_status})")
+                short.add(short_reason(None, False))
                 continue
             states.append(state)
             if state.get("status") != "running":
@@ -98,6 +129,7 @@ def collect(
                 errors.append(state.get("error") or "the harness failed")
             found = list(state["findings"].values())
             lost = (scratch / "crashed" / item["id"]).exists()
+            short.add(short_reason(state, lost and state.get("status") == "running"))
             if lost and state.get("status") == "running":  # the worker died: the shard ended
                 snap.settled += 1
                 inflight = read_json(scratch / "inflight" / f"{item['id']}.json")
@@ -169,6 +201,10 @@ def collect(
             }
         status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
         running = snap.settled - settled_before < len(items_by_unit[u])
+        floor = run_floor(plan, items_by_unit[u])
+        why = None
+        if final and status == "pass" and examples < floor:  # INCOMPLETE: say why
+            why = "; ".join(r for r in SHORT_REASONS if r in short)
         run = run_record(
             unit.target,
             unit.impl,
@@ -180,6 +216,8 @@ def collect(
             timeline=merge_timelines([s["timeline"] for s in states]),
             findings=ids,
             error="; ".join(errors) if errors else None,
+            min_examples=floor,
+            incomplete=why,
         )
         if not final:
             run["_running"] = running

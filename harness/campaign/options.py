@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnfuzz.harness.definitions import DEFAULT_DB as _DEFAULT_DB
-from attnfuzz.harness.definitions import DEFAULT_OUT
+from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_OUT
 
 DEFAULT_DB = str(_DEFAULT_DB)  # --db takes a directory or a URL: a string
 
@@ -20,6 +20,7 @@ class Options:
     zoo: bool = False
     budget_s: float | None = None
     max_examples: int | None = None
+    min_examples: int = DEFAULT_MIN_EXAMPLES  # the floor of a pass or a survivor, per run
     workers: int = 1
     database: str = DEFAULT_DB
     out: Path = DEFAULT_OUT

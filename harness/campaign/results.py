@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.campaign.collect import Snapshot
-from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, NOT_RUN, SURVIVED
-from attnfuzz.reports.document import run_verdict
+from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_INCOMPLETE, EXIT_OK, INCOMPLETE, SURVIVED
+from attnfuzz.reports.document import incomplete_text, no_verdict, run_verdict
 
 
 def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
-    """See the module docstring: must-pass findings and errors, then interrupts, then
-    mutants, then runs that judged nothing."""
+    """See the package docstring: must-pass findings and errors, then interrupts, then
+    mutants that survived, then runs with no verdict (none or too few examples judged)."""
     runs = campaign["runs"]
     if any(r["status"] == "error" for r in runs):
         return EXIT_FOUND
@@ -24,7 +24,7 @@ def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
         return 128 + (signum or signal.SIGINT)
     if any(run_verdict(r) == SURVIVED for r in runs):
         return EXIT_FOUND
-    if any(run_verdict(r) == NOT_RUN for r in runs):
+    if any(no_verdict(r) for r in runs):
         return EXIT_INCOMPLETE
     return EXIT_OK
 
@@ -88,11 +88,18 @@ def summary_lines(campaign: dict[str, Any], out: Path, code: int) -> list[str]:
             f"{run['examples']} examples, {run['examples_per_second']:.1f}/s"
             + (f"  [{keys}]" if keys else "")
             + (f"  {run['error']}" if run.get("error") else "")
+            + (f"  ({incomplete_text(run)})" if run_verdict(run) == INCOMPLETE else "")
         )
     for event in campaign.get("events", []):
         lines.append(
             f"EVENT    {event['target']} / {event['implementation']}: {event['event']} "
             f"(shard {event['shard']}): {event['detail']}"
+        )
+    short = [r for r in campaign["runs"] if run_verdict(r) == INCOMPLETE]
+    if short:
+        lines.append(
+            f"{INCOMPLETE}: {len(short)} run(s) found nothing in fewer examples than their "
+            "floor (--min-examples): no verdict; a longer --budget or fewer runs gives one"
         )
     n = len(campaign["findings"])
     lines.append(

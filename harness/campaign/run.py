@@ -28,8 +28,9 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
     stream = stream or sys.stdout
     profile_name = options.profile or os.environ.get(PROFILE_ENV) or "dev"
     if profile_name not in PROFILES:
+        source = "--profile" if options.profile else f"${PROFILE_ENV}"
         raise UsageError(
-            f"unknown profile {profile_name!r} (from ${PROFILE_ENV}; known: {', '.join(PROFILES)})"
+            f"unknown profile {profile_name!r} (from {source}; known: {', '.join(PROFILES)})"
         )
     profile = PROFILES[profile_name]
     derandomized = profile.derandomized or options.seed is not None
@@ -68,6 +69,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "device": options.device,
         "example_timeout": timeout,
         "items": plan_items(units, workers, options.max_examples),
+        "min_examples": options.min_examples,  # read by collect: a run's verdict
         "mutants": list(options.mutants),  # the workers register them too
     }
     out.mkdir(parents=True, exist_ok=True)  # no usage error left: now it may be made

@@ -209,6 +209,7 @@ def supervise(
     with progress:
         budget_text = f"budget {budget:g}s" if budget is not None else "no time budget"
         cap_text = f", {options.max_examples} examples per run" if options.max_examples else ""
+        cap_text += f", floor {options.min_examples}" if options.min_examples else ""
         db_text = plan["database"] or "none (derandomized)"
         progress.say(f"{title}, {budget_text}{cap_text}, database {db_text}")
         announced = False
@@ -265,6 +266,7 @@ def supervise(
             environment=env_info,
             budget_seconds=budget,
             max_examples=options.max_examples,
+            min_examples=options.min_examples,
             profile=plan["profile"],
             seed=plan["seed"],
             workers=plan["workers"],

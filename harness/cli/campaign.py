@@ -15,7 +15,7 @@ from attnfuzz.harness.cli.args import (
     positive_int,
     workers,
 )
-from attnfuzz.harness.definitions import DEFAULT_OUT, PROFILE_ENV
+from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_OUT, PROFILE_ENV
 
 HELP = "targets x implementations within a budget, N workers"
 # [tool.attnfuzz] key -> this command's option (its dest): the project's defaults
@@ -24,6 +24,7 @@ CONFIG = {
     "out": "out",
     "budget": "budget",
     "max_examples": "max_examples",
+    "min_examples": "min_examples",
     "profile": "profile",
     "targets": "targets",
     "mutants": "mutants",
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = (
         "exit status: 2 usage error; 1 a finding on a fixed, reference or user implementation, "
         "or a run that could not go on; 130/143 interrupted (SIGINT/SIGTERM); 1 a mutant "
-        "survived; 0 otherwise"
+        "survived; 3 a run found nothing short of its floor (--min-examples): INCOMPLETE; "
+        "0 otherwise"
     )
     p.add_argument("--targets", nargs="+", metavar="TARGET", help="default: every target")
     p.add_argument(
@@ -62,6 +64,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"wall clock from the start, worker start-up included ({DURATION_HELP})",
     )
     p.add_argument("--max-examples", type=positive_int, default=None, help="per implementation")
+    p.add_argument(
+        "--min-examples",
+        type=non_negative_int,
+        default=DEFAULT_MIN_EXAMPLES,
+        metavar="N",
+        help="the floor: a run that found nothing passes (a mutant survives) only after N "
+        f"examples, at most --max-examples; else it is INCOMPLETE (default {DEFAULT_MIN_EXAMPLES})",
+    )
     p.add_argument(
         "-n",
         "--workers",
@@ -102,6 +112,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         zoo=args.zoo,
         budget_s=args.budget,
         max_examples=args.max_examples,
+        min_examples=args.min_examples,
         workers=args.workers,
         database=args.db,
         out=args.out,

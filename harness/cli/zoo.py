@@ -9,25 +9,57 @@ from attnfuzz.harness.cli.args import (
     add_device_argument,
     add_mutants_argument,
     add_scale_argument,
+    non_negative_int,
     positive_int,
     seconds,
 )
-from attnfuzz.harness.definitions import DEFAULT_ZOO_OUT, EXIT_FOUND, EXIT_OK
+from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_ZOO_OUT
 
 HELP = "every mutant of every target: the detection scoreboard"
 CHECKS_DEVICE = True
-CONFIG = {"targets": "targets", "mutants": "mutants", "scale": "scale"}  # see cli.campaign
+# see cli.campaign; max_examples is not the zoo's: it would drop the zoo's time budget
+CONFIG = {
+    "targets": "targets",
+    "mutants": "mutants",
+    "scale": "scale",
+    "min_examples": "min_examples",
+}
+DEFAULT_BUDGET_S = 10.0  # without --max-examples
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Search every mutant with S derandomized seeds; print and write the scoreboard. "
+        "exit status: 1 a mutant survived (a seed searched the floor and missed it); "
+        "3 a mutant incomplete (a seed's budget ended short of the floor, none survived); "
+        "2 usage error; 0 every mutant killed."
+    )
     p.add_argument("--targets", nargs="+", default=None, help="default: every target")
     p.add_argument("--seeds", type=positive_int, default=5, help="derandomized runs per mutant")
     p.add_argument(
         "--budget",
         type=seconds,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
-        help="seconds of search per mutant and seed: a plain number, in seconds (default 10)",
+        help="seconds of search per mutant and seed: a plain number, in seconds (default 10; "
+        "with --max-examples none, unless given: a safety net)",
+    )
+    p.add_argument(
+        "--max-examples",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="examples per mutant and seed: with no --budget every seed judges exactly N "
+        "(fewer when detected), so two runs print the same scoreboard",
+    )
+    p.add_argument(
+        "--min-examples",
+        type=non_negative_int,
+        default=DEFAULT_MIN_EXAMPLES,
+        metavar="N",
+        help="the floor: a seed that missed is 'survived' only after N examples (at most "
+        "--max-examples); cut sooner by --budget it is INCOMPLETE "
+        f"(default {DEFAULT_MIN_EXAMPLES})",
     )
     p.add_argument(
         "--shrink-budget",
@@ -43,16 +75,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    """``attnfuzz zoo``: the scoreboard of the attnfuzz arm; exit 1 if a mutant survives."""
+    """``attnfuzz zoo``: the scoreboard of the attnfuzz arm; exit 1 if a mutant survives,
+    else 3 if one is incomplete."""
     from attnfuzz.harness import registry
     from attnfuzz.harness.target import UsageError
-    from attnfuzz.harness.zoo import MutantScore, run_zoo, scoreboard, survivors, write_reports
+    from attnfuzz.harness.zoo import (
+        MutantScore,
+        exit_status,
+        run_zoo,
+        scoreboard,
+        verdict_lines,
+        write_reports,
+    )
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.strategies.batches import SCALES
 
     for name in ("budget", "shrink_budget"):
-        if not getattr(args, name) > 0:  # also refuses NaN
+        value = getattr(args, name)
+        if value is not None and not value > 0:  # also refuses NaN
             raise UsageError(f"--{name.replace('_', '-')} must be > 0 seconds")
+    # Counted in examples (--max-examples), a seed has no time budget unless asked for one.
+    budget = args.budget if args.budget is not None or args.max_examples else DEFAULT_BUDGET_S
     for spec in args.mutants or []:
         registry.add_mutants(spec)  # a UsageError before any run
     names = args.targets or registry.target_names()
@@ -65,24 +108,20 @@ def command(args: argparse.Namespace) -> int:
 
     def progress(score: MutantScore) -> None:
         runs = len(score.runs)
-        print(f"{score.target} / {score.mutant}: {score.found}/{runs} seeds, {score.status}")
+        print(f"{score.target} / {score.mutant}: {score.found}/{runs} seeds, {score.status_text()}")
 
     scores = run_zoo(
-        names, seeds=args.seeds, budget_s=args.budget, shrink_budget_s=args.shrink_budget,
+        names, seeds=args.seeds, budget_s=budget, shrink_budget_s=args.shrink_budget,
+        max_examples=args.max_examples, min_examples=args.min_examples,
         scale=SCALES[args.scale], device=device, progress=progress,
     )  # fmt: skip
     json_path, md_path = write_reports(
-        scores, args.out, seeds=args.seeds, budget_s=args.budget, device=device
-    )
+        scores, args.out, seeds=args.seeds, budget_s=budget, device=device,
+        max_examples=args.max_examples, min_examples=args.min_examples,
+    )  # fmt: skip
     print()
-    print(scoreboard(scores))
+    print(scoreboard(scores, times=args.max_examples is None))
     print(f"\nwritten to {json_path} and {md_path}")
-    lost = survivors(scores)
-    if lost:
-        print(
-            "SURVIVED: "
-            + ", ".join(f"{s.target}/{s.mutant} ({s.found}/{len(s.runs)})" for s in lost)
-        )
-        return EXIT_FOUND
-    print(f"every mutant killed in every seed ({len(scores)} mutants)")
-    return EXIT_OK
+    for line in verdict_lines(scores):
+        print(line)
+    return exit_status(scores)

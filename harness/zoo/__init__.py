@@ -1,8 +1,8 @@
 """The bug zoo: every mutant of every target, searched under a budget, on a scoreboard.
 
 One *run* searches one mutant with one *arm* (a way of producing cases) and
-one seed, for at most ``budget_s`` seconds of wall clock, and stops at the
-first case the oracle rejects. Arms:
+one seed, for at most ``budget_s`` seconds of wall clock and/or
+``max_examples`` examples, and stops at the first case the oracle rejects. Arms:
 
 - ``attnfuzz``: the target's shipped Hypothesis strategy through
   :func:`attnfuzz.harness.runner.fuzz`; the failure is then shrunk;
@@ -26,8 +26,14 @@ For each mutant the scoreboard says, over S seeds:
 - the size of the reported case (:class:`CaseSize`) and its gap to
   ``Implementation.smallest``, the smallest trigger derived by hand.
 
-A mutant is *killed* when every seed detects it; otherwise it *survived*
-(in some seeds or all), and ``attnfuzz zoo`` exits 1.
+A seed that misses is *survived* only once it judged the example floor
+(``min_examples``, default :data:`~attnfuzz.harness.definitions.DEFAULT_MIN_EXAMPLES`,
+at most its ``max_examples``); one whose time budget ended sooner is
+*INCOMPLETE*: the machine's speed, not the search, decided it. A detection
+counts at any number of examples. A mutant is *killed* when every seed
+detects it; *survived* when some seed survived (``attnfuzz zoo`` exits 1);
+otherwise, some seed incomplete and none survived, *INCOMPLETE* (exit 3,
+unless another mutant survived).
 """
 
 from __future__ import annotations
@@ -41,10 +47,19 @@ from attnfuzz.harness.zoo.arms import (
     score_mutant,
     warm_up,
 )
-from attnfuzz.harness.zoo.report import scoreboard, survivors, write_reports
+from attnfuzz.harness.zoo.report import (
+    exit_status,
+    incomplete,
+    scoreboard,
+    survivors,
+    verdict_lines,
+    write_reports,
+    zoo_verdict,
+)
 from attnfuzz.harness.zoo.scores import (
     ARMS,
     COLUMNS,
+    TIME_COLUMNS,
     CaseSize,
     MutantScore,
     SeedRun,
@@ -57,6 +72,9 @@ __all__ = [
     "CaseSize",
     "MutantScore",
     "SeedRun",
+    "TIME_COLUMNS",
+    "exit_status",
+    "incomplete",
     "markdown_table",  # re-exported: the benchmarks' tables
     "run_arm",
     "run_attnfuzz",
@@ -66,6 +84,8 @@ __all__ = [
     "scoreboard",
     "size_gap",
     "survivors",
+    "verdict_lines",
     "warm_up",
     "write_reports",
+    "zoo_verdict",
 ]

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from attnfuzz.harness import registry
+from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.zoo.scores import ARMS, CaseSize, MutantScore, SeedRun
@@ -33,14 +34,17 @@ def run_attnfuzz(
     target: Target,
     impl: Implementation,
     seed: int,
-    budget_s: float,
+    budget_s: float | None,
     *,
     shrink_budget_s: float | None = None,
     max_examples: int | None = None,
     scale: Scale = SMALL,
     device: str | None = None,
 ) -> SeedRun:
-    """The shipped strategy, derandomized by ``seed``, no example database; then shrinking."""
+    """The shipped strategy, derandomized by ``seed``, no example database; then shrinking.
+
+    ``budget_s`` None: no time limit, ``max_examples`` ends the search (and
+    ``shrink_budget_s`` None then leaves shrinking unbounded too)."""
     searched: list[Case] = []
     state = {"found": False}
 
@@ -52,7 +56,7 @@ def run_attnfuzz(
     r = fuzz(
         target,
         impl,
-        max_examples=max_examples or 10**9,  # the budget ends the search
+        max_examples=max_examples or 10**9,  # without a cap, the budget ends the search
         rng_seed=seed,
         database=None,
         scale=scale,
@@ -69,7 +73,11 @@ def run_attnfuzz(
         key=r.verdict.key if r.verdict is not None else None,
         case=r.case,
         shrink_cut=r.failed and r.stopped_by_budget,
+        budget_s=budget_s,
     )
+    if not r.failed and (r.interrupted or r.stopped_by_budget):
+        # A miss's budget stop is the search's (a failure's is shrinking's).
+        run.cut_by = "interrupted" if r.interrupted else "time budget"
     return _finish(impl, run, searched)
 
 
@@ -78,7 +86,7 @@ def run_baseline(
     impl: Implementation,
     cases: Iterator[Case] | Iterable[Case],
     seed: int,
-    budget_s: float,
+    budget_s: float | None,
     *,
     max_examples: int | None = None,
     device: str | None = None,
@@ -91,10 +99,14 @@ def run_baseline(
     """
     searched: list[Case] = []
     start: float | None = None
+    cut_by = None
     for case in cases:
         now = time.perf_counter()
         start = now if start is None else start
-        if now - start > budget_s or (max_examples is not None and len(searched) >= max_examples):
+        if max_examples is not None and len(searched) >= max_examples:
+            break
+        if budget_s is not None and now - start > budget_s:
+            cut_by = "time budget"
             break
         verdict = target.judge(impl, case, device)
         searched.append(case)
@@ -102,7 +114,8 @@ def run_baseline(
             run = SeedRun(seed, len(searched), time.perf_counter() - start, True, verdict.key, case)
             return _finish(impl, run, searched)
     seconds = 0.0 if start is None else time.perf_counter() - start
-    return _finish(impl, SeedRun(seed, len(searched), seconds, False), searched)
+    run = SeedRun(seed, len(searched), seconds, False, cut_by=cut_by, budget_s=budget_s)
+    return _finish(impl, run, searched)
 
 
 def run_arm(
@@ -110,7 +123,7 @@ def run_arm(
     target: Target,
     impl: Implementation,
     seed: int,
-    budget_s: float,
+    budget_s: float | None,
     *,
     shrink_budget_s: float | None = None,
     max_examples: int | None = None,
@@ -155,14 +168,22 @@ def score_mutant(
     impl: Implementation,
     arm: str,
     seeds: int,
-    budget_s: float,
+    budget_s: float | None,
+    *,
+    min_examples: int = DEFAULT_MIN_EXAMPLES,
     **kwargs: Any,
 ) -> MutantScore:
-    """Seeds ``0 .. seeds - 1`` of one arm on one mutant."""
+    """Seeds ``0 .. seeds - 1`` of one arm on one mutant, each judged by the example
+    floor ``min_examples`` (at most ``max_examples``: a seed is complete at its cap)."""
     smallest = CaseSize.of(impl.smallest()) if impl.smallest is not None else None
+    cap = kwargs.get("max_examples")
     score = MutantScore(target.name, impl.name, arm, budget_s, [], impl.description, smallest)
+    score.max_examples, score.min_examples = cap, min_examples
+    floor = min_examples if cap is None else min(min_examples, cap)
     for seed in range(seeds):
-        score.runs.append(run_arm(arm, target, impl, seed, budget_s, **kwargs))
+        run = run_arm(arm, target, impl, seed, budget_s, **kwargs)
+        run.min_examples = floor
+        score.runs.append(run)
     return score
 
 
@@ -170,10 +191,11 @@ def run_zoo(
     targets: Sequence[str] | None = None,
     *,
     seeds: int = 5,
-    budget_s: float = 10.0,
+    budget_s: float | None = 10.0,
     arms: Sequence[str] = ("attnfuzz",),
     shrink_budget_s: float | None = None,
     max_examples: int | None = None,
+    min_examples: int = DEFAULT_MIN_EXAMPLES,
     scale: Scale = SMALL,
     device: str | None = None,
     progress: Callable[[MutantScore], None] | None = None,
@@ -182,7 +204,11 @@ def run_zoo(
 
     Arms of one mutant run one after another, so the machine's load is shared
     alike. ``progress`` is called with each score as soon as it is complete.
+    ``budget_s`` None needs ``max_examples``: each seed then judges exactly that
+    many examples (fewer when detected), so two runs score alike.
     """
+    if budget_s is None and max_examples is None:
+        raise ValueError("a zoo without a time budget needs max_examples")
     scores = []
     for name in targets or registry.target_names():
         target = registry.get_target(name)
@@ -195,6 +221,7 @@ def run_zoo(
                     arm,
                     seeds,
                     budget_s,
+                    min_examples=min_examples,
                     shrink_budget_s=shrink_budget_s,
                     max_examples=max_examples,
                     scale=scale,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from attnfuzz.harness.definitions import KILLED, SURVIVED
+from attnfuzz.harness.definitions import CAUGHT, INCOMPLETE, KILLED, SURVIVED
 from attnfuzz.reference.batch import Case
 
 ARMS = ("attnfuzz", "naive-random", "grid")
@@ -94,10 +94,35 @@ class SeedRun:
     triggered: int | None = None  # None: the mutant declares no ``trigger``
     meets_trigger: bool | None = None  # the reported case meets the trigger
     shrink_cut: bool = False  # the shrink budget ran out before shrinking ended
+    # What ended a search that found nothing before it ended by itself (its
+    # example cap, a finite arm's last case): "time budget", "interrupted".
+    cut_by: str | None = None
+    budget_s: float | None = None  # the search's time budget, for the record
+    min_examples: int = 0  # the floor this seed is judged by (see ``incomplete``)
 
     @property
     def size(self) -> CaseSize | None:
         return CaseSize.of(self.case) if self.case is not None else None
+
+    @property
+    def incomplete(self) -> bool:
+        """Missed, but cut short of the floor: the machine's speed decided, not the search.
+        A seed that ended by itself (its cap, a finite arm exhausted) is complete."""
+        return not self.detected and self.cut_by is not None and self.examples < self.min_examples
+
+    @property
+    def verdict(self) -> str:
+        """This seed's word: ``caught``, ``survived`` or ``INCOMPLETE``."""
+        return CAUGHT if self.detected else INCOMPLETE if self.incomplete else SURVIVED
+
+    def why_incomplete(self) -> str | None:
+        """``120 of 200 examples in the 10 s budget`` for an incomplete seed, else None."""
+        if not self.incomplete:
+            return None
+        short = f"{self.examples} of {self.min_examples} examples"
+        if self.cut_by == "time budget" and self.budget_s is not None:
+            return f"{short} in the {self.budget_s:g} s budget"
+        return f"{short} ({self.cut_by})"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +137,10 @@ class SeedRun:
             "size": self.size.to_dict() if self.size is not None else None,
             "meets_trigger": self.meets_trigger,
             "shrink_cut": self.shrink_cut,
+            "verdict": self.verdict,
+            "min_examples": self.min_examples,
+            "cut_by": self.cut_by,
+            "incomplete": self.why_incomplete(),
         }
 
 
@@ -130,18 +159,37 @@ class MutantScore:
     target: str
     mutant: str
     arm: str
-    budget_s: float
+    budget_s: float | None  # None: no time budget (``max_examples`` ends each seed)
     runs: list[SeedRun] = field(default_factory=list)
     description: str = ""
     smallest: CaseSize | None = None
+    max_examples: int | None = None
+    min_examples: int = 0  # the floor asked for (each seed's may be lower: its cap)
 
     @property
     def found(self) -> int:
         return sum(r.detected for r in self.runs)
 
     @property
+    def incomplete_runs(self) -> list[SeedRun]:
+        return [r for r in self.runs if r.incomplete]
+
+    @property
     def status(self) -> str:
-        return KILLED if self.runs and self.found == len(self.runs) else SURVIVED
+        """``killed`` (every seed detected it), ``survived`` (some seed searched at least
+        the floor and missed), else ``INCOMPLETE`` (the misses were all cut short)."""
+        if self.runs and self.found == len(self.runs):
+            return KILLED
+        if not self.runs or any(r.verdict == SURVIVED for r in self.runs):
+            return SURVIVED
+        return INCOMPLETE
+
+    def status_text(self) -> str:
+        """The status, an incomplete one with each cut seed's examples and why."""
+        if self.status != INCOMPLETE:
+            return self.status
+        seeds = "; ".join(f"seed {r.seed}: {r.why_incomplete()}" for r in self.incomplete_runs)
+        return f"{INCOMPLETE} ({seeds})"
 
     def _count(self, name: str) -> int | None:
         values = [getattr(r, name) for r in self.runs]
@@ -217,7 +265,7 @@ class MutantScore:
             "-" if self.smallest is None else str(self.smallest),
             self.gap,
             "-" if not meets else f"{sum(meets)}/{len(meets)}",
-            self.status,
+            self.status_text(),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +278,10 @@ class MutantScore:
             "status": self.status,
             "detected": self.found,
             "seeds": len(self.runs),
+            "incomplete_seeds": len(self.incomplete_runs),
+            "budget_s": self.budget_s,
+            "max_examples": self.max_examples,
+            "min_examples": self.min_examples,
             "examples": self.examples,
             "reached": self.reached,
             "triggered": self.triggered,
@@ -261,3 +313,7 @@ COLUMNS = [
     "meets trigger",
     "status",
 ]
+
+# Wall-clock columns: left out of a scoreboard meant to be the same run after run
+# (``attnfuzz zoo --max-examples``); zoo.json keeps every seed's seconds.
+TIME_COLUMNS = ("median s", "worst s")
