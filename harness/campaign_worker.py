@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.definitions import case_size
+from attnfuzz.harness.definitions import PROFILE_NAMES, case_size
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
@@ -72,6 +72,8 @@ PROFILES = {
     "fuzz": Profile("fuzz", False, 600.0, 2000, 60.0, "random, with the database: nightly"),
     "dev": Profile("dev", False, 60.0, 200, 30.0, "random, with the database: local work"),
 }
+
+assert tuple(PROFILES) == PROFILE_NAMES, "definitions.PROFILE_NAMES names these profiles"
 
 for _profile in PROFILES.values():
     # Hypothesis' defaults under the engine's requirements (fuzz_settings), and
@@ -235,6 +237,36 @@ def item_deadline(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> 
     return min(deadline, now + max(share, 0.0))
 
 
+def shard_floor(plan: dict[str, Any], item: dict[str, Any]) -> int:
+    """This shard's part of its run's example floor (none for a run capped by --max-examples)."""
+    if item["max_examples"] is not None:
+        return 0
+    shards = sum(1 for other in plan["items"] if other["unit"] == item["unit"])
+    return -(-plan.get("min_examples", 0) // shards)
+
+
+def share_spent(
+    now: float,
+    share_deadline: float | None,
+    campaign_deadline: float | None,
+    examples: int,
+    floor: int,
+    found: bool,
+) -> bool:
+    """Whether a shard stops: its share of the budget is soft below its floor.
+
+    A shard that found nothing short of its floor goes on past its share (the
+    units after it get what is left, see :func:`item_deadline`), up to the
+    campaign's own deadline: the budget is spent first on giving every run a
+    verdict, and a slow target is not left INCOMPLETE while fast ones idle.
+    """
+    if share_deadline is None or now < share_deadline:
+        return False
+    if campaign_deadline is not None and now >= campaign_deadline:
+        return True
+    return examples >= floor or found
+
+
 def _leaves(err: BaseException) -> list[BaseException]:
     if isinstance(err, BaseExceptionGroup):
         return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
@@ -288,8 +320,11 @@ def _run_rounds(
     device = plan["device"]
     database = None if plan["derandomized"] else open_database(plan["database"])
 
+    floor = shard_floor(plan, item)
+
     def out_of_time() -> bool:
-        return deadline is not None and time.time() >= deadline
+        found = bool(log.state["findings"])
+        return share_spent(time.time(), deadline, plan["deadline"], log.examples, floor, found)
 
     def judge(case) -> Verdict:
         if out_of_time():
