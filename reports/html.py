@@ -1,8 +1,11 @@
 """A self-contained HTML report: tables, inline SVG plots, every finding with its case.
 
-The page is one file with its style inline, no script and no external
-resource, so it opens offline and as a CI artifact. It is built as an
-``xml.etree`` tree and serialized once: every text from the campaign (an
+The page reads top down in the order a reader acts on it: the campaign's
+verdict and one verdict per run, then each finding with its replay command
+and case, then the plots, the mutants caught, and last the campaign's settings
+and environment (folded). It is one file with its style inline, no script and
+no external resource, so it opens offline and as a CI artifact. It is built as
+an ``xml.etree`` tree and serialized once: every text from the campaign (an
 exception message above all) is escaped by the serializer, never pasted into
 markup.
 """
@@ -18,6 +21,7 @@ from typing import Any
 from attnfuzz.harness.definitions import CAMPAIGN_INCOMPLETE, CAMPAIGN_PASS
 from attnfuzz.reports.document import (
     CAUGHT,
+    INCOMPLETE,
     NOT_RUN,
     PASS,
     budget_text,
@@ -26,6 +30,8 @@ from attnfuzz.reports.document import (
     compact_json,
     expected_finding,
     fmt_seconds,
+    incomplete_text,
+    plural,
     printable,
     run_verdict,
     targets,
@@ -40,14 +46,18 @@ table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
 th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, pre { font-family: ui-monospace, monospace; font-size: .85rem; }
+/* Wrap long lines at spaces only (JSON breaks after ", " or ": "), never inside a token
+   such as null; a token wider than the page scrolls instead. */
 pre { background: #f6f8fa; padding: .5rem; overflow-x: auto; white-space: pre-wrap;
-      word-break: break-all; }
+      overflow-wrap: normal; word-break: normal; }
 .verdict { font-weight: 600; padding: .05rem .4rem; border-radius: .25rem; }
 .good { background: #d8f0dd; color: #14532d; } .bad { background: #fbd5d2; color: #7f1d1d; }
 .meh { background: #fdf0c4; color: #6b4f00; }
 .banner { padding: .5rem 1rem; border-radius: .25rem; margin: 1rem 0; }
 section.finding { border: 1px solid #ddd; border-radius: .25rem; padding: 0 1rem; margin: 1rem 0; }
 svg.plot { display: block; margin: .5rem 0 1.5rem; max-width: 100%; height: auto; }
+p.tally { margin-top: -.5rem; } details { margin: 2rem 0; }
+details > summary { font-size: 1.25rem; font-weight: 600; cursor: pointer; }
 """
 
 
@@ -97,7 +107,28 @@ def _code(text: Any) -> ET.Element:
     return el
 
 
-def _meta(main: ET.Element, campaign: Mapping[str, Any]) -> None:
+def _tally(campaign: Mapping[str, Any]) -> str:
+    """``3 runs: 1 pass, 1 caught, 1 FAIL; 1 finding; started ..., 1.00 s, profile ci``."""
+    verdicts: dict[str, int] = {}
+    for run in campaign["runs"]:
+        verdict = run_verdict(run)
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    counts = ", ".join(f"{n} {v}" for v, n in verdicts.items())
+    unexpected = sum(not expected_finding(campaign, f) for f in campaign["findings"])
+    parts = [plural(len(campaign["runs"]), "run") + (f": {counts}" if counts else "")]
+    parts.append(plural(unexpected, "finding"))
+    when = f"started {campaign['started']}, {fmt_seconds(campaign['seconds'])} s"
+    when += f", profile {campaign.get('profile') or '-'}"
+    if campaign.get("seed") is not None:
+        when += f", seed {campaign['seed']}"
+    return "; ".join([*parts, when])
+
+
+def _environment(main: ET.Element, campaign: Mapping[str, Any]) -> None:
+    """Settings and versions: needed to reproduce a campaign, not to read its verdicts,
+    so they come last and folded."""
+    details = _el(main, "details", id="environment")
+    _el(details, "summary", "Campaign settings and environment")
     rows = [
         ("started", campaign["started"]),
         ("finished", campaign["finished"]),
@@ -110,7 +141,7 @@ def _meta(main: ET.Element, campaign: Mapping[str, Any]) -> None:
         ("interrupted", "yes" if campaign.get("interrupted") else "no"),
     ]
     rows += [(k, v) for k, v in (campaign.get("environment") or {}).items()]
-    body = _table(main, ["campaign", ""])
+    body = _table(details, ["campaign", ""])
     for k, v in rows:
         _row(body, [k, "-" if v is None or v == "" else v])
 
@@ -131,6 +162,8 @@ def _verdicts(main: ET.Element, campaign: Mapping[str, Any]) -> None:
                 a.tail = " "
         if run.get("error"):
             _el(links, "span", run["error"])
+        if verdict == INCOMPLETE:
+            _el(links, "span", incomplete_text(run))
         rate = run["examples"] / run["seconds"] if run["seconds"] else 0.0
         _row(
             body,
@@ -148,12 +181,24 @@ def _verdicts(main: ET.Element, campaign: Mapping[str, Any]) -> None:
         )
 
 
-def _finding(main: ET.Element, finding: Mapping[str, Any], expected: bool) -> None:
-    sec = _el(main, "section", class_="finding", id=anchor(finding["id"]))
+def _finding(parent: ET.Element, finding: Mapping[str, Any], expected: bool) -> None:
+    """One finding: what failed, the command that replays it, the case, then the facts."""
+    sec = _el(parent, "section", class_="finding", id=anchor(finding["id"]))
     h = _el(sec, "h3")
     h.append(_code(f"{finding['target']} / {finding['implementation']}"))
     h[-1].tail = " mutant caught: " if expected else " FAIL: "
     h.append(_code(finding["key"]))
+    _el(sec, "h4", "Replay")
+    _el(_el(sec, "pre", class_="repro"), "code", finding["repro"])
+    _el(sec, "h4", "Mismatches")
+    body = _table(sec, ["check", "where", "expected", "got"])
+    for m in finding["verdict"]["mismatches"]:
+        _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
+    _el(sec, "h4", case_label(finding).capitalize())
+    _el(_el(sec, "pre", class_="case"), "code", compact_json(finding["case"]))
+    if finding.get("derived"):
+        _el(sec, "h4", "Derived quantities")
+        _el(_el(sec, "pre", class_="derived"), "code", json.dumps(finding["derived"]))
     facts = _table(sec, ["finding", ""])
     _row(facts, ["id", _code(finding["id"])])
     _row(facts, ["first failing check", finding["check"]])
@@ -161,17 +206,6 @@ def _finding(main: ET.Element, finding: Mapping[str, Any], expected: bool) -> No
         _row(facts, ["examples to first failure", finding["examples_to_failure"]])
         _row(facts, ["seconds to first failure", fmt_seconds(finding.get("seconds_to_failure"))])
     _row(facts, ["case file", _code(finding["case_file"])])
-    _el(sec, "h4", "Mismatches")
-    body = _table(sec, ["check", "where", "expected", "got"])
-    for m in finding["verdict"]["mismatches"]:
-        _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
-    _el(sec, "h4", "Replay")
-    _el(_el(sec, "pre"), "code", finding["repro"])
-    _el(sec, "h4", case_label(finding).capitalize())
-    _el(_el(sec, "pre"), "code", compact_json(finding["case"]))
-    if finding.get("derived"):
-        _el(sec, "h4", "Derived quantities")
-        _el(_el(sec, "pre"), "code", json.dumps(finding["derived"]))
 
 
 def report_html(campaign: Mapping[str, Any]) -> str:
@@ -187,6 +221,7 @@ def report_html(campaign: Mapping[str, Any]) -> str:
     verdict = campaign_verdict(campaign)
     h1 = _el(main, "h1", "attnfuzz campaign ")
     _el(h1, "span", verdict, class_=_css_class(verdict))
+    _el(main, "p", _tally(campaign), class_="tally")
     if campaign.get("interrupted"):
         _el(
             main,
@@ -194,9 +229,8 @@ def report_html(campaign: Mapping[str, Any]) -> str:
             "Interrupted: the runs stopped early; everything below is what ran.",
             class_="banner meh",
         )
-    _meta(main, campaign)
 
-    _el(main, "h2", "Verdicts")
+    _el(main, "h2", "Verdicts", id="verdicts")
     _el(
         main,
         "p",
@@ -204,6 +238,16 @@ def report_html(campaign: Mapping[str, Any]) -> str:
         "Every other implementation should pass.",
     )
     _verdicts(main, campaign)
+
+    # What needs a reader's action comes before what describes the search.
+    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
+    caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
+    section = _el(main, "section", id="findings")
+    _el(section, "h2", f"Findings ({len(unexpected)})")
+    if not unexpected:
+        _el(section, "p", "No implementation other than the mutants failed.")
+    for f in unexpected:
+        _finding(section, f, expected=False)
 
     findings = {f["id"]: f for f in campaign["findings"]}
     _el(main, "h2", "Examples over time")
@@ -216,15 +260,11 @@ def report_html(campaign: Mapping[str, Any]) -> str:
         runs = [r for r in campaign["runs"] if r["target"] == target]
         main.append(coverage_svg(target, runs))
 
-    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
-    caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
-    _el(main, "h2", f"Findings ({len(unexpected)})")
-    if not unexpected:
-        _el(main, "p", "No implementation other than the mutants failed.")
-    for f in unexpected:
-        _finding(main, f, expected=False)
-    _el(main, "h2", f"Mutants caught ({len(caught)})")
+    # Expected outcomes, each linked from the verdict table: after the plots.
+    section = _el(main, "section", id="mutants-caught")
+    _el(section, "h2", f"Mutants caught ({len(caught)})")
     for f in caught:
-        _finding(main, f, expected=True)
+        _finding(section, f, expected=True)
 
+    _environment(main, campaign)
     return "<!DOCTYPE html>\n" + ET.tostring(html, encoding="unicode", method="html") + "\n"

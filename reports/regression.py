@@ -12,18 +12,29 @@ For implementations that must pass:
 
 Mutants are expected to fail, so their findings are not regressions; what is
 compared is whether each one is still caught. Coverage compares, per target,
-the share of examples in each scenario class: a class seen in one campaign
-only is gained or lost, one whose share moved by ``threshold`` or more changed.
+the scenario classes of the runs (target x implementation) that judged examples
+in both campaigns: a class seen now and never in the baseline is gained; one
+the baseline's rerun runs saw and no run of the target saw now is lost; one
+whose share of those runs' examples moved by ``threshold`` or more changed. A
+run of the baseline that the current campaign did not judge again is listed
+once as not rerun: what it saw says nothing of the current code.
+
+The replay command of each finding names its case file where it is now, found
+from the campaign.json given (a campaign's ``cases/`` lie beside it, and the
+next campaign in the same ``--out`` moves both to ``previous/``), not where
+the campaign wrote it.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.definitions import REGRESSION_SCHEMA
+from attnfuzz.harness.campaign.outdir import PREVIOUS
+from attnfuzz.harness.definitions import REGRESSION_SCHEMA, repro_command
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
@@ -36,26 +47,67 @@ from attnfuzz.reports.markdown import code, table
 
 SHARE_THRESHOLD = 0.10  # ten percentage points of a target's examples
 
+Pair = tuple[str, str]  # (target, implementation): one run of a campaign
 
-def _summary(f: Mapping[str, Any]) -> dict[str, Any]:
+
+def case_places(f: Mapping[str, Any], campaign_dir: Path) -> list[Path]:
+    """Where a finding's case file may be now, most likely first: beside its
+    campaign.json; then, for a campaign.json kept elsewhere, in ``previous/`` of
+    the directory the campaign wrote to (where the next campaign moved it), and
+    last where it was written (which a later campaign may have reused)."""
+    places = [campaign_dir / f["case_file"]]
+    try:
+        written = Path(shlex.split(f["repro"])[2])  # attnfuzz repro PATH [--impl ...]
+    except (ValueError, IndexError):
+        return places
+    depth = len(Path(f["case_file"]).parts)
+    if written.parts[-depth:] == Path(f["case_file"]).parts:
+        out = Path(*written.parts[:-depth]) if len(written.parts) > depth else Path()
+        places += [out / PREVIOUS / f["case_file"], written]
+    return list(dict.fromkeys(places))
+
+
+def _summary(f: Mapping[str, Any], campaign_dir: Path | None = None) -> dict[str, Any]:
+    """A finding for the report; with ``campaign_dir`` (where its campaign.json is),
+    its replay command names the case file where it is now, or ``repro`` is None
+    and ``searched`` lists where it is not."""
     first = f["verdict"]["mismatches"][0] if f["verdict"]["mismatches"] else {}
-    return {
+    summary = {
         "id": f["id"],
         "target": f["target"],
         "implementation": f["implementation"],
         "key": f["key"],
         "check": f["check"],
         "first_mismatch": first,
+        "case_file": f["case_file"],
         "repro": f["repro"],
     }
+    if campaign_dir is not None:
+        places = case_places(f, campaign_dir)
+        found = next((p for p in places if p.is_file()), None)
+        summary["case_path"] = None if found is None else str(found)
+        summary["repro"] = None if found is None else repro_command(found, f["implementation"])
+        if found is None:
+            summary["searched"] = [str(p) for p in places]
+    return summary
 
 
-def _shares(campaign: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Per target, each scenario class's share of all the target's examples."""
+def _judged(run: Mapping[str, Any]) -> bool:
+    """The run judged examples, so its scenario classes say what the search reached."""
+    return run["status"] != "error" and run["examples"] > 0
+
+
+def _shares(
+    campaign: Mapping[str, Any], pairs: set[Pair] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per target, each scenario class's share of the target's examples: of all its
+    runs, or of the runs of ``pairs`` (target, implementation) only."""
     counts: dict[str, dict[str, int]] = {}
     totals: dict[str, int] = {}
     for run in campaign["runs"]:
         t = run["target"]
+        if pairs is not None and (t, run["implementation"]) not in pairs:
+            continue
         totals[t] = totals.get(t, 0) + run["examples"]
         per = counts.setdefault(t, {})
         for label, n in run.get("labels", {}).items():
@@ -66,30 +118,53 @@ def _shares(campaign: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
+def _pairs(campaign: Mapping[str, Any]) -> dict[Pair, Mapping[str, Any]]:
+    return {(r["target"], r["implementation"]): r for r in campaign["runs"]}
+
+
+def _rerun(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[set[Pair], list[Pair]]:
+    """The pairs judged in both campaigns, and the baseline's judged pairs that the
+    current campaign did not judge (in the baseline's order)."""
+    judged_now = {pair for pair, r in _pairs(new).items() if _judged(r)}
+    judged_then = [pair for pair, r in _pairs(old).items() if _judged(r)]
+    both = {pair for pair in judged_then if pair in judged_now}
+    return both, [pair for pair in judged_then if pair not in judged_now]
+
+
 def _coverage(old: Mapping[str, Any], new: Mapping[str, Any], threshold: float) -> dict:
-    before, after = _shares(old), _shares(new)
+    both, _ = _rerun(old, new)
+    seen_then, seen_now = _shares(old), _shares(new)
+    before, after = _shares(old, both), _shares(new, both)  # like for like
     out = {}
-    for target in sorted(set(before) | set(after)):  # a target run once only: all gained/lost
+    for target in sorted(set(seen_then) | set(seen_now)):
         b, a = before.get(target, {}), after.get(target, {})
         changed = [
             {"label": k, "baseline_share": round(b[k], 4), "current_share": round(a[k], 4)}
             for k in sorted(set(a) & set(b))
             if abs(a[k] - b[k]) >= threshold
         ]
-        gained, lost = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        # Lost: a rerun saw it before and nothing of the target sees it now; a run not
+        # rerun loses nothing (it is listed once as not rerun).
+        gained = sorted(set(seen_now.get(target, {})) - set(seen_then.get(target, {})))
+        lost = sorted(set(b) - set(seen_now.get(target, {})))
         if gained or lost or changed:
             out[target] = {"gained": gained, "lost": lost, "changed": changed}
     return out
 
 
-def _pairs(campaign: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
-    return {(r["target"], r["implementation"]): r for r in campaign["runs"]}
-
-
 def compare(
-    baseline: Mapping[str, Any], current: Mapping[str, Any], threshold: float = SHARE_THRESHOLD
+    baseline: Mapping[str, Any],
+    current: Mapping[str, Any],
+    threshold: float = SHARE_THRESHOLD,
+    *,
+    baseline_dir: Path | None = None,
+    current_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The regression report as a JSON-able dict; ``exit_status`` 1 on any new finding."""
+    """The regression report as a JSON-able dict; ``exit_status`` 1 on any new finding.
+
+    ``baseline_dir`` and ``current_dir``, the directories of the two campaign.json
+    files, locate each finding's case file (see :func:`_summary`); without them the
+    replay commands are the ones the campaigns recorded."""
     old = {f["id"]: f for f in baseline["findings"] if not expected_finding(baseline, f)}
     new = {f["id"]: f for f in current["findings"] if not expected_finding(current, f)}
     ran = {pair for pair, r in _pairs(current).items() if r["status"] != "error"}
@@ -97,7 +172,8 @@ def compare(
     for fid, f in old.items():
         if fid in new:
             continue
-        (fixed if (f["target"], f["implementation"]) in ran else not_rerun).append(_summary(f))
+        bucket = fixed if (f["target"], f["implementation"]) in ran else not_rerun
+        bucket.append(_summary(f, baseline_dir))
 
     mutants: dict[str, list[dict[str, str]]] = {"newly_caught": [], "no_longer_caught": []}
     old_runs = _pairs(baseline)
@@ -115,10 +191,13 @@ def compare(
         "schema": REGRESSION_SCHEMA,
         "baseline": {k: baseline.get(k) for k in ("started", "profile", "seed")},
         "current": {k: current.get(k) for k in ("started", "profile", "seed")},
-        "new": [_summary(f) for fid, f in new.items() if fid not in old],
+        "new": [_summary(f, current_dir) for fid, f in new.items() if fid not in old],
         "fixed": fixed,
-        "still_failing": [_summary(f) for fid, f in new.items() if fid in old],
+        "still_failing": [_summary(f, current_dir) for fid, f in new.items() if fid in old],
         "not_rerun": not_rerun,
+        "runs_not_rerun": [
+            {"target": t, "implementation": i} for t, i in _rerun(baseline, current)[1]
+        ],
         "errors": [
             {"target": r["target"], "implementation": r["implementation"], "error": r.get("error")}
             for r in current["runs"]
@@ -132,9 +211,16 @@ def compare(
     return report
 
 
+def _replay_cell(f: Mapping[str, Any]) -> str:
+    if f["repro"] is not None:
+        return code(f["repro"])
+    # Say so rather than print a command that fails.
+    return f"case file not found in {' nor '.join(code(p) for p in f['searched'])}"
+
+
 def _finding_rows(items: list[dict[str, Any]]) -> list[str]:
     rows = [
-        [code(f["target"]), code(f["implementation"]), code(f["key"]), code(f["repro"])]
+        [code(f["target"]), code(f["implementation"]), code(f["key"]), _replay_cell(f)]
         for f in items
     ]
     return table(["target", "implementation", "check", "replay"], rows)
@@ -186,6 +272,11 @@ def regression_markdown(report: Mapping[str, Any]) -> str:
             names = ", ".join(f"{code(e['target'])} / {code(e['implementation'])}" for e in m[key])
             lines += [f"- {title}: {names}"]
     lines += ["", "### Coverage", ""]
+    if report["runs_not_rerun"]:
+        names = ", ".join(
+            f"{code(r['target'])} / {code(r['implementation'])}" for r in report["runs_not_rerun"]
+        )
+        lines += [f"Not rerun, so their scenario classes are not compared: {names}", ""]
     if not report["coverage"]:
         lines += [
             f"No scenario class gained, lost or moved by {100 * report['share_threshold']:.0f} "
@@ -219,7 +310,7 @@ def main_report(baseline: Path, current: Path, out: Path | None = None) -> int:
     # A campaign's --out directory names its campaign.json.
     baseline, current = (p / "campaign.json" if p.is_dir() else p for p in (baseline, current))
     old, new = load_campaign(baseline), load_campaign(current)
-    report = compare(old, new)
+    report = compare(old, new, baseline_dir=baseline.parent, current_dir=current.parent)
     report["baseline"]["path"], report["current"]["path"] = str(baseline), str(current)
     text = regression_markdown(report)
     out = current.parent if out is None else out

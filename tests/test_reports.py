@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import html
+import io
 import json
 import os
 import re
@@ -17,9 +19,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from attnfuzz.harness.campaign.outdir import PREVIOUS, keep_previous
 from attnfuzz.harness.casefile import environment, read_case
 from attnfuzz.harness.cli import main
-from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, timestamp
+from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, repro_command, timestamp
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, UsageError
@@ -33,7 +36,7 @@ from attnfuzz.reports.document import (
     run_record,
     run_verdict,
 )
-from attnfuzz.reports.regression import compare
+from attnfuzz.reports.regression import compare, regression_markdown
 
 HOSTILE = "bad <script>alert(1)</script> & co | `tick` \x1b[31m\x00"
 
@@ -268,18 +271,22 @@ def _chromium() -> str:
     return exe
 
 
-def test_html_renders_in_a_headless_browser(campaign, written, tmp_path):
-    exe = _chromium()
-    doc, _ = campaign
-    url = written["report.html"].resolve().as_uri()
-    flags = [
-        exe,
+def _browser(tmp_path: Path) -> list[str]:
+    """chromium, headless, with a profile of its own: the command line before the URL."""
+    return [
+        _chromium(),
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
         "--hide-scrollbars",
         f"--user-data-dir={tmp_path / 'profile'}",
     ]
+
+
+def test_html_renders_in_a_headless_browser(campaign, written, tmp_path):
+    flags = _browser(tmp_path)
+    doc, _ = campaign
+    url = written["report.html"].resolve().as_uri()
     shot = tmp_path / "report.png"
     run = subprocess.run(
         [*flags, "--window-size=1200,1600", f"--screenshot={shot}", url],
@@ -307,6 +314,101 @@ def test_html_renders_in_a_headless_browser(campaign, written, tmp_path):
     assert "<script>alert(1)</script> & co" in text
     for run in doc["runs"]:
         assert run["implementation"] in text
+
+
+# Run in the page by the layout test (the report itself has no script): where the
+# sections lie, and every place a case's JSON wraps, with the characters either side
+# and whether a space ends the line (a boundary between tokens) or the break fell
+# inside a token (``n|ull``).
+LAYOUT_PROBE = r"""
+(() => {
+  const box = (el) => (el ? el.getBoundingClientRect() : null);
+  const wraps = [];
+  const range = document.createRange();
+  for (const pre of document.querySelectorAll("pre.case")) {
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    let top = null, before = "\n";
+    for (let node; (node = walker.nextNode()); ) {
+      const s = node.data;
+      for (let i = 0; i < s.length; i++) {
+        if (/\s/.test(s[i])) { if (s[i] === "\n") top = null; before = s[i]; continue; }
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const r = range.getClientRects()[0];
+        if (!r) continue;
+        if (top !== null && r.top > top + 1) {
+          wraps.push({at: s.slice(Math.max(0, i - 12), i) + "|" + s.slice(i, i + 12),
+                      between_tokens: /\s/.test(before)});
+        }
+        top = r.top;
+        before = s[i];
+      }
+    }
+  }
+  const first = document.querySelector("#findings section.finding");
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({
+    screen: window.innerHeight,
+    findings_top: box(document.querySelector("#findings"))?.top ?? null,
+    heading_bottom: box(first?.querySelector("h3"))?.bottom ?? null,
+    replay_bottom: box(first?.querySelector("pre.repro"))?.bottom ?? null,
+    coverage_top: box(document.querySelector("svg.coverage"))?.top ?? null,
+    environment_top: box(document.querySelector("#environment"))?.top ?? null,
+    environment_open: document.querySelector("#environment")?.open ?? null,
+    cases: document.querySelectorAll("pre.case").length,
+    wraps,
+  });
+  document.body.append(probe);
+})();
+"""
+
+
+def test_html_opens_on_verdicts_and_findings_and_wraps_case_json_between_tokens(
+    campaign, written, tmp_path
+):
+    """A new user's first screen: the verdicts and the failing implementation's finding
+    with its replay command, not the environment nor the plots; a case's JSON wraps at
+    spaces, never inside a token (``n`` / ``ull``)."""
+    flags = [*_browser(tmp_path), "--window-size=1280,900"]
+    doc, _ = campaign
+    page = written["report.html"]
+    shot = tmp_path / "first-screen.png"
+    run = subprocess.run(
+        [*flags, f"--screenshot={shot}", page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    width, height, colours = _png_size_and_colours(shot)
+    assert (width, height) == (1280, 900) and colours > 32
+
+    probed = tmp_path / "probed.html"
+    script = f"<script>{LAYOUT_PROBE}</script>"
+    probed.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dom = subprocess.run(
+        [*flags, "--virtual-time-budget=2000", "--dump-dom", probed.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, flags=re.S)
+    assert found, dom[-2000:]
+    layout = json.loads(html.unescape(found.group(1)))
+    screen = min(layout["screen"], 900)
+    # The findings, the first one's heading and its replay command: all in the first screen.
+    assert layout["findings_top"] is not None and layout["findings_top"] < screen, layout
+    assert layout["heading_bottom"] is not None and layout["heading_bottom"] <= screen, layout
+    assert layout["replay_bottom"] is not None and layout["replay_bottom"] <= screen, layout
+    # Then the plots; the environment last, folded.
+    assert layout["findings_top"] < layout["coverage_top"] < layout["environment_top"], layout
+    assert layout["environment_open"] is False
+    assert layout["cases"] == len(doc["findings"])
+    # A minimized case's config line is wider than the page: it wraps, between tokens.
+    assert layout["wraps"], "no case JSON wrapped: the check below would prove nothing"
+    inside = [w["at"] for w in layout["wraps"] if not w["between_tokens"]]
+    assert not inside, inside
 
 
 def test_reports_of_an_interrupted_campaign_with_no_runs(tmp_path):
@@ -462,6 +564,91 @@ def test_compare_coverage_gained_lost_and_changed():
     assert cov["u"] == {"gained": ["a"], "lost": [], "changed": []}  # a target new in current
     assert compare(before, after, threshold=0.5)["coverage"]["t"]["changed"] == []
     assert compare(before, before)["coverage"] == {}
+
+
+def test_compare_coverage_reports_a_run_not_rerun_once_and_none_of_its_classes_as_lost():
+    """A scenario class is lost only where its target x implementation ran in both
+    campaigns and no run of the target saw it now; a run the current campaign did not
+    judge (absent, or errored) is listed once as not rerun."""
+
+    def run(target, impl, labels, status="pass", examples=20):
+        return run_record(
+            target, impl, "fixed", examples=examples, seconds=1.0, status=status, labels=labels
+        )
+
+    def doc(*runs):
+        return campaign_record(list(runs), [], started="a", finished="b", seconds=1, environment={})
+
+    before = doc(
+        run("t", "triton", {"a": 20, "b": 5, "c": 3}),
+        run("t", "cuda", {"a": 20, "only_cuda": 4}),
+        run("t", "rocm", {"a": 20, "only_rocm": 2}),
+        run("u", "triton", {"x": 20, "y": 3}),
+    )
+    after = doc(
+        run("t", "triton", {"a": 20}),  # b and c gone from the rerun pair...
+        run("t", "new", {"a": 20, "c": 1}),  # ...but c still seen by the target
+        run("t", "rocm", {}, status="error", examples=0),
+    )
+    report = compare(before, after)
+    assert report["coverage"] == {"t": {"gained": [], "lost": ["b"], "changed": []}}
+    assert report["runs_not_rerun"] == [
+        {"target": "t", "implementation": "cuda"},
+        {"target": "t", "implementation": "rocm"},
+        {"target": "u", "implementation": "triton"},
+    ]
+    coverage = regression_markdown(report).split("### Coverage")[1]
+    assert "- lost: `b`" in coverage
+    for pair in ("`t` / `cuda`", "`t` / `rocm`", "`u` / `triton`"):
+        assert coverage.count(pair) == 1, pair
+    assert not re.search(r"only_cuda|only_rocm|`x`|`y`", coverage), coverage
+
+
+def _as_written_to(out: Path, doc: dict, cases_from: Path) -> None:
+    """``doc`` as ``attnfuzz campaign --out OUT`` leaves it: its case files under
+    ``OUT/cases``, each replay command naming OUT as the user gave it."""
+    (out / "cases").mkdir(parents=True)
+    for f in doc["findings"]:
+        shutil.copy(cases_from / f["case_file"], out / f["case_file"])
+        f["repro"] = repro_command(out / f["case_file"], f["implementation"])
+    (out / "campaign.json").write_text(json.dumps(doc))
+
+
+def test_report_replays_a_case_where_the_next_campaign_moved_it(
+    campaign, tmp_path, monkeypatch, capsys
+):
+    """The README's flow: a campaign in runs/, the next one in runs/ moves it to
+    runs/previous/, then ``report --baseline runs/previous --current runs``. A finding
+    the new campaign fixed is replayed from runs/previous/cases/, where its case is
+    now; a case file found nowhere is said to be so, with no command that fails."""
+    doc, out = campaign
+    monkeypatch.chdir(tmp_path)
+    runs = Path("runs")
+    first = copy.deepcopy(doc)
+    _as_written_to(runs, first, out)
+    keep_previous(runs, io.StringIO())  # what the next campaign does first
+    _as_written_to(runs, _without(first, "my_module:hostile"), runs / PREVIOUS)
+    hostile = next(f for f in first["findings"] if f["implementation"] == "my_module:hostile")
+    moved = runs / PREVIOUS / hostile["case_file"]
+    assert moved.is_file() and not (runs / hostile["case_file"]).exists()
+
+    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 0
+    printed = capsys.readouterr().out
+    assert "### Fixed (1)" in printed
+    assert f"`attnfuzz repro {moved} --impl my_module:hostile`" in printed
+    assert hostile["repro"] not in printed  # runs/cases/...: moved away
+    fixed = json.loads((runs / "regression.json").read_text())["fixed"]
+    assert fixed[0]["case_path"] == str(moved) and fixed[0]["repro"].split()[2] == str(moved)
+    assert read_case(moved)["case"].to_dict() == hostile["case"]  # what repro replays
+
+    moved.unlink()
+    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if "my_module:hostile" in line)
+    assert "case file not found in" in row and f"`{moved}`" in row, row
+    assert "attnfuzz repro" not in row, row
+    fixed = json.loads((runs / "regression.json").read_text())["fixed"]
+    assert fixed[0]["repro"] is None and str(moved) in fixed[0]["searched"]
 
 
 def test_report_command(campaign, tmp_path, capsys):
