@@ -69,26 +69,33 @@ def fits_in_memory(what: str) -> Iterator[None]:
 def sigint_noted() -> Iterator[list[int]]:
     """Notes SIGINTs delivered while the implementation runs (the handler in
     force still runs): a ``KeyboardInterrupt`` with none noted was raised by the
-    implementation itself, and is a finding like any other exception."""
+    implementation itself, and is a finding like any other exception. SIGTERM
+    is noted too where a command turns it into a ``KeyboardInterrupt`` (a
+    Python handler is installed for it, as ``run`` and ``zoo`` do)."""
     noted: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         noted.append(signal.SIGINT)  # no handler of ours here: take it for a real Ctrl-C
         yield noted
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    if callable(signal.getsignal(signal.SIGTERM)):
+        previous[signal.SIGTERM] = signal.getsignal(signal.SIGTERM)
 
     def note(signum: int, frame: Any) -> None:
         noted.append(signum)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
+        handler = previous[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, note)
+    for signum in previous:
+        signal.signal(signum, note)
     try:
         yield noted
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def reraise_interruption(err: BaseException, noted: list[int]) -> None:

@@ -78,9 +78,12 @@ def command(args: argparse.Namespace) -> int:
     """``attnfuzz zoo``: the scoreboard of the attnfuzz arm; exit 1 if a mutant survives,
     else 3 if one is incomplete."""
     from attnfuzz.harness import registry
+    from attnfuzz.harness.cli.run import Signals
+    from attnfuzz.harness.storage import private_hypothesis_home
     from attnfuzz.harness.target import UsageError
     from attnfuzz.harness.zoo import (
         MutantScore,
+        ZooInterrupted,
         exit_status,
         run_zoo,
         scoreboard,
@@ -90,6 +93,7 @@ def command(args: argparse.Namespace) -> int:
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.strategies.batches import SCALES
 
+    private_hypothesis_home()  # nothing written outside --out (Hypothesis' constants cache)
     for name in ("budget", "shrink_budget"):
         value = getattr(args, name)
         if value is not None and not value > 0:  # also refuses NaN
@@ -110,18 +114,27 @@ def command(args: argparse.Namespace) -> int:
         runs = len(score.runs)
         print(f"{score.target} / {score.mutant}: {score.found}/{runs} seeds, {score.status_text()}")
 
-    scores = run_zoo(
-        names, seeds=args.seeds, budget_s=budget, shrink_budget_s=args.shrink_budget,
-        max_examples=args.max_examples, min_examples=args.min_examples,
-        scale=SCALES[args.scale], device=device, progress=progress,
-    )  # fmt: skip
+    interrupted = False
+    with Signals() as signals:  # SIGTERM ends the zoo as Ctrl-C does
+        try:
+            scores = run_zoo(
+                names, seeds=args.seeds, budget_s=budget, shrink_budget_s=args.shrink_budget,
+                max_examples=args.max_examples, min_examples=args.min_examples,
+                scale=SCALES[args.scale], device=device, progress=progress,
+                stop_requested=signals.received,
+            )  # fmt: skip
+        except ZooInterrupted as stop:  # what ran is written, marked; never a survivor
+            scores, interrupted = stop.scores, True
     json_path, md_path = write_reports(
         scores, args.out, seeds=args.seeds, budget_s=budget, device=device,
-        max_examples=args.max_examples, min_examples=args.min_examples,
+        max_examples=args.max_examples, min_examples=args.min_examples, interrupted=interrupted,
     )  # fmt: skip
     print()
     print(scoreboard(scores, times=args.max_examples is None))
     print(f"\nwritten to {json_path} and {md_path}")
     for line in verdict_lines(scores):
         print(line)
+    if interrupted:
+        print(f"INTERRUPTED after {len(scores)} mutant(s): the rest never ran")
+        return 128 + signals.signum
     return exit_status(scores)

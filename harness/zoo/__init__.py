@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from attnfuzz.harness.definitions import markdown_table
 from attnfuzz.harness.zoo.arms import (
+    ZooInterrupted,
     run_arm,
     run_attnfuzz,
     run_baseline,
@@ -73,6 +74,7 @@ __all__ = [
     "MutantScore",
     "SeedRun",
     "TIME_COLUMNS",
+    "ZooInterrupted",
     "exit_status",
     "incomplete",
     "markdown_table",  # re-exported: the benchmarks' tables

@@ -40,6 +40,7 @@ def run_attnfuzz(
     max_examples: int | None = None,
     scale: Scale = SMALL,
     device: str | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> SeedRun:
     """The shipped strategy, derandomized by ``seed``, no example database; then shrinking.
 
@@ -64,6 +65,7 @@ def run_attnfuzz(
         budget_s=budget_s,
         shrink_budget_s=budget_s if shrink_budget_s is None else shrink_budget_s,
         on_case=on_case,
+        stop_requested=stop_requested,
     )
     run = SeedRun(
         seed=seed,
@@ -75,9 +77,11 @@ def run_attnfuzz(
         shrink_cut=r.failed and r.stopped_by_budget,
         budget_s=budget_s,
     )
-    if not r.failed and (r.interrupted or r.stopped_by_budget):
+    if r.interrupted:  # while searching or shrinking: the zoo stops (see score_mutant)
+        run.cut_by = "interrupted"
+    elif not r.failed and r.stopped_by_budget:
         # A miss's budget stop is the search's (a failure's is shrinking's).
-        run.cut_by = "interrupted" if r.interrupted else "time budget"
+        run.cut_by = "time budget"
     return _finish(impl, run, searched)
 
 
@@ -90,6 +94,7 @@ def run_baseline(
     *,
     max_examples: int | None = None,
     device: str | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> SeedRun:
     """Judge ``cases`` in order until the first failure, the budget, or the end of them.
 
@@ -101,6 +106,8 @@ def run_baseline(
     start: float | None = None
     cut_by = None
     for case in cases:
+        if stop_requested is not None and stop_requested():
+            raise KeyboardInterrupt
         now = time.perf_counter()
         start = now if start is None else start
         if max_examples is not None and len(searched) >= max_examples:
@@ -129,16 +136,20 @@ def run_arm(
     max_examples: int | None = None,
     scale: Scale = SMALL,
     device: str | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> SeedRun:
     """One seed of one arm (see :data:`ARMS`) on one implementation; the baseline
     arms draw with the implementation's ``fixes`` too, as the attnfuzz arm does.
 
     ``shrink_budget_s`` (``attnfuzz`` only; default ``budget_s``) bounds shrinking.
+    ``stop_requested`` is asked before each example (a signal whose
+    ``KeyboardInterrupt`` landed where Python ignores exceptions still stops).
     """
     if arm == "attnfuzz":
         return run_attnfuzz(
             target, impl, seed, budget_s, shrink_budget_s=shrink_budget_s,
             max_examples=max_examples, scale=scale, device=device,
+            stop_requested=stop_requested,
         )  # fmt: skip
     if arm == "naive-random":
         cases: Iterable[Case] = naive_random_cases(
@@ -149,8 +160,9 @@ def run_arm(
     else:
         raise ValueError(f"unknown arm {arm!r} (known: {', '.join(ARMS)})")
     return run_baseline(
-        target, impl, cases, seed, budget_s, max_examples=max_examples, device=device
-    )
+        target, impl, cases, seed, budget_s, max_examples=max_examples, device=device,
+        stop_requested=stop_requested,
+    )  # fmt: skip
 
 
 def warm_up(target: Target, device: str | None = None) -> None:
@@ -161,6 +173,15 @@ def warm_up(target: Target, device: str | None = None) -> None:
         if impl.kind in ("fixed", "mutant") and impl.why_unavailable() is None:
             for case in grid_cases(SMALL, target.params, fixes=impl.fixes)[:2]:
                 target.judge(impl, case, device)
+
+
+class ZooInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped the zoo: ``scores`` holds what ran, the mutant in
+    flight included with its seeds so far (the interrupted one cut, never a survivor)."""
+
+    def __init__(self, scores: list[MutantScore]):
+        super().__init__()
+        self.scores = scores
 
 
 def score_mutant(
@@ -181,9 +202,14 @@ def score_mutant(
     score.max_examples, score.min_examples = cap, min_examples
     floor = min_examples if cap is None else min(min_examples, cap)
     for seed in range(seeds):
-        run = run_arm(arm, target, impl, seed, budget_s, **kwargs)
+        try:
+            run = run_arm(arm, target, impl, seed, budget_s, **kwargs)
+        except KeyboardInterrupt:  # a baseline arm judges without the runner's handling
+            run = SeedRun(seed, 0, 0.0, False, cut_by="interrupted", budget_s=budget_s)
         run.min_examples = floor
         score.runs.append(run)
+        if run.cut_by == "interrupted":  # Ctrl-C ends the zoo, not just this seed
+            raise ZooInterrupted([score])
     return score
 
 
@@ -199,17 +225,40 @@ def run_zoo(
     scale: Scale = SMALL,
     device: str | None = None,
     progress: Callable[[MutantScore], None] | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> list[MutantScore]:
     """Every mutant of every target (all registered ones by default), every arm.
 
     Arms of one mutant run one after another, so the machine's load is shared
     alike. ``progress`` is called with each score as soon as it is complete.
     ``budget_s`` None needs ``max_examples``: each seed then judges exactly that
-    many examples (fewer when detected), so two runs score alike.
+    many examples (fewer when detected), so two runs score alike. Ctrl-C raises
+    :class:`ZooInterrupted` with every score so far.
     """
     if budget_s is None and max_examples is None:
         raise ValueError("a zoo without a time budget needs max_examples")
-    scores = []
+    scores: list[MutantScore] = []
+    try:
+        _score_all(targets, scores, seeds, budget_s, arms, progress, min_examples=min_examples,
+                   shrink_budget_s=shrink_budget_s, max_examples=max_examples, scale=scale,
+                   device=device, stop_requested=stop_requested)  # fmt: skip
+    except ZooInterrupted as stop:
+        raise ZooInterrupted(scores + stop.scores) from None
+    except KeyboardInterrupt:  # between two seeds (a warm-up, a report)
+        raise ZooInterrupted(scores) from None
+    return scores
+
+
+def _score_all(
+    targets: Sequence[str] | None,
+    scores: list[MutantScore],
+    seeds: int,
+    budget_s: float | None,
+    arms: Sequence[str],
+    progress: Callable[[MutantScore], None] | None,
+    **kwargs: Any,
+) -> None:
+    device = kwargs["device"]
     for name in targets or registry.target_names():
         target = registry.get_target(name)
         warm_up(target, device)
@@ -221,13 +270,8 @@ def run_zoo(
                     arm,
                     seeds,
                     budget_s,
-                    min_examples=min_examples,
-                    shrink_budget_s=shrink_budget_s,
-                    max_examples=max_examples,
-                    scale=scale,
-                    device=device,
+                    **kwargs,
                 )
                 scores.append(score)
                 if progress is not None:
                     progress(score)
-    return scores

@@ -99,6 +99,7 @@ def write_reports(
     device: str,
     max_examples: int | None = None,
     min_examples: int = 0,
+    interrupted: bool = False,
 ) -> tuple[Path, Path]:
     """``zoo.json`` (every run, every case) and ``zoo.md`` (the scoreboard) in ``out``.
 
@@ -114,14 +115,18 @@ def write_reports(
         "max_examples": max_examples,
         "min_examples": min_examples,
         "verdict": zoo_verdict(scores),
+        "interrupted": interrupted,  # Ctrl-C or SIGTERM: the mutants after it never ran
         "environment": environment(device),
         "mutants": [s.to_dict() for s in scores],
     }
     json_path, md_path = out / "zoo.json", out / "zoo.md"
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     board = scoreboard(scores, times=max_examples is None)
+    stopped = (
+        "\n\n**Interrupted**: the mutants after the last row never ran." if interrupted else ""
+    )
     md_path.write_text(
         f"# Bug zoo\n\n{budget_line(seeds, budget_s, max_examples, min_examples)}, "
-        f"device {device}.\n\n{board}\n\n" + "\n".join(verdict_lines(scores)) + "\n"
+        f"device {device}.{stopped}\n\n{board}\n\n" + "\n".join(verdict_lines(scores)) + "\n"
     )
     return json_path, md_path

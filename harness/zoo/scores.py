@@ -106,9 +106,12 @@ class SeedRun:
 
     @property
     def incomplete(self) -> bool:
-        """Missed, but cut short of the floor: the machine's speed decided, not the search.
-        A seed that ended by itself (its cap, a finite arm exhausted) is complete."""
-        return not self.detected and self.cut_by is not None and self.examples < self.min_examples
+        """Missed, but cut short of the floor (the machine's speed decided, not the
+        search) or interrupted at any count (an interrupt never makes a survivor). A
+        seed that ended by itself (its cap, a finite arm exhausted) is complete."""
+        if self.detected or self.cut_by is None:
+            return False
+        return self.cut_by == "interrupted" or self.examples < self.min_examples
 
     @property
     def verdict(self) -> str:
@@ -119,6 +122,8 @@ class SeedRun:
         """``120 of 200 examples in the 10 s budget`` for an incomplete seed, else None."""
         if not self.incomplete:
             return None
+        if self.cut_by == "interrupted":
+            return f"interrupted after {self.examples} examples"
         short = f"{self.examples} of {self.min_examples} examples"
         if self.cut_by == "time budget" and self.budget_s is not None:
             return f"{short} in the {self.budget_s:g} s budget"
