@@ -12,10 +12,12 @@ target's boundary statistics to :func:`hypothesis.target` and names the corpus.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
+from zipfile import BadZipFile, ZipFile
 
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import Implementation, Target, UsageError
@@ -31,6 +33,7 @@ from hypothesis.database import (
     MultiplexedDatabase,
     ReadOnlyDatabase,
 )
+from hypothesis.errors import HypothesisWarning
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 GITHUB = "github:"
@@ -89,7 +92,8 @@ def open_database(spec: str | Path | ExampleDatabase | None) -> ExampleDatabase 
       workflow of ``OWNER/REPO`` uploaded as the artifact ``ARTIFACT`` (default
       ``attnfuzz-db``, the nightly campaign's), read-only: failures found in the
       nightly are replayed, nothing is saved. Fetched on first use with the
-      token in ``GITHUB_TOKEN`` (needed for a private repository);
+      token in ``GITHUB_TOKEN`` (needed for a private repository), or ahead
+      by :func:`fetch_artifact`, which says so when it cannot be;
     - ``LOCAL+github:OWNER/REPO[/ARTIFACT]``: the database ``LOCAL`` (a
       directory or a Redis URL) multiplexed with that artifact: reads see
       both, saves go to ``LOCAL`` only. The downloaded artifact is cached in
@@ -105,13 +109,83 @@ def open_database(spec: str | Path | ExampleDatabase | None) -> ExampleDatabase 
     if github is None:
         return _open_local(spec)
     owner, repo, artifact = github
-    cache = None
-    if local is not None and not is_redis(local):
-        cache = Path(local) / ".github-artifacts" / artifact
+    cache = artifact_cache(spec)
     shared = ReadOnlyDatabase(GitHubArtifactDatabase(owner, repo, artifact, path=cache))
     if local is None:
         return shared
     return MultiplexedDatabase(_open_local(local), shared)
+
+
+def artifact_cache(spec: str, home: Path | None = None) -> Path | None:
+    """Where :func:`open_database` keeps the downloaded GitHub artifact of ``spec``.
+
+    ``LOCAL/.github-artifacts/ARTIFACT`` when ``LOCAL`` is a directory; else the
+    ``github-artifacts/ARTIFACT`` directory of Hypothesis' storage directory:
+    under ``home`` when given (the storage directory of the processes that will
+    open the database), else None (Hypothesis' own, of this process).
+    """
+    local, github = split_github(spec)
+    if github is None:
+        return None
+    artifact = github[2]
+    if local is not None and not is_redis(local):
+        return Path(local) / ".github-artifacts" / artifact
+    if home is not None:  # the layout of Hypothesis' storage_directory("github-artifacts/...")
+        return Path(home) / "github-artifacts" / artifact
+    return None
+
+
+class ArtifactFetch(NamedTuple):
+    """What :func:`fetch_artifact` got: ``note`` None when the artifact is there."""
+
+    note: str | None  # one line: why it could not be fetched, and what is read instead
+    empty: bool  # nothing of the artifact will be read: the corpus starts empty
+
+
+def fetch_artifact(spec: str, home: Path | None = None) -> ArtifactFetch:
+    """Fetch the GitHub artifact of ``spec`` now, into the cache that every later
+    :func:`open_database` of ``spec`` reads (:func:`artifact_cache`, same ``home``).
+
+    Hypothesis fetches it on first use and, when it cannot, only warns and reads
+    nothing: in a campaign's workers that warning is lost. Here the warnings it
+    gives (:class:`~hypothesis.errors.HypothesisWarning`) become the note, in one
+    line; other warnings are passed on. A spec without a GitHub part fetches nothing.
+    """
+    local, github = split_github(spec)
+    if github is None:
+        return ArtifactFetch(None, False)
+    owner, repo, artifact = github
+    db = GitHubArtifactDatabase(owner, repo, artifact, path=artifact_cache(spec, home))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in db.fetch(b"attnfuzz/fetch"):  # any key: the first fetch downloads
+            pass
+    said = []
+    for w in caught:
+        if issubclass(w.category, HypothesisWarning):
+            said.append(" ".join(str(w.message).split()))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not said:
+        return ArtifactFetch(None, False)
+    shown = spec if local is None else spec[len(local) + 1 :]
+    note = f"--db {shown}: the artifact could not be fetched ({' '.join(said)})"
+    older = _readable_zip(db.path)
+    if older is not None:  # Hypothesis falls back on an expired download
+        return ArtifactFetch(f"{note}; an older download is read ({older.name})", False)
+    return ArtifactFetch(f"{note}; the corpus starts empty", True)
+
+
+def _readable_zip(directory: Path) -> Path | None:
+    """The downloaded artifact in ``directory`` that Hypothesis can read, if any."""
+    for path in sorted(directory.glob("*.zip"), reverse=True):
+        try:
+            with ZipFile(path) as zf:
+                if zf.testzip() is None:
+                    return path
+        except (OSError, BadZipFile):
+            continue
+    return None
 
 
 def _open_local(spec: str) -> ExampleDatabase:

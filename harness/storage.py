@@ -10,7 +10,9 @@ way by every command:
   :func:`attnfuzz.harness.engine.open_database` says how each is opened);
   anything else with a scheme, an empty value, a file, or a directory
   attnfuzz cannot write is a usage error before any work. The artifact
-  itself is fetched on first use, never checked here.
+  itself is never a usage error: :func:`note_artifact` fetches it before
+  the search and, if it cannot be fetched, says so in one note (the search
+  goes on, its corpus empty).
 - ``--out`` is a directory that can be created and written; checked before
   any work, so a finding is never lost to a bad path.
 - Both are resolved to absolute paths at start: an implementation that
@@ -25,12 +27,22 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import urlsplit
 
 # The database names are the engine's; importable from here as before.
-from attnfuzz.harness.engine import GITHUB, REDIS_SCHEMES, is_redis, open_database, split_github
+from attnfuzz.harness.engine import (
+    GITHUB,
+    REDIS_SCHEMES,
+    ArtifactFetch,
+    fetch_artifact,
+    is_redis,
+    open_database,
+    split_github,
+)
 from attnfuzz.harness.target import UsageError
 
 __all__ = [
@@ -38,6 +50,7 @@ __all__ = [
     "check_database",
     "database_spec",
     "is_redis",
+    "note_artifact",
     "open_database",
     "prepare_out",
     "private_hypothesis_home",
@@ -90,7 +103,7 @@ def database_spec(spec: str) -> str:
 def check_database(spec: str) -> None:
     """The database must be usable before any work: Redis answers, a directory is
     writable. Of ``LOCAL+github:...`` the local part is checked; the artifact is
-    fetched (or found missing, with Hypothesis' warning) on first use."""
+    :func:`note_artifact`'s."""
     local, github = split_github(spec)
     if github is not None:
         if local is not None:
@@ -109,6 +122,19 @@ def check_database(spec: str) -> None:
         # Probed, not created: a command refused later leaves no empty database
         # behind; Hypothesis makes the directory when it first saves an example.
         _probe_writable(Path(database_spec(spec)), "--db", create=False)
+
+
+def note_artifact(
+    spec: str, home: Path | None = None, stream: TextIO | None = None
+) -> ArtifactFetch:
+    """Fetch the GitHub artifact of a checked ``--db`` once, before the search (see
+    :func:`~attnfuzz.harness.engine.fetch_artifact`; ``home``: the Hypothesis storage
+    directory of the processes that will search). If it could not be fetched, one
+    note on ``stream`` (default stderr): not an error, an empty corpus is still a search."""
+    fetched = fetch_artifact(spec, home)
+    if fetched.note is not None:
+        print(f"attnfuzz: note: {fetched.note}", file=stream or sys.stderr, flush=True)
+    return fetched
 
 
 def prepare_out(path: Path, what: str = "--out", create: bool = True) -> Path:

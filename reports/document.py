@@ -267,11 +267,17 @@ def campaign_record(
     database: str = "",
     interrupted: bool = False,
     events: list[dict[str, Any]] | None = None,
+    timing: dict[str, Any] | None = None,
+    database_note: str | None = None,
 ) -> dict[str, Any]:
     """The whole ``campaign.json`` document (checked before it is returned): the one
     builder of it, for ``attnfuzz campaign`` and for tests alike. ``events`` are the
     harness's own (a worker lost), written only when given. ``min_examples`` is the
-    floor asked for (each run records its own, at most its share of ``max_examples``)."""
+    floor asked for (each run records its own, at most its share of ``max_examples``).
+    ``timing`` splits ``seconds`` into start-up, fuzzing, shrinking and other
+    (:mod:`attnfuzz.harness.campaign_timing`), written only when given.
+    ``database_note`` says what of ``database`` could not be read (a GitHub
+    artifact not fetched), written only when given."""
     budget: dict[str, Any] = {"seconds": budget_seconds, "max_examples": max_examples}
     if min_examples is not None:
         budget["min_examples"] = min_examples
@@ -292,6 +298,10 @@ def campaign_record(
     }
     if events is not None:
         doc["events"] = events
+    if timing is not None:
+        doc["timing"] = timing
+    if database_note is not None:
+        doc["database_note"] = database_note
     return check_campaign(doc)
 
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from attnfuzz.harness.campaign_timing import split_tenths
 from attnfuzz.harness.definitions import markdown_table
 from attnfuzz.reports.document import (
     CAUGHT,
@@ -36,6 +37,13 @@ from attnfuzz.reports.document import (
 )
 
 MAX_MISMATCHES = 8  # per finding, as the console prints them
+# campaign.json's timing parts, as the time line names them
+TIME_PARTS = {
+    "startup": "start-up",
+    "fuzzing": "fuzzing",
+    "shrinking": "shrinking",
+    "other": "other",
+}
 
 
 def code(text: object, limit: int = 300) -> str:
@@ -73,6 +81,21 @@ def rate(run: Mapping[str, Any]) -> float:
     return run["examples"] / run["seconds"] if run["seconds"] else 0.0
 
 
+def time_line(campaign: Mapping[str, Any]) -> str | None:
+    """``Time: 60.1 s = start-up 9.6 s + fuzzing 48.0 s + ...``: campaign.json's timing
+    (means over the workers), the parts rounded so that they add up as printed."""
+    timing = campaign.get("timing")
+    if not timing:
+        return None  # a document from before timing
+    parts = split_tenths(campaign["seconds"], [timing[k] for k in TIME_PARTS])
+    text = " + ".join(
+        f"{name} {x:.1f} s" for name, x in zip(TIME_PARTS.values(), parts, strict=True)
+    )
+    note = "" if timing.get("ready", 0) is not None else "; not every one judged an example"
+    workers = plural(len(timing.get("per_worker") or []) or campaign.get("workers", 1), "worker")
+    return f"Time: {campaign['seconds']:.1f} s = {text} ({workers}{note})"
+
+
 def header_lines(campaign: Mapping[str, Any]) -> list[str]:
     parts = [f"profile {code(campaign.get('profile', '-'))}"]
     if campaign.get("seed") is not None:
@@ -88,10 +111,15 @@ def header_lines(campaign: Mapping[str, Any]) -> list[str]:
         "",
         ", ".join(parts) + f"; started {code(campaign['started'])}",
     ]
+    timing = time_line(campaign)
+    if timing:
+        lines += ["", timing]
     if versions:
         lines += ["", code(versions, 400)]
     if campaign.get("interrupted"):
         lines += ["", "> **Interrupted**: the runs below stopped early; what they found is kept."]
+    if campaign.get("database_note"):  # an empty corpus is a search, but the user must know
+        lines += ["", f"> **Database**: {code(campaign['database_note'], 400)}"]
     return lines
 
 

@@ -14,20 +14,30 @@ LOCK_FILE = ".campaign.lock"
 
 def lock_out(out: Path) -> TextIO:
     """Hold ``<out>/.campaign.lock`` for the campaign's life; a second campaign
-    in the same directory is a usage error, not a corruption of the first."""
+    in the same directory is a usage error, not a corruption of the first.
+    :func:`release_out` removes the file."""
     import fcntl
 
-    handle = (out / LOCK_FILE).open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
+    while True:
+        handle = (out / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise UsageError(
+                f"--out {out}: a campaign is already running there (pid {holder}); "
+                "wait for it or choose another --out"
+            ) from None
+        # The campaign before may have removed the file between our open and our lock:
+        # a lock on a file no longer there excludes no one. Lock the one that is.
+        try:
+            if os.stat(out / LOCK_FILE).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         handle.close()
-        raise UsageError(
-            f"--out {out}: a campaign is already running there (pid {holder}); "
-            "wait for it or choose another --out"
-        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
@@ -35,8 +45,24 @@ def lock_out(out: Path) -> TextIO:
     return handle
 
 
+def release_out(out: Path, handle: TextIO) -> None:
+    """End :func:`lock_out`: the lock file goes (while still held, see there), then the lock."""
+    try:
+        (out / LOCK_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass  # a lock file left behind is harmless: the next campaign takes it over
+    handle.close()
+
+
 PREVIOUS = "previous"
-RESULTS = ("campaign.json", "summary.md", "report.html", "junit.xml", "cases")
+RESULTS = (
+    "campaign.json",
+    "campaign.invalid.json",  # a document its schema refused (see results.write_results)
+    "summary.md",
+    "report.html",
+    "junit.xml",
+    "cases",
+)
 
 
 def keep_previous(out: Path, stream: TextIO) -> None:

@@ -8,7 +8,7 @@ import time
 from typing import Any, TextIO
 
 from attnfuzz.harness.campaign.options import Options
-from attnfuzz.harness.campaign.outdir import keep_previous, lock_out
+from attnfuzz.harness.campaign.outdir import keep_previous, lock_out, release_out
 from attnfuzz.harness.campaign.plan import import_root, plan_items, plan_units
 from attnfuzz.harness.campaign.supervise import run_locked
 from attnfuzz.harness.definitions import PROFILE_ENV
@@ -78,7 +78,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         keep_previous(out, stream)
         return run_locked(options, stream, plan, units, roots, out)
     finally:
-        lock.close()
+        release_out(out, lock)
 
 
 def note_unavailable_mutants(targets: list[str] | None, stream: TextIO) -> None:

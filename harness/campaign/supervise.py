@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,15 +14,16 @@ from typing import Any, TextIO
 from attnfuzz.harness.campaign.collect import Replays, Snapshot, collect
 from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.campaign.plan import Unit
-from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress
-from attnfuzz.harness.campaign.results import (
-    CaseWriter,
-    exit_status,
-    report_new,
-    summary_lines,
-    write_reports,
+from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress, StartupNotes
+from attnfuzz.harness.campaign.results import CaseWriter, report_new, write_results
+from attnfuzz.harness.campaign_timing import (
+    campaign_timing,
+    item_states,
+    run_timing,
+    startup_state,
 )
 from attnfuzz.harness.definitions import timestamp
+from attnfuzz.harness.storage import note_artifact
 from attnfuzz.reports.document import campaign_record, finding_record
 
 # Workers end their units at the deadline by themselves (a call still running
@@ -74,6 +74,11 @@ def run_locked(
         print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
     for sub in ("items", "inflight", "faults", "started", "crashed", "hypothesis"):
         (scratch / sub).mkdir(parents=True)
+    if plan["database"]:
+        # Fetched once, here, where its warning can be heard: the workers (their
+        # Hypothesis storage: scratch/hypothesis) read the cached download.
+        fetched = note_artifact(plan["database"], scratch / "hypothesis", stream)
+        plan["database_note"] = fetched.note
     write_json(scratch / PLAN, plan)
     (scratch / "pytest.ini").write_text("[pytest]\n")
     cmd = [
@@ -211,7 +216,11 @@ def supervise(
         cap_text = f", {options.max_examples} examples per run" if options.max_examples else ""
         cap_text += f", floor {options.min_examples}" if options.min_examples else ""
         db_text = plan["database"] or "none (derandomized)"
+        if plan.get("database_note"):  # said above in full; the header must not imply it is read
+            db_text += " (its GitHub artifact could not be fetched)"
         progress.say(f"{title}, {budget_text}{cap_text}, database {db_text}")
+        notes = StartupNotes(plan["workers"], started)  # start-up is said as it goes
+        progress.say(notes.begin(time.time()))
         announced = False
         snap = Snapshot()
         while proc.poll() is None and snap.settled < len(items):
@@ -222,8 +231,11 @@ def supervise(
             snap = collect(scratch, plan, units, replays=replays)
             report_new(snap, writer, progress, started)
             now = time.time()
+            boot = startup_state(item_states(scratch), plan["workers"], len(items))
+            for line in notes.lines(boot, now):
+                progress.say(line)
             left = max(0.0, plan["deadline"] - now) if plan["deadline"] else None
-            progress.update(snap, now - started, left)
+            progress.update(snap, now - started, left, boot)
             stopper.tick(snap, plan["deadline"])
         # Every unit has ended: what is left of the pytest run is its teardown,
         # not worth the wait (nor are the workers of a run that failed).
@@ -242,6 +254,10 @@ def supervise(
         )
         report_new(snap, writer, progress, started)
         finished = time.time()
+        states = item_states(scratch)  # where the wall time went: campaign.json's timing
+        for u, run in enumerate(snap.runs):  # in the units' order
+            if (parts := run_timing(states, u, run["seconds"])) is not None:
+                run["timing"] = parts
         findings = []
         for f in sorted(snap.findings.values(), key=lambda f: f["found"]):
             writer.write(f)  # sets f["derived"]
@@ -257,9 +273,9 @@ def supervise(
                     seconds_to_failure=f["seconds_to_failure"],
                 )
             )
-        campaign = campaign_record(
-            snap.runs,
-            findings,
+        fields: dict[str, Any] = dict(
+            runs=snap.runs,
+            findings=findings,
             started=timestamp(started),
             finished=timestamp(finished),
             seconds=finished - started,
@@ -273,16 +289,20 @@ def supervise(
             database=plan["database"] or "none",
             interrupted=stopper.interrupted_by is not None,
             events=snap.events,
+            timing=campaign_timing(states, plan["workers"], started, finished),
+            database_note=plan.get("database_note"),
         )
-        tmp = out / ".campaign.json.tmp"
-        tmp.write_text(json.dumps(campaign, indent=2) + "\n")
-        os.replace(tmp, out / "campaign.json")
-        code = exit_status(campaign, stopper.interrupted_by)
-        for line in summary_lines(campaign, shown, code):
+        # Each result on its own; what cannot be written is told below, never raised.
+        results = write_results(campaign_record, fields, writer)
+        campaign, code = results.campaign, results.status(stopper.interrupted_by)
+        for line in results.summary(shown, code):
             progress.say(line)
-        reports = write_reports(campaign, out)
-        if reports:
-            progress.say("reports: " + ", ".join(str(shown / p.name) for p in reports))
+        if results.reports:
+            progress.say("reports: " + ", ".join(str(shown / p.name) for p in results.reports))
+    # After the live display: on stderr, the cases not written, whole, then one line each.
+    writer.print_unwritten(sys.stderr)
+    for line in results.problems(shown):
+        print(line, file=sys.stderr, flush=True)
     clean = snap.settled == len(items) or proc.returncode in (0, 1)
     clean = clean and not any(r["status"] == "error" for r in snap.runs)
     if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):

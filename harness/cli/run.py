@@ -122,8 +122,10 @@ def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.storage import (
         check_database,
         database_spec,
+        note_artifact,
         prepare_out,
         private_hypothesis_home,
+        split_github,
     )
     from attnfuzz.harness.target import HarnessError, UsageError
     from attnfuzz.strategies.batches import SCALES
@@ -140,8 +142,11 @@ def command(args: argparse.Namespace) -> int:
     # Paths first, before any user code runs (it may change directory).
     out = prepare_out(args.out, create=False)
     db = database_spec(args.db)
+    searched: str | None = db
     if args.seed is None:  # a derandomized run neither reads nor writes the database
         check_database(db)
+        if note_artifact(db).empty:  # said once; not fetched (and warned about) again
+            searched = split_github(db)[0]
     impl = target.resolve(spec)
     timeout = args.example_timeout or DEFAULT_TIMEOUT_S
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
@@ -151,7 +156,7 @@ def command(args: argparse.Namespace) -> int:
                 impl,
                 max_examples=args.max_examples,
                 rng_seed=args.seed,
-                database=db,
+                database=searched,
                 scale=SCALES[args.scale],
                 device=device,
                 judge=isolated.judge,
