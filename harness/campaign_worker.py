@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.campaign_timing import hypothesis_phase, note_phase
 from attnfuzz.harness.definitions import PROFILE_NAMES, case_size
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
@@ -137,6 +138,10 @@ class ItemLog:
             "updated": now,
             "deadline": None,
             "first_example": None,  # when the first example was judged: failures are timed from it
+            "worker": os.environ.get("PYTEST_XDIST_WORKER"),  # these four: campaign_timing's
+            "first_verdict": None,  # its start-up ends: judging child forked, first call done
+            "shrinking": 0.0,
+            "shrinking_since": None,
             "examples": 0,
             "labels": {},
             "timeline": [[round(now - self.origin, 3), 0]],
@@ -167,7 +172,9 @@ class ItemLog:
     def judged(self, labels: list[str]) -> None:
         self.state["examples"] += 1
         self.labels.update(labels)
-        self.flush(force=False)
+        first = self.state["first_verdict"] is None  # "workers ready" is said from it: at once
+        self.state["first_verdict"] = self.state["first_verdict"] or time.time()
+        self.flush(force=first)
 
     def found(self, case_dict: dict[str, Any], verdict: Verdict) -> None:
         """Keep the smallest case of each distinct failure; write it out at once."""
@@ -209,6 +216,7 @@ class ItemLog:
         self._last_write = now
 
     def finish(self, status: str, error: str | None = None) -> None:
+        note_phase(self.state, "ended")
         elapsed = round(time.time() - self.origin, 3)
         if self.state["timeline"][-1][1] != self.examples:
             self.state["timeline"].append([elapsed, self.examples])
@@ -330,6 +338,7 @@ def _run_rounds(
         if out_of_time():
             raise _Stop
         case_dict = case.to_dict()
+        note_phase(log.state, hypothesis_phase())  # a shrink's start: timed to the run's end
         log.before(case_dict)
         try:
             # The campaign's deadline bounds even a hanging call: the budget holds.
@@ -379,6 +388,7 @@ def _run_rounds(
                 if not all(isinstance(leaf, Finding) for leaf in _leaves(err)):
                     raise
             finally:  # the seed that replays this Hypothesis run, for the record
+                note_phase(log.state, "ended")
                 used = getattr(test, "_hypothesis_internal_use_seed", None)
                 used = used or getattr(test, "_hypothesis_internal_use_generated_seed", None)
                 log.state["rounds"].append(used)

@@ -6,6 +6,53 @@ import time
 from typing import TextIO
 
 from attnfuzz.harness.campaign.collect import Snapshot
+from attnfuzz.harness.campaign_timing import StartupState
+
+
+def workers_text(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+class StartupNotes:
+    """The workers' start-up, said as it goes: before their first verdict a
+    campaign is seconds of imports and first kernel calls, never silence."""
+
+    def __init__(self, workers: int, started: float):
+        self.workers, self.started = workers, started
+        self.said_up = self.said_ready = False
+
+    def stamp(self, now: float) -> str:
+        return f"[{now - self.started:6.1f}s]"
+
+    def begin(self, now: float) -> str:
+        return (
+            f"{self.stamp(now)} starting {workers_text(self.workers)}: each loads torch, "
+            "Triton and the targets ..."
+        )
+
+    def lines(self, state: StartupState, now: float) -> list[str]:
+        """What to say now that the workers are ``state``: each line once."""
+        lines, who = [], workers_text(state.workers)
+        if not self.said_up and state.all_up and not state.all_ready:
+            self.said_up = True
+            up = max(state.up.values()) - self.started
+            what = "the first examples" if state.workers > 1 else "its first example"
+            lines.append(
+                f"{self.stamp(now)} {who} up after {up:.1f}s; judging {what} "
+                "(forking a judging child, the first kernel calls) ..."
+            )
+        if not self.said_ready and state.all_ready:
+            self.said_ready = self.said_up = True
+            ready = max(state.ready.values()) - self.started
+            lines.append(f"{self.stamp(now)} {who} ready (start-up {ready:.1f}s); fuzzing ...")
+        return lines
+
+
+def starting_text(startup: StartupState | None) -> str:
+    """``starting: 1/2 workers ready`` while some worker has judged nothing yet."""
+    if startup is None or startup.all_ready:
+        return ""
+    return f"starting: {len(startup.ready)}/{startup.workers} workers ready"
 
 
 class LineProgress:
@@ -23,15 +70,23 @@ class LineProgress:
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
-    def update(self, snap: Snapshot, elapsed: float, left: float | None) -> None:
+    def update(
+        self,
+        snap: Snapshot,
+        elapsed: float,
+        left: float | None,
+        startup: StartupState | None = None,
+    ) -> None:
         if self.every is None or time.monotonic() - self.last < self.every:
             return
         self.last = time.monotonic()
         examples = sum(r["examples"] for r in snap.runs)
         done = sum(not r["_running"] for r in snap.runs)
         rest = f", {left:.0f}s left" if left is not None else ""
+        starting = starting_text(startup)
+        starting += ", " if starting else ""
         self.say(
-            f"[{elapsed:6.1f}s] {examples} examples, {len(snap.findings)} findings, "
+            f"[{elapsed:6.1f}s] {starting}{examples} examples, {len(snap.findings)} findings, "
             f"{done}/{len(snap.runs)} runs done{rest}"
         )
 
@@ -57,11 +112,19 @@ class LiveProgress:
     def say(self, line: str) -> None:
         self.live.console.print(line, markup=False, highlight=False)
 
-    def update(self, snap: Snapshot, elapsed: float, left: float | None) -> None:
+    def update(
+        self,
+        snap: Snapshot,
+        elapsed: float,
+        left: float | None,
+        startup: StartupState | None = None,
+    ) -> None:
         from rich.table import Table
 
         rest = f", {left:.0f}s left" if left is not None else ""
         table = Table(title=f"{self.title} - {elapsed:.0f}s{rest}", title_justify="left")
+        # Under the table: the title is as wide as the table already.
+        table.caption, table.caption_justify = starting_text(startup) or None, "left"
         for name, justify in [
             ("target", "left"),
             ("implementation", "left"),
@@ -72,11 +135,13 @@ class LiveProgress:
             ("time left", "right"),
         ]:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
-        for run in snap.runs:
+        for u, run in enumerate(snap.runs):  # in the units' order
             if not run["_running"]:
                 when = "done"
             elif run["_started"] is None:
                 when = "waiting"
+            elif startup is not None and u in startup.starting:
+                when = "starting"  # no verdict yet: its judging child, the first kernel calls
             else:
                 when = f"{left:.0f}s" if left is not None else "-"
             failures = str(len(run["findings"]))
