@@ -33,7 +33,6 @@ from __future__ import annotations
 import faulthandler
 import hashlib
 import json
-import math
 import os
 import time
 import traceback
@@ -42,11 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.campaign_budget import item_deadline, shard_floor, share_spent
 from attnfuzz.harness.campaign_timing import hypothesis_phase, note_phase
 from attnfuzz.harness.definitions import PROFILE_NAMES, case_size
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
+from attnfuzz.harness.guards import HarnessError
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.runner import HarnessFailed
 from hypothesis import seed, settings
 
 PLAN = "plan.json"
@@ -225,56 +227,6 @@ class ItemLog:
         self.flush()
 
 
-def item_deadline(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> float | None:
-    """This unit's share of what is left of the budget.
-
-    With ``k`` units not yet started (this one included) on ``N`` workers, each
-    worker has about ``ceil(k / N)`` units to go: this one gets that fraction
-    of the time left, so that every worker stays busy until the deadline even
-    when units end early (a crash, a caught mutant).
-    """
-    marker = scratch / "started" / item["id"]
-    marker.touch()
-    deadline = plan["deadline"]
-    if deadline is None:
-        return None
-    started = sum(1 for _ in marker.parent.iterdir())
-    left = max(1, len(plan["items"]) - started + 1)
-    now = time.time()
-    share = (deadline - now) / math.ceil(left / plan["workers"])
-    return min(deadline, now + max(share, 0.0))
-
-
-def shard_floor(plan: dict[str, Any], item: dict[str, Any]) -> int:
-    """This shard's part of its run's example floor (none for a run capped by --max-examples)."""
-    if item["max_examples"] is not None:
-        return 0
-    shards = sum(1 for other in plan["items"] if other["unit"] == item["unit"])
-    return -(-plan.get("min_examples", 0) // shards)
-
-
-def share_spent(
-    now: float,
-    share_deadline: float | None,
-    campaign_deadline: float | None,
-    examples: int,
-    floor: int,
-    found: bool,
-) -> bool:
-    """Whether a shard stops: its share of the budget is soft below its floor.
-
-    A shard that found nothing short of its floor goes on past its share (the
-    units after it get what is left, see :func:`item_deadline`), up to the
-    campaign's own deadline: the budget is spent first on giving every run a
-    verdict, and a slow target is not left INCOMPLETE while fast ones idle.
-    """
-    if share_deadline is None or now < share_deadline:
-        return False
-    if campaign_deadline is not None and now >= campaign_deadline:
-        return True
-    return examples >= floor or found
-
-
 def _leaves(err: BaseException) -> list[BaseException]:
     if isinstance(err, BaseExceptionGroup):
         return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
@@ -299,6 +251,9 @@ def run_item(scratch: Path, plan: dict[str, Any], item: dict[str, Any]) -> dict[
         _run_rounds(log, plan, item, deadline)
     except KeyboardInterrupt:
         log.finish("interrupted")
+        raise
+    except HarnessError as err:  # its message names the file and line in attnfuzz
+        log.finish("error", str(err))
         raise
     except BaseException as err:
         log.finish("error", "".join(traceback.format_exception_only(err)).strip())
@@ -345,6 +300,8 @@ def _run_rounds(
             return isolated.judge(case, deadline=plan["deadline"])
         except OutOfTime:
             raise _Stop from None
+        except HarnessError as err:  # attnfuzz's own fault: through Hypothesis, unshrunk
+            raise HarnessFailed(err) from err
         finally:
             log.after()
 
@@ -383,6 +340,8 @@ def _run_rounds(
                 test()
             except _Stop:
                 break
+            except HarnessFailed as failed:
+                raise failed.args[0] from None
             except BaseException as err:
                 # Findings were recorded as they came; anything else is the harness's.
                 if not all(isinstance(leaf, Finding) for leaf in _leaves(err)):

@@ -28,7 +28,7 @@ class _OutOfBudget(BaseException):
     Hypothesis lets it through instead of taking it for a failure to shrink."""
 
 
-class _HarnessFailed(BaseException):
+class HarnessFailed(BaseException):
     """Carries a :class:`HarnessError` through Hypothesis, which would otherwise take it
     for the property failing and shrink it: attnfuzz's own fault ends the run at once."""
 
@@ -141,7 +141,7 @@ def fuzz(
         try:
             return judge(case, result.phase_seconds)
         except HarnessError as err:
-            raise _HarnessFailed(err) from err
+            raise HarnessFailed(err) from err
 
     def record(case: Case, verdict: Verdict, labels: list[str]) -> None:
         result.labels.update(labels)
@@ -190,7 +190,7 @@ def fuzz(
         result.stopped_by_budget = True
     except KeyboardInterrupt:
         result.interrupted = True
-    except _HarnessFailed as failed:
+    except HarnessFailed as failed:
         raise failed.args[0] from None
     result.seconds = time.perf_counter() - start
     return result

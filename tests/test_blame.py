@@ -9,6 +9,7 @@ engine or a user's module without any engine installed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import types
 import warnings
@@ -251,3 +252,19 @@ def test_a_misspelt_field_of_a_public_dataclass_is_the_readers_fault():
     assert fault_of(adapter().calls, lambda inp: inp.seq_len, inputs) is None  # a user lambda
     glue = module_code("attnfuzz.adapters.vllm._typo", "def run(inputs):\n    return inputs.x\n")
     assert fault_of(glue.run, inputs).function == "run"
+
+
+def test_a_campaign_run_attnfuzz_failed_on_is_error_exit_4_no_finding(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    out = tmp_path / "out"
+    code = main(
+        ["campaign", "--targets", TARGET, "--impls", "blame_probe:glue", "--max-examples", "5",
+         "--out", str(out), "--db", str(tmp_path / "db")]
+    )  # fmt: skip
+    doc = json.loads((out / "campaign.json").read_text())
+    assert code == EXIT_ERROR
+    (run,) = doc["runs"]
+    assert run["status"] == "error" and doc["findings"] == []
+    assert run["error"].startswith("attnfuzz error at adapters/vllm/_probe.py:3 in glue: Attri")
+    assert not (out / "cases").exists() or not any((out / "cases").iterdir())
+    assert "ERROR" in (out / "summary.md").read_text()

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import campaign as cp
-from attnfuzz.harness.campaign_worker import item_deadline, write_json
+from attnfuzz.harness.campaign_budget import item_deadline
+from attnfuzz.harness.campaign_worker import write_json
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main, parse_duration
 from attnfuzz.harness.definitions import (
@@ -180,7 +181,8 @@ def _run(
         ([_run("user", 1)], False, None, 1),
         ([_run("reference", 1)], False, None, 1),
         ([_run("fixed"), _run("mutant", 0)], False, None, 1),  # a mutant survived
-        ([_run("fixed", status="error")], False, None, 1),
+        ([_run("fixed", status="error")], False, None, 4),  # attnfuzz's fault: no finding
+        ([_run("fixed", status="error"), _run("user", 1)], False, None, 1),  # a finding first
         ([_run("fixed"), _run("mutant", 0)], True, signal.SIGINT, 130),
         ([_run("fixed")], True, signal.SIGTERM, 143),
         ([_run("fixed", 1)], True, signal.SIGTERM, 1),  # a must-pass finding first

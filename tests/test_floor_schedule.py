@@ -10,7 +10,7 @@ campaign's own deadline.
 from __future__ import annotations
 
 import pytest
-from attnfuzz.harness.campaign_worker import shard_floor, share_spent
+from attnfuzz.harness.campaign_budget import shard_floor, share_spent
 
 SHARE, END = 100.0, 200.0
 

@@ -47,8 +47,10 @@ run), :mod:`.collect` (their files), :mod:`.progress` (the console) and
 is :mod:`attnfuzz.harness.cli.campaign`.
 
 Exit status, in this order: ``2`` usage error; ``1`` a finding on an
-implementation that must pass (fixed, reference, user) or a run that could
-not go on (``error``); ``130`` (Ctrl-C) or ``143`` (SIGTERM) interrupted,
+implementation that must pass (fixed, reference, user), or results that
+could not all be written; ``4`` a run attnfuzz's own code failed on
+(``error``: an adapter's glue, a stand-in, the harness; no verdict on it);
+``130`` (Ctrl-C) or ``143`` (SIGTERM) interrupted,
 the report covers what ran; ``1`` a mutant survived (no finding in at least
 its floor of examples, ``--min-examples``); ``3`` a run has no verdict: it
 judged no example (``not run``) or found nothing in fewer examples than its

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from attnfuzz.harness.campaign.collect import Snapshot
 from attnfuzz.harness.definitions import (
     CAMPAIGN_SCHEMA,
+    EXIT_ERROR,
     EXIT_FOUND,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -47,13 +48,14 @@ INVALID_JSON = "campaign.invalid.json"  # a document its schema refuses: see abo
 
 
 def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
-    """See the package docstring: must-pass findings and errors, then interrupts, then
-    mutants that survived, then runs with no verdict (none or too few examples judged)."""
+    """See the package docstring: must-pass findings, then attnfuzz's own errors, then
+    interrupts, then mutants that survived, then runs with no verdict (none or too few
+    examples judged)."""
     runs = campaign["runs"]
-    if any(r["status"] == "error" for r in runs):
-        return EXIT_FOUND
     if any(r["findings"] and r["kind"] != "mutant" for r in runs):
         return EXIT_FOUND
+    if any(r["status"] == "error" for r in runs):  # attnfuzz failed: no verdict, no finding
+        return EXIT_ERROR
     if campaign["interrupted"]:
         return 128 + (signum or signal.SIGINT)
     if any(run_verdict(r) == SURVIVED for r in runs):

@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.epilog = (
         "exit status: 2 usage error; 1 a finding on a fixed, reference or user implementation, "
-        "or a run that could not go on; 130/143 interrupted (SIGINT/SIGTERM); 1 a mutant "
+        "or results not all written; 4 attnfuzz's own code failed on a run (ERROR: no verdict "
+        "on it); 130/143 interrupted (SIGINT/SIGTERM); 1 a mutant "
         "survived; 3 a run found nothing short of its floor (--min-examples): INCOMPLETE; "
         "0 otherwise"
     )
