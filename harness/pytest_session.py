@@ -1,0 +1,204 @@
+"""The session of attnfuzz's pytest plugin (``harness/pytest_plugin.py``): the
+names of its options and ini keys, and :class:`SessionState`, what they say,
+parsed once per session, with the judges that judge each case (in a child
+process, one per implementation, unless in process) and the case files written.
+
+Importing this imports nothing beyond pytest: pytest imports the plugin in
+every run where attnfuzz is installed, and the rest is imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import pytest
+from attnfuzz.harness.pytest_report import display_path
+
+if TYPE_CHECKING:
+    from attnfuzz.harness.isolation import IsolatedJudge
+    from attnfuzz.harness.oracle import Verdict
+    from attnfuzz.harness.pytest_report import Judged
+    from attnfuzz.harness.target import Implementation, Target
+    from attnfuzz.reference.batch import Case
+
+# The names the hooks declare, the items mark and the usage errors say.
+IMPL_OPTION = "--attnfuzz-impl"
+CASES_OPTION = "--attnfuzz-cases"
+MUTANTS_OPTION = "--attnfuzz-mutants"
+IN_PROCESS_OPTION = "--attnfuzz-in-process"
+TIMEOUT_OPTION = "--attnfuzz-example-timeout"
+OUT_OPTION = "--attnfuzz-out"
+IMPL_INI = "attnfuzz_impl"
+CASES_INI = "attnfuzz_cases"
+MUTANTS_INI = "attnfuzz_mutants"
+IN_PROCESS_INI = "attnfuzz_in_process"
+TIMEOUT_INI = "attnfuzz_example_timeout"
+MARKER = "attnfuzz"
+
+STATE = pytest.StashKey["SessionState"]()  # the config's: where hooks and items find it
+
+
+class SessionState:
+    """What the options and ini keys say, parsed once per session, and the judges."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.fuzz: list[tuple[str, str]] = [
+            _pair(text, IMPL_OPTION) for text in config.getoption("attnfuzz_impl")
+        ]
+        ini = [_pair(text, IMPL_INI) for text in config.getini(IMPL_INI)]
+        self.impls: dict[str, str] = dict(ini)
+        self.impls.update(self.fuzz)  # the command line wins
+        # Where each name came from, for the usage errors.
+        self.named: dict[tuple[str, str], str] = {pair: IMPL_INI for pair in ini}
+        self.named.update({pair: IMPL_OPTION for pair in self.fuzz})
+        asked = [Path(d).resolve() for d in config.getoption("attnfuzz_cases")]
+        for d in asked:
+            if not d.is_dir():
+                raise pytest.UsageError(f"{CASES_OPTION} {d}: not a directory")
+        self.case_dirs = asked + [Path(d).resolve() for d in config.getini(CASES_INI)]
+        self.asked_dirs = asked
+        self.mutants: list[tuple[str, str]] = [
+            *((MUTANTS_INI, spec) for spec in config.getini(MUTANTS_INI)),
+            *((MUTANTS_OPTION, spec) for spec in config.getoption("attnfuzz_mutants")),
+        ]
+        self.in_process = bool(
+            config.getoption("attnfuzz_in_process") or config.getini(IN_PROCESS_INI)
+        )
+        option = config.getoption("attnfuzz_example_timeout")
+        ini_timeout = config.getini(TIMEOUT_INI).strip()
+        self.timeout: float | None = (
+            _seconds(option, TIMEOUT_OPTION)
+            if option is not None
+            else _seconds(ini_timeout, TIMEOUT_INI)
+            if ini_timeout
+            else None
+        )
+        out = config.getoption("attnfuzz_out")
+        self.out = Path(out).resolve() if out else config.rootpath / ".attnfuzz" / "cases"
+        self.here = config.invocation_params.dir  # case files are shown relative to it
+        self.device: str | None = None  # where the kernels run, for case files
+        self._resolved: dict[tuple[str, str], tuple[Target, Implementation]] = {}
+        self._judges: dict[tuple[str, str, float], IsolatedJudge] = {}
+        self._written: dict[Path, str] = {}  # case files written this session: their case
+
+    def check(self) -> None:
+        """Register the mutants and resolve every name given, at start-up: a
+        mistake is one line, not a traceback per test (and none ignored)."""
+        from attnfuzz.harness.cli.args import one_line
+        from attnfuzz.harness.devices import check_device
+        from attnfuzz.harness.registry import add_mutants
+        from attnfuzz.harness.target import UsageError
+
+        def refuse(where: str, err: Exception) -> NoReturn:
+            raise pytest.UsageError(one_line(f"{where}: {err}")) from None
+
+        for where, spec in self.mutants:
+            try:
+                add_mutants(spec)
+            except UsageError as err:
+                refuse(where, err)
+        for (target, spec), where in self.named.items():
+            try:
+                self.resolve(target, spec)
+            except UsageError as err:
+                refuse(f"{where} {target}={spec}", err)
+        try:
+            self.device = check_device()  # ATTNFUZZ_DTYPE this machine cannot run
+        except UsageError as err:
+            raise pytest.UsageError(one_line(err)) from None
+
+    def resolve(self, target: str, spec: str) -> tuple[Target, Implementation]:
+        """The target and implementation ``spec`` names (resolved once a session)."""
+        if (target, spec) not in self._resolved:
+            from attnfuzz.harness.registry import get_target
+
+            t = get_target(target)
+            self._resolved[target, spec] = (t, t.resolve(spec))
+        return self._resolved[target, spec]
+
+    def timeout_for(self, recorded: float | None = None) -> float | None:
+        """The per-case timeout: the option's, else a case file's, else the default;
+        None when judging in process (nothing times out there)."""
+        from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S
+
+        if self.in_process:
+            return None
+        return self.timeout or recorded or DEFAULT_TIMEOUT_S
+
+    def judge(
+        self, target: Target, impl: Implementation, case: Case, timeout: float | None
+    ) -> Verdict:
+        """``target.judge(impl, case)``, in a child unless in process: a crash or a
+        hang is then the verdict (``crash``, ``timeout``), never the session's end."""
+        if timeout is None:
+            return target.judge(impl, case)
+        key = (target.name, impl.name, timeout)
+        judge = self._judges.get(key)
+        if judge is None:  # one child per implementation, kept for the session
+            from attnfuzz.harness.isolation import IsolatedJudge
+
+            judge = self._judges[key] = IsolatedJudge(target, impl, timeout_s=timeout)
+        return judge.judge(case)
+
+    def save(self, failure: Judged) -> None:
+        """Write ``failure``'s case file (named as ``attnfuzz run`` names it)."""
+        from attnfuzz.harness.casefile import case_document, write_case
+        from attnfuzz.harness.definitions import finding_id
+
+        if self.device is None:
+            from attnfuzz.kernels._triton import device
+
+            self.device = str(device())
+        doc = case_document(
+            failure.target,
+            failure.impl,
+            failure.case,
+            failure.verdict,
+            self.device,
+            example_timeout=failure.timeout,
+        )
+        name = finding_id(failure.target, failure.impl, failure.verdict.key)
+        # Another test's case of the same finding, written this session, is kept.
+        body = json.dumps(doc["case"], sort_keys=True)
+        path, n = self.out / f"{name}.json", 1
+        while self._written.get(path, body) != body:
+            n += 1
+            path = self.out / f"{name}-{n}.json"
+        self._written[path] = body
+        try:
+            write_case(path, doc)
+        except OSError as err:  # the case is not lost: it goes into the message
+            failure.unsaved = (
+                f"could not write {path} ({err.strerror or err}); the case: "
+                + json.dumps(doc["case"])
+            )
+            return
+        failure.shown = display_path(path, self.here)
+
+    def holds_case(self, path: Path) -> bool:
+        return path.suffix == ".json" and any(path.is_relative_to(d) for d in self.case_dirs)
+
+    def close(self) -> None:
+        for judge in self._judges.values():
+            judge.close()
+        self._judges.clear()
+
+
+def _pair(text: str, where: str) -> tuple[str, str]:
+    target, sep, impl = text.strip().partition("=")
+    if not sep or not target.strip() or not impl.strip():
+        raise pytest.UsageError(f"{where} {text!r}: expected TARGET=IMPL, e.g. mtp-seq-lens=pkg:fn")
+    return target.strip(), impl.strip()
+
+
+def _seconds(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise pytest.UsageError(f"{where} {text!r}: expected a number of seconds > 0")
+    return value
