@@ -284,10 +284,12 @@ def _run_rounds(
     database = None if plan["derandomized"] else open_database(plan["database"])
 
     floor = shard_floor(plan, item)
+    # The profile's default budget is soft (see campaign.run): the floor comes first.
+    hard_deadline = None if plan.get("deadline_soft") else plan["deadline"]
 
     def out_of_time() -> bool:
         found = bool(log.state["findings"])
-        return share_spent(time.time(), deadline, plan["deadline"], log.examples, floor, found)
+        return share_spent(time.time(), deadline, hard_deadline, log.examples, floor, found)
 
     def judge(case) -> Verdict:
         if out_of_time():
@@ -297,7 +299,7 @@ def _run_rounds(
         log.before(case_dict)
         try:
             # The campaign's deadline bounds even a hanging call: the budget holds.
-            return isolated.judge(case, deadline=plan["deadline"])
+            return isolated.judge(case, deadline=hard_deadline)
         except OutOfTime:
             raise _Stop from None
         except HarnessError as err:  # attnfuzz's own fault: through Hypothesis, unshrunk

@@ -39,3 +39,24 @@ def test_each_shard_carries_its_part_of_the_floor_and_a_capped_run_none():
     assert shard_floor(plan, items[0]) == 101
     assert shard_floor(plan, plan["items"][2]) == 201
     assert shard_floor(plan, {"unit": 0, "max_examples": 50}) == 0
+
+
+def test_without_a_budget_asked_for_every_run_judges_its_floor(tmp_path, monkeypatch, capsys):
+    """The profile's default budget is a target, not a limit: here 1 s, less than the
+    workers take to start, and still each run judges its floor: the verdict does not
+    depend on the machine's speed. Asked for, the same budget is a limit: no verdict."""
+    import dataclasses
+    import json
+
+    from attnfuzz.harness import campaign_worker
+    from attnfuzz.harness.cli import main
+
+    dev = campaign_worker.PROFILES["dev"]
+    monkeypatch.setitem(campaign_worker.PROFILES, "dev", dataclasses.replace(dev, budget_s=1.0))
+    args = ["campaign", "--targets", "mtp-seq-lens", "--profile", "dev", "--min-examples", "30",
+            "-n", "1", "--db", str(tmp_path / "db")]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "soft")]) == 0
+    assert "budget 1s (each run judges its floor first)" in capsys.readouterr().out
+    (run,) = json.loads((tmp_path / "soft" / "campaign.json").read_text())["runs"]
+    assert run["examples"] >= 30 and run["status"] == "pass"
+    assert main([*args, "--budget", "1", "--out", str(tmp_path / "hard")]) == 3

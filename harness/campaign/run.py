@@ -36,7 +36,11 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
     derandomized = profile.derandomized or options.seed is not None
     seed = options.seed if options.seed is not None else (0 if derandomized else None)
     budget = options.budget_s
-    if budget is None and options.max_examples is None:
+    # No budget asked for: the profile's is a target, not a limit. Every run first
+    # judges its example floor, however long that takes on this machine (the
+    # verdict must not depend on its speed), then the rest of the budget is spent.
+    soft = budget is None and options.max_examples is None
+    if soft:
         budget = profile.budget_s
     timeout = options.example_timeout_s or profile.example_timeout_s
     options.device = check_device(options.device)  # one line and exit 2, before any work
@@ -60,6 +64,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "started": started,
         "budget": budget,
         "deadline": started + budget if budget is not None else None,
+        "deadline_soft": soft,  # the floor comes first (see campaign_budget.share_spent)
         "workers": workers,
         "profile": profile.name,
         "derandomized": derandomized,

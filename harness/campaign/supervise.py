@@ -213,6 +213,8 @@ def supervise(
     budget = plan["budget"]
     with progress:
         budget_text = f"budget {budget:g}s" if budget is not None else "no time budget"
+        if plan.get("deadline_soft"):
+            budget_text += " (each run judges its floor first)"
         cap_text = f", {options.max_examples} examples per run" if options.max_examples else ""
         cap_text += f", floor {options.min_examples}" if options.min_examples else ""
         db_text = plan["database"] or "none (derandomized)"
@@ -236,7 +238,8 @@ def supervise(
                 progress.say(line)
             left = max(0.0, plan["deadline"] - now) if plan["deadline"] else None
             progress.update(snap, now - started, left, boot)
-            stopper.tick(snap, plan["deadline"])
+            # A soft deadline is the workers' to keep, once each run has its floor.
+            stopper.tick(snap, None if plan.get("deadline_soft") else plan["deadline"])
         # Every unit has ended: what is left of the pytest run is its teardown,
         # not worth the wait (nor are the workers of a run that failed).
         ended_by_itself = proc.poll() is not None
