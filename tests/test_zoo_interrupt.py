@@ -70,3 +70,25 @@ def test_a_signal_stops_the_zoo_and_what_ran_is_written_marked(tmp_path, signum)
     assert all(m["status"] == "killed" for m in doc["mutants"] if m is not probe)
     assert "Interrupted" in (out / "zoo.md").read_text()
     assert list(work.iterdir()) == []  # nothing outside --out
+
+
+def test_an_interrupt_python_ignores_prints_no_traceback_and_still_stops():
+    """A signal's KeyboardInterrupt can land in a garbage-collector callback or a
+    ``__del__``, where Python prints "Exception ignored ... Traceback" and goes on:
+    the run stops at its next example all the same (``stop_requested``), quietly.
+    In a process of its own: pytest replaces Python's hook for such exceptions."""
+    script = (
+        "import os, signal\n"
+        "from attnfuzz.harness.cli.run import Signals\n"
+        "class Collected:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        sum(range(10_000))  # the handler runs here, inside __del__\n"
+        "with Signals() as signals:\n"
+        "    thing = Collected()\n"
+        "    del thing\n"
+        "    print('received', signals.received())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout == "received True\n", proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr

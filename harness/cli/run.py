@@ -103,15 +103,25 @@ class Signals:
         self.signum, self._got = signum, True
         raise KeyboardInterrupt
 
+    def _unraisable(self, unraisable: Any) -> None:
+        # Our KeyboardInterrupt landed where Python ignores exceptions (a garbage
+        # collector callback): the run still stops, at the next example
+        # (stop_requested), so the "Exception ignored" traceback is noise.
+        if self._got and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        self._previous_hook(unraisable)
+
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._previous[s] = signal.signal(s, self._on_signal)
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        sys.unraisablehook = self._previous_hook
 
 
 def command(args: argparse.Namespace) -> int:
