@@ -48,6 +48,7 @@ from attnfuzz.reference.batch import (
 )
 from attnfuzz.reference.history import RemovedField
 from attnfuzz.reference.invariants import violations
+from attnfuzz.reference.runner import CG_SUPPORTS
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
     SMALL,
@@ -58,6 +59,11 @@ from attnfuzz.strategies.batches import (
     fixes_violations,
 )
 from hypothesis import strategies as st
+
+DEEPSEEK_V32_CG_SUPPORTS = ("UNIFORM_BATCH", "NEVER")
+"""The ``AttentionCGSupport`` of DeepSeek-V3.2's sparse MLA backends in vLLM 0.33.0
+(``flashmla_sparse.py``, ``flashinfer_mla_sparse.py``, ``rocm_aiter_mla_sparse.py``:
+UNIFORM_BATCH; ``xpu_mla_sparse.py``: NEVER)."""
 
 # The errors live in ``guards``; callers import them from here, with the target.
 __all__ = [
@@ -138,6 +144,14 @@ class Target:
     # the first is the default. ``ATTNFUZZ_DTYPE`` overrides it with another of
     # them; a target without float inputs keeps the default, float32 only.
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    # The AttentionCGSupport of the backends the target's code runs with (the
+    # engine resolves its cudagraph_mode by the smallest): only modes they keep
+    # are drawn, and a case of another support is refused.
+    cg_supports: tuple[str, ...] = CG_SUPPORTS
+    # Whether V2's varlen decode graphs (adaptive verification) are drawn: a target
+    # whose engine code reads the speculative config's adaptive verification
+    # must model it before it sees them.
+    varlen_decode: bool = True
 
     def __post_init__(self) -> None:
         known = set(FLOAT_DTYPES.values())
@@ -215,7 +229,8 @@ class Target:
         limits. An implementation without fixes draws exactly the cases (and
         shrinks exactly as) ``cases(scale)`` does, so saved corpora replay."""
         params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
-        return cases(scale, params, impl.fixes if impl is not None else None)
+        fixes = impl.fixes if impl is not None else None
+        return cases(scale, params, fixes, self.cg_supports, self.varlen_decode)
 
     def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
         """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field
@@ -258,6 +273,16 @@ class Target:
         (broken invariants, wrong target parameters), named by ``where``."""
         with fits_in_memory(where or self.name):
             broken = violations(case.config, case.batch) + self.param_violations(case)
+        if case.config.cg_support not in self.cg_supports:
+            broken.append(
+                f"cg_support {case.config.cg_support}: {self.name} runs with backends of "
+                f"AttentionCGSupport {' or '.join(self.cg_supports)}"
+            )
+        if case.config.varlen_decode and not self.varlen_decode:
+            broken.append(
+                f"varlen_decode: {self.name} does not model adaptive verification, "
+                "which brings varlen decode graphs"
+            )
         if broken:
             prefix = f"{where}: " if where else ""
             raise InvalidCase(f"{prefix}not a batch the engine can produce: {'; '.join(broken)}")

@@ -9,13 +9,15 @@ Modelling choices, stated once:
 
 - Requests are ordered decodes first (the engine's reorder); a request is a
   decode when ``q_len <= decode_threshold``.
-- CUDA-graph padding of *requests* happens for uniform decode batches of
-  speculative decoding (every ``q_len == next_n > 1``) that fit a capture size:
-  ``T_pad`` is the smallest capture size ``>= T``, ``R_pad = T_pad // next_n``,
-  padding requests have ``q_len = 0`` and ``seq_len = 0``, their block-table
-  rows hold ``PAD_PAGE`` and padded tokens map to slot ``-1``. Other batches run
-  attention on the real batch (token padding of the rest of the model does not
-  reach the attention metadata).
+- CUDA-graph padding follows the runner's own decisions
+  (:func:`attnfuzz.reference.runner.step_plan`): only a step replayed as a FULL
+  graph has padded attention metadata, ``T_pad`` tokens and ``R_pad``
+  requests; padding requests have ``q_len = 0`` and ``seq_len = 0``, their
+  block-table rows hold ``PAD_PAGE`` and padded tokens map to slot ``-1``.
+  Other steps run attention on the real batch; the slot mapping the runner
+  computes is still padded with ``-1`` where it pads it (Model Runner V2, and
+  backends that update the KV cache outside ``forward``):
+  ``CommonMetadata.slot_mapping_tokens``.
 - Block tables: every real request owns distinct pages; entries past its valid
   pages hold *stale* page ids (other requests' pages or spare pages), as a
   reused table row does in the engine. Page ids come from the batch's seed.
@@ -33,6 +35,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from attnfuzz.reference.runner import (
+    DEFAULT_CG_SUPPORT,
+    DEFAULT_CUDAGRAPH_MODE,
+    DEFAULT_RUNNER,
+    StepPlan,
+    step_plan,
+)
 
 PAD_PAGE = 0
 """Block-table value of padding requests' rows."""
@@ -112,6 +121,15 @@ class EngineConfig:
     topk: int = 4  # K of the sparse indexer
     num_heads: int = 1  # indexer heads H
     head_dim: int = 4  # indexer head dim D
+    # How the runner runs steps (attnfuzz.reference.runner): the engine's
+    # cudagraph_mode, the attention backend's AttentionCGSupport, the model runner,
+    # V2's varlen decode graphs (adaptive verification), and whether a backend
+    # updates the KV cache outside forward (V1 then pads the slot mapping too).
+    cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE
+    cg_support: str = DEFAULT_CG_SUPPORT
+    runner: str = DEFAULT_RUNNER
+    varlen_decode: bool = False
+    separate_kv_update: bool = False
 
     @property
     def next_n(self) -> int:
@@ -162,14 +180,19 @@ class Batch:
     """One scheduler step: per request tokens already cached and tokens scheduled.
 
     ``seed`` builds every tensor of the case (page ids, queries, keys, ...)
-    through a ``torch.Generator``; ``use_cudagraph`` says whether the step is
-    replayed in a captured graph (and so padded when it is a uniform decode).
+    through a ``torch.Generator``; ``use_cudagraph = False`` forces the step
+    eager (the runner's ``force_eager``), else the config's ``cudagraph_mode``
+    decides (:func:`attnfuzz.reference.runner.step_plan`). ``dp_peer_tokens``
+    is the largest token count of another data-parallel rank this step (0:
+    one rank), ``dp_peer_uniform`` whether that rank runs a uniform decode.
     """
 
     num_computed_tokens: tuple[int, ...]
     q_lens: tuple[int, ...]
     seed: int = 0
     use_cudagraph: bool = True
+    dp_peer_tokens: int = 0
+    dp_peer_uniform: bool = False
 
     @property
     def num_reqs(self) -> int:
@@ -185,6 +208,8 @@ class Batch:
             "q_lens": list(self.q_lens),
             "seed": self.seed,
             "use_cudagraph": self.use_cudagraph,
+            "dp_peer_tokens": self.dp_peer_tokens,
+            "dp_peer_uniform": self.dp_peer_uniform,
         }
 
     @classmethod
@@ -194,6 +219,8 @@ class Batch:
             q_lens=tuple(int(x) for x in d["q_lens"]),
             seed=int(d.get("seed", 0)),
             use_cudagraph=bool(d.get("use_cudagraph", True)),
+            dp_peer_tokens=int(d.get("dp_peer_tokens", 0)),
+            dp_peer_uniform=bool(d.get("dp_peer_uniform", False)),
         )
 
 
@@ -264,6 +291,12 @@ class CommonMetadata:
     num_real_tokens: int
     num_blocks: int  # pages in the KV cache
     padded: bool = False
+    mode: str = "NONE"  # the step's runtime CUDA-graph mode (reference.runner.RUNTIME_MODES)
+    # Tokens of the slot mapping the runner computes (padded with -1 past the real
+    # tokens): T_pad on every graph step of Model Runner V2, and of V1 where a backend
+    # updates the KV cache outside forward, even when the attention metadata is not
+    # padded; ``slot_mapping`` above is the attention metadata's view.
+    slot_mapping_tokens: int = 0
 
     @property
     def query_lens(self) -> np.ndarray:
@@ -281,6 +314,7 @@ class CommonMetadata:
             num_actual_tokens=num_tokens,
             max_query_len=int(np.diff(self.query_start_loc[: num_reqs + 1]).max(initial=0)),
             padded=False,
+            slot_mapping_tokens=num_tokens,
         )
 
 
@@ -289,13 +323,15 @@ def is_uniform_decode(config: EngineConfig, batch: Batch) -> bool:
     return batch.num_reqs > 0 and all(q == config.next_n for q in batch.q_lens)
 
 
+def plan(config: EngineConfig, batch: Batch) -> StepPlan:
+    """How the runner runs ``batch`` (:func:`attnfuzz.reference.runner.step_plan`)."""
+    return step_plan(config, batch)
+
+
 def padded_num_tokens(config: EngineConfig, batch: Batch) -> int | None:
-    """``T_pad`` when the step is replayed in a graph with request padding, else None."""
-    if not (batch.use_cudagraph and config.next_n > 1 and is_uniform_decode(config, batch)):
-        return None
-    num_tokens = sum(batch.q_lens)
-    fitting = [s for s in sorted(config.cudagraph_capture_sizes) if s >= num_tokens]
-    return fitting[0] if fitting else None
+    """``T_pad`` when the step's attention metadata is padded, else None."""
+    p = step_plan(config, batch)
+    return p.num_tokens_padded if p.padded else None
 
 
 def build_block_table(config: EngineConfig, batch: Batch) -> tuple[np.ndarray, int]:
@@ -347,9 +383,11 @@ def build_common_metadata(config: EngineConfig, batch: Batch) -> CommonMetadata:
         num_real_tokens=num_tokens,
         num_blocks=num_blocks,
     )
-    num_tokens_padded = padded_num_tokens(config, batch)
-    if num_tokens_padded is not None:
-        meta = pad_for_cudagraph(meta, num_tokens_padded, num_tokens_padded // config.next_n)
+    step = step_plan(config, batch)
+    meta.mode = step.mode
+    if step.padded:
+        meta = pad_for_cudagraph(meta, step.num_tokens_padded, step.num_reqs_padded)
+    meta.slot_mapping_tokens = max(step.slot_mapping_tokens, meta.num_actual_tokens)
     return meta
 
 

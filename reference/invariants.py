@@ -14,8 +14,8 @@ from attnfuzz.reference.batch import (
     CommonMetadata,
     EngineConfig,
     cdiv,
-    is_uniform_decode,
 )
+from attnfuzz.reference.runner import mode_problem, step_plan
 
 
 def config_violations(config: EngineConfig) -> list[str]:
@@ -38,10 +38,13 @@ def config_violations(config: EngineConfig) -> list[str]:
                 f"capture size {s} must be a positive multiple of next_n={config.next_n} "
                 f"and <= max_num_batched_tokens={config.max_num_batched_tokens}"
             )
-        if s // config.next_n > config.max_num_seqs:
-            out.append(
-                f"capture size {s} needs more than max_num_seqs={config.max_num_seqs} requests"
-            )
+    problem = mode_problem(config.cudagraph_mode, config.cg_support, config.next_n)
+    if problem:
+        out.append(problem)
+    if config.runner not in ("v1", "v2"):
+        out.append(f"runner must be 'v1' or 'v2', got {config.runner!r}")
+    if config.varlen_decode and config.runner != "v2":
+        out.append("varlen_decode graphs are Model Runner V2's (runner 'v2')")
     return out
 
 
@@ -63,6 +66,19 @@ def batch_violations(config: EngineConfig, batch: Batch) -> list[str]:
         out.append(f"decodes must come first: q_lens={list(batch.q_lens)}")
     if not 0 <= batch.seed < 2**63:
         out.append("seed must be a non-negative 64-bit integer")
+    if not 0 <= batch.dp_peer_tokens <= config.max_num_batched_tokens:
+        out.append(
+            f"dp_peer_tokens={batch.dp_peer_tokens} not in [0, max_num_batched_tokens="
+            f"{config.max_num_batched_tokens}]"
+        )
+    elif batch.dp_peer_uniform and (
+        batch.dp_peer_tokens % config.next_n
+        or batch.dp_peer_tokens // config.next_n > config.max_num_seqs
+    ):
+        out.append(
+            f"a uniform decode peer has a multiple of next_n={config.next_n} tokens, "
+            f"at most max_num_seqs={config.max_num_seqs} requests"
+        )
     return out
 
 
@@ -70,6 +86,7 @@ def metadata_violations(config: EngineConfig, batch: Batch, meta: CommonMetadata
     """Invariants of the built metadata, padded or not."""
     out = []
     R, T = meta.num_reqs, meta.num_actual_tokens
+    step = step_plan(config, batch)
     qsl, seq_lens, table, slots = (
         meta.query_start_loc,
         meta.seq_lens,
@@ -127,11 +144,19 @@ def metadata_violations(config: EngineConfig, batch: Batch, meta: CommonMetadata
         out.append("padded tokens must map to slot -1")
 
     # Padding: only trailing zero-length, zero-seq_len requests with pad rows.
+    if meta.slot_mapping_tokens != max(step.slot_mapping_tokens, T):
+        out.append(
+            f"slot mapping of {meta.slot_mapping_tokens} tokens, the runner computes "
+            f"{step.slot_mapping_tokens}"
+        )
+    if meta.mode != step.mode or meta.padded != step.padded:
+        out.append(f"metadata of a {meta.mode} step, the runner runs a {step.mode} step")
     if meta.padded:
-        if not (is_uniform_decode(config, batch) and T in config.cudagraph_capture_sizes):
-            out.append(f"padded to T={T}, which is no capture size of a uniform decode")
-        if R != T // config.next_n:
-            out.append(f"R_pad={R} != T_pad / next_n = {T // config.next_n}")
+        if (T, R) != (step.num_tokens_padded, step.num_reqs_padded):
+            out.append(
+                f"padded to T={T}, R={R}; the runner pads to "
+                f"{step.num_tokens_padded}, {step.num_reqs_padded}"
+            )
         if (q_lens[real:] != 0).any() or (seq_lens[real:] != 0).any():
             out.append("padding requests must have q_len = 0 and seq_len = 0")
         if (table[real:] != PAD_PAGE).any():

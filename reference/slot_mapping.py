@@ -7,7 +7,12 @@ docs/domain.md, sections 3 and 4. Token ``j`` of request ``r`` sits at position
 
 The engine computes it once per step into a persistent int64 buffer of
 ``max_num_batched_tokens`` slots and hands the attention layers the view of its
-first ``T_pad`` slots. Two storage facts are part of the contract (vLLM 0.33.0,
+first ``T_pad`` slots; ``T_pad`` is the runner's padded token count on every
+graph step of Model Runner V2 (PIECEWISE ones included: ``prepare_attn`` of
+``vllm/v1/worker/gpu/model_runner.py`` passes ``num_tokens_after_padding``), and
+on V1's FULL steps or where a backend updates the KV cache outside
+``forward`` (``has_separate_kv_update`` in ``GPUModelRunner.execute_model``).
+Two storage facts are part of the contract (vLLM 0.33.0,
 ``vllm/v1/worker/gpu/block_table.py``, ``_compute_slot_mappings_kernel``, and
 the V1 runner's ``vllm/v1/worker/block_table.py``, ``ComputeSlotMappingKernel``,
 write the same):
@@ -105,7 +110,8 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> SlotMappingIn
     # Stale slots of earlier steps: valid-looking ids, never -1.
     num_slots = meta.num_blocks * config.block_size
     stale = torch.randint(0, num_slots, (config.max_num_batched_tokens,), generator=gen)
-    positions = torch.randint(0, config.max_model_len, (meta.num_actual_tokens,), generator=gen)
+    T_pad = meta.slot_mapping_tokens  # the runner's padded count, on unpadded steps too
+    positions = torch.randint(0, config.max_model_len, (T_pad,), generator=gen)
     q_lens = meta.query_lens[:R]
     for r in range(R):
         start = int(meta.query_start_loc[r])
@@ -122,7 +128,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> SlotMappingIn
         slot_mapping_buffer=stale.to(torch.int64).to(device),
         num_reqs=R,
         num_tokens=T,
-        num_tokens_padded=meta.num_actual_tokens,
+        num_tokens_padded=T_pad,
         block_size=config.block_size,
     )
 

@@ -26,6 +26,7 @@ from attnfuzz.reference.batch import (
     is_uniform_decode,
     split_decodes_and_prefills,
 )
+from attnfuzz.reference.runner import allowed_modes, step_plan
 from hypothesis import strategies as st
 
 
@@ -106,9 +107,19 @@ def fixes_violations(config: EngineConfig, fixes: Mapping[str, int]) -> list[str
     return out
 
 
+# Runner settings in shrink order: the engine's defaults first.
+RUNNER_CHOICES = ("v2", "v1")
+SUPPORT_CHOICES = ("UNIFORM_BATCH", "ALWAYS", "UNIFORM_SINGLE_TOKEN_DECODE", "NEVER")
+MODE_ORDER = ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "FULL_DECODE_ONLY", "NONE")
+
+
 @st.composite
 def engine_configs(
-    draw: st.DrawFn, scale: Scale = SMALL, fixes: Mapping[str, int] | None = None
+    draw: st.DrawFn,
+    scale: Scale = SMALL,
+    fixes: Mapping[str, int] | None = None,
+    supports: tuple[str, ...] = SUPPORT_CHOICES,
+    varlen: bool = True,
 ) -> EngineConfig:
     """Engine limits, with ``max_num_batched_tokens`` both below and above ``max_model_len``.
 
@@ -116,7 +127,11 @@ def engine_configs(
     scale's limit for it (``topk=512`` at ``SMALL``), and is not drawn; the
     ranges of the fields drawn after it are bounded by it where they depend on
     it. Without ``fixes``, the draws (and so saved corpora, seeds and shrinking)
-    are exactly those of an unfixed strategy.
+    are exactly those of an unfixed strategy. ``supports`` are the
+    ``AttentionCGSupport`` values of the backends the target's code runs with:
+    only modes one of them keeps are drawn. ``varlen`` False: no varlen decode
+    graphs (they come with adaptive verification, which changes what the
+    DeepSeek builders do).
     """
     fixed = dict(fixes or {})
     problems = fixes_problems(fixed)
@@ -154,7 +169,26 @@ def engine_configs(
     # step runs in some graph, padded unless its size was captured.
     if draw(st.booleans().map(lambda b: not b)):  # shrinks towards True
         capture_reqs.append(max_graph_reqs)
-    sizes = tuple(sorted({n * next_n for n in capture_reqs if n <= max_graph_reqs}))
+    sizes = {n * next_n for n in capture_reqs if n <= max_graph_reqs}
+    # Half the engines also capture a size past their largest decode step, as
+    # vLLM's default sizes do (up to twice it): mixed steps then fit a graph too.
+    if draw(st.booleans()):
+        top = max(1, max_num_batched_tokens // next_n)
+        sizes.add(next_n * draw(st.integers(1, top)))
+    sizes = tuple(sorted(sizes))
+    topk = pick("topk", st.integers(1, scale.topk))
+    num_heads = pick("num_heads", st.integers(1, scale.num_heads))
+    head_dim = pick("head_dim", st.integers(1, scale.head_dim))
+    # How the runner runs steps, drawn last so that the sizes above shrink alike:
+    # a mode, then a backend support the engine keeps it with
+    # (reference.runner.mode_problem); each list starts at the engine's default.
+    runner = draw(st.sampled_from(RUNNER_CHOICES))
+    ordered = [x for x in SUPPORT_CHOICES if x in supports]
+    modes = [m for m in MODE_ORDER if any(m in allowed_modes(x, next_n) for x in ordered)]
+    mode = draw(st.sampled_from(modes))
+    support = draw(st.sampled_from([x for x in ordered if mode in allowed_modes(x, next_n)]))
+    varlen = varlen and runner == "v2" and mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    varlen = varlen and draw(st.integers(0, 3)) == 3
     return EngineConfig(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
@@ -162,9 +196,14 @@ def engine_configs(
         block_size=block_size,
         num_spec=next_n - 1,
         cudagraph_capture_sizes=sizes,
-        topk=pick("topk", st.integers(1, scale.topk)),
-        num_heads=pick("num_heads", st.integers(1, scale.num_heads)),
-        head_dim=pick("head_dim", st.integers(1, scale.head_dim)),
+        topk=topk,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        cudagraph_mode=mode,
+        cg_support=support,
+        runner=runner,
+        varlen_decode=varlen,
+        separate_kv_update=draw(st.booleans()),
     )
 
 
@@ -264,8 +303,27 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
         room = config.max_model_len - q
         computed.append(draw(st.integers(0, room)))
     seed = draw(st.integers(0, 2**32 - 1))
-    use_cudagraph = draw(st.booleans().map(lambda b: not b))  # shrinks towards True
-    return Batch(tuple(computed), tuple(q_lens), seed=seed, use_cudagraph=use_cudagraph)
+    # A step forced eager in one of eight (NONE steps come from the modes too).
+    use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
+    # Data parallelism in a quarter of the steps: another rank's token count,
+    # a uniform decode or not (each rank pads to the largest, in the smaller mode).
+    peer_tokens, peer_uniform = 0, False
+    if draw(st.integers(0, 3)) == 3:
+        peer_uniform = draw(st.booleans())
+        if peer_uniform:
+            top = max(1, min(config.max_num_seqs, config.max_num_batched_tokens // next_n))
+            peer_tokens = next_n * draw(st.integers(1, top))
+        else:  # mostly within the graphs, where the ranks pad to each other
+            top = max(config.cudagraph_capture_sizes, default=config.max_num_batched_tokens)
+            peer_tokens = draw(st.integers(1, max(top, 1)))
+    return Batch(
+        tuple(computed),
+        tuple(q_lens),
+        seed=seed,
+        use_cudagraph=use_cudagraph,
+        dp_peer_tokens=peer_tokens,
+        dp_peer_uniform=peer_uniform,
+    )
 
 
 @st.composite
@@ -274,14 +332,17 @@ def cases(
     scale: Scale = SMALL,
     params: Mapping[str, st.SearchStrategy[int]] | None = None,
     fixes: Mapping[str, int] | None = None,
+    supports: tuple[str, ...] = SUPPORT_CHOICES,
+    varlen: bool = True,
 ) -> Case:
     """An engine config, a step it admits, and the target's own parameters.
 
     ``params`` maps a parameter name to a strategy of integers, drawn after
     the step (so a target with parameters shrinks its batch the same way).
-    ``fixes`` fixes engine-config fields (see :func:`engine_configs`).
+    ``fixes`` fixes engine-config fields, ``supports`` the backends' CUDA-graph
+    support (see :func:`engine_configs`).
     """
-    config = draw(engine_configs(scale, fixes))
+    config = draw(engine_configs(scale, fixes, supports, varlen))
     batch = draw(batches(config))
     drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))
     return Case(config, batch, drawn)
@@ -312,12 +373,30 @@ def scenario_labels(case: Case) -> list[str]:
         labels.append("ragged_decode")  # short prefill chunks or fewer drafts
     elif len(real_d) >= 2 and real_d[0] < config.next_n:
         labels.append("fewer_drafts")  # several decodes, all with the same d < next_n
+    step = step_plan(config, batch)
+    labels.append(f"mode={step.mode}")
+    labels.append(f"mode={step.mode},{'padded' if meta.padded else 'unpadded'}")
+    labels.append(f"cudagraph_mode={config.cudagraph_mode}")
+    labels.append(f"runner={config.runner}")
+    if batch.dp_peer_tokens:
+        labels.append("dp")
+        own = min((s for s in config.cudagraph_capture_sizes if s >= step.num_tokens), default=0)
+        if step.num_tokens_padded > max(own, step.num_tokens):
+            labels.append("dp_padded")  # padded past this rank's own graph size
     if meta.padded:
         labels.append("padded")
         if meta.num_reqs > meta.num_real_reqs:
             labels.append("padding_requests")
+        if config.next_n == 1:
+            labels.append("padded_next_n=1")
+        if split.num_prefills:
+            labels.append("padded_mixed")
+        elif real_d and min(real_d) != max(real_d):
+            labels.append("padded_ragged_decode")
     elif not batch.use_cudagraph:
         labels.append("eager")
+    if meta.slot_mapping_tokens > meta.num_actual_tokens:
+        labels.append("padded_slot_mapping")
     if split.num_decodes and split.num_prefills:
         labels.append("prefills_follow_decodes")
     d = split.decode_lens

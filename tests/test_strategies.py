@@ -155,6 +155,7 @@ def test_no_fixes_draw_and_shrink_exactly_as_before():
     config = EngineConfig(
         max_model_len=8, max_num_seqs=4, max_num_batched_tokens=12, block_size=1, num_spec=2,
         cudagraph_capture_sizes=(3, 12), topk=6, num_heads=1, head_dim=1,
+        cudagraph_mode="FULL", cg_support="ALWAYS",
     )  # fmt: skip
     assert minimal == Case(config, Batch((0, 0, 0, 0), (3, 3, 3, 3), seed=0, use_cudagraph=True))
 

@@ -23,7 +23,7 @@ from attnfuzz.harness.oracle import (
     expect_meta,
     expect_view_of,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import DEEPSEEK_V32_CG_SUPPORTS, Implementation, Target
 from attnfuzz.reference import flatten_decode as ref
 from attnfuzz.reference.batch import Batch, Case, cdiv
 
@@ -222,6 +222,10 @@ def build() -> Target:
         # Right-aligned and wrong-row bugs need decodes shorter than the longest
         # (short decodes); stale lengths need graph-padded decode tokens.
         guided=("short_decodes", "padded_tokens"),
+        # DeepSeek-V3.2's sparse MLA backends (FlashMLA, FlashInfer, AITER: UNIFORM_BATCH;
+        # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
+        cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
+        varlen_decode=False,  # adaptive verification changes the builder's path
     )
     target.add(Implementation("triton", k.flatten_decode, "fixed", "one program per decode"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))

@@ -12,7 +12,7 @@ from attnfuzz.harness.oracle import (
     expect_meta,
     expect_topk_rows,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import DEEPSEEK_V32_CG_SUPPORTS, Implementation, Target
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Batch, Case
 
@@ -162,6 +162,10 @@ def build() -> Target:
         # #39542 lives where decodes are ragged (short decodes: B*L > N_d), padded
         # decode tokens make sum(d) != N_d, and padding requests make R != B.
         guided=("short_decodes", "padded_tokens", "padding_requests"),
+        # DeepSeek-V3.2's sparse MLA backends (FlashMLA, FlashInfer, AITER: UNIFORM_BATCH;
+        # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
+        cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
+        varlen_decode=False,  # adaptive verification changes the builder's path
     )
     target.add(Implementation("triton", k.indexer_decode, "fixed", "Triton kernels, fixed path"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))

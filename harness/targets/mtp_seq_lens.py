@@ -29,7 +29,7 @@ from attnfuzz.harness.oracle import (
     expect_strides,
     expect_untouched_outside,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import DEEPSEEK_V32_CG_SUPPORTS, Implementation, Target
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import Batch, Case
 
@@ -215,6 +215,10 @@ def build() -> Target:
         # away from next_n = 2, vLLM's only native-path next_n on this platform,
         # where the upstream #42135 mutants live (README, "What the strategies draw").
         guided=(),
+        # DeepSeek-V3.2's sparse MLA backends (FlashMLA, FlashInfer, AITER: UNIFORM_BATCH;
+        # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
+        cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
+        varlen_decode=False,  # adaptive verification changes the builder's path
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))

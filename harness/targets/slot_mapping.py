@@ -79,14 +79,16 @@ def reach_always(case: Case) -> bool:
 
 
 def reach_padded(case: Case) -> bool:
-    """The step runs in a graph: the view is ``T_pad`` slots long."""
-    return build_common_metadata(case.config, case.batch).padded
+    """The runner pads the slot mapping: the view is ``T_pad`` slots long (a FULL
+    step, or any graph step of Model Runner V2, see ``reference.slot_mapping``)."""
+    meta = build_common_metadata(case.config, case.batch)
+    return meta.padded or meta.slot_mapping_tokens > meta.num_real_tokens
 
 
 def trigger_stale_padding(case: Case) -> bool:
-    """The graph pads tokens, ``T_pad > T``: their slots hold stale ids unless written."""
+    """The runner pads tokens, ``T_pad > T``: their slots hold stale ids unless written."""
     meta = build_common_metadata(case.config, case.batch)
-    return meta.num_actual_tokens > meta.num_real_tokens
+    return meta.slot_mapping_tokens > meta.num_real_tokens
 
 
 def trigger_position(case: Case) -> bool:
