@@ -39,6 +39,9 @@ HARNESS_FAULT_NOTE = (
     "a fault of attnfuzz itself, not a finding on the implementation: no case was written; "
     "please report it with the line above"
 )
+# A finding on engine code that the engine never runs on such metadata (only a FULL
+# graph replays it, where the Python does not run): harness.reachability.
+EXIT_LATENT = 5
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
 
 # -- default paths, relative to the working directory --------------------------------

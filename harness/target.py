@@ -152,6 +152,10 @@ class Target:
     # whose engine code reads the speculative config's adaptive verification
     # must model it before it sees them.
     varlen_decode: bool = True
+    # Where the engine's code of this target runs (harness.reachability.RUNS_IN):
+    # "builder" and "runner" every step, eagerly; "forward" inside the captured
+    # region. A finding on engine code states its reachability from it.
+    runs_in: str = "builder"
 
     def __post_init__(self) -> None:
         known = set(FLOAT_DTYPES.values())

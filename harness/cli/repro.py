@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from attnfuzz.harness.cli.args import add_device_argument, add_timeout_argument, one_line
-from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_OK
+from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK
 from attnfuzz.harness.target import Implementation
 
 HELP = "replay a case file"
@@ -40,8 +40,15 @@ def command(args: argparse.Namespace) -> int:
     note_engine_version(doc, impl)
     # The timeout the case was found under, so that a hang replays as a hang.
     timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
+    reach = None
     with IsolatedJudge(target, impl, device, timeout) as isolated:
         verdict = isolated.judge(case)
+        if not verdict.ok:  # computed on replay: a case file may predate it, or the engine moved
+            from attnfuzz.harness.cli.run import finding_reachability
+
+            reach = finding_reachability(target, impl, case, isolated.judge)
+    latent = reach is not None and reach.status == "latent"
+    failed = EXIT_LATENT if latent else EXIT_FOUND
     found_elsewhere = differences(doc, impl, device)
     if args.json:
         print(
@@ -53,18 +60,24 @@ def command(args: argparse.Namespace) -> int:
                     "key": None if verdict.ok else verdict.key,
                     "mismatches": [m.to_dict() for m in verdict.mismatches],
                     "differences": found_elsewhere,
+                    "reachability": None if reach is None else reach.to_dict(),
                 },
                 indent=2,
             )
         )
-        return EXIT_OK if verdict.ok else EXIT_FOUND
+        return EXIT_OK if verdict.ok else failed
     lines = str(verdict).splitlines()
+    if latent:  # its own verdict word: the engine never runs it on such metadata
+        lines[0] = lines[0].replace("FAIL", "LATENT", 1)
     print(f"{target.name} / {impl.name}: {lines[0]}")
     for line in lines[1:]:
         print("  " + one_line(line.strip()))
     for d in found_elsewhere:  # a verdict read beside where the case was recorded
         print(one_line(f"  recorded with {d['what']} {d['recorded']}, replayed with {d['here']}"))
-    return EXIT_OK if verdict.ok else EXIT_FOUND
+    if reach is not None:
+        for line in reach.lines():
+            print(one_line(line))
+    return EXIT_OK if verdict.ok else failed
 
 
 def differences(doc: dict, impl: Implementation, device: str | None) -> list[dict[str, str]]:

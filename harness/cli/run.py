@@ -23,6 +23,7 @@ from attnfuzz.harness.definitions import (
     DEFAULT_DB,
     EXIT_ERROR,
     EXIT_FOUND,
+    EXIT_LATENT,
     EXIT_OK,
     HARNESS_FAULT_NOTE,
     finding_id,
@@ -56,7 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
-    print(f"FAIL {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
+    reach = doc.get("reachability")
+    word = "LATENT" if reach and reach["status"] == "latent" else "FAIL"
+    print(f"{word} {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
         # An implementation's exception text may hold anything: one printable line each.
         print(
@@ -68,6 +71,11 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
         "  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
     )
     print("  derived: " + json.dumps(doc["derived"]))
+    if reach:
+        from attnfuzz.harness.reachability import reachability_lines
+
+        for line in reachability_lines(reach):
+            print(line)
     if path is not None:
         print(f"written to {path}")
         print(f"replay: {repro_command(path, doc['implementation'])}")
@@ -177,6 +185,9 @@ def command(args: argparse.Namespace) -> int:
             print("  " + one_line(err))
             print(HARNESS_FAULT_NOTE)
             return EXIT_ERROR
+        reach = None
+        if result.failed and not result.interrupted and result.case is not None:
+            reach = finding_reachability(target, impl, result.case, isolated.judge)
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
@@ -194,6 +205,8 @@ def command(args: argparse.Namespace) -> int:
     doc = case_document(
         target.name, impl.name, result.case, result.verdict, device, example_timeout=timeout
     )
+    if reach is not None:
+        doc["reachability"] = reach.to_dict()
     path = save_case(out / f"{finding_id(target.name, impl.name, result.verdict.key)}.json", doc)
     print(
         f"first failure after {result.examples_to_failure} examples, "
@@ -204,4 +217,25 @@ def command(args: argparse.Namespace) -> int:
     elif result.interrupted:
         print("interrupted while shrinking: the smallest failing case so far")
     print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
-    return 128 + signals.signum if result.interrupted else EXIT_FOUND
+    if result.interrupted:
+        return 128 + signals.signum
+    return EXIT_LATENT if reach is not None and reach.status == "latent" else EXIT_FOUND
+
+
+def finding_reachability(target: Any, impl: Any, case: Any, judge: Any) -> Any:
+    """The reachability of a finding on engine code (None for attnfuzz's own code)."""
+    from attnfuzz.harness.reachability import reachability
+    from attnfuzz.harness.target import InvalidCase
+
+    if impl.engine is None:
+        return None
+
+    def refused(c: Any) -> bool:
+        try:
+            target.refuse_invalid(c)
+            target.refuse_unfixed(impl, c)
+        except InvalidCase:
+            return True
+        return False
+
+    return reachability(case, target.runs_in, lambda c: not judge(c).ok, refused, impl.engine)

@@ -150,6 +150,7 @@ def build() -> Target:
     from attnfuzz.kernels import indexer_decode as k
 
     target = Target(
+        runs_in="forward",
         name="indexer-decode",
         summary="sparse-attention indexer decode path: pack, paged MQA logits, top-k, write-back",
         make_inputs=in_case_dtype(ref.make_inputs),  # float inputs in the case's dtype

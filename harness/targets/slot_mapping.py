@@ -126,6 +126,7 @@ def build() -> Target:
     from attnfuzz.kernels import slot_mapping as k
 
     target = Target(
+        runs_in="runner",
         name="slot-mapping",
         summary="the KV-cache slot of every token, -1 past the real ones, in the persistent buffer",
         make_inputs=ref.make_inputs,

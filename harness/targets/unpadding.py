@@ -118,6 +118,7 @@ def build() -> Target:
     from attnfuzz.kernels import unpadding as k
 
     target = Target(
+        runs_in="runner",
         name="unpadding",
         summary="CUDA-graph padding of the common metadata into persistent buffers, and unpadded()",
         make_inputs=ref.make_inputs,

@@ -1,0 +1,180 @@
+"""Where a finding on engine code can happen in production: per model runner and cudagraph mode.
+
+A target says where its engine code runs (``Target.runs_in``):
+
+- ``builder``: a metadata builder or helper of one; it runs eagerly, in Python,
+  every step, before any graph replays;
+- ``runner``: the model runner's own preparation (padding, slot mappings, block
+  tables); it too runs every step;
+- ``forward``: attention or indexer glue inside the model's forward; its Python
+  runs on eager (NONE) and PIECEWISE steps (attention is a splitting op there)
+  and while a FULL graph is captured, never when a FULL graph replays.
+
+For each (runner, cudagraph mode) the backend's support keeps, the case's step
+is planned by the engine's own decision code where the engine is installed
+(``adapters.<engine>.runner_modes``), else by :mod:`attnfuzz.reference.runner`,
+and the implementation is judged where its Python runs on that step: on the
+step itself, or, for ``forward`` code on a FULL step, on the dummy step the
+graph is captured on. A finding is **live** when some such judgement fails,
+**latent** when it fails only on metadata that only a FULL replay sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.runner import (
+    RUNNERS,
+    StepPlan,
+    allowed_modes,
+    capture_batches,
+    separate_routine,
+    step_plan,
+)
+
+RUNS_IN = ("builder", "runner", "forward")
+LIVE, LATENT = "live", "latent"
+_REPLAY_NOTE = "a FULL graph replays: the Python of forward does not run"
+_WHERE_PYTHON_RUNS = (
+    "vllm/v1/cudagraph_dispatcher.py (CudagraphDispatcher: PIECEWISE graphs split at "
+    "attention, FULL graphs replay it); vllm/v1/worker/gpu_model_runner.py: "
+    "GPUModelRunner._dummy_run (capture on uniform dummy steps)"
+)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One (runner, cudagraph mode): the step the engine runs there and the verdict."""
+
+    runner: str
+    cudagraph_mode: str
+    step: str  # NONE, PIECEWISE, FULL replay, FULL capture
+    python_runs: bool
+    fails: bool | None  # None: not judged (the Python does not run)
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if not self.note:
+            del d["note"]
+        return d
+
+
+@dataclass(frozen=True)
+class Reachability:
+    status: str  # LIVE or LATENT
+    runs_in: str
+    pairs: tuple[Pair, ...]
+    reason: str
+    decided_by: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "runs_in": self.runs_in,
+            "reason": self.reason,
+            "decided_by": list(self.decided_by),
+            "pairs": [p.to_dict() for p in self.pairs],
+        }
+
+    def lines(self) -> list[str]:
+        """What ``run`` and ``repro`` print under a finding."""
+        return reachability_lines(self.to_dict())
+
+
+def reachability_lines(d: dict) -> list[str]:
+    """The printed form of a reachability (``Reachability.to_dict``, as case files hold it)."""
+    out = [f"reachability: {d['status'].upper()}: {d['reason']}"]
+    for p in d["pairs"]:
+        verdict = "-" if p["fails"] is None else ("fails" if p["fails"] else "passes")
+        note = f"  ({p['note']})" if p.get("note") else ""
+        out.append(f"  {p['runner']} {p['cudagraph_mode']:<18} {p['step']:<13} {verdict}{note}")
+    out.extend(f"  decided by {x}" for x in d.get("decided_by", ()))
+    return out
+
+
+def engine_planner(engine: str | None) -> Callable[[object, Batch], StepPlan]:
+    """The engine's own step planner where it is installed, else the reference's."""
+    if engine is not None:
+        try:
+            mod = importlib.import_module(f"attnfuzz.adapters.{engine}.runner_modes")
+            reason = importlib.import_module(f"attnfuzz.adapters.{engine}").unavailable()
+        except ImportError:
+            return step_plan
+        if reason is None:
+            return mod.engine_step_plan
+    return step_plan
+
+
+def _capture_case(case: Case, step: StepPlan) -> Case | None:
+    """The dummy step the FULL graph of ``step`` is captured on (every request new)."""
+    for key, q_lens in capture_batches(case.config):
+        if key.num_tokens == step.num_tokens_padded and key.num_reqs in (
+            None,
+            step.num_reqs_padded,
+        ):
+            batch = Batch((0,) * len(q_lens), q_lens, seed=case.batch.seed)
+            return dataclasses.replace(case, batch=batch)
+    return None
+
+
+def reachability(
+    case: Case,
+    runs_in: str,
+    judge_fails: Callable[[Case], bool],
+    refused: Callable[[Case], bool],
+    engine: str | None = None,
+) -> Reachability:
+    """The (runner, mode) pairs in which the engine runs the faulting code on this
+    step's metadata; ``judge_fails(case)`` judges the implementation, ``refused(case)``
+    says a case is not one the target can judge (its invariants, its backends)."""
+    plan = engine_planner(engine)
+    config = case.config
+    pairs: list[Pair] = []
+    for runner in RUNNERS:
+        for mode in allowed_modes(config.cg_support, config.next_n):
+            varlen = config.varlen_decode and runner == "v2" and separate_routine(mode)
+            cfg = dataclasses.replace(
+                config, runner=runner, cudagraph_mode=mode, varlen_decode=varlen
+            )
+            here = dataclasses.replace(case, config=cfg)
+            if refused(here):
+                continue
+            step = plan(cfg, case.batch)
+            if step.mode == "FULL" and runs_in == "forward":
+                pairs.append(Pair(runner, mode, "FULL replay", False, None, _REPLAY_NOTE))
+                captured = _capture_case(here, step)
+                if captured is not None and not refused(captured):
+                    pairs.append(
+                        Pair(
+                            runner,
+                            mode,
+                            "FULL capture",
+                            True,
+                            judge_fails(captured),
+                            "the graph's dummy step",
+                        )
+                    )
+            else:
+                pairs.append(Pair(runner, mode, step.mode, True, judge_fails(here)))
+    live = [p for p in pairs if p.python_runs and p.fails]
+    if live:
+        where = ", ".join(f"{p.runner} {p.cudagraph_mode} ({p.step})" for p in live)
+        reason = f"the engine runs the faulting {runs_in} code on this step in {where}"
+        status = LIVE
+    else:
+        reason = (
+            f"the {runs_in} code fails only on metadata built for a FULL graph replay, where "
+            "its Python does not run; on every step where it runs (eager, PIECEWISE, the "
+            "capture's dummy steps) it passes"
+        )
+        status = LATENT
+    decided = (plan.__module__ + "." + plan.__qualname__,)
+    decided += tuple(step_plan(config, case.batch).decided_by)
+    if runs_in == "forward":
+        decided += (_WHERE_PYTHON_RUNS,)
+    return Reachability(status, runs_in, tuple(pairs), reason, decided)

@@ -1,0 +1,125 @@
+"""Reachability of a finding per (model runner, cudagraph mode): where the engine runs the
+faulting code on such metadata, from the runner's decisions (attnfuzz.reference.runner)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness import schemas
+from attnfuzz.harness.reachability import LATENT, LIVE, reachability
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
+
+# The minimized case of vLLM's ROCm indexer glue (bug A's write-back): one request of
+# 2 tokens, next_n = 2, a graph of 4 tokens.
+ROCM_CASE = {
+    "config": {
+        "max_model_len": 8, "max_num_seqs": 2, "max_num_batched_tokens": 4, "block_size": 1,
+        "num_spec": 1, "decode_threshold": None, "cudagraph_capture_sizes": [4], "topk": 1,
+        "num_heads": 1, "head_dim": 1,
+    },
+    "batch": {"num_computed_tokens": [0], "q_lens": [2], "seed": 0, "use_cudagraph": True},
+}  # fmt: skip
+
+
+def has_padding_requests(case: Case) -> bool:
+    """The write-back's fault, as a judge: it trips on zero-length padding requests."""
+    meta = build_common_metadata(case.config, case.batch)
+    return meta.num_reqs > meta.num_real_reqs
+
+
+def never_refused(case: Case) -> bool:
+    return False
+
+
+def test_the_rocm_case_is_latent_for_forward_code_and_says_so_per_mode():
+    case = Case.from_dict(ROCM_CASE)
+    r = reachability(case, "forward", has_padding_requests, never_refused)
+    assert r.status == LATENT
+    rows = {(p.runner, p.cudagraph_mode, p.step): (p.python_runs, p.fails) for p in r.pairs}
+    for runner in ("v1", "v2"):
+        # Eager and PIECEWISE steps run the Python on the unpadded step: it passes.
+        assert rows[(runner, "NONE", "NONE")] == (True, False)
+        assert rows[(runner, "PIECEWISE", "PIECEWISE")] == (True, False)
+        for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+            # The padded step (d = [2, 0]) only replays; the capture's dummy step
+            # (two requests of 2, no padding request) runs the Python and passes.
+            assert rows[(runner, mode, "FULL replay")] == (False, None)
+            assert rows[(runner, mode, "FULL capture")] == (True, False)
+        # UNIFORM_BATCH (the case's default) never keeps FULL graphs of mixed steps.
+        assert not any(m == "FULL" for (_, m, _) in rows)
+    assert "FULL graph replay" in r.reason
+    assert any("pad_attn" in d or "prepare_attn" in d for d in r.decided_by)
+
+
+def test_the_same_fault_in_builder_code_is_live_on_full_steps():
+    case = Case.from_dict(ROCM_CASE)
+    r = reachability(case, "builder", has_padding_requests, never_refused)
+    assert r.status == LIVE
+    failing = {(p.runner, p.cudagraph_mode) for p in r.pairs if p.fails}
+    assert failing == {
+        (runner, mode)
+        for runner in ("v1", "v2")
+        for mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+    }
+
+
+def test_an_always_backend_adds_full_graphs_of_mixed_steps():
+    config = dataclasses.replace(Case.from_dict(ROCM_CASE).config, cg_support="ALWAYS")
+    case = Case(config, Batch((0,), (1,)))  # one token: not a uniform decode of next_n = 2
+    r = reachability(case, "forward", has_padding_requests, never_refused)
+    steps = {(p.runner, p.cudagraph_mode): p.step for p in r.pairs if p.step != "FULL capture"}
+    assert steps[("v1", "FULL")] == steps[("v2", "FULL")] == "FULL replay"
+    assert steps[("v2", "FULL_AND_PIECEWISE")] == "PIECEWISE"  # mixed part: PIECEWISE
+    assert steps[("v2", "FULL_DECODE_ONLY")] == "NONE"  # no mixed graphs at all
+
+
+def test_a_case_file_with_reachability_conforms_and_one_without_still_reads():
+    case = Case.from_dict(ROCM_CASE)
+    r = reachability(case, "forward", has_padding_requests, never_refused)
+    doc = {
+        "schema": "attnfuzz.case/1",
+        "target": "indexer-decode",
+        "implementation": "vllm-rocm",
+        "case": ROCM_CASE,
+        "reachability": r.to_dict(),
+    }
+    assert schemas.errors(doc, "case") == []
+    assert schemas.errors({k: v for k, v in doc.items() if k != "reachability"}, "case") == []
+    doc["reachability"]["status"] = "maybe"
+    assert schemas.errors(doc, "case")
+
+
+def test_a_mode_the_backend_cannot_have_is_refused_naming_the_rule():
+    from attnfuzz.reference.invariants import config_violations
+
+    config = EngineConfig.from_dict({**ROCM_CASE["config"], "cudagraph_mode": "FULL"})
+    (problem,) = config_violations(config)
+    assert "cg_support ALWAYS" in problem and "resolve_cudagraph_mode_and_sizes" in problem
+
+
+@requires_vllm[0]
+@requires_vllm[1]
+def test_repro_of_the_readme_rocm_case_prints_latent(tmp_path):
+    path = tmp_path / "rocm.json"
+    doc = {"schema": "attnfuzz.case/1", "target": "indexer-decode",
+           "implementation": "vllm-rocm", "case": ROCM_CASE}  # fmt: skip
+    path.write_text(json.dumps(doc))
+    out = subprocess.run(
+        [sys.executable, "-m", "attnfuzz", "repro", str(path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 5, out.stdout + out.stderr
+    assert "indexer-decode / vllm-rocm: LATENT" in out.stdout
+    assert "reachability: LATENT" in out.stdout and "FULL replay" in out.stdout
+
+
+@pytest.mark.parametrize("runs_in", ["builder", "runner"])
+def test_every_step_code_is_judged_on_every_pair(runs_in):
+    case = Case.from_dict(ROCM_CASE)
+    r = reachability(case, runs_in, has_padding_requests, never_refused)
+    assert all(p.python_runs and p.fails is not None for p in r.pairs)
