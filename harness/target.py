@@ -60,11 +60,6 @@ from attnfuzz.strategies.batches import (
 )
 from hypothesis import strategies as st
 
-DEEPSEEK_V32_CG_SUPPORTS = ("UNIFORM_BATCH", "NEVER")
-"""The ``AttentionCGSupport`` of DeepSeek-V3.2's sparse MLA backends in vLLM 0.33.0
-(``flashmla_sparse.py``, ``flashinfer_mla_sparse.py``, ``rocm_aiter_mla_sparse.py``:
-UNIFORM_BATCH; ``xpu_mla_sparse.py``: NEVER)."""
-
 # The errors live in ``guards``; callers import them from here, with the target.
 __all__ = [
     "CaseTooLarge",
@@ -144,17 +139,11 @@ class Target:
     # the first is the default. ``ATTNFUZZ_DTYPE`` overrides it with another of
     # them; a target without float inputs keeps the default, float32 only.
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
-    # The AttentionCGSupport of the backends the target's code runs with (the
-    # engine resolves its cudagraph_mode by the smallest): only modes they keep
-    # are drawn, and a case of another support is refused.
+    # The AttentionCGSupport of the backends its code runs with (only modes they keep
+    # are drawn); whether V2's varlen decode graphs (adaptive verification) are drawn;
+    # where its engine code runs (harness.reachability.RUNS_IN).
     cg_supports: tuple[str, ...] = CG_SUPPORTS
-    # Whether V2's varlen decode graphs (adaptive verification) are drawn: a target
-    # whose engine code reads the speculative config's adaptive verification
-    # must model it before it sees them.
     varlen_decode: bool = True
-    # Where the engine's code of this target runs (harness.reachability.RUNS_IN):
-    # "builder" and "runner" every step, eagerly; "forward" inside the captured
-    # region. A finding on engine code states its reachability from it.
     runs_in: str = "builder"
 
     def __post_init__(self) -> None:

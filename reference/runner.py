@@ -32,6 +32,10 @@ CG_SUPPORTS = ("NEVER", "UNIFORM_SINGLE_TOKEN_DECODE", "UNIFORM_BATCH", "ALWAYS"
 RUNNERS = ("v1", "v2")
 RUNTIME_MODES = ("NONE", "PIECEWISE", "FULL")
 
+DEEPSEEK_V32_CG_SUPPORTS = ("UNIFORM_BATCH", "NEVER")
+"""The ``AttentionCGSupport`` of DeepSeek-V3.2's sparse MLA backends in vLLM 0.33.0
+(``flashmla_sparse.py``, ``flashinfer_mla_sparse.py``, ``rocm_aiter_mla_sparse.py``:
+UNIFORM_BATCH; ``xpu_mla_sparse.py``: NEVER)."""
 DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM's default
 DEFAULT_CG_SUPPORT = "UNIFORM_BATCH"  # the MLA and indexer backends of the DeepSeek targets
 DEFAULT_RUNNER = "v2"  # Model Runner V2, the default of vLLM 0.33.0

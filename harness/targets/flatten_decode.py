@@ -23,9 +23,10 @@ from attnfuzz.harness.oracle import (
     expect_meta,
     expect_view_of,
 )
-from attnfuzz.harness.target import DEEPSEEK_V32_CG_SUPPORTS, Implementation, Target
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import flatten_decode as ref
 from attnfuzz.reference.batch import Batch, Case, cdiv
+from attnfuzz.reference.runner import DEEPSEEK_V32_CG_SUPPORTS
 
 _FIELDS = ("context_lens", "block_table", "decode_lens", "per_req_decode_lens")
 

@@ -29,9 +29,10 @@ from attnfuzz.harness.oracle import (
     expect_strides,
     expect_untouched_outside,
 )
-from attnfuzz.harness.target import DEEPSEEK_V32_CG_SUPPORTS, Implementation, Target
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.runner import DEEPSEEK_V32_CG_SUPPORTS
 
 
 def expect_consumable(name: str, lens: torch.Tensor, rows: int) -> list[Mismatch]:
