@@ -123,3 +123,22 @@ def test_every_step_code_is_judged_on_every_pair(runs_in):
     case = Case.from_dict(ROCM_CASE)
     r = reachability(case, runs_in, has_padding_requests, never_refused)
     assert all(p.python_runs and p.fails is not None for p in r.pairs)
+
+
+def test_a_fault_while_computing_reachability_leaves_the_finding_and_says_unknown(monkeypatch):
+    """attnfuzz's own error here never changes the finding's verdict or blames the engine."""
+    from attnfuzz.harness import reachability as module
+    from attnfuzz.harness.cli.run import finding_reachability
+    from attnfuzz.harness.registry import get_target
+
+    def broken(*args, **kwargs):
+        raise AttributeError("an adapter's missing attribute")
+
+    monkeypatch.setattr(module, "reachability", broken)
+    target = get_target("indexer-decode")
+    impl = dataclasses.replace(target.resolve("triton"), engine="vllm")
+    r = finding_reachability(target, impl, Case.from_dict(ROCM_CASE), lambda c: None)
+    assert r.status == "unknown" and "attnfuzz error: AttributeError" in r.reason
+    doc = {"schema": "attnfuzz.case/1", "target": "indexer-decode", "implementation": "vllm-rocm",
+           "case": ROCM_CASE, "reachability": r.to_dict()}  # fmt: skip
+    assert schemas.errors(doc, "case") == []

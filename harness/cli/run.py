@@ -238,4 +238,10 @@ def finding_reachability(target: Any, impl: Any, case: Any, judge: Any) -> Any:
             return True
         return False
 
-    return reachability(case, target.runs_in, lambda c: not judge(c).ok, refused, impl.engine)
+    try:
+        return reachability(case, target.runs_in, lambda c: not judge(c).ok, refused, impl.engine)
+    except Exception as err:  # noqa: BLE001 (the finding stands; only where it happens is unknown)
+        from attnfuzz.harness.reachability import Reachability
+
+        why = f"not computed: attnfuzz error: {type(err).__name__}: {err}"
+        return Reachability("unknown", target.runs_in, (), why)
