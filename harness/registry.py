@@ -166,7 +166,7 @@ def mutant(
     trigger: Callable[[Case], bool] | None = None,
     reach: Callable[[Case], bool] | None = None,
     smallest: Callable[[], Case] | None = None,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
 ) -> Mutant:
     """Declare a mutant of ``target``: ``fn(inputs) -> outputs`` as the target's
     implementations are, with a bug in it. Optional, for the zoo's scoreboard as

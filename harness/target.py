@@ -93,7 +93,7 @@ class Implementation:
     # "next_n": 1}`` for a kernel built for one top-k and no native MTP (fields:
     # ``strategies.batches.FIXABLE``). Its cases are drawn with these values at
     # any scale, and ``Target.judge`` refuses a case that differs (InvalidCase).
-    fixes: Mapping[str, int] = field(default_factory=dict, hash=False)
+    fixes: Mapping[str, int | str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         problems = fixes_problems(self.fixes)

@@ -30,14 +30,14 @@ ParamRanges = Mapping[str, tuple[int, int]]
 
 
 def _uniform_config(
-    rng: random.Random, scale: Scale, fixes: Mapping[str, int] | None = None
+    rng: random.Random, scale: Scale, fixes: Mapping[str, int | str] | None = None
 ) -> EngineConfig:
     """The ranges of ``batches.engine_configs``, each drawn uniformly and independently;
     a field in ``fixes`` takes its value (and draws nothing: without fixes, the
     stream of draws is unchanged)."""
     fixed = dict(fixes or {})
 
-    def pick(name: str, draw: Callable[[], int]) -> int:
+    def pick(name: str, draw: Callable[[], int]) -> int:  # integer fields only
         return fixed[name] if name in fixed else draw()
 
     top_next_n = min(
@@ -72,6 +72,7 @@ def _uniform_config(
         topk=pick("topk", lambda: rng.randint(1, scale.topk)),
         num_heads=pick("num_heads", lambda: rng.randint(1, scale.num_heads)),
         head_dim=pick("head_dim", lambda: rng.randint(1, scale.head_dim)),
+        cudagraph_mode=fixed.get("cudagraph_mode", EngineConfig.cudagraph_mode),
     )
 
 
@@ -94,7 +95,7 @@ def naive_random_case(
     rng: random.Random,
     scale: Scale = SMALL,
     params: ParamRanges | None = None,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
 ) -> Case:
     """One uniformly drawn valid case; an invalid draw is redrawn whole (config included).
 
@@ -116,7 +117,7 @@ def naive_random_cases(
     rng: random.Random,
     scale: Scale = SMALL,
     params: ParamRanges | None = None,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
 ) -> Iterator[Case]:
     """An endless stream of :func:`naive_random_case` draws from ``rng``.
 
@@ -127,7 +128,9 @@ def naive_random_cases(
         yield naive_random_case(rng, scale, params, fixes)
 
 
-def _grid_config(next_n: int, scale: Scale, fixes: Mapping[str, int] | None = None) -> EngineConfig:
+def _grid_config(
+    next_n: int, scale: Scale, fixes: Mapping[str, int | str] | None = None
+) -> EngineConfig:
     """A tidy engine: round limits, capture sizes for 1, 2, 4 and 8 decodes;
     a field in ``fixes`` takes its value."""
     fixed = dict(fixes or {})
@@ -146,6 +149,7 @@ def _grid_config(next_n: int, scale: Scale, fixes: Mapping[str, int] | None = No
         topk=fixed.get("topk", min(4, scale.topk)),
         num_heads=fixed.get("num_heads", min(2, scale.num_heads)),
         head_dim=fixed.get("head_dim", min(8, scale.head_dim)),
+        cudagraph_mode=fixed.get("cudagraph_mode", EngineConfig.cudagraph_mode),
     )
 
 
@@ -172,7 +176,7 @@ def grid_cases(
     scale: Scale = SMALL,
     params: ParamRanges | None = None,
     seed: int = 0,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
 ) -> list[Case]:
     """The fixed grid of tidy cases, in the order a test suite would list them.
 

@@ -26,7 +26,7 @@ from attnfuzz.reference.batch import (
     is_uniform_decode,
     split_decodes_and_prefills,
 )
-from attnfuzz.reference.runner import allowed_modes, step_plan
+from attnfuzz.reference.runner import CUDAGRAPH_MODES, allowed_modes, step_plan
 from hypothesis import strategies as st
 
 
@@ -60,7 +60,10 @@ _BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # The ``EngineConfig`` fields an implementation may fix (``Implementation.fixes``):
 # an engine's kernel may accept one value only (vLLM's CPU sparse indexer runs
 # ``topk == 512`` and no native MTP, so ``next_n == 1``). ``next_n`` stands for
-# ``num_spec + 1``.
+# ``num_spec + 1``. ``cudagraph_mode`` is fixed to a name of
+# ``reference.runner.CUDAGRAPH_MODES`` (vLLM's CPU platform captures no graphs:
+# ``CpuPlatform.check_and_update_config`` empties the capture sizes, so its
+# steps run eagerly and unpadded, as ``NONE``).
 FIXABLE = (
     "next_n",
     "block_size",
@@ -70,22 +73,28 @@ FIXABLE = (
     "topk",
     "num_heads",
     "head_dim",
+    "cudagraph_mode",
 )
 
 
-def config_value(config: EngineConfig, name: str) -> int:
+def config_value(config: EngineConfig, name: str) -> int | str:
     """The value of a :data:`FIXABLE` field of ``config``."""
     return config.next_n if name == "next_n" else getattr(config, name)
 
 
-def fixes_problems(fixes: Mapping[str, int]) -> list[str]:
+def fixes_problems(fixes: Mapping[str, int | str]) -> list[str]:
     """Why ``fixes`` cannot fix an engine config: unknown fields, values that are
-    not integers >= 1, or values no valid config has together (``next_n`` above
-    ``max_model_len`` or ``max_num_batched_tokens``). Empty when they can."""
+    not integers >= 1 (a mode name for ``cudagraph_mode``), or values no valid
+    config has together (``next_n`` above ``max_model_len`` or
+    ``max_num_batched_tokens``). Empty when they can."""
     out = []
     for name, value in fixes.items():
         if name not in FIXABLE:
             out.append(f"cannot fix {name!r} (fixable: {', '.join(FIXABLE)})")
+        elif name == "cudagraph_mode":
+            if value not in CUDAGRAPH_MODES:
+                modes = ", ".join(CUDAGRAPH_MODES)
+                out.append(f"cudagraph_mode must be one of {modes}, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             out.append(f"{name} must be fixed to an integer >= 1, got {value!r}")
     if out:
@@ -97,7 +106,7 @@ def fixes_problems(fixes: Mapping[str, int]) -> list[str]:
     return out
 
 
-def fixes_violations(config: EngineConfig, fixes: Mapping[str, int]) -> list[str]:
+def fixes_violations(config: EngineConfig, fixes: Mapping[str, int | str]) -> list[str]:
     """``"field=value (requires field=wanted)"`` for each fixed field ``config`` differs in."""
     out = []
     for name, wanted in fixes.items():
@@ -117,7 +126,7 @@ MODE_ORDER = ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "FULL_DECODE_ONLY", "NO
 def engine_configs(
     draw: st.DrawFn,
     scale: Scale = SMALL,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
     supports: tuple[str, ...] = SUPPORT_CHOICES,
     varlen: bool = True,
 ) -> EngineConfig:
@@ -138,7 +147,7 @@ def engine_configs(
     if problems:
         raise ValueError(f"fixes {fixed}: {'; '.join(problems)}")
 
-    def pick(name: str, strategy: st.SearchStrategy[int]) -> int:
+    def pick(name: str, strategy: st.SearchStrategy) -> int | str:
         return fixed[name] if name in fixed else draw(strategy)
 
     # Unfixed, every bound below is the scale's own (the min/max are no-ops).
@@ -185,7 +194,9 @@ def engine_configs(
     runner = draw(st.sampled_from(RUNNER_CHOICES))
     ordered = [x for x in SUPPORT_CHOICES if x in supports]
     modes = [m for m in MODE_ORDER if any(m in allowed_modes(x, next_n) for x in ordered)]
-    mode = draw(st.sampled_from(modes))
+    if fixed.get("cudagraph_mode", modes[0]) not in modes:
+        raise ValueError(f"no backend of {ordered} keeps cudagraph_mode={fixed['cudagraph_mode']}")
+    mode = pick("cudagraph_mode", st.sampled_from(modes))
     support = draw(st.sampled_from([x for x in ordered if mode in allowed_modes(x, next_n)]))
     varlen = varlen and runner == "v2" and mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
     varlen = varlen and draw(st.integers(0, 3)) == 3
@@ -331,7 +342,7 @@ def cases(
     draw: st.DrawFn,
     scale: Scale = SMALL,
     params: Mapping[str, st.SearchStrategy[int]] | None = None,
-    fixes: Mapping[str, int] | None = None,
+    fixes: Mapping[str, int | str] | None = None,
     supports: tuple[str, ...] = SUPPORT_CHOICES,
     varlen: bool = True,
 ) -> Case:

@@ -143,6 +143,42 @@ def test_fixes_that_no_config_can_meet_are_refused():
 
     with pytest.raises(ValueError, match="cannot fix 'seed'"):
         draw()
+    assert "must be one of NONE" in fixes_problems({"cudagraph_mode": "EAGER"})[0]
+    assert "must be one of NONE" in fixes_problems({"cudagraph_mode": 1})[0]
+
+    @settings(max_examples=1, database=None)
+    @given(engine_configs(fixes={"cudagraph_mode": "FULL"}, supports=("UNIFORM_BATCH",)))
+    def full_without_an_always_backend(config):
+        pass
+
+    with pytest.raises(ValueError, match="keeps cudagraph_mode=FULL"):
+        full_without_an_always_backend()
+
+
+def test_a_fixed_cudagraph_mode_is_the_only_one_drawn_and_its_steps_are_never_padded():
+    """An engine platform without CUDA graphs (vLLM's CPU platform) fixes NONE: every
+    step runs eagerly and unpadded, whatever the capture sizes; the baselines too."""
+    import random
+
+    from attnfuzz.reference.runner import step_plan
+    from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
+
+    fixes = {"cudagraph_mode": "NONE"}
+    seen: list = []
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(cases(fixes=fixes))
+    def draw(case):
+        assert case.config.cudagraph_mode == "NONE", case
+        assert step_plan(case.config, case.batch).mode == "NONE", case
+        assert violations(case.config, case.batch) == [], case
+        seen.append(case.config.cg_support)
+
+    draw()
+    assert len(set(seen)) > 1  # the backend's support is still drawn
+    stream = naive_random_cases(random.Random(1), fixes=fixes)
+    for case in [next(stream) for _ in range(50)] + grid_cases(fixes=fixes):
+        assert case.config.cudagraph_mode == "NONE", case
 
 
 def test_no_fixes_draw_and_shrink_exactly_as_before():

@@ -39,8 +39,10 @@ def with_params(case: Case, sliding_window: int, swa_block_size_log2: int) -> Ca
     return dataclasses.replace(case, params=tuple(sorted(params.items())))
 
 
-def test_vllm_passes_150_examples():
-    result = assert_passes(TARGET, "vllm", max_examples=150)
+def test_vllm_passes_200_examples():
+    # 200: the first examples of a search are its simplest (uniform decodes, padded
+    # in most drawn modes); mixed steps come a little later.
+    result = assert_passes(TARGET, "vllm", max_examples=200)
     assert result.labels["padding_requests"] > 0 and result.labels["mixed"] > 0
 
 

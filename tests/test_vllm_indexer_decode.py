@@ -140,7 +140,9 @@ def test_logits_past_a_row_context_are_not_judged():
 
 # -- the CPU glue: K = 512, head dim 128, no native MTP -----------------------------------
 
-CPU = dict(topk=512, head_dim=128)
+# The CPU platform captures no graphs: its steps run as cudagraph_mode NONE.
+WIDTHS = dict(topk=512, head_dim=128)
+CPU = dict(cudagraph_mode="NONE", **WIDTHS)
 ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **CPU)
 
 
@@ -151,8 +153,24 @@ def test_cpu_glue_passes():
 
 def test_cpu_glue_declares_its_domain():
     impl = get_target(TARGET).resolve("vllm-cpu")
-    assert impl.fixes == {"topk": 512, "head_dim": 128, "next_n": 1}
+    assert impl.fixes == {"topk": 512, "head_dim": 128, "next_n": 1, "cudagraph_mode": "NONE"}
     assert impl.kind == "engine"
+
+
+def test_cpu_glue_is_never_judged_on_a_padded_step():
+    """A one-token decode padded to a graph of 2 (FULL_AND_PIECEWISE) is a step the CPU
+    platform never builds (``CpuPlatform.check_and_update_config`` empties the capture
+    sizes); ``forward_cpu`` asserts on it. So the implementation fixes NONE and the judge
+    refuses the padded case, naming the rule."""
+    padded = hand_case((1,), (0,), num_spec=0, cudagraph_capture_sizes=(2,), **WIDTHS)
+    assert padded.config.cudagraph_mode == "FULL_AND_PIECEWISE"
+    verdict = judge_unfixed(adapter.run_cpu, padded)
+    assert verdict.key == "exception:AssertionError"
+    assert "does not support speculative decoding" in verdict.mismatches[0].got
+    with pytest.raises(InvalidCase, match="cudagraph_mode=FULL_AND_PIECEWISE"):
+        judge("vllm-cpu", padded)
+    eager = hand_case((1,), (0,), num_spec=0, cudagraph_capture_sizes=(2,), **CPU)
+    assert judge("vllm-cpu", eager).ok
 
 
 @pytest.mark.parametrize(
@@ -183,7 +201,7 @@ def test_cpu_glue_also_runs_flattened_decodes(case):
 @pytest.mark.parametrize(
     "case, message",
     [
-        (hand_case((2, 2, 2), (3, 5, 1), **CPU), "does not support speculative decoding"),
+        (hand_case((2, 2, 2), (3, 5, 1), **WIDTHS), "does not support speculative decoding"),
         (hand_case((2, 2), (3, 5), use_cudagraph=False, **CPU), "exactly one query token"),
         (hand_case((1, 1), (3, 5), num_spec=0, cudagraph_capture_sizes=(1, 2)), "== 512"),
     ],
@@ -264,25 +282,46 @@ def test_v41_gfx942_layer_passes_where_bug_a_does_not_trigger(name, monkeypatch)
     assert bool(top512) == (bool(calls) and case.config.topk == 512)
 
 
-@pytest.mark.parametrize("next_n", [1, 3])
-def test_v41_gfx942_layer_passes_derandomized_runs_where_nothing_is_unpacked(next_n):
-    """Bug A needs the packed native path (``next_n = 2`` here): on ``next_n = 1`` and on
-    flattened (``next_n = 3``) steps nothing is unpacked, and the rest of the layer's
-    glue passes."""
+def _v41_on(next_n: int):
     from attnfuzz.adapters.vllm import implementation as vllm_impl
-    from attnfuzz.harness.runner import fuzz
 
-    target = get_target(TARGET)
-    impl = vllm_impl(
+    return vllm_impl(
         "indexer_decode",
         "run_deepseek_v41_amd",
         name=f"{V41}-next_n-{next_n}",
         description="the gfx942 layer on one next_n",
         fixes={"next_n": next_n},
     )
-    result = fuzz(target, impl, max_examples=100, rng_seed=0, database=None)
+
+
+def test_v41_gfx942_layer_passes_derandomized_runs_where_nothing_is_unpacked():
+    """Bug A needs the packed path: on flattened (``next_n = 3``) steps nothing is
+    unpacked, and the rest of the layer's glue passes."""
+    from attnfuzz.harness.runner import fuzz
+
+    result = fuzz(get_target(TARGET), _v41_on(3), max_examples=100, rng_seed=0, database=None)
     assert not result.failed, f"{result.case}: {result.verdict}"
     assert result.examples >= 100 and result.labels["all_decode"] > 0
+
+
+def test_v41_gfx942_layer_fails_one_token_decodes_only_where_bug_a_triggers_and_latently():
+    """``next_n = 1`` (no MTP at all): a one-token decode step padded to a graph gets
+    zero-length padding requests, so the builder sets ``requires_padding`` and the layer
+    packs and unpacks, and ``_decode_step``'s write-back of ``buffer[:N_d]`` fails there
+    as well. What the run finds meets bug A's trigger, and is latent: only FULL steps
+    pad, and their Python does not run."""
+    from attnfuzz.harness.cli.run import finding_reachability
+    from attnfuzz.harness.reachability import LATENT
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.harness.targets.indexer_decode import trigger_engine_writeback
+
+    target, impl = get_target(TARGET), _v41_on(1)
+    result = fuzz(target, impl, max_examples=100, rng_seed=0, database=None)
+    assert result.failed and result.case.config.next_n == 1
+    assert trigger_engine_writeback(result.case), result.case
+    assert result.verdict.key == "exception:RuntimeError"
+    r = finding_reachability(target, impl, result.case, lambda c: target.judge(impl, c, "cpu"))
+    assert r.status == LATENT, r.lines()
 
 
 def test_v41_gfx942_decode_step_with_the_39542_fix_passes(monkeypatch):

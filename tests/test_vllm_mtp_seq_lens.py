@@ -181,11 +181,14 @@ def test_an_own_buffer_written_outside_the_lengths_is_caught():
 def test_plain_decode_lengths_are_a_view_of_the_steps_seq_lens():
     """With next_n == 1, ``build`` hands on ``seq_lens[:B].unsqueeze(-1)``: a view of
     the step's seq_lens, [B, 1], written by no one. The old oracle asked for a view of
-    the workspace and failed it; the re-created mutants are still caught."""
+    the workspace and failed it; the re-created mutants are still caught. The three
+    decodes run in the graph of 4, padded with a request of ``q_len`` 0 and seq_len 0,
+    which counts as a decode (``split_decodes_and_prefills``: ``max_query_len <=
+    decode_threshold`` makes every request one), so B = 4."""
     case = hand_case((1, 1, 1), (4, 0, 9), num_spec=0, cudagraph_capture_sizes=(1, 2, 4))
     inputs = get_target(TARGET).make_inputs(case, "cpu")
     got = adapter().run(inputs)
-    assert got.context_lens.tolist() == [[5], [1], [10]] and got.path == ref.NATIVE
+    assert got.context_lens.tolist() == [[5], [1], [10], [0]] and got.path == ref.NATIVE
     assert got.context_lens.data_ptr() == inputs.seq_lens.data_ptr()
     assert [m.check for m in expect_inside("context_lens", got.context_lens, inputs.workspace)] == [
         "view"

