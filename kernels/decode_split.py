@@ -25,6 +25,7 @@ def _split(
     uniform_rule: bool = True,
     padding_is_decode: bool = True,
     padded_tokens_are_decode: bool = True,
+    padded_is_decode_graph: bool = False,
 ) -> tuple[int, int, int, int]:
     qsl, q = _query_lens(inp)
     num_reqs, num_tokens, thr = inp.meta.num_reqs, inp.meta.num_actual_tokens, inp.decode_threshold
@@ -36,6 +37,9 @@ def _split(
             is_prefill &= q != 0
     else:
         is_prefill = q > thr
+    padded = num_tokens > int(qsl[-1]) or bool((q == 0).any())
+    if padded_is_decode_graph and padded:  # the first request's length speaks for all
+        is_prefill = torch.zeros_like(is_prefill)
     if not inp.treat_short_extends_as_decodes:
         is_prefill |= torch.as_tensor(inp.is_prefilling)
     if not bool(is_prefill.any()):
@@ -96,6 +100,14 @@ def mutant_real_decode_tokens(inp: DecodeSplitInputs) -> DecodeSplitOutputs:
     """A decode-only step counts ``query_start_loc[-1]`` (the real tokens) as decode
     tokens, leaving the padded tokens to no one: the counts no longer add up."""
     return DecodeSplitOutputs(_split(inp, padded_tokens_are_decode=False), _split_extends(inp))
+
+
+def mutant_padded_as_decode_graph(inp: DecodeSplitInputs) -> DecodeSplitOutputs:
+    """A padded step whose first request is a decode is taken for a captured decode
+    graph: no request is checked for its length. True of the graphs that pad decode
+    steps only; wrong on a FULL step of a mixed batch (``cudagraph_mode=FULL`` with a
+    backend that keeps it), whose prefill chunks the builder then runs as decodes."""
+    return DecodeSplitOutputs(_split(inp, padded_is_decode_graph=True), _split_extends(inp))
 
 
 def mutant_extends_as_prefills(inp: DecodeSplitInputs) -> DecodeSplitOutputs:

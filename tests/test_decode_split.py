@@ -25,6 +25,7 @@ MUTANTS = [
     "ragged-where-uniform",
     "padding-as-prefills",
     "real-decode-tokens",
+    "padded-as-decode-graph",
     "extends-as-prefills",
 ]
 
@@ -224,4 +225,29 @@ def test_mutant_detected(mutant):
 
 def test_smallest_is_what_the_docstrings_say():
     assert expected(target_module.smallest_padding_as_prefills()).split == (4, 0, 8, 0)
+    padded_mixed = target_module.smallest_padded_mixed()
+    assert expected(padded_mixed).split == (1, 3, 1, 3)
+    assert get_target(TARGET).resolve("padded-as-decode-graph").fn(
+        ref.make_inputs(padded_mixed)
+    ).split == (4, 0, 4, 0)
     assert expected(target_module.smallest_extends()).split_extends == (0, 1, 0, 0, 3, 0)
+
+
+def test_padded_as_decode_graph_fails_exactly_on_padded_mixed_steps():
+    """The mutant differs from the fixed split only on a padded step that its length
+    rule makes mixed: on every other step, padded uniform decode graphs included, it
+    passes. So only the padded mixed steps (FULL graphs of mixed batches) catch it."""
+    from hypothesis import given, settings
+
+    t = get_target(TARGET)
+    seen = {True: 0, False: 0}
+
+    @settings(max_examples=1000, derandomize=True, database=None, deadline=None)
+    @given(t.cases())
+    def check(c):
+        fails = not judge("padded-as-decode-graph", c).ok
+        assert fails == target_module.trigger_padded_mixed(c), c
+        seen[fails] += 1
+
+    check()
+    assert seen[True] > 0 and seen[False] > 0

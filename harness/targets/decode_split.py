@@ -141,6 +141,26 @@ def trigger_real_decode_tokens(case: Case) -> bool:
     return reach_padded(case) and ref.split(ref.make_inputs(case))[1] == 0
 
 
+def reach_padded_graph(case: Case) -> bool:
+    """The step was padded for a graph: more tokens, or more requests (a mixed FULL
+    graph has ``min(num_tokens, max_num_seqs)`` requests), than it scheduled."""
+    meta = ref.make_inputs(case).meta
+    return meta.num_actual_tokens > meta.num_real_tokens or meta.num_reqs > meta.num_real_reqs
+
+
+def trigger_padded_mixed(case: Case) -> bool:
+    """A padded step, its first request a decode, that the split cuts by length: a
+    request longer than the threshold (or, under the uniform rule, of another length
+    than the first) makes it mixed: a FULL step of a mixed batch."""
+    if not reach_padded_graph(case):
+        return False
+    inputs = ref.make_inputs(case)
+    if int(inputs.meta.query_lens[0]) > inputs.decode_threshold:
+        return False
+    no_length_rule = _inputs(case, decode_threshold=2**31 - 1, require_uniform=False)
+    return ref.split(inputs) != ref.split(no_length_rule)
+
+
 def reach_longer(case: Case) -> bool:
     """Some request is longer than the threshold: the three-way split looks at context."""
     inputs = ref.make_inputs(case)
@@ -177,6 +197,26 @@ def smallest_padding_as_prefills() -> Case:
 def smallest_real_decode_tokens() -> Case:
     """The same padded step under the ragged rule: ``N_d = 8``, not the 6 real tokens."""
     return _case((2, 2, 2), (1, 1, 1))
+
+
+def smallest_padded_mixed() -> Case:
+    """``cudagraph_mode=FULL`` on a backend that keeps it for every step (``ALWAYS``):
+    one decode and a prefill chunk of 2 tokens, 3 tokens padded to the graph of 4, and
+    2 requests to 4 (``CudagraphDispatcher._create_padded_batch_descriptor``: a mixed
+    FULL graph has ``min(num_tokens, max_num_seqs)`` requests). The split is
+    (1, 3, 1, 3): the decode, then the prefill and the padding requests after it; as a
+    decode graph, (4, 0, 4, 0)."""
+    from attnfuzz.harness.testing import spec_config
+
+    config = spec_config(
+        num_spec=0,
+        max_num_batched_tokens=4,
+        cudagraph_capture_sizes=(4,),
+        cudagraph_mode="FULL",
+        cg_support="ALWAYS",
+    )
+    params = (("decode_threshold", 0), ("require_uniform", 0), ("short_extends_as_prefills", 0))
+    return Case(config, Batch((1, 0), (1, 2), seed=0, use_cudagraph=True), params)
 
 
 def smallest_extends() -> Case:
@@ -236,6 +276,18 @@ def build() -> Target:
             trigger=trigger_real_decode_tokens,
             reach=reach_padded,
             smallest=smallest_real_decode_tokens,
+        )
+    )
+    target.add(
+        Implementation(
+            "padded-as-decode-graph",
+            k.mutant_padded_as_decode_graph,
+            "mutant",
+            "a padded step taken for a decode graph, its lengths unchecked: wrong on a "
+            "padded mixed step",
+            trigger=trigger_padded_mixed,
+            reach=reach_padded_graph,
+            smallest=smallest_padded_mixed,
         )
     )
     target.add(
