@@ -358,3 +358,19 @@ def _run_rounds(
                 break  # --max-examples: one Hypothesis run, as `attnfuzz run`
             if impl.kind == "mutant" and len(log.state["findings"]) > before:
                 break  # the zoo asks whether a mutant is caught: it is
+        place_findings(log, target, impl, lambda c: isolated.judge(c, deadline=hard_deadline))
+
+
+def place_findings(log: ItemLog, target: Any, impl: Any, judge: Any) -> None:
+    """Where each finding on engine code can happen (``harness.reachability``), in its
+    entry: judged by this unit's isolated child, once its search has ended."""
+    from attnfuzz.harness.reachability import finding_reachability
+    from attnfuzz.reference.batch import Case
+
+    if impl.engine is None or not log.state["findings"]:
+        return
+    for entry in log.state["findings"].values():
+        reach = finding_reachability(target, impl, Case.from_dict(entry["case"]), judge)
+        if reach is not None:
+            entry["reachability"] = reach.to_dict()
+    log.flush()

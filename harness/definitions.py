@@ -74,11 +74,17 @@ PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
     "not run",
 )
 
+# An engine implementation's run whose every finding is latent (harness.reachability:
+# only a FULL graph replay meets the metadata that trips it); a campaign whose only
+# departures are such runs has this verdict too, and exits EXIT_LATENT.
+LATENT = "LATENT"
+
 # The zoo's word for a mutant every seed detected (one some seed missed "survived").
 KILLED = "killed"
 
 # A whole campaign's verdict: every run as it should be, or not, or some run judged nothing.
 CAMPAIGN_PASS, CAMPAIGN_FAIL, CAMPAIGN_INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
+CAMPAIGN_LATENT = LATENT
 
 # The example floor: a run (a campaign's target x implementation, a zoo seed) that
 # found nothing is a pass, or a surviving mutant, only once it judged this many

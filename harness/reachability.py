@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import (
@@ -37,7 +38,7 @@ from attnfuzz.reference.runner import (
 )
 
 RUNS_IN = ("builder", "runner", "forward")
-LIVE, LATENT = "live", "latent"
+LIVE, LATENT, UNKNOWN = "live", "latent", "unknown"
 _REPLAY_NOTE = "a FULL graph replays: the Python of forward does not run"
 _WHERE_PYTHON_RUNS = (
     "vllm/v1/cudagraph_dispatcher.py (CudagraphDispatcher: PIECEWISE graphs split at "
@@ -178,3 +179,37 @@ def reachability(
     if runs_in == "forward":
         decided += (_WHERE_PYTHON_RUNS,)
     return Reachability(status, runs_in, tuple(pairs), reason, decided)
+
+
+def finding_reachability(
+    target: Any, impl: Any, case: Case, judge: Callable[[Case], Any]
+) -> Reachability | None:
+    """The reachability of a finding of ``impl`` on ``case``; None for attnfuzz's own
+    code. ``judge(case)`` returns a verdict (the run's isolated judge). A fault of
+    attnfuzz's while computing it leaves the finding as found, its reachability
+    ``unknown`` with the reason; so does a time budget that ends first."""
+    from attnfuzz.harness.isolation import OutOfTime
+    from attnfuzz.harness.target import InvalidCase
+
+    if impl.engine is None:
+        return None
+
+    def refused(c: Case) -> bool:
+        try:
+            target.refuse_invalid(c)
+            target.refuse_unfixed(impl, c)
+        except InvalidCase:
+            return True
+        return False
+
+    def fails(c: Case) -> bool:
+        return not judge(c).ok
+
+    try:
+        return reachability(case, target.runs_in, fails, refused, impl.engine)
+    except OutOfTime:
+        why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"
+        return Reachability(UNKNOWN, target.runs_in, (), why)
+    except Exception as err:  # noqa: BLE001 (the finding stands; only where it happens is unknown)
+        why = f"not computed: attnfuzz error: {type(err).__name__}: {err}"
+        return Reachability(UNKNOWN, target.runs_in, (), why)

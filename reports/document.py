@@ -29,6 +29,7 @@ from attnfuzz.harness.casefile import case_document, load_json, write_case
 from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro_command: re-exported)
     CAMPAIGN_FAIL,
     CAMPAIGN_INCOMPLETE,
+    CAMPAIGN_LATENT,
     CAMPAIGN_PASS,
     CAMPAIGN_SCHEMA,
     CAUGHT,
@@ -36,6 +37,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     FAIL,
     INCOMPLETE,
     KINDS,
+    LATENT,
     NOT_RUN,
     PASS,
     STATUSES,
@@ -44,6 +46,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     repro_command,
 )
 from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
+from attnfuzz.harness.reachability import reachability_lines
 from attnfuzz.harness.schemas import validate
 from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
@@ -122,13 +125,15 @@ def finding_record(
     shown_out: Path,
     examples_to_failure: int | None,
     seconds_to_failure: float | None,
+    reachability: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One finding of ``campaign.json``: ``verdict`` as its case file records it
-    (``key`` and ``mismatches``), the case file under ``cases/``, and the replay
-    command naming ``shown_out`` (the results directory as the user gave it)."""
+    (``key`` and ``mismatches``), the case file under ``cases/``, the replay
+    command naming ``shown_out`` (the results directory as the user gave it), and
+    for engine code where it can happen (``reachability``, as case files hold it)."""
     fid = finding_id(target, implementation, verdict["key"])
     case_file = f"cases/{fid}.json"
-    return {
+    record = {
         "id": fid,
         "target": target,
         "implementation": implementation,
@@ -142,6 +147,22 @@ def finding_record(
         "examples_to_failure": examples_to_failure,
         "seconds_to_failure": seconds_to_failure,
     }
+    if reachability is not None:
+        record["reachability"] = dict(reachability)
+    return record
+
+
+def is_latent(finding: Mapping[str, Any]) -> bool:
+    """The finding's engine code fails only where a FULL graph replays (see
+    ``harness.reachability``)."""
+    return (finding.get("reachability") or {}).get("status") == "latent"
+
+
+def reachability_text(finding: Mapping[str, Any]) -> list[str]:
+    """Where the finding can happen, as ``run`` and ``repro`` print it; [] for
+    attnfuzz's own code (or a document older than reachability)."""
+    reach = finding.get("reachability")
+    return reachability_lines(reach) if reach else []
 
 
 class Timeline:
@@ -183,8 +204,10 @@ def run_record(
     error: str | None = None,
     min_examples: int | None = None,
     incomplete: str | None = None,
+    latent: bool = False,
 ) -> dict[str, Any]:
-    """One run's record. ``error`` is the one-line reason of a run with status "error".
+    """One run's record. ``error`` is the one-line reason of a run with status "error";
+    ``latent``: the run found something and every finding is latent.
 
     ``min_examples`` is the run's example floor (absent: none, as in documents
     older than it); ``incomplete`` says why a run that found nothing stopped
@@ -210,6 +233,8 @@ def run_record(
         run["min_examples"] = min_examples
     if incomplete is not None:
         run["incomplete"] = one_line(incomplete)
+    if latent:
+        run["latent"] = True
     return run
 
 
@@ -347,7 +372,8 @@ def below_floor(run: Mapping[str, Any]) -> bool:
 
 
 def run_verdict(run: Mapping[str, Any]) -> str:
-    """``caught``/``survived`` for a mutant, ``pass``/``FAIL`` otherwise; ``ERROR`` when
+    """``caught``/``survived`` for a mutant, ``pass``/``FAIL`` otherwise (``LATENT``: every
+    finding latent, see :func:`is_latent`); ``ERROR`` when
     the run could not go on, ``not run`` when it judged no example at all,
     ``INCOMPLETE`` when it found nothing short of its floor (``min_examples``)."""
     if run["status"] == "error":
@@ -358,6 +384,8 @@ def run_verdict(run: Mapping[str, Any]) -> str:
         return INCOMPLETE
     if run["kind"] == "mutant":
         return CAUGHT if run["status"] == "fail" else SURVIVED
+    if run["status"] == "fail" and run.get("latent"):
+        return LATENT  # a defect, though no step of the engine runs it on such metadata
     return PASS if run["status"] == "pass" else FAIL
 
 
@@ -378,11 +406,13 @@ def as_expected(run: Mapping[str, Any]) -> bool:
 
 
 def campaign_verdict(campaign: Mapping[str, Any]) -> str:
-    """``FAIL`` if any run ended otherwise than it should; ``INCOMPLETE`` if interrupted
-    or a run judged nothing or too little (see :func:`no_verdict`); ``PASS`` otherwise."""
+    """``FAIL`` if any run ended otherwise than it should (``LATENT`` if each such run
+    is); ``INCOMPLETE`` if interrupted or a run judged nothing or too little (see
+    :func:`no_verdict`); ``PASS`` otherwise."""
     runs = campaign["runs"]
-    if not all(as_expected(r) for r in runs):
-        return CAMPAIGN_FAIL
+    departures = [run_verdict(r) for r in runs if not as_expected(r)]
+    if departures:
+        return CAMPAIGN_LATENT if set(departures) == {LATENT} else CAMPAIGN_FAIL
     if campaign.get("interrupted") or any(no_verdict(r) for r in runs) or not runs:
         return CAMPAIGN_INCOMPLETE
     return CAMPAIGN_PASS

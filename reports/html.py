@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
-from attnfuzz.harness.definitions import CAMPAIGN_INCOMPLETE, CAMPAIGN_PASS
+from attnfuzz.harness.definitions import CAMPAIGN_INCOMPLETE, CAMPAIGN_PASS, LATENT
 from attnfuzz.reports.document import (
     CAUGHT,
     INCOMPLETE,
@@ -31,8 +31,10 @@ from attnfuzz.reports.document import (
     expected_finding,
     fmt_seconds,
     incomplete_text,
+    is_latent,
     plural,
     printable,
+    reachability_text,
     run_verdict,
     targets,
 )
@@ -186,7 +188,8 @@ def _finding(parent: ET.Element, finding: Mapping[str, Any], expected: bool) -> 
     sec = _el(parent, "section", class_="finding", id=anchor(finding["id"]))
     h = _el(sec, "h3")
     h.append(_code(f"{finding['target']} / {finding['implementation']}"))
-    h[-1].tail = " mutant caught: " if expected else " FAIL: "
+    word = "mutant caught" if expected else LATENT if is_latent(finding) else "FAIL"
+    h[-1].tail = f" {word}: "
     h.append(_code(finding["key"]))
     _el(sec, "h4", "Replay")
     _el(_el(sec, "pre", class_="repro"), "code", finding["repro"])
@@ -194,6 +197,10 @@ def _finding(parent: ET.Element, finding: Mapping[str, Any], expected: bool) -> 
     body = _table(sec, ["check", "where", "expected", "got"])
     for m in finding["verdict"]["mismatches"]:
         _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
+    reach = reachability_text(finding)
+    if reach:
+        _el(sec, "h4", "Reachability")
+        _el(_el(sec, "pre", class_="reachability"), "code", "\n".join(reach))
     _el(sec, "h4", case_label(finding).capitalize())
     _el(_el(sec, "pre", class_="case"), "code", compact_json(finding["case"]))
     if finding.get("derived"):
@@ -235,7 +242,8 @@ def report_html(campaign: Mapping[str, Any]) -> str:
         main,
         "p",
         "A mutant re-creates a known bug: it should fail (caught); one that passes survived. "
-        "Every other implementation should pass.",
+        "Every other implementation should pass; LATENT: engine code that fails only on "
+        "metadata a FULL graph replay builds, where its Python does not run.",
     )
     _verdicts(main, campaign)
 

@@ -25,6 +25,7 @@ from attnfuzz.reports.document import (
     ERROR,
     FAIL,
     INCOMPLETE,
+    LATENT,
     NOT_RUN,
     SURVIVED,
     case_label,
@@ -32,6 +33,7 @@ from attnfuzz.reports.document import (
     mismatch_line,
     one_line,
     printable,
+    reachability_text,
     run_verdict,
     targets,
 )
@@ -40,6 +42,7 @@ from attnfuzz.reports.document import (
 def _finding_text(finding: Mapping[str, Any]) -> str:
     lines = [f"{finding['id']}  [{finding['key']}]"]
     lines += [f"  {mismatch_line(m)}" for m in finding["verdict"]["mismatches"]]
+    lines += reachability_text(finding)
     if finding.get("examples_to_failure") is not None:
         lines.append(
             f"first failure after {finding['examples_to_failure']} examples, "
@@ -64,12 +67,13 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
     verdict = run_verdict(run)
     found = [findings[f] for f in run.get("findings", []) if f in findings]
     body = "\n\n".join(_finding_text(f) for f in found)
-    if verdict == FAIL:
+    if verdict in (FAIL, LATENT):
         first = found[0]["verdict"]["mismatches"][0] if found else None
         message = mismatch_line(first) if first else "failed (no finding recorded)"
-        el = ET.SubElement(
-            case, "failure", message=one_line(message), type=found[0]["check"] if found else "fail"
-        )
+        if verdict == LATENT:  # a defect all the same: only a FULL graph replay meets it
+            message = "LATENT: " + message
+        kind = LATENT.lower() if verdict == LATENT else found[0]["check"] if found else "fail"
+        el = ET.SubElement(case, "failure", message=one_line(message), type=kind)
         el.text = body
     elif verdict == SURVIVED:
         ET.SubElement(
@@ -109,7 +113,7 @@ def junit_xml(campaign: Mapping[str, Any]) -> str:
         verdicts = [run_verdict(r) for r in runs]
         counts = {
             "tests": len(runs),
-            "failures": sum(v in (FAIL, SURVIVED) for v in verdicts),
+            "failures": sum(v in (FAIL, SURVIVED, LATENT) for v in verdicts),
             "errors": verdicts.count(ERROR),
             "skipped": verdicts.count(NOT_RUN) + verdicts.count(INCOMPLETE),
         }

@@ -19,6 +19,7 @@ from attnfuzz.reports.document import (
     ERROR,
     FAIL,
     INCOMPLETE,
+    LATENT,
     PASS,
     SURVIVED,
     budget_text,
@@ -32,6 +33,7 @@ from attnfuzz.reports.document import (
     one_line,
     plural,
     printable,
+    reachability_text,
     run_verdict,
     targets,
 )
@@ -69,7 +71,13 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> list[str
     return markdown_table(header, rows, align, pad=False).splitlines()
 
 
-_SHOWN = {PASS: PASS, CAUGHT: CAUGHT, FAIL: f"**{FAIL}**", SURVIVED: f"**{SURVIVED}**"}
+_SHOWN = {
+    PASS: PASS,
+    CAUGHT: CAUGHT,
+    FAIL: f"**{FAIL}**",
+    SURVIVED: f"**{SURVIVED}**",
+    LATENT: f"**{LATENT}**",
+}
 
 
 def verdict_cell(run: Mapping[str, Any]) -> str:
@@ -164,6 +172,10 @@ def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
     lines += [f"- {code(mismatch_line(m), 400)}" for m in mismatches[:MAX_MISMATCHES]]
     if len(mismatches) > MAX_MISMATCHES:
         lines.append(f"- ... and {len(mismatches) - MAX_MISMATCHES} more")
+    reach = reachability_text(finding)
+    if reach:
+        status = finding["reachability"]["status"].upper()
+        lines += ["", f"Reachability: **{status}**", "", fenced("\n".join(reach), "text")]
     lines += ["", fenced(finding["repro"], "console"), ""]
     body = compact_json(finding["case"])
     if finding.get("derived"):

@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.targets.indexer_decode import reference_impl
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Case
@@ -122,6 +123,26 @@ def raises_slowly(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
         time.sleep(0.5)
         raise ValueError(f"refusing {inp.num_decodes} decodes")
     return reference_impl(inp)
+
+
+def raises_on_padding_requests(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """Trips on zero-length padding requests, as bug A's write-back does: only steps
+    padded for a FULL graph replay have them."""
+    lens = inp.query_start_loc[1:] - inp.query_start_loc[:-1]
+    if bool((lens == 0).any()):
+        raise ValueError("a zero-length request")
+    return reference_impl(inp)
+
+
+def _engine(name: str, fn) -> Implementation:
+    """``fn`` declared as forward code of an engine (as the vLLM adapters declare
+    theirs): its findings say where the engine can meet them."""
+    return Implementation(name, fn, "engine", f"engine code: {name}", engine="vllm")
+
+
+# Findings with a reachability: live (eager steps of two decodes fail), latent.
+engine_live = _engine("engine_live", raises)
+engine_latent = _engine("engine_latent", raises_on_padding_requests)
 
 
 def _user_mutants() -> list:

@@ -128,7 +128,7 @@ def test_every_step_code_is_judged_on_every_pair(runs_in):
 def test_a_fault_while_computing_reachability_leaves_the_finding_and_says_unknown(monkeypatch):
     """attnfuzz's own error here never changes the finding's verdict or blames the engine."""
     from attnfuzz.harness import reachability as module
-    from attnfuzz.harness.cli.run import finding_reachability
+    from attnfuzz.harness.reachability import finding_reachability
     from attnfuzz.harness.registry import get_target
 
     def broken(*args, **kwargs):
@@ -142,3 +142,94 @@ def test_a_fault_while_computing_reachability_leaves_the_finding_and_says_unknow
     doc = {"schema": "attnfuzz.case/1", "target": "indexer-decode", "implementation": "vllm-rocm",
            "case": ROCM_CASE, "reachability": r.to_dict()}  # fmt: skip
     assert schemas.errors(doc, "case") == []
+
+
+def test_a_budget_that_ends_first_leaves_reachability_unknown_saying_so():
+    from attnfuzz.harness.isolation import OutOfTime
+    from attnfuzz.harness.reachability import finding_reachability
+    from attnfuzz.harness.registry import get_target
+
+    def out_of_time(case):
+        raise OutOfTime("the campaign's deadline")
+
+    target = get_target("indexer-decode")
+    impl = dataclasses.replace(target.resolve("triton"), engine="vllm")
+    r = finding_reachability(target, impl, Case.from_dict(ROCM_CASE), out_of_time)
+    assert r.status == "unknown" and "time budget ended first" in r.reason
+    assert finding_reachability(target, target.resolve("triton"), Case.from_dict(ROCM_CASE),
+                                out_of_time) is None  # attnfuzz's own code: none  # fmt: skip
+
+
+# -- campaigns: every report carries it ----------------------------------------------
+
+
+def _campaign(tmp_path, monkeypatch, *impls: str) -> tuple[int, dict, object]:
+    from pathlib import Path
+
+    from attnfuzz.harness.cli import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # campaign_impls, for the workers
+    out = tmp_path / "out"
+    code = main(["campaign", "--out", str(out), "--db", str(tmp_path / "db"), "--targets",
+                 "indexer-decode", "--impls", *impls, "--max-examples", "200", "--seed", "0",
+                 "-n", "1", "--quiet"])  # fmt: skip
+    return code, json.loads((out / "campaign.json").read_text()), out
+
+
+def test_a_campaign_with_a_latent_engine_finding_says_latent_everywhere_and_exits_5(
+    tmp_path, monkeypatch, capsys
+):
+    """Forward code of an engine that trips on padding requests only: the campaign's
+    run, case file, summary.md, JUnit and HTML call it LATENT, with the pairs; exit 5."""
+    import xml.etree.ElementTree as ET
+
+    from attnfuzz.reports.document import campaign_verdict, run_verdict
+
+    code, doc, out = _campaign(tmp_path, monkeypatch, "campaign_impls:engine_latent")
+    (run,) = doc["runs"]
+    (finding,) = doc["findings"]
+    assert code == 5, capsys.readouterr().out
+    assert run_verdict(run) == "LATENT" and run["latent"] and campaign_verdict(doc) == "LATENT"
+    reach = finding["reachability"]
+    assert reach["status"] == LATENT and reach["runs_in"] == "forward"
+    assert any(p["step"] == "FULL replay" for p in reach["pairs"])
+    case_doc = json.loads((out / finding["case_file"]).read_text())
+    assert case_doc["reachability"] == reach
+    assert schemas.errors(case_doc, "case") == []
+    summary = (out / "summary.md").read_text()
+    assert "## attnfuzz campaign: LATENT" in summary and "Reachability: **LATENT**" in summary
+    assert "FULL replay" in summary
+    (failure,) = ET.parse(out / "junit.xml").getroot().iter("failure")
+    assert failure.get("type") == "latent" and failure.get("message").startswith("LATENT: ")
+    assert "reachability: LATENT" in failure.text
+    page = (out / "report.html").read_text()
+    assert "LATENT: " in page and 'class="reachability"' in page
+    assert "LATENT   indexer-decode / campaign_impls:engine_latent" in capsys.readouterr().out
+
+
+def test_a_live_engine_finding_fails_the_campaign_beside_a_latent_one(tmp_path, monkeypatch):
+    from attnfuzz.reports.document import campaign_verdict, run_verdict
+
+    code, doc, _ = _campaign(
+        tmp_path, monkeypatch, "campaign_impls:engine_live", "campaign_impls:engine_latent"
+    )
+    verdicts = {r["implementation"]: run_verdict(r) for r in doc["runs"]}
+    assert verdicts == {"campaign_impls:engine_live": "FAIL",
+                        "campaign_impls:engine_latent": "LATENT"}  # fmt: skip
+    assert code == 1 and campaign_verdict(doc) == "FAIL"
+    live = [f for f in doc["findings"] if f["implementation"] == "campaign_impls:engine_live"]
+    assert live and all(f["reachability"]["status"] == LIVE for f in live)
+
+
+def test_the_campaign_schema_holds_the_case_files_reachability():
+    """One shape in both documents: a finding's reachability is its case file's."""
+    import json as j
+    from pathlib import Path
+
+    root = Path(schemas.__file__).parent
+    case = j.loads((root / "case.schema.json").read_text())["properties"]["reachability"]
+    campaign = j.loads((root / "campaign.schema.json").read_text())
+    held = campaign["$defs"]["finding"]["properties"]["reachability"]
+    assert {k: v for k, v in held.items() if k != "description"} == {
+        k: v for k, v in case.items() if k != "description"
+    }

@@ -310,8 +310,7 @@ def test_v41_gfx942_layer_fails_one_token_decodes_only_where_bug_a_triggers_and_
     packs and unpacks, and ``_decode_step``'s write-back of ``buffer[:N_d]`` fails there
     as well. What the run finds meets bug A's trigger, and is latent: only FULL steps
     pad, and their Python does not run."""
-    from attnfuzz.harness.cli.run import finding_reachability
-    from attnfuzz.harness.reachability import LATENT
+    from attnfuzz.harness.reachability import LATENT, finding_reachability
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.targets.indexer_decode import trigger_engine_writeback
 

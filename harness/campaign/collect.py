@@ -8,7 +8,7 @@ from typing import Any
 
 from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
-from attnfuzz.reports.document import run_record
+from attnfuzz.reports.document import is_latent, run_record
 
 # Why a run that found nothing stopped short of its floor, most telling first.
 WORKER_LOST = "its worker was lost"
@@ -199,6 +199,8 @@ def collect(
                 "seconds_to_failure": round(f["seconds_to_failure"], 3),
                 "found": f["found"],
             }
+            if f.get("reachability") is not None:  # engine code, once its run has ended
+                snap.findings[fid]["reachability"] = f["reachability"]
         status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
         running = snap.settled - settled_before < len(items_by_unit[u])
         floor = run_floor(plan, items_by_unit[u])
@@ -218,6 +220,7 @@ def collect(
             error="; ".join(errors) if errors else None,
             min_examples=floor,
             incomplete=why,
+            latent=bool(ids) and all(is_latent(snap.findings[fid]) for fid in ids),
         )
         if not final:
             run["_running"] = running

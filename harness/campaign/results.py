@@ -30,8 +30,10 @@ from attnfuzz.harness.definitions import (
     EXIT_ERROR,
     EXIT_FOUND,
     EXIT_INCOMPLETE,
+    EXIT_LATENT,
     EXIT_OK,
     INCOMPLETE,
+    LATENT,
     SURVIVED,
 )
 from attnfuzz.harness.target import UsageError
@@ -48,11 +50,11 @@ INVALID_JSON = "campaign.invalid.json"  # a document its schema refuses: see abo
 
 
 def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
-    """See the package docstring: must-pass findings, then attnfuzz's own errors, then
-    interrupts, then mutants that survived, then runs with no verdict (none or too few
-    examples judged)."""
+    """See the package docstring: must-pass findings that are live, then attnfuzz's own
+    errors, then interrupts, then mutants that survived, then latent findings (exit 5),
+    then runs with no verdict (none or too few examples judged)."""
     runs = campaign["runs"]
-    if any(r["findings"] and r["kind"] != "mutant" for r in runs):
+    if any(r["findings"] and r["kind"] != "mutant" and not r.get("latent") for r in runs):
         return EXIT_FOUND
     if any(r["status"] == "error" for r in runs):  # attnfuzz failed: no verdict, no finding
         return EXIT_ERROR
@@ -60,6 +62,8 @@ def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
         return 128 + (signum or signal.SIGINT)
     if any(run_verdict(r) == SURVIVED for r in runs):
         return EXIT_FOUND
+    if any(run_verdict(r) == LATENT for r in runs):
+        return EXIT_LATENT
     if any(no_verdict(r) for r in runs):
         return EXIT_INCOMPLETE
     return EXIT_OK
@@ -115,7 +119,8 @@ class CaseWriter:
         from attnfuzz.harness.oracle import Mismatch, Verdict
         from attnfuzz.reference.batch import Case
 
-        text = json.dumps(finding["case"], sort_keys=True)
+        # A finding's reachability arrives after its case (computed when the run ends).
+        text = json.dumps([finding["case"], finding.get("reachability")], sort_keys=True)
         if self.written.get(finding["id"]) == text:
             finding["derived"] = self.derived[finding["id"]]
             if finding["id"] in self.unwritten:  # the disk may have room by now
@@ -132,6 +137,8 @@ class CaseWriter:
             self.device,
             example_timeout=self.example_timeout,
         )
+        if finding.get("reachability") is not None:
+            doc["reachability"] = finding["reachability"]
         finding["derived"] = self.derived[finding["id"]] = doc["derived"]
         self._save(finding["id"], self.out / finding["case_file"], doc)
         new = finding["id"] not in self.written

@@ -274,6 +274,7 @@ def supervise(
                     shown_out=shown,
                     examples_to_failure=f["examples_to_failure"],
                     seconds_to_failure=f["seconds_to_failure"],
+                    reachability=f.get("reachability"),
                 )
             )
         fields: dict[str, Any] = dict(

@@ -44,7 +44,7 @@ def command(args: argparse.Namespace) -> int:
     with IsolatedJudge(target, impl, device, timeout) as isolated:
         verdict = isolated.judge(case)
         if not verdict.ok:  # computed on replay: a case file may predate it, or the engine moved
-            from attnfuzz.harness.cli.run import finding_reachability
+            from attnfuzz.harness.reachability import finding_reachability
 
             reach = finding_reachability(target, impl, case, isolated.judge)
     latent = reach is not None and reach.status == "latent"

@@ -135,6 +135,7 @@ class Signals:
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.reachability import finding_reachability
     from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.storage import (
@@ -220,28 +221,3 @@ def command(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 128 + signals.signum
     return EXIT_LATENT if reach is not None and reach.status == "latent" else EXIT_FOUND
-
-
-def finding_reachability(target: Any, impl: Any, case: Any, judge: Any) -> Any:
-    """The reachability of a finding on engine code (None for attnfuzz's own code)."""
-    from attnfuzz.harness.reachability import reachability
-    from attnfuzz.harness.target import InvalidCase
-
-    if impl.engine is None:
-        return None
-
-    def refused(c: Any) -> bool:
-        try:
-            target.refuse_invalid(c)
-            target.refuse_unfixed(impl, c)
-        except InvalidCase:
-            return True
-        return False
-
-    try:
-        return reachability(case, target.runs_in, lambda c: not judge(c).ok, refused, impl.engine)
-    except Exception as err:  # noqa: BLE001 (the finding stands; only where it happens is unknown)
-        from attnfuzz.harness.reachability import Reachability
-
-        why = f"not computed: attnfuzz error: {type(err).__name__}: {err}"
-        return Reachability("unknown", target.runs_in, (), why)
