@@ -21,6 +21,11 @@ The terms:
   ``GPUModelRunner.execute_model``; Model Runner V2 in
   ``vllm/v1/worker/gpu/model_states/default.py``, ``DefaultModelState.prepare_attn``).
   Padding requests have ``q_len = 0`` and ``seq_len = 0``.
+
+Not modelled: dual-batch overlap (``--enable-dbo``), which slices a step's
+metadata into micro-batches (``vllm/v1/worker/ubatch_utils.py``,
+``maybe_create_ubatch_slices`` and ``split_attn_metadata``); each slice is a
+step of its own kind, which a target would need to be judged on separately.
 """
 
 from __future__ import annotations
