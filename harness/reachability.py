@@ -53,7 +53,7 @@ class Pair:
 
     runner: str
     cudagraph_mode: str
-    step: str  # NONE, PIECEWISE, FULL replay, FULL capture
+    step: str  # NONE, PIECEWISE, FULL (code run every step), FULL replay, FULL capture
     python_runs: bool
     fails: bool | None  # None: not judged (the Python does not run)
     note: str = ""

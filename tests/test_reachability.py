@@ -120,9 +120,15 @@ def test_repro_of_the_readme_rocm_case_prints_latent(tmp_path):
 
 @pytest.mark.parametrize("runs_in", ["builder", "runner"])
 def test_every_step_code_is_judged_on_every_pair(runs_in):
+    """Builders and the runner run on FULL steps too (before the replay): their pairs
+    say ``FULL``, and a case file holding them conforms, so that it replays."""
     case = Case.from_dict(ROCM_CASE)
     r = reachability(case, runs_in, has_padding_requests, never_refused)
     assert all(p.python_runs and p.fails is not None for p in r.pairs)
+    assert "FULL" in {p.step for p in r.pairs}
+    doc = {"schema": "attnfuzz.case/1", "target": "indexer-decode", "implementation": "x",
+           "case": ROCM_CASE, "reachability": r.to_dict()}  # fmt: skip
+    assert schemas.errors(doc, "case") == []
 
 
 def test_a_fault_while_computing_reachability_leaves_the_finding_and_says_unknown(monkeypatch):
@@ -233,3 +239,36 @@ def test_the_campaign_schema_holds_the_case_files_reachability():
     assert {k: v for k, v in held.items() if k != "description"} == {
         k: v for k, v in case.items() if k != "description"
     }
+
+
+ENGINE_BUILDER = """
+from attnfuzz.harness.target import Implementation
+from attnfuzz.kernels.decode_split import mutant_padded_as_decode_graph
+
+IMPL = Implementation("builder", mutant_padded_as_decode_graph, "engine", "a builder",
+                      engine="vllm")
+"""
+
+
+def test_a_builder_finding_replays_from_its_case_file_with_its_reachability(tmp_path):
+    """Builder code runs on FULL steps too: its case file says so in a form ``repro``
+    reads back, and the replay prints the same reachability (live)."""
+    import os
+
+    (tmp_path / "engine_builder.py").write_text(ENGINE_BUILDER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "attnfuzz", *args], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+
+    run = cli("run", "--target", "decode-split", "--impl", "engine_builder:IMPL", "--seed", "0",
+              "--max-examples", "1000", "--db", "db", "--out", "cases")  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    (path,) = (tmp_path / "cases").glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["reachability"]["status"] == LIVE and doc["reachability"]["runs_in"] == "builder"
+    assert schemas.errors(doc, "case") == []
+    replay = cli("repro", str(path), "--impl", "engine_builder:IMPL")
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "reachability: LIVE" in replay.stdout
