@@ -213,6 +213,8 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
     state = session.config.stash.get(STATE, None)
     if state is None:
         return
+    for item in items:
+        without_deadline(item)
     made: list[pytest.Item] = []
     for target, impl in state.fuzz:
         name = f"{target}[{impl}]"
@@ -222,6 +224,26 @@ def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.It
         # Reported as collected, so that pytest's counts ("collected N items") include them.
         report = pytest.CollectReport("attnfuzz", "passed", None, made)
         session.ihook.pytest_collectreport(report=report)
+
+
+def without_deadline(item: pytest.Item) -> None:
+    """A ``@given`` test that uses ``attnfuzz_judge`` runs without Hypothesis' deadline.
+
+    Each judgement runs in a child process, so its time is the machine's load, not
+    the implementation's: a deadline would make the verdict depend on the machine
+    (a DeadlineExceeded, then a FlakyFailure, on a loaded CI runner). A hang is
+    already the judge's ``timeout`` verdict (``--attnfuzz-example-timeout``). The
+    settings are set as Hypothesis' own pytest plugin sets them on a test.
+    """
+    from hypothesis import is_hypothesis_test, settings
+
+    if "attnfuzz_judge" not in getattr(item, "fixturenames", ()):
+        return
+    if not isinstance(item, pytest.Function) or not is_hypothesis_test(item.obj):
+        return
+    fn = getattr(item.obj, "__func__", item.obj)
+    current = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+    fn._hypothesis_internal_use_settings = settings(parent=current, deadline=None)
 
 
 @pytest.hookimpl(wrapper=True)

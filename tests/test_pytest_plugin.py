@@ -46,6 +46,11 @@ def hang(inputs):
     time.sleep(3600)
 
 
+def slow(inputs):
+    time.sleep(0.3)  # past Hypothesis' default deadline of 200 ms, on any machine
+    return mtp_builder.context_lens(inputs)
+
+
 def recording_pid(inputs):
     with open("pids.txt", "a") as f:
         f.write(f"{os.getpid()}\\n")
@@ -319,3 +324,14 @@ def test_load_case_says_which_path_it_tried(tmp_path: Path, monkeypatch) -> None
         assert len(message.splitlines()) == 1, message
         assert f"tried {tmp_path / 'tests' / 'cases' / 'CASE.json'}," in message, message
         assert "Path(__file__).parent / 'cases' / 'CASE.json'" in message, message
+
+
+def test_a_judged_test_runs_without_hypothesis_deadline(tmp_path: Path) -> None:
+    """A judgement's time is the machine's (a child process judges): a @given test that
+    uses attnfuzz_judge must not fail on Hypothesis' deadline. An implementation slower
+    than the default 200 ms on every call passes, and its test with it."""
+    root = project(tmp_path, f'attnfuzz_impl = ["{TARGET}=faults:slow"]')
+    (root / "test_a_judged.py").write_text(GIVEN_TEST.replace("max_examples=200", "max_examples=3"))
+    result = run_pytest(root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert outcomes(result)["test_a_judged.py::test_judged"] == "PASSED"
