@@ -67,7 +67,7 @@ class Pair:
 
 @dataclass(frozen=True)
 class Reachability:
-    status: str  # LIVE or LATENT
+    status: str  # LIVE, LATENT or UNKNOWN
     runs_in: str
     pairs: tuple[Pair, ...]
     reason: str
@@ -85,6 +85,13 @@ class Reachability:
     def lines(self) -> list[str]:
         """What ``run`` and ``repro`` print under a finding."""
         return reachability_lines(self.to_dict())
+
+
+def is_latent(reach: Reachability | dict | None) -> bool:
+    """A reachability (or its ``to_dict``, as case files hold it) that is latent."""
+    if isinstance(reach, Reachability):
+        return reach.status == LATENT
+    return reach is not None and reach["status"] == LATENT
 
 
 def reachability_lines(d: dict) -> list[str]:

@@ -37,9 +37,8 @@ def _split(
             is_prefill &= q != 0
     else:
         is_prefill = q > thr
-    padded = num_tokens > int(qsl[-1]) or bool((q == 0).any())
-    if padded_is_decode_graph and padded:  # the first request's length speaks for all
-        is_prefill = torch.zeros_like(is_prefill)
+    if padded_is_decode_graph and (num_tokens > int(qsl[-1]) or bool((q == 0).any())):
+        is_prefill = torch.zeros_like(is_prefill)  # padded: the first request speaks for all
     if not inp.treat_short_extends_as_decodes:
         is_prefill |= torch.as_tensor(inp.is_prefilling)
     if not bool(is_prefill.any()):

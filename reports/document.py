@@ -46,6 +46,7 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     repro_command,
 )
 from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
+from attnfuzz.harness.reachability import is_latent as latent_reachability
 from attnfuzz.harness.reachability import reachability_lines
 from attnfuzz.harness.schemas import validate
 from attnfuzz.harness.target import UsageError
@@ -155,7 +156,7 @@ def finding_record(
 def is_latent(finding: Mapping[str, Any]) -> bool:
     """The finding's engine code fails only where a FULL graph replays (see
     ``harness.reachability``)."""
-    return (finding.get("reachability") or {}).get("status") == "latent"
+    return latent_reachability(finding.get("reachability"))
 
 
 def reachability_text(finding: Mapping[str, Any]) -> list[str]:

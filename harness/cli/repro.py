@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attnfuzz.harness.cli.args import add_device_argument, add_timeout_argument, one_line
 from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK
+from attnfuzz.harness.reachability import finding_reachability, is_latent
 from attnfuzz.harness.target import Implementation
 
 HELP = "replay a case file"
@@ -44,10 +45,8 @@ def command(args: argparse.Namespace) -> int:
     with IsolatedJudge(target, impl, device, timeout) as isolated:
         verdict = isolated.judge(case)
         if not verdict.ok:  # computed on replay: a case file may predate it, or the engine moved
-            from attnfuzz.harness.reachability import finding_reachability
-
             reach = finding_reachability(target, impl, case, isolated.judge)
-    latent = reach is not None and reach.status == "latent"
+    latent = is_latent(reach)
     failed = EXIT_LATENT if latent else EXIT_FOUND
     found_elsewhere = differences(doc, impl, device)
     if args.json:

@@ -26,9 +26,11 @@ from attnfuzz.harness.definitions import (
     EXIT_LATENT,
     EXIT_OK,
     HARNESS_FAULT_NOTE,
+    LATENT,
     finding_id,
     repro_command,
 )
+from attnfuzz.harness.reachability import finding_reachability, is_latent, reachability_lines
 
 HELP = "fuzz one implementation of one target"
 CHECKS_DEVICE = True  # main() checks --device before any work
@@ -58,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
     reach = doc.get("reachability")
-    word = "LATENT" if reach and reach["status"] == "latent" else "FAIL"
+    word = LATENT if is_latent(reach) else "FAIL"
     print(f"{word} {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
         # An implementation's exception text may hold anything: one printable line each.
@@ -72,8 +74,6 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
     )
     print("  derived: " + json.dumps(doc["derived"]))
     if reach:
-        from attnfuzz.harness.reachability import reachability_lines
-
         for line in reachability_lines(reach):
             print(line)
     if path is not None:
@@ -135,7 +135,6 @@ class Signals:
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
-    from attnfuzz.harness.reachability import finding_reachability
     from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.storage import (
@@ -220,4 +219,4 @@ def command(args: argparse.Namespace) -> int:
     print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
     if result.interrupted:
         return 128 + signals.signum
-    return EXIT_LATENT if reach is not None and reach.status == "latent" else EXIT_FOUND
+    return EXIT_LATENT if is_latent(reach) else EXIT_FOUND

@@ -18,7 +18,7 @@ from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import decode_split as ref
-from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.batch import Batch, Case, CommonMetadata
 
 SPLIT = ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens")
 SPLIT_EXTENDS = (
@@ -141,20 +141,23 @@ def trigger_real_decode_tokens(case: Case) -> bool:
     return reach_padded(case) and ref.split(ref.make_inputs(case))[1] == 0
 
 
+def _padded_for_graph(meta: CommonMetadata) -> bool:
+    return meta.num_actual_tokens > meta.num_real_tokens or meta.num_reqs > meta.num_real_reqs
+
+
 def reach_padded_graph(case: Case) -> bool:
     """The step was padded for a graph: more tokens, or more requests (a mixed FULL
     graph has ``min(num_tokens, max_num_seqs)`` requests), than it scheduled."""
-    meta = ref.make_inputs(case).meta
-    return meta.num_actual_tokens > meta.num_real_tokens or meta.num_reqs > meta.num_real_reqs
+    return _padded_for_graph(ref.make_inputs(case).meta)
 
 
 def trigger_padded_mixed(case: Case) -> bool:
     """A padded step, its first request a decode, that the split cuts by length: a
     request longer than the threshold (or, under the uniform rule, of another length
     than the first) makes it mixed: a FULL step of a mixed batch."""
-    if not reach_padded_graph(case):
-        return False
     inputs = ref.make_inputs(case)
+    if not _padded_for_graph(inputs.meta):
+        return False
     if int(inputs.meta.query_lens[0]) > inputs.decode_threshold:
         return False
     no_length_rule = _inputs(case, decode_threshold=2**31 - 1, require_uniform=False)
