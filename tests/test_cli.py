@@ -57,7 +57,8 @@ def test_run_finds_a_mutant_writes_the_case_and_repro_replays_it(tmp_path, capsy
 
 
 def test_a_found_failure_is_retried_first_from_the_database(tmp_path):
-    args = ["--target", "indexer-decode", "--impl", "pr39542-overlap", "--max-examples", "300"]
+    # Random draws (a database is read): a budget the search cannot run out of first.
+    args = ["--target", "indexer-decode", "--impl", "pr39542-overlap", "--max-examples", "3000"]
     assert run(tmp_path, *args) == 1
     assert any((tmp_path / "db").rglob("*")), "the failure was not saved"
     assert run(tmp_path, *args) == 1
