@@ -34,6 +34,7 @@ import torch
 
 # First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
 from attnfuzz.kernels import _triton  # noqa: F401  # isort: skip
+from attnfuzz.adapters import vllm_platform
 from attnfuzz.reference.batch import CommonMetadata, EngineConfig
 
 
@@ -46,7 +47,8 @@ def configure_environment() -> None:
     # from vllm._C", "Reset SSM cache type ...") into attnfuzz's own output.
     logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
     if not torch.cuda.is_available():
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # read from 0.28.0 on
+        os.environ.setdefault(vllm_platform.REQUEST, "1")  # every release: the plugin
         if os.environ.get("TRITON_INTERPRET") == "1":
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
