@@ -35,8 +35,14 @@ fi
 # "Fuzzing vLLM itself"). Its wheel declares torch==2.14.0 (the CUDA build here)
 # and CUDA-only packages, so it goes in without them: the pinned list holds the
 # wheel and only what importing its metadata code needs, installed --no-deps.
+# ATTNFUZZ_VLLM=1: the default release; ATTNFUZZ_VLLM=0.22.1 (a release): that one
+# instead, over the same list, with what older releases also import.
 if [ -n "${ATTNFUZZ_VLLM:-}" ] && [ "${ATTNFUZZ_VLLM}" != 0 ]; then
     .venv/bin/python -m pip install --quiet --no-deps -r adapters/vllm/requirements-cpu.txt
+    if [ "${ATTNFUZZ_VLLM}" != 1 ]; then
+        .venv/bin/python -m pip install --quiet --no-deps \
+            -r adapters/vllm/requirements-cpu-older.txt "vllm==${ATTNFUZZ_VLLM}"
+    fi
     .venv/bin/python -c "import attnfuzz.adapters.vllm._engine, vllm; print('vllm', vllm.__version__)"
 fi
 .venv/bin/python -c "import attnfuzz, torch, triton; print('attnfuzz', attnfuzz.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
