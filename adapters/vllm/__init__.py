@@ -17,7 +17,6 @@ called through the same adapter. :mod:`._engine` builds vLLM's objects
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -35,20 +34,24 @@ REQUIREMENTS = Path(__file__).with_name("requirements-cpu.txt")
 
 def installed_version() -> str | None:
     """The installed vLLM's version, or None (looked up without importing it)."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    from attnfuzz.adapters.vllm import compat
+
+    return compat.installed_version()
 
 
 def unavailable() -> str | None:
-    """Why the vLLM implementations cannot run here, or None when they can."""
-    if installed_version() is None:
-        how = f"{INSTALL} in a checkout"
-        if REQUIREMENTS.is_file():  # package data of attnfuzz, in a pip install too
-            how += f", or pip install --no-deps -r {shlex.quote(str(REQUIREMENTS))}"
-        return f"vLLM is not installed; install vLLM {VERSION} with: {how}"
-    return None
+    """Why no vLLM implementation can run here (not installed, or a release outside
+    the supported range), or None; each implementation adds what its adapter calls
+    (:func:`attnfuzz.adapters.vllm.compat.binding_problem`)."""
+    from attnfuzz.adapters.vllm import compat
+
+    version = installed_version()
+    if version is not None:
+        return compat.range_problem(version)
+    how = f"{INSTALL} in a checkout"
+    if REQUIREMENTS.is_file():  # package data of attnfuzz, in a pip install too
+        how += f", or pip install --no-deps -r {shlex.quote(str(REQUIREMENTS))}"
+    return f"vLLM is not installed; install vLLM {VERSION} with: {how}"
 
 
 class EngineCall:
@@ -62,9 +65,15 @@ class EngineCall:
         self.module, self.attr = module, attr
         self._fn: Callable[[Any], Any] | None = None
 
+    def unavailable(self) -> str | None:
+        """Why this adapter cannot run on the installed vLLM (if any), or None."""
+        from attnfuzz.adapters.vllm import compat
+
+        return unavailable() or compat.binding_problem(self.module, self.attr)
+
     def prepare(self) -> Callable[[Any], Any]:
         if self._fn is None:
-            reason = unavailable()
+            reason = self.unavailable()
             if reason is not None:
                 raise RuntimeError(reason)
             mod = importlib.import_module(f"{__name__}.{self.module}")
@@ -92,12 +101,7 @@ def implementation(
 ) -> Implementation:
     """An implementation of a target by vLLM's code (``kind="mutant"`` for an upstream
     mutant, with ``trigger``, ``reach`` and ``smallest`` as for a re-created one)."""
+    call = EngineCall(module, attr)
     return Implementation(
-        name,
-        EngineCall(module, attr),
-        kind,
-        description,
-        engine=ENGINE,
-        unavailable=unavailable,
-        **mutant,
+        name, call, kind, description, engine=ENGINE, unavailable=call.unavailable, **mutant
     )

@@ -1,0 +1,203 @@
+"""Which vLLM is installed, and which adapters bind to it: the one compatibility layer.
+
+The adapters call vLLM's internals, and those move between releases. Nothing
+here decides what a release offers from its version number: each adapter
+names the APIs it calls (:data:`REQUIRES`), and each API is found by looking
+(:class:`Api`: a module that imports, an attribute, a keyword a signature
+takes). Where releases offer one computation in two forms, the adapter asks
+:func:`has` which one it meets, and names both as alternatives here.
+
+The version is read for two things only: the supported range (a release
+outside it is refused, whatever it offers: the adapters were never run on it),
+and the hint that names the first release with a missing API, so that
+``attnfuzz list`` can say which release to install.
+
+The CPU platform on every release is :mod:`attnfuzz.adapters.vllm_platform`, a
+vLLM platform plugin (its own module: vLLM imports it whenever it starts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import os
+from dataclasses import dataclass
+from functools import cache
+
+OLDEST = "0.21.0"
+NEWEST = "0.33.0"
+"""The supported releases: every release from OLDEST to NEWEST's minor series."""
+ANY_RELEASE = "ATTNFUZZ_VLLM_ANY_RELEASE"
+"""Set to 1 to bind a release outside the range (a fork, main) by feature detection alone."""
+
+
+def release_key(version: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a version string: ``0.34.0.dev12+gabc`` is ``(0, 34, 0)``."""
+    parts: list[int] = []
+    for piece in version.replace("+", ".").replace("-", ".").split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version, or None (looked up without importing it)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install_line(release: str) -> str:
+    """How to install ``release`` into attnfuzz's venv (a checkout) or any venv."""
+    return f"ATTNFUZZ_VLLM={release} ./setup.sh (or pip install --no-deps vllm=={release})"
+
+
+def range_problem(version: str) -> str | None:
+    """Why ``version`` is outside the supported range, or None."""
+    if os.environ.get(ANY_RELEASE) == "1":
+        return None
+    key = release_key(version)
+    if release_key(OLDEST) <= key < release_key(NEWEST)[:2] + (1 << 30,):
+        return None
+    return (
+        f"vLLM {version} is installed; attnfuzz's vLLM adapters support releases "
+        f"{OLDEST} to {NEWEST} ({ANY_RELEASE}=1 binds any release by feature detection)"
+    )
+
+
+@dataclass(frozen=True)
+class Api:
+    """One piece of vLLM's API that an adapter calls, found by looking for it."""
+
+    module: str  # e.g. "vllm.v1.worker.block_table"
+    attr: str = ""  # a dotted path inside the module, "" for the module itself
+    keyword: str = ""  # a parameter the callable at ``attr`` must take
+    since: str = ""  # the first release that has it: for the install hint only
+
+    def __str__(self) -> str:
+        where = f"{self.module}.{self.attr}" if self.attr else self.module
+        return f"{where}({self.keyword}=)" if self.keyword else where
+
+    def missing(self) -> str | None:
+        """Why this API is not there, in one line, or None when it is."""
+        return _missing(self)
+
+
+@cache
+def _missing(api: Api) -> str | None:
+    from attnfuzz.adapters.vllm import _engine
+
+    _engine.configure_environment()
+    try:
+        obj = importlib.import_module(api.module)
+    except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
+        return one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
+    for name in filter(None, api.attr.split(".")):
+        if not hasattr(obj, name):
+            return f"{api} is missing"
+        obj = getattr(obj, name)
+    if api.keyword:
+        try:
+            parameters = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            return f"{api} has no signature to read"
+        if api.keyword not in parameters:
+            return f"{api} is missing (no {api.keyword}= parameter)"
+    return None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def has(api: Api) -> bool:
+    """Whether the installed vLLM offers ``api`` (for an adapter that binds either form)."""
+    return api.missing() is None
+
+
+# -- what the adapters call ----------------------------------------------------------
+
+LOAD_PTR = Api("vllm.v1.worker.gpu.buffer_utils", "_load_ptr", since="0.24.0")
+GPU_BLOCK_TABLES = Api("vllm.v1.worker.gpu.block_table", "BlockTables")
+V1_BLOCK_TABLE = Api("vllm.v1.worker.block_table", "BlockTable")
+SPLIT = Api("vllm.v1.attention.backends.utils", "split_decodes_and_prefills")
+SPLIT_EXTENDS = Api("vllm.v1.attention.backends.utils", "split_decodes_prefills_and_extends")
+INDEXER_BUILDER = Api("vllm.v1.attention.backends.mla.indexer", "DeepseekV32IndexerMetadataBuilder")
+BUILDER_TABLE_WIDTH = Api(
+    "vllm.v1.attention.backends.mla.indexer",
+    "DeepseekV32IndexerMetadataBuilder.__init__",
+    keyword="block_table_width",
+    since="0.27.0",
+)
+TABLE_WIDTH = Api("vllm.v1.worker.block_table", "get_block_table_width", since="0.27.0")
+NATIVE_DECODE = Api(
+    "vllm.v1.attention.backends.mla.indexer", "_supports_native_decode", since="0.28.0"
+)
+MAX_BLOCKS_PER_REQ = Api(
+    "vllm.v1.kv_cache_interface", "KVCacheSpec.max_num_blocks_per_req", since="0.26.0"
+)
+GEMMA4_PROPOSER = Api("vllm.v1.spec_decode.gemma4", "Gemma4Proposer", since="0.21.0")
+FLEX = Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder")
+SPARSE_INDEXER = Api("vllm.model_executor.layers.sparse_attn_indexer", "sparse_attn_indexer")
+ROCM_INDEXER = Api("vllm.v1.attention.ops.rocm_aiter_mla_sparse", "rocm_aiter_sparse_attn_indexer")
+CPU_INDEXER = Api("vllm.models.deepseek_v4.cpu", since="0.30.0")
+V41_AMD_INDEXER = Api("vllm.models.deepseek_v41.amd.ops.sparse_indexer", since="0.30.0")
+DEFAULT_MODEL_STATE = Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState")
+MAMBA_HYBRID = Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", since="0.21.0")
+MTP_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode.mtp", since="0.23.0")
+TARGET_DEPENDENT_AR = Api("vllm.v1.worker.gpu.spec_decode.target_dependent_ar", since="0.32.0")
+GPU_MODEL_RUNNER = Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+
+# Adapter module (or "module.function" where one function needs more) -> the APIs it
+# calls. A function's entry adds to its module's.
+REQUIRES: dict[str, tuple[Api, ...]] = {
+    "decode_split": (SPLIT, SPLIT_EXTENDS),
+    "draft_block_tables": (GEMMA4_PROPOSER, MAX_BLOCKS_PER_REQ, V1_BLOCK_TABLE),
+    "flatten_decode": (INDEXER_BUILDER, TABLE_WIDTH, BUILDER_TABLE_WIDTH),
+    "flex_block_mask": (FLEX,),
+    "indexer_decode": (SPARSE_INDEXER,),
+    "indexer_decode.run_rocm": (ROCM_INDEXER,),
+    "indexer_decode.run_cpu": (CPU_INDEXER,),
+    "indexer_decode.run_deepseek_v41_amd": (V41_AMD_INDEXER,),
+    "max_seq_len": (DEFAULT_MODEL_STATE, MTP_SPECULATOR, TARGET_DEPENDENT_AR),
+    "max_seq_len.run_mamba_hybrid": (MAMBA_HYBRID,),
+    "max_seq_len.upstream_model_len": (MAMBA_HYBRID,),
+    "max_seq_len.run_v1": (GPU_MODEL_RUNNER,),
+    "mtp_seq_lens": (INDEXER_BUILDER, BUILDER_TABLE_WIDTH, NATIVE_DECODE),
+    "slot_mapping": (LOAD_PTR, GPU_BLOCK_TABLES),
+    "slot_mapping.run_v1": (V1_BLOCK_TABLE,),
+    "unpadding": (LOAD_PTR,),
+}
+
+
+def requirements(module: str, attr: str) -> tuple[Api, ...]:
+    return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())
+
+
+def binding_problem(module: str, attr: str) -> str | None:
+    """Why ``adapters.vllm.<module>.<attr>`` cannot bind to the installed vLLM, in one
+    line naming the missing API and a release that has it; None when it binds."""
+    version = installed_version()
+    if version is None:
+        return None  # the caller says "not installed", with its install line
+    problem = range_problem(version)
+    if problem is not None:
+        return problem
+    apis = requirements(module, attr)
+    for api in apis:
+        why = api.missing()
+        if why is not None:
+            # A release that has every API this adapter calls, not only the missing one.
+            since = max((a.since for a in apis if a.since), key=release_key, default="")
+            hint = f"; it binds from vLLM {since}: {install_line(since)}" if since else ""
+            return f"vLLM {version}: {why}{hint}"
+    return None
