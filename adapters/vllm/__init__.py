@@ -54,6 +54,22 @@ def unavailable() -> str | None:
     return f"vLLM is not installed; install vLLM {VERSION} with: {how}"
 
 
+def status() -> str:
+    """One line for ``attnfuzz list``: the installed vLLM and the supported range."""
+    from attnfuzz.adapters.vllm import compat
+
+    version = installed_version()
+    if version is None:
+        return f"vLLM: not installed ({INSTALL} installs {VERSION}, the default release)"
+    problem = compat.range_problem(version)
+    if problem is not None:
+        return f"vLLM: {problem}"
+    return (
+        f"vLLM {version} installed (attnfuzz supports {compat.OLDEST} to {compat.NEWEST}; "
+        "each implementation binds to the APIs this release offers)"
+    )
+
+
 class EngineCall:
     """``adapters.vllm.<module>.<attr>(inputs)``, imported on first use.
 
@@ -69,7 +85,10 @@ class EngineCall:
         """Why this adapter cannot run on the installed vLLM (if any), or None."""
         from attnfuzz.adapters.vllm import compat
 
-        return unavailable() or compat.binding_problem(self.module, self.attr)
+        version = installed_version()
+        if version is None:
+            return unavailable()
+        return compat.binding_problem(self.module, self.attr, version)
 
     def prepare(self) -> Callable[[Any], Any]:
         if self._fn is None:

@@ -70,6 +70,11 @@ def command(args: argparse.Namespace) -> int:
         )
     # Targets of other distributions (entry points) that could not be built, with why.
     broken = registry.unavailable_targets()
+    engines = _engines(rows)
+    for row in rows:
+        for impl in row["implementations"]:
+            if impl["engine"] is not None:
+                impl["engine_version"] = engines[impl["engine"]][0]
     if args.json:
         rows += [
             {"target": name, "summary": None, "implementations": [], "unavailable": why}
@@ -77,13 +82,28 @@ def command(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    _print_table(rows, broken)
+    _print_table(rows, broken, [line for _, line in engines.values()])
     return EXIT_OK
 
 
-def _print_table(rows: list[dict[str, Any]], broken: dict[str, str]) -> None:
-    """Each target's line, then its implementations in columns that line up across
-    all targets (one width per column, the widest name's)."""
+def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
+    """Each engine of an implementation: its installed version (None when it is not
+    installed) and the engine's own line on it (``attnfuzz.adapters.<engine>.status``)."""
+    import importlib
+
+    out: dict[str, tuple[str | None, str]] = {}
+    for impl in (impl for row in rows for impl in row["implementations"]):
+        engine = impl["engine"]
+        if engine is not None and engine not in out:
+            module = importlib.import_module(f"attnfuzz.adapters.{engine}")
+            out[engine] = (module.installed_version(), module.status())
+    return out
+
+
+def _print_table(rows: list[dict[str, Any]], broken: dict[str, str], engines: list[str]) -> None:
+    """The engines installed, then each target's line and its implementations in
+    columns that line up across all targets (one width per column, the widest
+    name's); last, why each unavailable implementation cannot run, once per reason."""
     from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
@@ -91,8 +111,8 @@ def _print_table(rows: list[dict[str, Any]], broken: dict[str, str]) -> None:
     impls = [impl for row in rows for impl in row["implementations"]]
     name_width = max((len(i["name"]) for i in impls), default=0)
     kind_width = max((len(i["kind"]) for i in impls), default=0)
-    lines: list[RenderableType] = []
-    reasons: dict[str, None] = {}
+    lines: list[RenderableType] = [Text(line) for line in engines]
+    reasons: dict[str, list[str]] = {}
     for row in rows:
         lines.append(Text(f"{row['target']}: {row['summary']}", style="bold"))
         table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
@@ -103,9 +123,18 @@ def _print_table(rows: list[dict[str, Any]], broken: dict[str, str]) -> None:
             description = Text(impl["description"])
             if impl["unavailable"] is not None:
                 description.append(" (unavailable)", style="yellow")
-                reasons[impl["unavailable"]] = None
+                reasons.setdefault(impl["unavailable"], []).append(
+                    f"{row['target']}/{impl['name']}"
+                )
             table.add_row(Text(impl["name"]), Text(impl["kind"]), description)
         lines.append(Padding(table, (0, 0, 0, 2)))
-    lines += [Text(f"unavailable: {reason}") for reason in reasons]
+    for reason, names in reasons.items():
+        # One reason for every implementation of an engine (not installed) names none.
+        which = (
+            ""
+            if len(names) == sum(i["engine"] is not None for i in impls)
+            else (f" ({', '.join(names)})")
+        )
+        lines.append(Text(f"unavailable{which}: {reason}"))
     lines += [Text(f"{name}: unavailable target ({why})") for name, why in broken.items()]
     show(*lines)

@@ -308,7 +308,7 @@ def build() -> Target:
         vllm_impl(
             "decode_split",
             "run",
-            description="vLLM 0.33.0: v1/attention/backends/utils.py:"
+            description="installed vLLM: v1/attention/backends/utils.py:"
             "split_decodes_and_prefills, split_decodes_prefills_and_extends",
         )
     )

@@ -114,7 +114,7 @@ def build() -> Target:
         vllm_impl(
             "draft_block_tables",
             "run",
-            description="vLLM 0.33.0: vllm/v1/spec_decode/gemma4.py:"
+            description="installed vLLM: vllm/v1/spec_decode/gemma4.py:"
             "Gemma4Proposer.build_per_group_and_layer_attn_metadata",
         )
     )

@@ -234,7 +234,7 @@ def build() -> Target:
         vllm_impl(
             "flatten_decode",
             "run",
-            description="vLLM 0.33.0: vllm/v1/attention/backends/mla/indexer.py:"
+            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
             "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
         )
     )

@@ -287,7 +287,7 @@ def build() -> Target:
         vllm_impl(
             "flex_block_mask",
             "run",
-            description="vLLM 0.33.0: vllm/v1/attention/backends/flex_attention.py:"
+            description="installed vLLM: vllm/v1/attention/backends/flex_attention.py:"
             "FlexAttentionMetadataBuilder.build",
         )
     )

@@ -211,7 +211,8 @@ def build() -> Target:
         vllm_impl(
             "indexer_decode",
             "run",
-            description=f"vLLM 0.33.0: {glue}:sparse_attn_indexer (CUDA path, vendor ops stood in)",
+            description=f"installed vLLM: {glue}:sparse_attn_indexer "
+            "(CUDA path, vendor ops stood in)",
         )
     )
     target.add(
@@ -219,7 +220,7 @@ def build() -> Target:
             "indexer_decode",
             "run_xpu",
             name="vllm-xpu",
-            description=f"vLLM 0.33.0: {glue}:sparse_attn_indexer, its XPU branches "
+            description=f"installed vLLM: {glue}:sparse_attn_indexer, its XPU branches "
             "(XPU kernels stood in)",
         )
     )
@@ -232,7 +233,7 @@ def build() -> Target:
             "run_rocm",
             name="vllm-rocm",
             kind="mutant",
-            description="vLLM 0.33.0: v1/attention/ops/rocm_aiter_mla_sparse.py:"
+            description="installed vLLM: v1/attention/ops/rocm_aiter_mla_sparse.py:"
             "rocm_aiter_sparse_attn_indexer (AITER kernels stood in); still has #39542's "
             "write-back of buffer[:N_d]",
             trigger=trigger_engine_writeback,
@@ -245,7 +246,7 @@ def build() -> Target:
             "indexer_decode",
             "run_cpu",
             name="vllm-cpu",
-            description=f"vLLM 0.33.0: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
+            description=f"installed vLLM: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
             "platform's own metadata builder (CPU kernels stood in); it takes index_topk 512, "
             "indexer head dim 128 and no native MTP only; the CPU platform captures no "
             "CUDA graphs, so its steps are never padded",
@@ -263,7 +264,7 @@ def build() -> Target:
             "run_deepseek_v41_amd",
             name="vllm-deepseek-v41-amd",
             kind="mutant",
-            description="vLLM 0.33.0: models/deepseek_v41/amd/ops/sparse_indexer.py:"
+            description="installed vLLM: models/deepseek_v41/amd/ops/sparse_indexer.py:"
             "gfx942_sparse_attn_indexer (--monokernel on gfx942; gfx942 top-512, AITER and "
             "torch.ops._C kernels stood in); its _decode_step still has #39542's write-back "
             "of buffer[:N_d]",

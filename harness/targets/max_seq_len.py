@@ -248,13 +248,13 @@ def build() -> Target:
         ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
     ):
         description = (
-            f"vLLM 0.33.0: model_states/{where}.prepare_attn; {draft}; attnfuzz's paged walk"
+            f"installed vLLM: model_states/{where}.prepare_attn; {draft}; attnfuzz's paged walk"
         )
         target.add(vllm_impl("max_seq_len", attr, name=name, description=description))
     target.add(
         vllm_impl(
             "max_seq_len", "run_v1", name="vllm-v1",
-            description="vLLM 0.33.0 (V1 runner): gpu_model_runner.py:GPUModelRunner."
+            description="installed vLLM (V1 runner): gpu_model_runner.py:GPUModelRunner."
             f"_build_attention_metadata; {draft} (V1's drafter raises its bound per "
             "decode step); attnfuzz's paged walk",
         )

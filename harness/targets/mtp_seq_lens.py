@@ -227,7 +227,7 @@ def build() -> Target:
         vllm_impl(
             "mtp_seq_lens",
             "run",
-            description="vLLM 0.33.0: vllm/v1/attention/backends/mla/indexer.py:"
+            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
             "DeepseekV32IndexerMetadataBuilder.build (decode.seq_lens)",
         )
     )

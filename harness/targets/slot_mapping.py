@@ -141,7 +141,7 @@ def build() -> Target:
         vllm_impl(
             "slot_mapping",
             "run",
-            description="vLLM 0.33.0 (V2 runner): vllm/v1/worker/gpu/block_table.py:"
+            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/block_table.py:"
             "BlockTables.compute_slot_mappings",
         )
     )
@@ -150,7 +150,7 @@ def build() -> Target:
             "slot_mapping",
             "run_v1",
             name="vllm-v1",
-            description="vLLM 0.33.0 (V1 runner): vllm/v1/worker/block_table.py:"
+            description="installed vLLM (V1 runner): vllm/v1/worker/block_table.py:"
             "BlockTable.compute_slot_mapping",
         )
     )

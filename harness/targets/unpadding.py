@@ -173,7 +173,7 @@ def build() -> Target:
         vllm_impl(
             "unpadding",
             "run",
-            description="vLLM 0.33.0: v1/worker/gpu/block_table.py:BlockTables, "
+            description="installed vLLM: v1/worker/gpu/block_table.py:BlockTables, "
             "v1/worker/gpu/input_batch.py:prepare_pos_seq_lens, "
             "v1/attention/backend.py:CommonAttentionMetadata.unpadded",
         )
