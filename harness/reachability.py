@@ -105,15 +105,25 @@ def reachability_lines(d: dict) -> list[str]:
     return out
 
 
+class PlannerUnbound(Exception):
+    """The installed engine's own step planning cannot be driven (its release lacks
+    an API attnfuzz's planner adapter calls): the reference's rules, read off
+    another release, would not be this release's."""
+
+
 def engine_planner(engine: str | None) -> Callable[[object, Batch], StepPlan]:
-    """The engine's own step planner where it is installed, else the reference's."""
+    """The engine's own step planner where it is installed, else the reference's;
+    :class:`PlannerUnbound` where it is installed but its planner cannot bind."""
     if engine is not None:
         try:
             mod = importlib.import_module(f"attnfuzz.adapters.{engine}.runner_modes")
-            reason = importlib.import_module(f"attnfuzz.adapters.{engine}").unavailable()
+            adapters = importlib.import_module(f"attnfuzz.adapters.{engine}")
         except ImportError:
             return step_plan
-        if reason is None:
+        if adapters.unavailable() is None:
+            problem = adapters.planner_problem()
+            if problem is not None:
+                raise PlannerUnbound(problem)
             return mod.engine_step_plan
     return step_plan
 
@@ -216,6 +226,9 @@ def finding_reachability(
         return reachability(case, target.runs_in, fails, refused, impl.engine)
     except OutOfTime:
         why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"
+        return Reachability(UNKNOWN, target.runs_in, (), why)
+    except PlannerUnbound as err:
+        why = f"not computed: the installed engine's step planning cannot be driven: {err}"
         return Reachability(UNKNOWN, target.runs_in, (), why)
     except Exception as err:  # noqa: BLE001 (the finding stands; only where it happens is unknown)
         why = f"not computed: attnfuzz error: {type(err).__name__}: {err}"

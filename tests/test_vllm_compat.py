@@ -17,6 +17,7 @@ from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.testing import hand_case
 
 FAKE = "attnfuzz_fake_vllm"
 
@@ -159,3 +160,22 @@ def test_list_names_the_implementations_a_missing_api_leaves_unbound(
     names = ", ".join(f"mtp-seq-lens/{i.name}" for i in impls if i.engine == "vllm")
     assert names.count("/") == 3
     assert f"unavailable ({names}): vLLM 0.25.0: {FAKE}.builder.Builder.rebuild" in text
+
+
+def test_reachability_says_why_a_release_planner_cannot_be_driven(fake_release, monkeypatch):
+    """Where the installed release lacks what attnfuzz's planner adapter calls, the
+    reachability of a finding is unknown, naming the missing API: the reference's
+    rules are another release's."""
+    from attnfuzz.harness.reachability import UNKNOWN, finding_reachability
+
+    monkeypatch.setattr(vllm, "installed_version", lambda: "0.25.0")
+    monkeypatch.delenv(compat.ANY_RELEASE, raising=False)
+    gone = compat.Api(f"{FAKE}.builder", "Builder.plan", since="0.30.0")
+    monkeypatch.setitem(compat.REQUIRES, "runner_modes", (gone,))
+    target = get_target("decode-split")
+    impl = target.implementations["vllm"]
+    case = hand_case((1, 1), (3, 4))
+    reach = finding_reachability(target, impl, case, lambda c: pytest.fail("judged"))
+    assert reach is not None and reach.status == UNKNOWN and reach.pairs == ()
+    assert reach.reason.startswith("not computed: the installed engine's step planning")
+    assert f"{FAKE}.builder.Builder.plan is missing" in reach.reason and "0.30.0" in reach.reason

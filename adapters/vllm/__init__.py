@@ -70,6 +70,17 @@ def status() -> str:
     )
 
 
+def planner_problem() -> str | None:
+    """Why reachability cannot drive the installed vLLM's own step planning
+    (:mod:`.runner_modes`), or None when it can (or vLLM is not installed)."""
+    from attnfuzz.adapters.vllm import compat
+
+    version = installed_version()
+    if version is None:
+        return None
+    return compat.binding_problem("runner_modes", "engine_step_plan", version)
+
+
 class EngineCall:
     """``adapters.vllm.<module>.<attr>(inputs)``, imported on first use.
 

@@ -142,10 +142,27 @@ TABLE_WIDTH = Api("vllm.v1.worker.block_table", "get_block_table_width", since="
 NATIVE_DECODE = Api(
     "vllm.v1.attention.backends.mla.indexer", "_supports_native_decode", since="0.28.0"
 )
+VARLEN_LOGITS = Api(
+    "vllm.v1.attention.backends.mla.indexer",
+    "_supports_varlen_paged_mqa_logits",
+    since="0.28.0",
+)
 MAX_BLOCKS_PER_REQ = Api(
     "vllm.v1.kv_cache_interface", "KVCacheSpec.max_num_blocks_per_req", since="0.26.0"
 )
 GEMMA4_PROPOSER = Api("vllm.v1.spec_decode.gemma4", "Gemma4Proposer", since="0.21.0")
+# draft_block_tables: the alternatives it binds (MAX_BLOCKS_PER_REQ or TOTAL_CP_WORLD_SIZE
+# sizes a group's table; the two keywords are MultiGroupBlockTable's older parameters).
+TOTAL_CP_WORLD_SIZE = Api("vllm.v1.worker.cp_utils", "get_total_cp_world_size")
+TABLE_MAX_MODEL_LEN = Api(
+    "vllm.v1.worker.block_table", "MultiGroupBlockTable.__init__", keyword="max_model_len"
+)
+TABLE_KERNEL_BLOCK_SIZES = Api(
+    "vllm.v1.worker.block_table", "MultiGroupBlockTable.__init__", keyword="kernel_block_sizes"
+)
+DRAFTING_METADATA = Api(
+    "vllm.v1.worker.utils", "AttentionGroup.build_metadata_for_drafting", since="0.32.0"
+)
 FLEX = Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder")
 SPARSE_INDEXER = Api("vllm.model_executor.layers.sparse_attn_indexer", "sparse_attn_indexer")
 ROCM_INDEXER = Api("vllm.v1.attention.ops.rocm_aiter_mla_sparse", "rocm_aiter_sparse_attn_indexer")
@@ -155,24 +172,71 @@ DEFAULT_MODEL_STATE = Api("vllm.v1.worker.gpu.model_states.default", "DefaultMod
 MAMBA_HYBRID = Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", since="0.21.0")
 MTP_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode.mtp", since="0.23.0")
 TARGET_DEPENDENT_AR = Api("vllm.v1.worker.gpu.spec_decode.target_dependent_ar", since="0.32.0")
+# max_seq_len: the V2 drafter's forms (max_seq_len_drafters.py). DraftModelSpeculator,
+# with its draft_max_seq_len (#43991's draft half), else 0.21.0's EagleSpeculator; its
+# decode builder _build_uniform_attn_metadata, else _build_draft_attn_metadata (step=).
+_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator"
+DRAFT_MODEL_SPECULATOR = Api(_SPECULATOR, "DraftModelSpeculator", since="0.23.0")
+EAGLE_DRAFT_METADATA = Api(
+    "vllm.v1.worker.gpu.spec_decode.eagle.speculator",
+    "EagleSpeculator._build_draft_attn_metadata",
+)
+DRAFT_UNIFORM_METADATA = Api(
+    _SPECULATOR, "DraftModelSpeculator._build_uniform_attn_metadata", since="0.30.0"
+)
+DRAFT_BUILD_ATTN_METADATA = Api(_SPECULATOR, "DraftModelSpeculator._build_attn_metadata")
+DRAFT_METADATA_STEP = Api(
+    _SPECULATOR, "DraftModelSpeculator._build_draft_attn_metadata", keyword="step"
+)
+DRAFT_MAX_MODEL_LEN_PROPERTY = Api(_SPECULATOR, "DraftModelSpeculator.max_model_len")
+INIT_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode", "init_speculator")
+INIT_SPECULATOR_REQ_STATES = Api(
+    "vllm.v1.worker.gpu.spec_decode", "init_speculator", keyword="req_states"
+)
 GPU_MODEL_RUNNER = Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+# runner_modes: the runners' own step planning, which reachability drives.
+RESOLVE_MODES = Api(
+    "vllm.config.compilation",
+    "CompilationConfig.resolve_cudagraph_mode_and_sizes",
+    keyword="piecewise_capture_available",
+    since="0.30.0",
+)
+ADAPTIVE_MODE = Api(
+    "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
+    "resolve_adaptive_cudagraph_mode",
+    since="0.28.0",
+)
+UNIFORM_TOKENS = Api("vllm.v1.worker.utils", "get_uniform_decode_token_count", since="0.28.0")
+V1_DISPATCHER = Api("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher")
+V2_GRAPHS = Api("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager")
+V2_DP_SYNC = Api("vllm.v1.worker.gpu.dp_utils", "dispatch_cg_and_sync_dp")
 
 # Adapter module (or "module.function" where one function needs more) -> the APIs it
 # calls. A function's entry adds to its module's.
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "decode_split": (SPLIT, SPLIT_EXTENDS),
-    "draft_block_tables": (GEMMA4_PROPOSER, MAX_BLOCKS_PER_REQ, V1_BLOCK_TABLE),
-    "flatten_decode": (INDEXER_BUILDER, TABLE_WIDTH, BUILDER_TABLE_WIDTH),
+    "draft_block_tables": (GEMMA4_PROPOSER, V1_BLOCK_TABLE),
+    "flatten_decode": (INDEXER_BUILDER,),
+    "flatten_decode.upstream_unaligned_width": (TABLE_WIDTH, BUILDER_TABLE_WIDTH),
     "flex_block_mask": (FLEX,),
     "indexer_decode": (SPARSE_INDEXER,),
     "indexer_decode.run_rocm": (ROCM_INDEXER,),
     "indexer_decode.run_cpu": (CPU_INDEXER,),
     "indexer_decode.run_deepseek_v41_amd": (V41_AMD_INDEXER,),
-    "max_seq_len": (DEFAULT_MODEL_STATE, MTP_SPECULATOR, TARGET_DEPENDENT_AR),
+    "max_seq_len": (DEFAULT_MODEL_STATE, INIT_SPECULATOR),
     "max_seq_len.run_mamba_hybrid": (MAMBA_HYBRID,),
-    "max_seq_len.upstream_model_len": (MAMBA_HYBRID,),
+    "max_seq_len.upstream_model_len": (MAMBA_HYBRID, DRAFT_MODEL_SPECULATOR),
+    "max_seq_len.upstream_draft_model_len": (DRAFT_MODEL_SPECULATOR,),
     "max_seq_len.run_v1": (GPU_MODEL_RUNNER,),
-    "mtp_seq_lens": (INDEXER_BUILDER, BUILDER_TABLE_WIDTH, NATIVE_DECODE),
+    "mtp_seq_lens": (INDEXER_BUILDER,),
+    "runner_modes": (
+        RESOLVE_MODES,
+        ADAPTIVE_MODE,
+        UNIFORM_TOKENS,
+        V1_DISPATCHER,
+        V2_GRAPHS,
+        V2_DP_SYNC,
+    ),
     "slot_mapping": (LOAD_PTR, GPU_BLOCK_TABLES),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),
     "unpadding": (LOAD_PTR,),
@@ -183,12 +247,10 @@ def requirements(module: str, attr: str) -> tuple[Api, ...]:
     return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())
 
 
-def binding_problem(module: str, attr: str) -> str | None:
-    """Why ``adapters.vllm.<module>.<attr>`` cannot bind to the installed vLLM, in one
-    line naming the missing API and a release that has it; None when it binds."""
-    version = installed_version()
-    if version is None:
-        return None  # the caller says "not installed", with its install line
+def binding_problem(module: str, attr: str, version: str) -> str | None:
+    """Why ``adapters.vllm.<module>.<attr>`` cannot bind to the installed vLLM
+    (``version``), in one line naming the missing API and a release that has all
+    it calls; None when it binds."""
     problem = range_problem(version)
     if problem is not None:
         return problem
