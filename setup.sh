@@ -35,14 +35,12 @@ fi
 # "Fuzzing vLLM itself"). Its wheel declares torch==2.14.0 (the CUDA build here)
 # and CUDA-only packages, so it goes in without them: the pinned list holds the
 # wheel and only what importing its metadata code needs, installed --no-deps.
-# ATTNFUZZ_VLLM=1: the default release; ATTNFUZZ_VLLM=0.22.1 (a release): that one
-# instead, over the same list, with what older releases also import.
+# ATTNFUZZ_VLLM=1: the default release; ATTNFUZZ_VLLM=0.22.1 (a release from
+# 0.21.0 to 0.33.0): that one instead, with its range's pinned list
+# (adapters/vllm/install.sh).
 if [ -n "${ATTNFUZZ_VLLM:-}" ] && [ "${ATTNFUZZ_VLLM}" != 0 ]; then
-    .venv/bin/python -m pip install --quiet --no-deps -r adapters/vllm/requirements-cpu.txt
-    if [ "${ATTNFUZZ_VLLM}" != 1 ]; then
-        .venv/bin/python -m pip install --quiet --no-deps \
-            -r adapters/vllm/requirements-cpu-older.txt "vllm==${ATTNFUZZ_VLLM}"
-    fi
-    .venv/bin/python -c "import attnfuzz.adapters.vllm._engine, vllm; print('vllm', vllm.__version__)"
+    release="${ATTNFUZZ_VLLM}"
+    [ "$release" = 1 ] && release=""
+    adapters/vllm/install.sh .venv $release
 fi
 .venv/bin/python -c "import attnfuzz, torch, triton; print('attnfuzz', attnfuzz.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"

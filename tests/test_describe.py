@@ -171,4 +171,7 @@ def test_the_vllm_install_hint_names_the_checkout_and_the_pip_forms(monkeypatch)
     # The pinned list is package data, so that a pip install has the file the hint names.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_data = pyproject["tool"]["setuptools"]["package-data"]
-    assert vllm.REQUIREMENTS.name in package_data["attnfuzz.adapters.vllm"]
+    shipped = package_data["attnfuzz.adapters.vllm"]
+    assert vllm.REQUIREMENTS.name in shipped and "install.sh" in shipped
+    lists = sorted(p.name for p in vllm.REQUIREMENTS.parent.glob("requirements-cpu*.txt"))
+    assert set(lists) <= set(shipped), "a release range's pinned list is not package data"

@@ -96,7 +96,7 @@ def test_an_adapter_missing_an_api_names_it_and_a_release_that_has_all(fake_rele
     why = compat.binding_problem("fake_adapter", "upstream", "0.25.0")
     assert why == (
         f"vLLM 0.25.0: {FAKE}.builder.Builder.rebuild is missing; it binds from vLLM 0.28.0: "
-        "ATTNFUZZ_VLLM=0.28.0 ./setup.sh (or pip install --no-deps vllm==0.28.0)"
+        f"ATTNFUZZ_VLLM=0.28.0 ./setup.sh (or {compat.INSTALL_SCRIPT} VENV 0.28.0)"
     )
     assert "0.34.0" in compat.binding_problem("fake_adapter", "run", "0.34.0")
 
@@ -179,3 +179,18 @@ def test_reachability_says_why_a_release_planner_cannot_be_driven(fake_release, 
     assert reach is not None and reach.status == UNKNOWN and reach.pairs == ()
     assert reach.reason.startswith("not computed: the installed engine's step planning")
     assert f"{FAKE}.builder.Builder.plan is missing" in reach.reason and "0.30.0" in reach.reason
+
+
+def test_the_install_script_installs_only_supported_releases(tmp_path):
+    """adapters/vllm/install.sh, which the install hints name, refuses a release
+    outside the range before it installs anything."""
+    import subprocess
+
+    for release in ("0.20.2", "0.34.0", "main"):
+        out = subprocess.run(
+            ["bash", str(compat.INSTALL_SCRIPT), str(tmp_path / "venv"), release],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert out.returncode == 2 and "outside the supported releases" in out.stderr
+        assert f"{compat.OLDEST} to {compat.NEWEST}" in out.stderr
+    assert not (tmp_path / "venv").exists()

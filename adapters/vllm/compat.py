@@ -22,8 +22,10 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import shlex
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 OLDEST = "0.21.0"
 NEWEST = "0.33.0"
@@ -55,9 +57,14 @@ def installed_version() -> str | None:
         return None
 
 
+INSTALL_SCRIPT = Path(__file__).with_name("install.sh")
+"""Installs a release with its range's pinned list into any venv (package data)."""
+
+
 def install_line(release: str) -> str:
     """How to install ``release`` into attnfuzz's venv (a checkout) or any venv."""
-    return f"ATTNFUZZ_VLLM={release} ./setup.sh (or pip install --no-deps vllm=={release})"
+    script = shlex.quote(str(INSTALL_SCRIPT))
+    return f"ATTNFUZZ_VLLM={release} ./setup.sh (or {script} VENV {release})"
 
 
 def range_problem(version: str) -> str | None:
@@ -127,6 +134,22 @@ def has(api: Api) -> bool:
 # -- what the adapters call ----------------------------------------------------------
 
 LOAD_PTR = Api("vllm.v1.worker.gpu.buffer_utils", "_load_ptr", since="0.24.0")
+# slot_mapping, unpadding: the V2 runner's block tables and step inputs, and the forms
+# they bind: the kernel-block-size keywords (0.21.0/0.22.0 to 0.31.0), vLLM's own
+# buffers without UVA (else a CPU stand-in for UvaBuffer), async_tensor_h2d(out=).
+SLOT_MAPPINGS_KERNEL = Api("vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel")
+V2_KERNEL_BLOCK_SIZES = Api(
+    "vllm.v1.worker.gpu.block_table", "BlockTables.__init__", keyword="kernel_block_sizes"
+)
+V1_KERNEL_BLOCK_SIZE = Api(
+    "vllm.v1.worker.block_table", "BlockTable.__init__", keyword="kernel_block_size"
+)
+NON_UVA_BUFFER = Api("vllm.v1.worker.gpu.buffer_utils", "NonUvaBuffer", since="0.30.0")
+INPUT_BUFFERS = Api("vllm.v1.worker.gpu.input_batch", "InputBuffers")
+PREPARE_POS_SEQ_LENS = Api("vllm.v1.worker.gpu.input_batch", "prepare_pos_seq_lens")
+UNPADDED = Api("vllm.v1.attention.backend", "CommonAttentionMetadata.unpadded")
+H2D_OUT = Api("vllm.utils.torch_utils", "async_tensor_h2d", keyword="out", since="0.30.0")
+H2D_PIN_MEMORY = Api("vllm.utils.torch_utils", "async_tensor_h2d", keyword="pin_memory")
 GPU_BLOCK_TABLES = Api("vllm.v1.worker.gpu.block_table", "BlockTables")
 V1_BLOCK_TABLE = Api("vllm.v1.worker.block_table", "BlockTable")
 SPLIT = Api("vllm.v1.attention.backends.utils", "split_decodes_and_prefills")
@@ -193,6 +216,9 @@ INIT_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode", "init_speculator")
 INIT_SPECULATOR_REQ_STATES = Api(
     "vllm.v1.worker.gpu.spec_decode", "init_speculator", keyword="req_states"
 )
+V1_DEVICE_PROPERTIES = Api(
+    "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._init_device_properties"
+)
 GPU_MODEL_RUNNER = Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
 # runner_modes: the runners' own step planning, which reachability drives.
 RESOLVE_MODES = Api(
@@ -237,9 +263,16 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         V2_GRAPHS,
         V2_DP_SYNC,
     ),
-    "slot_mapping": (LOAD_PTR, GPU_BLOCK_TABLES),
+    "slot_mapping.run": (GPU_BLOCK_TABLES,),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),
-    "unpadding": (LOAD_PTR,),
+    "slot_mapping.upstream_stale_padding": (GPU_BLOCK_TABLES, SLOT_MAPPINGS_KERNEL),
+    "unpadding": (
+        GPU_BLOCK_TABLES,
+        SLOT_MAPPINGS_KERNEL,
+        INPUT_BUFFERS,
+        PREPARE_POS_SEQ_LENS,
+        UNPADDED,
+    ),
 }
 
 
