@@ -1,0 +1,283 @@
+"""Real bugs in the vLLM releases that shipped them, and a sweep of every supported release.
+
+    python benchmarks/releases.py --venvs DIR [bugs] [--write README.md]
+    python benchmarks/releases.py --venvs DIR sweep [--write README.md]
+
+``bugs``: for each historical fix that shipped in a release (:data:`FIXES`), the
+last release with the bug and the first with the fix are installed, one at a
+time, into cached venvs under DIR (at most ``--keep`` of them on disk), and the
+matching ``--impl vllm*`` runs with seeds 0, 1, 2 and 1000 examples on each.
+The table: the release, the fix, the seeds that found it, examples to the
+first failure, the minimized case, and whether the fixed release passes.
+
+``sweep``: every release 0.21.0 to 0.33.0, every target, ``attnfuzz run --impl
+vllm --seed 0 --max-examples 200``: exit 0, a finding (triaged in the README),
+or unavailable (the target's computation is not in that release, with why);
+never an attnfuzz error.
+
+Each venv: torch (the CPU build), attnfuzz from this checkout (editable), and
+the release with its range's pinned list (``adapters/vllm/install.sh``). The
+runs are subprocesses of that venv's python; nothing here imports vLLM.
+``--write`` replaces the table between this script's markers in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALL = ROOT / "adapters" / "vllm" / "install.sh"
+TORCH = os.environ.get("ATTNFUZZ_TORCH", "torch==2.13.0")
+
+RELEASES = (
+    "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0",
+    "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+)  # fmt: skip
+"""Every release of the supported range on the package index."""
+
+# Exit codes of ``attnfuzz run`` (harness.definitions).
+PASS, FOUND, USAGE, ERROR, LATENT = 0, 1, 2, 4, 5
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A historical fix that shipped: where the bug last was, where the fix first was."""
+
+    pr: str
+    target: str
+    impl: str
+    buggy: str
+    fixed: str
+    what: str
+
+
+FIXES = (
+    Fix("#42135", "mtp-seq-lens", "vllm", "0.21.0", "0.22.0",
+        "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]"),
+    Fix("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
+        "Gemma4 drafter attaches unsliced per-group block tables"),
+    Fix("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
+        "MambaHybridModelState: max_seq_len = max_model_len outside capture"),
+    Fix("#43991", "max-seq-len", "vllm", "0.22.1", "0.23.0",
+        "V2 drafter: max_seq_len = max_model_len"),
+    Fix("#50302", "flatten-decode", "vllm", "0.26.0", "0.27.0",
+        "indexer's expanded table cdiv(max_model_len, bs) wide vs the 128-token-aligned one"),
+)  # fmt: skip
+
+NOT_IN_RANGE = (
+    "#36580 (V2 `_compute_slot_mappings_kernel` pads from `num_tokens`): last in 0.17.1, "
+    "fixed in 0.18.0, both before the supported range; 0.17.1's `ModelConfig` also refuses "
+    "the adapters' tiny model (pydantic validation), so it is caught by its upstream mutant "
+    "(`upstream-pr36580-stale-padding`) on the supported releases instead."
+)
+
+
+# -- venvs, one or two at a time ---------------------------------------------------------
+
+
+def release_venv(root: Path, release: str, keep: int) -> Path:
+    """``root/vllm-<release>``, created on first use; the least recently used others
+    beyond ``keep`` are removed first, so that the disk holds ``keep`` at most."""
+    venv = root / f"vllm-{release}"
+    ready = venv / ".attnfuzz-ready"
+    if ready.is_file():
+        ready.touch()
+        return venv
+    others = sorted(
+        (p for p in root.glob("vllm-*") if p != venv),
+        key=lambda p: (
+            (p / ".attnfuzz-ready").stat().st_mtime if (p / ".attnfuzz-ready").exists() else 0.0
+        ),
+    )
+    for old in others[: max(0, len(others) - keep + 1)]:
+        shutil.rmtree(old)
+    shutil.rmtree(venv, ignore_errors=True)
+    started = time.monotonic()
+    print(f"installing vLLM {release} into {venv} ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, TORCH], check=True)
+    subprocess.run([*pip, "-e", str(ROOT)], check=True)
+    subprocess.run(["bash", str(INSTALL), str(venv), release], check=True)
+    ready.touch()
+    print(f"  done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    return venv
+
+
+# -- one run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    code: int
+    examples: int | None  # examples to the first failure
+    case: str  # the minimized case, in a line
+    reach: str  # live / latent / unknown, for a finding
+    detail: str  # the run's last line worth quoting (an unavailable reason, an error)
+    seconds: float
+
+
+def attnfuzz_run(venv: Path, target: str, impl: str, seed: int, examples: int) -> Run:
+    with tempfile.TemporaryDirectory(prefix="attnfuzz-release-run-") as out:
+        cmd = [str(venv / "bin" / "python"), "-m", "attnfuzz", "run", "--target", target,
+               "--impl", impl, "--seed", str(seed), "--max-examples", str(examples),
+               "--out", out]  # fmt: skip
+        started = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
+        seconds = time.monotonic() - started
+        text = proc.stdout + proc.stderr
+        found = re.search(r"first failure after (\d+) examples", text)
+        case, reach = "", ""
+        for path in Path(out).glob("*.json"):
+            doc = json.loads(path.read_text())
+            case = describe_case(doc)
+            reach = (doc.get("reachability") or {}).get("status", "")
+        lines = [line for line in text.splitlines() if line.strip()]
+        detail = lines[-1] if lines and proc.returncode not in (PASS,) else ""
+        return Run(proc.returncode, int(found.group(1)) if found else None, case, reach,
+                   detail, seconds)  # fmt: skip
+
+
+def describe_case(doc: dict) -> str:
+    """A case file's case in one line: the step, the engine's settings that matter,
+    and the first thing that differed."""
+    config, batch = doc["case"]["config"], doc["case"]["batch"]
+    parts = [f"q_lens {batch['q_lens']}", f"computed {batch['num_computed_tokens']}"]
+    parts.append(f"next_n {config['num_spec'] + 1}, block {config['block_size']}")
+    parts.append(f"max_model_len {config['max_model_len']}")
+    if batch.get("use_cudagraph"):
+        parts.append(f"graph {config['cudagraph_mode']} sizes {config['cudagraph_capture_sizes']}")
+    mismatches = doc["verdict"].get("mismatches") or []
+    if mismatches:
+        first = mismatches[0]
+        parts.append(f"{first['check']} {first.get('path', '')}".strip())
+    return "; ".join(parts)
+
+
+def exit_word(code: int) -> str:
+    return {PASS: "pass", FOUND: "found", LATENT: "found (latent)", USAGE: "unavailable",
+            ERROR: "attnfuzz error"}.get(code, f"exit {code}")  # fmt: skip
+
+
+# -- the two tables ----------------------------------------------------------------------
+
+
+def bugs(args: argparse.Namespace) -> list[str]:
+    from attnfuzz.harness.definitions import markdown_table
+
+    rows = []
+    for fix in FIXES:
+        runs = {}
+        for release in (fix.buggy, fix.fixed):
+            venv = release_venv(args.venvs, release, args.keep)
+            runs[release] = [
+                attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
+                for seed in args.seeds
+            ]
+        buggy, fixed = runs[fix.buggy], runs[fix.fixed]
+        found = [s for s, r in zip(args.seeds, buggy, strict=True) if r.code in (FOUND, LATENT)]
+        first = next((r for r in buggy if r.code in (FOUND, LATENT)), None)
+        passes = all(r.code == PASS for r in fixed)
+        rows.append([
+            f"{fix.buggy} / {fix.fixed}", f"{fix.pr} {fix.target} `{fix.impl}`", fix.what,
+            f"{len(found)}/{len(args.seeds)} ({', '.join(map(str, found)) or '-'})",
+            ", ".join(str(r.examples) for r in buggy if r.examples is not None) or "-",
+            f"{first.case} ({first.reach})" if first else _why_not(buggy),
+            "yes" if passes else "; ".join(
+                f"seed {s}: {exit_word(r.code)}: {r.detail}"
+                for s, r in zip(args.seeds, fixed, strict=True) if r.code != PASS
+            ),
+        ])  # fmt: skip
+        print(f"{fix.pr} {fix.target}/{fix.impl}: {rows[-1][3]} found, fixed passes: {rows[-1][6]}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    header = ["releases (buggy / fixed)", "fix", "bug", "found (seeds)", "examples to failure",
+              "minimized case (reachability)", "fixed release passes"]  # fmt: skip
+    return [
+        f"Seeds {', '.join(map(str, args.seeds))}, {args.max_examples} examples each "
+        f"(`python benchmarks/releases.py --venvs DIR bugs`).",
+        "",
+        *markdown_table(header, rows).splitlines(),
+        "",
+        f"Not in the range: {NOT_IN_RANGE}",
+    ]
+
+
+def _why_not(runs: list[Run]) -> str:
+    return "not found: " + "; ".join(sorted({f"{exit_word(r.code)} {r.detail}" for r in runs}))
+
+
+def sweep(args: argparse.Namespace) -> list[str]:
+    from attnfuzz.harness.definitions import markdown_table
+    from attnfuzz.harness.registry import target_names
+
+    targets = args.target or target_names()
+    rows, started = [], time.monotonic()
+    for release in args.releases or RELEASES:
+        t0 = time.monotonic()
+        venv = release_venv(args.venvs, release, args.keep)
+        installed = time.monotonic() - t0
+        cells = []
+        for target in targets:
+            r = attnfuzz_run(venv, target, "vllm", 0, args.sweep_examples)
+            cell = exit_word(r.code)
+            if r.code in (FOUND, LATENT) and r.reach:
+                cell += f" [{r.reach}]"
+            cells.append(cell)
+            if r.code not in (PASS,):
+                print(f"  {release} {target}: {cell}: {r.detail}", file=sys.stderr, flush=True)
+        total = time.monotonic() - t0
+        rows.append([release, *cells, f"{installed:.0f}s + {total - installed:.0f}s"])
+        print(f"{release}: {' | '.join(cells)}", file=sys.stderr, flush=True)
+    header = ["release", *targets, "install + runs"]
+    return [
+        f"`attnfuzz run --impl vllm --seed 0 --max-examples {args.sweep_examples}` per target "
+        f"(`python benchmarks/releases.py --venvs DIR sweep`); "
+        f"{(time.monotonic() - started) / 60:.0f} minutes in all, one venv at a time.",
+        "",
+        *markdown_table(header, rows).splitlines(),
+    ]
+
+
+def write_section(path: Path, name: str, lines: list[str]) -> None:
+    """Replace the lines between ``<!-- releases:NAME:begin -->`` and ``...:end -->``."""
+    begin, end = f"<!-- releases:{name}:begin -->", f"<!-- releases:{name}:end -->"
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path} has no {begin} ... {end} section")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", choices=("bugs", "sweep"), default="bugs")
+    parser.add_argument("--venvs", type=Path, required=True, help="cached venvs go here")
+    parser.add_argument("--keep", type=int, default=2, help="venvs kept on disk at most")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-examples", type=int, default=1000)
+    parser.add_argument("--sweep-examples", type=int, default=200)
+    parser.add_argument("--releases", nargs="+", choices=RELEASES, default=None)
+    parser.add_argument("--target", action="append", default=None)
+    parser.add_argument("--write", type=Path, default=None, help="README.md to update")
+    args = parser.parse_args()
+    args.venvs.mkdir(parents=True, exist_ok=True)
+    lines = bugs(args) if args.mode == "bugs" else sweep(args)
+    print("\n".join(lines))
+    if args.write is not None:
+        write_section(args.write, args.mode, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""benchmarks/releases.py without installing anything: its table logic and README writing.
+
+The script itself installs releases and runs for an hour; here its runs and
+venvs are stood in, so that what it concludes from them is what is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from attnfuzz.adapters.vllm import compat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def releases():
+    spec = importlib.util.spec_from_file_location("releases", ROOT / "benchmarks/releases.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["releases"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["releases"]
+
+
+def test_the_sweep_covers_the_supported_range_and_the_fixes_lie_in_it(releases):
+    assert releases.RELEASES[0] == compat.OLDEST and releases.RELEASES[-1] == compat.NEWEST
+    keys = [compat.release_key(r) for r in releases.RELEASES]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    for fix in releases.FIXES:
+        assert fix.buggy in releases.RELEASES and fix.fixed in releases.RELEASES
+        assert compat.release_key(fix.buggy) < compat.release_key(fix.fixed)
+
+
+def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(releases, monkeypatch):
+    Run = releases.Run
+    outcomes = {
+        "0.21.0": [Run(1, 12, "q_lens [2]", "live", "", 1.0), Run(0, None, "", "", "", 1.0),
+                   Run(5, 40, "q_lens [3]", "latent", "", 1.0)],
+        "0.22.0": [Run(0, None, "", "", "", 1.0), Run(0, None, "", "", "", 1.0),
+                   Run(1, 7, "q_lens [1]", "live", "FAIL ...", 1.0)],
+    }  # fmt: skip
+    calls = []
+
+    def run(venv, target, impl, seed, examples):
+        calls.append((venv.name, target, impl, seed, examples))
+        return outcomes[venv.name][seed]
+
+    monkeypatch.setattr(releases, "FIXES", releases.FIXES[:1])
+    monkeypatch.setattr(releases, "release_venv", lambda root, release, keep: Path(release))
+    monkeypatch.setattr(releases, "attnfuzz_run", run)
+    args = argparse.Namespace(venvs=Path("v"), keep=2, seeds=[0, 1, 2], max_examples=1000)
+    lines = releases.bugs(args)
+    row = next(line for line in lines if "0.21.0 / 0.22.0" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "2/3 (0, 2)" and cells[4] == "12, 40"
+    assert cells[5] == "q_lens [2] (live)"
+    assert cells[6] == "seed 2: found: FAIL ...", "a fixed release that fails must say so"
+    assert {c[3] for c in calls} == {0, 1, 2} and all(c[4] == 1000 for c in calls)
+
+
+def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- releases:bugs:begin -->\nold\n<!-- releases:bugs:end -->\nz\n")
+    releases.write_section(readme, "bugs", ["| new |"])
+    assert readme.read_text() == (
+        "a\n<!-- releases:bugs:begin -->\n| new |\n<!-- releases:bugs:end -->\nz\n"
+    )
+    with pytest.raises(SystemExit, match="no <!-- releases:sweep:begin -->"):
+        releases.write_section(readme, "sweep", [])
+
+
+def test_the_readme_has_both_sections(releases):
+    text = (ROOT / "README.md").read_text()
+    for name in ("bugs", "sweep"):
+        assert f"<!-- releases:{name}:begin -->" in text and f"<!-- releases:{name}:end -->" in text
