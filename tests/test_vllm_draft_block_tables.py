@@ -1,10 +1,12 @@
-"""Target ``draft-block-tables`` on vLLM's own drafter: passes, #43982 reverted is caught,
-and the tables are as wide as vLLM's (the fidelity change)."""
+"""Target ``draft-block-tables`` on vLLM's own drafter: passes where the installed release
+has the fix of #43982 (0.23.0 on) and finds the bug where it has not (0.21.0 to 0.22.1),
+#43982 reverted is caught, and the tables are as wide as vLLM's (the fidelity change)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import re
 
@@ -23,6 +25,28 @@ UPSTREAM = "upstream-pr43982-padded-table"
 RECREATED = "pr43982-padded-table"
 
 
+def _code_lines(fn) -> list[str]:
+    """A function's statements: no docstring, comments or blank lines, stripped."""
+    source = inspect.getsource(fn)
+    source = re.sub(r'"""(.|\n)*?"""', "", source, count=1)
+    lines = [re.sub(r"\s*#.*$", "", line).strip() for line in source.splitlines()]
+    return [line for line in lines if line]
+
+
+FIXED_LINE = "cm.block_table_tensor = self._per_group_block_tables[gid][:batch_size]"
+
+
+@functools.cache
+def vllm_has_fix() -> bool:
+    """Whether the installed release's method has the fix of #43982 (first in 0.23.0): read
+    from its statements, not from its version number."""
+    # Through the adapter: it configures vLLM's environment before importing it.
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+
+    method = adapter.Gemma4Proposer.build_per_group_and_layer_attn_metadata
+    return FIXED_LINE in _code_lines(method)
+
+
 def judge(impl: str, case: Case):
     target = get_target(TARGET)
     return target.judge(target.resolve(impl), case)
@@ -39,11 +63,17 @@ def with_params(case: Case, sliding_window: int, swa_block_size_log2: int) -> Ca
     return dataclasses.replace(case, params=tuple(sorted(params.items())))
 
 
-def test_vllm_passes_200_examples():
+def test_vllm_passes_200_examples_where_fixed_and_fails_them_before():
     # 200: the first examples of a search are its simplest (uniform decodes, padded
     # in most drawn modes); mixed steps come a little later.
-    result = assert_passes(TARGET, "vllm", max_examples=200)
-    assert result.labels["padding_requests"] > 0 and result.labels["mixed"] > 0
+    if vllm_has_fix():
+        result = assert_passes(TARGET, "vllm", max_examples=200)
+        assert result.labels["padding_requests"] > 0 and result.labels["mixed"] > 0
+        return
+    # Before #43982 (0.21.0 to 0.22.1): the real bug, on a step with padding requests.
+    result = assert_detected(TARGET, "vllm", max_examples=200)
+    assert get_target(TARGET).implementations[UPSTREAM].trigger(result.case)
+    assert "batch_size must be equal to batch_size_k" in result.verdict.mismatches[0].got
 
 
 def test_upstream_mutant_is_detected_with_a_minimized_trigger():
@@ -57,10 +87,14 @@ def test_upstream_mutant_is_detected_with_a_minimized_trigger():
 
 def test_smallest_trigger_passes_vllm_and_fails_the_upstream_mutant():
     case = smallest()
-    assert judge("vllm", case).ok
     verdict = judge(UPSTREAM, case)
     assert verdict.key == "exception:RuntimeError"
     assert "batch_size 3; block_table has 4 rows" in verdict.mismatches[0].got
+    engine = judge("vllm", case)
+    if vllm_has_fix():
+        assert engine.ok
+    else:  # before #43982 vLLM's method is the mutant's, line for line: the same failure
+        assert (engine.key, engine.mismatches[0].got) == (verdict.key, verdict.mismatches[0].got)
 
 
 @pytest.mark.parametrize(
@@ -77,20 +111,22 @@ def test_unpadded_steps_pass_both(q_lens, computed, use_cudagraph):
     assert judge("vllm", case).ok and judge(UPSTREAM, case).ok
 
 
-def test_sliding_window_with_freed_pages_passes():
+@pytest.mark.parametrize("use_cudagraph", [True, False])
+def test_sliding_window_with_freed_pages_passes(use_cudagraph):
     """Window 2 on pages of 1: requests 9 and 13 tokens long had their early pages freed
-    to the null page (NaN): vLLM's metadata reaches only the pages the window sees."""
-    case = with_params(hand_case((2, 2, 2), (7, 11, 0)), 2, 0)
+    to the null page (NaN): vLLM's metadata reaches only the pages the window sees.
+    In a graph the step is padded to 4 requests: a release before #43982 fails there."""
+    case = with_params(hand_case((2, 2, 2), (7, 11, 0), use_cudagraph), 2, 0)
     inputs = ref.make_inputs(case)
     assert (inputs.groups[1].block_table[:2, :5] == ref.NULL_PAGE).all()
-    assert judge("vllm", case).ok
-    assert not judge(UPSTREAM, case).ok
+    assert judge("vllm", case).ok is (vllm_has_fix() or not use_cudagraph)
+    assert judge(UPSTREAM, case).ok is (not use_cudagraph)
 
 
 def test_vllm_hands_views_of_its_persistent_tables_and_of_the_step_metadata():
     """What the method hands each group's builder: row-slices [:R] (views, no copies) of
-    the runner's persistent per-group tables, and the step's own query_start_loc[:R + 1]
-    and seq_lens[:R] (CommonAttentionMetadata.unpadded)."""
+    the runner's persistent per-group tables (before #43982: the stored [:R_pad]), and
+    the step's own query_start_loc[:R + 1] and seq_lens[:R] (CommonAttentionMetadata.unpadded)."""
     from attnfuzz.adapters.vllm import draft_block_tables as adapter
 
     case = smallest()
@@ -105,29 +141,37 @@ def test_vllm_hands_views_of_its_persistent_tables_and_of_the_step_metadata():
         "cpu",
     )
     R = inputs.num_real_reqs
+    rows = R if vllm_has_fix() else inputs.num_reqs
     for m, table, group in zip(
         per_group, drafter.block_tables.block_tables, inputs.groups, strict=True
     ):
         persistent = table.block_table.gpu
         assert m.block_table.data_ptr() == persistent.data_ptr()
-        assert m.block_table.shape == (R, persistent.shape[1])
-        assert torch.equal(m.block_table, group.block_table[:R])
+        assert m.block_table.shape == (rows, persistent.shape[1])
+        assert torch.equal(m.block_table, group.block_table[:rows])
         assert m.query_start_loc.data_ptr() == inputs.query_start_loc.data_ptr()
         assert m.query_start_loc.shape == (R + 1,) and m.seq_lens.shape == (R,)
 
 
 def test_tables_are_as_wide_as_vllms_and_the_old_width_was_wrong():
-    """Fidelity: vLLM 0.33.0's MultiGroupBlockTable rounds each group's pages per request
-    up to 128-token spans, and the drafter hands on whole rows. The example engine
-    (max_model_len 64) has 16 pages of 4 and 64 pages of 1 per request, but tables 32
-    and 128 wide. The old reference, cdiv(max_model_len, block_size) columns, failed
-    vLLM's correct output on shape; the re-created and upstream mutants are still caught."""
+    """Fidelity: vLLM's MultiGroupBlockTable (every release from 0.21.0) rounds each
+    group's pages per request up to 128-token spans, and the drafter hands on whole rows.
+    The example engine (max_model_len 64) has 16 pages of 4 and 64 pages of 1 per
+    request, but tables 32 and 128 wide. The old reference, cdiv(max_model_len,
+    block_size) columns, failed vLLM's correct output on shape; the re-created and
+    upstream mutants are still caught."""
     from attnfuzz.adapters.vllm import draft_block_tables as adapter
 
     case = smallest()
     target = get_target(TARGET)
     inputs = target.make_inputs(case, torch.device("cpu"))
     expected = target.reference(case, inputs)
+    per_group = adapter._propose(inputs, adapter.Gemma4Proposer)
+    assert [m.block_table.shape[1] for m in per_group] == [32, 128]
+    for mutant in (RECREATED, UPSTREAM):
+        assert not target.judge(target.resolve(mutant), case).ok, mutant
+    if not vllm_has_fix():  # 4 rows, not 3: the bug, judged by the tests above
+        return
     got = adapter.run(inputs)
     assert [tuple(m.block_table.shape) for m in got.metadata] == [(3, 32), (3, 128)]
     assert target.compare(case, inputs, expected, got) == []
@@ -143,16 +187,45 @@ def test_tables_are_as_wide_as_vllms_and_the_old_width_was_wrong():
         ("shape", "group0.block_table", "[3, 16]", "[3, 32]"),
         ("shape", "group1.block_table", "[3, 64]", "[3, 128]"),
     ]
-    for mutant in (RECREATED, UPSTREAM):
-        assert not target.judge(target.resolve(mutant), case).ok, mutant
 
 
-def _code_lines(fn) -> list[str]:
-    """A function's statements: no docstring, comments or blank lines, stripped."""
-    source = inspect.getsource(fn)
-    source = re.sub(r'"""(.|\n)*?"""', "", source, count=1)
-    lines = [re.sub(r"\s*#.*$", "", line).strip() for line in source.splitlines()]
-    return [line for line in lines if line]
+def test_tables_are_sized_as_the_releases_runner_sizes_them():
+    """Each group's pages per request, before MultiGroupBlockTable aligns them, as the
+    installed release's runner computes them (GPUModelRunner.may_reinitialize_input_batch):
+    from 0.26.0 KVCacheSpec.max_num_blocks_per_req; before it the runner's
+    cdiv(max_model_len, block_size * get_total_cp_world_size()), which that release's
+    MultiGroupBlockTable also computes itself when handed max_num_blocks=None."""
+    from attnfuzz.adapters.vllm import compat
+    from attnfuzz.adapters.vllm import draft_block_tables as adapter
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    case = smallest()
+    inputs = ref.make_inputs(case)
+    drafter = adapter._drafter(
+        adapter.Gemma4Proposer,
+        case.config,
+        tuple((g.block_size, g.sliding_window) for g in inputs.groups),
+        case.config.num_heads,
+        case.config.head_dim,
+        "cpu",
+    )
+    specs = [g.kv_cache_spec for g in drafter.proposer.draft_attn_groups]
+    widths = [t.max_num_blocks_per_req for t in drafter.block_tables.block_tables]
+    assert widths == [32, 128]
+    with set_current_vllm_config(drafter.vllm_config):
+        kwargs = adapter._table_kwargs(case.config, specs, drafter.vllm_config)
+        assert kwargs["max_num_blocks"] == [16, 64]  # max_model_len 64: pages of 4 and of 1
+        if compat.has(compat.MAX_BLOCKS_PER_REQ):
+            mine = [s.max_num_blocks_per_req(drafter.vllm_config, 64) for s in specs]
+            assert kwargs["max_num_blocks"] == mine
+        if compat.has(compat.TABLE_MAX_MODEL_LEN):  # 0.21.0 to 0.25.1
+            own = MultiGroupBlockTable(
+                device=torch.device("cpu"), **(kwargs | {"max_num_blocks": None})
+            )
+            assert [t.max_num_blocks_per_req for t in own.block_tables] == widths
+    # Where the table takes kernel block sizes (0.21.0 to 0.31.0), a group is not split.
+    assert kwargs.get("kernel_block_sizes", [4, 1]) == [4, 1]
 
 
 def test_upstream_mutant_differs_from_vllm_only_in_the_lines_of_43982():
@@ -168,9 +241,12 @@ def test_upstream_mutant_differs_from_vllm_only_in_the_lines_of_43982():
         for line in difflib.unified_diff(fixed, reverted, lineterm="", n=0)
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
+    if not vllm_has_fix():  # 0.21.0 to 0.22.1: the mutant is the release's own method
+        assert diff == []
+        return
     assert diff == [
         "-batch_size = common_attn_metadata.batch_size()",
-        "-cm.block_table_tensor = self._per_group_block_tables[gid][:batch_size]",
+        f"-{FIXED_LINE}",
         "+cm.block_table_tensor = self._per_group_block_tables[gid]",
     ]
 

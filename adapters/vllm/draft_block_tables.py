@@ -1,7 +1,8 @@
 """vLLM's drafter builds the per-group attention metadata of ``draft-block-tables`` (bug C).
 
-What runs is vLLM 0.33.0's own ``Gemma4Proposer.build_per_group_and_layer_attn_metadata``
-(``vllm/v1/spec_decode/gemma4.py``), unchanged, on vLLM's own objects:
+What runs is the installed release's own
+``Gemma4Proposer.build_per_group_and_layer_attn_metadata`` (``vllm/v1/spec_decode/gemma4.py``,
+first in 0.21.0; the fix of #43982 first in 0.23.0), unchanged, on vLLM's own objects:
 
 - each KV-cache group of the case is one of vLLM's ``AttentionGroup``
   (``vllm/v1/worker/utils.py``) with a ``FullAttentionSpec`` or a
@@ -10,8 +11,9 @@ What runs is vLLM 0.33.0's own ``Gemma4Proposer.build_per_group_and_layer_attn_m
   ``Gemma4Proposer._create_draft_vllm_config``), which the group creates itself
   (``AttentionGroup.create_metadata_builders``);
 - each group's stored table is a row-slice of vLLM's persistent per-group
-  table (``vllm/v1/worker/block_table.py``, ``MultiGroupBlockTable``, sized by
-  vLLM from the case's limits): the case's rows are set on its host side, and
+  table (``vllm/v1/worker/block_table.py``, ``MultiGroupBlockTable``, sized as
+  the release's model runner sizes it from the case's limits, :func:`_table_kwargs`):
+  the case's rows are set on its host side, and
   vLLM's ``commit_block_table`` and ``get_device_tensor(num_reqs_padded)`` give
   the table the model runner hands to ``Gemma4Proposer.set_per_group_block_table``
   for every group (``GPUModelRunner._build_attention_metadata``);
@@ -55,6 +57,7 @@ from attnfuzz.kernels import draft_block_tables as kernels
 from attnfuzz.adapters.vllm import _engine
 
 # isort: on
+from attnfuzz.adapters.vllm import compat
 from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.draft_block_tables import (
     DraftBlockTablesInputs,
@@ -64,6 +67,7 @@ from attnfuzz.reference.draft_block_tables import (
     attention,
 )
 from vllm.config import set_current_vllm_config
+from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
@@ -76,47 +80,71 @@ from vllm.v1.worker.utils import AttentionGroup
 class Gemma4ProposerBefore43982(Gemma4Proposer):
     """``Gemma4Proposer`` with the fix of vLLM #43982 reverted (upstream mutant).
 
-    ``build_per_group_and_layer_attn_metadata`` below is vLLM 0.33.0's with the
-    lines #43982 changed as they were before it. The pre-fix lines are those of a
-    pre-fix copy of ``vllm/v1/spec_decode/gemma4.py`` in the public code index
-    (same method, same docstring; the pull request's description names the fix:
-    "slice ``_per_group_block_tables[gid]`` to ``[:batch_size]`` in
-    ``build_per_group_and_layer_attn_metadata``"). The lines that differ from 0.33.0:
+    ``build_per_group_and_layer_attn_metadata`` below is the installed release's
+    with the lines #43982 changed (in 0.23.0) as they were before it: 0.22.1's
+    method, on a release whose builder call is 0.22.1's. The lines that differ
+    from a fixed release:
 
-    - 0.33.0's ``batch_size = common_attn_metadata.batch_size()`` is absent;
+    - its ``batch_size = common_attn_metadata.batch_size()`` is absent;
     - ``cm.block_table_tensor = self._per_group_block_tables[gid]`` stands for
-      0.33.0's ``... = self._per_group_block_tables[gid][:batch_size]`` (and the
+      its ``... = self._per_group_block_tables[gid][:batch_size]`` (and the
       four comment lines above it).
 
-    The builder call stays 0.33.0's ``attn_group.build_metadata_for_drafting``:
-    before and just after #43982 it read
-    ``attn_group.get_metadata_builder().build_for_drafting``, which a later change
-    replaced (``AttentionGroup.build_metadata_for_drafting`` maps the table to
-    kernel blocks first); for a group without a kernel block size, as here, both
-    hand the builder the same metadata.
+    The builder call is the release's: ``attn_group.build_metadata_for_drafting``
+    where ``AttentionGroup`` has it (0.32.0 on: it maps the table to kernel
+    blocks first), else ``attn_group.get_metadata_builder().build_for_drafting``
+    (0.21.0 to 0.31.0); for a group without a kernel block size, as here, both
+    hand the builder the same metadata. On a release before the fix (0.21.0 to
+    0.22.1) the method below is the release's own, line for line.
     """
 
-    def build_per_group_and_layer_attn_metadata(
-        self,
-        common_attn_metadata: CommonAttentionMetadata,
-        draft_index: int = 0,
-    ) -> tuple[list[object], dict[str, object]]:
-        per_group_attn_metadata: list[object] = []
-        per_layer_attn_metadata: dict[str, object] = {}
-        for attn_group in self.draft_attn_groups:
-            gid = attn_group.kv_cache_group_id
-            if gid in self._per_group_block_tables:
-                cm = copy(common_attn_metadata)
-                cm.block_table_tensor = self._per_group_block_tables[gid]  # reverted line
-            else:
-                cm = common_attn_metadata
-            attn_metadata = attn_group.build_metadata_for_drafting(
-                common_attn_metadata=cm, draft_index=draft_index
-            )
-            per_group_attn_metadata.append(attn_metadata)
-            for layer_name in attn_group.layer_names:
-                per_layer_attn_metadata[layer_name] = attn_metadata
-        return per_group_attn_metadata, per_layer_attn_metadata
+    if compat.has(compat.DRAFTING_METADATA):
+
+        def build_per_group_and_layer_attn_metadata(
+            self,
+            common_attn_metadata: CommonAttentionMetadata,
+            draft_index: int = 0,
+        ) -> tuple[list[object], dict[str, object]]:
+            per_group_attn_metadata: list[object] = []
+            per_layer_attn_metadata: dict[str, object] = {}
+            for attn_group in self.draft_attn_groups:
+                gid = attn_group.kv_cache_group_id
+                if gid in self._per_group_block_tables:
+                    cm = copy(common_attn_metadata)
+                    cm.block_table_tensor = self._per_group_block_tables[gid]  # reverted line
+                else:
+                    cm = common_attn_metadata
+                attn_metadata = attn_group.build_metadata_for_drafting(
+                    common_attn_metadata=cm, draft_index=draft_index
+                )
+                per_group_attn_metadata.append(attn_metadata)
+                for layer_name in attn_group.layer_names:
+                    per_layer_attn_metadata[layer_name] = attn_metadata
+            return per_group_attn_metadata, per_layer_attn_metadata
+
+    else:
+
+        def build_per_group_and_layer_attn_metadata(
+            self,
+            common_attn_metadata: CommonAttentionMetadata,
+            draft_index: int = 0,
+        ) -> tuple[list[object], dict[str, object]]:
+            per_group_attn_metadata: list[object] = []
+            per_layer_attn_metadata: dict[str, object] = {}
+            for attn_group in self.draft_attn_groups:
+                gid = attn_group.kv_cache_group_id
+                if gid in self._per_group_block_tables:
+                    cm = copy(common_attn_metadata)
+                    cm.block_table_tensor = self._per_group_block_tables[gid]  # reverted line
+                else:
+                    cm = common_attn_metadata
+                attn_metadata = attn_group.get_metadata_builder().build_for_drafting(
+                    common_attn_metadata=cm, draft_index=draft_index
+                )
+                per_group_attn_metadata.append(attn_metadata)
+                for layer_name in attn_group.layer_names:
+                    per_layer_attn_metadata[layer_name] = attn_metadata
+            return per_group_attn_metadata, per_layer_attn_metadata
 
 
 GroupSpec = tuple[int, int | None]
@@ -130,6 +158,42 @@ class _Drafter:
     vllm_config: Any
     block_tables: MultiGroupBlockTable  # the runner's persistent per-group tables
     proposer: Gemma4Proposer
+
+
+def _max_num_blocks(spec: AttentionSpec, vllm_config: Any, max_model_len: int) -> int:
+    """A group's pages per request, as the release's runner sizes its table before
+    ``MultiGroupBlockTable`` aligns it (``GPUModelRunner.may_reinitialize_input_batch``,
+    ``vllm/v1/worker/gpu_model_runner.py``)."""
+    if compat.has(compat.MAX_BLOCKS_PER_REQ):
+        # 0.26.0 on: the spec says (AttentionSpec: pages of block_size * DCP size).
+        return spec.max_num_blocks_per_req(vllm_config, max_model_len)
+    # 0.21.0 to 0.25.1: the runner divides by block_size * get_total_cp_world_size().
+    from vllm.v1.worker.cp_utils import get_total_cp_world_size
+
+    return cdiv(max_model_len, spec.block_size * get_total_cp_world_size())
+
+
+def _table_kwargs(
+    config: EngineConfig, specs: list[AttentionSpec], vllm_config: Any
+) -> dict[str, Any]:
+    """``MultiGroupBlockTable``'s arguments, as the release's runner passes them
+    (``InputBatch.__init__``, ``vllm/v1/worker/gpu_input_batch.py``)."""
+    block_sizes = [s.block_size for s in specs]
+    kwargs: dict[str, Any] = dict(
+        max_num_reqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        pin_memory=False,
+        block_sizes=block_sizes,
+        max_num_blocks=[_max_num_blocks(s, vllm_config, config.max_model_len) for s in specs],
+    )
+    if compat.has(compat.TABLE_MAX_MODEL_LEN):
+        # 0.21.0 to 0.25.1 (a required parameter; read only when max_num_blocks is None).
+        kwargs["max_model_len"] = config.max_model_len
+    if compat.has(compat.TABLE_KERNEL_BLOCK_SIZES):
+        # 0.21.0 to 0.31.0: each group's pages as the kernel addresses them. A group
+        # without a kernel block size (as the builders here) is not split: its own size.
+        kwargs["kernel_block_sizes"] = block_sizes
+    return kwargs
 
 
 def _kv_cache_spec(spec: GroupSpec, num_heads: int, head_dim: int) -> AttentionSpec:
@@ -158,14 +222,7 @@ def _drafter(
     with set_current_vllm_config(vc):
         # As the model runner sizes them (GPUModelRunner.may_reinitialize_input_batch):
         # rows for max_num_seqs requests, each spec's pages per request.
-        tables = MultiGroupBlockTable(
-            max_num_reqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            pin_memory=False,
-            device=dev,
-            block_sizes=[s.block_size for s in specs],
-            max_num_blocks=[s.max_num_blocks_per_req(vc, config.max_model_len) for s in specs],
-        )
+        tables = MultiGroupBlockTable(device=dev, **_table_kwargs(config, specs, vc))
         attn_groups = []
         for gid, spec in enumerate(specs):
             group = AttentionGroup(
@@ -297,7 +354,7 @@ def _run(
 
 
 def run(inputs: DraftBlockTablesInputs) -> DraftBlockTablesOutputs:
-    """vLLM 0.33.0's ``Gemma4Proposer.build_per_group_and_layer_attn_metadata``."""
+    """The installed release's ``Gemma4Proposer.build_per_group_and_layer_attn_metadata``."""
     return _run(inputs, Gemma4Proposer)
 
 
