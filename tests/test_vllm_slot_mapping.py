@@ -58,3 +58,41 @@ def test_upstream_pr36580_leaves_the_padded_tokens_stale_slots():
 
 def test_upstream_mutant_is_detected():
     assert_detected(TARGET, UPSTREAM)
+
+
+@pytest.mark.parametrize("impl", ["vllm", "vllm-v1", UPSTREAM])
+def test_binds_to_the_installed_release(impl):
+    """Every release from 0.21.0 has what each implementation calls (before 0.24.0
+    without buffer_utils._load_ptr, which nothing here imports)."""
+    assert get_target(TARGET).resolve(impl).why_unavailable() is None
+
+
+def test_upstream_pr36580_reverts_only_the_fix_in_the_installed_kernel():
+    """The mutant's kernel is the installed release's ``_compute_slot_mappings_kernel``
+    with #36580's lines replaced, nothing else, and it calls what the release's kernel
+    calls (its ``_load_ptr``: block_table.py's own before 0.24.0, buffer_utils' after)."""
+    import difflib
+    import inspect
+
+    from attnfuzz.adapters.vllm import slot_mapping as adapter
+    from vllm.v1.worker.gpu import block_table
+
+    fixed = inspect.getsource(block_table._compute_slot_mappings_kernel.fn).splitlines()
+    reverted = adapter.pr36580_source().splitlines()
+    changed = [
+        line
+        for line in difflib.unified_diff(fixed, reverted, lineterm="", n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    ]
+    assert changed == [
+        "+    num_tokens,",
+        "-        # Start from actual token count (not padded) to cover the gap",
+        "-        # between actual tokens and padded tokens that can contain stale",
+        "-        # valid slot IDs from previous chunks during chunked prefill.",
+        "-        actual_num_tokens = tl.load(query_start_loc + batch_idx)",
+        "-        for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):",
+        "+        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):",
+    ]
+    kernel = adapter._pre_pr36580_kernel()
+    assert kernel.fn.__globals__["_load_ptr"] is block_table._load_ptr
+    assert list(inspect.signature(kernel.fn).parameters)[:2] == ["num_tokens", "max_num_tokens"]

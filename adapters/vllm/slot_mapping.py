@@ -8,75 +8,135 @@
   locations, positions and ``num_tokens_padded``.
 - ``run_v1``: the V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``):
   ``vllm/v1/worker/block_table.py`` ``BlockTable.compute_slot_mapping`` and its
-  ``ComputeSlotMappingKernel``, as ``GPUModelRunner._prepare_inputs``
+  kernel, as ``GPUModelRunner._prepare_inputs``
   (``vllm/v1/worker/gpu_model_runner.py``) calls it, then the view
   ``slot_mapping.gpu[:num_tokens_padded]`` the runner hands to attention.
 
-- ``upstream_stale_padding``: the V2 kernel with #36580 reverted (padding
-  from the padded token count), an upstream mutant.
+- ``upstream_stale_padding``: the V2 method with #36580 reverted in its kernel
+  (padding from the padded token count), an upstream mutant.
 
-The kernels are ``@triton.jit`` and run under the Triton interpreter here.
-Each adapter keeps one block-table object per engine shape, as the runner
+Every release from 0.21.0 to 0.33.0 has both methods and calls them as above;
+what moves between releases is how their objects are made, and each is made by
+the release's own ``__init__`` with the arguments its signature asks for:
+``BlockTables(kernel_block_sizes=)`` and ``BlockTable(kernel_block_size=)``
+from 0.22.0 and 0.21.0 to 0.31.0 (the case's pages are the attention kernel's
+blocks). The kernels are ``@triton.jit`` and run under the Triton interpreter
+here. Each adapter keeps one block-table object per engine shape, as the runner
 keeps one for its life, and before every step fills its persistent buffers
 with what the case says they hold (stale rows and stale slots included).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from types import SimpleNamespace
+import contextlib
+import functools
+import inspect
+import linecache
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache, lru_cache
 from typing import Any
+from unittest import mock
 
 import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vLLM is imported
 import torch
-from attnfuzz.adapters.vllm import _engine  # noqa: F401  - vLLM's environment, before vLLM
+from attnfuzz.adapters.vllm import _engine, compat  # noqa: F401  - _engine: vLLM's environment
 from attnfuzz.harness.blame import under_test
-from attnfuzz.kernels._triton import tl, triton
 from attnfuzz.reference.slot_mapping import SlotMappingInputs, SlotMappingOutputs
-from vllm.v1.worker.gpu.buffer_utils import _load_ptr
 
 
 def prepare() -> None:
-    """Import both block-table modules (and with them vLLM) before a judge forks."""
-    import vllm.v1.worker.block_table  # noqa: F401
-    import vllm.v1.worker.gpu.block_table  # noqa: F401
+    """Import the block-table modules of the release (and with them vLLM) before a judge
+    forks (``compat.has`` imports the module it looks in)."""
+    compat.has(compat.GPU_BLOCK_TABLES)
+    compat.has(compat.V1_BLOCK_TABLE)
+
+
+# -- the runner's persistent objects, as the release makes them -------------------------
+
+
+class _HostBuffer:
+    """``vllm/v1/worker/gpu/buffer_utils.py`` ``UvaBuffer`` of a release before 0.30.0,
+    on a CPU device.
+
+    The release's ``UvaBuffer`` pins host memory and takes the accelerator's view of it
+    (``get_accelerator_view_from_cpu_tensor``); CPU-only torch has no pinned memory,
+    and those releases have no fallback (0.30.0 adds ``NonUvaBuffer``). On a CPU device
+    the host memory is the device's, so the device's view of the buffer is the buffer
+    itself: what UVA gives a GPU (it reads the host's writes, no copy).
+    """
+
+    def __init__(self, size: int | Sequence[int], dtype: torch.dtype):
+        self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+        self.np = self.cpu.numpy()
+        self.uva = self.cpu
+
+
+@contextmanager
+def host_memory(device: torch.device) -> Iterator[None]:
+    """While the runner's objects for ``device`` are made and used: host memory that
+    CPU-only torch can allocate, which has no pinned memory.
+
+    - Buffers: vLLM's CPU platform claims UVA (from 0.23.0). Where the release has
+      ``NonUvaBuffer`` (0.30.0), ``is_uva_available`` is answered False and vLLM's own
+      buffers for a platform without UVA are made; before, the release's ``UvaBuffer``
+      is :class:`_HostBuffer`.
+    - Copies: ``StagedWriteTensor.apply_write`` stages through ``async_tensor_h2d``,
+      which pins by default where it takes ``pin_memory=`` (0.21.0 to 0.23.0: the
+      default ``PIN_MEMORY`` is True on any Linux); it is given the platform's answer,
+      ``is_pin_memory_available()``, which 0.24.0 makes its default.
+
+    The kernels under test are the same either way. Any other device is left as it is.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+    from vllm.utils.platform_utils import is_pin_memory_available
+
+    with contextlib.ExitStack() as stack:
+        if compat.has(compat.NON_UVA_BUFFER):
+            stack.enter_context(mock.patch.object(buffer_utils, "is_uva_available", lambda: False))
+        else:
+            stack.enter_context(mock.patch.object(buffer_utils, "UvaBuffer", _HostBuffer))
+        if compat.has(compat.H2D_PIN_MEMORY):
+            h2d = functools.partial(
+                torch_utils.async_tensor_h2d, pin_memory=is_pin_memory_available()
+            )
+            stack.enter_context(mock.patch.object(buffer_utils, "async_tensor_h2d", h2d))
+        yield
+
+
+def new_block_tables(
+    block_size: int,
+    max_num_reqs: int,
+    max_num_batched_tokens: int,
+    max_num_blocks: int,
+    device: torch.device,
+) -> Any:
+    """The V2 runner's ``BlockTables`` for one KV-cache group of ``block_size`` pages, made
+    by the release's own ``__init__`` (context parallelism off, as in the cases)."""
+    from vllm.v1.worker.gpu.block_table import BlockTables
+
+    kwargs: dict[str, Any] = {}
+    if compat.has(compat.V2_KERNEL_BLOCK_SIZES):
+        # 0.22.0-0.31.0: the table holds the attention kernel's block ids; the case's
+        # pages are the kernel's blocks (one per KV-cache block).
+        kwargs["kernel_block_sizes"] = [block_size]
+    with host_memory(device):
+        return BlockTables(
+            [block_size], max_num_reqs, max_num_batched_tokens, [max_num_blocks], device, **kwargs
+        )
 
 
 @lru_cache(maxsize=4)  # a few engine shapes at a time: every draw brings its own
 def _block_tables(
     max_num_seqs: int, max_num_batched_tokens: int, width: int, block_size: int, device: str
 ) -> Any:
-    """The V2 runner's ``BlockTables`` for one KV-cache group of ``block_size`` pages.
-
-    ``BlockTables.__init__`` stages its block tables in pinned host memory
-    (``StagedWriteTensor``), which needs CUDA; the step's slot mapping reads only
-    the device side. So the object is made as ``__init__`` makes it for one
-    group, each persistent tensor a plain device tensor of the same shape and
-    dtype, and vLLM's own ``init_block_table_layout_tensors`` derives the
-    pointer, stride and size tensors the kernel reads. Nothing of
-    ``compute_slot_mappings`` is replaced.
-    """
-    from vllm.v1.worker.gpu.block_table import BlockTables
-
-    dev = torch.device(device)
-    bt = BlockTables.__new__(BlockTables)
-    bt.block_sizes = [block_size]
-    bt.max_num_reqs = max_num_seqs
-    bt.max_num_batched_tokens = max_num_batched_tokens
-    bt.device = dev
-    bt.cp_size, bt.cp_rank, bt.cp_interleave = 1, 0, 1
-    bt.num_kv_cache_groups = 1
-    bt._slot_mapping_enabled = [True]
-    bt.dcp_sharded = torch.tensor([True], dtype=torch.bool, device=dev)
-    bt._sliding_window_reach = [0]
-    bt.has_sliding_window_groups = False
-    staged = torch.zeros((max_num_seqs, width), dtype=torch.int32, device=dev)
-    bt.block_tables = [SimpleNamespace(gpu=staged)]  # the device side of a StagedWriteTensor
-    bt.input_block_tables = [torch.zeros_like(staged)]
-    bt._num_dirty_rows = 0
-    bt.slot_mappings = torch.zeros(1, max_num_batched_tokens, dtype=torch.int64, device=dev)
-    bt.init_block_table_layout_tensors()
-    return bt
+    return new_block_tables(
+        block_size, max_num_seqs, max_num_batched_tokens, width, torch.device(device)
+    )
 
 
 def _key(inputs: SlotMappingInputs) -> tuple[int, int, int, int, str]:
@@ -85,12 +145,16 @@ def _key(inputs: SlotMappingInputs) -> tuple[int, int, int, int, str]:
     return seqs, inputs.max_num_tokens, width, inputs.block_size, device
 
 
+def _fill(tables: Any, inputs: SlotMappingInputs) -> None:
+    """The persistent buffers as the step finds them (the device side of the staged table)."""
+    tables.block_tables[0].gpu.copy_(inputs.block_table)
+    tables.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
+
+
 def run(inputs: SlotMappingInputs) -> SlotMappingOutputs:
     """V2 runner: ``BlockTables.compute_slot_mappings``, unchanged."""
     bt = _block_tables(*_key(inputs))
-    # The persistent buffers as the step finds them.
-    bt.block_tables[0].gpu.copy_(inputs.block_table)
-    bt.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
+    _fill(bt, inputs)
     out = bt.compute_slot_mappings(
         inputs.req_state_rows,
         inputs.query_start_loc,
@@ -107,6 +171,10 @@ def _block_table_v1(
     """The V1 runner's ``BlockTable`` of one KV-cache group (no context parallelism)."""
     from vllm.v1.worker.block_table import BlockTable
 
+    kwargs: dict[str, Any] = {}
+    if compat.has(compat.V1_KERNEL_BLOCK_SIZE):
+        # 0.21.0-0.31.0: the attention kernel's block size; the case's pages are its blocks.
+        kwargs["kernel_block_size"] = block_size
     return BlockTable(
         block_size=block_size,
         max_num_reqs=max_num_seqs,
@@ -115,6 +183,7 @@ def _block_table_v1(
         pin_memory=False,
         device=torch.device(device),
         cp_kv_cache_interleave_size=1,
+        **kwargs,
     )
 
 
@@ -140,160 +209,108 @@ def run_v1(inputs: SlotMappingInputs) -> SlotMappingOutputs:
 
 # -- upstream mutant: #36580 reverted -------------------------------------------------
 
-
-@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
-@triton.jit
-def _compute_slot_mappings_kernel_pre_pr36580(
-    num_tokens,  # pre-fix: positions.shape[0], the padded token count
-    max_num_tokens,
-    idx_mapping,  # [num_reqs]
-    query_start_loc,  # [num_reqs + 1]
-    pos,  # [num_tokens]
-    block_table_ptrs,  # [num_kv_cache_groups]
-    block_table_strides,  # [num_kv_cache_groups]
-    block_sizes,  # [num_kv_cache_groups]
-    slot_mapping_enabled,  # [num_kv_cache_groups]
-    dcp_sharded,  # [num_kv_cache_groups]
-    slot_mappings_ptr,  # [num_kv_cache_groups, max_num_tokens]
-    slot_mappings_stride,
-    cp_rank,
-    CP_SIZE: tl.constexpr,
-    CP_INTERLEAVE: tl.constexpr,
-    PAD_ID: tl.constexpr,
-    TRITON_BLOCK_SIZE: tl.constexpr,
-):
-    """vLLM 0.33.0's ``_compute_slot_mappings_kernel`` with the fix of #36580
-    ("[Model Runner V2] Fix ``_compute_slot_mappings_kernel`` for chunked
-    prefill") reverted. The lines that differ: the padding loop starts at the
-    ``num_tokens`` argument, as before the fix,
-
-        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
-
-    where 0.33.0 starts at the real token count,
-
-        actual_num_tokens = tl.load(query_start_loc + batch_idx)
-        for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
-
-    and ``num_tokens`` is the kernel's first argument again. The pre-fix lines
-    are those of a stored copy of an earlier ``vllm/v1/worker/gpu/block_table.py``;
-    that #36580 is the fix is read from its title and from the comment 0.33.0
-    carries on these lines. The rest is 0.33.0's kernel, line for line.
-    """
-    # kv cache group id
-    group_id = tl.program_id(0)
-    batch_idx = tl.program_id(1)
-    slot_mapping_ptr = slot_mappings_ptr + group_id * slot_mappings_stride
-
-    if batch_idx == tl.num_programs(1) - 1:
-        # Pad remaining slots to -1. This is needed for CUDA graphs.
-        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
-            offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-            tl.store(slot_mapping_ptr + offset, PAD_ID, mask=offset < max_num_tokens)
-        return
-
-    block_table_ptr = _load_ptr(block_table_ptrs + group_id, tl.int32)
-    block_table_stride = tl.load(block_table_strides + group_id)
-    kv_block_size = tl.load(block_sizes + group_id)
-    mapping_enabled = tl.load(slot_mapping_enabled + group_id)
-    if CP_SIZE != 1:
-        sharded = tl.load(dcp_sharded + group_id)
-
-    req_state_idx = tl.load(idx_mapping + batch_idx)
-    # idx_mapping == -1 marks a dummy (or CUDA-graph padding) request that owns
-    # no blocks: never read its block-table row and emit PAD for its tokens.
-    is_real_req = req_state_idx >= 0
-    start_idx = tl.load(query_start_loc + batch_idx)
-    end_idx = tl.load(query_start_loc + batch_idx + 1)
-    for i in range(start_idx, end_idx, TRITON_BLOCK_SIZE):
-        offset = i + tl.arange(0, TRITON_BLOCK_SIZE)
-        positions = tl.load(pos + offset, mask=offset < end_idx, other=0)
-
-        if CP_SIZE == 1:
-            # Common case: Context parallelism is not used.
-            local_positions = positions
-            is_local = True
-        else:
-            # Context parallelism is used.
-            virtual_block_size = kv_block_size * CP_SIZE
-            virtual_block_indices = positions // virtual_block_size
-            virtual_block_offsets = positions % virtual_block_size
-            is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank
-            rounds = virtual_block_offsets // (CP_INTERLEAVE * CP_SIZE)
-            remainder = virtual_block_offsets % CP_INTERLEAVE
-            local_offsets = rounds * CP_INTERLEAVE + remainder
-            local_positions = virtual_block_indices * kv_block_size + local_offsets
-            local_positions = tl.where(sharded, local_positions, positions)
-            is_local = ~sharded | is_local
-
-        block_indices = tl.where(mapping_enabled, local_positions // kv_block_size, 0)
-        block_offsets = local_positions % kv_block_size
-        block_numbers = tl.load(
-            block_table_ptr + req_state_idx * block_table_stride + block_indices,
-            mask=is_local & is_real_req,
-            other=0,
-        )
-        slot_ids = block_numbers * kv_block_size + block_offsets
-        if CP_SIZE != 1:
-            slot_ids = tl.where(is_local, slot_ids, PAD_ID)
-
-        slot_ids = tl.where(mapping_enabled & is_real_req, slot_ids, PAD_ID)
-        tl.store(slot_mapping_ptr + offset, slot_ids, mask=offset < end_idx)
+# #36580 ("[Model Runner V2] Fix ``_compute_slot_mappings_kernel`` for chunked prefill")
+# made the kernel's padding program start at the real token count. Before it (stored
+# copies of the pre-fix ``vllm/v1/worker/gpu/block_table.py``) the kernel took the count
+# as its first argument, ``num_tokens``, and padded from there. Every release from
+# 0.21.0 to 0.33.0 carries the fixed lines below, each exactly once (checked on each
+# release's source); the reverted kernel is the installed release's, all else unchanged.
+_PR36580_REVERTED = (
+    (
+        "def _compute_slot_mappings_kernel(\n    max_num_tokens,\n",
+        "def _compute_slot_mappings_kernel(\n    num_tokens,\n    max_num_tokens,\n",
+    ),
+    (
+        "        # Start from actual token count (not padded) to cover the gap\n"
+        "        # between actual tokens and padded tokens that can contain stale\n"
+        "        # valid slot IDs from previous chunks during chunked prefill.\n"
+        "        actual_num_tokens = tl.load(query_start_loc + batch_idx)\n"
+        "        for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):\n",
+        "        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):\n",
+    ),
+)
 
 
-@under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
-def launch_pre_pr36580(
+def pr36580_source() -> str:
+    """The source of the installed release's ``_compute_slot_mappings_kernel`` (with its
+    ``@triton.jit``) with exactly the lines of ``_PR36580_REVERTED`` replaced."""
+    from vllm.v1.worker.gpu import block_table
+
+    source = inspect.getsource(block_table._compute_slot_mappings_kernel.fn)
+    for fixed, pre_fix in _PR36580_REVERTED:
+        if source.count(fixed) != 1:
+            first = fixed.strip().splitlines()[-1]
+            raise RuntimeError(f"vLLM's _compute_slot_mappings_kernel no longer has: {first}")
+        source = source.replace(fixed, pre_fix)
+    return source
+
+
+@cache
+def _pre_pr36580_kernel() -> Any:
+    """:func:`pr36580_source`, compiled against (a copy of) its module's globals, so that it
+    calls what the release's kernel calls (its ``_load_ptr``, from
+    ``block_table.py`` before 0.24.0 and ``buffer_utils.py`` after), and decorated as
+    the release decorates it."""
+    from vllm.v1.worker.gpu import block_table
+
+    source = pr36580_source()
+    filename = "<vllm/v1/worker/gpu/block_table.py _compute_slot_mappings_kernel, #36580 reverted>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scratch: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), dict(vars(block_table)), scratch)  # noqa: S102
+    return under_test(scratch["_compute_slot_mappings_kernel"])
+
+
+class _PreFixLaunch:
+    """Stands for the module's ``_compute_slot_mappings_kernel`` while the release's
+    ``BlockTables.compute_slot_mappings`` runs: its launch ``kernel[grid](*args)``
+    becomes ``reverted[grid](num_tokens, *args)``, the pre-fix launch."""
+
+    def __init__(self, kernel: Any, num_tokens: int):
+        self.kernel, self.num_tokens = kernel, num_tokens
+
+    def __getitem__(self, grid: Any) -> Any:
+        return functools.partial(self.kernel[grid], self.num_tokens)
+
+
+def compute_slot_mappings_pre_pr36580(
     tables: Any,
     idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor,
     positions: torch.Tensor,
     num_tokens: int,
+    num_tokens_padded: int,
 ) -> torch.Tensor:
-    """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel
-    on ``tables`` (a V2 ``BlockTables``), its padding program starting at
-    ``num_tokens``; the two upstream mutants of #36580 (this target's and
-    ``unpadding``'s) share it. Returns the ``[groups, max_num_tokens]`` buffer."""
-    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+    """The release's ``BlockTables.compute_slot_mappings`` on ``tables``, unchanged, its
+    kernel launched with #36580 reverted: the padding program starts at ``num_tokens``.
+    The two upstream mutants of #36580 (this target's and ``unpadding``'s) share it.
+    Returns the method's ``[groups, num_tokens_padded]`` view."""
+    from vllm.v1.worker.gpu import block_table
 
-    slot_mappings = tables.slot_mappings
-    _compute_slot_mappings_kernel_pre_pr36580[
-        (tables.num_kv_cache_groups, idx_mapping.shape[0] + 1)
-    ](
-        num_tokens,
-        slot_mappings.shape[1],
-        idx_mapping,
-        query_start_loc,
-        positions,
-        tables.block_table_ptrs,
-        tables.block_table_strides,
-        tables.block_sizes_tensor,
-        tables.slot_mapping_enabled,
-        tables.dcp_sharded,
-        slot_mappings,
-        slot_mappings.stride(0),
-        tables.cp_rank,
-        CP_SIZE=tables.cp_size,
-        CP_INTERLEAVE=tables.cp_interleave,
-        PAD_ID=PAD_SLOT_ID,
-        TRITON_BLOCK_SIZE=1024,
-    )
-    return slot_mappings
+    launch = _PreFixLaunch(_pre_pr36580_kernel(), num_tokens)
+    with mock.patch.object(block_table, "_compute_slot_mappings_kernel", launch):
+        return tables.compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded=num_tokens_padded
+        )
 
 
 def upstream_stale_padding(inputs: SlotMappingInputs) -> SlotMappingOutputs:
-    """vLLM 0.33.0's ``BlockTables.compute_slot_mappings`` with #36580 reverted.
+    """The release's ``BlockTables.compute_slot_mappings`` with #36580 reverted.
 
-    The method is 0.33.0's but for the launch: the pre-fix kernel above, given
-    ``positions.shape[0]`` as ``num_tokens`` as the pre-fix method did. The
-    runner hands it positions of the padded length, so a graph's padded tokens
-    ``T .. T_pad`` keep the slots an earlier, longer step wrote there: the
-    step's padding K/V overwrites another request's cache.
+    The pre-fix method passed ``positions.shape[0]`` as ``num_tokens``. The runner
+    hands it positions of the padded length, so a graph's padded tokens
+    ``T .. T_pad`` keep the slots an earlier, longer step wrote there: the step's
+    padding K/V overwrites another request's cache.
     """
     bt = _block_tables(*_key(inputs))
-    bt.block_tables[0].gpu.copy_(inputs.block_table)
-    bt.slot_mappings[0].copy_(inputs.slot_mapping_buffer)
+    _fill(bt, inputs)
     positions = inputs.positions
-    # The pre-fix method passed positions.shape[0], the padded length, as num_tokens.
-    slot_mappings = launch_pre_pr36580(
-        bt, inputs.req_state_rows, inputs.query_start_loc, positions, positions.shape[0]
+    out = compute_slot_mappings_pre_pr36580(
+        bt,
+        inputs.req_state_rows,
+        inputs.query_start_loc,
+        positions,
+        positions.shape[0],  # pre-fix: the padded length, as num_tokens
+        inputs.num_tokens_padded,
     )
-    return SlotMappingOutputs(slot_mappings[0, : inputs.num_tokens_padded], bt.slot_mappings[0])
+    return SlotMappingOutputs(out[0], bt.slot_mappings[0])

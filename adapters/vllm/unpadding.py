@@ -1,7 +1,7 @@
 """vLLM's CUDA-graph padding (model runner V2) and ``CommonAttentionMetadata.unpadded``
 as the implementation ``vllm`` of ``unpadding``.
 
-What runs, unchanged (vLLM 0.33.0):
+What runs, unchanged (each release from 0.21.0 to 0.33.0 has all of it):
 
 - ``vllm/v1/worker/gpu/block_table.py``: ``BlockTables`` with its own persistent
   buffers; ``append_block_ids`` and ``apply_staged_writes`` (the request-state
@@ -17,12 +17,12 @@ The Triton kernels run under the interpreter. Two things are the adapter's,
 copied from ``vllm/v1/worker/gpu/model_runner.py`` ``prepare_inputs``
 because they are inline there: the host ``query_start_loc`` with its padding
 (``query_start_loc_np[num_reqs + 1:] = num_tokens``) copied into the
-persistent buffer with ``async_tensor_h2d``, and the ``CommonAttentionMetadata``
+persistent buffer (``async_tensor_h2d(..., out=)`` from 0.30.0,
+``buffer_utils.async_copy_to_gpu`` before), and the ``CommonAttentionMetadata``
 fields as ``vllm/v1/worker/gpu/attn_utils.py`` ``build_attn_metadata`` sets them.
-``BlockTables`` is built with ``is_uva_available`` answered False: vLLM's CPU
-platform claims UVA but CPU-only torch has no pinned memory, and vLLM's own
-non-UVA buffers are what a platform without UVA uses; the kernels under test
-are the same either way.
+``BlockTables`` is made by the release's ``__init__`` with host buffers a
+CPU-only torch can allocate (:func:`attnfuzz.adapters.vllm.slot_mapping.host_memory`);
+the kernels under test are the same either way.
 
 Each call first writes the case's stale content (what earlier steps left)
 into vLLM's persistent buffers, so that what the padding must overwrite is
@@ -33,14 +33,16 @@ from __future__ import annotations
 
 from functools import cache
 from typing import Any
-from unittest import mock
 
 import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import _engine
-from attnfuzz.adapters.vllm.slot_mapping import launch_pre_pr36580
-from attnfuzz.harness.blame import under_test
+from attnfuzz.adapters.vllm import _engine, compat
+from attnfuzz.adapters.vllm.slot_mapping import (
+    compute_slot_mappings_pre_pr36580,
+    host_memory,
+    new_block_tables,
+)
 from attnfuzz.reference.unpadding import StepMetadata, UnpaddingInputs, UnpaddingOutputs
 
 _CPU = torch.device("cpu")
@@ -58,12 +60,9 @@ def _runner_state(
 ) -> tuple[Any, Any]:
     """vLLM's ``BlockTables`` and ``InputBuffers`` for one engine (allocated once, as the
     model runner does at start-up)."""
-    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
-    from vllm.v1.worker.gpu.block_table import BlockTables
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    with mock.patch.object(buffer_utils, "is_uva_available", lambda: False):
-        tables = BlockTables([block_size], max_num_reqs, max_num_tokens, [max_num_blocks], _CPU)
+    tables = new_block_tables(block_size, max_num_reqs, max_num_tokens, max_num_blocks, _CPU)
     return tables, InputBuffers(max_num_reqs, max_num_tokens, _CPU)
 
 
@@ -81,7 +80,6 @@ def _step(fields: Any, num_reqs: int, num_tokens: int) -> StepMetadata:
 
 def pad_step(inputs: UnpaddingInputs, compute_slot_mappings: Any = None) -> tuple[Any, dict]:
     """The padded ``CommonAttentionMetadata`` of the step, and vLLM's persistent buffers."""
-    from vllm.utils.torch_utils import async_tensor_h2d
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
 
@@ -99,11 +97,13 @@ def pad_step(inputs: UnpaddingInputs, compute_slot_mappings: Any = None) -> tupl
     buffers.query_start_loc.copy_(inputs.query_start_loc_buffer)
     buffers.seq_lens.copy_(inputs.seq_lens_buffer)
 
-    # the requests' states: request r of the batch is request state r
-    for r in range(R):
-        pages = inputs.block_table[r, : int(inputs.num_pages[r])].tolist()
-        tables.append_block_ids(r, (pages,), overwrite=True)
-    tables.apply_staged_writes()
+    # the requests' states: request r of the batch is request state r (staged through
+    # host memory: what CPU-only torch can allocate, see host_memory)
+    with host_memory(_CPU):
+        for r in range(R):
+            pages = inputs.block_table[r, : int(inputs.num_pages[r])].tolist()
+            tables.append_block_ids(r, (pages,), overwrite=True)
+        tables.apply_staged_writes()
     idx_mapping = torch.arange(R, dtype=torch.int32)
     num_computed = torch.zeros(inputs.max_num_seqs, dtype=torch.int32)
     num_computed[:R] = torch.as_tensor(inputs.num_computed_tokens)
@@ -113,7 +113,15 @@ def pad_step(inputs: UnpaddingInputs, compute_slot_mappings: Any = None) -> tupl
     query_start_loc_np[0] = 0
     np.cumsum(inputs.query_lens, out=query_start_loc_np[1 : R + 1])
     query_start_loc_np[R + 1 :] = T
-    async_tensor_h2d(query_start_loc_np, out=buffers.query_start_loc)
+    if compat.has(compat.H2D_OUT):
+        from vllm.utils.torch_utils import async_tensor_h2d
+
+        async_tensor_h2d(query_start_loc_np, out=buffers.query_start_loc)
+    else:
+        # Before 0.30.0: buffer_utils.async_copy_to_gpu(query_start_loc_np, out=...), which
+        # is out.copy_(x, non_blocking=True) of x pinned first (0.24.0 to 0.29.0), and
+        # CPU-only torch cannot pin; on a CPU device the copy is the same.
+        buffers.query_start_loc.copy_(torch.from_numpy(query_start_loc_np), non_blocking=True)
     query_start_loc_np = query_start_loc_np[: R_pad + 1]
     query_start_loc = buffers.query_start_loc[: R_pad + 1]
 
@@ -165,9 +173,9 @@ def run(inputs: UnpaddingInputs) -> UnpaddingOutputs:
 
 
 def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
-    """``BlockTables.compute_slot_mappings`` of 0.33.0 launching the pre-#36580 kernel."""
+    """The release's ``BlockTables.compute_slot_mappings`` launching its kernel with
+    #36580 reverted, given the padded token count as ``num_tokens``."""
 
-    @under_test  # the engine's code with a fix reverted: its exceptions are the mutant's
     def compute_slot_mappings(
         idx_mapping: torch.Tensor,
         query_start_loc: torch.Tensor,
@@ -175,27 +183,26 @@ def _compute_slot_mappings_pre_pr36580(tables: Any) -> Any:
         num_tokens_padded: int,
     ) -> torch.Tensor:
         # pre-#36580: padding started at the padded token count
-        slot_mappings = launch_pre_pr36580(
-            tables, idx_mapping, query_start_loc, positions, num_tokens_padded
+        return compute_slot_mappings_pre_pr36580(
+            tables, idx_mapping, query_start_loc, positions, num_tokens_padded, num_tokens_padded
         )
-        return slot_mappings[:, :num_tokens_padded]
 
     return compute_slot_mappings
 
 
 def upstream_stale_slots(inputs: UnpaddingInputs) -> UnpaddingOutputs:
     """#36580 ("[Model Runner V2] Fix ``_compute_slot_mappings_kernel`` for chunked
-    prefill") reverted: 0.33.0's ``_compute_slot_mappings_kernel`` with its padding
+    prefill") reverted: the release's ``_compute_slot_mappings_kernel`` with its padding
     program starting at a ``num_tokens`` argument, as before the fix::
 
         for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
 
-    where 0.33.0 has::
+    where every release from 0.21.0 to 0.33.0 has::
 
         actual_num_tokens = tl.load(query_start_loc + batch_idx)
         for i in range(actual_num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
 
-    Every other line is 0.33.0's. The pre-fix kernel line and its ``num_tokens``
+    Every other line is the release's. The pre-fix kernel line and its ``num_tokens``
     argument are as stored copies of the pre-fix ``block_table.py`` show them;
     that the caller passed the *padded* token count is reconstructed from the
     fix's comment ("Start from actual token count (not padded) to cover the gap

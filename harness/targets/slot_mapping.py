@@ -160,7 +160,7 @@ def build() -> Target:
             "upstream_stale_padding",
             name="upstream-pr36580-stale-padding",
             kind="mutant",
-            description="vLLM 0.33.0 (V2 runner) with #36580 reverted: padding written "
+            description="installed vLLM (V2 runner) with #36580 reverted: padding written "
             "from positions.shape[0] (T_pad), padded tokens keep stale slots",
             trigger=trigger_stale_padding,
             reach=reach_padded,

@@ -184,7 +184,7 @@ def build() -> Target:
             "upstream_stale_slots",
             name="upstream-pr36580-stale-slots",
             kind="mutant",
-            description="vLLM 0.33.0 _compute_slot_mappings_kernel with #36580 reverted: "
+            description="installed vLLM's _compute_slot_mappings_kernel with #36580 reverted: "
             "padding starts at the padded token count",
             **stale_slots,
         )
