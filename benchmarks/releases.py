@@ -24,6 +24,7 @@ runs are subprocesses of that venv's python; nothing here imports vLLM.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +61,23 @@ class Fix:
     buggy: str
     fixed: str
     what: str
+    # The checks whose failure is this bug: a finding of other checks is another
+    # defect the release has (found first), not this one. Empty: any check.
+    checks: tuple[str, ...] = ()
+    note: str = ""
 
 
 FIXES = (
     Fix("#42135", "mtp-seq-lens", "vllm", "0.21.0", "0.22.0",
-        "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]"),
+        "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]",
+        checks=("contiguous", "stride", "consumer"),
+        note="0.20.0 to 0.27.1 also lack the native lengths' clamp (the next row), which a "
+        "run meets first; #42135's own checks are what count here"),
+    Fix("clamp", "mtp-seq-lens", "vllm", "0.27.1", "0.28.0",
+        "native-MTP lengths not clamped at 0: a padding request's lengths are negative "
+        "(read as uint32 downstream)", checks=("values",),
+        note="fixed in 0.28.0's DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors "
+        "(`.clamp_(min=0)`); found by attnfuzz on the releases, not one of the five bugs"),
     Fix("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
         "Gemma4 drafter attaches unsliced per-group block tables"),
     Fix("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
@@ -85,14 +99,36 @@ NOT_IN_RANGE = (
 # -- venvs, one or two at a time ---------------------------------------------------------
 
 
+def base_venv(root: Path) -> Path:
+    """``root/base``: torch (the CPU build), attnfuzz from this checkout (editable) and
+    the default release's pinned list, made once; each release's venv is a copy."""
+    base = root / "base"
+    ready = base / ".attnfuzz-ready"
+    if not ready.is_file():
+        shutil.rmtree(base, ignore_errors=True)
+        print(f"making {base} (torch, attnfuzz) ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(base)], check=True)
+        pip = [str(base / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, TORCH], check=True)
+        subprocess.run([*pip, "-e", str(ROOT)], check=True)
+        subprocess.run([*pip, "--no-deps", "-r", str(INSTALL.with_name("requirements-cpu.txt"))],
+                       check=True)  # fmt: skip
+        ready.touch()
+    return base
+
+
 def release_venv(root: Path, release: str, keep: int) -> Path:
-    """``root/vllm-<release>``, created on first use; the least recently used others
-    beyond ``keep`` are removed first, so that the disk holds ``keep`` at most."""
+    """``root/vllm-<release>``, created on first use (a copy of :func:`base_venv` with
+    the release installed by ``install.sh``); the least recently used others beyond
+    ``keep`` are removed first, so that the disk holds ``keep`` of them at most.
+    Its programs are run as ``venv/bin/python -m ...`` (a copied venv's scripts
+    still name the base's interpreter)."""
     venv = root / f"vllm-{release}"
     ready = venv / ".attnfuzz-ready"
     if ready.is_file():
         ready.touch()
         return venv
+    base = base_venv(root)
     others = sorted(
         (p for p in root.glob("vllm-*") if p != venv),
         key=lambda p: (
@@ -104,10 +140,8 @@ def release_venv(root: Path, release: str, keep: int) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     started = time.monotonic()
     print(f"installing vLLM {release} into {venv} ...", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, TORCH], check=True)
-    subprocess.run([*pip, "-e", str(ROOT)], check=True)
+    shutil.copytree(base, venv, symlinks=True)
+    (venv / ".attnfuzz-ready").unlink()
     subprocess.run(["bash", str(INSTALL), str(venv), release], check=True)
     ready.touch()
     print(f"  done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
@@ -123,6 +157,7 @@ class Run:
     examples: int | None  # examples to the first failure
     case: str  # the minimized case, in a line
     reach: str  # live / latent / unknown, for a finding
+    checks: tuple[str, ...]  # the checks the minimized case fails
     detail: str  # the run's last line worth quoting (an unavailable reason, an error)
     seconds: float
 
@@ -137,15 +172,18 @@ def attnfuzz_run(venv: Path, target: str, impl: str, seed: int, examples: int) -
         seconds = time.monotonic() - started
         text = proc.stdout + proc.stderr
         found = re.search(r"first failure after (\d+) examples", text)
-        case, reach = "", ""
+        case, reach, checks = "", "", ()
         for path in Path(out).glob("*.json"):
             doc = json.loads(path.read_text())
             case = describe_case(doc)
             reach = (doc.get("reachability") or {}).get("status", "")
-        lines = [line for line in text.splitlines() if line.strip()]
-        detail = lines[-1] if lines and proc.returncode not in (PASS,) else ""
+            checks = tuple(m["check"] for m in doc["verdict"].get("mismatches") or ())
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # The line that says what happened: the verdict, or the refusal or error.
+        said = [line for line in lines if line.startswith(("FAIL", "LATENT", "error", "attnfuzz"))]
+        detail = "" if proc.returncode == PASS else (said or lines or [""])[0]
         return Run(proc.returncode, int(found.group(1)) if found else None, case, reach,
-                   detail, seconds)  # fmt: skip
+                   checks, detail, seconds)  # fmt: skip
 
 
 def describe_case(doc: dict) -> str:
@@ -185,18 +223,16 @@ def bugs(args: argparse.Namespace) -> list[str]:
                 for seed in args.seeds
             ]
         buggy, fixed = runs[fix.buggy], runs[fix.fixed]
-        found = [s for s, r in zip(args.seeds, buggy, strict=True) if r.code in (FOUND, LATENT)]
-        first = next((r for r in buggy if r.code in (FOUND, LATENT)), None)
-        passes = all(r.code == PASS for r in fixed)
+        found = [s for s, r in zip(args.seeds, buggy, strict=True) if is_this_bug(fix, r)]
+        first = next((r for r in buggy if is_this_bug(fix, r)), None)
+        # The fixed release passes when none of its findings is this bug.
+        passes = not any(is_this_bug(fix, r) for r in fixed)
         rows.append([
             f"{fix.buggy} / {fix.fixed}", f"{fix.pr} {fix.target} `{fix.impl}`", fix.what,
             f"{len(found)}/{len(args.seeds)} ({', '.join(map(str, found)) or '-'})",
-            ", ".join(str(r.examples) for r in buggy if r.examples is not None) or "-",
+            ", ".join(str(r.examples) for r in buggy if is_this_bug(fix, r)) or "-",
             f"{first.case} ({first.reach})" if first else _why_not(buggy),
-            "yes" if passes else "; ".join(
-                f"seed {s}: {exit_word(r.code)}: {r.detail}"
-                for s, r in zip(args.seeds, fixed, strict=True) if r.code != PASS
-            ),
+            _fixed_cell(args.seeds, fixed, passes),
         ])  # fmt: skip
         print(f"{fix.pr} {fix.target}/{fix.impl}: {rows[-1][3]} found, fixed passes: {rows[-1][6]}",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -208,12 +244,37 @@ def bugs(args: argparse.Namespace) -> list[str]:
         "",
         *markdown_table(header, rows).splitlines(),
         "",
-        f"Not in the range: {NOT_IN_RANGE}",
+        *(f"- {fix.pr} ({fix.target}): {fix.note}." for fix in FIXES if fix.note),
+        f"- Not in the range: {NOT_IN_RANGE}",
     ]
 
 
+def is_this_bug(fix: Fix, run: Run) -> bool:
+    """A finding whose failed checks are ``fix``'s (any finding, where it names none)."""
+    if run.code not in (FOUND, LATENT):
+        return False
+    return not fix.checks or bool(set(run.checks) & set(fix.checks))
+
+
+def _fixed_cell(seeds: list[int], runs: list[Run], passes: bool) -> str:
+    """'yes', or what the fixed release did at each seed that did not pass."""
+    others = [
+        f"seed {s}: {exit_word(r.code)} ({', '.join(r.checks) or r.detail})"
+        for s, r in zip(seeds, runs, strict=True)
+        if r.code != PASS
+    ]
+    if passes and not others:
+        return "yes"
+    return ("yes, of this bug; " if passes else "no: ") + "; ".join(others)
+
+
 def _why_not(runs: list[Run]) -> str:
-    return "not found: " + "; ".join(sorted({f"{exit_word(r.code)} {r.detail}" for r in runs}))
+    seen = {f"{exit_word(r.code)} ({', '.join(r.checks) or r.detail})" for r in runs}
+    return "not found: " + "; ".join(sorted(seen))
+
+
+def _sweep_run(venv: Path, examples: int, target: str) -> Run:
+    return attnfuzz_run(venv, target, "vllm", 0, examples)
 
 
 def sweep(args: argparse.Namespace) -> list[str]:
@@ -227,8 +288,11 @@ def sweep(args: argparse.Namespace) -> list[str]:
         venv = release_venv(args.venvs, release, args.keep)
         installed = time.monotonic() - t0
         cells = []
-        for target in targets:
-            r = attnfuzz_run(venv, target, "vllm", 0, args.sweep_examples)
+        with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
+            results = list(
+                pool.map(functools.partial(_sweep_run, venv, args.sweep_examples), targets)
+            )
+        for target, r in zip(targets, results, strict=True):
             cell = exit_word(r.code)
             if r.code in (FOUND, LATENT) and r.reach:
                 cell += f" [{r.reach}]"
@@ -242,7 +306,8 @@ def sweep(args: argparse.Namespace) -> list[str]:
     return [
         f"`attnfuzz run --impl vllm --seed 0 --max-examples {args.sweep_examples}` per target "
         f"(`python benchmarks/releases.py --venvs DIR sweep`); "
-        f"{(time.monotonic() - started) / 60:.0f} minutes in all, one venv at a time.",
+        f"{(time.monotonic() - started) / 60:.0f} minutes in all, one venv at a time, "
+        f"{args.jobs} run(s) at a time.",
         "",
         *markdown_table(header, rows).splitlines(),
     ]
@@ -269,6 +334,7 @@ def main() -> int:
     parser.add_argument("--sweep-examples", type=int, default=200)
     parser.add_argument("--releases", nargs="+", choices=RELEASES, default=None)
     parser.add_argument("--target", action="append", default=None)
+    parser.add_argument("--jobs", type=int, default=1, help="sweep: runs at a time")
     parser.add_argument("--write", type=Path, default=None, help="README.md to update")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
