@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "adapters" / "vllm" / "install.sh"
@@ -278,38 +279,62 @@ def _sweep_run(venv: Path, examples: int, target: str) -> Run:
 
 
 def sweep(args: argparse.Namespace) -> list[str]:
+    """Run what ``DIR/sweep.json`` does not hold yet (``--rerun``: all asked for) and
+    table every result it holds: a sweep can be run in parts and resumed."""
     from attnfuzz.harness.definitions import markdown_table
     from attnfuzz.harness.registry import target_names
 
-    targets = args.target or target_names()
-    rows, started = [], time.monotonic()
-    for release in args.releases or RELEASES:
+    store = args.venvs / "sweep.json"
+    done: dict[str, dict] = json.loads(store.read_text()) if store.is_file() else {}
+    releases = args.releases or RELEASES
+    for release in releases:
+        todo = [
+            t for t in args.target or target_names() if args.rerun or f"{release} {t}" not in done
+        ]
+        if not todo:
+            continue
         t0 = time.monotonic()
         venv = release_venv(args.venvs, release, args.keep)
-        installed = time.monotonic() - t0
-        cells = []
+        done[f"{release} install"] = {"seconds": time.monotonic() - t0}
         with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
-            results = list(
-                pool.map(functools.partial(_sweep_run, venv, args.sweep_examples), targets)
-            )
-        for target, r in zip(targets, results, strict=True):
-            cell = exit_word(r.code)
-            if r.code in (FOUND, LATENT) and r.reach:
-                cell += f" [{r.reach}]"
+            runs = list(pool.map(functools.partial(_sweep_run, venv, args.sweep_examples), todo))
+        for target, r in zip(todo, runs, strict=True):
+            done[f"{release} {target}"] = {
+                "code": r.code, "reach": r.reach, "checks": list(r.checks),
+                "detail": r.detail, "seconds": r.seconds, "jobs": args.jobs,
+            }  # fmt: skip
+            if r.code != PASS:
+                print(f"  {release} {target}: {exit_word(r.code)}: {r.detail}", file=sys.stderr)
+        store.write_text(json.dumps(done, indent=1, sort_keys=True))
+        print(f"{release}: {len(todo)} runs in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    return sweep_table(done, target_names(), markdown_table, args.sweep_examples)
+
+
+def sweep_table(done: dict[str, dict], targets: list[str], table: Any, examples: int) -> list[str]:
+    """The sweep's results, a release per row, a target per column ("-": not run)."""
+    rows, total = [], 0.0
+    for release in RELEASES:
+        cells = []
+        for target in targets:
+            r = done.get(f"{release} {target}")
+            if r is None:
+                cells.append("-")
+                continue
+            total += r["seconds"]
+            cell = exit_word(r["code"])
+            if r["code"] in (FOUND, LATENT):
+                cell += f" ({', '.join(r['checks'])}; {r['reach'] or 'no reachability'})"
             cells.append(cell)
-            if r.code not in (PASS,):
-                print(f"  {release} {target}: {cell}: {r.detail}", file=sys.stderr, flush=True)
-        total = time.monotonic() - t0
-        rows.append([release, *cells, f"{installed:.0f}s + {total - installed:.0f}s"])
-        print(f"{release}: {' | '.join(cells)}", file=sys.stderr, flush=True)
-    header = ["release", *targets, "install + runs"]
+        if any(c != "-" for c in cells):
+            install = done.get(f"{release} install", {}).get("seconds", 0.0)
+            rows.append([release, *cells, f"{install:.0f}s"])
     return [
-        f"`attnfuzz run --impl vllm --seed 0 --max-examples {args.sweep_examples}` per target "
-        f"(`python benchmarks/releases.py --venvs DIR sweep`); "
-        f"{(time.monotonic() - started) / 60:.0f} minutes in all, one venv at a time, "
-        f"{args.jobs} run(s) at a time.",
+        f"`attnfuzz run --target T --impl vllm --seed 0 --max-examples {examples}`; the runs "
+        f"took {total / 60:.0f} minutes of wall time in all (`python benchmarks/releases.py "
+        "--venvs DIR sweep`; the install column is copying the base venv and installing the "
+        "release).",
         "",
-        *markdown_table(header, rows).splitlines(),
+        *table(["release", *targets, "install"], rows).splitlines(),
     ]
 
 
@@ -335,6 +360,7 @@ def main() -> int:
     parser.add_argument("--releases", nargs="+", choices=RELEASES, default=None)
     parser.add_argument("--target", action="append", default=None)
     parser.add_argument("--jobs", type=int, default=1, help="sweep: runs at a time")
+    parser.add_argument("--rerun", action="store_true", help="sweep: run again what is stored")
     parser.add_argument("--write", type=Path, default=None, help="README.md to update")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)

@@ -80,3 +80,21 @@ def test_the_readme_has_both_sections(releases):
     text = (ROOT / "README.md").read_text()
     for name in ("bugs", "sweep"):
         assert f"<!-- releases:{name}:begin -->" in text and f"<!-- releases:{name}:end -->" in text
+
+
+def test_the_sweep_table_holds_what_was_run_and_marks_the_rest(releases):
+    from attnfuzz.harness.definitions import markdown_table
+
+    done = {
+        "0.22.1 install": {"seconds": 30.0},
+        "0.22.1 decode-split": {"code": 1, "reach": "unknown", "checks": ["values"],
+                                "detail": "FAIL", "seconds": 60.0},
+        "0.22.1 slot-mapping": {"code": 0, "reach": "", "checks": [], "detail": "",
+                                "seconds": 60.0},
+    }  # fmt: skip
+    lines = releases.sweep_table(done, ["decode-split", "slot-mapping", "max-seq-len"],
+                                 markdown_table, 200)  # fmt: skip
+    assert "the runs took 2 minutes" in lines[0]
+    (row,) = [line for line in lines if line.startswith("| 0.22.1")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["0.22.1", "found (values; unknown)", "pass", "-", "30s"]
