@@ -1,5 +1,7 @@
-"""Target ``max-seq-len`` on vLLM 0.33.0's own model states and MTP drafter: both pass,
-#43991 reverted is caught, and the inputs are the engine's (the fidelity change)."""
+"""Target ``max-seq-len`` on the installed vLLM's own model states and drafter: on a
+release with #43991 (0.23.0 on) both pass and #43991 reverted is caught; on one
+before it (0.21.0 to 0.22.1) the engine's own code is the bug, and it is found; the
+inputs are the engine's (the fidelity change)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,28 @@ def adapter():
     return max_seq_len
 
 
+def drafters():
+    from attnfuzz.adapters.vllm import max_seq_len_drafters
+
+    return max_seq_len_drafters
+
+
+def has_fix() -> bool:
+    """The release carries #43991: its drafter is ``DraftModelSpeculator`` (0.23.0 on,
+    the release #43991 is first in); before, ``EagleSpeculator`` and the model
+    state's ``max_model_len`` are the pre-fix code."""
+    from attnfuzz.adapters.vllm import unavailable
+
+    return unavailable() is None and drafters().has_draft_max_seq_len()
+
+
+FIXED = has_fix()
+with_fix = pytest.mark.skipif(
+    not FIXED, reason="this vLLM predates #43991: there is no fix to revert or to pass"
+)
+without_fix = pytest.mark.skipif(FIXED, reason="this vLLM carries #43991's fix")
+
+
 def with_params(case: Case, capturing: int = 0) -> Case:
     return dataclasses.replace(case, params=(("capturing", capturing),))
 
@@ -41,12 +65,14 @@ def judge(impl: str, case: Case):
     return target.judge(target.resolve(impl), case)
 
 
+@with_fix
 @pytest.mark.parametrize("impl", ENGINES)
 def test_vllm_passes(impl):
     result = assert_passes(TARGET, impl, max_examples=150)
     assert result.labels["padding_requests"] > 0 and result.labels["next_n>1"] > 0
 
 
+@with_fix
 @pytest.mark.parametrize("upstream", UPSTREAM)
 def test_upstream_mutant_is_detected(upstream):
     result = assert_detected(TARGET, upstream)  # also asserts the trigger
@@ -54,6 +80,7 @@ def test_upstream_mutant_is_detected(upstream):
     assert result.case.param("capturing") == 0
 
 
+@with_fix
 @pytest.mark.parametrize("upstream", UPSTREAM)
 def test_upstream_mutant_fails_the_smallest_trigger_of_its_recreation(upstream):
     target = get_target(TARGET)
@@ -67,6 +94,43 @@ def test_upstream_mutant_fails_the_smallest_trigger_of_its_recreation(upstream):
     assert not judge(UPSTREAM[upstream], case).ok
 
 
+@without_fix
+def test_before_43991_vllms_own_code_is_the_bug():
+    """Before #43991 ``MambaHybridModelState.prepare_attn`` passes ``max_model_len``
+    outside capture, and so does the drafter (``EagleSpeculator._build_draft_attn_metadata``):
+    each fails the smallest trigger of its re-created mutant, on that bound alone.
+    ``DefaultModelState`` (fixed by #40654) and V1's runner take the tight bound."""
+    from attnfuzz.harness.targets import max_seq_len as t
+
+    model_case, draft_case = t.smallest_model_len(), t.smallest_draft_model_len()
+    bad = [(m.check, m.where) for m in judge("vllm-mamba-hybrid", model_case).mismatches]
+    assert ("max_seq_len", "max_seq_len") in bad
+    assert judge("vllm", model_case).ok and judge("vllm-v1", model_case).ok
+    for engine in ("vllm", "vllm-v1"):
+        bad = [(m.check, m.where) for m in judge(engine, draft_case).mismatches]
+        assert ("max_seq_len", "draft_max_seq_len") in bad
+        assert ("max_seq_len", "max_seq_len") not in bad
+
+
+@without_fix
+def test_before_43991_the_upstream_mutants_are_unavailable():
+    """There is no fix to revert: each says so, naming the fixed drafter's module."""
+    target = get_target(TARGET)
+    for upstream in UPSTREAM:
+        reason = target.implementations[upstream].why_unavailable()
+        assert reason is not None and "spec_decode.speculator" in reason
+
+
+def test_the_drafter_is_the_one_the_runners_init_speculator_builds():
+    """MTP's drafter where the release has it (``MTPSpeculator`` on
+    ``DraftModelSpeculator``), else ``EagleSpeculator`` (whose ``use_eagle()``
+    covers "mtp")."""
+    case = spec2_case()
+    engine = adapter()._engine_for(case.config, torch.device("cpu"), "default", False)
+    expected = "MTPSpeculator" if FIXED else "EagleSpeculator"
+    assert type(engine.speculator).__name__ == expected
+
+
 def spec2_case(capturing: int = 0) -> Case:
     """next_n = 3: three decodes of 3 tokens (seq_lens 6, 12, 3), 9 tokens padded to a
     graph of 12, so R = 3 and R_pad = 4."""
@@ -76,15 +140,20 @@ def spec2_case(capturing: int = 0) -> Case:
 
 def test_the_bounds_are_vllms_by_hand():
     """vLLM takes ``max(upper[:R_pad])`` (a full graph) for the model state and
-    ``min(max + 2, 64)`` for the draft; at capture both are ``max_model_len``."""
+    ``min(max + 2, 64)`` for the draft; at capture both are ``max_model_len``.
+    Before #43991 the drafter and ``MambaHybridModelState`` take ``max_model_len``
+    always (``DefaultModelState`` was fixed before, by #40654)."""
     inputs = ref.make_inputs(spec2_case())
     upper = inputs.seq_lens_cpu_upper_bound.tolist()
     assert len(upper) == 4 and upper[3] == 0 and 12 <= upper[1] <= 14
+    draft = max(upper) + 2 if FIXED else 64
+    got = adapter().run(inputs)
+    assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper), draft)
+    got = adapter().run_mamba_hybrid(inputs)
+    assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper) if FIXED else 64, draft)
     for run in (adapter().run, adapter().run_mamba_hybrid):
-        got = run(inputs)
-        assert (got.max_seq_len, got.draft_max_seq_len) == (max(upper), max(upper) + 2)
-    got = adapter().run(ref.make_inputs(spec2_case(capturing=1)))
-    assert (got.max_seq_len, got.draft_max_seq_len) == (64, 64)
+        got = run(ref.make_inputs(spec2_case(capturing=1)))
+        assert (got.max_seq_len, got.draft_max_seq_len) == (64, 64)
 
 
 def test_one_speculative_token_builds_no_draft_metadata():
@@ -105,7 +174,7 @@ def test_one_speculative_token_builds_no_draft_metadata():
     assert ("max_seq_len", "draft_max_seq_len") in [(m.check, m.where) for m in found]
     assert judge("vllm", case).ok
     assert not judge("pr43991-draft-model-len", spec2_case()).ok
-    assert judge("vllm", spec2_case()).ok
+    assert judge("vllm", spec2_case()).ok == FIXED  # before #43991: the draft's bug
 
 
 def test_without_a_drafter_there_is_no_draft_bound():
@@ -153,9 +222,11 @@ def test_old_stale_padded_rows_made_the_oracle_fail_vllms_correct_full_graph():
     got = adapter().run(old)
     assert got.max_seq_len == 64  # the stale padding row
     found = target.compare(case, old, ref.reference(case, old), got)
-    assert [m.where for m in found if m.check == "max_seq_len"] == ["max_seq_len"]
+    wheres = [m.where for m in found if m.check == "max_seq_len"]
+    # Before #43991 the drafter's bound is max_model_len whatever the rows hold.
+    assert wheres == (["max_seq_len"] if FIXED else ["max_seq_len", "draft_max_seq_len"])
 
-    assert judge("vllm", case).ok and judge("vllm-mamba-hybrid", case).ok
+    assert judge("vllm", case).ok == FIXED and judge("vllm-mamba-hybrid", case).ok == FIXED
     for recreated in ("pr43991-model-len", "pr43991-draft-model-len"):
         assert not judge(recreated, case).ok
 
@@ -180,20 +251,27 @@ def test_vllm_reads_the_padded_rows_only_in_a_full_graph():
 # ---------------------------------------------------------------------------
 
 
-def _changed_lines(cls: type, name: str, edits: list[tuple[str, str]]) -> list[str]:
+def _changed_lines(
+    cls: type, name: str, edits: list[tuple[str, str]], follow_on: frozenset[str] = frozenset()
+) -> list[str]:
     fixed = inspect.getsource(getattr(cls, name))
     reverted = fixed
     for old, new in edits:
-        assert fixed.count(old) == 1
+        assert fixed.count(old) == 1 or (old in follow_on and fixed.count(old) == 0)
         reverted = reverted.replace(old, new)
     diff = difflib.unified_diff(fixed.splitlines(), reverted.splitlines(), lineterm="", n=0)
     return [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
+@with_fix
 def test_the_reverted_model_state_changes_only_the_bound():
+    """The bound block and the call's argument; where the release passes
+    ``seq_lens_cpu_upper_bound=`` (0.25.0 on), that argument re-pointed too."""
     from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
-    lines = _changed_lines(MambaHybridModelState, "prepare_attn", adapter()._PRE_FIX_MODEL_STATE)
+    edits, follow_on = adapter()._PRE_FIX_MODEL_STATE, adapter()._FOLLOW_ON
+    lines = _changed_lines(MambaHybridModelState, "prepare_attn", edits, follow_on)
+    passed = inspect.getsource(MambaHybridModelState.prepare_attn).count(edits[2][0]) == 1
     assert lines == [
         "-        seq_lens_cpu_upper_bound = input_batch.seq_lens_cpu_upper_bound",
         "-        if for_capture:",
@@ -203,26 +281,42 @@ def test_the_reverted_model_state_changes_only_the_bound():
         "-            max_seq_len = seq_lens_cpu_upper_bound[:num_reqs].max().item()",
         "-            max_seq_len=max_seq_len,",
         "+            max_seq_len=self.max_model_len,",
-        "-            seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound,",
-        "+            seq_lens_cpu_upper_bound=input_batch.seq_lens_cpu_upper_bound,",
-    ]
+    ] + (
+        [
+            "-            seq_lens_cpu_upper_bound=seq_lens_cpu_upper_bound,",
+            "+            seq_lens_cpu_upper_bound=input_batch.seq_lens_cpu_upper_bound,",
+        ]
+        if passed
+        else []
+    )
 
 
+@with_fix
 def test_the_reverted_draft_changes_one_line():
-    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
-
-    lines = _changed_lines(DraftModelSpeculator, "_build_attn_metadata", adapter()._PRE_FIX_DRAFT)
-    assert lines == [
-        "-            max_seq_len=min(self.draft_max_seq_len, self.max_model_len),",
-        "+            max_seq_len=self.max_model_len,",
-    ]
+    """The decode builder's ``max_seq_len=`` line, whichever form the release has."""
+    owner, name, edits = drafters().pre_fix_draft()
+    lines = _changed_lines(owner, name, edits)
+    assert len(lines) == 2 and "self.draft_max_seq_len" in lines[0]
+    assert lines[0].startswith("-            max_seq_len=")
+    assert lines[1] == "+            max_seq_len=self.max_model_len,"
 
 
 def test_a_vllm_whose_lines_moved_is_refused_loudly():
-    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
     with pytest.raises(RuntimeError, match="expected the line"):
-        adapter()._reverted(DraftModelSpeculator, "_build_attn_metadata", [("no such line\n", "")])
+        adapter()._reverted(DefaultModelState, "prepare_attn", [("no such line\n", "")])
+
+
+def test_a_follow_on_edit_may_be_absent_a_required_one_may_not():
+    """A follow-on edit (a use of a name the revert removes) applies where the
+    release has its line, and only there; any other edit must match once."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    edits = [("        if for_capture:\n", "        if not for_capture:\n"), ("gone\n", "")]
+    adapter()._reverted(DefaultModelState, "prepare_attn", edits, {"gone\n"})
+    with pytest.raises(RuntimeError, match="expected the line"):
+        adapter()._reverted(DefaultModelState, "prepare_attn", edits)
 
 
 def test_upper_bounds_are_the_engines_shape_on_every_drawn_case():
@@ -241,9 +335,13 @@ def test_upper_bounds_are_the_engines_shape_on_every_drawn_case():
         assert (upper[:R] >= seq_lens[:R]).all()
         assert (upper[:R] <= np.minimum(seq_lens[:R] + config.num_spec, config.max_model_len)).all()
         seen.append(R)
-        return adapter().run(inputs)
+        got = adapter().run(inputs)  # vLLM builds its bounds from these inputs
+        # Before #43991 the drafter's bound is the bug (found elsewhere): the
+        # inputs, not the bounds, are under test here.
+        return got if FIXED else reference_impl(inputs)
 
     from attnfuzz.harness.target import Implementation
+    from attnfuzz.harness.targets.max_seq_len import reference_impl
 
     result = fuzz(target, Implementation("check", check, "user"), max_examples=60, rng_seed=3,
                   database=None)  # fmt: skip
@@ -255,6 +353,7 @@ def test_upper_bounds_are_the_engines_shape_on_every_drawn_case():
 # ---------------------------------------------------------------------------
 
 
+@with_fix
 def test_vllm_v1_passes():
     result = assert_passes(TARGET, "vllm-v1", max_examples=150)
     assert result.labels["padding_requests"] > 0 and result.labels["next_n>1"] > 0
@@ -318,4 +417,5 @@ def test_v1s_drafter_raises_its_bound_by_one_per_decode_step(num_spec):
     steps = adapter().v1_draft_bounds(inputs)
     assert steps == [min(top + k, 64) for k in range(1, num_spec)]
     v2 = adapter().run(inputs).draft_max_seq_len
-    assert v2 == (min(top + num_spec, 64) if num_spec >= 2 else None)
+    draft = min(top + num_spec, 64) if FIXED else 64  # before #43991: max_model_len
+    assert v2 == (draft if num_spec >= 2 else None)

@@ -135,8 +135,9 @@ def has(api: Api) -> bool:
 
 LOAD_PTR = Api("vllm.v1.worker.gpu.buffer_utils", "_load_ptr", since="0.24.0")
 # slot_mapping, unpadding: the V2 runner's block tables and step inputs, and the forms
-# they bind: the kernel-block-size keywords (0.21.0/0.22.0 to 0.31.0), vLLM's own
-# buffers without UVA (else a CPU stand-in for UvaBuffer), async_tensor_h2d(out=).
+# they bind: the kernel-block-size keywords (V1 0.21.0 to 0.31.0, V2 0.22.0 to 0.31.0),
+# vLLM's own buffers without UVA (else a host stand-in for UvaBuffer), the host-to-device
+# copy with out= (0.30.0) and with pin_memory= (0.21.0 to 0.23.0).
 SLOT_MAPPINGS_KERNEL = Api("vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel")
 V2_KERNEL_BLOCK_SIZES = Api(
     "vllm.v1.worker.gpu.block_table", "BlockTables.__init__", keyword="kernel_block_sizes"
@@ -187,10 +188,28 @@ DRAFTING_METADATA = Api(
     "vllm.v1.worker.utils", "AttentionGroup.build_metadata_for_drafting", since="0.32.0"
 )
 FLEX = Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder")
+# 0.21.0's builder fixes q_block_size at 16 (128 before torch 2.9); the target draws
+# it from 1 to 16 and the adapter sets it through this knob, first in 0.22.0.
+FLEX_Q_BLOCK_SIZE = Api(
+    "vllm.config.attention", "AttentionConfig.flex_attn_q_block_size", since="0.22.0"
+)
 SPARSE_INDEXER = Api("vllm.model_executor.layers.sparse_attn_indexer", "sparse_attn_indexer")
 ROCM_INDEXER = Api("vllm.v1.attention.ops.rocm_aiter_mla_sparse", "rocm_aiter_sparse_attn_indexer")
 CPU_INDEXER = Api("vllm.models.deepseek_v4.cpu", since="0.30.0")
 V41_AMD_INDEXER = Api("vllm.models.deepseek_v41.amd.ops.sparse_indexer", since="0.30.0")
+# The gfx942 glue lives in that module from 0.33.0 (0.30.0 to 0.32.0 have no
+# models/deepseek_v41/amd/ops/sparse_indexer.py); the CPU glue and its builder from 0.30.0.
+V41_GFX942_INDEXER = Api(
+    "vllm.models.deepseek_v41.amd.ops.sparse_indexer", "gfx942_sparse_attn_indexer", since="0.33.0"
+)
+CPU_INDEXER_BUILDER = Api(
+    "vllm.models.deepseek_v4.cpu.cpu_mla", "DeepseekV4CPUIndexerMetadataBuilder", since="0.30.0"
+)
+FORWARD_CPU = Api(
+    "vllm.model_executor.layers.sparse_attn_indexer",
+    "SparseAttnIndexer.forward_cpu",
+    since="0.30.0",
+)
 DEFAULT_MODEL_STATE = Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState")
 MAMBA_HYBRID = Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", since="0.21.0")
 MTP_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode.mtp", since="0.23.0")
@@ -244,11 +263,11 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     "draft_block_tables": (GEMMA4_PROPOSER, V1_BLOCK_TABLE),
     "flatten_decode": (INDEXER_BUILDER,),
     "flatten_decode.upstream_unaligned_width": (TABLE_WIDTH, BUILDER_TABLE_WIDTH),
-    "flex_block_mask": (FLEX,),
-    "indexer_decode": (SPARSE_INDEXER,),
+    "flex_block_mask": (FLEX, FLEX_Q_BLOCK_SIZE),
+    "indexer_decode": (SPARSE_INDEXER, INDEXER_BUILDER),
     "indexer_decode.run_rocm": (ROCM_INDEXER,),
-    "indexer_decode.run_cpu": (CPU_INDEXER,),
-    "indexer_decode.run_deepseek_v41_amd": (V41_AMD_INDEXER,),
+    "indexer_decode.run_cpu": (CPU_INDEXER_BUILDER, FORWARD_CPU),
+    "indexer_decode.run_deepseek_v41_amd": (V41_GFX942_INDEXER, ROCM_INDEXER),
     "max_seq_len": (DEFAULT_MODEL_STATE, INIT_SPECULATOR),
     "max_seq_len.run_mamba_hybrid": (MAMBA_HYBRID,),
     "max_seq_len.upstream_model_len": (MAMBA_HYBRID, DRAFT_MODEL_SPECULATOR),

@@ -1,37 +1,38 @@
 """vLLM's own ``max_seq_len`` bounds as implementations of target ``max-seq-len`` (bug D).
 
-What runs is vLLM 0.33.0's code, unchanged:
+What runs is the installed release's code, unchanged (vLLM 0.21.0 to 0.33.0,
+each bound to what it offers, :mod:`.compat`):
 
 - the model state's bound: ``prepare_attn`` of ``DefaultModelState``
   (``vllm/v1/worker/gpu/model_states/default.py``; implementation ``vllm``) or of
   ``MambaHybridModelState`` (``model_states/mamba_hybrid.py``;
-  ``vllm-mamba-hybrid``): ``max_model_len`` when ``for_capture``, else
-  ``seq_lens_cpu_upper_bound[:num_reqs].max()``, handed to ``build_attn_metadata``
+  ``vllm-mamba-hybrid``), handed to ``build_attn_metadata``
   (``vllm/v1/worker/gpu/attn_utils.py``), which builds the step's
-  ``CommonAttentionMetadata`` for each attention group;
+  ``CommonAttentionMetadata`` for each attention group. Fixed, it is
+  ``max_model_len`` when ``for_capture``, else ``seq_lens_cpu_upper_bound[:num_reqs].max()``
+  (``DefaultModelState`` since #40654, before 0.21.0; ``MambaHybridModelState``
+  since #43991, in 0.23.0: before, ``max_model_len`` always);
 - the draft's bound, with two speculative tokens or more (with one the drafter
-  runs only its prefill, on the model state's metadata: ``propose`` returns
-  when ``num_speculative_tokens <= 1``, so there is no draft bound):
-  ``TargetDependentARSpeculator.propose``
-  (``spec_decode/target_dependent_ar/speculator.py``, the MTP drafter's) sets
-  ``draft_max_seq_len = min(max(seq_lens_cpu_upper_bound[:num_reqs]) +
-  num_speculative_tokens, max_model_len)``; ``DraftModelSpeculator._build_attn_metadata``
-  (``spec_decode/speculator.py``, through ``_build_uniform_attn_metadata``, as the
-  draft's decode steps call it) hands ``min(draft_max_seq_len, max_model_len)``
-  to ``build_attn_metadata``. At capture the draft's graphs take their metadata
-  from the model state's capture branch (``cudagraph_utils.prepare_inputs_to_capture``
-  calls ``model_state.prepare_attn(for_capture=True)`` with the draft's groups),
-  so that is what runs here for the draft when the case captures.
+  runs only its prefill, on the model state's metadata, and returns: no draft
+  bound): the drafter the release's ``init_speculator`` builds, its ``propose``
+  and its decode steps' builder (:mod:`.max_seq_len_drafters`: from 0.23.0
+  ``min(max(seq_lens_cpu_upper_bound[:num_reqs]) + num_spec, max_model_len)``;
+  before, ``EagleSpeculator``'s ``max_model_len``). At capture the draft's
+  graphs take their metadata from the model state's capture branch
+  (``cudagraph_utils.prepare_inputs_to_capture`` calls
+  ``model_state.prepare_attn(for_capture=True)`` with the draft's groups, on
+  every release), so that is what runs here for the draft when the case captures.
 
-The V1 model runner, also in 0.33.0, as ``vllm-v1`` (:func:`run_v1`): its
+The V1 model runner as ``vllm-v1`` (:func:`run_v1`): its
 ``GPUModelRunner._build_attention_metadata`` (``vllm/v1/worker/gpu_model_runner.py``)
 takes ``max_model_len`` when ``for_cudagraph_capture``, else
 ``optimistic_seq_lens_cpu[:num_reqs].max()`` (the real requests), on the runner's
 persistent buffer that ``_prepare_inputs`` fills and zeroes past ``num_reqs``
-each step. The draft's bound there is the V2 drafter's, as in ``vllm``: V1's
-drafter raises the target's bound by one per decode step instead
-(:func:`v1_draft_bounds`). #43991 touched only the V2 runner ("[Model Runner
-V2] Use actual batch max_seq_len"), so no V1 revert is registered.
+each step (the same on every release). The draft's bound there is the V2
+drafter's, as in ``vllm``: V1's drafter raises the target's bound by one per
+decode step instead (:func:`v1_draft_bounds`). #43991 touched only the V2
+runner ("[Model Runner V2] Use actual batch max_seq_len"), so no V1 revert is
+registered.
 
 The bounds are read off the ``CommonAttentionMetadata`` vLLM builds, through
 the metadata builder of the consumer: the consumer (the paged walk and its
@@ -43,25 +44,22 @@ The step reaches vLLM as the model runner hands it over
 (``GPUModelRunner.prepare_inputs``, ``vllm/v1/worker/gpu/model_runner.py``): an
 ``InputBatch`` with the query lengths, ``query_start_loc`` and the real and
 padded request counts, and the host ``seq_lens_cpu_upper_bound`` of ``R_pad``
-rows. A padded step replays a full graph (``CUDAGraphMode.FULL``: the model state
-takes ``num_reqs_after_padding`` rows); any other step runs eagerly at its real
-sizes.
+rows (built afresh, padding rows 0, on every release). A padded step replays a
+full graph (``CUDAGraphMode.FULL``: the model state takes
+``num_reqs_after_padding`` rows); any other step runs eagerly at its real sizes.
 
 How each object is built, as cheaply as vLLM allows: the model states and the
-MTP speculator by their own constructors (they run on the CPU with the tiny
-model's config), once per engine config. ``BlockTables`` pins host memory, which
-a CPU-only torch refuses, so the speculator gets in its place a namespace of the
-two attributes ``_build_attn_metadata`` reads (``input_block_tables``,
-``slot_mappings``); ``attn_groups``, ``kv_cache_config`` and ``block_tables`` are
-what ``DraftModelSpeculator.set_attn`` would assign (it also loads the draft's
-attention backends from the model's layers, which this adapter has none of).
-``propose`` runs up to its first call after the bound (``_copy_request_inputs``,
-which starts the draft's forward pass) and is stopped there.
+drafter by their own constructors (they run on the CPU with the tiny model's
+config), once per engine config; the drafter as :mod:`.max_seq_len_drafters`
+says.
 
 Upstream mutants (``upstream_*``): the same calls with the fix of #43991 reverted
-in vLLM 0.33.0's own source, line for line (see :data:`_PRE_FIX_MODEL_STATE` and
-:data:`_PRE_FIX_DRAFT`). The pre-fix lines are those of the pull request: its
-description (``MambaHybridModelState.prepare_attn`` and the eagle/MTP draft's
+in the installed release's own source, line for line (see
+:data:`_PRE_FIX_MODEL_STATE` and :func:`.max_seq_len_drafters.pre_fix_draft`),
+on a release that has the fix (``DraftModelSpeculator``, 0.23.0 on; before, the
+release's own code is the pre-fix code, which ``vllm-mamba-hybrid`` and ``vllm``
+run). The pre-fix lines are those of the pull request: its description
+(``MambaHybridModelState.prepare_attn`` and the eagle/MTP draft's
 ``_build_draft_attn_metadata`` "still passed ``max_seq_len=max_model_len``"), its
 diff of ``model_states/mamba_hybrid.py`` (the bound block added after the
 ``max_query_len`` lines), and a public back-port script of #43991 whose
@@ -71,11 +69,12 @@ bound in #40654, before #43991, so no revert of it is registered here.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import textwrap
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -83,6 +82,7 @@ from typing import Any
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import max_seq_len_drafters as drafters
 from attnfuzz.kernels.max_seq_len import _run
 from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs, has_draft
@@ -91,14 +91,15 @@ _LAYER = "attnfuzz.max_seq_len.consumer"  # the one attention layer of the consu
 
 
 # ---------------------------------------------------------------------------
-# Upstream #43991, reverted: vLLM 0.33.0's lines and the lines before the fix
+# Upstream #43991, reverted: the release's fixed lines and the lines before the fix
 # ---------------------------------------------------------------------------
 
 # MambaHybridModelState.prepare_attn. #43991 added the bound block after the
 # max_query_len lines and replaced ``max_seq_len=self.max_model_len`` in the
 # build_attn_metadata call (the PR's diff of model_states/mamba_hybrid.py). The
-# reverted method keeps 0.33.0's ``seq_lens_cpu_upper_bound=`` argument, now read
-# off the input batch, since the block that named it is gone.
+# reverted method keeps the release's ``seq_lens_cpu_upper_bound=`` argument (passed
+# from 0.25.0 on: :data:`_FOLLOW_ON`), now read off the input batch, since the block
+# that named it is gone.
 _PRE_FIX_MODEL_STATE: list[tuple[str, str]] = [
     (
         """        seq_lens_cpu_upper_bound = input_batch.seq_lens_cpu_upper_bound
@@ -117,28 +118,29 @@ _PRE_FIX_MODEL_STATE: list[tuple[str, str]] = [
     ),
 ]
 
-# DraftModelSpeculator._build_attn_metadata (``_build_draft_attn_metadata`` in
-# eagle/speculator.py when #43991 was written): the pre-fix call passed
-# ``max_seq_len=self.max_model_len``. The fix also added the lines of ``propose``
-# that set ``draft_max_seq_len``; with this line reverted they feed nothing, so
-# ``propose`` runs unchanged.
-_PRE_FIX_DRAFT: list[tuple[str, str]] = [
-    (
-        "            max_seq_len=min(self.draft_max_seq_len, self.max_model_len),\n",
-        "            max_seq_len=self.max_model_len,\n",
-    ),
-]
+_FOLLOW_ON = frozenset({_PRE_FIX_MODEL_STATE[2][0]})
+"""Edits that follow from another where the release has their line: a use of a name
+the revert removes (0.23.0 and 0.24.0 do not pass ``seq_lens_cpu_upper_bound=``)."""
+
+# The draft's half (DraftModelSpeculator's decode builder, ``_build_draft_attn_metadata``
+# in eagle/speculator.py when #43991 was written): the pre-fix call passed
+# ``max_seq_len=self.max_model_len``; see drafters.pre_fix_draft for the line each
+# release has. The fix also added the lines of ``propose`` that set
+# ``draft_max_seq_len``; with that line reverted they feed nothing, so ``propose``
+# runs unchanged.
 
 
-def _reverted(cls: type, name: str, edits: list[tuple[str, str]]) -> Callable[..., Any]:
+def _reverted(
+    cls: type, name: str, edits: list[tuple[str, str]], follow_on: Collection[str] = ()
+) -> Callable[..., Any]:
     """``cls.name`` compiled from vLLM's own source with ``edits`` applied, each to
-    exactly one place (so a vLLM whose lines moved fails here, loudly), in the
-    globals of the module that defines it."""
+    exactly one place (so a vLLM whose lines moved fails here, loudly; one in
+    ``follow_on`` at most once), in the globals of the module that defines it."""
     function = getattr(cls, name)
     source = inspect.getsource(function)  # indented as in its class, as the edits are
     for fixed, pre_fix in edits:
         count = source.count(fixed)
-        if count != 1:
+        if count != 1 and not (fixed in follow_on and count == 0):
             raise RuntimeError(
                 f"{cls.__qualname__}.{name}: expected the line(s) {fixed!r} once, found {count} "
                 f"(vLLM {_installed()} differs from the release the revert was written for)"
@@ -161,10 +163,6 @@ def _installed() -> str:
 # ---------------------------------------------------------------------------
 # vLLM's objects for one engine config, built once
 # ---------------------------------------------------------------------------
-
-
-class _Stop(Exception):
-    """Raised where ``propose`` leaves the bound for the draft's forward pass."""
 
 
 @dataclass
@@ -191,15 +189,20 @@ def _consumer_groups(config: EngineConfig, device: torch.device) -> tuple[list[l
         def __init__(self) -> None:  # nothing to allocate: vLLM's base init is not needed
             pass
 
+        # The base class's parameter names: releases before 0.33.0's
+        # AttentionGroup.build_metadata call build(common_attn_metadata=...).
         def build(
-            self, common_prefix_len: int, common: CommonAttentionMetadata, fast_build: bool = False
+            self,
+            common_prefix_len: int,
+            common_attn_metadata: CommonAttentionMetadata,
+            fast_build: bool = False,
         ) -> CommonAttentionMetadata:
-            return common
+            return common_attn_metadata
 
         def build_for_cudagraph_capture(
-            self, common: CommonAttentionMetadata
+            self, common_attn_metadata: CommonAttentionMetadata
         ) -> CommonAttentionMetadata:
-            return common
+            return common_attn_metadata
 
     spec = FullAttentionSpec(
         block_size=config.block_size, num_kv_heads=1, head_size=config.head_dim,
@@ -223,55 +226,53 @@ def _engine_for(
     config: EngineConfig, device: torch.device, state: str, draft_pre_fix: bool
 ) -> _Engine:
     """vLLM's model state (``state``: "default", "mamba-hybrid" or its pre-fix) and
-    MTP speculator (its pre-fix builder when ``draft_pre_fix``) for ``config``."""
+    drafter (its pre-fix builder when ``draft_pre_fix``) for ``config``."""
     import torch.nn as nn
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
-    from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
-    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
 
     vc = _engine.vllm_config(config)
     attn_groups, kv_cache_config = _consumer_groups(config, device)
     with set_current_vllm_config(vc):
-        cls = DefaultModelState if state == "default" else MambaHybridModelState
+        if state == "default":
+            cls = DefaultModelState
+        else:
+            from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
+
+            cls = MambaHybridModelState
         # The model module is read only for rope and multimodal state, which a
         # text model with 1-D positions has none of.
         model_state = cls(vc, nn.Module(), None, device)
         if state == "mamba-hybrid-pre-fix":
-            fn = _reverted(MambaHybridModelState, "prepare_attn", _PRE_FIX_MODEL_STATE)
+            fn = _reverted(cls, "prepare_attn", _PRE_FIX_MODEL_STATE, _FOLLOW_ON)
             model_state.prepare_attn = types.MethodType(fn, model_state)
         block_table = torch.zeros(
             (config.max_num_seqs, config.max_blocks_per_seq), dtype=torch.int32, device=device
         )
         speculator = None
         if has_draft(config.num_spec):
-            speculator = MTPSpeculator(vc, device)
+            speculator = drafters.build(
+                vc, device, attn_groups, kv_cache_config, block_table,
+                config.max_num_batched_tokens,
+            )  # fmt: skip
             if draft_pre_fix:
-                fn = _reverted(MTPSpeculator, "_build_attn_metadata", _PRE_FIX_DRAFT)
-                speculator._build_attn_metadata = types.MethodType(fn, speculator)
-            speculator.attn_groups = attn_groups
-            speculator.kv_cache_config = kv_cache_config
-            speculator.block_tables = types.SimpleNamespace(
-                input_block_tables=[block_table],
-                slot_mappings=torch.full(
-                    (1, config.max_num_batched_tokens), -1, dtype=torch.int64, device=device
-                ),
-            )
-
-            def stop(*args: Any, **kwargs: Any) -> None:
-                raise _Stop
-
-            # The first call of propose after the bound: the draft's forward pass starts.
-            speculator._copy_request_inputs = stop
+                owner, name, edits = drafters.pre_fix_draft()
+                fn = _reverted(owner, name, edits)
+                setattr(speculator, name, types.MethodType(fn, speculator))
     return _Engine(vc, model_state, speculator, attn_groups, kv_cache_config, block_table)
 
 
 def prepare() -> None:
     """Import vLLM, validate the base configs, import the modules every call uses."""
+    from attnfuzz.adapters.vllm import compat
+
     _engine.prepare()
     _engine._base_config(1)
-    import vllm.v1.worker.gpu.model_states.mamba_hybrid  # noqa: F401
-    import vllm.v1.worker.gpu.spec_decode.mtp.speculator  # noqa: F401
+    import vllm.v1.worker.gpu.model_states.default  # noqa: F401
+
+    if compat.has(compat.MAMBA_HYBRID):
+        import vllm.v1.worker.gpu.model_states.mamba_hybrid  # noqa: F401
+    drafters.drafter_class()  # imports the drafter's module
 
 
 # ---------------------------------------------------------------------------
@@ -283,7 +284,10 @@ def _input_batch(inputs: MaxSeqLenInputs, device: torch.device) -> Any:
     """vLLM's ``InputBatch`` of the step, as ``GPUModelRunner.prepare_inputs`` fills it.
 
     Fields ``prepare_attn`` and ``propose`` do not read before the bound are
-    filled plausibly (zeros, identities), never from stale memory.
+    filled plausibly (zeros, identities), never from stale memory. Each release's
+    ``InputBatch`` gets the fields it declares (``max_seq_len_np``: 0.23.0 to 0.29.0,
+    ``None`` without pipeline parallelism; ``is_padding``, ``prompt_lens``: 0.25.0
+    on; ``has_prefill``: 0.28.0 on; ``decode_graph_eligible``: 0.31.0 on).
     """
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
@@ -304,7 +308,7 @@ def _input_batch(inputs: MaxSeqLenInputs, device: torch.device) -> Any:
     query_start_loc = torch.from_numpy(query_start_loc_np.copy()).to(device)
     idx_mapping_np = np.arange(R, dtype=np.intp)
     idx_mapping = torch.arange(R, dtype=torch.int64, device=device)
-    return InputBatch(
+    fields = dict(
         req_ids=[f"req-{r}" for r in range(R)],
         num_reqs=R,
         num_reqs_after_padding=R_pad,
@@ -336,18 +340,20 @@ def _input_batch(inputs: MaxSeqLenInputs, device: torch.device) -> Any:
         cu_num_logits_np=np.arange(R + 1, dtype=np.int32),
         has_structured_output_reqs=False,
         prompt_lens=None,
+        max_seq_len_np=None,  # populated with pipeline parallelism only
     )
+    declared = {f.name for f in dataclasses.fields(InputBatch)}
+    return InputBatch(**{k: v for k, v in fields.items() if k in declared})
 
 
 def _bounds(inputs: MaxSeqLenInputs, engine: _Engine) -> tuple[int, int | None]:
     """``(model state, draft)`` max_seq_len as vLLM's code builds them for the step."""
     from vllm.config import set_current_vllm_config
     from vllm.config.compilation import CUDAGraphMode
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
     device = inputs.kv_cache.device
     meta = inputs.common
-    R, R_pad = meta.num_real_reqs, meta.num_reqs
+    R_pad = meta.num_reqs
     mode = CUDAGraphMode.FULL if meta.padded else CUDAGraphMode.NONE
     input_batch = _input_batch(inputs, device)
     block_tables = (inputs.block_table,)  # the runner's, gathered to [R_pad, W]
@@ -368,23 +374,10 @@ def _bounds(inputs: MaxSeqLenInputs, engine: _Engine) -> tuple[int, int | None]:
         if inputs.capturing:
             # The draft's graphs capture metadata from the model state's capture branch.
             return model, model_state_bound(spec.attn_groups)
-        try:
-            spec.propose(input_batch, None, None, None, None, None, None, None, None, None, None)
-        except _Stop:
-            pass
-        else:  # pragma: no cover - vLLM's propose changed shape
-            raise RuntimeError("TargetDependentARSpeculator.propose ran past the draft's bound")
         engine.block_table[:R_pad].copy_(inputs.block_table)
-        # The draft's decode steps run one token per request (a full graph of R_pad
-        # requests when the step is padded).
-        desc = BatchExecutionDescriptor(
-            cg_mode=mode, num_tokens=R_pad, num_reqs=R_pad if meta.padded else None,
-            uniform_token_count=1,
-        )  # fmt: skip
-        metadata = spec._build_uniform_attn_metadata(
-            desc, R, num_query_per_req=1, seq_lens_cpu_upper_bound=inputs.seq_lens_cpu_upper_bound,
-            step=1,
-        )  # fmt: skip
+        metadata = drafters.bound(
+            spec, input_batch, inputs.seq_lens_cpu_upper_bound, mode, meta.padded
+        )
         return model, metadata[_LAYER].max_seq_len
 
 
@@ -403,12 +396,12 @@ def _call(inputs: MaxSeqLenInputs, state: str, draft_pre_fix: bool = False) -> M
 
 
 def run(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """vLLM 0.33.0: ``DefaultModelState.prepare_attn`` and the MTP drafter's bound."""
+    """``DefaultModelState.prepare_attn`` and the release's drafter's bound."""
     return _call(inputs, "default")
 
 
 def run_mamba_hybrid(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """vLLM 0.33.0: ``MambaHybridModelState.prepare_attn`` and the MTP drafter's bound."""
+    """``MambaHybridModelState.prepare_attn`` and the release's drafter's bound."""
     return _call(inputs, "mamba-hybrid")
 
 
@@ -419,13 +412,14 @@ def upstream_model_len(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
 
 
 def upstream_draft_model_len(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """#43991 reverted in ``DraftModelSpeculator._build_attn_metadata``: the draft's
-    ``max_seq_len`` is ``max_model_len`` (the model state as fixed)."""
+    """#43991 reverted in ``DraftModelSpeculator``'s decode builder
+    (``_build_attn_metadata``, ``_build_draft_attn_metadata`` before 0.30.0): the
+    draft's ``max_seq_len`` is ``max_model_len`` (the model state as fixed)."""
     return _call(inputs, "default", draft_pre_fix=True)
 
 
 # ---------------------------------------------------------------------------
-# The V1 model runner (vllm/v1/worker/gpu_model_runner.py), also in 0.33.0
+# The V1 model runner (vllm/v1/worker/gpu_model_runner.py), in every release
 # ---------------------------------------------------------------------------
 
 
@@ -439,15 +433,28 @@ def _v1_runner(config: EngineConfig, device: torch.device) -> Any:
     its drafter, which needs a distributed init. ``_build_attention_metadata``
     reads the speculative config only to pick the metadata it hands the drafter
     (the first group's ``cm``), not for ``max_seq_len``.
-    """
-    import dataclasses as dc
 
+    Where the constructor probes the device's compute units
+    (``_init_device_properties``, to 0.31.0), the probe answers as vLLM's CPU
+    platform does from 0.23.0 (``CpuPlatform.num_compute_units``:
+    ``torch.get_num_threads()``); 0.21.0's CPU platform does not implement it.
+    ``num_sms`` only sizes cascade attention's choice, never ``max_seq_len``.
+    """
+    from attnfuzz.adapters.vllm import compat
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    vc = _engine.vllm_config(dc.replace(config, num_spec=0))
+    cls = GPUModelRunner
+    if compat.has(compat.V1_DEVICE_PROPERTIES):
+
+        class CpuProbedRunner(GPUModelRunner):
+            def _init_device_properties(self) -> None:
+                self.num_sms = torch.get_num_threads()
+
+        cls = CpuProbedRunner
+    vc = _engine.vllm_config(dataclasses.replace(config, num_spec=0))
     with set_current_vllm_config(vc):
-        runner = GPUModelRunner(vc, device)
+        runner = cls(vc, device)
     # What initialize_kv_cache would assign (it also allocates the cache and loads
     # the layers' backends, which this adapter has none of).
     attn_groups, runner.kv_cache_config = _consumer_groups(config, device)
@@ -505,8 +512,8 @@ def _v1_bound(inputs: MaxSeqLenInputs) -> int:
 
 
 def run_v1(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
-    """vLLM 0.33.0's V1 runner: ``GPUModelRunner._build_attention_metadata`` for the
-    model state's bound; the draft's bound from the MTP drafter, as in :func:`run`.
+    """The V1 runner: ``GPUModelRunner._build_attention_metadata`` for the model
+    state's bound; the draft's bound from the V2 drafter, as in :func:`run`.
 
     V1's own drafter (``spec_decode/llm_base_proposer.py``) does not build one
     draft bound: each of its decode steps raises the target's ``max_seq_len`` by
@@ -531,9 +538,11 @@ def v1_draft_bounds(inputs: MaxSeqLenInputs) -> list[int]:
     drafter batch, keeps its ``max_seq_len``) and runs, per decode step,
     ``SpecDecodeBaseProposer._update_positions_dependent_metadata`` unchanged
     (its slot-mapping kernel interpreted). The proposer is ``object.__new__`` with
-    the four attributes that method reads (``uses_mrope``, ``positions``,
-    ``_slot_mapping_buffer``, ``max_model_len``): its constructor loads the draft
-    model's config and needs the pipeline-parallel group.
+    the attributes that method reads (``uses_mrope``, ``positions``,
+    ``_slot_mapping_buffer``, ``max_model_len``; to 0.29.0 also ``uses_xdrope_dim``
+    and ``draft_uses_xdrope_dim``, 0 for the tiny text model, as the constructor
+    reads them off the model configs): its constructor loads the draft model's
+    config and needs the pipeline-parallel group.
     """
     from copy import copy
 
@@ -555,6 +564,7 @@ def v1_draft_bounds(inputs: MaxSeqLenInputs) -> list[int]:
     cm.block_table_tensor = inputs.block_table[:R].clone()
     proposer = object.__new__(EagleProposer)
     proposer.uses_mrope = False
+    proposer.uses_xdrope_dim = proposer.draft_uses_xdrope_dim = 0  # read to 0.29.0 only
     proposer.max_model_len = config.max_model_len
     proposer.positions = torch.zeros(config.max_num_batched_tokens, dtype=torch.int64)
     proposer._slot_mapping_buffer = torch.zeros(config.max_num_batched_tokens, dtype=torch.int64)

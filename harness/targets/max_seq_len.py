@@ -242,7 +242,11 @@ def build() -> Target:
         )
     )
     # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
-    draft = "draft: spec_decode/speculator.py:DraftModelSpeculator._build_attn_metadata"
+    draft = (
+        "draft: the drafter init_speculator builds (spec_decode/speculator.py:"
+        "DraftModelSpeculator from 0.23.0, spec_decode/eagle/speculator.py:"
+        "EagleSpeculator._build_draft_attn_metadata before)"
+    )
     for attr, name, where in (
         ("run", "vllm", "default.py:DefaultModelState"),
         ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
