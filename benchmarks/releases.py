@@ -48,6 +48,10 @@ RELEASES = (
 )  # fmt: skip
 """Every release of the supported range on the package index."""
 
+EXAMPLE_TIMEOUT = "10m"
+"""Per example: generous, so that a loaded machine (runs side by side, a vLLM import
+per run) reads as slow, never as a ``timeout`` finding."""
+
 # Exit codes of ``attnfuzz run`` (harness.definitions).
 PASS, FOUND, USAGE, ERROR, LATENT = 0, 1, 2, 4, 5
 
@@ -167,7 +171,7 @@ def attnfuzz_run(venv: Path, target: str, impl: str, seed: int, examples: int) -
     with tempfile.TemporaryDirectory(prefix="attnfuzz-release-run-") as out:
         cmd = [str(venv / "bin" / "python"), "-m", "attnfuzz", "run", "--target", target,
                "--impl", impl, "--seed", str(seed), "--max-examples", str(examples),
-               "--out", out]  # fmt: skip
+               "--example-timeout", EXAMPLE_TIMEOUT, "--out", out]  # fmt: skip
         started = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
         seconds = time.monotonic() - started
