@@ -73,6 +73,12 @@ class Fix:
 
 
 FIXES = (
+    Fix("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
+        "Gemma4 drafter attaches unsliced per-group block tables"),
+    Fix("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
+        "MambaHybridModelState: max_seq_len = max_model_len outside capture"),
+    Fix("#43991", "max-seq-len", "vllm", "0.22.1", "0.23.0",
+        "V2 drafter: max_seq_len = max_model_len"),
     Fix("#42135", "mtp-seq-lens", "vllm", "0.21.0", "0.22.0",
         "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]",
         checks=("contiguous", "stride", "consumer"),
@@ -83,12 +89,6 @@ FIXES = (
         "(read as uint32 downstream)", checks=("values",),
         note="fixed in 0.28.0's DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors "
         "(`.clamp_(min=0)`); found by attnfuzz on the releases, not one of the five bugs"),
-    Fix("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
-        "Gemma4 drafter attaches unsliced per-group block tables"),
-    Fix("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
-        "MambaHybridModelState: max_seq_len = max_model_len outside capture"),
-    Fix("#43991", "max-seq-len", "vllm", "0.22.1", "0.23.0",
-        "V2 drafter: max_seq_len = max_model_len"),
     Fix("#50302", "flatten-decode", "vllm", "0.26.0", "0.27.0",
         "indexer's expanded table cdiv(max_model_len, bs) wide vs the 128-token-aligned one"),
 )  # fmt: skip
