@@ -1,9 +1,19 @@
-"""vLLM's flattened indexer decode metadata (both branches) against the reference."""
+"""vLLM's flattened indexer decode metadata (both branches) against the reference.
+
+On every supported release. Two release differences decide what a test expects,
+each found by looking: before 0.27.0 (#50302) the builder sizes its expanded table
+itself and ships #46074 (:func:`pre_fix`); before 0.28.0 ``_prepare_decode_tensors``
+flattens steps whose longest decode has more than one token only, and serves a step
+of single-token decodes on its plain-decode branch (:func:`flattens_single_tokens`).
+"""
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 import torch
+from attnfuzz.adapters.vllm import compat
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
@@ -13,22 +23,105 @@ pytestmark = requires_vllm
 TARGET = "flatten-decode"
 
 
+def pre_fix() -> bool:
+    """The builder takes no ``block_table_width`` (before #50302, 0.27.0)."""
+    return not compat.has(compat.BUILDER_TABLE_WIDTH)
+
+
+@cache
+def flattens_single_tokens() -> bool:
+    """Whether the release's builder flattens a step whose decodes have one token each
+    (0.28.0 on: ``if not use_native``; before: ``if not use_native and max_decode_len >
+    1``, else the plain-decode branch returns views of the step's own lengths)."""
+    target = get_target(TARGET)
+    inputs = target.make_inputs(hand_case((1, 1), (3, 4), num_spec=0), "cpu")
+    got = target.implementations["vllm"].fn(inputs)
+    return got.context_lens.data_ptr() == got.buffers.context_lens.data_ptr()
+
+
+def skip_pre_fix() -> None:
+    if pre_fix():
+        pytest.skip(
+            "this release sizes the expanded block table narrower than the runner's (#46074, "
+            "fixed by #50302 in 0.27.0): test_pre_fix_release_ships_46074 pins it"
+        )
+
+
 def test_vllm_passes():
+    skip_pre_fix()
+    if not flattens_single_tokens():
+        pytest.skip(
+            "this release serves steps of single-token decodes on the plain-decode branch "
+            "(views of the step's own lengths and table, not of the flattening buffers), "
+            "which the target's flattening contract (0.28.0 on) does not describe: "
+            "test_multi_token_steps_pass_on_a_fixed_release covers its flattening"
+        )
     assert_passes(TARGET, "vllm", max_examples=150)
 
 
+def test_multi_token_steps_pass_on_a_fixed_release():
+    """Steps whose longest decode has two tokens or more take the flattening branches on
+    every release; both branches, padded or not, agree with the reference."""
+    skip_pre_fix()
+    cases = [
+        hand_case((2, 2), (3, 5)),
+        hand_case((1, 2), (1, 1)),
+        hand_case((2, 2, 2), (3, 5, 1)),
+        hand_case((3, 3), (4, 9), num_spec=2, cudagraph_capture_sizes=(3, 6, 12)),
+        hand_case((1, 3, 2), (4, 5, 6), num_spec=2, cudagraph_capture_sizes=(3, 6, 12)),
+    ]
+    target = get_target(TARGET)
+    for case in cases:
+        verdict = target.judge(target.resolve("vllm"), case, "cpu")
+        assert verdict.ok, (case.batch, verdict)
+
+
+def test_pre_fix_release_ships_46074():
+    """Before #50302 the release's own builder is #46074: its expanded table has
+    ``cdiv(max_model_len, block_size)`` = 16 columns, the runner's table 32 (128 tokens
+    of pages of 4). Ragged decodes raise the reported error; uniform ones return a
+    table of the wrong width; a step without decodes still finds the buffer narrow."""
+    if not pre_fix():
+        pytest.skip("this release has #50302: the builder takes the runner's block_table_width")
+    target = get_target(TARGET)
+    vllm = target.resolve("vllm")
+    verdict = target.judge(vllm, hand_case((1, 2), (1, 1)), "cpu")
+    assert verdict.key == "exception:RuntimeError"
+    assert "must match the existing size (32)" in verdict.mismatches[0].got
+    verdict = target.judge(vllm, hand_case((2, 2), (3, 5)), "cpu")
+    assert verdict.key == "shape"
+    assert "expected [256, 32], got [256, 16]" in str(verdict.mismatches[0])
+    # Nothing to revert on this release: the mutant names the first release it binds to.
+    assert "binds from vLLM 0.27.0" in (target.implementations[UPSTREAM].why_unavailable() or "")
+
+
 def _run_counting_uniform_kernel(monkeypatch, case):
-    """Run vLLM on ``case``; how often the uniform branch's kernel ran."""
+    """Run vLLM on ``case``; how often the uniform branch's kernel ran (0.30.0 on
+    ``_PREPARE_UNIFORM_DECODE_KERNEL``, a callable; before, the ``@triton.jit``
+    ``_prepare_uniform_decode_kernel``, launched as ``kernel[grid](...)``)."""
     import vllm.v1.attention.backends.mla.indexer as indexer
 
     calls = []
-    kernel = indexer._PREPARE_UNIFORM_DECODE_KERNEL
+    if hasattr(indexer, "_PREPARE_UNIFORM_DECODE_KERNEL"):
+        name = "_PREPARE_UNIFORM_DECODE_KERNEL"
+        kernel = indexer._PREPARE_UNIFORM_DECODE_KERNEL
 
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return kernel(*args, **kwargs)
+        def counted(*args, **kwargs):
+            calls.append(args)
+            return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(indexer, "_PREPARE_UNIFORM_DECODE_KERNEL", counted)
+    else:
+        name = "_prepare_uniform_decode_kernel"
+        jit = indexer._prepare_uniform_decode_kernel
+
+        class Counted:
+            def __getitem__(self, grid):
+                calls.append(grid)
+                return jit[grid]
+
+        counted = Counted()
+
+    monkeypatch.setattr(indexer, name, counted)
     target = get_target(TARGET)
     verdict = target.judge(target.resolve("vllm"), case, "cpu")
     return verdict, len(calls)
@@ -43,6 +136,7 @@ def _run_counting_uniform_kernel(monkeypatch, case):
     ],
 )
 def test_vllm_agrees_on_both_branches(monkeypatch, q_lens, computed, uniform):
+    skip_pre_fix()
     case = hand_case(q_lens, computed, num_spec=2, cudagraph_capture_sizes=(3, 6, 12))
     verdict, calls = _run_counting_uniform_kernel(monkeypatch, case)
     assert verdict.ok, verdict
@@ -52,6 +146,7 @@ def test_vllm_agrees_on_both_branches(monkeypatch, q_lens, computed, uniform):
 def test_vllm_zeroes_the_tail_and_keeps_rows_past_the_step():
     """The padded step of next_n = 2 (flattening forced, see the adapter): context
     lengths zero from sum(d) = 6 to the end of the buffer, rows from N_d = 8 on as they were."""
+    skip_pre_fix()
     target = get_target(TARGET)
     case = hand_case((2, 2, 2), (3, 5, 1))
     inputs = target.make_inputs(case, "cpu")
@@ -68,6 +163,7 @@ def test_vllm_block_table_has_the_runners_aligned_width():
     ``block_table_width`` to match (vllm/v1/worker/utils.py AttentionGroup,
     get_block_table_width); vLLM's expanded table has that width, 32 here, where
     ``max_blocks_per_seq`` is 16. An oracle of width 16 rejected vLLM's correct output."""
+    skip_pre_fix()
     target = get_target(TARGET)
     case = hand_case((1, 2), (1, 1))
     assert case.config.max_blocks_per_seq == 16
@@ -80,6 +176,7 @@ def test_vllm_block_table_has_the_runners_aligned_width():
 
 def test_upstream_pr50302_raises_the_historical_error_on_ragged_decodes():
     """d = [1, 2]: the variable branch assigns [3, 32] rows into a [3, 16] slice."""
+    skip_pre_fix()  # the mutant reverts #50302: unavailable where there is nothing to revert
     target = get_target(TARGET)
     verdict = target.judge(target.resolve(UPSTREAM), hand_case((1, 2), (1, 1)))
     assert verdict.key == "exception:RuntimeError"
@@ -90,11 +187,13 @@ UPSTREAM = "upstream-pr50302-unaligned-width"
 
 
 def test_upstream_mutant_is_detected():
+    skip_pre_fix()
     assert_detected(TARGET, UPSTREAM)
 
 
 @pytest.mark.parametrize("mutant", ["right-aligned-on-max", "row-by-max", "padding-not-zeroed"])
 def test_vllm_passes_each_mutants_smallest_case(mutant):
+    skip_pre_fix()
     target = get_target(TARGET)
     case = target.resolve(mutant).smallest()
     assert target.judge(target.resolve("vllm"), case).ok

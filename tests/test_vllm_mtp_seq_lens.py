@@ -1,16 +1,32 @@
 """``mtp-seq-lens`` on vLLM's own code: the builder passes, #42135 upstream is caught,
-and each place the target's contract moved to vLLM 0.33.0's has a hand case."""
+and each place the target's contract moved to vLLM 0.33.0's has a hand case.
+
+On a release with one of the builder's own known bugs (0.21.0 keeps #42135's 2-D
+table; releases before 0.28.0 do not clamp a padding request's lengths at 0) the
+tests expect exactly that bug's checks where it shows (:func:`known_findings`),
+read from the release's code, and nothing else.
+"""
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
+
 import pytest
 import torch
+from attnfuzz.adapters.vllm import compat
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.graph import allocations
 from attnfuzz.harness.oracle import expect_inside, expect_meta
 from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.targets.mtp_seq_lens import (
+    smallest_strided,
+    trigger_native_strided,
+    trigger_noclamp,
+)
+from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case, spec_config
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import split_decodes_and_prefills
 from hypothesis import HealthCheck, given, settings
@@ -48,10 +64,50 @@ def vllm_split(case, require_uniform: bool) -> tuple[int, int, int, int]:
     return split(common, decode_threshold=case.config.threshold, require_uniform=require_uniform)
 
 
+# -- the installed release's own known bugs, read from its code --------------------------
+
+
+@cache
+def keeps_2d_table() -> bool:
+    """#42135 unfixed: the builder's ``__init__`` allocates native MTP's
+    ``decode_seq_lens_buffer`` as the ``[max_num_seqs, next_n]`` table (0.21.0)."""
+    builder = adapter()._builder(adapter()._builder_class(), spec_config(), torch.device("cpu"))
+    return builder.decode_seq_lens_buffer.dim() == 2
+
+
+@cache
+def clamps_at_0() -> bool:
+    """``_prepare_decode_tensors``'s native branch clamps the lengths at 0 (0.28.0 on):
+    the release's source says, not what the adapter under test returns."""
+    source = inspect.getsource(adapter()._builder_class()._prepare_decode_tensors)
+    return ".clamp_(min=0)" in source
+
+
+def known_findings(case) -> list[str]:
+    """The checks the installed builder's known bugs fail on ``case`` (in the oracle's
+    order): none on a release with both fixes."""
+    out = []
+    if keeps_2d_table() and trigger_native_strided(case):
+        out += UPSTREAM["upstream-pr42135-strided"][1]
+    if not clamps_at_0() and adapter().takes_native_path(case.config) and trigger_noclamp(case):
+        out += ["values"]  # a padding request's first slots: seq_len 0 - L + 1 + j < 0
+    return out
+
+
+def has_known_bug() -> bool:
+    return keeps_2d_table() or not clamps_at_0()
+
+
 # -- end to end ------------------------------------------------------------------------
 
 
 def test_vllm_passes_on_both_paths():
+    if has_known_bug():  # the run finds the release's own bug, and only that
+        t = get_target(TARGET)
+        result = fuzz(t, t.resolve("vllm"), max_examples=150, rng_seed=0, database=None)
+        assert result.failed and known_findings(result.case), result.case
+        assert checks(result.verdict) == known_findings(result.case)
+        return
     result = assert_passes(TARGET, "vllm", max_examples=150)
     assert result.statistics["native_path"] > 0 and result.statistics["flattening_path"] > 0
     for label in ("next_n>1", "padding_requests", "max_decode_len<next_n"):
@@ -60,7 +116,19 @@ def test_vllm_passes_on_both_paths():
 
 @pytest.mark.parametrize("mutant", sorted(UPSTREAM))
 def test_upstream_mutant_is_detected_with_a_minimized_trigger(mutant):
-    result = assert_detected(TARGET, mutant)
+    if not clamps_at_0():
+        # The mutant is the release with #42135 reverted: the release's own missing
+        # clamp may be found first. Either finding, each with its own checks.
+        t = get_target(TARGET)
+        impl = t.resolve(mutant)
+        assert checks(judge(impl, impl.smallest())) == UPSTREAM[mutant][1]
+        result = fuzz(t, impl, max_examples=1000, rng_seed=0, database=None)
+        assert result.failed
+        if not impl.trigger(result.case):
+            assert checks(result.verdict) == known_findings(result.case) == ["values"]
+            return
+    else:
+        result = assert_detected(TARGET, mutant)
     assert result.verdict.key == UPSTREAM[mutant][1][0]
     _, split = ref.describe(result.case)
     assert result.case.config.next_n == 2 and split.decode_lens == (1, 1)
@@ -71,7 +139,8 @@ def test_upstream_mutant_fails_the_recreated_mutants_checks_on_its_smallest_trig
     impl = get_target(TARGET).resolve(mutant)
     case = impl.smallest()
     assert impl.reach(case) and impl.trigger(case)
-    assert judge("vllm", case).ok
+    # Fixed releases pass it; 0.21.0 is the pre-#42135 code and fails it alike.
+    assert checks(judge("vllm", case)) == known_findings(case)
     recreated, expected = UPSTREAM[mutant]
     assert checks(judge(mutant, case)) == checks(judge(recreated, case)) == expected
 
@@ -87,7 +156,7 @@ def test_upstream_mutants_pass_where_the_bug_cannot_show(mutant):
         hand_case((1, 1), (4, 0), num_spec=2, cudagraph_capture_sizes=(3, 6)),
     ):
         assert not get_target(TARGET).resolve(mutant).trigger(case)
-        assert judge(mutant, case).ok, case
+        assert checks(judge(mutant, case)) == known_findings(case), case
 
 
 def test_the_upstream_mutants_differ_from_vllm_only_in_the_42135_lines():
@@ -102,6 +171,56 @@ def test_the_upstream_mutants_differ_from_vllm_only_in_the_42135_lines():
 
     assert methods(strided) == {"__init__", "_prepare_decode_tensors"}
     assert methods(copy) == {"_prepare_decode_tensors"}
+
+
+def test_the_strided_mutant_reverts_only_where_the_release_has_the_fix():
+    """With #42135's flat buffer the mutant keeps it for the release's own native
+    branch and hands on the 2-D table's slice of the same values; a release before
+    the fix (0.21.0) allocates that table itself: there the mutant is the release."""
+    case = smallest_strided()
+    config = case.config
+    mutant = adapter()._builder(adapter()._strided_class(), config, torch.device("cpu"))
+    got = adapter().upstream_strided(get_target(TARGET).make_inputs(case, "cpu"))
+    ours = adapter().run(get_target(TARGET).make_inputs(case, "cpu"))
+    assert got.context_lens.tolist() == ours.context_lens.tolist() == [[2], [2]]
+    assert got.buffer is mutant.decode_seq_lens_buffer
+    assert tuple(got.buffer.shape) == (config.max_num_seqs, config.next_n)
+    assert got.context_lens.stride() == (config.next_n, 1)  # [:B, :L] of [S, next_n]
+    if keeps_2d_table():
+        assert mutant.flat_seq_lens_buffer is None
+        assert ours.context_lens.stride() == got.context_lens.stride()
+    else:
+        assert mutant.flat_seq_lens_buffer.dim() == 1 and ours.context_lens.is_contiguous()
+
+
+def test_the_builder_is_made_with_what_its_release_takes():
+    """From 0.27.0 the runner hands ``block_table_width=``; before, ``__init__`` sizes
+    its expanded block table itself: ``cdiv(max_model_len, block_size)`` on one rank,
+    the width the adapter hands where the keyword exists."""
+    config = spec_config()
+    builder = adapter()._builder(adapter()._builder_class(), config, torch.device("cpu"))
+    init = inspect.signature(adapter()._builder_class().__init__).parameters
+    assert ("block_table_width" in init) == compat.has(compat.BUILDER_TABLE_WIDTH)
+    assert builder.expanded_block_table_buffer.shape[1] == config.max_blocks_per_seq
+
+
+def test_a_single_token_step_where_the_builder_flattens_takes_the_releases_own_path():
+    """next_n = 3 flattens on the CPU; for a step of one-token decodes ``build`` from
+    0.28.0 flattens too (``use_native`` false: ``[N_d, 1]`` in its buffer), while
+    before ``_prepare_decode_tensors`` flattens only ``max_decode_len > 1`` and passes
+    the step's seq_lens through (``[B, 1]``, a view of them). The target takes both."""
+    case = hand_case((1, 1, 1), (4, 0, 9), num_spec=2, cudagraph_capture_sizes=(3, 6))
+    assert not adapter().takes_native_path(case.config)
+    inputs = get_target(TARGET).make_inputs(case, "cpu")
+    got = adapter().run(inputs)
+    assert got.context_lens.flatten().tolist() == [5, 1, 10]
+    if compat.has(compat.NATIVE_DECODE):
+        assert got.path == ref.FLATTENING
+        assert got.context_lens.data_ptr() == got.buffer.data_ptr()
+    else:
+        assert got.path == ref.NATIVE
+        assert got.context_lens.data_ptr() == inputs.seq_lens.data_ptr()
+    assert judge("vllm", case).ok
 
 
 # -- the split -------------------------------------------------------------------------
@@ -144,7 +263,7 @@ def test_vllms_builder_computes_through_temporaries_into_its_persistent_buffer()
     assert got.context_lens.data_ptr() == got.buffer.data_ptr()  # offset 0 of the buffer
     again = adapter().run(target.make_inputs(hand_case((1, 1), (4, 0)), "cpu"))
     assert again.buffer is got.buffer and again.context_lens.data_ptr() == got.buffer.data_ptr()
-    assert judge("vllm", case).ok
+    assert checks(judge("vllm", case)) == known_findings(case)
 
 
 def test_a_copy_is_new_storage_whoever_makes_it():
@@ -168,11 +287,12 @@ def test_an_own_buffer_written_outside_the_lengths_is_caught():
 
     def scribbles(inputs):
         out = adapter().run(inputs)
-        out.buffer[8] += 1
+        out.buffer.view(-1)[8] += 1  # flat: 0.21.0 keeps a 2-D buffer
         return out
 
     verdict = judge(Implementation("scribbles", scribbles, "user"), case)
-    assert checks(verdict) == ["unchanged"] and verdict.mismatches[0].where == "buffer[8]"
+    assert checks(verdict) == [*known_findings(case), "unchanged"]
+    assert verdict.mismatches[-1].where == "buffer[8]"
 
 
 # -- fidelity: next_n == 1 passes the step's seq_lens through ---------------------------

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from attnfuzz.adapters.vllm import vendor_ops as v
+from attnfuzz.adapters.vllm import vendor_ops_releases as older
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference import indexer_decode as ref
@@ -361,3 +362,114 @@ def test_cpu_top_512_refuses_what_the_kernel_checks():
         v.topk_transform_512_cpu(scores, lens[:1], table, out, 4)
     with pytest.raises(v.ContractError, match="contiguous"):
         v.topk_transform_512_cpu(scores.t(), lens, table, out, 4)
+
+
+# -- the contracts older releases call (vendor_ops_releases), each pinned by hand -----------
+#
+# Two queries of one head over four keys of dim 1, weights 1: query i's score for key n is
+# relu(q[i] * k[n]). Row 0 sees keys [1, 3), row 1 keys [0, 4).
+
+HAND_Q = torch.tensor([[[1.0]], [[2.0]]])  # [M=2, H=1, D=1]
+HAND_K = torch.tensor([[1.0], [2.0], [-1.0], [4.0]])  # [N=4, D=1]
+HAND_W = torch.ones(2, 1)
+HAND_KS, HAND_KE = torch.tensor([1, 0], **I32), torch.tensor([3, 4], **I32)
+
+
+def hand_ragged(fn, *tail):
+    q, k = HAND_Q.to(v.FP8), HAND_K.to(v.FP8)
+    return fn((q, None), (k, torch.ones(4)), HAND_W, HAND_KS, HAND_KE, *tail)
+
+
+def test_compressed_ragged_contract_of_0_33_0_starts_each_row_at_column_zero():
+    """0.33.0 ``fp8_fp4_mqa_logits(..., max_seqlen_k)``: row i holds keys [ks, ke) from
+    column 0; the glue reads it with row_starts 0."""
+    got = hand_ragged(v.fp8_fp4_mqa_logits, 4)
+    assert tuple(got.shape) == (2, 4)
+    assert got[0, :2].tolist() == [2.0, 0.0]  # keys 1, 2 of row 0 in columns 0, 1
+    assert got[1].tolist() == [2.0, 4.0, 0.0, 8.0]
+    assert (got[0, 2:] == v.UNCLEANED).all()
+
+
+def test_absolute_ragged_contract_of_0_21_0_to_0_32_0_keeps_key_columns():
+    """0.21.0 to 0.32.0 ``fp8_fp4_mqa_logits(..., clean_logits)``: [M, N], key n in column
+    n; the glue reads row i with row_starts = ks. Read with the other contract's row start
+    (0), row 0 would be a different row: the false mismatch a wrong stand-in gives."""
+    got = hand_ragged(older.fp8_fp4_mqa_logits_absolute, False)
+    assert tuple(got.shape) == (2, 4)
+    assert got[0, 1:3].tolist() == [2.0, 0.0]  # keys 1, 2 in columns 1, 2
+    assert got[0, 0] == v.UNCLEANED and got[0, 3] == v.UNCLEANED  # outside [ks, ke)
+    assert got[1].tolist() == [2.0, 4.0, 0.0, 8.0]
+    cleaned = hand_ragged(older.fp8_fp4_mqa_logits_absolute, True)
+    assert cleaned[0, 0] == float("-inf") and cleaned[0, 3] == float("-inf")
+    assert cleaned[0, 1:3].tolist() == [2.0, 0.0]
+    compressed = hand_ragged(v.fp8_fp4_mqa_logits, 4)
+    assert compressed[0, :2].tolist() != got[0, :2].tolist()
+    with pytest.raises(v.ContractError, match="keys outside k"):
+        older.fp8_fp4_mqa_logits_absolute(
+            (HAND_Q.to(v.FP8), None), (HAND_K.to(v.FP8), torch.ones(4)), HAND_W,
+            HAND_KS, torch.tensor([3, 5], **I32), False,
+        )  # fmt: skip
+
+
+def test_rocm_cleaned_ragged_contract_of_0_21_0_is_minus_inf_outside_the_keys():
+    """0.21.0 ``rocm_fp8_mqa_logits``: absolute columns, -inf outside [ks, ke)."""
+    got = older.rocm_fp8_mqa_logits_cleaned(
+        HAND_Q.to(v.FP8), (HAND_K.to(v.FP8), torch.ones(4)), HAND_W, HAND_KS, HAND_KE
+    )
+    assert got[0].tolist() == [float("-inf"), 2.0, 0.0, float("-inf")]
+    assert got[1].tolist() == [2.0, 4.0, 0.0, 8.0]
+
+
+def hand_paged():
+    """One sequence of next_n = 2 over pages of 2 keys (page 1, then page 0): keys
+    1, 2, -1, 4 in order; per-row lengths 3 and 4, one head, weights 1, q = 1 and 2."""
+    pages = torch.tensor([[[-1.0], [4.0]], [[1.0], [2.0]]])  # [2 pages, 2, D=1]
+    cache = v.quantized_cache(pages).unsqueeze(-2)
+    q = torch.tensor([[[[1.0]], [[2.0]]]]).to(v.FP8)  # [B=1, next_n=2, H=1, D=1]
+    lens = torch.tensor([[3, 4]], **I32)
+    return q, cache, torch.ones(2, 1), lens, torch.tensor([[1, 0]], **I32)
+
+
+def test_paged_contract_of_0_21_0_to_0_32_0_cleans_only_when_asked():
+    """0.21.0 to 0.32.0 ``fp8_fp4_paged_mqa_logits(..., clean_logits)``: the layout of
+    0.33.0's, [B * next_n, max_model_len]; past a row's length -inf with clean_logits."""
+    q, cache, w, lens, table = hand_paged()
+    kept = older.fp8_fp4_paged_mqa_logits_cleanable(
+        (q, None), cache, w, lens, table, None, 6, False
+    )
+    assert kept[0, :3].tolist() == [1.0, 2.0, 0.0] and kept[1, :4].tolist() == [2.0, 4.0, 0.0, 8.0]
+    assert (kept[0, 3:] == v.UNCLEANED).all() and (kept[1, 4:] == v.UNCLEANED).all()
+    now = v.fp8_fp4_paged_mqa_logits((q, None), cache, w, lens, table, None, 6)
+    torch.testing.assert_close(kept, now, rtol=0, atol=0)  # the same layout as 0.33.0's
+    clean = older.fp8_fp4_paged_mqa_logits_cleanable(
+        (q, None), cache, w, lens, table, None, 6, True
+    )
+    assert clean[0].tolist() == [1.0, 2.0, 0.0] + [float("-inf")] * 3
+    assert clean[1].tolist() == [2.0, 4.0, 0.0, 8.0] + [float("-inf")] * 2
+
+
+def test_rocm_cleaned_paged_contract_of_0_21_0_is_minus_inf_past_each_row():
+    q, cache, w, lens, table = hand_paged()
+    got = older.rocm_fp8_paged_mqa_logits_cleaned(q, cache, w, lens, table, None, 6)
+    assert got[0].tolist() == [1.0, 2.0, 0.0] + [float("-inf")] * 3
+    assert got[1].tolist() == [2.0, 4.0, 0.0, 8.0] + [float("-inf")] * 2
+
+
+def test_the_glue_signature_picks_the_contract():
+    """The stand-in follows the signature of the wrapper the installed glue imported."""
+    from attnfuzz.adapters.vllm import _indexer_glue
+
+    def new_mqa(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k): ...
+    def old_mqa(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits): ...
+    def new_paged(q, kv_cache, w, lens, table, meta, max_model_len, indices=None): ...
+    def old_paged(q, kv_cache, w, lens, table, meta, max_model_len, clean_logits): ...
+
+    def picked(mqa, paged):
+        glue = types.SimpleNamespace(fp8_fp4_mqa_logits=mqa, fp8_fp4_paged_mqa_logits=paged)
+        return [fn for _, _, fn in _indexer_glue.deepgemm_stand_ins(glue, lambda f: f)]
+
+    assert picked(new_mqa, new_paged) == [v.fp8_fp4_paged_mqa_logits, v.fp8_fp4_mqa_logits]
+    assert picked(old_mqa, old_paged) == [
+        older.fp8_fp4_paged_mqa_logits_cleanable,
+        older.fp8_fp4_mqa_logits_absolute,
+    ]

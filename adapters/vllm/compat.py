@@ -133,7 +133,6 @@ def has(api: Api) -> bool:
 
 # -- what the adapters call ----------------------------------------------------------
 
-LOAD_PTR = Api("vllm.v1.worker.gpu.buffer_utils", "_load_ptr", since="0.24.0")
 # slot_mapping, unpadding: the V2 runner's block tables and step inputs, and the forms
 # they bind: the kernel-block-size keywords (V1 0.21.0 to 0.31.0, V2 0.22.0 to 0.31.0),
 # vLLM's own buffers without UVA (else a host stand-in for UvaBuffer), the host-to-device
@@ -195,8 +194,6 @@ FLEX_Q_BLOCK_SIZE = Api(
 )
 SPARSE_INDEXER = Api("vllm.model_executor.layers.sparse_attn_indexer", "sparse_attn_indexer")
 ROCM_INDEXER = Api("vllm.v1.attention.ops.rocm_aiter_mla_sparse", "rocm_aiter_sparse_attn_indexer")
-CPU_INDEXER = Api("vllm.models.deepseek_v4.cpu", since="0.30.0")
-V41_AMD_INDEXER = Api("vllm.models.deepseek_v41.amd.ops.sparse_indexer", since="0.30.0")
 # The gfx942 glue lives in that module from 0.33.0 (0.30.0 to 0.32.0 have no
 # models/deepseek_v41/amd/ops/sparse_indexer.py); the CPU glue and its builder from 0.30.0.
 V41_GFX942_INDEXER = Api(
@@ -212,8 +209,6 @@ FORWARD_CPU = Api(
 )
 DEFAULT_MODEL_STATE = Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState")
 MAMBA_HYBRID = Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", since="0.21.0")
-MTP_SPECULATOR = Api("vllm.v1.worker.gpu.spec_decode.mtp", since="0.23.0")
-TARGET_DEPENDENT_AR = Api("vllm.v1.worker.gpu.spec_decode.target_dependent_ar", since="0.32.0")
 # max_seq_len: the V2 drafter's forms (max_seq_len_drafters.py). DraftModelSpeculator,
 # with its draft_max_seq_len (#43991's draft half), else 0.21.0's EagleSpeculator; its
 # decode builder _build_uniform_attn_metadata, else _build_draft_attn_metadata (step=).

@@ -1,7 +1,9 @@
 """vLLM's own sparse-indexer glue as implementations of ``indexer-decode``, and bug A upstream.
 
-Each ``run_*`` drives one backend variant of the indexer as vLLM 0.33.0 ships it,
-unchanged, on one layer of one step:
+Each ``run_*`` drives one backend variant of the indexer as the installed release
+(0.21.0 to 0.33.0) ships it, unchanged, on one layer of one step (file names as
+in 0.33.0; :mod:`._indexer_glue` says what differs in older releases and how
+the adapter finds out):
 
 - ``vllm`` (:func:`run`): ``vllm/model_executor/layers/sparse_attn_indexer.py:
   sparse_attn_indexer``, the CUDA path (DeepGEMM logits, the decode top-k of
@@ -11,10 +13,13 @@ unchanged, on one layer of one step:
 - ``vllm-rocm`` (:func:`run_rocm`): ``v1/attention/ops/rocm_aiter_mla_sparse.py:
   rocm_aiter_sparse_attn_indexer``;
 - ``vllm-cpu`` (:func:`run_cpu`): ``sparse_attn_indexer.py:SparseAttnIndexer.forward_cpu``
-  (DeepSeek-V4 on the CPU platform), with the CPU platform's own builder;
+  (DeepSeek-V4 on the CPU platform), with the CPU platform's own builder (0.30.0 on);
 - ``vllm-deepseek-v41-amd`` (:func:`run_deepseek_v41_amd`): ``models/deepseek_v41/amd/
   ops/sparse_indexer.py:gfx942_sparse_attn_indexer`` and its ``_decode_step``
-  (DeepSeek-V4.1 with ``--monokernel`` on gfx942), a mutant: it still has bug A.
+  (DeepSeek-V4.1 with ``--monokernel`` on gfx942; 0.33.0), a mutant: it still has bug A.
+
+Each imports only the modules it calls: the CPU and gfx942 modules exist from
+0.30.0 and 0.33.0 only, and the CUDA, XPU and ROCm glue runs without them.
 
 The metadata is vLLM's own: ``DeepseekV32IndexerMetadataBuilder.build``
 (``v1/attention/backends/mla/indexer.py``; for ``vllm-cpu`` its CPU subclass
@@ -22,12 +27,15 @@ The metadata is vLLM's own: ``DeepseekV32IndexerMetadataBuilder.build``
 are persistent), on the step's ``CommonAttentionMetadata``, read by the glue
 from the forward context (``vllm.forward_context.set_forward_context``). On
 this (CPU) platform the builder takes the native ``[B, L]`` path for
-``next_n <= 2`` and flattens every decode token to its own row beyond. The
+``next_n <= 2`` and flattens every decode token to its own row beyond (0.21.0 to
+0.27.1: decodes of more than one token only). The builder is made as each
+release's engine makes it (:mod:`._indexer_builder`). The
 indexer cache is the uncompressed one the target models (``compress_ratio``
 1): DeepSeek-V4's compressed (C4) indexer pages are not modelled.
 
-The vendor kernels the glue calls are the stand-ins of :mod:`.vendor_ops`,
-registered for the call only. The keys sit in the fp8 cache layout vLLM writes
+The vendor kernels the glue calls are the stand-ins of :mod:`.vendor_ops` (and,
+for the contracts older releases call, :mod:`.vendor_ops_releases`), registered
+for the call only. The keys sit in the fp8 cache layout vLLM writes
 (``vendor_ops.quantized_cache``); queries are fp8, weights fp32, as the FP8
 path hands them over. The glue's ``topk_indices_buffer`` is the case's own
 buffer, so the rows the glue writes and the rows it leaves are judged as they
@@ -53,7 +61,7 @@ from typing import Any
 
 import attnfuzz.kernels._triton  # noqa: F401 - TRITON_INTERPRET=1 before vLLM imports Triton
 import torch
-from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import _engine, _indexer_builder, _indexer_glue
 from attnfuzz.adapters.vllm import vendor_ops as vendor
 from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.indexer_decode import IndexerDecodeInputs, IndexerDecodeOutputs
@@ -64,13 +72,14 @@ _builders: OrderedDict[tuple[EngineConfig, bool], Any] = OrderedDict()
 
 
 def prepare() -> None:
-    """Import vLLM's indexer glue and build one builder, before any judge forks."""
+    """Import vLLM's indexer glue and build one builder, before any judge forks.
+
+    Only what every implementation calls: the CPU platform's and gfx942's modules
+    (0.30.0 and 0.33.0 on) are imported by the implementations that call them."""
     from attnfuzz.harness.testing import spec_config
 
     _engine.prepare()
     import vllm.model_executor.layers.sparse_attn_indexer  # noqa: F401
-    import vllm.models.deepseek_v4.cpu.cpu_mla  # noqa: F401
-    import vllm.models.deepseek_v41.amd.ops.sparse_indexer  # noqa: F401
     import vllm.v1.attention.ops.rocm_aiter_mla_sparse  # noqa: F401
 
     _workspace()
@@ -93,7 +102,6 @@ def _builder(config: EngineConfig, cpu: bool = False) -> Any:
     key = (config, cpu)
     builder = _builders.get(key)
     if builder is None:
-        from vllm.config import set_current_vllm_config
         from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -110,11 +118,11 @@ def _builder(config: EngineConfig, cpu: bool = False) -> Any:
             head_size=config.head_dim + vendor.SCALE_BYTES,
             dtype=torch.uint8,
         )
-        with set_current_vllm_config(vllm_config):
-            builder = cls(
-                spec, [LAYER], vllm_config, torch.device("cpu"),
-                block_table_width=config.max_blocks_per_seq,
-            )  # fmt: skip
+        # Before 0.27.0 the builder sizes its table itself, as cdiv(max_model_len,
+        # block_size): the width of the case's table (see _indexer_builder).
+        builder = _indexer_builder.make(
+            cls, spec, [LAYER], vllm_config, block_table_width=config.max_blocks_per_seq
+        )
         _builders[key] = builder
         while len(_builders) > _CACHE_SIZE:
             _builders.popitem(last=False)
@@ -183,7 +191,8 @@ class _Step:
 
 def _glue_args(step: _Step) -> dict[str, Any]:
     """The arguments the model's indexer layer hands ``sparse_attn_indexer`` (FP8 cache,
-    no context parallelism, keys already cached)."""
+    no context parallelism, keys already cached), under every name a supported
+    release takes; :func:`._indexer_glue.call` passes those the installed one does."""
     from vllm.utils.torch_utils import _encode_layer_name
     from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
@@ -194,7 +203,7 @@ def _glue_args(step: _Step) -> dict[str, Any]:
         kv_cache=step.kv_cache,
         q_quant=step.q_fp8,
         q_scale=None,
-        k=None,
+        k=None,  # the glue reads it only to cache it: skip_k_cache_insert
         weights=step.weights,
         quant_block_size=c.head_dim,
         scale_fmt="ue8m0",
@@ -219,16 +228,15 @@ def _no_accelerator() -> list[tuple[Any, str, Any]]:
 
 
 def _cuda_stand_ins(step: _Step) -> list[tuple[Any, str, Any]]:
-    from vllm import _custom_ops
+    """DeepGEMM's logits of the contract the installed glue calls, and the compiled ops
+    where it reaches them (:mod:`._indexer_glue`)."""
     from vllm.model_executor.layers import sparse_attn_indexer as glue
 
-    return _no_accelerator() + [
-        (glue, "fp8_fp4_paged_mqa_logits", step.recording(vendor.fp8_fp4_paged_mqa_logits)),
-        (glue, "fp8_fp4_mqa_logits", vendor.fp8_fp4_mqa_logits),
-        (_custom_ops, "cp_gather_indexer_k_quant_cache", vendor.cp_gather_indexer_k_quant_cache),
-        (_custom_ops, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
-        (_custom_ops, "top_k_per_row_decode", vendor.top_k_per_row_decode),
-    ]
+    return (
+        _no_accelerator()
+        + _indexer_glue.deepgemm_stand_ins(glue, step.recording)
+        + _indexer_glue.custom_ops_stand_ins(glue)
+    )
 
 
 @contextmanager
@@ -248,19 +256,19 @@ def _call_cuda_glue(fn: Callable[..., Any], inputs: IndexerDecodeInputs) -> Inde
     with _one_thread():
         step = _Step(inputs)
         with vendor.registered(*_cuda_stand_ins(step)), step.forward_context():
-            fn(**_glue_args(step))
+            _indexer_glue.call(fn, _glue_args(step))
         return step.outputs()
 
 
 def run(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
-    """vLLM 0.33.0 ``sparse_attn_indexer`` (CUDA path), unchanged."""
+    """The installed ``sparse_attn_indexer`` (CUDA path), unchanged."""
     from vllm.model_executor.layers.sparse_attn_indexer import sparse_attn_indexer
 
     return _call_cuda_glue(sparse_attn_indexer, inputs)
 
 
 def run_rocm(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
-    """vLLM 0.33.0 ``rocm_aiter_sparse_attn_indexer`` (``v1/attention/ops/
+    """The installed ``rocm_aiter_sparse_attn_indexer`` (``v1/attention/ops/
     rocm_aiter_mla_sparse.py``), unchanged; AITER's kernels and ``torch.ops._C``'s
     top-k stood in."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
@@ -269,7 +277,8 @@ def run_rocm(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
     with _one_thread():
         step = _Step(inputs)
         with vendor.registered(*_rocm_stand_ins(step)), step.forward_context():
-            rocm.rocm_aiter_sparse_attn_indexer(**_rocm_args(step))
+            entry = rocm.rocm_aiter_sparse_attn_indexer
+            _indexer_glue.call(entry, _rocm_args(step, entry))
         return step.outputs()
 
 
@@ -287,9 +296,11 @@ class _XpuPlatform:
 
 
 def run_xpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
-    """vLLM 0.33.0 ``sparse_attn_indexer`` through its XPU branches (``current_platform.
-    is_xpu()``: ``torch.ops.vllm.xpu_fp8_paged_mqa_logits`` with one length per sequence,
-    ``xpu_fp8_mqa_logits`` with absolute row starts), unchanged; XPU kernels stood in."""
+    """The installed ``sparse_attn_indexer`` through its XPU branches (``current_platform.
+    is_xpu()``), unchanged. 0.22.0 on: ``torch.ops.vllm.xpu_fp8_paged_mqa_logits`` with
+    one length per sequence, ``xpu_fp8_mqa_logits`` with absolute row starts (XPU
+    kernels stood in). 0.21.0: DeepGEMM's logits (stood in) and ``xpu_ops.
+    top_k_per_row_*``, the release's own torch code (``vllm/_xpu_ops.py``)."""
     from vllm.model_executor.layers import sparse_attn_indexer as glue
 
     _workspace()
@@ -304,8 +315,13 @@ def run_xpu(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
             ),
             (torch.ops.vllm, "xpu_fp8_mqa_logits", vendor.xpu_fp8_mqa_logits),
         ]
+        # 0.21.0 binds xpu_ops at import on an XPU platform only.
+        if not hasattr(glue, "xpu_ops") and _indexer_glue.calls(
+            glue.sparse_attn_indexer, "xpu_ops"
+        ):
+            stand_ins.append((glue, "xpu_ops", _indexer_glue.release_xpu_top_k()))
         with vendor.registered(*stand_ins), step.forward_context():
-            glue.sparse_attn_indexer(**_glue_args(step))
+            _indexer_glue.call(glue.sparse_attn_indexer, _glue_args(step))
         return step.outputs()
 
 
@@ -383,29 +399,22 @@ class _Gfx942Extension:
 
 
 def _rocm_stand_ins(step: _Step) -> list[tuple[Any, str, Any]]:
-    """AITER's kernels and ``torch.ops._C``'s top-k, for ``rocm_aiter_mla_sparse``."""
+    """AITER's kernels and ``torch.ops._C``'s top-k, for ``rocm_aiter_mla_sparse``, of
+    the contract the installed glue calls (:func:`._indexer_glue.rocm_stand_ins`)."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
-    return _no_accelerator() + [
-        (rocm, "rocm_fp8_paged_mqa_logits", step.recording(vendor.rocm_fp8_paged_mqa_logits)),
-        (rocm, "rocm_fp8_mqa_logits", vendor.rocm_fp8_mqa_logits),
-        (
-            rocm,
-            "cp_gather_indexer_k_quant_cache_triton",
-            vendor.cp_gather_indexer_k_quant_cache_triton,
-        ),
-        (torch.ops._C, "top_k_per_row_prefill", vendor.top_k_per_row_prefill),
-        (torch.ops._C, "top_k_per_row_decode", vendor.top_k_per_row_decode),
-    ]
+    return _no_accelerator() + _indexer_glue.rocm_stand_ins(rocm, step.recording)
 
 
-def _rocm_args(step: _Step) -> dict[str, Any]:
-    """:func:`_glue_args` as the ROCm op's signature names them."""
+def _rocm_args(step: _Step, fn: Callable[..., Any]) -> dict[str, Any]:
+    """:func:`_glue_args` as the ROCm op ``fn``'s signature names them; where it takes no
+    ``skip_k_cache_insert`` (0.21.0: it always caches the step's keys), the step's keys
+    as ``k`` (:func:`._indexer_glue.step_keys`)."""
     args = _glue_args(step)
-    for name in ("q_scale", "use_pcp", "pcp_shard_decode_requests"):
-        del args[name]
-    del args["dense_mha_metadata_layer_name"]
     args["q_fp8"] = args.pop("q_quant")
+    if "skip_k_cache_insert" not in inspect.signature(fn).parameters:
+        tokens = step.hidden_states.shape[0]
+        args["k"] = _indexer_glue.step_keys(step.kv_cache, step.metadata.slot_mapping, tokens)
     return args
 
 
@@ -439,9 +448,10 @@ def run_deepseek_v41_amd(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
         ]
         # The layer hands its cache's prefix as a plain str (``Gfx942SparseAttnIndexer.
         # forward_hip``), which the glue looks up in the forward context as it is.
-        args = _rocm_args(step) | dict(k_cache_prefix=LAYER)
+        entry = gfx942.gfx942_sparse_attn_indexer
+        args = _rocm_args(step, entry) | dict(k_cache_prefix=LAYER)
         with vendor.registered(*stand_ins), step.forward_context():
-            gfx942.gfx942_sparse_attn_indexer(**args)
+            _indexer_glue.call(entry, args)
         return step.outputs()
 
 
@@ -452,8 +462,9 @@ def run_deepseek_v41_amd(inputs: IndexerDecodeInputs) -> IndexerDecodeOutputs:
 #     fp8_paged_mqa_logits(..., decode_metadata.seq_lens, ...)
 #     top_k_per_row_decode(logits, next_n, decode_metadata.seq_lens, ...)
 #     topk_indices_buffer[:num_decode_tokens, : topk_indices.shape[-1]] = topk_indices
-# 0.33.0 reads ``seq_lens = decode_metadata.seq_lens[:batch_size]`` for both, and
-# writes back ``topk_indices_buffer[: topk_indices.shape[0], ...]``.
+# Every supported release (0.21.0 to 0.33.0) reads ``seq_lens =
+# decode_metadata.seq_lens[:batch_size]`` for both, and writes back
+# ``topk_indices_buffer[: topk_indices.shape[0], ...]``.
 _PR39542_REVERTED = (
     (
         "        seq_lens = decode_metadata.seq_lens[:batch_size]\n",
@@ -467,16 +478,20 @@ _PR39542_REVERTED = (
 _upstream_glue: Callable[..., Any] | None = None
 
 
+_DECORATOR = "@eager_break_during_capture\n"
+
+
 def pr39542_source() -> str:
-    """The source of vLLM 0.33.0's ``sparse_attn_indexer`` (undecorated) with exactly the
-    two lines of ``_PR39542_REVERTED`` replaced; each must occur once."""
+    """The source of the installed ``sparse_attn_indexer`` (undecorated) with exactly the
+    two lines of ``_PR39542_REVERTED`` replaced; each must occur once. 0.22.0 on
+    decorate it with ``@eager_break_during_capture``; 0.21.0 does not."""
     from vllm.model_executor.layers import sparse_attn_indexer as glue
 
-    source = inspect.getsource(glue.sparse_attn_indexer.__wrapped__)
-    decorator = "@eager_break_during_capture\n"
-    if not source.startswith(decorator):
-        raise RuntimeError("vLLM's sparse_attn_indexer is no longer decorated as in 0.33.0")
-    source = source[len(decorator) :]
+    source = inspect.getsource(inspect.unwrap(glue.sparse_attn_indexer))
+    if source.startswith(_DECORATOR):
+        source = source[len(_DECORATOR) :]
+    elif not source.startswith("def sparse_attn_indexer("):
+        raise RuntimeError("vLLM's sparse_attn_indexer has a decorator this adapter does not know")
     for fixed, pre_fix in _PR39542_REVERTED:
         if source.count(fixed) != 1:
             raise RuntimeError(f"vLLM's sparse_attn_indexer no longer has: {fixed.strip()}")
@@ -486,13 +501,14 @@ def pr39542_source() -> str:
 
 def _pr39542_glue() -> Callable[..., Any]:
     """:func:`pr39542_source` compiled, bound to the module's own globals (so it calls
-    what the module calls, stand-ins included) and decorated as the module decorates it."""
+    what the module calls, stand-ins included) and decorated as the module decorates it
+    (where it does)."""
     global _upstream_glue
     if _upstream_glue is None:
         from vllm.model_executor.layers import sparse_attn_indexer as glue
 
         source = pr39542_source()
-        filename = "<vllm 0.33.0 sparse_attn_indexer, #39542 reverted>"
+        filename = "<vllm sparse_attn_indexer, #39542 reverted>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         scratch: dict[str, Any] = {}
         exec(compile(source, filename, "exec"), dict(vars(glue)), scratch)  # noqa: S102
@@ -500,7 +516,8 @@ def _pr39542_glue() -> Callable[..., Any]:
         raw = types.FunctionType(compiled.__code__, vars(glue), "sparse_attn_indexer")
         raw.__defaults__ = compiled.__defaults__
         raw.__kwdefaults__ = compiled.__kwdefaults__
-        _upstream_glue = glue.eager_break_during_capture(raw)
+        decorated = inspect.getsource(glue.sparse_attn_indexer).startswith(_DECORATOR)
+        _upstream_glue = glue.eager_break_during_capture(raw) if decorated else raw
     return _upstream_glue
 
 

@@ -244,7 +244,7 @@ def build() -> Target:
             "upstream_unaligned_width",
             name="upstream-pr50302-unaligned-width",
             kind="mutant",
-            description="vLLM 0.33.0 with #50302 reverted: expanded block table of "
+            description="installed vLLM with #50302 reverted: expanded block table of "
             "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
             trigger=trigger_unaligned_width,
             reach=reach_decodes,

@@ -270,7 +270,7 @@ def build() -> Target:
             "upstream_strided",
             name="upstream-pr42135-strided",
             kind="mutant",
-            description="vLLM 0.33.0's builder with #42135 reverted: the [max_num_seqs, next_n] "
+            description="installed vLLM's builder with #42135 reverted: the [max_num_seqs, next_n] "
             "decode_seq_lens_buffer sliced [:B, :L]",
             trigger=trigger_native_strided,
             reach=reach_native_table,
@@ -283,7 +283,7 @@ def build() -> Target:
             "upstream_copy",
             name="upstream-pr42135-copy",
             kind="mutant",
-            description="vLLM 0.33.0's builder with #42135's first fix: the 2-D slice made "
+            description="installed vLLM's builder with #42135's first fix: the 2-D slice made "
             ".contiguous(), a copy per step",
             trigger=trigger_native_strided,
             reach=reach_native_table,
