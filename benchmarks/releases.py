@@ -327,7 +327,8 @@ def sweep_table(done: dict[str, dict], targets: list[str], table: Any, examples:
             total += r["seconds"]
             cell = exit_word(r["code"])
             if r["code"] in (FOUND, LATENT):
-                cell += f" ({', '.join(r['checks'])}; {r['reach'] or 'no reachability'})"
+                checks = ", ".join(dict.fromkeys(r["checks"]))  # each check once
+                cell += f" ({checks}; {r['reach'] or 'no reachability'})"
             cells.append(cell)
         if any(c != "-" for c in cells):
             install = done.get(f"{release} install", {}).get("seconds", 0.0)
