@@ -334,10 +334,10 @@ def sweep_table(done: dict[str, dict], targets: list[str], table: Any, examples:
             install = done.get(f"{release} install", {}).get("seconds", 0.0)
             rows.append([release, *cells, f"{install:.0f}s"])
     return [
-        f"`attnfuzz run --target T --impl vllm --seed 0 --max-examples {examples}`; the runs "
-        f"took {total / 60:.0f} minutes of wall time in all (`python benchmarks/releases.py "
-        "--venvs DIR sweep`; the install column is copying the base venv and installing the "
-        "release).",
+        f"`attnfuzz run --target T --impl vllm --seed 0 --max-examples {examples}`; the runs' "
+        f"times add up to {total / 60:.0f} minutes (`python benchmarks/releases.py --venvs DIR "
+        "sweep`, one venv at a time; the install column is copying the base venv and "
+        "installing the release; `-`: not run yet).",
         "",
         *table(["release", *targets, "install"], rows).splitlines(),
     ]
