@@ -351,9 +351,17 @@ def rocm_fp8_mqa_logits(
     ks, ke = cu_seqlen_ks.to(torch.int64), cu_seqlen_ke.to(torch.int64)
     _require(bool(((0 <= ks) & (ks <= ke) & (ke <= keys.shape[0])).all()), op, "keys outside k")
     scores = _weighted_relu(q, keys.float() * scales.unsqueeze(-1), weights)
-    cols = torch.arange(keys.shape[0], device=q.device)
-    valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
-    return torch.where(valid, scores, torch.full_like(scores, UNCLEANED))
+    return in_key_columns(scores, ks, ke, UNCLEANED)
+
+
+def in_key_columns(
+    logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, fill: float
+) -> torch.Tensor:
+    """``[M, N]`` logits in absolute key columns: row ``i`` keeps ``[ks[i], ke[i])``,
+    ``fill`` elsewhere (what a ragged MQA logits contract leaves outside a row's keys)."""
+    cols = torch.arange(logits.shape[1], device=logits.device)
+    valid = (cols >= ks.to(torch.int64).unsqueeze(1)) & (cols < ke.to(torch.int64).unsqueeze(1))
+    return torch.where(valid, logits, torch.full_like(logits, fill))
 
 
 def xpu_fp8_mqa_logits(

@@ -104,9 +104,7 @@ def fp8_fp4_mqa_logits_absolute(
     _require(bool(((0 <= ks) & (ks <= ke) & (ke <= keys.shape[0])).all()), op, "keys outside k")
     fill = float("-inf") if clean_logits else vendor.UNCLEANED
     scores = vendor._weighted_relu(values, keys.float() * scales.unsqueeze(-1), weights)
-    cols = torch.arange(keys.shape[0], device=values.device)
-    valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
-    return torch.where(valid, scores, torch.full_like(scores, fill))
+    return vendor.in_key_columns(scores, ks, ke, fill)
 
 
 def rocm_fp8_paged_mqa_logits_cleaned(
@@ -146,7 +144,4 @@ def rocm_fp8_mqa_logits_cleaned(
     ``fp8_mqa_logits_torch`` masks them ("Take from DeepGEMM tests").
     """
     out = vendor.rocm_fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke)
-    cols = torch.arange(out.shape[1], device=out.device)
-    ks, ke = cu_seqlen_ks.to(torch.int64), cu_seqlen_ke.to(torch.int64)
-    valid = (cols >= ks.unsqueeze(1)) & (cols < ke.unsqueeze(1))
-    return out.masked_fill(~valid, float("-inf"))
+    return vendor.in_key_columns(out, cu_seqlen_ks, cu_seqlen_ke, float("-inf"))
