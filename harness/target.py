@@ -94,6 +94,9 @@ class Implementation:
     # ``strategies.batches.FIXABLE``). Its cases are drawn with these values at
     # any scale, and ``Target.judge`` refuses a case that differs (InvalidCase).
     fixes: Mapping[str, int | str] = field(default_factory=dict, hash=False)
+    # Why the installed engine runs ``case`` through other code than the target's
+    # (one line), else None: such cases are not drawn for it, and are refused.
+    declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         problems = fixes_problems(self.fixes)
@@ -199,11 +202,8 @@ class Target:
     @property
     def mutants(self) -> list[Implementation]:
         """The mutants that can run here (an engine's upstream mutants need the engine)."""
-        return [
-            i
-            for i in self.implementations.values()
-            if i.kind == "mutant" and i.why_unavailable() is None
-        ]
+        impls = self.implementations.values()
+        return [i for i in impls if i.kind == "mutant" and i.why_unavailable() is None]
 
     def unavailable(self) -> dict[str, str]:
         """Implementations that cannot run here, each with the reason."""
@@ -223,12 +223,18 @@ class Target:
         shrinks exactly as) ``cases(scale)`` does, so saved corpora replay."""
         params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
         fixes = impl.fixes if impl is not None else None
-        return cases(scale, params, fixes, self.cg_supports, self.varlen_decode)
+        drawn = cases(scale, params, fixes, self.cg_supports, self.varlen_decode)
+        declines = impl.declines if impl is not None else None
+        return drawn if declines is None else drawn.filter(lambda case: declines(case) is None)
 
     def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
         """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field
-        ``impl`` fixes: the implementation was never meant to run it."""
+        ``impl`` fixes, or ``impl`` declines it: the implementation was never meant
+        to run it."""
         wrong = fixes_violations(case.config, impl.fixes)
+        declined = impl.declines(case) if impl.declines is not None else None
+        if declined is not None:
+            wrong.append(declined)
         if wrong:
             prefix = f"{where}: " if where else ""
             raise InvalidCase(
@@ -318,15 +324,15 @@ class Target:
     ) -> Verdict:
         """Run ``impl`` on ``case`` and compare it with the reference.
 
-        A case the engine could not produce, or one outside ``impl.fixes``, is
-        refused with :class:`InvalidCase` before anything runs. An exception
-        that attnfuzz's own code raised while the implementation ran (an
-        adapter's glue, a stand-in: :mod:`~attnfuzz.harness.blame`) is a
-        :class:`HarnessError`, never a finding; one that reads a field a
-        reference dataclass no longer has (:class:`RemovedField`) is a
-        :class:`UsageError` that gives the field's history. Float inputs
-        are built in :meth:`float_dtype_name` (a reduced precision needs a CUDA
-        ``device``: :class:`UsageError` otherwise).
+        A case the engine could not produce, or one ``impl`` was never meant to
+        run (:meth:`refuse_unfixed`), is refused with :class:`InvalidCase` before
+        anything runs. An exception that attnfuzz's own code raised while the
+        implementation ran (an adapter's glue, a stand-in:
+        :mod:`~attnfuzz.harness.blame`) is a :class:`HarnessError`, never a
+        finding; one that reads a field a reference dataclass no longer has
+        (:class:`RemovedField`) is a :class:`UsageError` that gives the field's
+        history. Float inputs are built in :meth:`float_dtype_name` (a reduced
+        precision needs a CUDA ``device``: :class:`UsageError` otherwise).
 
         The verdict's ``statistics`` hold the case's guided boundary measures
         (:meth:`boundary`) and the target's ``statistics`` of the outputs.

@@ -119,6 +119,54 @@ def test_an_implementations_fixes_shape_its_cases_and_its_judge_refuses_others()
         Implementation("bad", impl.fn, "user", fixes={"seq_len": 3})
 
 
+def test_declined_cases_are_never_drawn_and_are_refused_in_one_line():
+    """An implementation that declines some cases (an engine release that runs them
+    through other code) is never given one: its search draws around them, a replayed
+    one is refused in one line with the reason, and the zoo's baselines skip them."""
+    import dataclasses
+
+    from attnfuzz.harness.target import InvalidCase
+    from attnfuzz.harness.zoo.arms import run_arm
+
+    t = get_target("flatten-decode")
+
+    def single_token_steps(case):
+        split = t.describe(case)[1]
+        if split.num_decodes and max(split.decode_lens) == 1:
+            return "this engine does not flatten single-token decodes"
+        return None
+
+    judged: list = []
+
+    def recording(inputs):
+        judged.append(inputs.split)
+        return t.implementations["reference"].fn(inputs)
+
+    impl = dataclasses.replace(
+        t.implementations["reference"], name="ref-multi", fn=recording,
+        declines=single_token_steps,
+    )  # fmt: skip
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(t.cases(impl=impl))
+    def drawn(case):
+        assert single_token_steps(case) is None
+        assert t.judge(impl, case, "cpu").ok
+
+    drawn()
+    case = t.implementations["upstream-pr50302-unaligned-width"].smallest()
+    assert single_token_steps(case) is not None  # 1 request, 1 token
+    with pytest.raises(InvalidCase) as err:
+        t.judge(impl, case, "cpu")
+    message = str(err.value)
+    assert "\n" not in message and "ref-multi" in message
+    assert message.endswith("this engine does not flatten single-token decodes")
+    judged.clear()
+    for arm in ("naive-random", "grid"):
+        run_arm(arm, t, impl, seed=0, budget_s=None, max_examples=30, device="cpu")
+    assert judged and all(s.num_decodes == 0 or max(s.decode_lens) > 1 for s in judged)
+
+
 UNGUIDED = {"mtp-seq-lens"}
 
 

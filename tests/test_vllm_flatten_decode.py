@@ -4,7 +4,8 @@ On every supported release. Two release differences decide what a test expects,
 each found by looking: before 0.27.0 (#50302) the builder sizes its expanded table
 itself and ships #46074 (:func:`pre_fix`); before 0.28.0 ``_prepare_decode_tensors``
 flattens steps whose longest decode has more than one token only, and serves a step
-of single-token decodes on its plain-decode branch (:func:`flattens_single_tokens`).
+of single-token decodes on its plain-decode branch (:func:`flattens_single_tokens`),
+which the implementation declines there (``mtp-seq-lens`` judges that branch).
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ import torch
 from attnfuzz.adapters.vllm import compat
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.target import InvalidCase
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.reference import flatten_decode as ref
+from hypothesis import given, settings
 
 pytestmark = requires_vllm
 
 TARGET = "flatten-decode"
+UPSTREAM = "upstream-pr50302-unaligned-width"
 
 
 def pre_fix() -> bool:
@@ -49,14 +54,36 @@ def skip_pre_fix() -> None:
 
 def test_vllm_passes():
     skip_pre_fix()
-    if not flattens_single_tokens():
-        pytest.skip(
-            "this release serves steps of single-token decodes on the plain-decode branch "
-            "(views of the step's own lengths and table, not of the flattening buffers), "
-            "which the target's flattening contract (0.28.0 on) does not describe: "
-            "test_multi_token_steps_pass_on_a_fixed_release covers its flattening"
-        )
     assert_passes(TARGET, "vllm", max_examples=150)
+
+
+@pytest.mark.parametrize("impl", ["vllm", UPSTREAM])
+def test_declines_exactly_the_steps_the_release_does_not_flatten(impl):
+    """The feature-detected ``declines`` agrees with what the release's code does: where
+    a step of single-token decodes comes back on the plain branch (views of the step's
+    own lengths, not of the flattening buffers), such steps are declined, naming the
+    target that judges that branch, never drawn, and refused when replayed; where it
+    flattens them, nothing is declined. Multi-token steps are never declined."""
+    target = get_target(TARGET)
+    if target.implementations[impl].why_unavailable() is not None:
+        pytest.skip(target.implementations[impl].why_unavailable())
+    chosen = target.resolve(impl)
+    single, multi = hand_case((1, 1), (3, 4), num_spec=0), hand_case((2, 2), (3, 5))
+    assert chosen.declines(multi) is None
+    if flattens_single_tokens():
+        assert chosen.declines(single) is None
+        return
+    assert "judged by mtp-seq-lens" in (chosen.declines(single) or "")
+    with pytest.raises(InvalidCase, match="max_decode_len > 1"):
+        target.judge(chosen, single, "cpu")
+
+    @settings(max_examples=60, database=None, derandomize=True)
+    @given(target.cases(impl=chosen))
+    def drawn(case):
+        split = ref.describe(case)[1]
+        assert split.num_decodes == 0 or max(split.decode_lens) > 1
+
+    drawn()
 
 
 def test_multi_token_steps_pass_on_a_fixed_release():
@@ -181,9 +208,6 @@ def test_upstream_pr50302_raises_the_historical_error_on_ragged_decodes():
     verdict = target.judge(target.resolve(UPSTREAM), hand_case((1, 2), (1, 1)))
     assert verdict.key == "exception:RuntimeError"
     assert "must match the existing size (32)" in verdict.mismatches[0].got
-
-
-UPSTREAM = "upstream-pr50302-unaligned-width"
 
 
 def test_upstream_mutant_is_detected():

@@ -127,11 +127,16 @@ def implementation(
     name: str = ENGINE,
     description: str,
     kind: str = "engine",
+    declines: str | None = None,
     **mutant: Any,
 ) -> Implementation:
     """An implementation of a target by vLLM's code (``kind="mutant"`` for an upstream
-    mutant, with ``trigger``, ``reach`` and ``smallest`` as for a re-created one)."""
+    mutant, with ``trigger``, ``reach`` and ``smallest`` as for a re-created one).
+    ``declines``: the module's function that says which cases the installed release
+    runs through other code (:attr:`Implementation.declines`)."""
     call = EngineCall(module, attr)
+    declined = EngineCall(module, declines) if declines is not None else None
     return Implementation(
-        name, call, kind, description, engine=ENGINE, unavailable=call.unavailable, **mutant
-    )
+        name, call, kind, description, engine=ENGINE, unavailable=call.unavailable,
+        declines=declined, **mutant,
+    )  # fmt: skip

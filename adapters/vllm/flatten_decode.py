@@ -42,11 +42,12 @@ import attnfuzz.kernels._triton  # noqa: F401  - sets TRITON_INTERPRET before vL
 import torch
 from attnfuzz.adapters.vllm import _engine, _indexer_builder, compat
 from attnfuzz.harness.blame import under_test
-from attnfuzz.reference.batch import EngineConfig
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.flatten_decode import (
     DecodeBuffers,
     FlattenDecodeInputs,
     FlattenDecodeOutputs,
+    describe,
 )
 
 
@@ -155,6 +156,29 @@ def _run(inputs: FlattenDecodeInputs, upstream: str | None = None) -> FlattenDec
         else per_request[: metadata.num_decodes],
         requires_padding=decode.requires_padding,
         buffers=buffers,
+    )
+
+
+def declines(case: Case) -> str | None:
+    """Why the installed release does not flatten ``case``'s step, else None.
+
+    Before 0.28.0, ``_prepare_decode_tensors`` flattens only where ``not use_native
+    and max_decode_len > 1`` (0.27.1 ``indexer.py``): a step whose decodes are one
+    token each takes its plain branch and hands on the step's own ``seq_lens[:B]``
+    and block-table rows (the runner's persistent buffers) with ``next_n == 1``,
+    which is :mod:`.mtp_seq_lens`'s computation and is judged there. From 0.28.0
+    (the release that also brought ``_supports_native_decode``) the flattening
+    branch takes every decode step.
+    """
+    if compat.has(compat.NATIVE_DECODE):
+        return None
+    split = describe(case)[1]
+    if split.num_decodes == 0 or max(split.decode_lens) > 1:
+        return None
+    return (
+        f"vLLM {compat.installed_version()} flattens no step whose decodes are one token "
+        "each (_prepare_decode_tensors: max_decode_len > 1; from 0.28.0 it does): "
+        "its plain branch is judged by mtp-seq-lens"
     )
 
 

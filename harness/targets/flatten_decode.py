@@ -234,6 +234,7 @@ def build() -> Target:
         vllm_impl(
             "flatten_decode",
             "run",
+            declines="declines",
             description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
             "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
         )
@@ -244,6 +245,7 @@ def build() -> Target:
             "upstream_unaligned_width",
             name="upstream-pr50302-unaligned-width",
             kind="mutant",
+            declines="declines",
             description="installed vLLM with #50302 reverted: expanded block table of "
             "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
             trigger=trigger_unaligned_width,

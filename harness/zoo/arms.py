@@ -159,6 +159,8 @@ def run_arm(
         cases = grid_cases(scale, target.params, seed=seed, fixes=impl.fixes)
     else:
         raise ValueError(f"unknown arm {arm!r} (known: {', '.join(ARMS)})")
+    if impl.declines is not None:  # as ``Target.cases`` draws for it
+        cases = (case for case in cases if impl.declines(case) is None)
     return run_baseline(
         target, impl, cases, seed, budget_s, max_examples=max_examples, device=device,
         stop_requested=stop_requested,
