@@ -1,4 +1,8 @@
-"""``flex-block-mask`` by vLLM 0.33.0's own FlexAttentionMetadataBuilder (``--impl vllm``)."""
+"""``flex-block-mask`` by the installed vLLM's own FlexAttentionMetadataBuilder (``--impl vllm``).
+
+On a release that fixes ``q_block_size`` in the builder (0.21.0: 16), a hand case of
+another size is one it never builds: :func:`runs_here` skips it with the reason.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +47,14 @@ MIXED = case_of((1, 3, 9), (2, 0, 5), 1)  # query blocks of 2 rows span requests
 PADDED = case_of((2, 2, 2), (3, 5, 1), 1, num_spec=1, cudagraph_capture_sizes=(2, 4, 8))
 
 
+def runs_here(case: Case) -> Case:
+    """``case``, or a skip where the installed release declines it."""
+    reason = get_target(TARGET).implementations["vllm"].declines(case)
+    if reason is not None:
+        pytest.skip(reason)
+    return case
+
+
 def judge(impl: str, case: Case):
     target = get_target(TARGET)
     return target.judge(target.resolve(impl), case)
@@ -69,7 +81,7 @@ def test_smallest_case_fails_only_the_upstream_mutant():
 
 
 def test_vllm_s_tables_are_views_of_the_case_s_persistent_memory():
-    inputs = ref.make_inputs(MIXED)
+    inputs = ref.make_inputs(runs_here(MIXED))
     out = adapter.run(inputs)
     assert out.kv_indices.data_ptr() == inputs.persistent_kv_indices.data_ptr()
     assert out.kv_num_blocks.data_ptr() == inputs.persistent_kv_num_blocks.data_ptr()
@@ -82,7 +94,7 @@ def test_vllm_s_tables_are_views_of_the_case_s_persistent_memory():
 def test_fidelity_strided_slice_old_oracle_refused_it():
     """The old oracle asked for a contiguous table; vLLM's strided slice is read by
     its strides, and passes now. The re-created mutant is still caught."""
-    out = adapter.run(ref.make_inputs(MIXED))
+    out = adapter.run(ref.make_inputs(runs_here(MIXED)))
     assert not out.kv_indices.is_contiguous()
     assert judge("vllm", MIXED).ok
     assert judge("pr39353-capacity", get_target(TARGET).implementations[
@@ -92,7 +104,7 @@ def test_fidelity_strided_slice_old_oracle_refused_it():
 def test_fidelity_rows_count_the_real_tokens():
     """Padded step: vLLM's mask has cdiv(6, 2) = 3 rows, the old oracle wanted
     cdiv(8, 2) = 4 (a row for the padding request's block); both pass now."""
-    inputs = ref.make_inputs(PADDED)
+    inputs = ref.make_inputs(runs_here(PADDED))
     expected = ref.reference(PADDED, inputs)
     out = adapter.run(inputs)
     assert expected.kv_indices.shape[0] == 4 and expected.num_real_rows == 3
@@ -104,7 +116,7 @@ def test_fidelity_page_0_is_the_null_block():
     """Unreserved, request 2 of MIXED owns page 0 and vLLM's builder drops it from
     every query block (unique_static_unsorted(ignored_val=0)): its attention would
     lose a page. The oracle says so; the target's inputs reserve the null page."""
-    inputs = ref.make_inputs(MIXED)
+    inputs = ref.make_inputs(runs_here(MIXED))
     raw = build_common_metadata(MIXED.config, MIXED.batch)
     assert raw.block_table[2, 2] == 0  # page 0 owned by request 2 (seq_len 14, 7 pages)
     unreserved = dataclasses.replace(
@@ -129,6 +141,7 @@ def test_vllm_and_triton_agree_on_a_step_past_max_model_len(q_block_log2):
         block_size=1,
     )  # fmt: skip
     assert trigger_capacity(case) and trigger_upstream_capacity(case)
+    runs_here(case)
     assert judge("vllm", case).ok and judge("triton", case).ok
     assert judge(UPSTREAM, case).key == "exception:RuntimeError"
 
@@ -181,12 +194,17 @@ def reference_output(inputs: ref.FlexBlockMaskInputs) -> np.ndarray:
     return flex_attention_output(inputs, rows, torch.as_tensor(expected.kv_num_blocks))
 
 
-CONSUMER_CASES = [MIXED, PADDED, case_of((1, 1, 14), (9, 3, 0), 2, seed=11)]
+CONSUMER_CASES = [
+    MIXED,
+    PADDED,
+    case_of((1, 1, 14), (9, 3, 0), 2, seed=11),
+    case_of((1, 3, 9), (2, 0, 5), 4),  # query blocks of 16 rows: every release builds it
+]
 
 
-@pytest.mark.parametrize("case", CONSUMER_CASES, ids=["mixed", "padded", "q4"])
+@pytest.mark.parametrize("case", CONSUMER_CASES, ids=["mixed", "padded", "q4", "q16"])
 def test_vllm_s_mask_gives_the_reference_attention(case):
-    inputs = ref.make_inputs(case)
+    inputs = ref.make_inputs(runs_here(case))
     out = adapter.run(inputs)
     np.testing.assert_allclose(
         flex_attention_output(inputs, out.kv_indices, out.kv_num_blocks), reference_output(inputs)
@@ -234,3 +252,32 @@ def test_the_oracle_fails_exactly_when_the_consumer_s_output_moves(edit, check):
     got = ref.FlexBlockMaskOutputs(view, counts)
     checks = {m.check for m in get_target(TARGET).compare(MIXED, inputs, expected, got)}
     assert checks == (set() if check is None else {check}), checks
+
+
+def test_a_release_without_the_q_block_size_knob_declines_other_sizes():
+    """Where ``AttentionConfig`` has no ``flex_attn_q_block_size`` (0.21.0), the builder
+    picks ``q_block_size`` itself: the cases of that size are judged, the others are
+    declined in one line naming it, never drawn, and refused when replayed. Where the
+    knob exists, nothing is declined."""
+    from attnfuzz.adapters.vllm import compat
+    from attnfuzz.harness.target import InvalidCase
+    from hypothesis import given, settings
+
+    target = get_target(TARGET)
+    vllm = target.resolve("vllm")
+    sizes = {log2: vllm.declines(case_of((1, 3), (2, 0), log2)) for log2 in range(5)}
+    if compat.has(compat.FLEX_Q_BLOCK_SIZE):
+        assert set(sizes.values()) == {None}
+        return
+    own = adapter._own_q_block_size(MIXED.config)
+    assert [2**log2 for log2, reason in sizes.items() if reason is None] == [own]
+    assert f"fixes q_block_size at {own}" in (sizes[0] or "")
+    with pytest.raises(InvalidCase, match="fixes q_block_size"):
+        judge("vllm", MIXED)
+
+    @settings(max_examples=30, database=None, derandomize=True)
+    @given(target.cases(impl=vllm))
+    def drawn(case):
+        assert ref.q_block_size(case) == own
+
+    drawn()

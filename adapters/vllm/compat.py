@@ -188,7 +188,8 @@ DRAFTING_METADATA = Api(
 )
 FLEX = Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder")
 # 0.21.0's builder fixes q_block_size at 16 (128 before torch 2.9); the target draws
-# it from 1 to 16 and the adapter sets it through this knob, first in 0.22.0.
+# it from 1 to 16 and the adapter sets it through this knob, first in 0.22.0 (without
+# it, flex_block_mask declines the cases of another q_block_size).
 FLEX_Q_BLOCK_SIZE = Api(
     "vllm.config.attention", "AttentionConfig.flex_attn_q_block_size", since="0.22.0"
 )
@@ -258,7 +259,7 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     "draft_block_tables": (GEMMA4_PROPOSER, V1_BLOCK_TABLE),
     "flatten_decode": (INDEXER_BUILDER,),
     "flatten_decode.upstream_unaligned_width": (TABLE_WIDTH, BUILDER_TABLE_WIDTH),
-    "flex_block_mask": (FLEX, FLEX_Q_BLOCK_SIZE),
+    "flex_block_mask": (FLEX,),
     "indexer_decode": (SPARSE_INDEXER, INDEXER_BUILDER),
     "indexer_decode.run_rocm": (ROCM_INDEXER,),
     "indexer_decode.run_cpu": (CPU_INDEXER_BUILDER, FORWARD_CPU),

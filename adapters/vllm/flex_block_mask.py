@@ -34,13 +34,18 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from functools import lru_cache
 from typing import Any
 
 import torch
-from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import _engine, compat
 from attnfuzz.harness.blame import under_test
-from attnfuzz.reference.batch import EngineConfig, cdiv
-from attnfuzz.reference.flex_block_mask import FlexBlockMaskInputs, FlexBlockMaskOutputs
+from attnfuzz.reference.batch import Case, EngineConfig, cdiv
+from attnfuzz.reference.flex_block_mask import (
+    FlexBlockMaskInputs,
+    FlexBlockMaskOutputs,
+    q_block_size,
+)
 
 _HEAD_SIZE = 16  # the KV-cache spec's; the block mask does not depend on it
 
@@ -59,9 +64,50 @@ def prepare() -> None:
 
 def _vllm_config(config: EngineConfig, q_block_size: int) -> Any:
     vc = _engine.vllm_config(config)
-    vc.attention_config = copy.copy(vc.attention_config)
-    vc.attention_config.flex_attn_q_block_size = q_block_size
+    if compat.has(compat.FLEX_Q_BLOCK_SIZE):  # else the builder picks it (:func:`declines`)
+        vc.attention_config = copy.copy(vc.attention_config)
+        vc.attention_config.flex_attn_q_block_size = q_block_size
     return vc
+
+
+@lru_cache(maxsize=8)
+def _own_q_block_size(config: EngineConfig) -> int:
+    """The ``q_block_size`` the installed builder picks for ``config`` by itself."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadataBuilder
+
+    vc = _engine.vllm_config(config)
+    spec = _spec(config.block_size)
+    with set_current_vllm_config(vc):
+        return FlexAttentionMetadataBuilder(spec, ["flex.0"], vc, torch.device("cpu")).q_block_size
+
+
+def declines(case: Case) -> str | None:
+    """Why the installed release cannot build ``case``'s mask, else None.
+
+    A release without ``AttentionConfig.flex_attn_q_block_size`` (0.21.0) picks the
+    query block size in the builder's ``__init__`` (``flex_attention.py``: 16 with
+    torch 2.9 or newer, else 128) and offers no knob: a case of another
+    ``q_block_size`` is one that release never builds.
+    """
+    if compat.has(compat.FLEX_Q_BLOCK_SIZE):
+        return None
+    own = _own_q_block_size(case.config)
+    if q_block_size(case) == own:
+        return None
+    return (
+        f"vLLM {compat.installed_version()}'s FlexAttention builder fixes q_block_size at "
+        f"{own} (no attention_config.flex_attn_q_block_size before 0.22.0); the case has "
+        f"{q_block_size(case)}"
+    )
+
+
+def _spec(block_size: int) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=_HEAD_SIZE, dtype=torch.float32
+    )
 
 
 def _pre_fix_builder_class() -> type:
@@ -107,13 +153,9 @@ def _builder(inputs: FlexBlockMaskInputs, fixed: bool) -> Any:
     else:
         from vllm.config import set_current_vllm_config
         from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadataBuilder
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
 
         vc = _vllm_config(inputs.config, inputs.q_block_size)
-        spec = FullAttentionSpec(
-            block_size=inputs.block_size, num_kv_heads=1, head_size=_HEAD_SIZE,
-            dtype=torch.float32,
-        )  # fmt: skip
+        spec = _spec(inputs.block_size)
         cls = FlexAttentionMetadataBuilder if fixed else _pre_fix_builder_class()
         with set_current_vllm_config(vc):
             builder = cls(spec, ["flex.0"], vc, inputs.persistent_kv_indices.device)
@@ -147,7 +189,7 @@ def _run(inputs: FlexBlockMaskInputs, fixed: bool) -> FlexBlockMaskOutputs:
 
 
 def run(inputs: FlexBlockMaskInputs) -> FlexBlockMaskOutputs:
-    """vLLM 0.33.0's ``FlexAttentionMetadataBuilder.build`` on the case's step."""
+    """The installed vLLM's ``FlexAttentionMetadataBuilder.build`` on the case's step."""
     return _run(inputs, fixed=True)
 
 

@@ -287,6 +287,7 @@ def build() -> Target:
         vllm_impl(
             "flex_block_mask",
             "run",
+            declines="declines",
             description="installed vLLM: vllm/v1/attention/backends/flex_attention.py:"
             "FlexAttentionMetadataBuilder.build",
         )
@@ -297,6 +298,7 @@ def build() -> Target:
             "upstream_capacity",
             name="upstream-pr39353-capacity",
             kind="mutant",
+            declines="declines",
             description="vLLM 0.33.0's FlexAttentionMetadataBuilder with its persistent "
             "tables sized as before #39353: [max_model_len, cdiv(max_model_len, bs)] "
             "(reconstructed)",
