@@ -2,6 +2,7 @@
 
     python benchmarks/releases.py --venvs DIR [bugs] [--write README.md]
     python benchmarks/releases.py --venvs DIR sweep [--write README.md]
+    python benchmarks/releases.py --venvs DIR tests [--releases R ...] [--write README.md]
 
 ``bugs``: for each historical fix that shipped in a release (:data:`FIXES`), the
 last release with the bug and the first with the fix are installed, one at a
@@ -14,6 +15,9 @@ first failure, the minimized case, and whether the fixed release passes.
 vllm --seed 0 --max-examples 200``: exit 0, a finding (triaged in the README),
 or unavailable (the target's computation is not in that release, with why);
 never an attnfuzz error.
+
+``tests``: the adapters' own tests (``pytest -m vllm``) in each release's venv
+(pytest added to it): each release-aware test passes or skips saying why.
 
 Each venv: torch (the CPU build), attnfuzz from this checkout (editable), and
 the release with its range's pinned list (``adapters/vllm/install.sh``). The
@@ -343,6 +347,57 @@ def sweep_table(done: dict[str, dict], targets: list[str], table: Any, examples:
     ]
 
 
+_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
+
+
+def adapter_tests(args: argparse.Namespace) -> list[str]:
+    """Run the vllm-marked tests in each release's venv (results kept in
+    ``DIR/tests.json``, like the sweep's) and table every result held."""
+    store = args.venvs / "tests.json"
+    done: dict[str, dict] = json.loads(store.read_text()) if store.is_file() else {}
+    for release in args.releases or RELEASES:
+        if release in done and not args.rerun:
+            continue
+        venv = release_venv(args.venvs, release, args.keep)
+        python = str(venv / "bin" / "python")
+        pip = [python, "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, "pytest>=8", "pytest-xdist>=3.5"], check=True)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [python, "-m", "pytest", "-m", "vllm", "-q", "-p", "no:cacheprovider",
+             "-n", str(args.jobs), "-rf", "tests"],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        text = proc.stdout + proc.stderr
+        summary = text.splitlines()[-1] if text else ""
+        counts = {word.rstrip("s"): int(n) for n, word in _COUNTS.findall(summary)}
+        failed = re.findall(r"^FAILED (\S+)", text, flags=re.M)
+        done[release] = {"code": proc.returncode, "counts": counts, "failed": failed,
+                         "seconds": time.monotonic() - started, "jobs": args.jobs}  # fmt: skip
+        store.write_text(json.dumps(done, indent=1, sort_keys=True))
+        print(f"{release}: exit {proc.returncode} {counts}", file=sys.stderr, flush=True)
+    from attnfuzz.harness.definitions import markdown_table
+
+    rows = []
+    for release in RELEASES:
+        r = done.get(release)
+        if r is None:
+            continue
+        c = r["counts"]
+        rows.append([release, str(c.get("passed", 0)), str(c.get("skipped", 0)),
+                     str(c.get("failed", 0) + c.get("error", 0)),
+                     ", ".join(r["failed"]) or "-", f"{r['seconds'] / 60:.0f} min"])  # fmt: skip
+    return [
+        "`pytest -m vllm tests` in each release's venv (`python benchmarks/releases.py "
+        "--venvs DIR tests`); a skip names the release difference that makes a test "
+        "not apply.",
+        "",
+        *markdown_table(
+            ["release", "passed", "skipped", "failed", "failing", "time"], rows
+        ).splitlines(),  # fmt: skip
+    ]
+
+
 def write_section(path: Path, name: str, lines: list[str]) -> None:
     """Replace the lines between ``<!-- releases:NAME:begin -->`` and ``...:end -->``."""
     begin, end = f"<!-- releases:{name}:begin -->", f"<!-- releases:{name}:end -->"
@@ -356,7 +411,7 @@ def write_section(path: Path, name: str, lines: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", choices=("bugs", "sweep"), default="bugs")
+    parser.add_argument("mode", nargs="?", choices=("bugs", "sweep", "tests"), default="bugs")
     parser.add_argument("--venvs", type=Path, required=True, help="cached venvs go here")
     parser.add_argument("--keep", type=int, default=2, help="venvs kept on disk at most")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -364,12 +419,15 @@ def main() -> int:
     parser.add_argument("--sweep-examples", type=int, default=200)
     parser.add_argument("--releases", nargs="+", choices=RELEASES, default=None)
     parser.add_argument("--target", action="append", default=None)
-    parser.add_argument("--jobs", type=int, default=1, help="sweep: runs at a time")
-    parser.add_argument("--rerun", action="store_true", help="sweep: run again what is stored")
+    parser.add_argument("--jobs", type=int, default=1, help="sweep, tests: runs at a time")
+    parser.add_argument(
+        "--rerun", action="store_true", help="sweep, tests: run again what is stored"
+    )
     parser.add_argument("--write", type=Path, default=None, help="README.md to update")
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
-    lines = bugs(args) if args.mode == "bugs" else sweep(args)
+    modes = {"bugs": bugs, "sweep": sweep, "tests": adapter_tests}
+    lines = modes[args.mode](args)
     print("\n".join(lines))
     if args.write is not None:
         write_section(args.write, args.mode, lines)

@@ -77,9 +77,9 @@ def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
         releases.write_section(readme, "sweep", [])
 
 
-def test_the_readme_has_both_sections(releases):
+def test_the_readme_has_its_sections(releases):
     text = (ROOT / "README.md").read_text()
-    for name in ("bugs", "sweep"):
+    for name in ("bugs", "sweep", "tests"):
         assert f"<!-- releases:{name}:begin -->" in text and f"<!-- releases:{name}:end -->" in text
 
 
@@ -99,3 +99,39 @@ def test_the_sweep_table_holds_what_was_run_and_marks_the_rest(releases):
     (row,) = [line for line in lines if line.startswith("| 0.22.1")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == ["0.22.1", "found (values; unknown)", "pass", "-", "30s"]
+
+
+def test_adapter_tests_count_pytest_s_summary_and_name_the_failures(
+    releases, monkeypatch, tmp_path
+):
+    """The ``tests`` mode reads pytest's own summary line and FAILED lines per release,
+    stores them, skips a stored release unless asked again, and tables them."""
+    import subprocess
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        out = (
+            ""
+            if "pip" in cmd
+            else (
+                "FAILED tests/test_vllm_x.py::test_a - AssertionError\n"
+                "1 failed, 40 passed, 3 skipped, 2 errors in 61.00s (0:01:01)"
+            )
+        )
+        return subprocess.CompletedProcess(cmd, 1 if out else 0, out, "")
+
+    monkeypatch.setattr(releases, "release_venv", lambda root, release, keep: tmp_path / release)
+    monkeypatch.setattr(releases.subprocess, "run", fake_run)
+    args = SimpleNamespace(venvs=tmp_path, releases=["0.24.0"], rerun=False, keep=2, jobs=2)
+    lines = releases.adapter_tests(args)
+    (row,) = [line for line in lines if line.startswith("| 0.24.0")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:5] == ["0.24.0", "40", "3", "3", "tests/test_vllm_x.py::test_a"]
+    assert cells[5].endswith(" min")  # measured around the run, here a stand-in
+    assert any("-m" in c and "vllm" in c for c in calls)
+    calls.clear()
+    releases.adapter_tests(args)  # stored: not run again
+    assert calls == []
