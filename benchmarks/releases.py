@@ -7,7 +7,8 @@
 ``bugs``: for each historical fix that shipped in a release (:data:`FIXES`), the
 last release with the bug and the first with the fix are installed, one at a
 time, into cached venvs under DIR (at most ``--keep`` of them on disk), and the
-matching ``--impl vllm*`` runs with seeds 0, 1, 2 and 1000 examples on each.
+matching ``--impl vllm*`` runs with seeds 0, 1, 2 and 1000 examples on each
+(kept in ``DIR/bugs.json``: ``--target`` and ``--rerun`` run parts again).
 The table: the release, the fix, the seeds that found it, examples to the
 first failure, the minimized case, and whether the fixed release passes.
 
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -222,15 +223,26 @@ def exit_word(code: int) -> str:
 def bugs(args: argparse.Namespace) -> list[str]:
     from attnfuzz.harness.definitions import markdown_table
 
+    store = args.venvs / "bugs.json"
+    done: dict[str, dict] = json.loads(store.read_text()) if store.is_file() else {}
     rows = []
     for fix in FIXES:
         runs = {}
         for release in (fix.buggy, fix.fixed):
-            venv = release_venv(args.venvs, release, args.keep)
-            runs[release] = [
-                attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
-                for seed in args.seeds
-            ]
+            keys = [f"{fix.pr} {fix.impl} {release} {seed} {args.max_examples}"
+                    for seed in args.seeds]  # fmt: skip
+            asked = args.target is None or fix.target in args.target
+            if asked and (args.rerun or any(key not in done for key in keys)):
+                venv = release_venv(args.venvs, release, args.keep)
+                for key, seed in zip(keys, args.seeds, strict=True):
+                    run = attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
+                    done[key] = {**asdict(run), "checks": list(run.checks)}
+                    store.write_text(json.dumps(done, indent=1, sort_keys=True))
+            if any(key not in done for key in keys):
+                break  # not run yet: no row
+            runs[release] = [Run(**{**done[k], "checks": tuple(done[k]["checks"])}) for k in keys]
+        if len(runs) < 2:
+            continue
         buggy, fixed = runs[fix.buggy], runs[fix.fixed]
         found = [s for s, r in zip(args.seeds, buggy, strict=True) if is_this_bug(fix, r)]
         first = next((r for r in buggy if is_this_bug(fix, r)), None)

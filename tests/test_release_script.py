@@ -36,7 +36,9 @@ def test_the_sweep_covers_the_supported_range_and_the_fixes_lie_in_it(releases):
         assert compat.release_key(fix.buggy) < compat.release_key(fix.fixed)
 
 
-def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(releases, monkeypatch):
+def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(
+    releases, monkeypatch, tmp_path
+):
     Run = releases.Run
     outcomes = {
         "0.21.0": [Run(1, 12, "q_lens [2]", "live", ("stride",), "", 1.0),
@@ -55,7 +57,8 @@ def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(releases
     monkeypatch.setattr(releases, "FIXES", (fix,))
     monkeypatch.setattr(releases, "release_venv", lambda root, release, keep: Path(release))
     monkeypatch.setattr(releases, "attnfuzz_run", run)
-    args = argparse.Namespace(venvs=Path("v"), keep=2, seeds=[0, 1, 2], max_examples=1000)
+    args = argparse.Namespace(venvs=tmp_path, keep=2, seeds=[0, 1, 2], max_examples=1000,
+                              target=None, rerun=False)  # fmt: skip
     lines = releases.bugs(args)
     row = next(line for line in lines if "0.21.0 / 0.22.0" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -64,6 +67,13 @@ def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(releases
     assert cells[5] == "q_lens [2] (live)"
     assert cells[6] == "no: seed 2: found (contiguous)", "a fixed release that fails must say so"
     assert {c[3] for c in calls} == {0, 1, 2} and all(c[4] == 1000 for c in calls)
+    # Kept in DIR/bugs.json: the table again without a run; --rerun of another target neither.
+    calls.clear()
+    assert releases.bugs(args) == lines and calls == []
+    args.rerun, args.target = True, ["slot-mapping"]
+    assert releases.bugs(args) == lines and calls == []
+    args.target = [fix.target]
+    assert releases.bugs(args) == lines and len(calls) == 6
 
 
 def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
