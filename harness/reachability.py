@@ -111,6 +111,13 @@ class PlannerUnbound(Exception):
     another release, would not be this release's."""
 
 
+class PlannerRefuses(ValueError):
+    """The installed engine's own step planning does not run this (runner, mode)
+    configuration: its release rewrites the mode for the backend, or lacks what the
+    configuration needs (adaptive verification's varlen decode graphs). No step of
+    the engine runs there: reachability leaves the pair out, saying so."""
+
+
 def engine_planner(engine: str | None) -> Callable[[object, Batch], StepPlan]:
     """The engine's own step planner where it is installed, else the reference's;
     :class:`PlannerUnbound` where it is installed but its planner cannot bind."""
@@ -149,10 +156,12 @@ def reachability(
 ) -> Reachability:
     """The (runner, mode) pairs in which the engine runs the faulting code on this
     step's metadata; ``judge_fails(case)`` judges the implementation, ``refused(case)``
-    says a case is not one the target can judge (its invariants, its backends)."""
+    says a case is not one the target can judge (its invariants, its backends). A pair
+    the engine's planner refuses (:class:`PlannerRefuses`) is left out, named in the reason."""
     plan = engine_planner(engine)
     config = case.config
     pairs: list[Pair] = []
+    not_run: list[str] = []  # pairs the installed engine does not run, with why
     for runner in RUNNERS:
         for mode in allowed_modes(config.cg_support, config.next_n):
             varlen = config.varlen_decode and runner == "v2" and separate_routine(mode)
@@ -162,7 +171,11 @@ def reachability(
             here = dataclasses.replace(case, config=cfg)
             if refused(here):
                 continue
-            step = plan(cfg, case.batch)
+            try:
+                step = plan(cfg, case.batch)
+            except PlannerRefuses as err:
+                not_run.append(f"{runner} {mode} ({err})")
+                continue
             if step.mode == "FULL" and runs_in == "forward":
                 pairs.append(Pair(runner, mode, "FULL replay", False, None, _REPLAY_NOTE))
                 captured = _capture_case(here, step)
@@ -191,6 +204,9 @@ def reachability(
             "capture's dummy steps) it passes"
         )
         status = LATENT
+    if not_run:
+        skipped = f"the installed engine does not run {'; '.join(not_run)}"
+        reason, status = (f"{reason}; {skipped}", status) if pairs else (skipped, UNKNOWN)
     decided = (plan.__module__ + "." + plan.__qualname__,)
     decided += tuple(step_plan(config, case.batch).decided_by)
     if runs_in == "forward":

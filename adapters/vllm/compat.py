@@ -235,22 +235,61 @@ V1_DEVICE_PROPERTIES = Api(
     "vllm.v1.worker.gpu_model_runner", "GPUModelRunner._init_device_properties"
 )
 GPU_MODEL_RUNNER = Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
-# runner_modes: the runners' own step planning, which reachability drives.
+# runner_modes: the runners' own step planning, which reachability drives. Every supported
+# release has what REQUIRES lists; the rest is bound where found, else the release's older
+# form: the resolution's keywords (RESOLVE_MODES, RESOLVE_V2_RUNNER); adaptive verification
+# (ADAPTIVE_MODE, else V2_VARLEN_DECODE with the runner's inline FULL_AND_PIECEWISE, else
+# none: refused); V2's uniform count (UNIFORM_DECODE_ELIGIBLE, UNIFORM_HAS_PREFILL, else
+# V2_UNIFORM_TOKENS); what CudaGraphManager.__init__ sets (V2_LORA_CASES, V2_BREAKABLE); the
+# keywords of dispatch_cg_and_sync_dp and of V1's batch decision, and V1's SP padding.
+_COMPILATION = "vllm.config.compilation"
+_V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+_V2_GRAPHS = "vllm.v1.worker.gpu.cudagraph_utils"
+_V2_DP = "vllm.v1.worker.gpu.dp_utils"
+RESOLVE_MODE = Api(_COMPILATION, "CompilationConfig.resolve_cudagraph_mode_and_sizes")
 RESOLVE_MODES = Api(
-    "vllm.config.compilation",
+    _COMPILATION,
     "CompilationConfig.resolve_cudagraph_mode_and_sizes",
     keyword="piecewise_capture_available",
     since="0.30.0",
 )
+RESOLVE_V2_RUNNER = Api(
+    _COMPILATION,
+    "CompilationConfig.resolve_cudagraph_mode_and_sizes",
+    keyword="use_v2_model_runner",
+    since="0.25.0",
+)
 ADAPTIVE_MODE = Api(
     "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
     "resolve_adaptive_cudagraph_mode",
-    since="0.28.0",
+    since="0.30.0",
 )
-UNIFORM_TOKENS = Api("vllm.v1.worker.utils", "get_uniform_decode_token_count", since="0.28.0")
+V2_VARLEN_DECODE = Api(
+    _V2_GRAPHS, "CudaGraphManager.__init__", keyword="varlen_decode", since="0.28.0"
+)
+UNIFORM_DECODE_ELIGIBLE = Api(
+    "vllm.v1.worker.utils",
+    "get_uniform_decode_token_count",
+    keyword="decode_graph_eligible",
+    since="0.31.0",
+)
+UNIFORM_HAS_PREFILL = Api(
+    "vllm.v1.worker.utils", "get_uniform_decode_token_count", keyword="has_prefill", since="0.28.0"
+)
+V2_UNIFORM_TOKENS = Api(_V2_GRAPHS, "get_uniform_token_count")
 V1_DISPATCHER = Api("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher")
-V2_GRAPHS = Api("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager")
-V2_DP_SYNC = Api("vllm.v1.worker.gpu.dp_utils", "dispatch_cg_and_sync_dp")
+V1_BATCH_DECISION = Api(_V1_RUNNER, "GPUModelRunner._determine_batch_execution_and_padding")
+V1_CASCADE_ATTN = Api(
+    _V1_RUNNER, "GPUModelRunner._determine_batch_execution_and_padding", keyword="use_cascade_attn"
+)
+V1_SP_PADDING = Api(_V1_RUNNER, "GPUModelRunner._pad_for_sequence_parallelism")
+V2_GRAPHS = Api(_V2_GRAPHS, "CudaGraphManager")
+V2_LORA_CASES = Api(_V2_GRAPHS, "CudaGraphManager._build_lora_dispatch_map", since="0.24.0")
+V2_BREAKABLE = Api(_V2_GRAPHS, "is_breakable_cudagraph_enabled", since="0.23.0")
+V2_DP_SYNC = Api(_V2_DP, "dispatch_cg_and_sync_dp")
+V2_DP_LORAS = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="num_active_loras", since="0.24.0")
+V2_DP_QUERY_LEN = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="max_query_len", since="0.28.0")
+V2_DP_UBATCHING = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="allow_ubatching", since="0.30.0")
 
 # Adapter module (or "module.function" where one function needs more) -> the APIs it
 # calls. A function's entry adds to its module's.
@@ -270,14 +309,7 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     "max_seq_len.upstream_draft_model_len": (DRAFT_MODEL_SPECULATOR,),
     "max_seq_len.run_v1": (GPU_MODEL_RUNNER,),
     "mtp_seq_lens": (INDEXER_BUILDER,),
-    "runner_modes": (
-        RESOLVE_MODES,
-        ADAPTIVE_MODE,
-        UNIFORM_TOKENS,
-        V1_DISPATCHER,
-        V2_GRAPHS,
-        V2_DP_SYNC,
-    ),
+    "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),
     "slot_mapping.upstream_stale_padding": (GPU_BLOCK_TABLES, SLOT_MAPPINGS_KERNEL),

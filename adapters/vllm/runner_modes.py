@@ -1,14 +1,14 @@
-"""vLLM 0.33.0's own decision of a step's CUDA-graph mode and padding, on the host.
+"""vLLM's own decision of a step's CUDA-graph mode and padding, on the host.
 
 :func:`engine_step_plan` computes what :func:`attnfuzz.reference.runner.step_plan`
-states as rules, by running the engine's code on a ``VllmConfig`` built by
-:func:`attnfuzz.adapters.vllm._engine.vllm_config`:
+states as rules (read off vLLM 0.33.0), by running the installed release's code on
+a ``VllmConfig`` built by :func:`attnfuzz.adapters.vllm._engine.vllm_config`:
 
 - The mode: ``CompilationConfig.resolve_cudagraph_mode_and_sizes``
   (``vllm/config/compilation.py``) with ``AttentionCGSupport[config.cg_support]``
   as the backends' minimum support, on a compilation config set up as a CUDA
   engine's is (``VLLM_COMPILE``, attention among the splitting ops: the CPU
-  platform sets neither). A mode it rewrites is refused (``ValueError``).
+  platform sets neither). A mode it rewrites is refused (:class:`PlannerRefuses`).
 - Model Runner V1: a real ``CudagraphDispatcher`` (``vllm/v1/cudagraph_dispatcher.py``)
   with its keys, and ``GPUModelRunner._determine_batch_execution_and_padding``
   itself (``vllm/v1/worker/gpu_model_runner.py``), called on a stand-in runner
@@ -20,8 +20,22 @@ states as rules, by running the engine's code on a ``VllmConfig`` built by
   is made with ``object.__new__`` and given only the attributes its real
   ``_init_candidates`` and ``dispatch`` read (:func:`_v2_manager`); then
   ``dispatch_cg_and_sync_dp`` (``vllm/v1/worker/gpu/dp_utils.py``) unchanged,
-  which under data parallelism runs ``sync_cudagraph_and_dp_padding`` with
-  ``get_dp_group`` answered for a second rank (:func:`_peer_all_reduce_v2`).
+  which under data parallelism runs ``sync_cudagraph_and_dp_padding`` with the
+  all-reduce answered with the column the peer rank's own call fills
+  (:func:`_peer_column_v2`).
+
+Releases 0.21.0 to 0.33.0 bind: where a release offers a step in an older form
+(a keyword the resolution or the DP dispatch lacks, V2's uniform count before
+``get_uniform_decode_token_count``, the manager's attributes), :func:`compat.has`
+picks it and the release's own code runs. Adaptive verification (``varlen_decode``)
+exists from 0.28.0: before, such a configuration is refused.
+
+One inline difference has no API to find it by: from 0.31.0 V2's ``execute_model``
+passes ``max_query_len=None`` for a step with a prefill, 0.28.0 to 0.30.0 its longest
+query. The planner passes None on every release; on 0.28.0 to 0.30.0 a varlen decode
+graph (``varlen_decode``) could take a step with a prefill no longer than ``next_n``
+(``decode_threshold < next_n``, or a data-parallel peer that is not a uniform decode
+with at most ``next_n`` tokens), which the planner does not replay.
 
 Nothing is captured or replayed: only the host-side decisions run.
 """
@@ -29,14 +43,16 @@ Nothing is captured or replayed: only the host-side decisions run.
 from __future__ import annotations
 
 import copy
-from contextlib import AbstractContextManager, nullcontext
-from types import SimpleNamespace
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import MethodType, SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import _engine, compat
+from attnfuzz.harness.reachability import PlannerRefuses
 from attnfuzz.reference.batch import Batch, EngineConfig
 from attnfuzz.reference.runner import StepPlan, mode_problem
 
@@ -47,6 +63,8 @@ DP_RANK, PEER_RANK = 0, 1
 _RESOLVE = "vllm/config/compilation.py: CompilationConfig.resolve_cudagraph_mode_and_sizes"
 _V1_DECISION = "v1/worker/gpu_model_runner.py: _determine_batch_execution_and_padding"
 _ADAPTIVE = "v1/worker/gpu/spec_decode/adaptive_verification.py: resolve_adaptive_cudagraph_mode"
+_V2_INIT = "v1/worker/gpu/cudagraph_utils.py: CudaGraphManager.__init__ (0.24.0)"
+_ADAPTIVE_INLINE = "v1/worker/gpu/model_runner.py: GPUModelRunner.initialize_kv_cache (0.28.0)"
 
 
 def prepare() -> None:
@@ -56,9 +74,9 @@ def prepare() -> None:
     import vllm.v1.worker.gpu_model_runner  # noqa: F401
 
 
-def _refuse(config: EngineConfig, rule: str, got: Any) -> ValueError:
+def _refuse(config: EngineConfig, rule: str, got: Any) -> PlannerRefuses:
     why = mode_problem(config.cudagraph_mode, config.cg_support, config.next_n)
-    return ValueError(
+    return PlannerRefuses(
         f"vLLM does not keep cudagraph_mode {config.cudagraph_mode} "
         f"(cg_support {config.cg_support}, next_n={config.next_n}, runner {config.runner}, "
         f"varlen_decode={config.varlen_decode}): {rule} gives {got}{f'; {why}' if why else ''}"
@@ -83,18 +101,21 @@ def resolved_config(config: EngineConfig) -> tuple[Any, Any]:
     cc.cudagraph_mode = wanted
     v2 = config.runner == "v2"
     if v2 and config.varlen_decode:
-        # model_runner.py (V2) GPUModelRunner.initialize_kv_cache: with adaptive
+        # gpu/model_runner.py (V2) GPUModelRunner.initialize_kv_cache: with adaptive
         # verification the mode is first given a separate decode routine.
-        from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
-            resolve_adaptive_cudagraph_mode,
-        )
-
-        if not wanted.has_full_cudagraphs():  # the function asserts it
-            raise _refuse(config, _ADAPTIVE, "an assertion error (no FULL graphs)")
-        adapted = resolve_adaptive_cudagraph_mode(wanted, piecewise_capture_available=True)
+        rule, adapted = _adaptive_mode(config, wanted)
         if adapted != wanted:
-            raise _refuse(config, _ADAPTIVE, adapted.name)
+            raise _refuse(config, rule, adapted.name)
     sizes = sorted(cc.cudagraph_capture_sizes)
+    # The keywords this release's resolution takes: from 0.25.0 use_v2_model_runner
+    # (before, it rounds V2's capture sizes as V1's: 0.24.0 compilation.py,
+    # resolve_cudagraph_mode_and_sizes); from 0.30.0 piecewise_capture_available
+    # (before, piecewise capture is taken as available, as here: the model is compiled).
+    keywords: dict[str, Any] = {}
+    if compat.has(compat.RESOLVE_V2_RUNNER):
+        keywords["use_v2_model_runner"] = v2
+    if compat.has(compat.RESOLVE_MODES):
+        keywords["piecewise_capture_available"] = True
     try:
         # gpu_model_runner.py: GPUModelRunner._check_and_update_cudagraph_mode (V1);
         # gpu/model_runner.py: GPUModelRunner.initialize_kv_cache (V2). The minimum
@@ -104,27 +125,56 @@ def resolved_config(config: EngineConfig) -> tuple[Any, Any]:
             AttentionCGSupport[config.cg_support],
             "attnfuzz",
             config.next_n,
-            use_v2_model_runner=v2,
             max_num_reqs=config.max_num_seqs,
-            piecewise_capture_available=True,
+            **keywords,
         )
     except ValueError as e:  # no FULL graphs with cg_support NEVER, or no capture size left
-        raise ValueError(
+        raise PlannerRefuses(
             f"{_RESOLVE} refuses cudagraph_mode {config.cudagraph_mode} with cg_support "
             f"{config.cg_support} (next_n={config.next_n}): {e}"
         ) from e
     if mode != wanted:
         raise _refuse(config, _RESOLVE, mode.name)
+    _check_sizes(config.next_n, cc, sizes, _RESOLVE)
+    return vc, mode
+
+
+def _check_sizes(next_n: int, cc: Any, sizes: list[int], rule: str) -> None:
+    """V1 with FULL decode graphs and next_n > 1 (and before 0.25.0 V2 too) rounds the
+    capture sizes up to multiples of next_n (``adjust_cudagraph_sizes_for_spec_decode``);
+    attnfuzz's engines capture multiples of next_n only (reference.invariants)."""
     if sorted(cc.cudagraph_capture_sizes) != sizes:
-        # V1 with FULL decode graphs and next_n > 1 rounds the sizes up to multiples
-        # of next_n (CompilationConfig.adjust_cudagraph_sizes_for_spec_decode);
-        # attnfuzz's engines capture multiples of next_n only (reference.invariants).
         raise ValueError(
-            f"{_RESOLVE} (adjust_cudagraph_sizes_for_spec_decode) rewrites the capture sizes "
-            f"{sizes} to {sorted(cc.cudagraph_capture_sizes)} (next_n={config.next_n}): "
+            f"{rule} (adjust_cudagraph_sizes_for_spec_decode) rewrites the capture sizes "
+            f"{sizes} to {sorted(cc.cudagraph_capture_sizes)} (next_n={next_n}): "
             f"attnfuzz's capture sizes are multiples of next_n"
         )
-    return vc, mode
+
+
+def _adaptive_mode(config: EngineConfig, wanted: Any) -> tuple[str, Any]:
+    """``(rule, mode)``: the mode V2's ``initialize_kv_cache`` gives ``wanted`` under
+    adaptive verification, and the code that decides it; refused where the release has
+    no adaptive verification (no varlen decode graphs: 0.28.0 brings both)."""
+    from vllm.config import CUDAGraphMode
+
+    if compat.has(compat.ADAPTIVE_MODE):
+        # 0.30.0 on: gpu/model_runner.py GPUModelRunner.initialize_kv_cache calls it.
+        from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
+            resolve_adaptive_cudagraph_mode,
+        )
+
+        if not wanted.has_full_cudagraphs():  # the function asserts it
+            raise _refuse(config, _ADAPTIVE, "an assertion error (no FULL graphs)")
+        return _ADAPTIVE, resolve_adaptive_cudagraph_mode(wanted, piecewise_capture_available=True)
+    if compat.has(compat.V2_VARLEN_DECODE):
+        # 0.28.0, 0.29.0 (gpu/model_runner.py: GPUModelRunner.initialize_kv_cache) have no
+        # function for it: the runner sets the mode itself, whatever was asked.
+        return _ADAPTIVE_INLINE, CUDAGraphMode.FULL_AND_PIECEWISE
+    raise PlannerRefuses(
+        f"vLLM {compat.installed_version()} has no adaptive verification, which "
+        f"varlen_decode=True needs: {compat.V2_VARLEN_DECODE.missing()} "
+        f"(first in {compat.V2_VARLEN_DECODE.since})"
+    )
 
 
 def engine_step_plan(config: EngineConfig, batch: Batch) -> StepPlan:
@@ -166,11 +216,22 @@ def _v1_plan(config: EngineConfig, batch: Batch, vc: Any, mode: Any) -> StepPlan
         _is_uniform_decode=GPUModelRunner._is_uniform_decode,
         uniform_decode_query_len=next_n,
         model_config=vc.model_config,
+        compilation_config=vc.compilation_config,
         input_batch=SimpleNamespace(lora_id_to_lora_request={}),
         cudagraph_dispatcher=dispatcher,
         vllm_config=vc,
         parallel_config=vc.parallel_config,
     )
+    if compat.has(compat.V1_SP_PADDING):
+        # Before 0.32.0 the decision first pads the count for sequence parallelism
+        # with the runner's own method (0.31.0 gpu_model_runner.py:
+        # _determine_batch_execution_and_padding), which reads compilation_config.
+        runner._pad_for_sequence_parallelism = MethodType(
+            GPUModelRunner._pad_for_sequence_parallelism, runner
+        )
+    # Cascade attention is off (a FULL graph cannot run it): a required argument before
+    # 0.32.0, then deprecated and ignored.
+    cascade = {"use_cascade_attn": False} if compat.has(compat.V1_CASCADE_ATTN) else {}
     q = np.asarray(batch.q_lens, dtype=np.int32)
     num_reqs, num_tokens = len(q), int(q.sum())
     peer = nullcontext()
@@ -195,6 +256,7 @@ def _v1_plan(config: EngineConfig, batch: Batch, vc: Any, mode: Any) -> StepPlan
             max_num_scheduled_tokens=int(q.max()),
             allow_microbatching=True,
             force_eager=not batch.use_cudagraph,
+            **cascade,
         )
     # GPUModelRunner.execute_model: the padded sizes, pad_attn, and the slot
     # mapping's length (padded with pad_attn or has_separate_kv_update).
@@ -245,12 +307,14 @@ def _v2_manager(vc: Any, mode: Any, decode_query_len: int, varlen_decode: bool) 
     with ``object.__new__`` and given, as ``__init__`` sets them, only the
     attributes the real ``_init_candidates`` and ``dispatch`` read:
     ``vllm_config``, ``compilation_config``, ``max_num_reqs`` (max_num_seqs),
-    ``cudagraph_mode``, ``decode_query_len``, ``varlen_decode``,
-    ``ubatch_runner`` (None: no microbatching, read by ``_maybe_ubatch_twin``),
-    ``lora_capture_cases`` (``[0]``: no LoRA), the LoRA dispatch map from the
-    real ``_build_lora_dispatch_map``, and the empty ``_candidates`` and
-    ``_capture_descs`` that ``_init_candidates`` fills. ``_graphs_captured = True``
-    stands for ``capture()`` having run, after which ``dispatch`` answers.
+    ``cudagraph_mode``, ``decode_query_len``, ``varlen_decode`` (0.28.0 on),
+    ``ubatch_runner`` (None: no microbatching, read by ``_maybe_ubatch_twin``, 0.30.0
+    on), ``use_breakable_cg`` (0.23.0 on, read by 0.26.0's ``_init_candidates``),
+    ``lora_capture_cases`` (``[0]``: no LoRA) and the LoRA dispatch map from the real
+    ``_build_lora_dispatch_map`` (0.24.0 on), and the empty ``_candidates`` (a list
+    before 0.24.0, then a dict keyed by tokens and LoRAs) and ``_capture_descs`` that
+    ``_init_candidates`` fills. ``_graphs_captured = True`` stands for ``capture()``
+    having run, after which ``dispatch`` answers.
     """
     from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
 
@@ -262,63 +326,156 @@ def _v2_manager(vc: Any, mode: Any, decode_query_len: int, varlen_decode: bool) 
     manager.decode_query_len = decode_query_len
     manager.varlen_decode = varlen_decode
     manager.ubatch_runner = None
-    manager.lora_capture_cases = [0]
-    manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
-    manager._candidates = {}
+    if compat.has(compat.V2_BREAKABLE):
+        from vllm.v1.worker.gpu.cudagraph_utils import is_breakable_cudagraph_enabled
+
+        manager.use_breakable_cg = (
+            is_breakable_cudagraph_enabled() and mode.has_piecewise_cudagraphs()
+        )
+    if compat.has(compat.V2_LORA_CASES):
+        manager.lora_capture_cases = [0]
+        manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
+        manager._candidates = {}
+    else:  # 0.21.0 to 0.23.0: a list indexed by token count alone
+        manager._candidates = []
     manager._capture_descs = {}
+    if not compat.has(compat.RESOLVE_V2_RUNNER):
+        # Before 0.25.0 __init__ rounds the capture sizes itself, in any mode (0.24.0
+        # gpu/cudagraph_utils.py: CudaGraphManager.__init__). vllm-project/vllm#45953
+        # (cited by 0.25.0's resolve_cudagraph_mode_and_sizes) gave the resolution
+        # use_v2_model_runner and V2 its own rounding in _init_candidates.
+        cc = vc.compilation_config
+        sizes = sorted(cc.cudagraph_capture_sizes)
+        cc.adjust_cudagraph_sizes_for_spec_decode(
+            decode_query_len, vc.parallel_config.tensor_parallel_size
+        )
+        _check_sizes(decode_query_len, cc, sizes, _V2_INIT)
     manager._init_candidates()
     manager._graphs_captured = True
     return manager
 
 
-def _v2_plan(config: EngineConfig, batch: Batch, vc: Any, mode: Any) -> StepPlan:
-    from vllm.config import CUDAGraphMode
-    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
-    from vllm.v1.worker.utils import get_uniform_decode_token_count
+def _uniform_token_count(
+    num_reqs: int, num_tokens: int, max_query_len: int, has_prefill: bool
+) -> int | None:
+    """The uniform decode count V2's runner passes ``dispatch_cg_and_sync_dp``."""
+    if compat.has(compat.UNIFORM_DECODE_ELIGIBLE):
+        # gpu/model_runner.py: GPUModelRunner.gather_batch_req_state. A step with no
+        # prefill is eligible for decode graphs.
+        from vllm.v1.worker.utils import get_uniform_decode_token_count
 
-    next_n = config.next_n
-    manager = _v2_manager(vc, mode, next_n, config.varlen_decode)
-    num_reqs, num_tokens = len(batch.q_lens), sum(batch.q_lens)
-    max_query_len = max(batch.q_lens)
-    # gpu/model_runner.py: GPUModelRunner.gather_batch_req_state. A step with no
-    # prefill is eligible for decode graphs; attnfuzz's decodes are the requests
-    # with q_len <= decode_threshold (reference.batch).
-    has_prefill = any(q > config.threshold for q in batch.q_lens)
-    uniform = get_uniform_decode_token_count(num_reqs, num_tokens, max_query_len, not has_prefill)
-    peer = nullcontext()
-    if batch.dp_peer_tokens:
-        # The peer's own dispatch: a uniform decode of next_n per request, or one
-        # request of another length (no uniform count, no query-length bound).
-        peer_tokens = batch.dp_peer_tokens
-        peer_uniform = next_n if batch.dp_peer_uniform else None
-        peer_reqs = peer_tokens // next_n if peer_uniform else 1
-        peer_desc = manager.dispatch(peer_reqs, peer_tokens, peer_uniform, 0, peer_uniform)
-        # sync_cudagraph_and_dp_padding's rows: tokens, desired mode, uniform count
-        # (0: None), max query length (-1: None), ubatching, requests, skip drafts.
-        column = [peer_tokens, peer_desc.cg_mode.value, peer_uniform or 0, peer_uniform or -1]
-        peer = _peer_all_reduce_v2([*column, 0, peer_reqs, 0])
-    with peer:
-        # gpu/model_runner.py: GPUModelRunner.execute_model's call (no LoRA, no
-        # microbatching runner; max_query_len None with a prefill).
-        desc, _ = dispatch_cg_and_sync_dp(
-            manager,
-            num_reqs,
-            num_tokens,
-            uniform,
-            DP_SIZE if batch.dp_peer_tokens else 1,
-            DP_RANK,
-            max_query_len=None if has_prefill else max_query_len,
-            need_eager=not batch.use_cudagraph,
-            num_active_loras=0,
+        return get_uniform_decode_token_count(
+            num_reqs, num_tokens, max_query_len, decode_graph_eligible=not has_prefill
+        )
+    if compat.has(compat.UNIFORM_HAS_PREFILL):
+        # 0.28.0 to 0.30.0: the same helper, told whether the step has a prefill.
+        from vllm.v1.worker.utils import get_uniform_decode_token_count
+
+        return get_uniform_decode_token_count(
+            num_reqs, num_tokens, max_query_len, has_prefill=has_prefill
+        )
+    # Before 0.28.0 (0.27.0 gpu/model_runner.py: GPUModelRunner.execute_model) any step
+    # whose requests have one length is uniform, prefill or not.
+    from vllm.v1.worker.gpu.cudagraph_utils import get_uniform_token_count
+
+    return get_uniform_token_count(num_reqs, num_tokens, max_query_len)
+
+
+def _v2_dispatch(
+    manager: Any,
+    vc: Any,
+    next_n: int,
+    *,
+    num_reqs: int,
+    num_tokens: int,
+    max_query_len: int,
+    has_prefill: bool,
+    dp_size: int,
+    dp_rank: int,
+    need_eager: bool,
+) -> Any:
+    """``dispatch_cg_and_sync_dp`` as ``GPUModelRunner.execute_model`` (V2) calls it
+    for one rank's step (no LoRA, no microbatching runner), with the keywords the
+    release takes; its batch descriptor."""
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+    uniform = _uniform_token_count(num_reqs, num_tokens, max_query_len, has_prefill)
+    keywords: dict[str, Any] = {}
+    if compat.has(compat.V2_DP_LORAS):  # 0.24.0 on
+        keywords["num_active_loras"] = 0
+    if compat.has(compat.V2_DP_QUERY_LEN):  # 0.28.0 on: the bound of varlen decode graphs
+        # None with a prefill, as from 0.31.0 (gpu/model_runner.py: execute_model);
+        # 0.28.0 to 0.30.0 pass a prefill step's bound too (see the module's docstring).
+        keywords["max_query_len"] = None if has_prefill else max_query_len
+    if compat.has(compat.V2_DP_UBATCHING):  # 0.30.0 on
+        keywords.update(
             parallel_config=vc.parallel_config,
             allow_ubatching=False,
             uniform_decode=uniform == next_n,
         )
+    desc, _ = dispatch_cg_and_sync_dp(
+        manager,
+        num_reqs,
+        num_tokens,
+        uniform,
+        dp_size,
+        dp_rank,
+        need_eager=need_eager,
+        **keywords,
+    )
+    return desc
+
+
+def _v2_plan(config: EngineConfig, batch: Batch, vc: Any, mode: Any) -> StepPlan:
+    from vllm.config import CUDAGraphMode
+
+    next_n = config.next_n
+    manager = _v2_manager(vc, mode, next_n, config.varlen_decode)
+    num_reqs, num_tokens = len(batch.q_lens), sum(batch.q_lens)
+    # gpu/model_runner.py: GPUModelRunner.gather_batch_req_state. attnfuzz's decodes
+    # are the requests with q_len <= decode_threshold (reference.batch).
+    has_prefill = any(q > config.threshold for q in batch.q_lens)
+    dp_size = DP_SIZE if batch.dp_peer_tokens else 1
+    peer = nullcontext()
+    if batch.dp_peer_tokens:
+        # The peer's own call: a uniform decode of next_n per request, or one request
+        # of another length, a prefill (from 0.28.0 no uniform count and no query-length
+        # bound; before, get_uniform_token_count counts its one length as uniform).
+        peer_tokens = batch.dp_peer_tokens
+        uniform_peer = batch.dp_peer_uniform
+        with _peer_column_v2() as column:
+            _v2_dispatch(
+                manager,
+                vc,
+                next_n,
+                num_reqs=peer_tokens // next_n if uniform_peer else 1,
+                num_tokens=peer_tokens,
+                max_query_len=next_n if uniform_peer else peer_tokens,
+                has_prefill=not uniform_peer,
+                dp_size=dp_size,
+                dp_rank=PEER_RANK,
+                need_eager=False,
+            )
+        peer = _peer_all_reduce_v2(column)
+    with peer:
+        # gpu/model_runner.py: GPUModelRunner.execute_model's call.
+        desc = _v2_dispatch(
+            manager,
+            vc,
+            next_n,
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            max_query_len=max(batch.q_lens),
+            has_prefill=has_prefill,
+            dp_size=dp_size,
+            dp_rank=DP_RANK,
+            need_eager=not batch.use_cudagraph,
+        )
     # gpu/model_runner.py: GPUModelRunner.prepare_inputs pads to
-    # max(num_tokens, desc.num_tokens) and desc.num_reqs (None: unpadded); the
-    # slot mappings always span the padded count (prepare_attn,
-    # BlockTables.compute_slot_mappings); DefaultModelState.prepare_attn hands
-    # attention the padded sizes only on FULL steps.
+    # max(num_tokens, desc.num_tokens) (before 0.29.0 to desc.num_tokens, never
+    # below num_tokens here) and desc.num_reqs (None: unpadded); the slot mappings
+    # always span the padded count (prepare_attn, BlockTables.compute_slot_mappings);
+    # DefaultModelState.prepare_attn hands attention the padded sizes only on FULL steps.
     num_tokens_padded = max(num_tokens, desc.num_tokens)
     num_reqs_padded = desc.num_reqs or num_reqs
     pad_attn = desc.cg_mode == CUDAGraphMode.FULL
@@ -333,14 +490,52 @@ def _v2_plan(config: EngineConfig, batch: Batch, vc: Any, mode: Any) -> StepPlan
     )
 
 
-def _peer_all_reduce_v2(peer_column: list[int]) -> AbstractContextManager[Any]:
-    """``get_dp_group()`` of ``vllm/v1/worker/gpu/dp_utils.py`` answered for the peer rank:
-    ``cpu_all_reduce_`` sums the ranks' columns of a ``[7, dp_size]`` tensor in place,
-    and the stand-in adds the peer's column to this rank's."""
+class _Collected(Exception):
+    """Ends the peer's call at its collective: its column is all attnfuzz needs."""
+
+
+@contextmanager
+def _peer_column_v2() -> Iterator[torch.Tensor]:
+    """Collects the column the peer rank's own ``sync_cudagraph_and_dp_padding``
+    (``vllm/v1/worker/gpu/dp_utils.py``) fills before its all-reduce: the rows and
+    their meaning are the release's (3 rows in 0.21.0, 7 in 0.33.0)."""
+    column = torch.zeros(0, dtype=torch.int32)
+
+    def collect(tensor: torch.Tensor) -> None:
+        column.resize_(tensor.shape[0]).copy_(tensor[:, PEER_RANK])
+        raise _Collected
+
+    try:
+        with _dp_group_v2(collect):
+            yield column
+    except _Collected:
+        pass
+    if not column.numel():
+        raise RuntimeError("the peer rank's dispatch_cg_and_sync_dp reached no all-reduce")
+
+
+def _peer_all_reduce_v2(peer_column: torch.Tensor) -> AbstractContextManager[Any]:
+    """The all-reduce of ``vllm/v1/worker/gpu/dp_utils.py`` answered for the peer
+    rank: the ranks' columns of the tensor are summed in place, and the stand-in adds
+    the peer's column to this rank's."""
+
+    def all_reduce(tensor: torch.Tensor) -> None:
+        tensor[:, PEER_RANK] += peer_column.to(tensor.dtype)
+
+    return _dp_group_v2(all_reduce)
+
+
+def _dp_group_v2(all_reduce: Callable[[torch.Tensor], None]) -> AbstractContextManager[Any]:
+    """``get_dp_group()`` of ``vllm/v1/worker/gpu/dp_utils.py`` whose all-reduce is
+    ``all_reduce``: 0.33.0 calls its ``cpu_all_reduce_``; before, the module's
+    ``dist.all_reduce(tensor, group=get_dp_group().cpu_group)`` (0.32.0 dp_utils.py:
+    sync_cudagraph_and_dp_padding), stood in for where the module imports ``dist``."""
     import vllm.v1.worker.gpu.dp_utils as dp_utils
 
-    def cpu_all_reduce_(tensor: torch.Tensor) -> None:
-        tensor[:, PEER_RANK] += torch.tensor(peer_column, dtype=tensor.dtype)
-
-    group = SimpleNamespace(cpu_all_reduce_=cpu_all_reduce_)
-    return mock.patch.object(dp_utils, "get_dp_group", lambda: group)
+    group = SimpleNamespace(cpu_all_reduce_=all_reduce, cpu_group=None)
+    stand_ins: dict[str, Any] = {"get_dp_group": lambda: group}
+    if hasattr(dp_utils, "dist"):  # the collective the module holds, whichever it is
+        stand_ins["dist"] = SimpleNamespace(
+            all_reduce=lambda tensor, group=None: all_reduce(tensor)
+        )
+    return mock.patch.multiple(dp_utils, **stand_ins)
