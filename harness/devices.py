@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.guards import UsageError
 from attnfuzz.reference.batch import (
     DEFAULT_FLOAT_DTYPE,
     DTYPE_VARIABLE,

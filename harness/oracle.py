@@ -11,9 +11,10 @@ freedom the contract grants and no more. What a failed comparison says, in
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import EnumType, StrEnum
 
 import numpy as np
 import torch
@@ -28,14 +29,50 @@ from attnfuzz.harness.mismatch import (
     value_mismatch,
 )
 
+# The members a target's own check had in ``Check`` before each target declared
+# its own (``Target.checks``): reading one still gives its string, with a
+# DeprecationWarning, for one release; they are no members (``Check("walk")``
+# raises, iterating ``Check`` gives the generic checks only).
+_MOVED_TO_TARGETS = {
+    "CONSUMER": ("consumer", "mtp-seq-lens"),
+    "COUNT": ("count", "flex-block-mask"),
+    "MASK_DUPLICATE": ("mask.duplicate", "flex-block-mask"),
+    "MAX_SEQ_LEN": ("max_seq_len", "max-seq-len"),
+    "METADATA": ("metadata", "flatten-decode"),
+    "PADDING": ("padding", "slot-mapping"),
+    "PAGE_BOUNDS": ("page_bounds", "max-seq-len"),
+    "PATH": ("path", "mtp-seq-lens"),
+    "WALK": ("walk", "max-seq-len"),
+    "ZEROED": ("zeroed", "flatten-decode"),
+}
 
-class Check(StrEnum):
-    """The names of the oracle's checks, as case files and reports write them.
+
+class _CheckType(EnumType):
+    def __getattr__(cls, name: str) -> object:
+        if name in _MOVED_TO_TARGETS:
+            value, target = _MOVED_TO_TARGETS[name]
+            warnings.warn(
+                f"Check.{name} is deprecated: {value!r} is a check of target {target}, "
+                f"declared in its Target.checks; write the string {value!r}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return value
+        try:  # what EnumType.__getattr__ did where it has one
+            return cls._member_map_[name]
+        except KeyError:
+            raise AttributeError(
+                f"type object {cls.__name__!r} has no attribute {name!r}"
+            ) from None
+
+
+class Check(StrEnum, metaclass=_CheckType):
+    """The names of the oracle's generic checks, as case files and reports write them.
 
     A :class:`StrEnum`: each member *is* its string (``Check.VALUES == "values"``,
     ``json.dumps`` writes ``"values"``), so files written before it read the same.
-    The generic checks come first; a target's own checks follow (a target may
-    still name a check of its own with a plain string).
+    These are the checks any target may report; a target's own checks are
+    declared by the target (``Target.checks``) and written as plain strings.
     """
 
     # what an implementation returned, compared with the reference (this module)
@@ -48,6 +85,7 @@ class Check(StrEnum):
     GRAPH = "graph"
     VALUES = "values"
     UNCHANGED = "unchanged"
+    INVARIANT = "invariant"  # a relation among the outputs themselves (counts that sum up)
     TOPK_FILL = "topk.fill"
     TOPK_UNIQUE = "topk.unique"
     TOPK_VISIBLE = "topk.visible"
@@ -57,18 +95,6 @@ class Check(StrEnum):
     OUTPUT = "output"
     TIMEOUT = "timeout"
     CRASH = "crash"
-    # targets' own (harness/targets/*.py)
-    CONSUMER = "consumer"
-    COUNT = "count"
-    INVARIANT = "invariant"
-    MASK_DUPLICATE = "mask.duplicate"
-    MAX_SEQ_LEN = "max_seq_len"
-    METADATA = "metadata"
-    PADDING = "padding"
-    PAGE_BOUNDS = "page_bounds"
-    PATH = "path"
-    WALK = "walk"
-    ZEROED = "zeroed"
 
 
 UNSHRUNK_CHECKS = frozenset({Check.CRASH, Check.TIMEOUT})

@@ -1,11 +1,16 @@
-"""Targets and implementations, and the one function that judges a case.
+"""The target model: a target declared as data, and the implementations attached to it.
 
-A *target* is one metadata computation of the engine: it knows how to build
-the inputs of a case from its seed, what the reference says, and how to
-compare. An *implementation* is any callable ``fn(inputs) -> outputs`` for
-that target: the optimized one (``triton``), the reference itself (a
-self-check), the historical bugs (mutants), or a user's own
-(``module:attribute``).
+A *target* is one metadata computation of the engine, declared in one
+:class:`Target` expression (as OpInfo declares an op): how to build the
+inputs of a case from its seed, what the reference says, how to compare
+(with the names of its own checks), its parameters, dtypes and graph safety,
+and its implementations: the optimized one (``triton``), the reference itself
+(a self-check), and its mutants (the historical bugs, each an entry with the
+``reach``, ``trigger`` and ``smallest`` the zoo measures). An *implementation*
+is any callable ``fn(inputs) -> outputs`` for that target; more are attached
+later with :meth:`Target.add` by whoever provides them (an engine plugin, a
+user's ``module:attribute`` or mutants). Judging a case is
+:mod:`attnfuzz.harness.judging`'s job.
 """
 
 from __future__ import annotations
@@ -14,39 +19,27 @@ import dataclasses
 import importlib
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import torch
-from attnfuzz.harness.blame import attnfuzz_fault
-from attnfuzz.harness.graph import allocations
 from attnfuzz.harness.guards import (
     CaseTooLarge,
     HarnessError,
     InvalidCase,
-    Lap,
     UsageError,
     fits_in_memory,
-    reraise_interruption,
-    sigint_noted,
 )
-from attnfuzz.harness.oracle import (
-    Mismatch,
-    Verdict,
-    exception_mismatch,
-    expect_no_allocation,
-    output_mismatch,
-)
+from attnfuzz.harness.oracle import Check, Mismatch
 from attnfuzz.reference.batch import (
     DTYPE_VARIABLE,
     FLOAT_DTYPES,
     Case,
     build_common_metadata,
     split_decodes_and_prefills,
-    using_float_dtype,
 )
-from attnfuzz.reference.history import RemovedField
 from attnfuzz.reference.invariants import violations
 from attnfuzz.reference.runner import CG_SUPPORTS
 from attnfuzz.strategies.batches import (
@@ -60,23 +53,41 @@ from attnfuzz.strategies.batches import (
 )
 from hypothesis import strategies as st
 
+if TYPE_CHECKING:
+    from attnfuzz.harness.oracle import Verdict
+
 # The errors live in ``guards``; callers import them from here, with the target.
 __all__ = [
     "CaseTooLarge",
     "HarnessError",
     "Implementation",
     "InvalidCase",
+    "Kind",
     "Target",
     "UsageError",
     "fits_in_memory",
 ]
 
 
+class Kind(StrEnum):
+    """What an implementation is, as campaigns, reports and ``list --json`` write it.
+
+    A :class:`StrEnum`: each member *is* its string (``Kind.MUTANT == "mutant"``),
+    so files written before it read the same.
+    """
+
+    FIXED = "fixed"  # attnfuzz's own optimized code: must pass
+    REFERENCE = "reference"  # the reference as an implementation (a self-check): must pass
+    ENGINE = "engine"  # an engine's own code (an engine plugin's): must pass
+    MUTANT = "mutant"  # a known bug: must be found
+    USER = "user"  # a user's ``module:attribute``: must pass
+
+
 @dataclass(frozen=True)
 class Implementation:
     name: str
     fn: Callable[[Any], Any]
-    kind: str  # "fixed", "reference", "engine", "mutant" or "user"
+    kind: Kind  # a Kind or its string, made a Kind on construction
     description: str = ""
     # Mutants only, for the zoo's scoreboard: ``reach`` says a case runs the
     # code the bug lives in; ``trigger`` says the case meets the bug's condition.
@@ -99,10 +110,35 @@ class Implementation:
     declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", Kind(self.kind))
+        except ValueError:
+            raise UsageError(
+                f"implementation {self.name!r}: kind {self.kind!r} is none of {', '.join(Kind)}"
+            ) from None
         problems = fixes_problems(self.fixes)
         if problems:
             raise UsageError(f"implementation {self.name!r}: {'; '.join(problems)}")
         object.__setattr__(self, "fixes", dict(self.fixes))  # a copy the caller cannot change
+
+    @classmethod
+    def mutant(
+        cls,
+        name: str,
+        fn: Callable[[Any], Any],
+        description: str,
+        *,
+        reach: Callable[[Case], bool],
+        trigger: Callable[[Case], bool],
+        smallest: Callable[[], Case],
+        **fields: Any,
+    ) -> Implementation:
+        """A mutant as a target declares it: the bug (``fn``, ``description``) with
+        everything the zoo measures it by, none left out: ``reach`` (a case runs
+        the code the bug lives in), ``trigger`` (a case meets its condition) and
+        ``smallest`` (the smallest triggering case, derived by hand); ``fields``:
+        the optional ones (``fixes``, ``declines``, ``engine``, ``unavailable``)."""
+        return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
 
     def why_unavailable(self) -> str | None:
         return self.unavailable() if self.unavailable is not None else None
@@ -117,11 +153,17 @@ class Implementation:
 
 @dataclass
 class Target:
+    """One target, declared whole: ``build()`` of a target module returns one
+    ``Target(...)`` expression (``docs/adding-a-target.md``)."""
+
     name: str
     summary: str
     make_inputs: Callable[[Case, torch.device], Any]
     reference: Callable[[Case, Any], Any]
     compare: Callable[[Case, Any, Any, Any], list[Mismatch]]
+    # Its implementations and mutants (:meth:`Implementation.mutant`), declared as
+    # a sequence of entries (or a mapping by name); kept as ``name -> entry``, to
+    # which :meth:`add` attaches more (an engine plugin's, a user's).
     implementations: dict[str, Implementation] = field(default_factory=dict)
     # The target's own integers (``Case.params``): name -> inclusive range. They
     # are drawn after the step by Hypothesis and uniformly by the baselines.
@@ -148,18 +190,34 @@ class Target:
     cg_supports: tuple[str, ...] = CG_SUPPORTS
     varlen_decode: bool = True
     runs_in: str = "builder"
+    # The names of the target's own checks (a small StrEnum of its module, or
+    # strings), beside the generic ones of :class:`~attnfuzz.harness.oracle.Check`:
+    # its comparison reports no other (judging refuses it as a HarnessError).
+    checks: Iterable[str] = ()
 
     def __post_init__(self) -> None:
+        self.implementations = self._entries(self.implementations)
+        self.checks = tuple(str(name) for name in self.checks)
+        generic = [name for name in self.checks if name in set(Check)]
+        if generic or len(set(self.checks)) != len(self.checks) or "" in self.checks:
+            raise UsageError(
+                f"target {self.name}: checks must be distinct names, none of the generic "
+                f"ones ({', '.join(generic) or 'a repeated or empty name'})"
+            )
         known = set(FLOAT_DTYPES.values())
-        if (
-            not self.dtypes
-            or len(set(self.dtypes)) != len(self.dtypes)
-            or not (set(self.dtypes) <= known)
-        ):
+        if not self.dtypes or len(set(self.dtypes)) != len(self.dtypes) or set(self.dtypes) - known:
             raise UsageError(
                 f"target {self.name}: dtypes must be distinct, among "
                 f"{', '.join(FLOAT_DTYPES)}, got {self.dtypes}"
             )
+
+    def _entries(self, declared: Mapping[str, Any] | Iterable[Any]) -> dict[str, Implementation]:
+        """``name -> implementation`` of what the declaration lists, each name once."""
+        impls = list(declared.values() if isinstance(declared, Mapping) else declared)
+        out = {getattr(impl, "name", ""): impl for impl in impls}
+        if len(out) != len(impls) or not all(isinstance(i, Implementation) for i in impls):
+            raise UsageError(f"target {self.name}: implementations of distinct names expected")
+        return out
 
     @property
     def dtype_names(self) -> list[str]:
@@ -203,7 +261,7 @@ class Target:
     def mutants(self) -> list[Implementation]:
         """The mutants that can run here (an engine's upstream mutants need the engine)."""
         impls = self.implementations.values()
-        return [i for i in impls if i.kind == "mutant" and i.why_unavailable() is None]
+        return [i for i in impls if i.kind is Kind.MUTANT and i.why_unavailable() is None]
 
     def unavailable(self) -> dict[str, str]:
         """Implementations that cannot run here, each with the reason."""
@@ -289,7 +347,7 @@ class Target:
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable or a
         user's :class:`Implementation` (to declare ``fixes`` and a description);
-        either is judged as kind ``"user"`` under the name ``spec``, which is
+        either is judged as kind :attr:`Kind.USER` under the name ``spec``, which is
         how its corpus and case files name it."""
         if spec in self.implementations:
             impl = self.implementations[spec]
@@ -310,10 +368,16 @@ class Target:
                 f"cannot load implementation {spec!r}: {type(err).__name__}: {err}"
             ) from err
         if isinstance(obj, Implementation):
-            return dataclasses.replace(obj, name=spec, kind="user")
+            return dataclasses.replace(obj, name=spec, kind=Kind.USER)
         if not callable(obj):
             raise UsageError(f"implementation {spec!r} is not callable")
-        return Implementation(spec, obj, "user", f"user implementation {spec}")
+        return Implementation(spec, obj, Kind.USER, f"user implementation {spec}")
+
+    def asks_graph_safety(self, impl: Implementation) -> bool:
+        """Whether judging ``impl`` asks its call not to allocate: the target is
+        replayed in a CUDA graph, and ``impl`` is device code (the reference
+        computes on the host by design: reading device tensors back is a copy)."""
+        return self.graph_safe and impl.kind is not Kind.REFERENCE
 
     def judge(
         self,
@@ -322,77 +386,8 @@ class Target:
         device: torch.device | str | None = None,
         clock: Counter | None = None,
     ) -> Verdict:
-        """Run ``impl`` on ``case`` and compare it with the reference.
+        """Run ``impl`` on ``case`` and compare it with the reference: see
+        :func:`attnfuzz.harness.judging.judge`."""
+        from attnfuzz.harness.judging import judge  # judging needs this module as a type only
 
-        A case the engine could not produce, or one ``impl`` was never meant to
-        run (:meth:`refuse_unfixed`), is refused with :class:`InvalidCase` before
-        anything runs. An exception that attnfuzz's own code raised while the
-        implementation ran (an adapter's glue, a stand-in:
-        :mod:`~attnfuzz.harness.blame`) is a :class:`HarnessError`, never a
-        finding; one that reads a field a reference dataclass no longer has
-        (:class:`RemovedField`) is a :class:`UsageError` that gives the field's
-        history. Float inputs are built in :meth:`float_dtype_name` (a reduced
-        precision needs a CUDA ``device``: :class:`UsageError` otherwise).
-
-        The verdict's ``statistics`` hold the case's guided boundary measures
-        (:meth:`boundary`) and the target's ``statistics`` of the outputs.
-        ``clock``, when given, accumulates the seconds spent in each phase:
-        ``inputs``, ``reference``, ``implementation`` and ``oracle``.
-        """
-        lap = Lap(clock)
-        if device is None:
-            from attnfuzz.kernels._triton import device as kernel_device
-
-            device = kernel_device()
-        self.refuse_invalid(case)
-        self.refuse_unfixed(impl, case)
-        dtype = self.float_dtype_name(case)
-        from attnfuzz.harness.devices import check_dtype  # devices imports this module
-
-        check_dtype(dtype, torch.device(device), "the case's dtype" if case.dtype else None)
-        with fits_in_memory(self.name), using_float_dtype(dtype):
-            measured = self.boundary(case)  # of the case: in every verdict, failing ones too
-            inputs = self.make_inputs(case, torch.device(device))
-            lap("inputs")
-            expected = self.reference(case, inputs)  # before the implementation writes its buffers
-            lap("reference")
-        allocated: list[str] = []
-        with sigint_noted() as interrupted:
-            try:
-                # The reference computes on the host by design (reading device
-                # tensors back is a copy): graph safety is asked of device code only.
-                if self.graph_safe and impl.kind != "reference":
-                    got, allocated = allocations(impl.fn, inputs)
-                else:
-                    got = impl.fn(inputs)
-            except BaseException as err:  # an exception of any class on a valid case is a finding
-                reraise_interruption(err, interrupted)
-                if isinstance(err, RemovedField):  # written against an older contract
-                    raise UsageError(f"implementation {impl.name}: {err}") from err
-                # ... unless attnfuzz raised it: judged from below this frame.
-                below = err.__traceback__.tb_next if err.__traceback__ is not None else None
-                fault = attnfuzz_fault(err, below)
-                if fault is not None:
-                    raise HarnessError(str(fault)) from err
-                lap("implementation")
-                return Verdict([exception_mismatch(impl.name, err)], dict(measured))
-            lap("implementation")
-            # Whatever came back is judged: an output the oracle cannot even read
-            # (an attribute that raises, a tensor-like that is not) is a finding.
-            try:
-                mismatches = self.compare(case, inputs, expected, got)
-            except BaseException as err:
-                reraise_interruption(err, interrupted)
-                mismatches = [output_mismatch(impl.name, err)]
-            # Graph safety first: an allocation is the finding even when values agree.
-            verdict = Verdict(expect_no_allocation(impl.name, allocated) + mismatches)
-            verdict.statistics.update(measured)
-            if self.statistics is not None:
-                try:
-                    verdict.statistics.update(self.statistics(got))
-                except BaseException as err:
-                    reraise_interruption(err, interrupted)
-                    if verdict.ok:  # outputs already rejected have no counts; the verdict stands
-                        verdict.mismatches.append(output_mismatch(impl.name, err))
-        lap("oracle")
-        return verdict
+        return judge(self, impl, case, device, clock)

@@ -82,6 +82,7 @@ def build() -> Target:
     from attnfuzz.kernels import draft_block_tables as k
 
     target = Target(
+        checks=("groups",),
         name="draft-block-tables",
         summary="drafter's per-group attention metadata on a padded step and the varlen paged "
         "attention that consumes it (full and sliding-window KV-cache groups)",

@@ -214,6 +214,7 @@ def build() -> Target:
     from attnfuzz.kernels import flatten_decode as k
 
     target = Target(
+        checks=("metadata", "zeroed"),
         name="flatten-decode",
         summary="the indexer's flattened decode metadata: per token its context length and pages",
         make_inputs=ref.make_inputs,

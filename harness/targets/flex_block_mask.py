@@ -251,6 +251,7 @@ def build() -> Target:
     from attnfuzz.kernels import flex_block_mask as k
 
     target = Target(
+        checks=("count", "mask.duplicate", "mask.invalid", "mask.missing"),
         name="flex-block-mask",
         summary="FlexAttention block mask per query block, in views of persistent tables",
         make_inputs=ref.make_inputs,

@@ -202,6 +202,7 @@ def build() -> Target:
     from attnfuzz.kernels import max_seq_len as k
 
     target = Target(
+        checks=("max_seq_len", "walk", "page_bounds"),
         runs_in="runner",
         name="max-seq-len",
         summary="max_seq_len of the model state and the draft, and a paged kernel walking by it",

@@ -204,6 +204,7 @@ def build() -> Target:
     from attnfuzz.kernels import mtp_seq_lens as k
 
     target = Target(
+        checks=("consumer", "path"),
         name="mtp-seq-lens",
         summary="per-token context lengths [B, L] of native MTP, a view of persistent memory",
         make_inputs=ref.make_inputs,

@@ -14,13 +14,20 @@ not asked to be graph-safe; the address it writes is.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch, expect_equal, expect_meta, expect_view_of
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import slot_mapping as ref
 from attnfuzz.reference.batch import Batch, Case, build_common_metadata
+
+
+class OwnCheck(StrEnum):
+    """slot-mapping's own check, beside the oracle's generic ones."""
+
+    PADDING = "padding"  # -1 in every slot of the buffer past the view
 
 
 def compare(
@@ -37,7 +44,7 @@ def compare(
     out += expect_equal("slot_mapping", mapping, expected.slot_mapping)
     tail = np.s_[T_pad:]
     out += expect_equal(
-        "slot_mapping_buffer", buffer[tail], expected.buffer[tail], check="padding", at=tail
+        "slot_mapping_buffer", buffer[tail], expected.buffer[tail], check=OwnCheck.PADDING, at=tail
     )
     return out
 
@@ -125,79 +132,42 @@ def smallest_page_width() -> Case:
 def build() -> Target:
     from attnfuzz.kernels import slot_mapping as k
 
-    target = Target(
+    return Target(
         runs_in="runner",
         name="slot-mapping",
         summary="the KV-cache slot of every token, -1 past the real ones, in the persistent buffer",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         # Stale slots sit in graph-padded token slots (T_pad > T).
         guided=("padded_tokens",),
+        implementations=(
+            Implementation("triton", k.slot_mapping, Kind.FIXED, "one program per request"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the reference's loops"),
+            Implementation.mutant(
+                "stale-padding",
+                k.mutant_stale_padding,
+                "padding written from T_pad, not T: padded tokens keep stale slots",
+                reach=reach_padded,
+                trigger=trigger_stale_padding,
+                smallest=smallest_stale_padding,
+            ),
+            Implementation.mutant(
+                "position-off-by-one",
+                k.mutant_position,
+                "token j at seq_len - q_len + j + 1",
+                reach=reach_always,
+                trigger=trigger_position,
+                smallest=smallest_position,
+            ),
+            Implementation.mutant(
+                "page-width",
+                k.mutant_page_width,
+                "pages of 2 * block_size: wrong page index and offset",
+                reach=reach_always,
+                trigger=trigger_page_width,
+                smallest=smallest_page_width,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.slot_mapping, "fixed", "one program per request"))
-    target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "run",
-            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/block_table.py:"
-            "BlockTables.compute_slot_mappings",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "run_v1",
-            name="vllm-v1",
-            description="installed vLLM (V1 runner): vllm/v1/worker/block_table.py:"
-            "BlockTable.compute_slot_mapping",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "upstream_stale_padding",
-            name="upstream-pr36580-stale-padding",
-            kind="mutant",
-            description="installed vLLM (V2 runner) with #36580 reverted: padding written "
-            "from positions.shape[0] (T_pad), padded tokens keep stale slots",
-            trigger=trigger_stale_padding,
-            reach=reach_padded,
-            smallest=smallest_stale_padding,
-        )
-    )
-    target.add(
-        Implementation(
-            "stale-padding",
-            k.mutant_stale_padding,
-            "mutant",
-            "padding written from T_pad, not T: padded tokens keep stale slots",
-            trigger=trigger_stale_padding,
-            reach=reach_padded,
-            smallest=smallest_stale_padding,
-        )
-    )
-    target.add(
-        Implementation(
-            "position-off-by-one",
-            k.mutant_position,
-            "mutant",
-            "token j at seq_len - q_len + j + 1",
-            trigger=trigger_position,
-            reach=reach_always,
-            smallest=smallest_position,
-        )
-    )
-    target.add(
-        Implementation(
-            "page-width",
-            k.mutant_page_width,
-            "mutant",
-            "pages of 2 * block_size: wrong page index and offset",
-            trigger=trigger_page_width,
-            reach=reach_always,
-            smallest=smallest_page_width,
-        )
-    )
-    return target
