@@ -14,9 +14,8 @@ import dataclasses
 import operator
 
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import decode_split as ref
 from attnfuzz.reference.batch import Batch, Case, CommonMetadata
 
@@ -230,7 +229,7 @@ def smallest_extends() -> Case:
 def build() -> Target:
     from attnfuzz.kernels import decode_split as k
 
-    target = Target(
+    return Target(
         name="decode-split",
         summary="decode/prefill(/extend) split of a step: request and token counts",
         make_inputs=ref.make_inputs,
@@ -242,85 +241,49 @@ def build() -> Target:
         # graph-padded tokens (T_pad > T: real decode tokens) and decodes of
         # another length (ragged where uniform); each grows towards its bug.
         guided=("padding_requests", "padded_tokens", "short_decodes"),
+        implementations=(
+            Implementation("triton", k.decode_split, Kind.FIXED, "torch masks on the host"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the reference rules"),
+            Implementation.mutant(
+                "ragged-where-uniform",
+                k.mutant_ragged_where_uniform,
+                "require_uniform ignored: decodes of another length than the first kept",
+                reach=reach_uniform,
+                trigger=trigger_ragged_where_uniform,
+                smallest=smallest_ragged_where_uniform,
+            ),
+            Implementation.mutant(
+                "padding-as-prefills",
+                k.mutant_padding_as_prefills,
+                "#29644: zero-length padding requests are prefills under the uniform rule",
+                reach=reach_uniform,
+                trigger=trigger_padding_as_prefills,
+                smallest=smallest_padding_as_prefills,
+            ),
+            Implementation.mutant(
+                "real-decode-tokens",
+                k.mutant_real_decode_tokens,
+                "decode-only step counts the real tokens, not num_actual_tokens",
+                reach=reach_padded,
+                trigger=trigger_real_decode_tokens,
+                smallest=smallest_real_decode_tokens,
+            ),
+            Implementation.mutant(
+                "padded-as-decode-graph",
+                k.mutant_padded_as_decode_graph,
+                "a padded step taken for a decode graph, its lengths unchecked: wrong on a "
+                "padded mixed step",
+                reach=reach_padded_graph,
+                trigger=trigger_padded_mixed,
+                smallest=smallest_padded_mixed,
+            ),
+            Implementation.mutant(
+                "extends-as-prefills",
+                k.mutant_extends_as_prefills,
+                "three-way split ignores context: extends counted as prefills",
+                reach=reach_longer,
+                trigger=trigger_extends,
+                smallest=smallest_extends,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.decode_split, "fixed", "torch masks on the host"))
-    target.add(Implementation("reference", reference_impl, "reference", "the reference rules"))
-    target.add(
-        Implementation(
-            "ragged-where-uniform",
-            k.mutant_ragged_where_uniform,
-            "mutant",
-            "require_uniform ignored: decodes of another length than the first kept",
-            trigger=trigger_ragged_where_uniform,
-            reach=reach_uniform,
-            smallest=smallest_ragged_where_uniform,
-        )
-    )
-    padding = dict(
-        trigger=trigger_padding_as_prefills,
-        reach=reach_uniform,
-        smallest=smallest_padding_as_prefills,
-    )
-    target.add(
-        Implementation(
-            "padding-as-prefills",
-            k.mutant_padding_as_prefills,
-            "mutant",
-            "#29644: zero-length padding requests are prefills under the uniform rule",
-            **padding,
-        )
-    )
-    target.add(
-        Implementation(
-            "real-decode-tokens",
-            k.mutant_real_decode_tokens,
-            "mutant",
-            "decode-only step counts the real tokens, not num_actual_tokens",
-            trigger=trigger_real_decode_tokens,
-            reach=reach_padded,
-            smallest=smallest_real_decode_tokens,
-        )
-    )
-    target.add(
-        Implementation(
-            "padded-as-decode-graph",
-            k.mutant_padded_as_decode_graph,
-            "mutant",
-            "a padded step taken for a decode graph, its lengths unchecked: wrong on a "
-            "padded mixed step",
-            trigger=trigger_padded_mixed,
-            reach=reach_padded_graph,
-            smallest=smallest_padded_mixed,
-        )
-    )
-    target.add(
-        Implementation(
-            "extends-as-prefills",
-            k.mutant_extends_as_prefills,
-            "mutant",
-            "three-way split ignores context: extends counted as prefills",
-            trigger=trigger_extends,
-            reach=reach_longer,
-            smallest=smallest_extends,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "decode_split",
-            "run",
-            description="installed vLLM: v1/attention/backends/utils.py:"
-            "split_decodes_and_prefills, split_decodes_prefills_and_extends",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "decode_split",
-            "upstream_padding_as_prefills",
-            name="upstream-pr29644-padding-as-prefills",
-            kind="mutant",
-            description="vLLM 0.33.0 split_decodes_and_prefills with #29644's uniform branch "
-            "reverted: padding requests are prefills",
-            **padding,
-        )
-    )
-    return target

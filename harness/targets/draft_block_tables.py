@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 from attnfuzz.harness.oracle import Mismatch, expect_close, expect_equal, expect_meta
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import draft_block_tables as ref
 from attnfuzz.reference.batch import Batch, Case, build_common_metadata
+
+
+class OwnCheck(StrEnum):
+    """draft-block-tables's own checks, beside the oracle's generic ones."""
+
+    GROUPS = "groups"  # one metadata and one output per KV-cache group
 
 
 def compare(
@@ -23,7 +31,10 @@ def compare(
     if len(metadata) != num_groups or len(outs) != num_groups:
         return [
             Mismatch(
-                "groups", "outputs", f"{num_groups} groups", f"{len(metadata)} and {len(outs)}"
+                OwnCheck.GROUPS,
+                "outputs",
+                f"{num_groups} groups",
+                f"{len(metadata)} and {len(outs)}",
             )
         ]
     out: list[Mismatch] = []
@@ -78,58 +89,33 @@ def smallest_padded_table() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import draft_block_tables as k
 
-    target = Target(
-        checks=("groups",),
+    return Target(
         name="draft-block-tables",
         summary="drafter's per-group attention metadata on a padded step and the varlen paged "
         "attention that consumes it (full and sliding-window KV-cache groups)",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         params=dict(ref.PARAMS),
         # Bug C needs stored tables with rows of padding requests (R_pad != R).
         guided=("padding_requests",),
         # Queries, keys and values are built in float32 whatever ATTNFUZZ_DTYPE says.
         dtypes=(torch.float32,),
+        implementations=(
+            Implementation(
+                "triton", k.draft_attention, Kind.FIXED, "tables sliced to R, Triton attention"
+            ),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the NumPy reference"),
+            Implementation.mutant(
+                "pr43982-padded-table",
+                k.mutant_padded_table,
+                "#43982: each group's stored [R_pad, W_g] table attached unsliced",
+                reach=reach_padded_table,
+                trigger=trigger_padded_table,
+                smallest=smallest_padded_table,
+            ),
+        ),
     )
-    target.add(
-        Implementation("triton", k.draft_attention, "fixed", "tables sliced to R, Triton attention")
-    )
-    target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        Implementation(
-            "pr43982-padded-table",
-            k.mutant_padded_table,
-            "mutant",
-            "#43982: each group's stored [R_pad, W_g] table attached unsliced",
-            trigger=trigger_padded_table,
-            reach=reach_padded_table,
-            smallest=smallest_padded_table,
-        )
-    )
-    # vLLM's own drafter (imported on first call; listed as unavailable without vLLM).
-    target.add(
-        vllm_impl(
-            "draft_block_tables",
-            "run",
-            description="installed vLLM: vllm/v1/spec_decode/gemma4.py:"
-            "Gemma4Proposer.build_per_group_and_layer_attn_metadata",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "draft_block_tables",
-            "upstream_pr43982_padded_table",
-            name="upstream-pr43982-padded-table",
-            kind="mutant",
-            description="vLLM 0.33.0's Gemma4Proposer.build_per_group_and_layer_attn_metadata "
-            "with #43982 reverted: each group's stored [R_pad, W_g] table handed on unsliced",
-            trigger=trigger_padded_table,
-            reach=reach_padded_table,
-            smallest=smallest_padded_table,
-        )
-    )
-    return target

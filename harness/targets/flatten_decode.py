@@ -13,9 +13,10 @@ in :mod:`attnfuzz.reference.flatten_decode`.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import (
     Mismatch,
     expect_contiguous,
@@ -23,12 +24,19 @@ from attnfuzz.harness.oracle import (
     expect_meta,
     expect_view_of,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import flatten_decode as ref
 from attnfuzz.reference.batch import Batch, Case, cdiv
 from attnfuzz.reference.runner import DEEPSEEK_V32_CG_SUPPORTS
 
 _FIELDS = ("context_lens", "block_table", "decode_lens", "per_req_decode_lens")
+
+
+class OwnCheck(StrEnum):
+    """flatten-decode's own checks, beside the oracle's generic ones."""
+
+    METADATA = "metadata"  # no decode metadata on a step without decodes
+    ZEROED = "zeroed"  # padded tokens' context lengths zeroed
 
 
 def _expect_buffers(got_buffers: object, before: ref.DecodeBuffers) -> list[Mismatch]:
@@ -58,7 +66,7 @@ def compare(
     if B == 0:
         for name in _FIELDS:
             if getattr(got, name) is not None:
-                out.append(Mismatch("metadata", name, "None (no decodes)", "a tensor"))
+                out.append(Mismatch(OwnCheck.METADATA, name, "None (no decodes)", "a tensor"))
             buffer = getattr(bufs, name)
             out += expect_equal(f"{name}_buffer", buffer, getattr(before, name), check="unchanged")
         return out
@@ -87,7 +95,7 @@ def compare(
         "context_lens_buffer",
         bufs.context_lens[tail],
         expected.context_lens_buffer[tail],
-        check="zeroed",
+        check=OwnCheck.ZEROED,
         at=tail,
     )
     # Only the entries a consumer may read are compared; the rest are free.
@@ -213,13 +221,13 @@ def smallest_unaligned_width() -> Case:
 def build() -> Target:
     from attnfuzz.kernels import flatten_decode as k
 
-    target = Target(
-        checks=("metadata", "zeroed"),
+    return Target(
         name="flatten-decode",
         summary="the indexer's flattened decode metadata: per token its context length and pages",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         describe=ref.describe,
         # Right-aligned and wrong-row bugs need decodes shorter than the longest
         # (short decodes); stale lengths need graph-padded decode tokens.
@@ -228,63 +236,33 @@ def build() -> Target:
         # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
         cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
         varlen_decode=False,  # adaptive verification changes the builder's path
+        implementations=(
+            Implementation("triton", k.flatten_decode, Kind.FIXED, "one program per decode"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the reference's loops"),
+            Implementation.mutant(
+                "right-aligned-on-max",
+                k.mutant_right_aligned,
+                "context lengths seq_len - L + j + 1: short decodes of a ragged step see too "
+                "few keys",
+                reach=reach_decodes,
+                trigger=trigger_right_aligned,
+                smallest=smallest_ragged,
+            ),
+            Implementation.mutant(
+                "row-by-max",
+                k.mutant_wrong_row,
+                "token i takes block-table row i // L: ragged decodes read another request's pages",
+                reach=reach_decodes,
+                trigger=trigger_wrong_row,
+                smallest=smallest_ragged,
+            ),
+            Implementation.mutant(
+                "padding-not-zeroed",
+                k.mutant_padding_not_zeroed,
+                "padded tokens' context lengths keep stale values",
+                reach=reach_padded,
+                trigger=trigger_padding_not_zeroed,
+                smallest=smallest_padded,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.flatten_decode, "fixed", "one program per decode"))
-    target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))
-    target.add(
-        vllm_impl(
-            "flatten_decode",
-            "run",
-            declines="declines",
-            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
-            "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flatten_decode",
-            "upstream_unaligned_width",
-            name="upstream-pr50302-unaligned-width",
-            kind="mutant",
-            declines="declines",
-            description="installed vLLM with #50302 reverted: expanded block table of "
-            "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
-            trigger=trigger_unaligned_width,
-            reach=reach_decodes,
-            smallest=smallest_unaligned_width,
-        )
-    )
-    target.add(
-        Implementation(
-            "right-aligned-on-max",
-            k.mutant_right_aligned,
-            "mutant",
-            "context lengths seq_len - L + j + 1: short decodes of a ragged step see too few keys",
-            trigger=trigger_right_aligned,
-            reach=reach_decodes,
-            smallest=smallest_ragged,
-        )
-    )
-    target.add(
-        Implementation(
-            "row-by-max",
-            k.mutant_wrong_row,
-            "mutant",
-            "token i takes block-table row i // L: ragged decodes read another request's pages",
-            trigger=trigger_wrong_row,
-            reach=reach_decodes,
-            smallest=smallest_ragged,
-        )
-    )
-    target.add(
-        Implementation(
-            "padding-not-zeroed",
-            k.mutant_padding_not_zeroed,
-            "mutant",
-            "padded tokens' context lengths keep stale values",
-            trigger=trigger_padding_not_zeroed,
-            reach=reach_padded,
-            smallest=smallest_padded,
-        )
-    )
-    return target

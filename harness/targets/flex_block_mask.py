@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 from attnfuzz.harness.oracle import (
     Mismatch,
@@ -10,9 +12,18 @@ from attnfuzz.harness.oracle import (
     expect_untouched_outside,
     expect_view_of,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import flex_block_mask as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
+
+
+class OwnCheck(StrEnum):
+    """flex-block-mask's own checks, beside the oracle's generic ones."""
+
+    COUNT = "count"  # a query block's page count within the table's columns
+    MASK_DUPLICATE = "mask.duplicate"  # each page walked once per query block
+    MASK_INVALID = "mask.invalid"  # only pages the block may see
+    MASK_MISSING = "mask.missing"  # every page the block must see
 
 
 def _short(values: object, limit: int = 160) -> str:
@@ -37,14 +48,16 @@ def expect_walked_pages(
         n = int(counts[g])
         where = f"kv_indices[{g}]"
         if not 0 <= n <= cols:
-            out.append(Mismatch("count", f"kv_num_blocks[{g}]", f"a count in [0, {cols}]", str(n)))
+            out.append(
+                Mismatch(OwnCheck.COUNT, f"kv_num_blocks[{g}]", f"a count in [0, {cols}]", str(n))
+            )
         else:
             head = got[g, :n]
             walked = set(head.tolist())
             if ((head < 0) | (head >= num_pages)).any():
                 out.append(
                     Mismatch(
-                        "mask.invalid",
+                        OwnCheck.MASK_INVALID,
                         where,
                         f"{n} walked ids in [0, {num_pages}), the pages of the cache",
                         _short(head.tolist()),
@@ -52,12 +65,12 @@ def expect_walked_pages(
                 )
             elif len(walked) != n:
                 shown = _short(head.tolist())
-                out.append(Mismatch("mask.duplicate", where, "each page walked once", shown))
+                out.append(Mismatch(OwnCheck.MASK_DUPLICATE, where, "each page walked once", shown))
             elif g < expected.num_real_rows and not needed[g] <= walked:
                 missing = sorted(needed[g] - walked)
                 out.append(
                     Mismatch(
-                        "mask.missing",
+                        OwnCheck.MASK_MISSING,
                         where,
                         f"pages {_short(sorted(needed[g]))} walked (more allowed)",
                         f"{_short(head.tolist())}, missing {_short(missing)}",
@@ -247,16 +260,15 @@ def reach_upstream_capacity(case: Case) -> bool:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import flex_block_mask as k
 
-    target = Target(
-        checks=("count", "mask.duplicate", "mask.invalid", "mask.missing"),
+    return Target(
         name="flex-block-mask",
         summary="FlexAttention block mask per query block, in views of persistent tables",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         params={ref.Q_BLOCK_PARAM: (0, 4)},  # q_block_size 1, 2, 4, 8, 16
         # Not graph-safe in the harness's sense (no allocation inside the call): the
         # engine builds the mask eagerly before the captured forward (vLLM 0.33.0
@@ -268,44 +280,18 @@ def build() -> Target:
         # #39353: the step's mask outgrows tables sized by max_model_len as the
         # step's tokens grow (rows are its query blocks).
         guided=("step_tokens",),
+        implementations=(
+            Implementation(
+                "triton", k.flex_block_mask, Kind.FIXED, "tables sized by the #39353 fix"
+            ),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the NumPy reference"),
+            Implementation.mutant(
+                "pr39353-capacity",
+                k.mutant_capacity,
+                "#39353: persistent tables sized [max_model_len, cdiv(max_model_len, bs)]",
+                reach=reach_capacity,
+                trigger=trigger_capacity,
+                smallest=smallest_capacity,
+            ),
+        ),
     )
-    target.add(
-        Implementation("triton", k.flex_block_mask, "fixed", "tables sized by the #39353 fix")
-    )
-    target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        Implementation(
-            "pr39353-capacity",
-            k.mutant_capacity,
-            "mutant",
-            "#39353: persistent tables sized [max_model_len, cdiv(max_model_len, bs)]",
-            trigger=trigger_capacity,
-            reach=reach_capacity,
-            smallest=smallest_capacity,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flex_block_mask",
-            "run",
-            declines="declines",
-            description="installed vLLM: vllm/v1/attention/backends/flex_attention.py:"
-            "FlexAttentionMetadataBuilder.build",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flex_block_mask",
-            "upstream_capacity",
-            name="upstream-pr39353-capacity",
-            kind="mutant",
-            declines="declines",
-            description="vLLM 0.33.0's FlexAttentionMetadataBuilder with its persistent "
-            "tables sized as before #39353: [max_model_len, cdiv(max_model_len, bs)] "
-            "(reconstructed)",
-            trigger=trigger_upstream_capacity,
-            reach=reach_upstream_capacity,
-            smallest=smallest_capacity,
-        )
-    )
-    return target

@@ -12,7 +12,7 @@ from attnfuzz.harness.oracle import (
     expect_meta,
     expect_topk_rows,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import DEEPSEEK_V32_CG_SUPPORTS
@@ -150,7 +150,7 @@ def smallest_overlap() -> Case:
 def build() -> Target:
     from attnfuzz.kernels import indexer_decode as k
 
-    target = Target(
+    return Target(
         runs_in="forward",
         name="indexer-decode",
         summary="sparse-attention indexer decode path: pack, paged MQA logits, top-k, write-back",
@@ -168,122 +168,32 @@ def build() -> Target:
         # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
         cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
         varlen_decode=False,  # adaptive verification changes the builder's path
+        implementations=(
+            Implementation("triton", k.indexer_decode, Kind.FIXED, "Triton kernels, fixed path"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the NumPy reference"),
+            Implementation.mutant(
+                "pr39542-writeback",
+                k.mutant_writeback,
+                "#39542: writes buffer[:N_d] with sum(d) unpacked rows",
+                reach=reach_padding,
+                trigger=trigger_writeback,
+                smallest=smallest_writeback,
+            ),
+            Implementation.mutant(
+                "pr39542-lengths",
+                k.mutant_lengths,
+                "#39542: top-k lengths not sliced to the scored rows",
+                reach=reach_padding,
+                trigger=trigger_lengths,
+                smallest=smallest_lengths,
+            ),
+            Implementation.mutant(
+                "pr39542-overlap",
+                k.mutant_overlap,
+                "left open by #39542: top-k into the view buffer[:B*L] overlaps later rows",
+                reach=reach_decodes,
+                trigger=trigger_overlap,
+                smallest=smallest_overlap,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.indexer_decode, "fixed", "Triton kernels, fixed path"))
-    target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        Implementation(
-            "pr39542-writeback",
-            k.mutant_writeback,
-            "mutant",
-            "#39542: writes buffer[:N_d] with sum(d) unpacked rows",
-            trigger=trigger_writeback,
-            reach=reach_padding,
-            smallest=smallest_writeback,
-        )
-    )
-    target.add(
-        Implementation(
-            "pr39542-lengths",
-            k.mutant_lengths,
-            "mutant",
-            "#39542: top-k lengths not sliced to the scored rows",
-            trigger=trigger_lengths,
-            reach=reach_padding,
-            smallest=smallest_lengths,
-        )
-    )
-    target.add(
-        Implementation(
-            "pr39542-overlap",
-            k.mutant_overlap,
-            "mutant",
-            "left open by #39542: top-k into the view buffer[:B*L] overlaps later rows",
-            trigger=trigger_overlap,
-            reach=reach_decodes,
-            smallest=smallest_overlap,
-        )
-    )
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
-
-    glue = "model_executor/layers/sparse_attn_indexer.py"
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run",
-            description=f"installed vLLM: {glue}:sparse_attn_indexer "
-            "(CUDA path, vendor ops stood in)",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run_xpu",
-            name="vllm-xpu",
-            description=f"installed vLLM: {glue}:sparse_attn_indexer, its XPU branches "
-            "(XPU kernels stood in)",
-        )
-    )
-    # vLLM 0.33.0's ROCm glue still writes back buffer[:N_d] (#39542 was fixed in
-    # sparse_attn_indexer only): shipped code with bug A, so it is filed with the
-    # mutants (caught, with #39542's trigger) until vLLM fixes it.
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run_rocm",
-            name="vllm-rocm",
-            kind="mutant",
-            description="installed vLLM: v1/attention/ops/rocm_aiter_mla_sparse.py:"
-            "rocm_aiter_sparse_attn_indexer (AITER kernels stood in); still has #39542's "
-            "write-back of buffer[:N_d]",
-            trigger=trigger_engine_writeback,
-            reach=reach_engine_padding,
-            smallest=smallest_writeback,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run_cpu",
-            name="vllm-cpu",
-            description=f"installed vLLM: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
-            "platform's own metadata builder (CPU kernels stood in); it takes index_topk 512, "
-            "indexer head dim 128 and no native MTP only; the CPU platform captures no "
-            "CUDA graphs, so its steps are never padded",
-            # platforms/cpu.py:CpuPlatform.check_and_update_config empties the capture
-            # sizes: no graph keys, every step dispatches to NONE.
-            fixes={"topk": 512, "head_dim": 128, "next_n": 1, "cudagraph_mode": "NONE"},
-        )
-    )
-    # DeepSeek-V4.1's gfx942 --monokernel indexer layer runs its own copy of the ROCm
-    # decode branch (_decode_step), which still writes back buffer[:N_d] (#39542 was
-    # fixed in sparse_attn_indexer only): shipped code with bug A, filed with the mutants.
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "run_deepseek_v41_amd",
-            name="vllm-deepseek-v41-amd",
-            kind="mutant",
-            description="installed vLLM: models/deepseek_v41/amd/ops/sparse_indexer.py:"
-            "gfx942_sparse_attn_indexer (--monokernel on gfx942; gfx942 top-512, AITER and "
-            "torch.ops._C kernels stood in); its _decode_step still has #39542's write-back "
-            "of buffer[:N_d]",
-            trigger=trigger_engine_writeback,
-            reach=reach_engine_padding,
-            smallest=smallest_writeback,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "indexer_decode",
-            "upstream_pr39542",
-            name="upstream-pr39542-decode",
-            kind="mutant",
-            description=f"#39542 reverted in {glue}:sparse_attn_indexer: unsliced seq_lens, "
-            "write-back of buffer[:N_d]",
-            trigger=trigger_engine_writeback,
-            reach=reach_engine_padding,
-            smallest=smallest_writeback,
-        )
-    )
-    return target

@@ -12,12 +12,22 @@ reads of stale page ids, and nothing raised.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
 import torch
 from attnfuzz.harness.oracle import Mismatch, expect_close, expect_equal, expect_meta
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import max_seq_len as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
+
+
+class OwnCheck(StrEnum):
+    """max-seq-len's own checks, beside the oracle's generic ones."""
+
+    MAX_SEQ_LEN = "max_seq_len"  # the bounds themselves
+    WALK = "walk"  # pages the consumer walks by them
+    PAGE_BOUNDS = "page_bounds"  # page ids the walk reads inside the cache
 
 
 def _as_int(name: str, value: object) -> tuple[int | None, list[Mismatch]]:
@@ -57,7 +67,7 @@ def expect_tight(
         why = f"min(max(seq_lens_cpu_upper_bound[:{R}])={upper_max} + {inputs.num_spec_steps}, {M})"
     else:
         why = f"max(seq_lens_cpu_upper_bound[:{R}]), tight outside capture"
-    return [Mismatch("max_seq_len", name, f"{expected} ({why})", str(value))]
+    return [Mismatch(OwnCheck.MAX_SEQ_LEN, name, f"{expected} ({why})", str(value))]
 
 
 def compare(
@@ -75,7 +85,7 @@ def compare(
         if want is None or have is None:  # the draft path exists with speculative decoding
             if want is not have:
                 no_draft = f"num_spec={inputs.num_spec_steps}"
-                out.append(Mismatch("max_seq_len", name, f"{want} ({no_draft})", str(have)))
+                out.append(Mismatch(OwnCheck.MAX_SEQ_LEN, name, f"{want} ({no_draft})", str(have)))
             continue
         value, bad = _as_int(name, have)
         if bad:
@@ -96,11 +106,11 @@ def compare(
         for field in fields[:2]:
             out += expect_equal(
                 field, getattr(got, field)[path], getattr(expected, field)[path],
-                check="walk", at=path, label=label,
+                check=OwnCheck.WALK, at=path, label=label,
             )  # fmt: skip
         out += expect_equal(
             "oob_pages", got.oob_pages[path], expected.oob_pages[path],
-            check="page_bounds", at=path, label=label,
+            check=OwnCheck.PAGE_BOUNDS, at=path, label=label,
         )  # fmt: skip
         out += expect_close("out", got.out[path], expected.out[path], at=path, label=label)
     return out
@@ -198,17 +208,16 @@ def smallest_draft_model_len() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import max_seq_len as k
 
-    target = Target(
-        checks=("max_seq_len", "walk", "page_bounds"),
+    return Target(
         runs_in="runner",
         name="max-seq-len",
         summary="max_seq_len of the model state and the draft, and a paged kernel walking by it",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         params={"capturing": (0, 1)},
         statistics=walk_statistic,
         # Pages needed grow as sequences near the table's edge (max_model_len),
@@ -217,70 +226,24 @@ def build() -> Target:
         guided=("pages_needed",),
         # The KV cache and the consumer's output are float32 by construction.
         dtypes=(torch.float32,),
+        implementations=(
+            Implementation("triton", k.max_seq_len_metadata, Kind.FIXED, "tight bounds (fixed)"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the NumPy reference"),
+            Implementation.mutant(
+                "pr43991-model-len",
+                k.mutant_model_len,
+                "#43991: the model state's max_seq_len is max_model_len outside capture",
+                reach=reach_model_len,
+                trigger=trigger_model_len,
+                smallest=smallest_model_len,
+            ),
+            Implementation.mutant(
+                "pr43991-draft-model-len",
+                k.mutant_draft_model_len,
+                "#43991: the draft model's max_seq_len is max_model_len",
+                reach=reach_draft_model_len,
+                trigger=trigger_draft_model_len,
+                smallest=smallest_draft_model_len,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.max_seq_len_metadata, "fixed", "tight bounds (fixed)"))
-    target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        Implementation(
-            "pr43991-model-len",
-            k.mutant_model_len,
-            "mutant",
-            "#43991: the model state's max_seq_len is max_model_len outside capture",
-            trigger=trigger_model_len,
-            reach=reach_model_len,
-            smallest=smallest_model_len,
-        )
-    )
-    target.add(
-        Implementation(
-            "pr43991-draft-model-len",
-            k.mutant_draft_model_len,
-            "mutant",
-            "#43991: the draft model's max_seq_len is max_model_len",
-            trigger=trigger_draft_model_len,
-            reach=reach_draft_model_len,
-            smallest=smallest_draft_model_len,
-        )
-    )
-    # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
-    draft = (
-        "draft: the drafter init_speculator builds (spec_decode/speculator.py:"
-        "DraftModelSpeculator from 0.23.0, spec_decode/eagle/speculator.py:"
-        "EagleSpeculator._build_draft_attn_metadata before)"
-    )
-    for attr, name, where in (
-        ("run", "vllm", "default.py:DefaultModelState"),
-        ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
-    ):
-        description = (
-            f"installed vLLM: model_states/{where}.prepare_attn; {draft}; attnfuzz's paged walk"
-        )
-        target.add(vllm_impl("max_seq_len", attr, name=name, description=description))
-    target.add(
-        vllm_impl(
-            "max_seq_len", "run_v1", name="vllm-v1",
-            description="installed vLLM (V1 runner): gpu_model_runner.py:GPUModelRunner."
-            f"_build_attention_metadata; {draft} (V1's drafter raises its bound per "
-            "decode step); attnfuzz's paged walk",
-        )
-    )  # fmt: skip
-    target.add(
-        vllm_impl(
-            "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
-            kind="mutant",
-            description="vLLM #43991 reverted: MambaHybridModelState.prepare_attn passes "
-            "max_seq_len=self.max_model_len outside capture too",
-            trigger=trigger_model_len, reach=reach_model_len, smallest=smallest_model_len,
-        )
-    )  # fmt: skip
-    target.add(
-        vllm_impl(
-            "max_seq_len", "upstream_draft_model_len", name="upstream-pr43991-draft-model-len",
-            kind="mutant",
-            description="vLLM #43991 reverted: DraftModelSpeculator._build_attn_metadata passes "
-            "max_seq_len=self.max_model_len",
-            trigger=trigger_draft_model_len, reach=reach_draft_model_len,
-            smallest=smallest_draft_model_len,
-        )
-    )  # fmt: skip
-    return target

@@ -19,6 +19,8 @@ needs is that the lengths it reads keep their persistent address. A
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 from attnfuzz.harness.oracle import (
     Mismatch,
@@ -29,10 +31,17 @@ from attnfuzz.harness.oracle import (
     expect_strides,
     expect_untouched_outside,
 )
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import DEEPSEEK_V32_CG_SUPPORTS
+
+
+class OwnCheck(StrEnum):
+    """mtp-seq-lens's own checks, beside the oracle's generic ones."""
+
+    CONSUMER = "consumer"  # the logits kernel accepts the lengths
+    PATH = "path"  # the builder's path (native MTP or flattening)
 
 
 def expect_consumable(name: str, lens: torch.Tensor, rows: int) -> list[Mismatch]:
@@ -42,7 +51,7 @@ def expect_consumable(name: str, lens: torch.Tensor, rows: int) -> list[Mismatch
     try:
         check_lengths("paged_mqa_logits", "context_lens", lens, rows)
     except ValueError as err:  # the consumer refuses them: a finding
-        return [Mismatch("consumer", name, "lengths the logits kernel accepts", str(err))]
+        return [Mismatch(OwnCheck.CONSUMER, name, "lengths the logits kernel accepts", str(err))]
     return []
 
 
@@ -72,7 +81,7 @@ def compare(
     own = getattr(got, "buffer", None)
     path = getattr(got, "path", ref.NATIVE)
     if path not in expected.paths:
-        return [Mismatch("path", "path", " or ".join(expected.paths), repr(path))]
+        return [Mismatch(OwnCheck.PATH, "path", " or ".join(expected.paths), repr(path))]
     native = path == ref.NATIVE
     if native:
         shape = (inputs.num_decodes, inputs.max_decode_len)
@@ -200,16 +209,15 @@ def smallest_noclamp() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import mtp_seq_lens as k
 
-    target = Target(
-        checks=("consumer", "path"),
+    return Target(
         name="mtp-seq-lens",
         summary="per-token context lengths [B, L] of native MTP, a view of persistent memory",
         make_inputs=ref.make_inputs,
         reference=ref.reference,
         compare=compare,
+        checks=OwnCheck,
         describe=ref.describe,
         statistics=path_statistic,
         # Not guided: its bugs' conditions are thresholds, not distances, and
@@ -221,74 +229,32 @@ def build() -> Target:
         # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
         cg_supports=DEEPSEEK_V32_CG_SUPPORTS,
         varlen_decode=False,  # adaptive verification changes the builder's path
+        implementations=(
+            Implementation("triton", k.mtp_context_lens, Kind.FIXED, "flat table viewed [B, L]"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the NumPy reference"),
+            Implementation.mutant(
+                "pr42135-strided",
+                k.mutant_strided,
+                "#42135: [max_num_seqs, next_n] table sliced [:B, :L], not contiguous",
+                reach=reach_table,
+                trigger=trigger_strided,
+                smallest=smallest_strided,
+            ),
+            Implementation.mutant(
+                "pr42135-copy",
+                k.mutant_copy,
+                "#42135 first fix: .contiguous() per step, new storage a graph cannot hold",
+                reach=reach_table,
+                trigger=trigger_strided,
+                smallest=smallest_strided,
+            ),
+            Implementation.mutant(
+                "pr42135-noclamp",
+                k.mutant_noclamp,
+                "lengths not clamped at 0: padding requests get negative lengths",
+                reach=reach_padded,
+                trigger=trigger_noclamp,
+                smallest=smallest_noclamp,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
-    target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "run",
-            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
-            "DeepseekV32IndexerMetadataBuilder.build (decode.seq_lens)",
-        )
-    )
-    target.add(
-        Implementation(
-            "pr42135-strided",
-            k.mutant_strided,
-            "mutant",
-            "#42135: [max_num_seqs, next_n] table sliced [:B, :L], not contiguous",
-            trigger=trigger_strided,
-            reach=reach_table,
-            smallest=smallest_strided,
-        )
-    )
-    target.add(
-        Implementation(
-            "pr42135-copy",
-            k.mutant_copy,
-            "mutant",
-            "#42135 first fix: .contiguous() per step, new storage a graph cannot hold",
-            trigger=trigger_strided,
-            reach=reach_table,
-            smallest=smallest_strided,
-        )
-    )
-    target.add(
-        Implementation(
-            "pr42135-noclamp",
-            k.mutant_noclamp,
-            "mutant",
-            "lengths not clamped at 0: padding requests get negative lengths",
-            trigger=trigger_noclamp,
-            reach=reach_padded,
-            smallest=smallest_noclamp,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "upstream_strided",
-            name="upstream-pr42135-strided",
-            kind="mutant",
-            description="installed vLLM's builder with #42135 reverted: the [max_num_seqs, next_n] "
-            "decode_seq_lens_buffer sliced [:B, :L]",
-            trigger=trigger_native_strided,
-            reach=reach_native_table,
-            smallest=smallest_strided,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "upstream_copy",
-            name="upstream-pr42135-copy",
-            kind="mutant",
-            description="installed vLLM's builder with #42135's first fix: the 2-D slice made "
-            ".contiguous(), a copy per step",
-            trigger=trigger_native_strided,
-            reach=reach_native_table,
-            smallest=smallest_strided,
-        )
-    )
-    return target

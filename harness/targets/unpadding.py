@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch, expect_equal, expect_meta, expect_view_of
-from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import unpadding as ref
 from attnfuzz.reference.batch import Batch, Case, CommonMetadata, build_common_metadata
 
@@ -117,7 +116,10 @@ def smallest_any() -> Case:
 def build() -> Target:
     from attnfuzz.kernels import unpadding as k
 
-    target = Target(
+    padding_rows = dict(
+        reach=reach_padded, trigger=trigger_padding_requests, smallest=smallest_padded
+    )
+    return Target(
         runs_in="runner",
         name="unpadding",
         summary="CUDA-graph padding of the common metadata into persistent buffers, and unpadded()",
@@ -127,66 +129,48 @@ def build() -> Target:
         describe=ref.describe,
         # Padding and unpadding differ only where a graph pads tokens and requests.
         guided=("padded_tokens", "padding_requests"),
+        implementations=(
+            Implementation("triton", k.pad_and_unpad, Kind.FIXED, "torch glue, views"),
+            Implementation("reference", reference_impl, Kind.REFERENCE, "the fixed glue"),
+            Implementation.mutant(
+                "stale-slots",
+                k.mutant_stale_slots,
+                "padded tokens keep stale slots",
+                reach=reach_padded,
+                trigger=trigger_padded_tokens,
+                smallest=smallest_padded,
+            ),
+            Implementation.mutant(
+                "stale-table-rows",
+                k.mutant_stale_table_rows,
+                "padding requests keep stale page ids",
+                **padding_rows,
+            ),
+            Implementation.mutant(
+                "stale-seq-lens",
+                k.mutant_stale_seq_lens,
+                "padding requests keep stale lengths",
+                **padding_rows,
+            ),
+            Implementation.mutant(
+                "stale-query-start-loc",
+                k.mutant_stale_query_start_loc,
+                "query_start_loc past the real requests left stale",
+                **padding_rows,
+            ),
+            Implementation.mutant(
+                "unpadded-table",
+                k.mutant_unpadded_table,
+                "unpadded keeps R_pad block-table rows (#43982's shape)",
+                **padding_rows,
+            ),
+            Implementation.mutant(
+                "unpadded-copy",
+                k.mutant_unpadded_copy,
+                "unpadded copies instead of viewing",
+                reach=reach_any,
+                trigger=reach_any,
+                smallest=smallest_any,
+            ),
+        ),
     )
-    target.add(Implementation("triton", k.pad_and_unpad, "fixed", "torch glue, views"))
-    target.add(Implementation("reference", reference_impl, "reference", "the fixed glue"))
-    stale_slots = dict(trigger=trigger_padded_tokens, reach=reach_padded, smallest=smallest_padded)
-    padding_rows = dict(
-        trigger=trigger_padding_requests, reach=reach_padded, smallest=smallest_padded
-    )
-    mutants = [
-        ("stale-slots", k.mutant_stale_slots, "padded tokens keep stale slots", stale_slots),
-        (
-            "stale-table-rows",
-            k.mutant_stale_table_rows,
-            "padding requests keep stale page ids",
-            padding_rows,
-        ),
-        (
-            "stale-seq-lens",
-            k.mutant_stale_seq_lens,
-            "padding requests keep stale lengths",
-            padding_rows,
-        ),
-        (
-            "stale-query-start-loc",
-            k.mutant_stale_query_start_loc,
-            "query_start_loc past the real requests left stale",
-            padding_rows,
-        ),
-        (
-            "unpadded-table",
-            k.mutant_unpadded_table,
-            "unpadded keeps R_pad block-table rows (#43982's shape)",
-            padding_rows,
-        ),
-        (
-            "unpadded-copy",
-            k.mutant_unpadded_copy,
-            "unpadded copies instead of viewing",
-            dict(trigger=reach_any, reach=reach_any, smallest=smallest_any),
-        ),
-    ]
-    for name, fn, description, meta in mutants:
-        target.add(Implementation(name, fn, "mutant", description, **meta))
-    target.add(
-        vllm_impl(
-            "unpadding",
-            "run",
-            description="installed vLLM: v1/worker/gpu/block_table.py:BlockTables, "
-            "v1/worker/gpu/input_batch.py:prepare_pos_seq_lens, "
-            "v1/attention/backend.py:CommonAttentionMetadata.unpadded",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "unpadding",
-            "upstream_stale_slots",
-            name="upstream-pr36580-stale-slots",
-            kind="mutant",
-            description="installed vLLM's _compute_slot_mappings_kernel with #36580 reverted: "
-            "padding starts at the padded token count",
-            **stale_slots,
-        )
-    )
-    return target
