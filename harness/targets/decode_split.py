@@ -14,7 +14,6 @@ import dataclasses
 import operator
 
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import decode_split as ref
@@ -302,25 +301,6 @@ def build() -> Target:
             trigger=trigger_extends,
             reach=reach_longer,
             smallest=smallest_extends,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "decode_split",
-            "run",
-            description="installed vLLM: v1/attention/backends/utils.py:"
-            "split_decodes_and_prefills, split_decodes_prefills_and_extends",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "decode_split",
-            "upstream_padding_as_prefills",
-            name="upstream-pr29644-padding-as-prefills",
-            kind="mutant",
-            description="vLLM 0.33.0 split_decodes_and_prefills with #29644's uniform branch "
-            "reverted: padding requests are prefills",
-            **padding,
         )
     )
     return target

@@ -78,7 +78,6 @@ def smallest_padded_table() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import draft_block_tables as k
 
     target = Target(
@@ -104,28 +103,6 @@ def build() -> Target:
             k.mutant_padded_table,
             "mutant",
             "#43982: each group's stored [R_pad, W_g] table attached unsliced",
-            trigger=trigger_padded_table,
-            reach=reach_padded_table,
-            smallest=smallest_padded_table,
-        )
-    )
-    # vLLM's own drafter (imported on first call; listed as unavailable without vLLM).
-    target.add(
-        vllm_impl(
-            "draft_block_tables",
-            "run",
-            description="installed vLLM: vllm/v1/spec_decode/gemma4.py:"
-            "Gemma4Proposer.build_per_group_and_layer_attn_metadata",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "draft_block_tables",
-            "upstream_pr43982_padded_table",
-            name="upstream-pr43982-padded-table",
-            kind="mutant",
-            description="vLLM 0.33.0's Gemma4Proposer.build_per_group_and_layer_attn_metadata "
-            "with #43982 reverted: each group's stored [R_pad, W_g] table handed on unsliced",
             trigger=trigger_padded_table,
             reach=reach_padded_table,
             smallest=smallest_padded_table,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import (
     Mismatch,
     expect_contiguous,
@@ -230,29 +229,6 @@ def build() -> Target:
     )
     target.add(Implementation("triton", k.flatten_decode, "fixed", "one program per decode"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))
-    target.add(
-        vllm_impl(
-            "flatten_decode",
-            "run",
-            declines="declines",
-            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
-            "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flatten_decode",
-            "upstream_unaligned_width",
-            name="upstream-pr50302-unaligned-width",
-            kind="mutant",
-            declines="declines",
-            description="installed vLLM with #50302 reverted: expanded block table of "
-            "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
-            trigger=trigger_unaligned_width,
-            reach=reach_decodes,
-            smallest=smallest_unaligned_width,
-        )
-    )
     target.add(
         Implementation(
             "right-aligned-on-max",

@@ -247,7 +247,6 @@ def reach_upstream_capacity(case: Case) -> bool:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import flex_block_mask as k
 
     target = Target(
@@ -280,30 +279,6 @@ def build() -> Target:
             "#39353: persistent tables sized [max_model_len, cdiv(max_model_len, bs)]",
             trigger=trigger_capacity,
             reach=reach_capacity,
-            smallest=smallest_capacity,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flex_block_mask",
-            "run",
-            declines="declines",
-            description="installed vLLM: vllm/v1/attention/backends/flex_attention.py:"
-            "FlexAttentionMetadataBuilder.build",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "flex_block_mask",
-            "upstream_capacity",
-            name="upstream-pr39353-capacity",
-            kind="mutant",
-            declines="declines",
-            description="vLLM 0.33.0's FlexAttentionMetadataBuilder with its persistent "
-            "tables sized as before #39353: [max_model_len, cdiv(max_model_len, bs)] "
-            "(reconstructed)",
-            trigger=trigger_upstream_capacity,
-            reach=reach_upstream_capacity,
             smallest=smallest_capacity,
         )
     )

@@ -198,7 +198,6 @@ def smallest_draft_model_len() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import max_seq_len as k
 
     target = Target(
@@ -241,45 +240,4 @@ def build() -> Target:
             smallest=smallest_draft_model_len,
         )
     )
-    # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
-    draft = (
-        "draft: the drafter init_speculator builds (spec_decode/speculator.py:"
-        "DraftModelSpeculator from 0.23.0, spec_decode/eagle/speculator.py:"
-        "EagleSpeculator._build_draft_attn_metadata before)"
-    )
-    for attr, name, where in (
-        ("run", "vllm", "default.py:DefaultModelState"),
-        ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
-    ):
-        description = (
-            f"installed vLLM: model_states/{where}.prepare_attn; {draft}; attnfuzz's paged walk"
-        )
-        target.add(vllm_impl("max_seq_len", attr, name=name, description=description))
-    target.add(
-        vllm_impl(
-            "max_seq_len", "run_v1", name="vllm-v1",
-            description="installed vLLM (V1 runner): gpu_model_runner.py:GPUModelRunner."
-            f"_build_attention_metadata; {draft} (V1's drafter raises its bound per "
-            "decode step); attnfuzz's paged walk",
-        )
-    )  # fmt: skip
-    target.add(
-        vllm_impl(
-            "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
-            kind="mutant",
-            description="vLLM #43991 reverted: MambaHybridModelState.prepare_attn passes "
-            "max_seq_len=self.max_model_len outside capture too",
-            trigger=trigger_model_len, reach=reach_model_len, smallest=smallest_model_len,
-        )
-    )  # fmt: skip
-    target.add(
-        vllm_impl(
-            "max_seq_len", "upstream_draft_model_len", name="upstream-pr43991-draft-model-len",
-            kind="mutant",
-            description="vLLM #43991 reverted: DraftModelSpeculator._build_attn_metadata passes "
-            "max_seq_len=self.max_model_len",
-            trigger=trigger_draft_model_len, reach=reach_draft_model_len,
-            smallest=smallest_draft_model_len,
-        )
-    )  # fmt: skip
     return target

@@ -167,21 +167,6 @@ def trigger_noclamp(case: Case) -> bool:
     return any(int(meta.seq_lens[b]) - L + 1 < 0 for b in range(s.num_decodes))
 
 
-def reach_native_table(case: Case) -> bool:
-    """:func:`reach_table`, where vLLM takes the native path on this platform (the
-    upstream mutants live in it; vLLM on the CPU flattens ``next_n > 2``)."""
-    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
-
-    return reach_table(case) and takes_native_path(case.config)
-
-
-def trigger_native_strided(case: Case) -> bool:
-    """:func:`trigger_strided` on vLLM's native path."""
-    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
-
-    return trigger_strided(case) and takes_native_path(case.config)
-
-
 def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
     from attnfuzz.harness.testing import spec_config
 
@@ -200,7 +185,6 @@ def smallest_noclamp() -> Case:
 
 
 def build() -> Target:
-    from attnfuzz.adapters.vllm import implementation as vllm_impl
     from attnfuzz.kernels import mtp_seq_lens as k
 
     target = Target(
@@ -223,14 +207,6 @@ def build() -> Target:
     )
     target.add(Implementation("triton", k.mtp_context_lens, "fixed", "flat table viewed [B, L]"))
     target.add(Implementation("reference", reference_impl, "reference", "the NumPy reference"))
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "run",
-            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
-            "DeepseekV32IndexerMetadataBuilder.build (decode.seq_lens)",
-        )
-    )
     target.add(
         Implementation(
             "pr42135-strided",
@@ -262,32 +238,6 @@ def build() -> Target:
             trigger=trigger_noclamp,
             reach=reach_padded,
             smallest=smallest_noclamp,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "upstream_strided",
-            name="upstream-pr42135-strided",
-            kind="mutant",
-            description="installed vLLM's builder with #42135 reverted: the [max_num_seqs, next_n] "
-            "decode_seq_lens_buffer sliced [:B, :L]",
-            trigger=trigger_native_strided,
-            reach=reach_native_table,
-            smallest=smallest_strided,
-        )
-    )
-    target.add(
-        vllm_impl(
-            "mtp_seq_lens",
-            "upstream_copy",
-            name="upstream-pr42135-copy",
-            kind="mutant",
-            description="installed vLLM's builder with #42135's first fix: the 2-D slice made "
-            ".contiguous(), a copy per step",
-            trigger=trigger_native_strided,
-            reach=reach_native_table,
-            smallest=smallest_strided,
         )
     )
     return target

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch, expect_equal, expect_meta, expect_view_of
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import slot_mapping as ref
@@ -137,36 +136,6 @@ def build() -> Target:
     )
     target.add(Implementation("triton", k.slot_mapping, "fixed", "one program per request"))
     target.add(Implementation("reference", reference_impl, "reference", "the reference's loops"))
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "run",
-            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/block_table.py:"
-            "BlockTables.compute_slot_mappings",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "run_v1",
-            name="vllm-v1",
-            description="installed vLLM (V1 runner): vllm/v1/worker/block_table.py:"
-            "BlockTable.compute_slot_mapping",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "slot_mapping",
-            "upstream_stale_padding",
-            name="upstream-pr36580-stale-padding",
-            kind="mutant",
-            description="installed vLLM (V2 runner) with #36580 reverted: padding written "
-            "from positions.shape[0] (T_pad), padded tokens keep stale slots",
-            trigger=trigger_stale_padding,
-            reach=reach_padded,
-            smallest=smallest_stale_padding,
-        )
-    )
     target.add(
         Implementation(
             "stale-padding",

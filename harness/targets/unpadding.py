@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.oracle import Mismatch, expect_equal, expect_meta, expect_view_of
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference import unpadding as ref
@@ -169,24 +168,4 @@ def build() -> Target:
     ]
     for name, fn, description, meta in mutants:
         target.add(Implementation(name, fn, "mutant", description, **meta))
-    target.add(
-        vllm_impl(
-            "unpadding",
-            "run",
-            description="installed vLLM: v1/worker/gpu/block_table.py:BlockTables, "
-            "v1/worker/gpu/input_batch.py:prepare_pos_seq_lens, "
-            "v1/attention/backend.py:CommonAttentionMetadata.unpadded",
-        )
-    )
-    target.add(
-        vllm_impl(
-            "unpadding",
-            "upstream_stale_slots",
-            name="upstream-pr36580-stale-slots",
-            kind="mutant",
-            description="installed vLLM's _compute_slot_mappings_kernel with #36580 reverted: "
-            "padding starts at the padded token count",
-            **stale_slots,
-        )
-    )
     return target
