@@ -21,6 +21,10 @@ command; :func:`get_target` refuses it with that reason. An entry point named
 like a built-in target, or two entry points of one name, are a
 :class:`UsageError` (which one was meant cannot be known).
 
+Engines (:mod:`attnfuzz.harness.engines`, the group ``attnfuzz.engines``) add
+their implementations and upstream mutants to the targets they name when
+:func:`get_target` builds them; :func:`engine_problems` says which were left out.
+
 A user's own bug zoo: :func:`add_mutants` registers mutants a user module
 declares with :func:`mutant` (see there).
 """
