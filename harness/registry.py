@@ -140,7 +140,11 @@ def _with_engines(target: Target) -> Target:
     refused = _refused[target.name] = []
     for engine in engines.engines().values():
         for impl in engine.implementations.get(target.name, ()):
+            unavailable = impl.unavailable or engine.unavailable
+            added = dataclasses.replace(impl, engine=engine.name, unavailable=unavailable)
             existing = target.implementations.get(impl.name)
+            if existing == added:  # a plugin's target, built once, attached again
+                continue
             if impl.engine not in (None, engine.name):
                 refused.append(
                     f"engine {engine.name}: {target.name}/{impl.name} says it is "
@@ -152,8 +156,7 @@ def _with_engines(target: Target) -> Target:
                     f"{impl.name!r} ({existing.kind}: {existing.description}); rename the engine's"
                 )
             else:
-                unavailable = impl.unavailable or engine.unavailable
-                target.add(dataclasses.replace(impl, engine=engine.name, unavailable=unavailable))
+                target.add(added)
     return target
 
 
