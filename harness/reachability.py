@@ -12,7 +12,8 @@ A target says where its engine code runs (``Target.runs_in``):
 
 For each (runner, cudagraph mode) the backend's support keeps, the case's step
 is planned by the engine's own decision code where the engine is installed
-(``adapters.<engine>.runner_modes``), else by :mod:`attnfuzz.reference.runner`,
+(its plugin's :attr:`~attnfuzz.harness.engines.Engine.planner`), else by
+:mod:`attnfuzz.reference.runner`,
 and the implementation is judged where its Python runs on that step: on the
 step itself, or, for ``forward`` code on a FULL step, on the dummy step the
 graph is captured on. A finding is **live** when some such judgement fails,
@@ -22,11 +23,11 @@ graph is captured on. A finding is **live** when some such judgement fails,
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from attnfuzz.harness import engines
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import (
     RUNNERS,
@@ -121,18 +122,10 @@ class PlannerRefuses(ValueError):
 def engine_planner(engine: str | None) -> Callable[[object, Batch], StepPlan]:
     """The engine's own step planner where it is installed, else the reference's;
     :class:`PlannerUnbound` where it is installed but its planner cannot bind."""
-    if engine is not None:
-        try:
-            mod = importlib.import_module(f"attnfuzz.adapters.{engine}.runner_modes")
-            adapters = importlib.import_module(f"attnfuzz.adapters.{engine}")
-        except ImportError:
-            return step_plan
-        if adapters.unavailable() is None:
-            problem = adapters.planner_problem()
-            if problem is not None:
-                raise PlannerUnbound(problem)
-            return mod.engine_step_plan
-    return step_plan
+    declared = engines.get(engine) if engine is not None else None
+    if declared is None or declared.planner is None or declared.unavailable() is not None:
+        return step_plan
+    return declared.planner()
 
 
 def _capture_case(case: Case, step: StepPlan) -> Case | None:

@@ -21,6 +21,10 @@ command; :func:`get_target` refuses it with that reason. An entry point named
 like a built-in target, or two entry points of one name, are a
 :class:`UsageError` (which one was meant cannot be known).
 
+Engines (:mod:`attnfuzz.harness.engines`, the group ``attnfuzz.engines``) add
+their implementations and upstream mutants to the targets they name when
+:func:`get_target` builds them; :func:`engine_problems` says which were left out.
+
 A user's own bug zoo: :func:`add_mutants` registers mutants a user module
 declares with :func:`mutant` (see there).
 """
@@ -34,10 +38,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import metadata
 from typing import Any
 
-from attnfuzz.harness import targets
+from attnfuzz.harness import engines, entry_points, targets
 from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import Case
 
@@ -52,43 +55,37 @@ def _builtin_names() -> tuple[str, ...]:
     return tuple(sorted(m.name.replace("_", "-") for m in modules if not m.name.startswith("_")))
 
 
-def _describe(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    where = f" of {dist.name}" if dist is not None else ""
-    return f"entry point {ep.name} = {ep.value}{where} (group {ENTRY_POINT_GROUP})"
-
-
 @cache
 def _plugins() -> tuple[dict[str, Target], dict[str, str]]:
     """``(targets, unavailable)``: the targets of the ``attnfuzz.targets`` entry
     points, built, and ``name -> reason`` for those that could not be built."""
     built: dict[str, Target] = {}
     unavailable: dict[str, str] = {}
-    seen: dict[str, str] = {}
+    eps = entry_points.entry_points(ENTRY_POINT_GROUP)
+    for reason in entry_points.clashes(eps, "target").values():
+        raise UsageError(reason)
     builtin = set(_builtin_names())
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in eps:
         if ep.name in builtin:
             raise UsageError(
-                f"{_describe(ep)} is named like the built-in target {ep.name!r}: rename it"
+                f"{entry_points.describe(ep)} is named like the built-in target {ep.name!r}: "
+                "rename it"
             )
-        if ep.name in seen:
-            raise UsageError(f"{_describe(ep)} and {seen[ep.name]} both name target {ep.name!r}")
-        seen[ep.name] = _describe(ep)
-        try:
-            build = ep.load()
-            target = build()
-        except (Exception, SystemExit) as err:  # a broken plugin is reported, not fatal
-            unavailable[ep.name] = f"{_describe(ep)} failed: {type(err).__name__}: {err}"
-            continue
-        if not isinstance(target, Target):
-            unavailable[ep.name] = (
-                f"{_describe(ep)} returned {type(target).__name__}, not an attnfuzz Target"
-            )
-        elif target.name != ep.name:
-            unavailable[ep.name] = f"{_describe(ep)} built target {target.name!r}"
+        target, reason = entry_points.load(ep, lambda build, n=ep.name: _built(build(), n))
+        if target is None:
+            unavailable[ep.name] = reason or f"{entry_points.describe(ep)} failed"
         else:
             built[ep.name] = target
     return built, unavailable
+
+
+def _built(target: object, name: str) -> Target:
+    """What an entry point's ``build()`` returned, checked as the target ``name``."""
+    if not isinstance(target, Target):
+        raise entry_points.Refused(f"returned {type(target).__name__}, not an attnfuzz Target")
+    if target.name != name:
+        raise entry_points.Refused(f"built target {target.name!r}")
+    return target
 
 
 @cache
@@ -117,18 +114,68 @@ def unavailable_targets() -> dict[str, str]:
 
 @cache
 def get_target(name: str) -> Target:
-    """The target ``name``; a :class:`UsageError` naming why when there is none."""
+    """The target ``name``, with the implementations every engine adds to it
+    (:mod:`attnfuzz.harness.engines`); a :class:`UsageError` naming why when there is none."""
     if name not in _builtin_names():  # built-ins first: a plugin's build() may use them
         plugins, unavailable = _plugins()
         if name in plugins:
-            return plugins[name]
+            return _with_engines(plugins[name])
         if name in unavailable:
             raise UsageError(f"target {name!r} is unavailable: {unavailable[name]}")
         raise UsageError(f"unknown target {name!r} (known: {', '.join(target_names())})")
     module = importlib.import_module(f"{targets.__name__}.{name.replace('-', '_')}")
     target = module.build()
     assert target.name == name, f"{module.__name__} builds {target.name!r}, expected {name!r}"
+    return _with_engines(target)
+
+
+_refused: dict[str, list[str]] = {}
+"""Target name -> why engines' implementations of it were refused (as last built)."""
+
+
+def _with_engines(target: Target) -> Target:
+    """``target`` with each loaded engine's implementations of it added, in the order
+    of the engines' names; one whose name the target already has is refused (why
+    goes to :func:`engine_problems`), the rest of the engine still added."""
+    refused = _refused[target.name] = []
+    for engine in engines.engines().values():
+        for impl in engine.implementations.get(target.name, ()):
+            unavailable = impl.unavailable or engine.unavailable
+            added = dataclasses.replace(impl, engine=engine.name, unavailable=unavailable)
+            existing = target.implementations.get(impl.name)
+            if existing == added:  # a plugin's target, built once, attached again
+                continue
+            if impl.engine not in (None, engine.name):
+                refused.append(
+                    f"engine {engine.name}: {target.name}/{impl.name} says it is "
+                    f"engine {impl.engine!r}'s code"
+                )
+            elif existing is not None:
+                refused.append(
+                    f"engine {engine.name}: {target.name} already has an implementation "
+                    f"{impl.name!r} ({existing.kind}: {existing.description}); rename the engine's"
+                )
+            else:
+                target.add(added)
     return target
+
+
+def engine_problems() -> list[str]:
+    """Why engine plugins, or some of their implementations, are left out (one line
+    each): an entry point that cannot be loaded, an implementation of a target that
+    does not exist here or of a name the target already has."""
+    out = [f"engine {name}: {why}" for name, why in engines.unavailable_engines().items()]
+    named: set[str] = set()
+    for engine in engines.engines().values():
+        for name in engine.implementations:
+            if name in target_names():
+                named.add(name)
+            else:
+                out.append(f"engine {engine.name}: implementations of unknown target {name!r}")
+    for name in sorted(named):
+        get_target(name)  # refusals are found when the target is built
+        out += _refused.get(name, [])
+    return out
 
 
 def unavailable_mutants(names: list[str] | None = None) -> dict[str, list[str]]:

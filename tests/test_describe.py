@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from attnfuzz.adapters import vllm
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.cli.describe import describe_dataclass
 from attnfuzz.harness.registry import target_names
@@ -162,6 +161,7 @@ def test_list_columns_line_up_in_a_pipe(capsys):
 
 
 def test_the_vllm_install_hint_names_the_checkout_and_the_pip_forms(monkeypatch):
+    vllm = pytest.importorskip("attnfuzz.adapters.vllm")  # the vLLM plugin, not vLLM
     monkeypatch.setattr(vllm, "installed_version", lambda: None)
     reason = vllm.unavailable()
     assert reason is not None and "\n" not in reason

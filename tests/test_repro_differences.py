@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import attnfuzz
-from attnfuzz.adapters import vllm
+import pytest
 from attnfuzz.harness.casefile import case_document, write_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.definitions import EXIT_OK
@@ -58,6 +58,7 @@ def test_an_engine_case_names_both_engine_versions(tmp_path, monkeypatch):
     from attnfuzz.harness.cli.repro import differences
     from attnfuzz.harness.registry import get_target
 
+    vllm = pytest.importorskip("attnfuzz.adapters.vllm")  # the vLLM plugin, not vLLM
     monkeypatch.setattr(vllm, "installed_version", lambda: "0.20.0")
     verdict = Verdict([Mismatch("values", "context_lens[0]", "1", "2")])
     doc = case_document(TARGET, "vllm", hand_case((2, 2), (3, 4)), verdict)

@@ -15,17 +15,14 @@ from functools import cache
 import pytest
 import torch
 from attnfuzz.adapters.vllm import compat
+from attnfuzz.adapters.vllm.plugin import trigger_native_strided
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.graph import allocations
 from attnfuzz.harness.oracle import expect_inside, expect_meta
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation
-from attnfuzz.harness.targets.mtp_seq_lens import (
-    smallest_strided,
-    trigger_native_strided,
-    trigger_noclamp,
-)
+from attnfuzz.harness.targets.mtp_seq_lens import smallest_strided, trigger_noclamp
 from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case, spec_config
 from attnfuzz.reference import mtp_seq_lens as ref
 from attnfuzz.reference.batch import split_decodes_and_prefills

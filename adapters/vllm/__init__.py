@@ -12,6 +12,8 @@ historical bug lived in vLLM, ``upstream_*`` functions: the real function with
 its fix reverted (the pre-fix lines as they were, cited by pull request),
 called through the same adapter. :mod:`._engine` builds vLLM's objects
 (configs, KV-cache specs, ``CommonAttentionMetadata``) from a case.
+:mod:`.plugin` declares them all to attnfuzz, as the ``attnfuzz.engines``
+entry point ``vllm``.
 """
 
 from __future__ import annotations

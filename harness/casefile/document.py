@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness import engines
 from attnfuzz.harness.definitions import CASE_SCHEMA
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.target import UsageError
@@ -46,11 +47,8 @@ def environment(device: str = "cpu") -> dict[str, str]:
 
 
 def engine_versions() -> dict[str, str]:
-    """The installed version of each engine attnfuzz has adapters for (looked up, not imported)."""
-    from attnfuzz.adapters import vllm
-
-    version = vllm.installed_version()
-    return {} if version is None else {vllm.ENGINE: version}
+    """The installed version of each engine attnfuzz has a plugin for (looked up, not imported)."""
+    return engines.installed_versions()
 
 
 def engine_record(target: str, implementation: str) -> dict[str, str] | None:

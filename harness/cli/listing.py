@@ -70,6 +70,8 @@ def command(args: argparse.Namespace) -> int:
         )
     # Targets of other distributions (entry points) that could not be built, with why.
     broken = registry.unavailable_targets()
+    # Engine plugins, or implementations of theirs, that were left out, with why.
+    problems = registry.engine_problems()
     engines = _engines(rows)
     for row in rows:
         for impl in row["implementations"]:
@@ -81,26 +83,33 @@ def command(args: argparse.Namespace) -> int:
             for name, why in broken.items()
         ]
         print(json.dumps(rows, indent=2))
+        for problem in problems:  # stdout stays the targets' rows
+            print(f"attnfuzz list: {problem}", file=sys.stderr)
         return EXIT_OK
-    _print_table(rows, broken, [line for _, line in engines.values()])
+    _print_table(rows, broken, [line for _, line in engines.values()], problems)
     return EXIT_OK
 
 
 def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
     """Each engine of an implementation: its installed version (None when it is not
-    installed) and the engine's own line on it (``attnfuzz.adapters.<engine>.status``)."""
-    import importlib
+    installed) and the engine's own line on it (:attr:`Engine.status`)."""
+    from attnfuzz.harness import engines
 
     out: dict[str, tuple[str | None, str]] = {}
     for impl in (impl for row in rows for impl in row["implementations"]):
-        engine = impl["engine"]
-        if engine is not None and engine not in out:
-            module = importlib.import_module(f"attnfuzz.adapters.{engine}")
-            out[engine] = (module.installed_version(), module.status())
+        name = impl["engine"]
+        if name is not None and name not in out:
+            engine = engines.get(name)
+            if engine is None:  # a user's implementation naming an engine no plugin declares
+                out[name] = (None, f"{name}: no attnfuzz engine plugin of that name")
+            else:
+                out[name] = (engine.installed_version(), engine.status())
     return out
 
 
-def _print_table(rows: list[dict[str, Any]], broken: dict[str, str], engines: list[str]) -> None:
+def _print_table(
+    rows: list[dict[str, Any]], broken: dict[str, str], engines: list[str], problems: list[str]
+) -> None:
     """The engines installed, then each target's line and its implementations in
     columns that line up across all targets (one width per column, the widest
     name's); last, why each unavailable implementation cannot run, once per reason."""
@@ -137,4 +146,5 @@ def _print_table(rows: list[dict[str, Any]], broken: dict[str, str], engines: li
         )
         lines.append(Text(f"unavailable{which}: {reason}"))
     lines += [Text(f"{name}: unavailable target ({why})") for name, why in broken.items()]
+    lines += [Text(f"left out: {problem}") for problem in problems]
     show(*lines)

@@ -176,21 +176,6 @@ def trigger_noclamp(case: Case) -> bool:
     return any(int(meta.seq_lens[b]) - L + 1 < 0 for b in range(s.num_decodes))
 
 
-def reach_native_table(case: Case) -> bool:
-    """:func:`reach_table`, where vLLM takes the native path on this platform (the
-    upstream mutants live in it; vLLM on the CPU flattens ``next_n > 2``)."""
-    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
-
-    return reach_table(case) and takes_native_path(case.config)
-
-
-def trigger_native_strided(case: Case) -> bool:
-    """:func:`trigger_strided` on vLLM's native path."""
-    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
-
-    return trigger_strided(case) and takes_native_path(case.config)
-
-
 def _spec_case(q_lens: tuple[int, ...], computed: tuple[int, ...]) -> Case:
     from attnfuzz.harness.testing import spec_config
 

@@ -1,0 +1,383 @@
+"""vLLM as an attnfuzz engine: the ``attnfuzz.engines`` entry point ``vllm``.
+
+:data:`VLLM` declares what vLLM adds to attnfuzz's targets: its own code as an
+implementation of each target (kind ``engine``), and its upstream mutants (the
+real function with a fix reverted, kind ``mutant``) with the trigger, reach and
+smallest case of the bug, which live with the target they belong to.
+
+The adapter functions are named by module and attribute, imported on first call
+(:class:`attnfuzz.adapters.vllm.EngineCall`): importing an adapter sets vLLM's
+environment up, and some import vLLM itself, which every command but those that
+run vLLM must not do. ``tests/test_engines.py`` checks that each name is a
+function of its adapter module.
+"""
+
+from __future__ import annotations
+
+from attnfuzz.adapters import vllm
+from attnfuzz.adapters.vllm import implementation as vllm_impl
+from attnfuzz.harness.engines import Engine, StepPlanner
+from attnfuzz.harness.reachability import PlannerUnbound
+from attnfuzz.harness.target import Implementation
+from attnfuzz.harness.targets import (
+    decode_split,
+    draft_block_tables,
+    flatten_decode,
+    flex_block_mask,
+    indexer_decode,
+    max_seq_len,
+    mtp_seq_lens,
+    slot_mapping,
+    unpadding,
+)
+from attnfuzz.reference.batch import Case
+
+
+def reach_native_table(case: Case) -> bool:
+    """``mtp-seq-lens``'s ``reach_table``, where vLLM takes the native path on this
+    platform (the upstream mutants live in it; vLLM on the CPU flattens ``next_n > 2``)."""
+    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
+
+    return mtp_seq_lens.reach_table(case) and takes_native_path(case.config)
+
+
+def trigger_native_strided(case: Case) -> bool:
+    """``mtp-seq-lens``'s ``trigger_strided`` on vLLM's native path."""
+    from attnfuzz.adapters.vllm.mtp_seq_lens import takes_native_path
+
+    return mtp_seq_lens.trigger_strided(case) and takes_native_path(case.config)
+
+
+def _decode_split() -> list[Implementation]:
+    t = decode_split
+    return [
+        vllm_impl(
+            "decode_split",
+            "run",
+            description="installed vLLM: v1/attention/backends/utils.py:"
+            "split_decodes_and_prefills, split_decodes_prefills_and_extends",
+        ),
+        vllm_impl(
+            "decode_split",
+            "upstream_padding_as_prefills",
+            name="upstream-pr29644-padding-as-prefills",
+            kind="mutant",
+            description="vLLM 0.33.0 split_decodes_and_prefills with #29644's uniform branch "
+            "reverted: padding requests are prefills",
+            trigger=t.trigger_padding_as_prefills,
+            reach=t.reach_uniform,
+            smallest=t.smallest_padding_as_prefills,
+        ),
+    ]
+
+
+def _draft_block_tables() -> list[Implementation]:
+    t = draft_block_tables
+    return [
+        vllm_impl(
+            "draft_block_tables",
+            "run",
+            description="installed vLLM: vllm/v1/spec_decode/gemma4.py:"
+            "Gemma4Proposer.build_per_group_and_layer_attn_metadata",
+        ),
+        vllm_impl(
+            "draft_block_tables",
+            "upstream_pr43982_padded_table",
+            name="upstream-pr43982-padded-table",
+            kind="mutant",
+            description="vLLM 0.33.0's Gemma4Proposer.build_per_group_and_layer_attn_metadata "
+            "with #43982 reverted: each group's stored [R_pad, W_g] table handed on unsliced",
+            trigger=t.trigger_padded_table,
+            reach=t.reach_padded_table,
+            smallest=t.smallest_padded_table,
+        ),
+    ]
+
+
+def _flatten_decode() -> list[Implementation]:
+    t = flatten_decode
+    return [
+        vllm_impl(
+            "flatten_decode",
+            "run",
+            declines="declines",
+            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
+            "DeepseekV32IndexerMetadataBuilder.build (_prepare_decode_tensors, flattening)",
+        ),
+        vllm_impl(
+            "flatten_decode",
+            "upstream_unaligned_width",
+            name="upstream-pr50302-unaligned-width",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM with #50302 reverted: expanded block table of "
+            "cdiv(max_model_len, block_size) columns, narrower than the runner's aligned table",
+            trigger=t.trigger_unaligned_width,
+            reach=t.reach_decodes,
+            smallest=t.smallest_unaligned_width,
+        ),
+    ]
+
+
+def _flex_block_mask() -> list[Implementation]:
+    t = flex_block_mask
+    return [
+        vllm_impl(
+            "flex_block_mask",
+            "run",
+            declines="declines",
+            description="installed vLLM: vllm/v1/attention/backends/flex_attention.py:"
+            "FlexAttentionMetadataBuilder.build",
+        ),
+        vllm_impl(
+            "flex_block_mask",
+            "upstream_capacity",
+            name="upstream-pr39353-capacity",
+            kind="mutant",
+            declines="declines",
+            description="vLLM 0.33.0's FlexAttentionMetadataBuilder with its persistent "
+            "tables sized as before #39353: [max_model_len, cdiv(max_model_len, bs)] "
+            "(reconstructed)",
+            trigger=t.trigger_upstream_capacity,
+            reach=t.reach_upstream_capacity,
+            smallest=t.smallest_capacity,
+        ),
+    ]
+
+
+def _indexer_decode() -> list[Implementation]:
+    t = indexer_decode
+    glue = "model_executor/layers/sparse_attn_indexer.py"
+    # The ROCm glue and DeepSeek-V4.1's gfx942 --monokernel indexer layer (its own copy of
+    # the ROCm decode branch, _decode_step) still write back buffer[:N_d] (#39542 was fixed
+    # in sparse_attn_indexer only): shipped code with bug A, filed with the mutants (caught,
+    # with #39542's trigger) until vLLM fixes it.
+    bug_a = dict(
+        trigger=t.trigger_engine_writeback,
+        reach=t.reach_engine_padding,
+        smallest=t.smallest_writeback,
+    )
+    return [
+        vllm_impl(
+            "indexer_decode",
+            "run",
+            description=f"installed vLLM: {glue}:sparse_attn_indexer "
+            "(CUDA path, vendor ops stood in)",
+        ),
+        vllm_impl(
+            "indexer_decode",
+            "run_xpu",
+            name="vllm-xpu",
+            description=f"installed vLLM: {glue}:sparse_attn_indexer, its XPU branches "
+            "(XPU kernels stood in)",
+        ),
+        vllm_impl(
+            "indexer_decode",
+            "run_rocm",
+            name="vllm-rocm",
+            kind="mutant",
+            description="installed vLLM: v1/attention/ops/rocm_aiter_mla_sparse.py:"
+            "rocm_aiter_sparse_attn_indexer (AITER kernels stood in); still has #39542's "
+            "write-back of buffer[:N_d]",
+            **bug_a,
+        ),
+        vllm_impl(
+            "indexer_decode",
+            "run_cpu",
+            name="vllm-cpu",
+            description=f"installed vLLM: {glue}:SparseAttnIndexer.forward_cpu with the CPU "
+            "platform's own metadata builder (CPU kernels stood in); it takes index_topk 512, "
+            "indexer head dim 128 and no native MTP only; the CPU platform captures no "
+            "CUDA graphs, so its steps are never padded",
+            # platforms/cpu.py:CpuPlatform.check_and_update_config empties the capture
+            # sizes: no graph keys, every step dispatches to NONE.
+            fixes={"topk": 512, "head_dim": 128, "next_n": 1, "cudagraph_mode": "NONE"},
+        ),
+        vllm_impl(
+            "indexer_decode",
+            "run_deepseek_v41_amd",
+            name="vllm-deepseek-v41-amd",
+            kind="mutant",
+            description="installed vLLM: models/deepseek_v41/amd/ops/sparse_indexer.py:"
+            "gfx942_sparse_attn_indexer (--monokernel on gfx942; gfx942 top-512, AITER and "
+            "torch.ops._C kernels stood in); its _decode_step still has #39542's write-back "
+            "of buffer[:N_d]",
+            **bug_a,
+        ),
+        vllm_impl(
+            "indexer_decode",
+            "upstream_pr39542",
+            name="upstream-pr39542-decode",
+            kind="mutant",
+            description=f"#39542 reverted in {glue}:sparse_attn_indexer: unsliced seq_lens, "
+            "write-back of buffer[:N_d]",
+            **bug_a,
+        ),
+    ]
+
+
+def _max_seq_len() -> list[Implementation]:
+    t = max_seq_len
+    # vLLM's own bounds; the consumer (the paged walk) stays attnfuzz's, run on them.
+    draft = (
+        "draft: the drafter init_speculator builds (spec_decode/speculator.py:"
+        "DraftModelSpeculator from 0.23.0, spec_decode/eagle/speculator.py:"
+        "EagleSpeculator._build_draft_attn_metadata before)"
+    )
+    out = [
+        vllm_impl(
+            "max_seq_len",
+            attr,
+            name=name,
+            description=f"installed vLLM: model_states/{where}.prepare_attn; {draft}; "
+            "attnfuzz's paged walk",
+        )
+        for attr, name, where in (
+            ("run", "vllm", "default.py:DefaultModelState"),
+            ("run_mamba_hybrid", "vllm-mamba-hybrid", "mamba_hybrid.py:MambaHybridModelState"),
+        )
+    ]
+    return [
+        *out,
+        vllm_impl(
+            "max_seq_len", "run_v1", name="vllm-v1",
+            description="installed vLLM (V1 runner): gpu_model_runner.py:GPUModelRunner."
+            f"_build_attention_metadata; {draft} (V1's drafter raises its bound per "
+            "decode step); attnfuzz's paged walk",
+        ),
+        vllm_impl(
+            "max_seq_len", "upstream_model_len", name="upstream-pr43991-model-len",
+            kind="mutant",
+            description="vLLM #43991 reverted: MambaHybridModelState.prepare_attn passes "
+            "max_seq_len=self.max_model_len outside capture too",
+            trigger=t.trigger_model_len, reach=t.reach_model_len, smallest=t.smallest_model_len,
+        ),
+        vllm_impl(
+            "max_seq_len", "upstream_draft_model_len", name="upstream-pr43991-draft-model-len",
+            kind="mutant",
+            description="vLLM #43991 reverted: DraftModelSpeculator._build_attn_metadata passes "
+            "max_seq_len=self.max_model_len",
+            trigger=t.trigger_draft_model_len, reach=t.reach_draft_model_len,
+            smallest=t.smallest_draft_model_len,
+        ),
+    ]  # fmt: skip
+
+
+def _mtp_seq_lens() -> list[Implementation]:
+    t = mtp_seq_lens
+    native_strided = dict(
+        trigger=trigger_native_strided, reach=reach_native_table, smallest=t.smallest_strided
+    )
+    return [
+        vllm_impl(
+            "mtp_seq_lens",
+            "run",
+            description="installed vLLM: vllm/v1/attention/backends/mla/indexer.py:"
+            "DeepseekV32IndexerMetadataBuilder.build (decode.seq_lens)",
+        ),
+        vllm_impl(
+            "mtp_seq_lens",
+            "upstream_strided",
+            name="upstream-pr42135-strided",
+            kind="mutant",
+            description="installed vLLM's builder with #42135 reverted: the [max_num_seqs, next_n] "
+            "decode_seq_lens_buffer sliced [:B, :L]",
+            **native_strided,
+        ),
+        vllm_impl(
+            "mtp_seq_lens",
+            "upstream_copy",
+            name="upstream-pr42135-copy",
+            kind="mutant",
+            description="installed vLLM's builder with #42135's first fix: the 2-D slice made "
+            ".contiguous(), a copy per step",
+            **native_strided,
+        ),
+    ]
+
+
+def _slot_mapping() -> list[Implementation]:
+    t = slot_mapping
+    return [
+        vllm_impl(
+            "slot_mapping",
+            "run",
+            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/block_table.py:"
+            "BlockTables.compute_slot_mappings",
+        ),
+        vllm_impl(
+            "slot_mapping",
+            "run_v1",
+            name="vllm-v1",
+            description="installed vLLM (V1 runner): vllm/v1/worker/block_table.py:"
+            "BlockTable.compute_slot_mapping",
+        ),
+        vllm_impl(
+            "slot_mapping",
+            "upstream_stale_padding",
+            name="upstream-pr36580-stale-padding",
+            kind="mutant",
+            description="installed vLLM (V2 runner) with #36580 reverted: padding written "
+            "from positions.shape[0] (T_pad), padded tokens keep stale slots",
+            trigger=t.trigger_stale_padding,
+            reach=t.reach_padded,
+            smallest=t.smallest_stale_padding,
+        ),
+    ]
+
+
+def _unpadding() -> list[Implementation]:
+    t = unpadding
+    return [
+        vllm_impl(
+            "unpadding",
+            "run",
+            description="installed vLLM: v1/worker/gpu/block_table.py:BlockTables, "
+            "v1/worker/gpu/input_batch.py:prepare_pos_seq_lens, "
+            "v1/attention/backend.py:CommonAttentionMetadata.unpadded",
+        ),
+        vllm_impl(
+            "unpadding",
+            "upstream_stale_slots",
+            name="upstream-pr36580-stale-slots",
+            kind="mutant",
+            description="installed vLLM's _compute_slot_mappings_kernel with #36580 reverted: "
+            "padding starts at the padded token count",
+            trigger=t.trigger_padded_tokens,
+            reach=t.reach_padded,
+            smallest=t.smallest_padded,
+        ),
+    ]
+
+
+def _planner() -> StepPlanner:
+    """vLLM's own step planning (:mod:`.runner_modes`), where the installed release's binds."""
+    problem = vllm.planner_problem()
+    if problem is not None:
+        raise PlannerUnbound(problem)
+    from attnfuzz.adapters.vllm.runner_modes import engine_step_plan
+
+    return engine_step_plan
+
+
+VLLM = Engine(
+    name=vllm.ENGINE,
+    install=vllm.INSTALL,
+    # Looked up in the package on each call, where tests stand another release in.
+    installed_version=lambda: vllm.installed_version(),
+    unavailable=lambda: vllm.unavailable(),
+    status=lambda: vllm.status(),
+    implementations={
+        "decode-split": _decode_split(),
+        "draft-block-tables": _draft_block_tables(),
+        "flatten-decode": _flatten_decode(),
+        "flex-block-mask": _flex_block_mask(),
+        "indexer-decode": _indexer_decode(),
+        "max-seq-len": _max_seq_len(),
+        "mtp-seq-lens": _mtp_seq_lens(),
+        "slot-mapping": _slot_mapping(),
+        "unpadding": _unpadding(),
+    },
+    planner=_planner,
+)
+"""The engine vLLM (the value of the entry point ``vllm``)."""

@@ -1,0 +1,132 @@
+"""The engines under test, as plugins: what each declares, and loading them.
+
+An engine (vLLM, SGLang, ...) is declared once, by an :class:`Engine`, and
+registered in the entry-point group ``attnfuzz.engines``: the entry point's name
+is the engine's name, its value the :class:`Engine` object itself (not a
+function returning it), e.g. in the distribution's ``pyproject.toml``::
+
+    [project.entry-points."attnfuzz.engines"]
+    vllm = "attnfuzz.adapters.vllm.plugin:VLLM"
+
+The module the entry point names is imported by every command that lists or
+builds targets: it must be cheap and must not import the engine itself (an
+optional install). The registry (:func:`attnfuzz.harness.registry.get_target`)
+adds each engine's implementations to the targets they name. An entry point
+that cannot be loaded (its module fails to import, its value is no Engine, its
+name is another's) is left out and reported by :func:`unavailable_engines` with
+its reason; it never breaks a command, and no finding is blamed on an engine
+through it. ``docs/adding-an-engine.md`` walks through writing one.
+
+Nothing under ``harness/``, ``reference/``, ``kernels/``, ``strategies/`` or
+``reports/`` imports an engine's package: they ask this module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from attnfuzz.harness import entry_points
+from attnfuzz.harness.target import Implementation
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.runner import StepPlan
+
+ENTRY_POINT_GROUP = "attnfuzz.engines"
+_NAME = re.compile(r"[a-z][a-z0-9_]*")  # a pytest marker and ATTNFUZZ_REQUIRE_<NAME>
+
+StepPlanner = Callable[[Any, Batch], StepPlan]
+"""``planner(config, batch) -> StepPlan``, as :func:`attnfuzz.reference.runner.step_plan`."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine under test: how to tell whether it can run here, and what it adds.
+
+    Every callable is called when needed, never at declaration: none may import
+    the engine unless the engine is available.
+    """
+
+    name: str
+    """Lower case (``vllm``): implementations' ``engine``, the pytest marker of its
+    tests, ``ATTNFUZZ_REQUIRE_<NAME>``, the key of its version in case files."""
+    install: str
+    """One line that installs it (``ATTNFUZZ_VLLM=1 ./setup.sh``)."""
+    installed_version: Callable[[], str | None]
+    """The installed release, or None; looked up without importing the engine."""
+    unavailable: Callable[[], str | None]
+    """Why none of its code can run here (not installed, an unsupported release), or
+    None. An implementation's own ``unavailable`` adds why it cannot bind to the
+    installed release (an API that release lacks)."""
+    status: Callable[[], str]
+    """One line for ``attnfuzz list``: the installed release and what is supported."""
+    implementations: Mapping[str, Sequence[Implementation]] = field(default_factory=dict)
+    """Target name -> the engine's implementations of it: its own code (kind
+    ``engine``) and its upstream mutants (kind ``mutant``, with ``trigger``,
+    ``reach`` and ``smallest``), in the order ``attnfuzz list`` shows them."""
+    planner: Callable[[], StepPlanner] | None = None
+    """Reachability's model: returns the engine's own step planning (called only where
+    :attr:`unavailable` is None); raises
+    :class:`attnfuzz.harness.reachability.PlannerUnbound` where the installed release's
+    planning cannot be driven. None: the reference's rules
+    (:mod:`attnfuzz.reference.runner`) stand in for the engine's."""
+
+
+def _as_engine(value: object, name: str) -> Engine:
+    """``value`` checked as the engine named ``name`` (:class:`entry_points.Refused` if not)."""
+    if not isinstance(value, Engine):
+        raise entry_points.Refused(f"is a {type(value).__name__}, not an attnfuzz Engine")
+    if value.name != name:
+        raise entry_points.Refused(f"declares engine {value.name!r}, not {name!r}")
+    if not _NAME.fullmatch(name):
+        raise entry_points.Refused(f"names engine {name!r}: expected lower case, digits, _")
+    for target, impls in value.implementations.items():
+        wrong = [i for i in impls if not isinstance(i, Implementation)]
+        if isinstance(impls, str) or wrong:
+            raise entry_points.Refused(f"lists {impls!r:.80} for {target}: not Implementations")
+    return value
+
+
+@cache
+def _loaded() -> tuple[dict[str, Engine], dict[str, str]]:
+    """``(engines, unavailable)``: the engines of the entry points, by name, and
+    ``name -> reason`` for those that could not be loaded."""
+    eps = entry_points.entry_points(ENTRY_POINT_GROUP)
+    unavailable = entry_points.clashes(eps, "engine")
+    loaded: dict[str, Engine] = {}
+    for ep in eps:
+        if ep.name in unavailable:
+            continue
+        engine, reason = entry_points.load(ep, lambda value, n=ep.name: _as_engine(value, n))
+        if engine is None:
+            unavailable[ep.name] = reason or f"{entry_points.describe(ep)} failed"
+        else:
+            loaded[ep.name] = engine
+    return loaded, unavailable
+
+
+def engines() -> dict[str, Engine]:
+    """The engines whose plugin loaded, by name (an engine need not be installed)."""
+    return dict(_loaded()[0])
+
+
+def get(name: str) -> Engine | None:
+    """The engine ``name``, or None where no plugin declares it (or it failed to load)."""
+    return _loaded()[0].get(name)
+
+
+def unavailable_engines() -> dict[str, str]:
+    """``name -> reason`` for each ``attnfuzz.engines`` entry point that cannot be loaded."""
+    return dict(_loaded()[1])
+
+
+def installed_versions() -> dict[str, str]:
+    """The installed release of each engine that has one (looked up, not imported)."""
+    out = {}
+    for name, engine in _loaded()[0].items():
+        version = engine.installed_version()
+        if version is not None:
+            out[name] = version
+    return out
