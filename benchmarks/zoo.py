@@ -1,6 +1,7 @@
 """The bug zoo's scoreboard, as ``attnfuzz zoo`` prints it, for the docs.
 
-    python benchmarks/zoo.py [--seeds 3] [--max-examples N] [--markdown docs/zoo.md]
+    python benchmarks/zoo.py [--seeds 3] [--max-examples N] [--targets T ...]
+                             [--markdown docs/zoo.md]
 
 Runs ``attnfuzz zoo --seeds S`` (every mutant that can run here: the upstream
 ones only where vLLM is installed) in a scratch directory and prints its
@@ -33,12 +34,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--targets", nargs="+", default=None)
     parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "attnfuzz", "zoo", "--seeds", str(args.seeds)]
         if args.max_examples is not None:
             command += ["--max-examples", str(args.max_examples)]
+        if args.targets:
+            command += ["--targets", *args.targets]
         code = subprocess.call([*command, "--out", tmp], stdout=sys.stderr)
         report = (Path(tmp) / "zoo.md").read_text()
     print(report)
