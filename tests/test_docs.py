@@ -161,3 +161,11 @@ def test_the_site_lists_every_page() -> None:
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.glob("*.md")}
     missing = sorted(p for p in pages | _generated_pages() if f": {p}" not in nav)
     assert not missing, f"not in mkdocs.yml's nav: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_block_is_closed(page: Path) -> None:
+    """An unclosed fence swallows the rest of the page (the README is not built
+    by mkdocs, so nothing else would say so)."""
+    fences = re.findall(r"(?m)^\s*```", page.read_text())
+    assert len(fences) % 2 == 0, f"{page.relative_to(ROOT)}: a code block is never closed"
