@@ -1,6 +1,7 @@
 """Detection of every mutant by attnfuzz and by two baselines, side by side, one CPU core.
 
     python benchmarks/detection.py [--seeds 5] [--budget 10] [--shrink-budget 60] [--target T ...]
+                                   [--markdown docs/zoo.md]
 
 Arms (``attnfuzz.harness.zoo``), each given the same budget per mutant and
 seed and judged by the same oracle: ``attnfuzz`` (the shipped Hypothesis
@@ -18,7 +19,9 @@ Another table compares each minimized case (the worst over the seeds) with
 the smallest trigger derived by hand (``Implementation.smallest``); the last
 says how often naive random's draws meet each trigger and how many of them
 are prefill-only steps (which decode-path targets judge without a kernel):
-where a trigger is that common, no generator can be 5x faster.
+where a trigger is that common, no generator can be 5x faster. ``--markdown FILE``
+rewrites the sections ``detection:bars``, ``detection:shrinking`` and
+``detection:shares`` of FILE with the last three tables.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import argparse
 import itertools
 import math
 import random
+import sys
+from pathlib import Path
 
 from _common import pin_one_core, table
+from _markdown import command_line, write_section
 from attnfuzz.harness import registry
 from attnfuzz.harness.zoo import ARMS, MutantScore, run_zoo
 from attnfuzz.strategies.baselines import naive_random_cases
@@ -95,6 +101,7 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=10.0, help="seconds per mutant and seed")
     parser.add_argument("--shrink-budget", type=float, default=60.0)
     parser.add_argument("--target", action="append", default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
     args = parser.parse_args()
     where = pin_one_core()
 
@@ -186,38 +193,49 @@ def main() -> int:
             rows,
         )
     )
-    print(
-        f"\nBars: attnfuzz in every seed; median time >= {SPEEDUP_BAR:.0f}x lower than "
-        f"naive random's where naive random finds the mutant\n"
+    bars_text = table(
+        [
+            "target",
+            "mutant",
+            "attnfuzz",
+            "naive",
+            "grid",
+            "attnfuzz median s",
+            "naive median s",
+            "attnfuzz median ex",
+            "naive median ex",
+            "speedup",
+            "examples ratio",
+            "bar",
+        ],
+        bars,
     )
-    print(
-        table(
-            [
-                "target",
-                "mutant",
-                "attnfuzz",
-                "naive",
-                "grid",
-                "attnfuzz median s",
-                "naive median s",
-                "attnfuzz median ex",
-                "naive median ex",
-                "speedup",
-                "examples ratio",
-                "bar",
-            ],
-            bars,
-        )
-    )
-    print("\nShrinking: attnfuzz's minimized case (worst over seeds) vs the smallest by hand\n")
-    print(
-        table(
-            ["target", "mutant", "minimized", "smallest by hand", "gap", "shrink cut"], shrink_rows
-        )
+    shrink_text = table(
+        ["target", "mutant", "minimized", "smallest by hand", "gap", "shrink cut"], shrink_rows
     )
     targets = list(dict.fromkeys(s.target for s in scores))
-    print(f"\nNaive random's {SHARE_DRAWS} draws (seed 0): how often each trigger holds\n")
-    print(table(["target", "mutant", "trigger share", "prefill-only steps"], naive_shares(targets)))
+    shares_text = table(
+        ["target", "mutant", "trigger share", "prefill-only steps"], naive_shares(targets)
+    )
+    bars_title = (
+        f"Bars: attnfuzz in every seed; median time >= {SPEEDUP_BAR:.0f}x lower than "
+        f"naive random's where naive random finds the mutant"
+    )
+    shrink_title = "Shrinking: attnfuzz's minimized case (worst over seeds) vs the smallest by hand"
+    shares_title = f"Naive random's {SHARE_DRAWS} draws (seed 0): how often each trigger holds"
+    print(f"\n{bars_title}\n\n{bars_text}")
+    print(f"\n{shrink_title}\n\n{shrink_text}")
+    print(f"\n{shares_title}\n\n{shares_text}")
+    if args.markdown is not None:
+        command = command_line("detection", sys.argv[1:])
+        run = f"{where}; {args.seeds} seeds, {args.budget:g} s per mutant and seed"
+        for name, title, text in (
+            ("bars", bars_title, bars_text),
+            ("shrinking", shrink_title, shrink_text),
+            ("shares", shares_title, shares_text),
+        ):
+            lines = [f"{title} ({run}): `{command}`.", "", *text.splitlines()]
+            write_section(args.markdown, "detection", name, lines)
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """Each Triton kernel against the equivalent composition of torch operations, on a GPU.
 
-    python benchmarks/kernels.py [--quick] [--markdown RESULTS.md]
+    python benchmarks/kernels.py [--quick] [--markdown docs/gpu.md]
 
 Production sizes (K = 2048, max_model_len 32K-128K, up to 1024 rows), timed
 with CUDA events by ``triton.testing.do_bench`` (median of many runs after
@@ -11,6 +11,7 @@ composition is checked against the kernel's output before it is timed, so a
 row of this table never compares two different computations.
 
 Needs a CUDA device: the Triton interpreter measures Python, not kernels.
+``--markdown FILE`` rewrites the section ``kernels:cuda`` of FILE with the table.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from _common import table
+from _markdown import command_line, write_section
 
 GiB = 1 << 30
 
@@ -236,7 +239,9 @@ def context_lens(batch: int, decode_len: int) -> list[Row]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one size per kernel")
-    parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="docs page whose kernels:cuda section to update"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA device (nothing to time under the interpreter)")
@@ -265,9 +270,10 @@ def main() -> int:
         [row.cells(copy_gbps) for row in rows],
     )
     print(header + "\n\n" + text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(header + "\n\n" + text + "\n")
+    if args.markdown is not None:
+        command = command_line("kernels", sys.argv[1:])
+        lines = [f"{header}: `{command}`.", "", *text.splitlines()]
+        write_section(args.markdown, "kernels", "cuda", lines)
     return 0
 
 

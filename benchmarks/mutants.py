@@ -1,18 +1,23 @@
 """Time to detection of every mutant: median and worst over seeds, one CPU core.
 
     python benchmarks/mutants.py [--seeds 10] [--max-examples 2000] [--target T ...]
+                                 [--markdown docs/performance.md]
 
 Each seed is a derandomized campaign with no example database, timed from the
 first example to the first failing one (shrinking is not counted; it runs
 after detection and only makes the reported case smaller). The bar: every
-mutant found in every seed, median <= 5 s.
+mutant found in every seed, median <= 5 s. ``--markdown FILE`` rewrites the
+section ``mutants:detection`` of FILE with the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from _common import median, pin_one_core, table
+from _markdown import command_line, write_section
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import fuzz
 
@@ -24,6 +29,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--max-examples", type=int, default=2000)
     parser.add_argument("--target", action="append", default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
     args = parser.parse_args()
     where = pin_one_core()
 
@@ -51,10 +57,15 @@ def main() -> int:
                 f"{max(seconds, default=float('nan')):.2f}",
                 f"{median(examples):.0f}", "yes" if passed else "NO",
             ])  # fmt: skip
-    print(f"Mutant time to detection ({where}; bar: all seeds, median <= {BAR_SECONDS:.0f} s)\n")
-    print(table(
+    title = f"Mutant time to detection ({where}; bar: all seeds, median <= {BAR_SECONDS:.0f} s)"
+    text = table(
         ["target", "mutant", "found", "median s", "worst s", "median examples", "bar"], rows
-    ))  # fmt: skip
+    )  # fmt: skip
+    print(f"{title}\n\n{text}")
+    if args.markdown is not None:
+        command = command_line("mutants", sys.argv[1:])
+        lines = [f"{title}: `{command}`.", "", *text.splitlines()]
+        write_section(args.markdown, "mutants", "detection", lines)
     return 0 if ok else 1
 
 

@@ -1,8 +1,8 @@
 """Real bugs in the vLLM releases that shipped them, and a sweep of every supported release.
 
-    python benchmarks/releases.py --venvs DIR [bugs] [--write README.md]
-    python benchmarks/releases.py --venvs DIR sweep [--write README.md]
-    python benchmarks/releases.py --venvs DIR tests [--releases R ...] [--write README.md]
+    python benchmarks/releases.py --venvs DIR [bugs] [--markdown docs/releases.md]
+    python benchmarks/releases.py --venvs DIR sweep [--markdown docs/releases.md]
+    python benchmarks/releases.py --venvs DIR tests [--releases R ...] [--markdown docs/releases.md]
 
 ``bugs``: for each historical fix that shipped in a release (:data:`FIXES`), the
 last release with the bug and the first with the fix are installed, one at a
@@ -13,7 +13,7 @@ The table: the release, the fix, the seeds that found it, examples to the
 first failure, the minimized case, and whether the fixed release passes.
 
 ``sweep``: every release 0.21.0 to 0.33.0, every target, ``attnfuzz run --impl
-vllm --seed 0 --max-examples 200``: exit 0, a finding (triaged in the README),
+vllm --seed 0 --max-examples 200``: exit 0, a finding (triaged in docs/releases.md),
 or unavailable (the target's computation is not in that release, with why);
 never an attnfuzz error.
 
@@ -23,7 +23,8 @@ never an attnfuzz error.
 Each venv: torch (the CPU build), attnfuzz from this checkout (editable), and
 the release with its range's pinned list (``adapters/vllm/install.sh``). The
 runs are subprocesses of that venv's python; nothing here imports vLLM.
-``--write`` replaces the table between this script's markers in the file.
+``--markdown FILE`` (or ``--write FILE``) replaces the table between this
+script's markers in FILE, ``<!-- releases:MODE:begin -->`` and ``...:end -->``.
 """
 
 from __future__ import annotations
@@ -410,15 +411,11 @@ def adapter_tests(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def write_section(path: Path, name: str, lines: list[str]) -> None:
-    """Replace the lines between ``<!-- releases:NAME:begin -->`` and ``...:end -->``."""
-    begin, end = f"<!-- releases:{name}:begin -->", f"<!-- releases:{name}:end -->"
-    text = path.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"{path} has no {begin} ... {end} section")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    path.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+def write_section(path: Path, mode: str, lines: list[str]) -> None:
+    """Replace the lines between ``<!-- releases:MODE:begin -->`` and ``...:end -->``."""
+    from _markdown import write_section as write
+
+    write(path, "releases", mode, lines)
 
 
 def main() -> int:
@@ -435,7 +432,9 @@ def main() -> int:
     parser.add_argument(
         "--rerun", action="store_true", help="sweep, tests: run again what is stored"
     )
-    parser.add_argument("--write", type=Path, default=None, help="README.md to update")
+    parser.add_argument(
+        "--markdown", "--write", dest="write", type=Path, default=None, help="docs page to update"
+    )
     args = parser.parse_args()
     args.venvs.mkdir(parents=True, exist_ok=True)
     modes = {"bugs": bugs, "sweep": sweep, "tests": adapter_tests}

@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py [--examples 300] [--workers 1 2] [--target T ...] [--impl I ...]
                                     [--judge in-process isolated]
+                                    [--markdown FILE --section engines|judges|workers]
 
 Implementations by default: ``triton``, ``reference`` and, where vLLM is
 installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), every engine implementation
@@ -24,6 +25,9 @@ target and implementation, and no failure (a failure would stop the run).
 directly, as the test helpers and the zoo do. Both by default, side by side:
 the difference is the price of fault isolation. Isolated rows count the
 judge's phases inside the child and the round trip as generation.
+
+``--markdown FILE`` rewrites the section ``throughput:SECTION`` of FILE with the
+table (``--section``: which of the pages' throughput tables this run is).
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import sys
 from collections import Counter
+from pathlib import Path
 
 from _common import table
+from _markdown import command_line, write_section
 
 BAR = 20.0
+SECTIONS = ("engines", "judges", "workers")
 PHASES = ["generation", "inputs", "reference", "implementation", "oracle"]
 
 
@@ -111,6 +119,8 @@ def main() -> int:
     parser.add_argument(
         "--judge", nargs="+", choices=["in-process", "isolated"], default=["in-process", "isolated"]
     )
+    parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
+    parser.add_argument("--section", choices=SECTIONS, default="workers", help="with --markdown")
     args = parser.parse_args()
 
     def chosen(t: str) -> list[str]:
@@ -152,7 +162,7 @@ def main() -> int:
     where = f"one core per worker of {platform.processor() or platform.machine()}"
     if cores < max(args.workers):
         where += f"; only {cores} core(s) here, so workers share"
-    print(f"Throughput ({where}; ms per example by phase; bar: >= {BAR:.0f}/s per core)\n")
+    title = f"Throughput ({where}; ms per example by phase; bar: >= {BAR:.0f}/s per core)"
     header = [
         "target",
         "impl",
@@ -164,7 +174,12 @@ def main() -> int:
         *PHASES,
         "ok",
     ]
-    print(table(header, rows))
+    text = table(header, rows)
+    print(f"{title}\n\n{text}")
+    if args.markdown is not None:
+        command = command_line("throughput", sys.argv[1:])
+        lines = [f"{title}: `{command}`.", "", *text.splitlines()]
+        write_section(args.markdown, "throughput", args.section, lines)
     return 0 if ok else 1
 
 

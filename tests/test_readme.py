@@ -50,3 +50,13 @@ def test_ci_installs_no_engine_before_the_readme_commands():
     last_readme = max(lines.index(c) for c in readme_commands())
     assert last_readme < first_engine
     assert not any("ATTNFUZZ_VLLM" in line for line in lines[:last_readme] if "export" in line)
+
+
+def test_the_readme_fits_on_a_page_and_leaves_the_rest_to_the_docs():
+    """The README is the first page (at most ~250 lines); the rest lives in docs/,
+    built as a site (tests/test_docs.py checks the links and the tables)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", text))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"

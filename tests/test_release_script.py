@@ -1,4 +1,4 @@
-"""benchmarks/releases.py without installing anything: its table logic and README writing.
+"""benchmarks/releases.py without installing anything: its table logic and docs page writing.
 
 The script itself installs releases and runs for an hour; here its runs and
 venvs are stood in, so that what it concludes from them is what is checked.
@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def releases():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts' shared modules, as when run
     spec = importlib.util.spec_from_file_location("releases", ROOT / "benchmarks/releases.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["releases"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     yield module
     del sys.modules["releases"]
+    sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def test_the_sweep_covers_the_supported_range_and_the_fixes_lie_in_it(releases):
@@ -78,18 +80,18 @@ def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(
 
 
 def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("a\n<!-- releases:bugs:begin -->\nold\n<!-- releases:bugs:end -->\nz\n")
-    releases.write_section(readme, "bugs", ["| new |"])
-    assert readme.read_text() == (
+    page = tmp_path / "releases.md"
+    page.write_text("a\n<!-- releases:bugs:begin -->\nold\n<!-- releases:bugs:end -->\nz\n")
+    releases.write_section(page, "bugs", ["| new |"])
+    assert page.read_text() == (
         "a\n<!-- releases:bugs:begin -->\n| new |\n<!-- releases:bugs:end -->\nz\n"
     )
     with pytest.raises(SystemExit, match="no <!-- releases:sweep:begin -->"):
-        releases.write_section(readme, "sweep", [])
+        releases.write_section(page, "sweep", [])
 
 
-def test_the_readme_has_its_sections(releases):
-    text = (ROOT / "README.md").read_text()
+def test_the_releases_page_has_its_sections(releases):
+    text = (ROOT / "docs" / "releases.md").read_text()
     for name in ("bugs", "sweep", "tests"):
         assert f"<!-- releases:{name}:begin -->" in text and f"<!-- releases:{name}:end -->" in text
 
