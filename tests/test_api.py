@@ -105,11 +105,11 @@ def test_every_public_name_is_documented() -> None:
 def test_the_readme_documents_no_other_name() -> None:
     """Every ``attnfuzz.X`` in the README and the docs is a public name, ``__all__`` itself, a
     subpackage (a module path such as ``attnfuzz.reference.<target>``), the
-    entry-point group of targets, or a schema id (``attnfuzz.case/1``)."""
-    from attnfuzz.harness.registry import ENTRY_POINT_GROUP
+    entry-point groups of targets and engines, or a schema id (``attnfuzz.case/1``)."""
+    from attnfuzz.harness import engines, registry
 
     subpackages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
-    groups = {ENTRY_POINT_GROUP.removeprefix("attnfuzz.")}
+    groups = {m.ENTRY_POINT_GROUP.removeprefix("attnfuzz.") for m in (engines, registry)}
     allowed = set(attnfuzz.__all__) | {"__all__"} | subpackages | groups
     text = "\n".join(p.read_text() for p in [README, *sorted((ROOT / "docs").rglob("*.md"))])
     unknown = set()
