@@ -5,17 +5,23 @@ always judged, as a Hypothesis explicit example (``@example``): in
 :func:`assert_passes` every mutant's smallest case of the target the
 implementation can run must pass, and :func:`assert_detected` first asserts
 that the mutant fails its own.
+
+Both search with a budget of the implementation's kind (:data:`PASSING_EXAMPLES`,
+:data:`DETECTING_EXAMPLES`) unless told otherwise, and run each search once per
+process: the generic tests (``tests/test_entries.py``) and a target's own tests
+of what that search covered read the same run.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import DTYPE_VARIABLE, Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
 
 
@@ -53,6 +59,19 @@ def hand_case(
     return case
 
 
+PASSING_EXAMPLES = {"fixed": 300, "reference": 300, "engine": 200}
+"""Generated cases an implementation that must pass is judged on, by kind."""
+
+DETECTING_EXAMPLES = 1000
+"""Generated cases a mutant must be found within (CI's ``attnfuzz run`` budget too)."""
+
+
+def kind_of(impl: Implementation) -> str:
+    """The implementation's kind as its plain name (``"mutant"``, ...), whether the
+    kind is held as a string or an enumeration member."""
+    return str(getattr(impl.kind, "value", impl.kind))
+
+
 def require_variable(engine: str) -> str:
     """``ATTNFUZZ_REQUIRE_<ENGINE>``: set to 1 (CI, with the engine installed), a test
     of that engine's code fails instead of skipping where the engine is missing."""
@@ -82,13 +101,44 @@ def implementation_params(target: str) -> list[Any]:
     return out
 
 
+def engine_marks(impl: Implementation) -> list[Any]:
+    """The marks of a test that runs ``impl``: none for attnfuzz's own code; for an
+    engine's, the engine's marker (``-m vllm``) and, where it cannot run here, a skip
+    giving the implementation's reason, unless :func:`require_variable` is set: then
+    the test runs and fails on that reason."""
+    import pytest
+
+    if impl.engine is None:
+        return []
+    marks: list[Any] = [getattr(pytest.mark, impl.engine)]
+    reason = impl.why_unavailable()
+    if reason is not None and os.environ.get(require_variable(impl.engine)) != "1":
+        marks.append(pytest.mark.skip(reason=reason))
+    return marks
+
+
+def entry_params(select: Callable[[Implementation], bool]) -> list[Any]:
+    """``(target, implementation)`` of every registered target, as ``pytest.param`` entries
+    with :func:`engine_marks`, for each implementation ``select`` keeps; ids are
+    ``target/implementation`` (``-k slot-mapping/triton``)."""
+    import pytest
+
+    out = []
+    for name in target_names():
+        for impl in get_target(name).implementations.values():
+            if select(impl):
+                marks = engine_marks(impl)
+                out.append(pytest.param(name, impl.name, marks=marks, id=f"{name}/{impl.name}"))
+    return out
+
+
 def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
     """The smallest case of each of ``target``'s mutants that has one, in
     registration order, except those ``impl`` was never meant to run (outside
     the engine values it fixes)."""
     out = []
     for mutant in target.implementations.values():
-        if mutant.kind != "mutant" or mutant.smallest is None:
+        if kind_of(mutant) != "mutant" or mutant.smallest is None:
             continue
         case = mutant.smallest()
         try:
@@ -99,35 +149,69 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
     return out
 
 
-def assert_passes(target: str, impl: str, max_examples: int = 300, seed: int = 0) -> RunResult:
+def assert_passes(
+    target: str, impl: str, max_examples: int | None = None, seed: int = 0
+) -> RunResult:
     """Every mutant's smallest case (explicit examples) and a derandomized run of
-    ``max_examples`` generated cases find nothing."""
+    ``max_examples`` generated cases (by default the kind's :data:`PASSING_EXAMPLES`)
+    find nothing. The run is made once per process (see :func:`_once`)."""
     t = get_target(target)
     i = t.resolve(impl)
+    budget = max_examples if max_examples is not None else PASSING_EXAMPLES[kind_of(i)]
     explicit = smallest_cases(t, i)
-    result = fuzz(t, i, max_examples=max_examples, rng_seed=seed, database=None, examples=explicit)
-    assert not result.failed, f"{target}/{impl} failed on {result.case}:\n{result.verdict}"
-    assert result.examples >= max_examples + len(explicit), f"only {result.examples} examples ran"
-    return result
+
+    def run() -> RunResult:
+        result = fuzz(t, i, max_examples=budget, rng_seed=seed, database=None, examples=explicit)
+        assert not result.failed, f"{target}/{impl} failed on {result.case}:\n{result.verdict}"
+        assert result.examples >= budget + len(explicit), f"only {result.examples} examples ran"
+        return result
+
+    return _once(("passes", t, i, budget, seed, tuple(explicit)), run)
 
 
-def assert_detected(target: str, mutant: str, seed: int = 0, max_examples: int = 1000) -> RunResult:
+def assert_detected(
+    target: str, mutant: str, seed: int = 0, max_examples: int = DETECTING_EXAMPLES
+) -> RunResult:
     """The mutant fails its smallest case (an explicit example), and a
     derandomized run without it finds the mutant, its minimized case meeting
-    the bug's trigger."""
+    the bug's trigger. The run is made once per process (see :func:`_once`)."""
     t = get_target(target)
     impl = t.resolve(mutant)
-    smallest = impl.smallest() if impl.smallest is not None else None
-    # A case the installed engine runs through other code is not the mutant's there.
-    if smallest is not None and (impl.declines is None or impl.declines(smallest) is None):
-        # Generation is asked for one case only: the explicit example fails first and ends the run.
-        alone = fuzz(t, impl, max_examples=1, rng_seed=seed, database=None, examples=[smallest])
-        assert alone.failed and alone.case == smallest and alone.examples == 1, (
-            f"{target}/{mutant} passes its smallest case {smallest}"
-        )
-    result = fuzz(t, impl, max_examples=max_examples, rng_seed=seed, database=None)
-    assert result.failed, f"{target}/{mutant} survived {result.examples} examples"
-    assert result.case is not None
-    if impl.trigger is not None:
-        assert impl.trigger(result.case), f"minimized case misses the trigger: {result.case}"
-    return result
+
+    def run() -> RunResult:
+        smallest = impl.smallest() if impl.smallest is not None else None
+        # A case the installed engine runs through other code is not the mutant's there.
+        if smallest is not None and (impl.declines is None or impl.declines(smallest) is None):
+            # Generation is asked for one case only: the explicit example fails first and
+            # ends the run.
+            alone = fuzz(t, impl, max_examples=1, rng_seed=seed, database=None, examples=[smallest])
+            assert alone.failed and alone.case == smallest and alone.examples == 1, (
+                f"{target}/{mutant} passes its smallest case {smallest}"
+            )
+        result = fuzz(t, impl, max_examples=max_examples, rng_seed=seed, database=None)
+        assert result.failed, f"{target}/{mutant} survived {result.examples} examples"
+        assert result.case is not None
+        if impl.trigger is not None:
+            assert impl.trigger(result.case), f"minimized case misses the trigger: {result.case}"
+        return result
+
+    return _once(("detected", t, impl, max_examples, seed), run)
+
+
+_RUNS: dict[tuple[Any, ...], tuple[RunResult, tuple[Any, ...]]] = {}
+
+
+def _once(key: tuple[Any, ...], run: Callable[[], RunResult]) -> RunResult:
+    """``run()``'s result, made once per process for ``key`` and the setting that
+    shapes a run (the float dtype variable); a failed assertion is not kept, so a
+    second caller fails again. Objects of the key (a target, an implementation) are
+    told apart by identity, and kept alive with the result so that no other takes
+    their id: a rebuilt or replaced one is run afresh."""
+    plain = tuple(
+        v if isinstance(v, str | int | tuple) or v is None else (type(v).__name__, id(v))
+        for v in key
+    )
+    plain = (*plain, os.environ.get(DTYPE_VARIABLE))
+    if plain not in _RUNS:
+        _RUNS[plain] = (run(), key)
+    return _RUNS[plain][0]

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case, spec_config
+from attnfuzz.harness.testing import hand_case, spec_config
 from attnfuzz.kernels import flatten_decode as kernels
 from attnfuzz.reference import flatten_decode as ref
 
 TARGET = "flatten-decode"
-MUTANTS = ["right-aligned-on-max", "row-by-max", "padding-not-zeroed"]
 
 
 def judge(impl: str, case):
@@ -139,31 +138,9 @@ def test_oracle_catches_an_unzeroed_tail_and_a_copy():
     assert checks_of(target.compare(case, inputs, expected, copied)) == ["view"]
 
 
-@pytest.mark.parametrize("mutant", MUTANTS)
-def test_each_mutant_fails_its_smallest_case_and_the_fixed_kernel_passes(mutant):
-    impl = get_target(TARGET).resolve(mutant)
-    case = impl.smallest()
-    assert impl.reach(case) and impl.trigger(case)
-    assert not judge(mutant, case).ok
-    assert judge("triton", case).ok
-
-
 def test_uniform_decodes_trigger_no_ragged_mutant():
     """d = [2, 2] unpadded: right-aligned on L is d[b], row i // L is the decode's own."""
     case = hand_case((2, 2), (3, 5))
     for mutant in ("right-aligned-on-max", "row-by-max"):
         assert not get_target(TARGET).resolve(mutant).trigger(case)
         assert judge(mutant, case).ok
-
-
-# -- end to end ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("impl", ["triton", "reference"])
-def test_fixed_implementations_pass(impl):
-    assert_passes(TARGET, impl, max_examples=200)
-
-
-@pytest.mark.parametrize("mutant", MUTANTS)
-def test_each_mutant_is_detected(mutant):
-    assert_detected(TARGET, mutant)

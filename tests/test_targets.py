@@ -4,38 +4,7 @@ from __future__ import annotations
 
 import pytest
 from attnfuzz.harness.registry import get_target, target_names
-from attnfuzz.reference.invariants import violations
 from hypothesis import HealthCheck, given, settings
-
-MUTANTS = [(t, m.name) for t in target_names() for m in get_target(t).mutants]
-
-
-@pytest.mark.parametrize("target, mutant", MUTANTS)
-def test_every_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mutant):
-    t = get_target(target)
-    impl = t.resolve(mutant)
-    assert impl.reach is not None and impl.trigger is not None and impl.smallest is not None
-    case = impl.smallest()
-    assert violations(case.config, case.batch) == [] and t.param_violations(case) == []
-    assert impl.reach(case) and impl.trigger(case)
-    assert not t.judge(impl, case).ok
-    for fixed in ("triton", "reference"):
-        assert t.judge(t.resolve(fixed), case).ok, fixed
-
-
-@pytest.mark.parametrize("target", target_names())
-def test_every_trigger_implies_its_reach(target):
-    t = get_target(target)
-
-    @settings(
-        max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck)
-    )
-    @given(t.cases())
-    def check(case):
-        for impl in t.mutants:
-            assert impl.reach(case) or not impl.trigger(case), impl.name
-
-    check()
 
 
 def test_a_case_with_wrong_target_parameters_is_refused_not_judged():

@@ -64,8 +64,8 @@ def with_params(case: Case, sliding_window: int, swa_block_size_log2: int) -> Ca
 
 
 def test_vllm_passes_200_examples_where_fixed_and_fails_them_before():
-    # 200: the first examples of a search are its simplest (uniform decodes, padded
-    # in most drawn modes); mixed steps come a little later.
+    # 200 (the generic test's run where fixed): the first examples of a search are its
+    # simplest (uniform decodes, padded in most drawn modes); mixed steps come a little later.
     if vllm_has_fix():
         result = assert_passes(TARGET, "vllm", max_examples=200)
         assert result.labels["padding_requests"] > 0 and result.labels["mixed"] > 0
@@ -76,8 +76,8 @@ def test_vllm_passes_200_examples_where_fixed_and_fails_them_before():
     assert "batch_size must be equal to batch_size_k" in result.verdict.mismatches[0].got
 
 
-def test_upstream_mutant_is_detected_with_a_minimized_trigger():
-    result = assert_detected(TARGET, UPSTREAM)
+def test_upstream_mutant_is_found_on_a_padded_step_as_flash_attention_refuses_it():
+    result = assert_detected(TARGET, UPSTREAM)  # the generic test's run
     meta = build_common_metadata(result.case.config, result.case.batch)
     assert meta.padded and meta.num_reqs > meta.num_real_reqs
     # the production symptom: FlashAttention refuses cu_seqlens_q for R against a table of R_pad

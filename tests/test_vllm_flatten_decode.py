@@ -18,7 +18,7 @@ from attnfuzz.adapters.vllm import compat
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import InvalidCase
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference import flatten_decode as ref
 from hypothesis import given, settings
 
@@ -50,11 +50,6 @@ def skip_pre_fix() -> None:
             "this release sizes the expanded block table narrower than the runner's (#46074, "
             "fixed by #50302 in 0.27.0): test_pre_fix_release_ships_46074 pins it"
         )
-
-
-def test_vllm_passes():
-    skip_pre_fix()
-    assert_passes(TARGET, "vllm", max_examples=150)
 
 
 @pytest.mark.parametrize("impl", ["vllm", UPSTREAM])
@@ -208,16 +203,3 @@ def test_upstream_pr50302_raises_the_historical_error_on_ragged_decodes():
     verdict = target.judge(target.resolve(UPSTREAM), hand_case((1, 2), (1, 1)))
     assert verdict.key == "exception:RuntimeError"
     assert "must match the existing size (32)" in verdict.mismatches[0].got
-
-
-def test_upstream_mutant_is_detected():
-    skip_pre_fix()
-    assert_detected(TARGET, UPSTREAM)
-
-
-@pytest.mark.parametrize("mutant", ["right-aligned-on-max", "row-by-max", "padding-not-zeroed"])
-def test_vllm_passes_each_mutants_smallest_case(mutant):
-    skip_pre_fix()
-    target = get_target(TARGET)
-    case = target.resolve(mutant).smallest()
-    assert target.judge(target.resolve("vllm"), case).ok

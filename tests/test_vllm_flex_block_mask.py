@@ -19,7 +19,7 @@ from attnfuzz.harness.targets.flex_block_mask import (
     trigger_capacity,
     trigger_upstream_capacity,
 )
-from attnfuzz.harness.testing import assert_detected, assert_passes
+from attnfuzz.harness.testing import assert_detected
 from attnfuzz.reference import flex_block_mask as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, build_common_metadata
 from attnfuzz.reference.invariants import violations
@@ -60,12 +60,8 @@ def judge(impl: str, case: Case):
     return target.judge(target.resolve(impl), case)
 
 
-def test_vllm_passes_the_fuzzer():
-    assert_passes(TARGET, "vllm", max_examples=150)
-
-
-def test_upstream_mutant_is_detected_with_a_minimized_trigger():
-    result = assert_detected(TARGET, UPSTREAM)  # asserts the trigger of the minimized case
+def test_the_upstream_mutant_is_found_as_a_runtime_error():
+    result = assert_detected(TARGET, UPSTREAM)  # the generic test's run
     assert result.verdict.key == "exception:RuntimeError"
 
 

@@ -23,7 +23,7 @@ from attnfuzz.harness.oracle import expect_close
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import Implementation, InvalidCase
 from attnfuzz.harness.targets.indexer_decode import SPEC3, smallest_writeback
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.testing import assert_passes, hand_case
 from attnfuzz.reference import indexer_decode as ref
 from attnfuzz.reference.batch import Case
 
@@ -87,11 +87,11 @@ def judge_unfixed(fn, case: Case):
 
 
 @pytest.mark.parametrize("impl", ["vllm", "vllm-xpu"])
-def test_passes(impl):
+def test_the_search_draws_padded_steps(impl):
     if unclamped_native_lengths():
         pytest.skip("this release hands padding requests a negative per-row length (fixed in "
                     "0.28.0): test_unclamped_native_lengths_are_found pins it")  # fmt: skip
-    result = assert_passes(TARGET, impl, max_examples=100)
+    result = assert_passes(TARGET, impl)  # the generic test's run (tests/test_entries.py)
     assert result.labels["requires_padding"] > 0
 
 
@@ -160,10 +160,6 @@ def test_upstream_mutant_crashes_as_in_production():
     assert "(104) must match the existing size (98)" in verdict.mismatches[0].got
 
 
-def test_upstream_mutant_is_detected():
-    assert_detected(TARGET, UPSTREAM, max_examples=300)
-
-
 def test_upstream_mutant_differs_from_0_33_0_in_the_two_reverted_lines_only():
     import inspect
 
@@ -195,7 +191,6 @@ def test_rocm_glue_still_has_bug_a():
 
     if not hasattr(rocm, "rocm_aiter_sparse_attn_indexer_native"):  # see the test below
         assert judge("vllm-rocm", CASES["native: uniform decode, prefills"]).ok
-    assert_detected(TARGET, "vllm-rocm", max_examples=300)
 
 
 def test_rocm_glue_of_0_21_0_writes_chunk_columns_for_prefill_rows():
@@ -268,8 +263,8 @@ ONE = dict(num_spec=0, cudagraph_capture_sizes=(1, 2, 4, 8), **CPU)
 
 
 @pytest.mark.usefixtures("cpu_glue")
-def test_cpu_glue_passes():
-    result = assert_passes(TARGET, "vllm-cpu", max_examples=100)
+def test_cpu_glue_s_search_draws_mixed_and_all_decode_steps():
+    result = assert_passes(TARGET, "vllm-cpu")  # the generic test's run
     assert result.labels["mixed"] > 0 and result.labels["all_decode"] > 0
 
 
@@ -378,7 +373,6 @@ def test_v41_gfx942_decode_step_still_has_bug_a():
     verdict = judge(V41, smallest_writeback())
     assert verdict.key == "exception:RuntimeError"
     assert "(8) must match the existing size (6)" in verdict.mismatches[0].got
-    assert_detected(TARGET, V41, max_examples=300)
 
 
 V41 = "vllm-deepseek-v41-amd"

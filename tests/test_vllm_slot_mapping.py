@@ -5,16 +5,11 @@ from __future__ import annotations
 import pytest
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import assert_detected, assert_passes, hand_case
+from attnfuzz.harness.testing import hand_case
 
 pytestmark = requires_vllm
 
 TARGET = "slot-mapping"
-
-
-@pytest.mark.parametrize("impl", ["vllm", "vllm-v1"])
-def test_vllm_passes(impl):
-    assert_passes(TARGET, impl, max_examples=150)
 
 
 @pytest.mark.parametrize("impl", ["vllm", "vllm-v1"])
@@ -29,14 +24,6 @@ def test_vllm_pads_every_slot_past_the_real_tokens(impl):
     assert got.slot_mapping.tolist()[6:] == [-1, -1]
     assert (got.buffer[6:] == -1).all()
     assert target.compare(case, inputs, target.reference(case, inputs), got) == []
-
-
-@pytest.mark.parametrize("mutant", ["stale-padding", "position-off-by-one", "page-width"])
-def test_vllm_passes_each_mutants_smallest_case(mutant):
-    target = get_target(TARGET)
-    case = target.resolve(mutant).smallest()
-    for impl in ("vllm", "vllm-v1"):
-        assert target.judge(target.resolve(impl), case).ok, impl
 
 
 UPSTREAM = "upstream-pr36580-stale-padding"
@@ -56,14 +43,11 @@ def test_upstream_pr36580_leaves_the_padded_tokens_stale_slots():
     assert verdict.key == "values" and "slot_mapping[6]" in verdict.mismatches[0].where
 
 
-def test_upstream_mutant_is_detected():
-    assert_detected(TARGET, UPSTREAM)
-
-
 @pytest.mark.parametrize("impl", ["vllm", "vllm-v1", UPSTREAM])
-def test_binds_to_the_installed_release(impl):
+def test_binds_to_every_supported_release(impl):
     """Every release from 0.21.0 has what each implementation calls (before 0.24.0
-    without buffer_utils._load_ptr, which nothing here imports)."""
+    without buffer_utils._load_ptr, which nothing here imports): where the generic
+    test skips an implementation that cannot run, this one fails."""
     assert get_target(TARGET).resolve(impl).why_unavailable() is None
 
 

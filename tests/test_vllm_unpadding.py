@@ -5,21 +5,12 @@ from __future__ import annotations
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.targets import unpadding as target_module
-from attnfuzz.harness.testing import assert_detected, assert_passes
 from attnfuzz.reference import unpadding as ref
 
 pytestmark = requires_vllm
 
 TARGET = "unpadding"
 UPSTREAM = "upstream-pr36580-stale-slots"
-
-
-def test_vllm_passes():
-    assert_passes(TARGET, "vllm", max_examples=100)
-
-
-def test_upstream_pr36580_detected():
-    assert_detected(TARGET, UPSTREAM, max_examples=300)
 
 
 def test_vllm_unpadded_is_views_with_the_padded_max_query_len():
@@ -54,9 +45,10 @@ def test_upstream_pr36580_leaves_the_padded_tokens_stale():
     assert not t.judge(t.resolve("stale-slots"), case).ok
 
 
-def test_binds_to_the_installed_release():
+def test_binds_to_every_supported_release():
     """Every release from 0.21.0 has what the adapter calls (before 0.24.0 without
-    buffer_utils._load_ptr, which nothing here imports)."""
+    buffer_utils._load_ptr, which nothing here imports): where the generic test skips
+    an implementation that cannot run, this one fails."""
     for impl in ("vllm", UPSTREAM):
         assert get_target(TARGET).resolve(impl).why_unavailable() is None, impl
 

@@ -1,0 +1,136 @@
+"""Every implementation of every registered target, judged alike.
+
+One module over the registry, as PyTorch's ``test_ops.py`` runs over ``op_db``:
+each test is parametrized by ``(target, implementation)`` (ids ``target/impl``,
+so ``-k slot-mapping`` or ``-k indexer-decode/vllm`` select), and a new target,
+implementation or mutant is tested here without a line written for it. What an
+implementation must do follows from its kind:
+
+- ``fixed``, ``reference`` and ``engine`` pass: every mutant's smallest case,
+  and a derandomized search (``harness.testing.PASSING_EXAMPLES``);
+- a ``mutant`` declares reach, trigger and a smallest case that is valid,
+  reached, triggered and fails while the fixed implementations pass it, and the
+  search finds it (``DETECTING_EXAMPLES``);
+- an engine's implementation carries the engine's marker (``-m vllm``), skips
+  with its own reason where it cannot run, and fails instead under
+  ``ATTNFUZZ_REQUIRE_<ENGINE>=1``.
+
+A target's own semantics (what a mutant's failure looks like, what its search
+covers) stay in its own test files.
+"""
+
+from __future__ import annotations
+
+import pytest
+from attnfuzz.harness.registry import get_target, target_names
+from attnfuzz.harness.target import InvalidCase
+from attnfuzz.harness.testing import (
+    assert_detected,
+    assert_passes,
+    entry_params,
+    kind_of,
+    require_variable,
+)
+from attnfuzz.reference.invariants import violations
+from hypothesis import HealthCheck, given, settings
+
+FIXED = ("fixed", "reference")
+"""Kinds of attnfuzz's own correct code: a mutant's smallest case must pass them."""
+
+PASSING = entry_params(lambda impl: kind_of(impl) != "mutant")
+MUTANTS = entry_params(lambda impl: kind_of(impl) == "mutant")
+ENGINE = entry_params(lambda impl: impl.engine is not None)
+
+
+def accepts(target, impl, case) -> bool:
+    """Whether ``impl`` was meant to run ``case`` (its ``fixes``, its ``declines``)."""
+    try:
+        target.refuse_unfixed(impl, case)
+    except InvalidCase:
+        return False
+    return True
+
+
+# -- implementations that must pass ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, impl", PASSING)
+def test_passes_a_derandomized_search(target, impl):
+    assert_passes(target, impl)
+
+
+@pytest.mark.parametrize("target, impl", PASSING)
+def test_passes_each_mutants_smallest_case(target, impl):
+    """Each mutant's smallest case the implementation accepts, judged alone: a
+    failure names every mutant whose case it fails (the search above judges
+    them too, and stops at the first)."""
+    t = get_target(target)
+    i = t.resolve(impl)
+    judged, failed = 0, []
+    for mutant in t.implementations.values():
+        if kind_of(mutant) != "mutant" or mutant.smallest is None:
+            continue
+        case = mutant.smallest()
+        if not accepts(t, i, case):
+            continue
+        judged += 1
+        verdict = t.judge(i, case)
+        if not verdict.ok:
+            failed.append(f"{mutant.name}: {verdict}")
+    assert not failed, "\n".join(failed)
+    if kind_of(i) in FIXED:  # an engine's glue may decline them all; attnfuzz's own code none
+        assert judged > 0, f"{target}/{impl} accepts no mutant's smallest case"
+
+
+# -- mutants -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, mutant", MUTANTS)
+def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mutant):
+    """The smallest case is one the engine can produce, reaches the bug's code,
+    meets its trigger and fails the mutant, and every fixed implementation meant
+    to run it passes it."""
+    t = get_target(target)
+    impl = t.resolve(mutant)
+    assert impl.reach is not None and impl.trigger is not None and impl.smallest is not None
+    case = impl.smallest()
+    assert violations(case.config, case.batch) == [] and t.param_violations(case) == []
+    assert impl.reach(case) and impl.trigger(case)
+    if accepts(t, impl, case):  # else the installed engine runs it through other code
+        assert not t.judge(impl, case).ok
+    fixed = [i for i in t.implementations.values() if kind_of(i) in FIXED and accepts(t, i, case)]
+    assert fixed, f"no fixed implementation of {target} runs {mutant}'s smallest case"
+    for other in fixed:
+        assert t.judge(other, case).ok, other.name
+
+
+@pytest.mark.parametrize("target, mutant", MUTANTS)
+def test_mutant_is_detected(target, mutant):
+    assert_detected(target, mutant)
+
+
+@pytest.mark.parametrize("target", target_names())
+def test_every_trigger_implies_its_reach(target):
+    t = get_target(target)
+
+    @settings(
+        max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(t.cases())
+    def check(case):
+        for impl in t.mutants:
+            assert impl.reach(case) or not impl.trigger(case), impl.name
+
+    check()
+
+
+# -- engines -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, impl", ENGINE)
+def test_binds_to_the_installed_release(target, impl):
+    """The installed release has what the implementation calls. Where it cannot run
+    the test skips with the reason (its marks), unless the engine is required."""
+    reason = get_target(target).implementations[impl].why_unavailable()
+    engine = get_target(target).implementations[impl].engine
+    assert reason is None, f"{require_variable(engine)}=1 but {target}/{impl}: {reason}"
