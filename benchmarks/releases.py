@@ -44,6 +44,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.adapters.vllm.plugin import SHIPPED_BUGS
+from attnfuzz.harness.engines import ShippedBug
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "adapters" / "vllm" / "install.sh"
 TORCH = os.environ.get("ATTNFUZZ_TORCH", "torch==2.13.0")
@@ -62,42 +65,8 @@ per run) reads as slow, never as a ``timeout`` finding."""
 PASS, FOUND, USAGE, ERROR, LATENT = 0, 1, 2, 4, 5
 
 
-@dataclass(frozen=True)
-class Fix:
-    """A historical fix that shipped: where the bug last was, where the fix first was."""
-
-    pr: str
-    target: str
-    impl: str
-    buggy: str
-    fixed: str
-    what: str
-    # The checks whose failure is this bug: a finding of other checks is another
-    # defect the release has (found first), not this one. Empty: any check.
-    checks: tuple[str, ...] = ()
-    note: str = ""
-
-
-FIXES = (
-    Fix("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
-        "Gemma4 drafter attaches unsliced per-group block tables"),
-    Fix("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
-        "MambaHybridModelState: max_seq_len = max_model_len outside capture"),
-    Fix("#43991", "max-seq-len", "vllm", "0.22.1", "0.23.0",
-        "V2 drafter: max_seq_len = max_model_len"),
-    Fix("#42135", "mtp-seq-lens", "vllm", "0.21.0", "0.22.0",
-        "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]",
-        checks=("contiguous", "stride", "consumer"),
-        note="0.20.0 to 0.27.1 also lack the native lengths' clamp (the next row), which a "
-        "run meets first; #42135's own checks are what count here"),
-    Fix("clamp", "mtp-seq-lens", "vllm", "0.27.1", "0.28.0",
-        "native-MTP lengths not clamped at 0: a padding request's lengths are negative "
-        "(read as uint32 downstream)", checks=("values",),
-        note="fixed in 0.28.0's DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors "
-        "(`.clamp_(min=0)`); found by attnfuzz on the releases, not one of the five bugs"),
-    Fix("#50302", "flatten-decode", "vllm", "0.26.0", "0.27.0",
-        "indexer's expanded table cdiv(max_model_len, bs) wide vs the 128-token-aligned one"),
-)  # fmt: skip
+FIXES = SHIPPED_BUGS
+"""vLLM's own defects that shipped, as the vLLM plugin declares them."""
 
 NOT_IN_RANGE = (
     "#36580 (V2 `_compute_slot_mappings_kernel` pads from `num_tokens`): last in 0.17.1, "
@@ -229,8 +198,8 @@ def bugs(args: argparse.Namespace) -> list[str]:
     rows = []
     for fix in FIXES:
         runs = {}
-        for release in (fix.buggy, fix.fixed):
-            keys = [f"{fix.pr} {fix.impl} {release} {seed} {args.max_examples}"
+        for release in (fix.last_buggy, fix.first_fixed):
+            keys = [f"{fix.ref} {fix.impl} {release} {seed} {args.max_examples}"
                     for seed in args.seeds]  # fmt: skip
             asked = args.target is None or fix.target in args.target
             if asked and (args.rerun or any(key not in done for key in keys)):
@@ -244,20 +213,21 @@ def bugs(args: argparse.Namespace) -> list[str]:
             runs[release] = [Run(**{**done[k], "checks": tuple(done[k]["checks"])}) for k in keys]
         if len(runs) < 2:
             continue
-        buggy, fixed = runs[fix.buggy], runs[fix.fixed]
+        buggy, fixed = runs[fix.last_buggy], runs[fix.first_fixed]
         found = [s for s, r in zip(args.seeds, buggy, strict=True) if is_this_bug(fix, r)]
         first = next((r for r in buggy if is_this_bug(fix, r)), None)
         # The fixed release passes when none of its findings is this bug.
         passes = not any(is_this_bug(fix, r) for r in fixed)
         rows.append([
-            f"{fix.buggy} / {fix.fixed}", f"{fix.pr} {fix.target} `{fix.impl}`", fix.what,
+            f"{fix.last_buggy} / {fix.first_fixed}", f"{fix.ref} {fix.target} `{fix.impl}`",
+            fix.what,
             f"{len(found)}/{len(args.seeds)} ({', '.join(map(str, found)) or '-'})",
             ", ".join(str(r.examples) for r in buggy if is_this_bug(fix, r)) or "-",
             f"{first.case} ({first.reach})" if first else _why_not(buggy),
             _fixed_cell(args.seeds, fixed, passes),
         ])  # fmt: skip
-        print(f"{fix.pr} {fix.target}/{fix.impl}: {rows[-1][3]} found, fixed passes: {rows[-1][6]}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{fix.ref} {fix.target}/{fix.impl}: {rows[-1][3]} found, "
+              f"fixed passes: {rows[-1][6]}", file=sys.stderr, flush=True)  # fmt: skip
     header = ["releases (buggy / fixed)", "fix", "bug", "found (seeds)", "examples to failure",
               "minimized case (reachability)", "fixed release passes"]  # fmt: skip
     return [
@@ -266,12 +236,12 @@ def bugs(args: argparse.Namespace) -> list[str]:
         "",
         *markdown_table(header, rows).splitlines(),
         "",
-        *(f"- {fix.pr} ({fix.target}): {fix.note}." for fix in FIXES if fix.note),
+        *(f"- {fix.ref} ({fix.target}): {fix.note}." for fix in FIXES if fix.note),
         f"- Not in the range: {NOT_IN_RANGE}",
     ]
 
 
-def is_this_bug(fix: Fix, run: Run) -> bool:
+def is_this_bug(fix: ShippedBug, run: Run) -> bool:
     """A finding whose failed checks are ``fix``'s (any finding, where it names none)."""
     if run.code not in (FOUND, LATENT):
         return False

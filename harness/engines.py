@@ -72,6 +72,56 @@ class Engine:
     :class:`attnfuzz.harness.reachability.PlannerUnbound` where the installed release's
     planning cannot be driven. None: the reference's rules
     (:mod:`attnfuzz.reference.runner`) stand in for the engine's."""
+    shipped_bugs: Sequence[ShippedBug] = ()
+    """The engine's own defects that shipped in some of its supported releases."""
+
+    def shipped_bug(self, target: str, impl: str) -> ShippedBug | None:
+        """The first of :attr:`shipped_bugs` of ``target``'s ``impl`` that the installed
+        release ships, or None (also where the engine is not installed)."""
+        version = self.installed_version()
+        if version is None:
+            return None
+        for bug in self.shipped_bugs:
+            if (bug.target, bug.impl) == (target, impl) and bug.shipped_in(version):
+                return bug
+        return None
+
+
+@dataclass(frozen=True)
+class ShippedBug:
+    """A defect of the engine's own code that shipped in a range of its releases,
+    triaged from their source: there the implementation ``impl`` of ``target`` fails
+    (``checks``, empty: any), and an engine test that asks it to pass must fail."""
+
+    ref: str
+    """The fix's pull request (``#43982``), or a short name where it has none."""
+    target: str
+    impl: str
+    last_buggy: str
+    """The last release that ships it."""
+    first_fixed: str
+    """The first release with the fix."""
+    what: str
+    checks: tuple[str, ...] = ()
+    """The checks whose failure is this bug; empty: any."""
+    note: str = ""
+
+    def shipped_in(self, version: str) -> bool:
+        """Whether release ``version`` ships it (the engine's oldest supported one on)."""
+        return release_key(version) <= release_key(self.last_buggy)
+
+
+def release_key(version: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of a version string, ordered: ``0.34.0.dev12+gabc`` is
+    ``(0, 34, 0)``, ``0.22`` is ``(0, 22, 0)``."""
+    parts: list[int] = []
+    for piece in version.replace("+", ".").replace("-", ".").split(".")[:3]:
+        digits = re.match(r"\d*", piece).group(0)
+        if not digits:
+            break
+        parts.append(int(digits))
+    major, minor, patch = (parts + [0, 0, 0])[:3]
+    return major, minor, patch
 
 
 def _as_engine(value: object, name: str) -> Engine:

@@ -117,10 +117,30 @@ def engine_marks(impl: Implementation) -> list[Any]:
     return marks
 
 
-def entry_params(select: Callable[[Implementation], bool]) -> list[Any]:
+def shipped_bug_marks(target: str, impl: Implementation) -> list[Any]:
+    """Where the installed release of ``impl``'s engine ships one of the engine's own
+    defects in it (:attr:`attnfuzz.harness.engines.Engine.shipped_bugs`), a strict
+    ``xfail``: a test asking ``impl`` to pass must fail there, on an assertion (an
+    attnfuzz error still errors), and passing is reported as a failure."""
+    import pytest
+    from attnfuzz.harness import engines
+
+    engine = engines.get(impl.engine) if impl.engine is not None else None
+    bug = engine.shipped_bug(target, impl.name) if engine is not None else None
+    if bug is None:
+        return []
+    why = f"{engine.name} {engine.installed_version()} ships {bug.ref} ({bug.what}), "
+    why += f"fixed in {bug.first_fixed}"
+    return [pytest.mark.xfail(strict=True, raises=AssertionError, reason=why)]
+
+
+def entry_params(
+    select: Callable[[Implementation], bool], *, shipped_bugs_fail: bool = False
+) -> list[Any]:
     """``(target, implementation)`` of every registered target, as ``pytest.param`` entries
     with :func:`engine_marks`, for each implementation ``select`` keeps; ids are
-    ``target/implementation`` (``-k slot-mapping/triton``)."""
+    ``target/implementation`` (``-k slot-mapping/triton``). ``shipped_bugs_fail``: add
+    :func:`shipped_bug_marks` (for a test that asks the implementation to pass)."""
     import pytest
 
     out = []
@@ -128,6 +148,8 @@ def entry_params(select: Callable[[Implementation], bool]) -> list[Any]:
         for impl in get_target(name).implementations.values():
             if select(impl):
                 marks = engine_marks(impl)
+                if shipped_bugs_fail:
+                    marks += shipped_bug_marks(name, impl)
                 out.append(pytest.param(name, impl.name, marks=marks, id=f"{name}/{impl.name}"))
     return out
 

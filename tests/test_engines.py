@@ -275,3 +275,46 @@ def test_attnfuzz_runs_and_its_tests_import_without_the_vllm_plugin(tmp_path):
     collect = "import pytest\nsys.exit(pytest.main(['--collect-only', '-q', *sys.argv[1:]]))"
     collected = _without_vllm(collect, "-p", "no:randomly", *modules)
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+
+
+def test_a_shipped_bug_holds_on_the_releases_that_ship_it_and_makes_the_search_test_xfail():
+    """``Engine.shipped_bug`` names the defect where the installed release is in its
+    range, and :func:`attnfuzz.harness.testing.shipped_bug_marks` turns it into a strict
+    xfail on an assertion (the search must find it; an attnfuzz error still errors)."""
+    from dataclasses import replace
+
+    from attnfuzz.harness.engines import Engine, ShippedBug, release_key
+    from attnfuzz.harness.target import Implementation
+    from attnfuzz.harness.testing import shipped_bug_marks
+    from attnfuzz.kernels import slot_mapping as k
+
+    bug = ShippedBug("#1", "slot-mapping", "fake", "0.22.1", "0.23.0", "a bug")
+    assert [bug.shipped_in(v) for v in ("0.21.0", "0.22.1", "0.22.1+cpu", "0.23.0")] == [
+        True, True, True, False,
+    ]  # fmt: skip
+    assert release_key("0.34.0.dev12+gabc") == (0, 34, 0) and release_key("0.22") == (0, 22, 0)
+    engine = Engine(
+        name="fake",
+        install="pip install fake-engine",
+        installed_version=lambda: "0.22.0",
+        unavailable=lambda: None,
+        status=lambda: "fake 0.22.0 installed",
+        shipped_bugs=(bug,),
+    )
+    assert engine.shipped_bug("slot-mapping", "fake") == bug
+    assert engine.shipped_bug("slot-mapping", "other") is None
+    assert (
+        replace(engine, installed_version=lambda: "0.23.0").shipped_bug("slot-mapping", "fake")
+        is None
+    )
+    assert (
+        replace(engine, installed_version=lambda: None).shipped_bug("slot-mapping", "fake") is None
+    )
+
+    impl = Implementation("fake", k.slot_mapping, "engine", "the fake", engine="fake")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engines, "get", lambda name: engine if name == "fake" else None)
+        (mark,) = shipped_bug_marks("slot-mapping", impl)
+        assert mark.name == "xfail" and mark.kwargs["strict"] is True
+        assert mark.kwargs["raises"] is AssertionError and "#1" in mark.kwargs["reason"]
+        assert shipped_bug_marks("slot-mapping", replace(impl, name="other")) == []

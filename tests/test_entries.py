@@ -7,7 +7,9 @@ implementation or mutant is tested here without a line written for it. What an
 implementation must do follows from its kind:
 
 - ``fixed``, ``reference`` and ``engine`` pass: every mutant's smallest case,
-  and a derandomized search (``harness.testing.PASSING_EXAMPLES``);
+  and a derandomized search (``harness.testing.PASSING_EXAMPLES``), except an
+  engine's release that ships a known defect of it, where the search must fail
+  (``Engine.shipped_bugs``);
 - a ``mutant`` declares reach, trigger and a smallest case that is valid,
   reached, triggered and fails while the fixed implementations pass it, and the
   search finds it (``DETECTING_EXAMPLES``);
@@ -38,6 +40,9 @@ FIXED = ("fixed", "reference")
 """Kinds of attnfuzz's own correct code: a mutant's smallest case must pass them."""
 
 PASSING = entry_params(lambda impl: kind_of(impl) != "mutant")
+SEARCHED = entry_params(lambda impl: kind_of(impl) != "mutant", shipped_bugs_fail=True)
+"""As PASSING; where the installed engine release ships a known defect of the
+implementation, its search must find it (a strict xfail)."""
 MUTANTS = entry_params(lambda impl: kind_of(impl) == "mutant")
 ENGINE = entry_params(lambda impl: impl.engine is not None)
 
@@ -54,7 +59,7 @@ def accepts(target, impl, case) -> bool:
 # -- implementations that must pass ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("target, impl", PASSING)
+@pytest.mark.parametrize("target, impl", SEARCHED)
 def test_passes_a_derandomized_search(target, impl):
     assert_passes(target, impl)
 

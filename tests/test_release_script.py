@@ -35,8 +35,8 @@ def test_the_sweep_covers_the_supported_range_and_the_fixes_lie_in_it(releases):
     keys = [compat.release_key(r) for r in releases.RELEASES]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     for fix in releases.FIXES:
-        assert fix.buggy in releases.RELEASES and fix.fixed in releases.RELEASES
-        assert compat.release_key(fix.buggy) < compat.release_key(fix.fixed)
+        assert fix.last_buggy in releases.RELEASES and fix.first_fixed in releases.RELEASES
+        assert compat.release_key(fix.last_buggy) < compat.release_key(fix.first_fixed)
 
 
 def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(
@@ -56,7 +56,7 @@ def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(
         calls.append((venv.name, target, impl, seed, examples))
         return outcomes[venv.name][seed]
 
-    fix = next(f for f in releases.FIXES if f.pr == "#42135")
+    fix = next(f for f in releases.FIXES if f.ref == "#42135")
     monkeypatch.setattr(releases, "FIXES", (fix,))
     monkeypatch.setattr(releases, "release_venv", lambda root, release, keep: Path(release))
     monkeypatch.setattr(releases, "attnfuzz_run", run)

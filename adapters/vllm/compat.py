@@ -27,26 +27,13 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from attnfuzz.harness.engines import release_key  # noqa: F401  - compat.release_key, as before
+
 OLDEST = "0.21.0"
 NEWEST = "0.33.0"
 """The supported releases: every release from OLDEST to NEWEST's minor series."""
 ANY_RELEASE = "ATTNFUZZ_VLLM_ANY_RELEASE"
 """Set to 1 to bind a release outside the range (a fork, main) by feature detection alone."""
-
-
-def release_key(version: str) -> tuple[int, int, int]:
-    """``(major, minor, patch)`` of a version string: ``0.34.0.dev12+gabc`` is ``(0, 34, 0)``."""
-    parts: list[int] = []
-    for piece in version.replace("+", ".").replace("-", ".").split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple((parts + [0, 0, 0])[:3])  # type: ignore[return-value]
 
 
 def installed_version() -> str | None:

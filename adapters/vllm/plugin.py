@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import implementation as vllm_impl
-from attnfuzz.harness.engines import Engine, StepPlanner
+from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.reachability import PlannerUnbound
 from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.targets import (
@@ -360,6 +360,50 @@ def _planner() -> StepPlanner:
     return engine_step_plan
 
 
+SHIPPED_BUGS = (
+    ShippedBug("require-uniform", "decode-split", "vllm", "0.25.1", "0.26.0",
+        "split_decodes_and_prefills(require_uniform=True) counts short extends as decodes "
+        "before it reads treat_short_extends_as_decodes", checks=("values",)),
+    ShippedBug("padding-as-prefill", "decode-split", "vllm", "0.30.0", "0.31.0",
+        "split_decodes_and_prefills(require_uniform=True) with short extends as prefills "
+        "counts a graph-padding request (query length 0) as a prefill; 0.31.0 adds "
+        "`& (query_lens != 0)`", checks=("values",)),
+    ShippedBug("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
+        "Gemma4 drafter attaches unsliced per-group block tables"),
+    ShippedBug("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
+        "MambaHybridModelState: max_seq_len = max_model_len outside capture"),
+    ShippedBug("#43991", "max-seq-len", "vllm", "0.22.1", "0.23.0",
+        "V2 drafter: max_seq_len = max_model_len"),
+    ShippedBug("#43991", "max-seq-len", "vllm-v1", "0.22.1", "0.23.0",
+        "the drafter the V1 runner drives (EagleSpeculator): draft max_seq_len = max_model_len",
+        checks=("max_seq_len", "walk", "page_bounds")),
+    ShippedBug("#42135", "mtp-seq-lens", "vllm", "0.21.0", "0.22.0",
+        "2-D [max_num_seqs, next_n] seq-lens table sliced [:B, :L]",
+        checks=("contiguous", "stride", "consumer"),
+        note="0.20.0 to 0.27.1 also lack the native lengths' clamp (the next entry), which a "
+        "run meets first; #42135's own checks are what count here"),
+    ShippedBug("clamp", "mtp-seq-lens", "vllm", "0.27.1", "0.28.0",
+        "native-MTP lengths not clamped at 0: a padding request's lengths are negative "
+        "(read as uint32 downstream)", checks=("values",),
+        note="fixed in 0.28.0's DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors "
+        "(`.clamp_(min=0)`); found by attnfuzz on the releases, not one of the five bugs"),
+    ShippedBug("clamp", "indexer-decode", "vllm", "0.27.1", "0.28.0",
+        "the builder's unclamped native lengths (mtp-seq-lens): a padding request's row "
+        "reaches the decode top-k as [0, -1)", checks=("exception",)),
+    ShippedBug("xpu-top-k", "indexer-decode", "vllm-xpu", "0.21.0", "0.22.0",
+        "sparse_attn_indexer's XPU branch hands xpu_ops.top_k_per_row_decode the 2-D "
+        "lengths it indexes as 1-D: every decode step fails to broadcast", checks=("exception",)),
+    ShippedBug("clamp", "indexer-decode", "vllm-xpu", "0.27.1", "0.28.0",
+        "the builder's unclamped native lengths (mtp-seq-lens): a padding request's row "
+        "reaches the decode top-k as [0, -1)", checks=("exception",)),
+    ShippedBug("#50302", "flatten-decode", "vllm", "0.26.0", "0.27.0",
+        "indexer's expanded table cdiv(max_model_len, bs) wide vs the 128-token-aligned one "
+        "(#46074)"),
+)  # fmt: skip
+"""vLLM's own defects in the supported releases, each triaged from the releases' source
+(docs/releases.md): ``benchmarks/releases.py bugs`` measures them, and the engine tests
+of ``tests/test_entries.py`` must fail on a release that ships one."""
+
 VLLM = Engine(
     name=vllm.ENGINE,
     install=vllm.INSTALL,
@@ -379,5 +423,6 @@ VLLM = Engine(
         "unpadding": _unpadding(),
     },
     planner=_planner,
+    shipped_bugs=SHIPPED_BUGS,
 )
 """The engine vLLM (the value of the entry point ``vllm``)."""
