@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.campaign import Options as CampaignOptions
     from attnfuzz.harness.campaign import run_campaign
+    from attnfuzz.harness.errors import HarnessError, UsageError
     from attnfuzz.harness.oracle import Check, Mismatch, Verdict
     from attnfuzz.harness.registry import Mutant, add_mutants, get_target, mutant, target_names
     from attnfuzz.harness.runner import RunResult
-    from attnfuzz.harness.target import HarnessError, Implementation, Target, UsageError
+    from attnfuzz.harness.target import Implementation, Target
     from attnfuzz.reference.batch import Batch, Case, EngineConfig
     from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
     from hypothesis.strategies import SearchStrategy
@@ -46,8 +47,8 @@ _LAZY: dict[str, str] = {
     "CampaignOptions": "attnfuzz.harness.campaign:Options",
     "Target": "attnfuzz.harness.target:Target",
     "Implementation": "attnfuzz.harness.target:Implementation",
-    "UsageError": "attnfuzz.harness.target:UsageError",
-    "HarnessError": "attnfuzz.harness.target:HarnessError",
+    "UsageError": "attnfuzz.harness.errors:UsageError",
+    "HarnessError": "attnfuzz.harness.errors:HarnessError",
     "Verdict": "attnfuzz.harness.oracle:Verdict",
     "Mismatch": "attnfuzz.harness.oracle:Mismatch",
     "Check": "attnfuzz.harness.oracle:Check",
@@ -209,7 +210,7 @@ def _refuse_missing(path: str | Path) -> None:
     directory, may be started anywhere)."""
     import os
 
-    from attnfuzz.harness.target import UsageError
+    from attnfuzz.harness.errors import UsageError
 
     if Path(path).is_absolute() or os.path.lexists(path):
         return  # anything else that is wrong is read_case's to say

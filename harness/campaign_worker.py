@@ -45,7 +45,7 @@ from attnfuzz.harness.campaign_budget import item_deadline, shard_floor, share_s
 from attnfuzz.harness.campaign_timing import hypothesis_phase, note_phase
 from attnfuzz.harness.definitions import PROFILE_NAMES, case_size
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
-from attnfuzz.harness.guards import HarnessError
+from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.runner import HarnessFailed

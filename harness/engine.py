@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 from zipfile import BadZipFile, ZipFile
 
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import Implementation, Target, UsageError
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale, scenario_labels
 from hypothesis import HealthCheck, Phase, event, example, given

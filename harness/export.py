@@ -27,8 +27,9 @@ from typing import Any
 
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import Implementation, Target, UsageError
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Case
 
 DEFAULT_DIR = DEFAULT_REGRESSIONS
@@ -74,13 +75,13 @@ def load_case(
     implementation = target.resolve(name)
     setting = os.environ.get(DTYPE_VARIABLE)
     if note_dtype and setting and case.dtype is not None and setting != case.dtype:
-        from attnfuzz.harness.cli.args import one_line
+        from attnfuzz.harness.errors import MESSAGE_LIMIT, one_line
 
         note = (
             f"{DTYPE_VARIABLE}={setting} is not used: {path} was found in {case.dtype}, "
             "which the replay uses"
         )
-        print(f"attnfuzz: note: {one_line(note)}", file=sys.stderr)
+        print(f"attnfuzz: note: {one_line(note, MESSAGE_LIMIT)}", file=sys.stderr)
     return target, implementation, case, doc
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def _usage_error(err: BaseException) -> bool:
-    from attnfuzz.harness.target import UsageError
+    from attnfuzz.harness.errors import UsageError
 
     return isinstance(err, UsageError)
 
@@ -198,8 +198,8 @@ class SuiteJudge:
         each saying the verdict, the case file and the replay command. Returns the
         passing verdict."""
         __tracebackhide__ = True  # the failure is the test's, not this frame's
+        from attnfuzz.harness.errors import UsageError
         from attnfuzz.harness.oracle import Check
-        from attnfuzz.harness.target import UsageError
 
         spec = impl or self.impls.get(target)
         if spec is None:

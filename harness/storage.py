@@ -43,7 +43,7 @@ from attnfuzz.harness.engine import (
     open_database,
     split_github,
 )
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 __all__ = [
     "REDIS_SCHEMES",

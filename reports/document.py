@@ -45,11 +45,11 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     finding_id,
     repro_command,
 )
+from attnfuzz.harness.errors import UsageError, one_line  # noqa: F401 (one_line: for the reports)
 from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
 from attnfuzz.harness.reachability import is_latent as latent_reachability
 from attnfuzz.harness.reachability import reachability_lines
 from attnfuzz.harness.schemas import validate
-from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import Case
 
 if TYPE_CHECKING:
@@ -65,12 +65,6 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 def printable(text: object) -> str:
     """``text`` with every character XML cannot hold written as a Python escape."""
     return _NOT_XML.sub(lambda m: repr(m.group())[1:-1], str(text))
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Printable, whitespace collapsed, at most ``limit`` characters."""
-    s = " ".join(printable(text).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def mismatch_line(m: Mapping[str, Any]) -> str:

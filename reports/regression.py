@@ -35,7 +35,7 @@ from typing import Any
 
 from attnfuzz.harness.campaign.outdir import PREVIOUS
 from attnfuzz.harness.definitions import REGRESSION_SCHEMA, repro_command
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
     SURVIVED,

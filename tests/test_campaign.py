@@ -33,8 +33,8 @@ from attnfuzz.harness.definitions import (
     finding_id,
     merge_timelines,
 )
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import get_target, target_names
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import Case
 from attnfuzz.reports.document import campaign_record, run_record, run_verdict

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness.campaign import supervise
 from attnfuzz.harness.cli import main
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 TARGET, MUTANT = "slot-mapping", "position-off-by-one"  # caught within 20 examples
 CASE = f"cases/{TARGET}--{MUTANT}--values.json"

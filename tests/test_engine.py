@@ -24,11 +24,11 @@ from attnfuzz.harness.engine import (
     fuzz_test,
     open_database,
 )
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.storage import check_database, database_spec
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import smallest_cases
 from attnfuzz.reference.batch import Case
 from hypothesis import Phase, seed, settings

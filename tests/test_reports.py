@@ -23,9 +23,10 @@ from attnfuzz.harness.campaign.outdir import PREVIOUS, keep_previous
 from attnfuzz.harness.casefile import environment, read_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, repro_command, timestamp
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
-from attnfuzz.harness.target import Implementation, UsageError
+from attnfuzz.harness.target import Implementation
 from attnfuzz.reports import write_reports
 from attnfuzz.reports.document import (
     Timeline,

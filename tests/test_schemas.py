@@ -8,8 +8,8 @@ import math
 
 import pytest
 from attnfuzz.harness import schemas
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import FLOAT_DTYPES, Batch, EngineConfig
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import TextIO
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 LOCK_FILE = ".campaign.lock"
 

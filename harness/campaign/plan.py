@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 
 @dataclass(frozen=True)

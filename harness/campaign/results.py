@@ -36,7 +36,7 @@ from attnfuzz.harness.definitions import (
     LATENT,
     SURVIVED,
 )
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     check_campaign,
     incomplete_text,

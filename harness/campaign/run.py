@@ -13,8 +13,8 @@ from attnfuzz.harness.campaign.plan import import_root, plan_items, plan_units
 from attnfuzz.harness.campaign.supervise import run_locked
 from attnfuzz.harness.definitions import PROFILE_ENV
 from attnfuzz.harness.devices import check_device
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.storage import check_database, database_spec, prepare_out
-from attnfuzz.harness.target import UsageError
 
 
 def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[str, Any], int]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import CASE_SCHEMA
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import (
     Case,
     CommonMetadata,

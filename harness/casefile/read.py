@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import CASE_SCHEMA
+from attnfuzz.harness.errors import CaseTooLarge, UsageError
 from attnfuzz.harness.schemas import validate
-from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
     Case,
     cdiv,

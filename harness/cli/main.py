@@ -13,14 +13,14 @@ from types import ModuleType
 from typing import Any
 
 from attnfuzz.harness.cli import campaign, describe, export, listing, report, repro, run, zoo
-from attnfuzz.harness.cli.args import device, one_line
+from attnfuzz.harness.cli.args import MESSAGE_LIMIT, device, one_line
 from attnfuzz.harness.definitions import (
     EXIT_BROKEN_PIPE,
     EXIT_ERROR,
     EXIT_USAGE,
     HARNESS_FAULT_NOTE,
 )
-from attnfuzz.harness.target import HarnessError, UsageError
+from attnfuzz.harness.errors import HarnessError, UsageError
 
 COMMANDS: dict[str, ModuleType] = {
     "list": listing,
@@ -78,7 +78,10 @@ def _parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argp
         message = message.strip()
         hint = f"attnfuzz {command} --help" if command else "attnfuzz --help"
         where = f"{command}: " if command else ""
-        print(f"attnfuzz: error: {where}{one_line(message)} (see {hint})", file=sys.stderr)
+        print(
+            f"attnfuzz: error: {where}{one_line(message, MESSAGE_LIMIT)} (see {hint})",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = defaults()
     except UsageError as err:  # a broken [tool.attnfuzz]: nothing runs
-        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: error: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         return EXIT_USAGE
     args = _parse_args(build_parser(config), argv)
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
@@ -117,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status
     except UsageError as err:
-        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: error: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         return EXIT_USAGE
     except HarnessError as err:  # attnfuzz's fault: says nothing of the code under test
-        print(f"attnfuzz: ERROR: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: ERROR: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         print(f"attnfuzz: {HARNESS_FAULT_NOTE}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
