@@ -16,8 +16,14 @@ import re
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+try:
+    VERSION = version("attnfuzz")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
+    VERSION = "0+unknown"
 
 # -- schema ids (the "schema" field of each document attnfuzz writes) -----------------
 
@@ -49,12 +55,13 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
 STATE_DIR = Path(".attnfuzz")
 DEFAULT_DB = STATE_DIR / "db"  # Hypothesis' example database
 DEFAULT_OUT = STATE_DIR / "campaign"  # a campaign's results
+PREVIOUS = "previous"  # where a campaign moves the results of the one before
 DEFAULT_CASES = STATE_DIR / "cases"  # `attnfuzz run`'s failing cases
 DEFAULT_ZOO_OUT = STATE_DIR / "zoo"  # `attnfuzz zoo`'s scoreboard
 DEFAULT_REGRESSIONS = Path("tests") / "regressions"  # `attnfuzz export`'s tests
 
 PROFILE_ENV = "ATTNFUZZ_PROFILE"  # the Hypothesis profile when none is named
-PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (campaign_worker.PROFILES)
+PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (settings.PROFILES)
 
 # -- implementation kinds, run statuses and verdict words ---------------------------
 

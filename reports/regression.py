@@ -33,8 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.campaign.outdir import PREVIOUS
-from attnfuzz.harness.definitions import REGRESSION_SCHEMA, repro_command
+from attnfuzz.harness.definitions import PREVIOUS, REGRESSION_SCHEMA, repro_command
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,

@@ -29,10 +29,11 @@ from attnfuzz.harness.casefile import (
     read_case,
     write_case,
 )
+from attnfuzz.harness.casefile.load import resolve_case as load_case
 from attnfuzz.harness.cli import main, one_line
 from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
 from attnfuzz.harness.errors import UsageError
-from attnfuzz.harness.export import LINE, _literal, export_case, load_case
+from attnfuzz.harness.export import LINE, _literal, export_case
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.testing import hand_case
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.campaign.document import run_record
 from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
-from attnfuzz.reports.document import is_latent, run_record
+from attnfuzz.reports.document import is_latent
 
 # Why a run that found nothing stopped short of its floor, most telling first.
 WORKER_LOST = "its worker was lost"
@@ -104,7 +105,7 @@ def collect(
     case it left in flight is replayed in isolation (``replays``) and is a
     finding if it fails there, else the loss is a ``worker-lost`` event.
     """
-    from attnfuzz.harness.campaign_worker import read_json
+    from attnfuzz.harness.campaign.worker import read_json
 
     items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
     for item in plan["items"]:

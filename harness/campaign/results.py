@@ -36,12 +36,11 @@ from attnfuzz.harness.definitions import (
     LATENT,
     SURVIVED,
 )
-from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.errors import UsageError, one_line
 from attnfuzz.reports.document import (
     check_campaign,
     incomplete_text,
     no_verdict,
-    one_line,
     run_verdict,
 )
 

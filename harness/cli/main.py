@@ -19,6 +19,7 @@ from attnfuzz.harness.definitions import (
     EXIT_ERROR,
     EXIT_USAGE,
     HARNESS_FAULT_NOTE,
+    VERSION,
 )
 from attnfuzz.harness.errors import HarnessError, UsageError
 
@@ -43,15 +44,13 @@ def build_parser(config: Mapping[str, Any] | None = None) -> argparse.ArgumentPa
     each key a subcommand lists in its ``CONFIG`` becomes that option's default,
     so an option given on the command line wins over it.
     """
-    import attnfuzz
-
     parser = argparse.ArgumentParser(
         prog="attnfuzz",
         description="Differential fuzzing of attention metadata.",
         epilog="defaults of run, campaign and zoo may come from [tool.attnfuzz] in the "
         "nearest pyproject.toml; options given here win",
     )
-    parser.add_argument("--version", action="version", version=f"attnfuzz {attnfuzz.__version__}")
+    parser.add_argument("--version", action="version", version=f"attnfuzz {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP)

@@ -13,7 +13,7 @@ from attnfuzz.harness.cli.args import (
     add_timeout_argument,
     one_line,
 )
-from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK
+from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK, VERSION
 from attnfuzz.harness.reachability import finding_reachability, is_latent
 from attnfuzz.harness.target import Implementation
 
@@ -32,14 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from attnfuzz.harness.casefile.load import resolve_case
     from attnfuzz.harness.errors import UsageError
-    from attnfuzz.harness.export import load_case
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.registry import split_impl_spec
 
     named, spec = split_impl_spec(args.impl) if args.impl else (None, None)
-    # A case file is data: it never makes attnfuzz import a module (see load_case).
-    target, impl, case, doc = load_case(args.case, spec)
+    # A case file is data: it never makes attnfuzz import a module (see resolve_case).
+    target, impl, case, doc = resolve_case(args.case, spec)
     if named is not None and named != target.name:
         raise UsageError(f"--impl {args.impl} names target {named}; the case is of {target.name}")
     device = args.device  # checked by main() before any work
@@ -95,7 +95,6 @@ def differences(doc: dict, impl: Implementation, device: str | None) -> list[dic
     on it), the float dtype the environment asks for (the recorded one is used)."""
     import os
 
-    import attnfuzz
     from attnfuzz.harness.casefile import engine_versions
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.reference.batch import DTYPE_VARIABLE
@@ -103,7 +102,7 @@ def differences(doc: dict, impl: Implementation, device: str | None) -> list[dic
     recorded = doc.get("environment", {})
     here_device = str(device or kernel_device())
     rows = [
-        ("attnfuzz", recorded.get("attnfuzz"), attnfuzz.__version__),
+        ("attnfuzz", recorded.get("attnfuzz"), VERSION),
         ("device", recorded.get("device"), here_device),
     ]
     found = doc.get("engine")

@@ -138,18 +138,17 @@ class Signals:
 
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.database import (
+        check_database,
+        database_spec,
+        note_artifact,
+        split_github,
+    )
     from attnfuzz.harness.errors import HarnessError, UsageError
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
-    from attnfuzz.harness.storage import (
-        check_database,
-        database_spec,
-        note_artifact,
-        prepare_out,
-        private_hypothesis_home,
-        split_github,
-    )
+    from attnfuzz.harness.storage import prepare_out, private_hypothesis_home
     from attnfuzz.strategies.batches import SCALES
 
     private_hypothesis_home()
