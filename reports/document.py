@@ -41,6 +41,7 @@ from attnfuzz.harness.definitions import (
     NOT_RUN,
     PASS,
     SURVIVED,
+    RunStatus,
 )
 from attnfuzz.harness.errors import UsageError, one_line  # noqa: F401 (one_line: for the reports)
 from attnfuzz.harness.oracle import UNSHRUNK_CHECKS
@@ -126,7 +127,7 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 
 def below_floor(run: Mapping[str, Any]) -> bool:
     """The run found nothing and judged fewer examples than its floor."""
-    return run["status"] == "pass" and run["examples"] < run.get("min_examples", 0)
+    return run["status"] == RunStatus.PASS and run["examples"] < run.get("min_examples", 0)
 
 
 def run_verdict(run: Mapping[str, Any]) -> str:
@@ -134,17 +135,19 @@ def run_verdict(run: Mapping[str, Any]) -> str:
     finding latent, see :func:`is_latent`); ``ERROR`` when
     the run could not go on, ``not run`` when it judged no example at all,
     ``INCOMPLETE`` when it found nothing short of its floor (``min_examples``)."""
-    if run["status"] == "error":
+    if run["status"] == RunStatus.ERROR:
         return ERROR
-    if run["status"] == NOT_RUN or (run["examples"] == 0 and run["status"] == "pass"):
+    if run["status"] == RunStatus.NOT_RUN or (
+        run["examples"] == 0 and run["status"] == RunStatus.PASS
+    ):
         return NOT_RUN
     if below_floor(run):  # a failure counts at any count; a pass or a miss only at the floor
         return INCOMPLETE
     if run["kind"] == "mutant":
-        return CAUGHT if run["status"] == "fail" else SURVIVED
-    if run["status"] == "fail" and run.get("latent"):
+        return CAUGHT if run["status"] == RunStatus.FAIL else SURVIVED
+    if run["status"] == RunStatus.FAIL and run.get("latent"):
         return LATENT  # a defect, though no step of the engine runs it on such metadata
-    return PASS if run["status"] == "pass" else FAIL
+    return PASS if run["status"] == RunStatus.PASS else FAIL
 
 
 def no_verdict(run: Mapping[str, Any]) -> bool:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.definitions import PREVIOUS, REGRESSION_SCHEMA, repro_command
+from attnfuzz.harness.definitions import PREVIOUS, REGRESSION_SCHEMA, RunStatus, repro_command
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
@@ -200,7 +200,7 @@ def compare(
         "errors": [
             {"target": r["target"], "implementation": r["implementation"], "error": r.get("error")}
             for r in current["runs"]
-            if r["status"] == "error"
+            if r["status"] == RunStatus.ERROR
         ],
         "mutants": mutants,
         "coverage": _coverage(baseline, current, threshold),

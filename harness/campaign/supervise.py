@@ -24,7 +24,7 @@ from attnfuzz.harness.campaign.timing import (
     startup_state,
 )
 from attnfuzz.harness.database import note_artifact
-from attnfuzz.harness.definitions import timestamp
+from attnfuzz.harness.definitions import RunStatus, timestamp
 
 # Workers end their units at the deadline by themselves (a call still running
 # then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
@@ -308,7 +308,7 @@ def supervise(
     for line in results.problems(shown):
         print(line, file=sys.stderr, flush=True)
     clean = snap.settled == len(items) or proc.returncode in (0, 1)
-    clean = clean and not any(r["status"] == "error" for r in snap.runs)
+    clean = clean and not any(r["status"] == RunStatus.ERROR for r in snap.runs)
     if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
         shutil.rmtree(scratch, ignore_errors=True)
     else:
