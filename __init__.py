@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from attnfuzz.harness.definitions import VERSION as __version__  # cheap: no torch
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.campaign import Options as CampaignOptions
     from attnfuzz.harness.campaign import run_campaign
+    from attnfuzz.harness.errors import HarnessError, UsageError
     from attnfuzz.harness.oracle import Check, Mismatch, Verdict
     from attnfuzz.harness.registry import Mutant, add_mutants, get_target, mutant, target_names
     from attnfuzz.harness.runner import RunResult
-    from attnfuzz.harness.target import HarnessError, Implementation, Target, UsageError
+    from attnfuzz.harness.target import Implementation, Target
     from attnfuzz.reference.batch import Batch, Case, EngineConfig
     from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
     from hypothesis.strategies import SearchStrategy
@@ -29,11 +31,6 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     # What names an implementation: a registered name or "module:attribute", an
     # Implementation, or any callable taking the target's inputs.
     ImplementationLike = str | Implementation | Callable[[Any], Any]
-
-try:
-    __version__ = version("attnfuzz")  # one source: pyproject.toml's version
-except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
-    __version__ = "0+unknown"
 
 # Public name -> "module:attribute". Moving a module only changes this map.
 _LAZY: dict[str, str] = {
@@ -46,8 +43,8 @@ _LAZY: dict[str, str] = {
     "CampaignOptions": "attnfuzz.harness.campaign:Options",
     "Target": "attnfuzz.harness.target:Target",
     "Implementation": "attnfuzz.harness.target:Implementation",
-    "UsageError": "attnfuzz.harness.target:UsageError",
-    "HarnessError": "attnfuzz.harness.target:HarnessError",
+    "UsageError": "attnfuzz.harness.errors:UsageError",
+    "HarnessError": "attnfuzz.harness.errors:HarnessError",
     "Verdict": "attnfuzz.harness.oracle:Verdict",
     "Mismatch": "attnfuzz.harness.oracle:Mismatch",
     "Check": "attnfuzz.harness.oracle:Check",
@@ -176,20 +173,6 @@ def judge(
     return t.judge(_implementation(t, impl), case, device)
 
 
-def _read_case(path: str | Path) -> tuple[Target, Case]:
-    """The target and case of a case file, in the dtype it was found in, refused as
-    ``attnfuzz repro`` refuses it (a one-line :class:`UsageError`)."""
-    import dataclasses
-
-    from attnfuzz.harness.casefile import read_case
-
-    doc = read_case(path)
-    target = _target(doc["target"])
-    case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
-    target.refuse_invalid(case, str(path))
-    return target, case
-
-
 def load_case(path: str | Path) -> Case:
     """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
     found in, checked as ``attnfuzz repro`` checks it. Reading a case file
@@ -199,25 +182,10 @@ def load_case(path: str | Path) -> Case:
     Python; in a test module, name the file relative to the module instead
     (``Path(__file__).parent / "cases" / "CASE.json"``), so that the suite runs
     from any directory. A file that is not there says both."""
-    _refuse_missing(path)
-    return _read_case(path)[1]
+    from attnfuzz.harness.casefile.load import refuse_missing, target_and_case
 
-
-def _refuse_missing(path: str | Path) -> None:
-    """A relative path to nothing: a one-line :class:`UsageError` naming the path
-    tried and how to name one relative to the test file (pytest, and so the current
-    directory, may be started anywhere)."""
-    import os
-
-    from attnfuzz.harness.target import UsageError
-
-    if Path(path).is_absolute() or os.path.lexists(path):
-        return  # anything else that is wrong is read_case's to say
-    raise UsageError(
-        f"no case file {path}: tried {Path.cwd() / path}, relative to the current "
-        "directory; in a test module, name it relative to the module, e.g. "
-        f"Path(__file__).parent / 'cases' / {Path(path).name!r}"
-    )
+    refuse_missing(path)
+    return target_and_case(path)[1]
 
 
 def replay(
@@ -232,13 +200,13 @@ def replay(
     imported only when passed again as ``impl``). ``attnfuzz repro`` is the
     same judged in a child process, under the timeout the case was found with.
     """
-    _refuse_missing(path)
-    if impl is None or isinstance(impl, str):
-        from attnfuzz.harness.export import load_case as resolve_case
+    from attnfuzz.harness.casefile.load import refuse_missing, resolve_case, target_and_case
 
+    refuse_missing(path)
+    if impl is None or isinstance(impl, str):
         target, implementation, case, _ = resolve_case(path, impl, note_dtype=False)
     else:
-        target, case = _read_case(path)
+        target, case, _ = target_and_case(path)
         implementation = _implementation(target, impl)
     return target.judge(implementation, case, device)
 

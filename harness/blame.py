@@ -33,6 +33,7 @@ from pathlib import Path
 from types import CodeType, FrameType, TracebackType
 from typing import TypeVar
 
+from attnfuzz.harness.errors import ContractError
 from attnfuzz.reference.history import FieldHistory
 
 # The packages whose code is an engine under test: their exceptions are findings.
@@ -49,10 +50,6 @@ _under_test_code: set[CodeType] = set()
 _transparent_code: set[CodeType] = {FieldHistory.__getattr__.__code__}
 
 T = TypeVar("T")
-
-
-class ContractError(ValueError):
-    """A stand-in refused arguments its vendor operation does not accept (a finding)."""
 
 
 def _codes(obj: object) -> Iterator[CodeType]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import PROFILE_NAMES
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.strategies.batches import SCALES
 
 PYPROJECT = "pyproject.toml"

@@ -16,8 +16,15 @@ import re
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+try:
+    VERSION = version("attnfuzz")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
+    VERSION = "0+unknown"
 
 # -- schema ids (the "schema" field of each document attnfuzz writes) -----------------
 
@@ -49,42 +56,80 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command killed by SIGPIPE
 STATE_DIR = Path(".attnfuzz")
 DEFAULT_DB = STATE_DIR / "db"  # Hypothesis' example database
 DEFAULT_OUT = STATE_DIR / "campaign"  # a campaign's results
+PREVIOUS = "previous"  # where a campaign moves the results of the one before
 DEFAULT_CASES = STATE_DIR / "cases"  # `attnfuzz run`'s failing cases
 DEFAULT_ZOO_OUT = STATE_DIR / "zoo"  # `attnfuzz zoo`'s scoreboard
 DEFAULT_REGRESSIONS = Path("tests") / "regressions"  # `attnfuzz export`'s tests
 
 PROFILE_ENV = "ATTNFUZZ_PROFILE"  # the Hypothesis profile when none is named
-PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (campaign_worker.PROFILES)
+PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (settings.PROFILES)
 
 # -- implementation kinds, run statuses and verdict words ---------------------------
 
 KINDS = ("fixed", "reference", "engine", "mutant", "user")
-# A run that judged no example (a budget too short for the machine, a worker
-# lost at once) is "not run": neither passed nor failed, neither caught nor survived.
-STATUSES = ("pass", "fail", "error", "not run")
 
-# Verdict words, one per outcome; the reports show exactly these. A mutant that
-# fails was "caught"; one that passes "survived". Every other kind must pass.
+
+class RunStatus(StrEnum):
+    """What happened to a run (``campaign.json``'s ``runs[].status``); a ``str``, so
+    documents are written and compared as before.
+
+    A run that judged no example (a budget too short for the machine, a worker
+    lost at once) is "not run": neither passed nor failed, neither caught nor survived.
+    """
+
+    PASS = "pass"  # examples judged, nothing failed
+    FAIL = "fail"
+    ERROR = "error"  # attnfuzz's own code failed: no verdict
+    NOT_RUN = "not run"
+
+
+STATUSES = tuple(RunStatus)
+
+
+class RunVerdict(StrEnum):
+    """Verdict words, one per outcome; the reports show exactly these. A mutant that
+    fails was "caught"; one that passes "survived". Every other kind must pass.
+
+    ``LATENT``: an engine implementation's run whose every finding is latent
+    (harness.reachability: only a FULL graph replay meets the metadata that trips
+    it). ``KILLED``: the zoo's word for a mutant every seed detected (one some seed
+    missed "survived"). ``INCOMPLETE``: a run that found nothing short of its floor
+    (and a zoo mutant with such seeds and no survivor), written as the campaign's word.
+    """
+
+    PASS = "pass"
+    FAIL = "FAIL"
+    CAUGHT = "caught"
+    SURVIVED = "survived"
+    ERROR = "ERROR"
+    NOT_RUN = "not run"
+    LATENT = "LATENT"
+    KILLED = "killed"
+    INCOMPLETE = "INCOMPLETE"
+
+
+class CampaignVerdict(StrEnum):
+    """A whole campaign's verdict: every run as it should be, or not, or some run
+    judged nothing; ``LATENT`` when its only departures are latent runs (EXIT_LATENT)."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCOMPLETE = "INCOMPLETE"
+    LATENT = "LATENT"
+
+
+# The words by their older names, as every module reads them.
 PASS, FAIL, CAUGHT, SURVIVED, ERROR, NOT_RUN = (
-    "pass",
-    "FAIL",
-    "caught",
-    "survived",
-    "ERROR",
-    "not run",
+    RunVerdict.PASS,
+    RunVerdict.FAIL,
+    RunVerdict.CAUGHT,
+    RunVerdict.SURVIVED,
+    RunVerdict.ERROR,
+    RunVerdict.NOT_RUN,
 )
-
-# An engine implementation's run whose every finding is latent (harness.reachability:
-# only a FULL graph replay meets the metadata that trips it); a campaign whose only
-# departures are such runs has this verdict too, and exits EXIT_LATENT.
-LATENT = "LATENT"
-
-# The zoo's word for a mutant every seed detected (one some seed missed "survived").
-KILLED = "killed"
-
-# A whole campaign's verdict: every run as it should be, or not, or some run judged nothing.
-CAMPAIGN_PASS, CAMPAIGN_FAIL, CAMPAIGN_INCOMPLETE = "PASS", "FAIL", "INCOMPLETE"
-CAMPAIGN_LATENT = LATENT
+LATENT, KILLED = RunVerdict.LATENT, RunVerdict.KILLED
+CAMPAIGN_PASS, CAMPAIGN_FAIL = CampaignVerdict.PASS, CampaignVerdict.FAIL
+CAMPAIGN_INCOMPLETE, CAMPAIGN_LATENT = CampaignVerdict.INCOMPLETE, CampaignVerdict.LATENT
 
 # The example floor: a run (a campaign's target x implementation, a zoo seed) that
 # found nothing is a pass, or a surviving mutant, only once it judged this many
@@ -98,7 +143,7 @@ DEFAULT_MIN_EXAMPLES = 200
 
 # The verdict of such a run, and of a zoo mutant with such seeds and no survivor:
 # written as the campaign's own word, so that every report shows the two alike.
-INCOMPLETE = CAMPAIGN_INCOMPLETE
+INCOMPLETE = RunVerdict.INCOMPLETE
 
 # -- small shared rules ---------------------------------------------------------------
 

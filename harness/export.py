@@ -1,4 +1,4 @@
-"""Load a case file for replay, and export it as a standalone pytest regression test.
+"""Export a case file as a standalone pytest regression test.
 
 The exported file embeds the case as a Python literal and needs nothing but
 attnfuzz installed: it judges the implementation on the case with
@@ -19,17 +19,14 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.casefile import read_case
+from attnfuzz.harness.casefile.load import resolve_case
 from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS
-from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import Implementation, Target, UsageError
-from attnfuzz.reference.batch import DTYPE_VARIABLE, Case
+from attnfuzz.harness.errors import UsageError
+from attnfuzz.reference.batch import Case
 
 DEFAULT_DIR = DEFAULT_REGRESSIONS
 """Where ``attnfuzz export`` writes, relative to the current directory: where a
@@ -38,50 +35,6 @@ LINE = 88
 """Columns of the generated file: ``ruff``'s and ``black``'s default line length."""
 MAX_TEST_NAME = LINE - len("def ():")
 """``def NAME():`` then fits in :data:`LINE` columns."""
-
-
-def load_case(
-    path: Path | str, impl: str | None = None, *, note_dtype: bool = True
-) -> tuple[Target, Implementation, Case, dict[str, Any]]:
-    """Read a case file and resolve what replays it: target, implementation, case, document.
-
-    ``impl`` overrides the implementation the case was found on. A case file
-    is data: a ``module:attribute`` it names is imported only when the caller
-    names it again with ``impl``. Every problem (unknown name, a case the
-    invariants refuse) is a one-line :class:`UsageError`.
-
-    The case replays in the float dtype it records (``settings.dtype``, set as
-    the returned case's ``dtype``), whatever ``ATTNFUZZ_DTYPE`` says: the case
-    wins, and with ``note_dtype`` a setting that differs is said in one line on
-    stderr. (A setting the device cannot run is refused before, by
-    :func:`attnfuzz.harness.devices.check_device`.)
-    """
-    doc = read_case(path)
-    target = get_target(doc["target"])
-    case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
-    target.refuse_invalid(case, str(path))
-    name = impl or doc["implementation"]
-    if impl is None and name not in target.implementations:
-        if ":" in name:
-            raise UsageError(
-                f"{path} was found on {name!r}, which is not registered; "
-                f"replay it with --impl {name}"
-            )
-        known = ", ".join(target.implementations)
-        raise UsageError(
-            f"{path}: unknown implementation {name!r} for {target.name} (known: {known})"
-        )
-    implementation = target.resolve(name)
-    setting = os.environ.get(DTYPE_VARIABLE)
-    if note_dtype and setting and case.dtype is not None and setting != case.dtype:
-        from attnfuzz.harness.cli.args import one_line
-
-        note = (
-            f"{DTYPE_VARIABLE}={setting} is not used: {path} was found in {case.dtype}, "
-            "which the replay uses"
-        )
-        print(f"attnfuzz: note: {one_line(note)}", file=sys.stderr)
-    return target, implementation, case, doc
 
 
 def _slug(text: str) -> str:
@@ -244,7 +197,7 @@ def export_case(path: Path | str, out: Path | str = DEFAULT_DIR, impl: str | Non
 
     ``out`` is a directory (created if needed) or a file name ending in ``.py``.
     """
-    target, implementation, case, doc = load_case(path, impl, note_dtype=False)
+    target, implementation, case, doc = resolve_case(path, impl, note_dtype=False)
     verdict = doc.get("verdict", {})
     found_on = doc["implementation"]
     name = regression_test_name(

@@ -1,9 +1,7 @@
-"""What the harness tells apart from a finding, and the guards around judging a case.
+"""The guards around judging a case (the error classes are :mod:`.errors`').
 
-A :class:`UsageError` (and its kinds :class:`InvalidCase`, :class:`CaseTooLarge`)
-is the caller's mistake or this machine's limit, never a verdict on an
-implementation; :func:`fits_in_memory` turns an allocation failure while the
-harness builds a case into one. :func:`sigint_noted` tells a real Ctrl-C from a
+:func:`fits_in_memory` turns an allocation failure while the
+harness builds a case into a :class:`CaseTooLarge`. :func:`sigint_noted` tells a real Ctrl-C from a
 ``KeyboardInterrupt`` an implementation raised itself; :class:`Lap` clocks the
 phases of a judgement.
 """
@@ -19,24 +17,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-
-
-class UsageError(Exception):
-    """A mistake of the caller (unknown name, bad case file): exit status 2."""
-
-
-class InvalidCase(UsageError):
-    """A case the engine could never produce; the oracle refuses to judge it."""
-
-
-class CaseTooLarge(UsageError):
-    """A case whose metadata, inputs or reference do not fit in this machine's memory."""
-
-
-class HarnessError(Exception):
-    """attnfuzz's own code failed while judging (an adapter's glue, a stand-in, a
-    reference, the harness): no verdict on the implementation, never a finding.
-    Its message names the file and line in attnfuzz (:class:`~attnfuzz.harness.blame.Fault`)."""
+from attnfuzz.harness.errors import (  # noqa: F401 (re-exported: the older home)
+    CaseTooLarge,
+    HarnessError,
+    InvalidCase,
+    UsageError,
+)
 
 
 def _out_of_memory(err: BaseException) -> bool:

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.blame import attnfuzz_fault
-from attnfuzz.harness.guards import HarnessError
+from attnfuzz.harness.errors import HarnessError, UsageError
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
-from attnfuzz.harness.target import Implementation, Target, UsageError
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 
 DEFAULT_TIMEOUT_S = 30.0  # per example; the first Triton call on a GPU compiles

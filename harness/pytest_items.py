@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def _usage_error(err: BaseException) -> bool:
-    from attnfuzz.harness.target import UsageError
+    from attnfuzz.harness.errors import UsageError
 
     return isinstance(err, UsageError)
 
@@ -138,7 +138,7 @@ class CaseItem(pytest.Item):
         self.extra_keyword_matches.add("attnfuzz")
 
     def runtest(self) -> None:
-        from attnfuzz.harness.export import load_case
+        from attnfuzz.harness.casefile.load import resolve_case
 
         state = self.config.stash[STATE]
         spec = state.impls.get(self.name)
@@ -148,7 +148,7 @@ class CaseItem(pytest.Item):
                 f"name the implementation to replay it on with {IMPL_OPTION} "
                 f"{self.name}=IMPL or the ini key {IMPL_INI}"
             )
-        target, impl, case, doc = load_case(self.path, spec, note_dtype=False)
+        target, impl, case, doc = resolve_case(self.path, spec, note_dtype=False)
         timeout = state.timeout_for(doc["settings"].get("example_timeout"))
         if timeout is None:
             impl.prepare()
@@ -198,8 +198,8 @@ class SuiteJudge:
         each saying the verdict, the case file and the replay command. Returns the
         passing verdict."""
         __tracebackhide__ = True  # the failure is the test's, not this frame's
+        from attnfuzz.harness.errors import UsageError
         from attnfuzz.harness.oracle import Check
-        from attnfuzz.harness.target import UsageError
 
         spec = impl or self.impls.get(target)
         if spec is None:

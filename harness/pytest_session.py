@@ -87,13 +87,12 @@ class SessionState:
     def check(self) -> None:
         """Register the mutants and resolve every name given, at start-up: a
         mistake is one line, not a traceback per test (and none ignored)."""
-        from attnfuzz.harness.cli.args import one_line
         from attnfuzz.harness.devices import check_device
+        from attnfuzz.harness.errors import MESSAGE_LIMIT, UsageError, one_line
         from attnfuzz.harness.registry import add_mutants
-        from attnfuzz.harness.target import UsageError
 
         def refuse(where: str, err: Exception) -> NoReturn:
-            raise pytest.UsageError(one_line(f"{where}: {err}")) from None
+            raise pytest.UsageError(one_line(f"{where}: {err}", MESSAGE_LIMIT)) from None
 
         for where, spec in self.mutants:
             try:
@@ -108,7 +107,7 @@ class SessionState:
         try:
             self.device = check_device()  # ATTNFUZZ_DTYPE this machine cannot run
         except UsageError as err:
-            raise pytest.UsageError(one_line(err)) from None
+            raise pytest.UsageError(one_line(err, MESSAGE_LIMIT)) from None
 
     def resolve(self, target: str, spec: str) -> tuple[Target, Implementation]:
         """The target and implementation ``spec`` names (resolved once a session)."""

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
+from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.oracle import Check, Verdict
-from attnfuzz.harness.target import HarnessError, Implementation, Target
+from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import SMALL, Scale
 from hypothesis import seed

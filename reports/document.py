@@ -1,4 +1,6 @@
-"""The campaign document (``campaign.json``): building it, checking it, reading verdicts off it.
+"""The campaign document (``campaign.json``): checking it, reading verdicts off it.
+
+It is built by :mod:`attnfuzz.harness.campaign.document`; the reports render it.
 
 A campaign runs every target x implementation; ``campaign.json`` records one
 *run* per pair and one *finding* per distinct failure (target, implementation
@@ -20,13 +22,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from attnfuzz.harness.casefile import case_document, load_json, write_case
-from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro_command: re-exported)
+from attnfuzz.harness.casefile import load_json
+from attnfuzz.harness.definitions import (
     CAMPAIGN_FAIL,
     CAMPAIGN_INCOMPLETE,
     CAMPAIGN_LATENT,
@@ -36,24 +37,17 @@ from attnfuzz.harness.definitions import (  # noqa: F401 (KINDS, STATUSES, repro
     ERROR,
     FAIL,
     INCOMPLETE,
-    KINDS,
     LATENT,
     NOT_RUN,
     PASS,
-    STATUSES,
     SURVIVED,
-    finding_id,
-    repro_command,
+    RunStatus,
 )
-from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
+from attnfuzz.harness.errors import UsageError, one_line  # noqa: F401 (one_line: for the reports)
+from attnfuzz.harness.oracle import UNSHRUNK_CHECKS
 from attnfuzz.harness.reachability import is_latent as latent_reachability
 from attnfuzz.harness.reachability import reachability_lines
 from attnfuzz.harness.schemas import validate
-from attnfuzz.harness.target import UsageError
-from attnfuzz.reference.batch import Case
-
-if TYPE_CHECKING:
-    from attnfuzz.harness.runner import RunResult
 
 # -- text ---------------------------------------------------------------------
 
@@ -67,18 +61,12 @@ def printable(text: object) -> str:
     return _NOT_XML.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
-def one_line(text: object, limit: int = 300) -> str:
-    """Printable, whitespace collapsed, at most ``limit`` characters."""
-    s = " ".join(printable(text).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
 def mismatch_line(m: Mapping[str, Any]) -> str:
     """A mismatch as :class:`Mismatch` prints it: ``[check] where: expected X, got Y``."""
     return f"[{m.get('check')}] {m.get('where')}: expected {m.get('expected')}, got {m.get('got')}"
 
 
-# -- building -----------------------------------------------------------------
+# -- reading a finding -----------------------------------------------------------
 
 
 def case_label(finding: Mapping[str, Any]) -> str:
@@ -86,71 +74,6 @@ def case_label(finding: Mapping[str, Any]) -> str:
     if finding.get("check") in UNSHRUNK_CHECKS:
         return "case as it ran (not shrunk: the process died or hung)"
     return "minimized case"
-
-
-def record_finding(
-    out: Path,
-    target: str,
-    implementation: str,
-    case: Case,
-    verdict: Verdict,
-    *,
-    device: str = "cpu",
-    examples_to_failure: int | None = None,
-    seconds_to_failure: float | None = None,
-) -> dict[str, Any]:
-    """Write the finding's case file under ``out/cases/`` and return its record."""
-    assert not verdict.ok, "a finding needs a failing verdict"
-    fid = finding_id(target, implementation, verdict.key)
-    document = case_document(target, implementation, case, verdict, device)
-    write_case(out / f"cases/{fid}.json", document)
-    return finding_record(
-        target,
-        implementation,
-        case.to_dict(),
-        document["verdict"],
-        derived=document["derived"],
-        shown_out=out,
-        examples_to_failure=examples_to_failure,
-        seconds_to_failure=seconds_to_failure,
-    )
-
-
-def finding_record(
-    target: str,
-    implementation: str,
-    case: Mapping[str, Any],
-    verdict: Mapping[str, Any],
-    *,
-    derived: Mapping[str, Any],
-    shown_out: Path,
-    examples_to_failure: int | None,
-    seconds_to_failure: float | None,
-    reachability: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One finding of ``campaign.json``: ``verdict`` as its case file records it
-    (``key`` and ``mismatches``), the case file under ``cases/``, the replay
-    command naming ``shown_out`` (the results directory as the user gave it), and
-    for engine code where it can happen (``reachability``, as case files hold it)."""
-    fid = finding_id(target, implementation, verdict["key"])
-    case_file = f"cases/{fid}.json"
-    record = {
-        "id": fid,
-        "target": target,
-        "implementation": implementation,
-        "key": verdict["key"],
-        "check": verdict["mismatches"][0]["check"],
-        "case_file": case_file,
-        "case": dict(case),
-        "verdict": dict(verdict),
-        "derived": dict(derived),
-        "repro": repro_command(shown_out / case_file, implementation),
-        "examples_to_failure": examples_to_failure,
-        "seconds_to_failure": seconds_to_failure,
-    }
-    if reachability is not None:
-        record["reachability"] = dict(reachability)
-    return record
 
 
 def is_latent(finding: Mapping[str, Any]) -> bool:
@@ -164,171 +87,6 @@ def reachability_text(finding: Mapping[str, Any]) -> list[str]:
     attnfuzz's own code (or a document older than reachability)."""
     reach = finding.get("reachability")
     return reachability_lines(reach) if reach else []
-
-
-class Timeline:
-    """``[seconds since start, examples so far]`` points, a few a second at most.
-
-    Call :meth:`tick` after every example; :meth:`close` adds the last point.
-    """
-
-    def __init__(self, per_second: float = 4.0, clock: Callable[[], float] = time.perf_counter):
-        self.clock, self.gap = clock, 1.0 / per_second
-        self.start = clock()
-        self.points: list[list[float]] = [[0.0, 0]]
-        self.examples = 0
-
-    def tick(self, examples: int | None = None) -> None:
-        self.examples = self.examples + 1 if examples is None else examples
-        t = self.clock() - self.start
-        if t - self.points[-1][0] >= self.gap:
-            self.points.append([round(t, 3), self.examples])
-
-    def close(self) -> list[list[float]]:
-        t = round(self.clock() - self.start, 3)
-        if self.points[-1][1] != self.examples or len(self.points) == 1:
-            self.points.append([max(t, self.points[-1][0]), self.examples])
-        return self.points
-
-
-def run_record(
-    target: str,
-    implementation: str,
-    kind: str,
-    *,
-    examples: int,
-    seconds: float,
-    status: str,
-    labels: Mapping[str, int] | None = None,
-    timeline: Sequence[Sequence[float]] | None = None,
-    findings: Iterable[str] = (),
-    error: str | None = None,
-    min_examples: int | None = None,
-    incomplete: str | None = None,
-    latent: bool = False,
-) -> dict[str, Any]:
-    """One run's record. ``error`` is the one-line reason of a run with status "error";
-    ``latent``: the run found something and every finding is latent.
-
-    ``min_examples`` is the run's example floor (absent: none, as in documents
-    older than it); ``incomplete`` says why a run that found nothing stopped
-    short of it (``the time budget ended``), written only then."""
-    assert kind in KINDS and status in STATUSES, (kind, status)
-    run: dict[str, Any] = {
-        "target": target,
-        "implementation": implementation,
-        "kind": kind,
-        "examples": examples,
-        "seconds": round(seconds, 3),
-        "examples_per_second": round(examples / seconds, 3) if seconds > 0 else 0.0,
-        "status": status,
-        "labels": dict(sorted((labels or {}).items())),
-        "timeline": (
-            [list(p) for p in timeline] if timeline is not None else [[0.0, 0], [seconds, examples]]
-        ),
-        "findings": list(findings),
-    }
-    if error is not None:
-        run["error"] = one_line(error)
-    if min_examples is not None:
-        run["min_examples"] = min_examples
-    if incomplete is not None:
-        run["incomplete"] = one_line(incomplete)
-    if latent:
-        run["latent"] = True
-    return run
-
-
-def from_result(
-    result: RunResult,
-    kind: str,
-    out: Path,
-    *,
-    device: str = "cpu",
-    timeline: Sequence[Sequence[float]] | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A :class:`harness.runner.RunResult` as ``(run, findings)``; writes the case file."""
-    findings = []
-    if result.failed:
-        findings.append(
-            record_finding(
-                out,
-                result.target,
-                result.implementation,
-                result.case,
-                result.verdict,
-                device=device,
-                examples_to_failure=result.examples_to_failure,
-                seconds_to_failure=result.seconds_to_failure,
-            )
-        )
-    run = run_record(
-        result.target,
-        result.implementation,
-        kind,
-        examples=result.examples,
-        seconds=result.seconds,
-        status="fail" if result.failed else "pass",
-        labels=result.labels,
-        timeline=timeline,
-        findings=[f["id"] for f in findings],
-    )
-    return run, findings
-
-
-def campaign_record(
-    runs: list[dict[str, Any]],
-    findings: list[dict[str, Any]],
-    *,
-    started: str,
-    finished: str,
-    seconds: float,
-    environment: dict[str, str],
-    budget_seconds: float | None = None,
-    max_examples: int | None = None,
-    min_examples: int | None = None,
-    profile: str = "dev",
-    seed: int | None = None,
-    workers: int = 1,
-    database: str = "",
-    interrupted: bool = False,
-    events: list[dict[str, Any]] | None = None,
-    timing: dict[str, Any] | None = None,
-    database_note: str | None = None,
-) -> dict[str, Any]:
-    """The whole ``campaign.json`` document (checked before it is returned): the one
-    builder of it, for ``attnfuzz campaign`` and for tests alike. ``events`` are the
-    harness's own (a worker lost), written only when given. ``min_examples`` is the
-    floor asked for (each run records its own, at most its share of ``max_examples``).
-    ``timing`` splits ``seconds`` into start-up, fuzzing, shrinking and other
-    (:mod:`attnfuzz.harness.campaign_timing`), written only when given.
-    ``database_note`` says what of ``database`` could not be read (a GitHub
-    artifact not fetched), written only when given."""
-    budget: dict[str, Any] = {"seconds": budget_seconds, "max_examples": max_examples}
-    if min_examples is not None:
-        budget["min_examples"] = min_examples
-    doc = {
-        "schema": CAMPAIGN_SCHEMA,
-        "started": started,
-        "finished": finished,
-        "seconds": round(seconds, 3),
-        "budget": budget,
-        "profile": profile,
-        "seed": seed,
-        "workers": workers,
-        "database": database,
-        "interrupted": interrupted,
-        "environment": environment,
-        "runs": runs,
-        "findings": findings,
-    }
-    if events is not None:
-        doc["events"] = events
-    if timing is not None:
-        doc["timing"] = timing
-    if database_note is not None:
-        doc["database_note"] = database_note
-    return check_campaign(doc)
 
 
 # -- checking and reading -------------------------------------------------------
@@ -369,7 +127,7 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 
 def below_floor(run: Mapping[str, Any]) -> bool:
     """The run found nothing and judged fewer examples than its floor."""
-    return run["status"] == "pass" and run["examples"] < run.get("min_examples", 0)
+    return run["status"] == RunStatus.PASS and run["examples"] < run.get("min_examples", 0)
 
 
 def run_verdict(run: Mapping[str, Any]) -> str:
@@ -377,17 +135,19 @@ def run_verdict(run: Mapping[str, Any]) -> str:
     finding latent, see :func:`is_latent`); ``ERROR`` when
     the run could not go on, ``not run`` when it judged no example at all,
     ``INCOMPLETE`` when it found nothing short of its floor (``min_examples``)."""
-    if run["status"] == "error":
+    if run["status"] == RunStatus.ERROR:
         return ERROR
-    if run["status"] == NOT_RUN or (run["examples"] == 0 and run["status"] == "pass"):
+    if run["status"] == RunStatus.NOT_RUN or (
+        run["examples"] == 0 and run["status"] == RunStatus.PASS
+    ):
         return NOT_RUN
     if below_floor(run):  # a failure counts at any count; a pass or a miss only at the floor
         return INCOMPLETE
     if run["kind"] == "mutant":
-        return CAUGHT if run["status"] == "fail" else SURVIVED
-    if run["status"] == "fail" and run.get("latent"):
+        return CAUGHT if run["status"] == RunStatus.FAIL else SURVIVED
+    if run["status"] == RunStatus.FAIL and run.get("latent"):
         return LATENT  # a defect, though no step of the engine runs it on such metadata
-    return PASS if run["status"] == "pass" else FAIL
+    return PASS if run["status"] == RunStatus.PASS else FAIL
 
 
 def no_verdict(run: Mapping[str, Any]) -> bool:

@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from attnfuzz.harness.campaign_timing import split_tenths
 from attnfuzz.harness.definitions import markdown_table
 from attnfuzz.reports.document import (
     CAUGHT,
@@ -269,3 +268,14 @@ def summary_markdown(campaign: Mapping[str, Any]) -> str:
     if cov:
         lines += ["<details><summary>Scenario-class coverage</summary>", "", *cov, "</details>", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def split_tenths(total: float, parts: list[float]) -> list[float]:
+    """``parts`` rounded to tenths so that they add up to ``total`` rounded to tenths
+    (largest remainders): a line of text whose sum is right as printed."""
+    want = round(float(f"{total:.1f}") * 10)  # the total as printed
+    tenths = [int(p * 10) for p in parts]
+    rest = sorted(range(len(parts)), key=lambda i: parts[i] * 10 - tenths[i], reverse=True)
+    for i in rest[: max(0, want - sum(tenths))]:
+        tenths[i] += 1
+    return [t / 10 for t in tenths]

@@ -33,9 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.campaign.outdir import PREVIOUS
-from attnfuzz.harness.definitions import REGRESSION_SCHEMA, repro_command
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.definitions import PREVIOUS, REGRESSION_SCHEMA, RunStatus, repro_command
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
     SURVIVED,
@@ -201,7 +200,7 @@ def compare(
         "errors": [
             {"target": r["target"], "implementation": r["implementation"], "error": r.get("error")}
             for r in current["runs"]
-            if r["status"] == "error"
+            if r["status"] == RunStatus.ERROR
         ],
         "mutants": mutants,
         "coverage": _coverage(baseline, current, threshold),

@@ -28,11 +28,12 @@ from attnfuzz.harness.casefile import (
     read_case,
     write_case,
 )
+from attnfuzz.harness.casefile.load import resolve_case as load_case
 from attnfuzz.harness.cli import main, one_line
 from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
-from attnfuzz.harness.export import LINE, _literal, export_case, load_case
+from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.export import LINE, _literal, export_case
 from attnfuzz.harness.oracle import Mismatch, Verdict
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 
 TARGET = "indexer-decode"
@@ -227,7 +228,10 @@ def test_a_good_case_file_still_replays(tmp_path, capsys):
 
 def test_one_line_escapes_and_bounds():
     assert one_line("plain é text") == "plain é text"
-    assert one_line("a\nb\x1b[2J\x07\u2028\ud800") == "a\\nb\\x1b[2J\\x07\\u2028\\ud800"
+    # line breaks are whitespace (one space), other control characters escaped
+    assert one_line("a\nb\x1b[2J\x07\u2028\ud800") == "a b\\x1b[2J\\x07 \\ud800"
+    assert one_line(" a \t\r\n  b\x0b\x85") == "a b"
+    assert one_line("\x7f\xad\ufffe") == "\\x7f\\xad\\ufffe"  # XML cannot hold the last
     cut = one_line("x" * 10_000, 500)
     assert len(cut) == 500 and cut.endswith("...")
     assert len(one_line("\x00" * 10_000, 50)) == 50

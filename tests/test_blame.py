@@ -22,8 +22,9 @@ from attnfuzz.harness import blame
 from attnfuzz.harness.blame import ContractError, attnfuzz_fault, transparent, under_test
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.definitions import EXIT_ERROR, EXIT_FOUND, EXIT_USAGE
+from attnfuzz.harness.errors import HarnessError, UsageError
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.target import HarnessError, Implementation, UsageError
+from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.history import FieldHistory, RemovedField, renamed_alias
 

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import campaign as cp
-from attnfuzz.harness.campaign_budget import item_deadline
-from attnfuzz.harness.campaign_worker import write_json
+from attnfuzz.harness.campaign.budget import item_deadline
+from attnfuzz.harness.campaign.document import campaign_record, run_record
+from attnfuzz.harness.campaign.worker import write_json
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main, parse_duration
 from attnfuzz.harness.definitions import (
@@ -33,11 +34,11 @@ from attnfuzz.harness.definitions import (
     finding_id,
     merge_timelines,
 )
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import get_target, target_names
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import Case
-from attnfuzz.reports.document import campaign_record, run_record, run_verdict
+from attnfuzz.reports.document import run_verdict
 
 TESTS = Path(__file__).parent
 ID = "indexer-decode"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness.campaign import supervise
 from attnfuzz.harness.cli import main
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 TARGET, MUTANT = "slot-mapping", "position-off-by-one"  # caught within 20 examples
 CASE = f"cases/{TARGET}--{MUTANT}--values.json"
@@ -190,7 +190,7 @@ def test_run_says_the_same_of_an_artifact_that_cannot_be_fetched(tmp_path, monke
 def test_the_controller_fetches_into_the_cache_the_workers_read(tmp_path):
     """A worker's Hypothesis storage is $HYPOTHESIS_STORAGE_DIRECTORY; the controller
     names the same directory; with a local directory, both use its cache."""
-    from attnfuzz.harness.engine import artifact_cache
+    from attnfuzz.harness.database import artifact_cache
 
     home = tmp_path / "hypothesis"
     code = (
@@ -224,7 +224,7 @@ def test_a_cached_download_is_read_without_a_note_and_an_expired_one_is_said(tmp
     from datetime import UTC, datetime
     from zipfile import ZipFile
 
-    from attnfuzz.harness.engine import artifact_cache, fetch_artifact
+    from attnfuzz.harness.database import artifact_cache, fetch_artifact
 
     monkeypatch.delenv("GITHUB_TOKEN", raising=False)
     spec = f"{tmp_path / 'db'}+{NO_GITHUB}"

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import campaign as cp
+from attnfuzz.harness.campaign.document import campaign_record, run_record
 from attnfuzz.harness.campaign.progress import StartupNotes
-from attnfuzz.harness.campaign_timing import (
+from attnfuzz.harness.campaign.timing import (
     campaign_timing,
     hypothesis_phase,
     note_phase,
-    split_tenths,
     startup_state,
 )
 from attnfuzz.harness.cli import main
-from attnfuzz.reports.document import campaign_record, load_campaign, run_record
-from attnfuzz.reports.markdown import summary_markdown
+from attnfuzz.reports.document import load_campaign
+from attnfuzz.reports.markdown import split_tenths, summary_markdown
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

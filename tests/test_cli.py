@@ -12,7 +12,7 @@ import pytest
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 
 def run(tmp_path, *args: str) -> int:

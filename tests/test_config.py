@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness.config import KEYS, defaults, find_pyproject
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 FULL = """
 [project]

@@ -15,20 +15,14 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import engine, registry
-from attnfuzz.harness.campaign_worker import PROFILES, run_item
-from attnfuzz.harness.engine import (
-    Finding,
-    corpus_key,
-    finding_class,
-    fuzz_settings,
-    fuzz_test,
-    open_database,
-)
+from attnfuzz.harness.campaign.worker import run_item
+from attnfuzz.harness.database import check_database, database_spec, open_database
+from attnfuzz.harness.engine import Finding, corpus_key, finding_class, fuzz_test
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
-from attnfuzz.harness.storage import check_database, database_spec
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.settings import PROFILES, fuzz_settings
 from attnfuzz.harness.testing import smallest_cases
 from attnfuzz.reference.batch import Case
 from hypothesis import Phase, seed, settings

@@ -10,7 +10,7 @@ campaign's own deadline.
 from __future__ import annotations
 
 import pytest
-from attnfuzz.harness.campaign_budget import shard_floor, share_spent
+from attnfuzz.harness.campaign.budget import shard_floor, share_spent
 
 SHARE, END = 100.0, 200.0
 
@@ -48,7 +48,7 @@ def test_without_a_budget_asked_for_every_run_judges_its_floor(tmp_path, monkeyp
     import dataclasses
     import json
 
-    from attnfuzz.harness import campaign_worker
+    from attnfuzz.harness.campaign import worker as campaign_worker
     from attnfuzz.harness.cli import main
 
     dev = campaign_worker.PROFILES["dev"]

@@ -13,8 +13,8 @@ import pytest
 from attnfuzz.harness import campaign as cp
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.definitions import EXIT_OK, EXIT_USAGE
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import split_impl_spec
-from attnfuzz.harness.target import UsageError
 
 TESTS = Path(__file__).parent
 ID = "indexer-decode"

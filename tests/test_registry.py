@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import registry
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.registry import (
     add_mutants,
     get_target,
     target_names,
     unavailable_targets,
 )
-from attnfuzz.harness.target import UsageError
 
 BUILTIN = "slot-mapping"
 

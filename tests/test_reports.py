@@ -14,29 +14,120 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
+from attnfuzz.harness.campaign.document import campaign_record, finding_record, run_record
 from attnfuzz.harness.campaign.outdir import PREVIOUS, keep_previous
-from attnfuzz.harness.casefile import environment, read_case
+from attnfuzz.harness.casefile import case_document, environment, read_case, write_case
 from attnfuzz.harness.cli import main
-from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, repro_command, timestamp
+from attnfuzz.harness.definitions import CAMPAIGN_SCHEMA, finding_id, repro_command, timestamp
+from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.runner import fuzz
-from attnfuzz.harness.target import Implementation, UsageError
+from attnfuzz.harness.runner import RunResult, fuzz
+from attnfuzz.harness.target import Implementation
+from attnfuzz.reference.batch import Case
 from attnfuzz.reports import write_reports
-from attnfuzz.reports.document import (
-    Timeline,
-    campaign_record,
-    campaign_verdict,
-    check_campaign,
-    from_result,
-    run_record,
-    run_verdict,
-)
+from attnfuzz.reports.document import campaign_verdict, check_campaign, run_verdict
 from attnfuzz.reports.regression import compare, regression_markdown
+
+# -- building a campaign's records from runs in this process (what the tests need) --
+
+
+def record_finding(
+    out: Path,
+    target: str,
+    implementation: str,
+    case: Case,
+    verdict: Verdict,
+    *,
+    device: str = "cpu",
+    examples_to_failure: int | None = None,
+    seconds_to_failure: float | None = None,
+) -> dict[str, Any]:
+    """Write the finding's case file under ``out/cases/`` and return its record."""
+    assert not verdict.ok, "a finding needs a failing verdict"
+    fid = finding_id(target, implementation, verdict.key)
+    document = case_document(target, implementation, case, verdict, device)
+    write_case(out / f"cases/{fid}.json", document)
+    return finding_record(
+        target,
+        implementation,
+        case.to_dict(),
+        document["verdict"],
+        derived=document["derived"],
+        shown_out=out,
+        examples_to_failure=examples_to_failure,
+        seconds_to_failure=seconds_to_failure,
+    )
+
+
+class Timeline:
+    """``[seconds since start, examples so far]`` points, a few a second at most.
+
+    Call :meth:`tick` after every example; :meth:`close` adds the last point.
+    """
+
+    def __init__(self, per_second: float = 4.0, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.gap = clock, 1.0 / per_second
+        self.start = clock()
+        self.points: list[list[float]] = [[0.0, 0]]
+        self.examples = 0
+
+    def tick(self, examples: int | None = None) -> None:
+        self.examples = self.examples + 1 if examples is None else examples
+        t = self.clock() - self.start
+        if t - self.points[-1][0] >= self.gap:
+            self.points.append([round(t, 3), self.examples])
+
+    def close(self) -> list[list[float]]:
+        t = round(self.clock() - self.start, 3)
+        if self.points[-1][1] != self.examples or len(self.points) == 1:
+            self.points.append([max(t, self.points[-1][0]), self.examples])
+        return self.points
+
+
+def from_result(
+    result: RunResult,
+    kind: str,
+    out: Path,
+    *,
+    device: str = "cpu",
+    timeline: Sequence[Sequence[float]] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A :class:`harness.runner.RunResult` as ``(run, findings)``; writes the case file."""
+    findings = []
+    if result.failed:
+        findings.append(
+            record_finding(
+                out,
+                result.target,
+                result.implementation,
+                result.case,
+                result.verdict,
+                device=device,
+                examples_to_failure=result.examples_to_failure,
+                seconds_to_failure=result.seconds_to_failure,
+            )
+        )
+    run = run_record(
+        result.target,
+        result.implementation,
+        kind,
+        examples=result.examples,
+        seconds=result.seconds,
+        status="fail" if result.failed else "pass",
+        labels=result.labels,
+        timeline=timeline,
+        findings=[f["id"] for f in findings],
+    )
+    return run, findings
+
 
 HOSTILE = "bad <script>alert(1)</script> & co | `tick` \x1b[31m\x00"
 

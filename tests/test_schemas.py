@@ -8,8 +8,8 @@ import math
 
 import pytest
 from attnfuzz.harness import schemas
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import UsageError
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import FLOAT_DTYPES, Batch, EngineConfig
 
@@ -38,7 +38,7 @@ def test_case_schema_names_exactly_the_fields_of_the_case() -> None:
 
 
 def test_campaign_schema_enumerates_the_documents_kinds_and_statuses() -> None:
-    from attnfuzz.reports.document import KINDS, STATUSES
+    from attnfuzz.harness.definitions import KINDS, STATUSES
 
     run = schemas.schema("campaign")["$defs"]["run"]["properties"]
     assert run["kind"]["enum"] == list(KINDS)

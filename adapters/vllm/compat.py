@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 
 from attnfuzz.harness.engines import release_key  # noqa: F401  - compat.release_key, as before
+from attnfuzz.harness.errors import one_line
 
 OLDEST = "0.21.0"
 NEWEST = "0.33.0"
@@ -106,11 +107,6 @@ def _missing(api: Api) -> str | None:
         if api.keyword not in parameters:
             return f"{api} is missing (no {api.keyword}= parameter)"
     return None
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def has(api: Api) -> bool:

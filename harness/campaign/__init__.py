@@ -2,14 +2,14 @@
 
 ``attnfuzz campaign`` plans *work units* (target x implementation x shard),
 runs them as the items of a pytest run shared among N pytest-xdist workers
-(:mod:`attnfuzz.harness.campaign_plugin`), watches their progress on disk,
+(:mod:`attnfuzz.harness.campaign.plugin`), watches their progress on disk,
 and writes ``<out>/campaign.json``, one case file per distinct finding under
 ``<out>/cases/`` and, when :mod:`attnfuzz.reports` provides
 ``write_reports``, the reports next to them.
 
 - **Budget.** ``--budget`` is wall clock from the start of the campaign,
   worker start-up included. Hypothesis has no wall-clock limit: each unit ends
-  its Hypothesis run at its deadline (:mod:`attnfuzz.harness.campaign_worker`),
+  its Hypothesis run at its deadline (:mod:`attnfuzz.harness.campaign.worker`),
   and workers still busy a few seconds after it are stopped. ``--max-examples N``
   gives each target x implementation N generated examples (shrinking comes on
   top, as in ``attnfuzz run``); with both, whichever ends first.
@@ -43,8 +43,11 @@ The package's modules, in the order a campaign uses them: :mod:`.options`
 (what is asked), :mod:`.plan` (runs and work items), :mod:`.run` (checks, then
 the locked ``--out`` of :mod:`.outdir`), :mod:`.supervise` (the workers' pytest
 run), :mod:`.collect` (their files), :mod:`.progress` (the console) and
-:mod:`.results` (case files, ``campaign.json``, exit status). The command line
-is :mod:`attnfuzz.harness.cli.campaign`.
+:mod:`.results` (case files, ``campaign.json``, exit status). The worker side:
+:mod:`.plugin` (the workers' pytest plugin), :mod:`.worker` (one work unit),
+:mod:`.budget` (its share of the budget) and :mod:`.timing` (where the time
+went); :mod:`.document` builds ``campaign.json``. The command line is
+:mod:`attnfuzz.harness.cli.campaign`.
 
 Exit status, in this order: ``2`` usage error; ``1`` a finding on an
 implementation that must pass (fixed, reference, user), or results that
@@ -61,7 +64,7 @@ nothing of it; ``0`` otherwise.
 from __future__ import annotations
 
 from attnfuzz.harness.campaign.collect import Replays, Snapshot, collect
-from attnfuzz.harness.campaign.options import DEFAULT_DB, Options
+from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.campaign.outdir import LOCK_FILE, PREVIOUS, RESULTS, keep_previous, lock_out
 from attnfuzz.harness.campaign.plan import Unit, plan_items, plan_units, shards_per_unit
 from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress
@@ -70,7 +73,6 @@ from attnfuzz.harness.campaign.run import run_campaign
 from attnfuzz.harness.definitions import PROFILE_ENV
 
 __all__ = [
-    "DEFAULT_DB",
     "LOCK_FILE",
     "PREVIOUS",
     "PROFILE_ENV",

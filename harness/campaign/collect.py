@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.harness.campaign.document import run_record
 from attnfuzz.harness.campaign.plan import Unit
-from attnfuzz.harness.definitions import NOT_RUN, case_size, finding_id, merge_timelines
-from attnfuzz.reports.document import is_latent, run_record
+from attnfuzz.harness.definitions import RunStatus, case_size, finding_id, merge_timelines
+from attnfuzz.reports.document import is_latent
 
 # Why a run that found nothing stopped short of its floor, most telling first.
 WORKER_LOST = "its worker was lost"
@@ -104,7 +105,7 @@ def collect(
     case it left in flight is replayed in isolation (``replays``) and is a
     finding if it fails there, else the loss is a ``worker-lost`` event.
     """
-    from attnfuzz.harness.campaign_worker import read_json
+    from attnfuzz.harness.campaign.worker import read_json
 
     items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
     for item in plan["items"]:
@@ -125,7 +126,7 @@ def collect(
             states.append(state)
             if state.get("status") != "running":
                 snap.settled += 1
-            if state.get("status") == "error":
+            if state.get("status") == RunStatus.ERROR:
                 errors.append(state.get("error") or "the harness failed")
             found = list(state["findings"].values())
             lost = (scratch / "crashed" / item["id"]).exists()
@@ -201,11 +202,19 @@ def collect(
             }
             if f.get("reachability") is not None:  # engine code, once its run has ended
                 snap.findings[fid]["reachability"] = f["reachability"]
-        status = "error" if errors else "fail" if ids else "pass" if examples else NOT_RUN
+        status = (
+            RunStatus.ERROR
+            if errors
+            else RunStatus.FAIL
+            if ids
+            else RunStatus.PASS
+            if examples
+            else RunStatus.NOT_RUN
+        )
         running = snap.settled - settled_before < len(items_by_unit[u])
         floor = run_floor(plan, items_by_unit[u])
         why = None
-        if final and status == "pass" and examples < floor:  # INCOMPLETE: say why
+        if final and status == RunStatus.PASS and examples < floor:  # INCOMPLETE: say why
             why = "; ".join(r for r in SHORT_REASONS if r in short)
         run = run_record(
             unit.target,

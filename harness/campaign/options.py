@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnfuzz.harness.definitions import DEFAULT_DB as _DEFAULT_DB
-from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_OUT
-
-DEFAULT_DB = str(_DEFAULT_DB)  # --db takes a directory or a URL: a string
+from attnfuzz.harness.definitions import DEFAULT_DB, DEFAULT_MIN_EXAMPLES, DEFAULT_OUT
 
 
 @dataclass
@@ -22,7 +19,7 @@ class Options:
     max_examples: int | None = None
     min_examples: int = DEFAULT_MIN_EXAMPLES  # the floor of a pass or a survivor, per run
     workers: int = 1
-    database: str = DEFAULT_DB
+    database: str = str(DEFAULT_DB)  # --db takes a directory or a URL: a string
     out: Path = DEFAULT_OUT
     seed: int | None = None
     profile: str | None = None

@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TextIO
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.definitions import PREVIOUS
+from attnfuzz.harness.errors import UsageError
 
 LOCK_FILE = ".campaign.lock"
 
@@ -54,7 +55,6 @@ def release_out(out: Path, handle: TextIO) -> None:
     handle.close()
 
 
-PREVIOUS = "previous"
 RESULTS = (
     "campaign.json",
     "campaign.invalid.json",  # a document its schema refused (see results.write_results)

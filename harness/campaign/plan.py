@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def plan_items(units: list[Unit], workers: int, max_examples: int | None) -> lis
     shards = shards_per_unit(len(units), workers)
     items = []
     # Mutants first: a caught mutant ends early, and the time it leaves goes
-    # to the units after it (see campaign_budget.item_deadline).
+    # to the units after it (see budget.item_deadline).
     order = sorted(range(len(units)), key=lambda u: units[u].kind != "mutant")
     for u in order:
         unit = units[u]

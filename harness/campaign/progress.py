@@ -6,7 +6,7 @@ import time
 from typing import TextIO
 
 from attnfuzz.harness.campaign.collect import Snapshot
-from attnfuzz.harness.campaign_timing import StartupState
+from attnfuzz.harness.campaign.timing import StartupState
 
 
 def workers_text(n: int) -> str:

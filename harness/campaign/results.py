@@ -35,13 +35,13 @@ from attnfuzz.harness.definitions import (
     INCOMPLETE,
     LATENT,
     SURVIVED,
+    RunStatus,
 )
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError, one_line
 from attnfuzz.reports.document import (
     check_campaign,
     incomplete_text,
     no_verdict,
-    one_line,
     run_verdict,
 )
 
@@ -56,7 +56,7 @@ def exit_status(campaign: dict[str, Any], signum: int | None = None) -> int:
     runs = campaign["runs"]
     if any(r["findings"] and r["kind"] != "mutant" and not r.get("latent") for r in runs):
         return EXIT_FOUND
-    if any(r["status"] == "error" for r in runs):  # attnfuzz failed: no verdict, no finding
+    if any(r["status"] == RunStatus.ERROR for r in runs):  # attnfuzz failed: no verdict, no finding
         return EXIT_ERROR
     if campaign["interrupted"]:
         return 128 + (signum or signal.SIGINT)

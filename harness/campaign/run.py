@@ -11,10 +11,11 @@ from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.campaign.outdir import keep_previous, lock_out, release_out
 from attnfuzz.harness.campaign.plan import import_root, plan_items, plan_units
 from attnfuzz.harness.campaign.supervise import run_locked
+from attnfuzz.harness.database import check_database, database_spec
 from attnfuzz.harness.definitions import PROFILE_ENV
 from attnfuzz.harness.devices import check_device
-from attnfuzz.harness.storage import check_database, database_spec, prepare_out
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.storage import prepare_out
 
 
 def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[str, Any], int]:
@@ -22,7 +23,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
 
     Usage errors raise :class:`UsageError` before anything runs.
     """
-    from attnfuzz.harness.campaign_worker import PROFILES
+    from attnfuzz.harness.settings import PROFILES
 
     started = time.time()
     stream = stream or sys.stdout
@@ -64,7 +65,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "started": started,
         "budget": budget,
         "deadline": started + budget if budget is not None else None,
-        "deadline_soft": soft,  # the floor comes first (see campaign_budget.share_spent)
+        "deadline_soft": soft,  # the floor comes first (see budget.share_spent)
         "workers": workers,
         "profile": profile.name,
         "derandomized": derandomized,

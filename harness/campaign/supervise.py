@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from attnfuzz.harness.campaign.collect import Replays, Snapshot, collect
+from attnfuzz.harness.campaign.document import campaign_record, finding_record
 from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.campaign.plan import Unit
 from attnfuzz.harness.campaign.progress import LineProgress, LiveProgress, StartupNotes
 from attnfuzz.harness.campaign.results import CaseWriter, report_new, write_results
-from attnfuzz.harness.campaign_timing import (
+from attnfuzz.harness.campaign.timing import (
     campaign_timing,
     item_states,
     run_timing,
     startup_state,
 )
-from attnfuzz.harness.definitions import timestamp
-from attnfuzz.harness.storage import note_artifact
-from attnfuzz.reports.document import campaign_record, finding_record
+from attnfuzz.harness.database import note_artifact
+from attnfuzz.harness.definitions import RunStatus, timestamp
 
 # Workers end their units at the deadline by themselves (a call still running
 # then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
@@ -64,7 +64,7 @@ def run_locked(
     out: Path,
 ) -> tuple[dict[str, Any], int]:
     """The campaign proper, its ``--out`` locked: start the workers, supervise."""
-    from attnfuzz.harness.campaign_worker import PLAN, write_json
+    from attnfuzz.harness.campaign.worker import PLAN, write_json
 
     started = plan["started"]
     scratch = out / ".work"  # the workers' files: absolute, whatever their cwd
@@ -91,7 +91,7 @@ def run_locked(
         "--rootdir",
         str(scratch),
         "-p",
-        "attnfuzz.harness.campaign_plugin",
+        "attnfuzz.harness.campaign.plugin",
         "-p",
         "no:cacheprovider",
         "-p",
@@ -308,7 +308,7 @@ def supervise(
     for line in results.problems(shown):
         print(line, file=sys.stderr, flush=True)
     clean = snap.settled == len(items) or proc.returncode in (0, 1)
-    clean = clean and not any(r["status"] == "error" for r in snap.runs)
+    clean = clean and not any(r["status"] == RunStatus.ERROR for r in snap.runs)
     if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
         shutil.rmtree(scratch, ignore_errors=True)
     else:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness import engines
-from attnfuzz.harness.definitions import CASE_SCHEMA
+from attnfuzz.harness.definitions import CASE_SCHEMA, VERSION
+from attnfuzz.harness.errors import UsageError
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.target import UsageError
 from attnfuzz.reference.batch import (
     Case,
     CommonMetadata,
@@ -23,7 +23,6 @@ from attnfuzz.reference.batch import (
 
 
 def environment(device: str = "cpu") -> dict[str, str]:
-    import attnfuzz
     import hypothesis
     import torch
 
@@ -34,7 +33,7 @@ def environment(device: str = "cpu") -> dict[str, str]:
     except ImportError:  # pragma: no cover - triton is a dependency on Linux
         triton_version = "absent"
     out = {
-        "attnfuzz": attnfuzz.__version__,
+        "attnfuzz": VERSION,
         "torch": torch.__version__,
         "triton": triton_version,
         "hypothesis": hypothesis.__version__,

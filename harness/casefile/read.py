@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.definitions import CASE_SCHEMA
+from attnfuzz.harness.errors import CaseTooLarge, UsageError
 from attnfuzz.harness.schemas import validate
-from attnfuzz.harness.target import CaseTooLarge, UsageError
 from attnfuzz.reference.batch import (
     Case,
     cdiv,
@@ -172,7 +172,7 @@ def read_case(path: Path | str) -> dict[str, Any]:
     The case comes back as ``doc["case"]``, a :class:`Case` as it was drawn,
     and ``doc["settings"]["dtype"]`` is the float dtype it was found in
     (``float32`` for files written before dtypes were recorded): replay builds
-    its inputs in that one (see :func:`attnfuzz.harness.export.load_case`).
+    its inputs in that one (see :func:`attnfuzz.harness.casefile.load.resolve_case`).
     """
     doc = load_json(path, "case file", max_bytes=MAX_CASE_BYTES, max_depth=MAX_CASE_DEPTH)
     _require(isinstance(doc, dict), path, "a case file holds one JSON object")

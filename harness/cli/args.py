@@ -11,10 +11,10 @@ import math
 import os
 import re
 
+from attnfuzz.harness.errors import MESSAGE_LIMIT, one_line  # noqa: F401 (for the commands)
+
 DURATION_HELP = "a number of seconds, or with a unit: 90s, 10m, 1h30m"
 
-MESSAGE_LIMIT = 500
-"""Characters of a message to the terminal that quotes input (an error, a note)."""
 PATH_LIMIT = 4096
 
 
@@ -142,24 +142,6 @@ def add_scale_argument(p: argparse.ArgumentParser) -> None:
     from attnfuzz.strategies.batches import SCALES
 
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
-
-
-def one_line(text: object, limit: int = MESSAGE_LIMIT) -> str:
-    """``text`` as one line of printable characters, at most ``limit`` long.
-
-    Control characters, line breaks and other non-printables are escaped as
-    ``repr`` writes them (``\\x1b``, ``\\n``); a longer text is cut and ends
-    with ``...``. Whatever an input held, it never reaches the terminal raw.
-    """
-    out: list[str] = []
-    length = 0
-    for c in str(text):
-        piece = c if c.isprintable() else repr(c)[1:-1]
-        out.append(piece)
-        length += len(piece)
-        if length > limit:
-            return "".join(out)[: max(limit - 3, 0)] + "..."
-    return "".join(out)
 
 
 def device(name: str | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnfuzz.harness.campaign.options import DEFAULT_DB, Options
+from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.cli.args import (
     DURATION_HELP,
     add_mutants_argument,
@@ -15,7 +15,7 @@ from attnfuzz.harness.cli.args import (
     positive_int,
     workers,
 )
-from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_OUT, PROFILE_ENV
+from attnfuzz.harness.definitions import DEFAULT_DB, DEFAULT_MIN_EXAMPLES, DEFAULT_OUT, PROFILE_ENV
 
 HELP = "targets x implementations within a budget, N workers"
 # [tool.attnfuzz] key -> this command's option (its dest): the project's defaults
@@ -34,7 +34,7 @@ CONFIG = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from attnfuzz.harness.campaign_worker import PROFILES
+    from attnfuzz.harness.settings import PROFILES
     from attnfuzz.strategies.batches import SCALES
 
     p.description = (
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--db",
-        default=DEFAULT_DB,
+        default=str(DEFAULT_DB),
         help="a directory, redis://HOST:PORT, or DIR+github:OWNER/REPO[/ARTIFACT]",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")

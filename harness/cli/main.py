@@ -13,14 +13,15 @@ from types import ModuleType
 from typing import Any
 
 from attnfuzz.harness.cli import campaign, describe, export, listing, report, repro, run, zoo
-from attnfuzz.harness.cli.args import device, one_line
+from attnfuzz.harness.cli.args import MESSAGE_LIMIT, device, one_line
 from attnfuzz.harness.definitions import (
     EXIT_BROKEN_PIPE,
     EXIT_ERROR,
     EXIT_USAGE,
     HARNESS_FAULT_NOTE,
+    VERSION,
 )
-from attnfuzz.harness.target import HarnessError, UsageError
+from attnfuzz.harness.errors import HarnessError, UsageError
 
 COMMANDS: dict[str, ModuleType] = {
     "list": listing,
@@ -43,15 +44,13 @@ def build_parser(config: Mapping[str, Any] | None = None) -> argparse.ArgumentPa
     each key a subcommand lists in its ``CONFIG`` becomes that option's default,
     so an option given on the command line wins over it.
     """
-    import attnfuzz
-
     parser = argparse.ArgumentParser(
         prog="attnfuzz",
         description="Differential fuzzing of attention metadata.",
         epilog="defaults of run, campaign and zoo may come from [tool.attnfuzz] in the "
         "nearest pyproject.toml; options given here win",
     )
-    parser.add_argument("--version", action="version", version=f"attnfuzz {attnfuzz.__version__}")
+    parser.add_argument("--version", action="version", version=f"attnfuzz {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP)
@@ -78,7 +77,10 @@ def _parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argp
         message = message.strip()
         hint = f"attnfuzz {command} --help" if command else "attnfuzz --help"
         where = f"{command}: " if command else ""
-        print(f"attnfuzz: error: {where}{one_line(message)} (see {hint})", file=sys.stderr)
+        print(
+            f"attnfuzz: error: {where}{one_line(message, MESSAGE_LIMIT)} (see {hint})",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_USAGE) from None
 
 
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = defaults()
     except UsageError as err:  # a broken [tool.attnfuzz]: nothing runs
-        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: error: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         return EXIT_USAGE
     args = _parse_args(build_parser(config), argv)
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
@@ -117,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status
     except UsageError as err:
-        print(f"attnfuzz: error: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: error: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         return EXIT_USAGE
     except HarnessError as err:  # attnfuzz's fault: says nothing of the code under test
-        print(f"attnfuzz: ERROR: {one_line(err)}", file=sys.stderr)
+        print(f"attnfuzz: ERROR: {one_line(err, MESSAGE_LIMIT)}", file=sys.stderr)
         print(f"attnfuzz: {HARNESS_FAULT_NOTE}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:

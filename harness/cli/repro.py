@@ -7,8 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from attnfuzz.harness.cli.args import add_device_argument, add_timeout_argument, one_line
-from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK
+from attnfuzz.harness.cli.args import (
+    MESSAGE_LIMIT,
+    add_device_argument,
+    add_timeout_argument,
+    one_line,
+)
+from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK, VERSION
 from attnfuzz.harness.reachability import finding_reachability, is_latent
 from attnfuzz.harness.target import Implementation
 
@@ -27,14 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from attnfuzz.harness.export import load_case
+    from attnfuzz.harness.casefile.load import resolve_case
+    from attnfuzz.harness.errors import UsageError
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.registry import split_impl_spec
-    from attnfuzz.harness.target import UsageError
 
     named, spec = split_impl_spec(args.impl) if args.impl else (None, None)
-    # A case file is data: it never makes attnfuzz import a module (see load_case).
-    target, impl, case, doc = load_case(args.case, spec)
+    # A case file is data: it never makes attnfuzz import a module (see resolve_case).
+    target, impl, case, doc = resolve_case(args.case, spec)
     if named is not None and named != target.name:
         raise UsageError(f"--impl {args.impl} names target {named}; the case is of {target.name}")
     device = args.device  # checked by main() before any work
@@ -70,12 +75,17 @@ def command(args: argparse.Namespace) -> int:
         lines[0] = lines[0].replace("FAIL", "LATENT", 1)
     print(f"{target.name} / {impl.name}: {lines[0]}")
     for line in lines[1:]:
-        print("  " + one_line(line.strip()))
+        print("  " + one_line(line.strip(), MESSAGE_LIMIT))
     for d in found_elsewhere:  # a verdict read beside where the case was recorded
-        print(one_line(f"  recorded with {d['what']} {d['recorded']}, replayed with {d['here']}"))
+        print(
+            one_line(
+                f"  recorded with {d['what']} {d['recorded']}, replayed with {d['here']}",
+                MESSAGE_LIMIT,
+            )
+        )
     if reach is not None:
         for line in reach.lines():
-            print(one_line(line))
+            print(one_line(line, MESSAGE_LIMIT))
     return EXIT_OK if verdict.ok else failed
 
 
@@ -85,7 +95,6 @@ def differences(doc: dict, impl: Implementation, device: str | None) -> list[dic
     on it), the float dtype the environment asks for (the recorded one is used)."""
     import os
 
-    import attnfuzz
     from attnfuzz.harness.casefile import engine_versions
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.reference.batch import DTYPE_VARIABLE
@@ -93,7 +102,7 @@ def differences(doc: dict, impl: Implementation, device: str | None) -> list[dic
     recorded = doc.get("environment", {})
     here_device = str(device or kernel_device())
     rows = [
-        ("attnfuzz", recorded.get("attnfuzz"), attnfuzz.__version__),
+        ("attnfuzz", recorded.get("attnfuzz"), VERSION),
         ("device", recorded.get("device"), here_device),
     ]
     found = doc.get("engine")
@@ -126,4 +135,4 @@ def note_engine_version(doc: dict, impl: Implementation) -> None:
             f"this case was found on {found['name']} {found['version']}; "
             f"{found['name']} {installed} is installed here, and replays it"
         )
-        print(f"attnfuzz: note: {one_line(note)}", file=sys.stderr)
+        print(f"attnfuzz: note: {one_line(note, MESSAGE_LIMIT)}", file=sys.stderr)

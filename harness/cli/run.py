@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.cli.args import (
+    MESSAGE_LIMIT,
     add_device_argument,
     add_scale_argument,
     add_timeout_argument,
@@ -66,7 +67,10 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
         # An implementation's exception text may hold anything: one printable line each.
         print(
             "  "
-            + one_line(f"[{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}")
+            + one_line(
+                f"[{m['check']}] {m['where']}: expected {m['expected']}, got {m['got']}",
+                MESSAGE_LIMIT,
+            )
         )
     print("minimized case:" if shrunk else "case:")
     print(
@@ -134,18 +138,17 @@ class Signals:
 
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
-    from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
-    from attnfuzz.harness.registry import get_target, split_impl_spec
-    from attnfuzz.harness.runner import fuzz
-    from attnfuzz.harness.storage import (
+    from attnfuzz.harness.database import (
         check_database,
         database_spec,
         note_artifact,
-        prepare_out,
-        private_hypothesis_home,
         split_github,
     )
-    from attnfuzz.harness.target import HarnessError, UsageError
+    from attnfuzz.harness.errors import HarnessError, UsageError
+    from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.registry import get_target, split_impl_spec
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.harness.storage import prepare_out, private_hypothesis_home
     from attnfuzz.strategies.batches import SCALES
 
     private_hypothesis_home()
@@ -182,7 +185,7 @@ def command(args: argparse.Namespace) -> int:
             )
         except HarnessError as err:  # no verdict on the implementation, no case file
             print(f"ERROR {target.name} / {impl.name}  [attnfuzz error]")
-            print("  " + one_line(err))
+            print("  " + one_line(err, MESSAGE_LIMIT))
             print(HARNESS_FAULT_NOTE)
             return EXIT_ERROR
         reach = None

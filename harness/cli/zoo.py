@@ -79,8 +79,8 @@ def command(args: argparse.Namespace) -> int:
     else 3 if one is incomplete."""
     from attnfuzz.harness import registry
     from attnfuzz.harness.cli.run import Signals
+    from attnfuzz.harness.errors import UsageError
     from attnfuzz.harness.storage import private_hypothesis_home
-    from attnfuzz.harness.target import UsageError
     from attnfuzz.harness.zoo import (
         MutantScore,
         ZooInterrupted,

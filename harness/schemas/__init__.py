@@ -22,7 +22,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from attnfuzz.harness.target import UsageError
+from attnfuzz.harness.errors import UsageError
 
 SCHEMA_FILES = {"case": "case.schema.json", "campaign": "campaign.schema.json"}
 

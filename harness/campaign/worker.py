@@ -37,61 +37,22 @@ import os
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.campaign_budget import item_deadline, shard_floor, share_spent
-from attnfuzz.harness.campaign_timing import hypothesis_phase, note_phase
-from attnfuzz.harness.definitions import PROFILE_NAMES, case_size
-from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test, open_database
-from attnfuzz.harness.guards import HarnessError
+from attnfuzz.harness.campaign.budget import item_deadline, shard_floor, share_spent
+from attnfuzz.harness.campaign.timing import hypothesis_phase, note_phase
+from attnfuzz.harness.database import open_database
+from attnfuzz.harness.definitions import case_size
+from attnfuzz.harness.engine import Finding, fuzz_test
+from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.runner import HarnessFailed
+from attnfuzz.harness.settings import PROFILES, fuzz_settings
 from hypothesis import seed, settings
 
 PLAN = "plan.json"
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A campaign profile: Hypothesis settings plus the campaign's own defaults."""
-
-    name: str
-    derandomized: bool  # rounds seeded from --seed (default 0); no example database
-    budget_s: float  # when neither --budget nor --max-examples is given
-    round_examples: int  # max_examples of one Hypothesis run inside a budget
-    example_timeout_s: float  # per example; the first Triton call on a GPU compiles
-    description: str
-
-    @property
-    def hypothesis_profile(self) -> str:
-        return f"attnfuzz-{self.name}"
-
-
-PROFILES = {
-    "ci": Profile("ci", True, 120.0, 200, 60.0, "derandomized: the gate for pull requests"),
-    "fuzz": Profile("fuzz", False, 600.0, 2000, 60.0, "random, with the database: nightly"),
-    "dev": Profile("dev", False, 60.0, 200, 30.0, "random, with the database: local work"),
-}
-
-assert tuple(PROFILES) == PROFILE_NAMES, "definitions.PROFILE_NAMES names these profiles"
-
-for _profile in PROFILES.values():
-    # Hypothesis' defaults under the engine's requirements (fuzz_settings), and
-    # every distinct bug: a unit reports each failure it finds.
-    settings.register_profile(
-        _profile.hypothesis_profile,
-        fuzz_settings(
-            settings.get_profile("default"),
-            max_examples=_profile.round_examples,
-            derandomize=_profile.derandomized,
-            database=None,  # chosen per campaign: see open_database
-            report_multiple_bugs=True,
-            print_blob=False,
-        ),
-    )
 
 
 class _Stop(BaseException):
@@ -140,7 +101,7 @@ class ItemLog:
             "updated": now,
             "deadline": None,
             "first_example": None,  # when the first example was judged: failures are timed from it
-            "worker": os.environ.get("PYTEST_XDIST_WORKER"),  # these four: campaign_timing's
+            "worker": os.environ.get("PYTEST_XDIST_WORKER"),  # these four: timing.campaign_timing's
             "first_verdict": None,  # its start-up ends: judging child forked, first call done
             "shrinking": 0.0,
             "shrinking_since": None,

@@ -1,7 +1,7 @@
 """Where a campaign's wall time went: start-up, fuzzing, shrinking and the rest.
 
 A worker notes in its unit's file (``items/<id>.json``, see
-:class:`~attnfuzz.harness.campaign_worker.ItemLog`) when the unit started,
+:class:`~attnfuzz.harness.campaign.worker.ItemLog`) when the unit started,
 its first verdict and its seconds of shrinking (:func:`note_phase`). The
 controller reads the files (:func:`item_states`) to say the start-up as it
 goes (:func:`startup_state`) and to account for the time at the end
@@ -94,7 +94,7 @@ class Parts:
 
 def item_states(scratch: Path) -> list[dict[str, Any]]:
     """Every work unit's state as its worker last wrote it (units not started yet: none)."""
-    from attnfuzz.harness.campaign_worker import read_json
+    from attnfuzz.harness.campaign.worker import read_json
 
     states = (read_json(p) for p in sorted((scratch / "items").glob("*.json")))
     return [s for s in states if isinstance(s, dict)]
@@ -245,14 +245,3 @@ def startup_state(states: list[dict[str, Any]], workers: int, items: int) -> Sta
             state.starting.add(s["unit"])
     state.starting -= judged
     return state
-
-
-def split_tenths(total: float, parts: list[float]) -> list[float]:
-    """``parts`` rounded to tenths so that they add up to ``total`` rounded to tenths
-    (largest remainders): a line of text whose sum is right as printed."""
-    want = round(float(f"{total:.1f}") * 10)  # the total as printed
-    tenths = [int(p * 10) for p in parts]
-    rest = sorted(range(len(parts)), key=lambda i: parts[i] * 10 - tenths[i], reverse=True)
-    for i in rest[: max(0, want - sum(tenths))]:
-        tenths[i] += 1
-    return [t / 10 for t in tenths]

@@ -1,10 +1,10 @@
 """The pytest plugin a campaign runs under: work units as pytest items.
 
 ``attnfuzz campaign`` starts ``pytest <scratch>/plan.json -p
-attnfuzz.harness.campaign_plugin -n N``; this plugin collects the plan as one
+attnfuzz.harness.campaign.plugin -n N``; this plugin collects the plan as one
 item per work unit (target x implementation x shard), and pytest-xdist
 shares them among N worker processes. An item runs
-:func:`attnfuzz.harness.campaign_worker.run_item`; findings are not test
+:func:`attnfuzz.harness.campaign.worker.run_item`; findings are not test
 failures (they are the campaign's output, kept on disk); an item fails only
 when the harness could not go on.
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    from attnfuzz.harness.campaign_worker import PLAN
+    from attnfuzz.harness.campaign.worker import PLAN
 
     if file_path.name == PLAN:
         return PlanFile.from_parent(parent, path=file_path)
@@ -60,7 +60,7 @@ class UnitItem(pytest.Item):
         self.plan, self.spec = plan, spec
 
     def runtest(self) -> None:
-        from attnfuzz.harness.campaign_worker import run_item
+        from attnfuzz.harness.campaign.worker import run_item
 
         run_item(self.path.parent, self.plan, self.spec)
 

@@ -1,0 +1,59 @@
+"""attnfuzz's error classes, and how a message is said in one line.
+
+A :class:`UsageError` (and its kinds :class:`InvalidCase`, :class:`CaseTooLarge`)
+is the caller's mistake or this machine's limit, never a verdict on an
+implementation (exit status 2). A :class:`HarnessError` is attnfuzz's own code
+failing (exit status 4). A :class:`ContractError` is the engine's misuse of a
+vendor operation's stand-in: a finding like any other exception.
+
+This module imports nothing, so that every part of attnfuzz (the harness, the
+reports, the engine adapters) may raise and format these.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """A mistake of the caller (unknown name, bad case file): exit status 2."""
+
+
+class InvalidCase(UsageError):
+    """A case the engine could never produce; the oracle refuses to judge it."""
+
+
+class CaseTooLarge(UsageError):
+    """A case whose metadata, inputs or reference do not fit in this machine's memory."""
+
+
+class HarnessError(Exception):
+    """attnfuzz's own code failed while judging (an adapter's glue, a stand-in, a
+    reference, the harness): no verdict on the implementation, never a finding.
+    Its message names the file and line in attnfuzz (:class:`~attnfuzz.harness.blame.Fault`)."""
+
+
+class ContractError(ValueError):
+    """A stand-in refused arguments its vendor operation does not accept (a finding)."""
+
+
+MESSAGE_LIMIT = 500
+"""Characters of a message to the terminal that quotes input (an error, a note);
+a line of a report or of ``campaign.json`` holds :func:`one_line`'s default, 300."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """``text`` as one line of printable characters, at most ``limit`` long.
+
+    Runs of whitespace (line breaks included) become one space; every other
+    non-printable character (a control character, a lone surrogate) is escaped
+    as ``repr`` writes it (``\\x1b``); a longer text is cut and ends with
+    ``...``. Whatever an input held, it never reaches a terminal or a report raw.
+    """
+    out: list[str] = []
+    length = 0
+    for c in " ".join(str(text).split()):
+        piece = c if c.isprintable() else repr(c)[1:-1]
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            return "".join(out)[: max(limit - 3, 0)] + "..."
+    return "".join(out)
