@@ -1,6 +1,6 @@
 """attnfuzz: differential testing and fuzzing of attention metadata.
 
-The public API is what ``__all__`` lists (README: "Public Python API"), with
+The public API is what ``__all__`` lists (docs/api.md, "Public Python API"), with
 the input and output dataclasses of ``attnfuzz.reference.<target>``; every
 other module (``attnfuzz.harness``, ``attnfuzz.strategies``, ``attnfuzz.kernels``,
 ``attnfuzz.adapters``, ``attnfuzz.reports``) is internal. ``import attnfuzz`` is cheap: it imports

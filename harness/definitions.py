@@ -66,7 +66,23 @@ PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (settings.PROFILE
 
 # -- implementation kinds, run statuses and verdict words ---------------------------
 
-KINDS = ("fixed", "reference", "engine", "mutant", "user")
+
+class Kind(StrEnum):
+    """What an implementation is, as campaigns, reports and ``list --json`` write it.
+
+    A :class:`StrEnum`: each member *is* its string (``Kind.MUTANT == "mutant"``),
+    so files written before it read the same.
+    """
+
+    FIXED = "fixed"  # attnfuzz's own optimized code: must pass
+    REFERENCE = "reference"  # the reference as an implementation (a self-check): must pass
+    ENGINE = "engine"  # an engine's own code (an engine plugin's): must pass
+    MUTANT = "mutant"  # a known bug: must be found
+    USER = "user"  # a user's ``module:attribute``: must pass
+
+
+KINDS = tuple(Kind)
+"""Every kind, in the order campaign.json's schema lists them."""
 
 
 class RunStatus(StrEnum):
@@ -136,7 +152,7 @@ CAMPAIGN_INCOMPLETE, CAMPAIGN_LATENT = CampaignVerdict.INCOMPLETE, CampaignVerdi
 # examples; one whose time budget ended sooner is INCOMPLETE (exit 3): on a loaded
 # machine a budget, not the search, would otherwise decide the verdict. 200 is
 # above the most examples any zoo mutant needed to its first detection (157, the
-# README's scoreboard), and it is what `attnfuzz run` judges and one round of the
+# zoo's scoreboard, docs/zoo.md), and it is what `attnfuzz run` judges and one round of the
 # ci and dev profiles generates. A run capped lower (--max-examples) is complete
 # at its cap; a mutant detected is caught at any count.
 DEFAULT_MIN_EXAMPLES = 200

@@ -57,3 +57,16 @@ def one_line(text: object, limit: int = 300) -> str:
         if length > limit:
             return "".join(out)[: max(limit - 3, 0)] + "..."
     return "".join(out)
+
+
+class PlannerUnbound(Exception):
+    """The installed engine's own step planning cannot be driven (its release lacks
+    an API attnfuzz's planner adapter calls): the reference's rules, read off
+    another release, would not be this release's."""
+
+
+class PlannerRefuses(ValueError):
+    """The installed engine's own step planning does not run this (runner, mode)
+    configuration: its release rewrites the mode for the backend, or lacks what the
+    configuration needs (adaptive verification's varlen decode graphs). No step of
+    the engine runs there: reachability leaves the pair out, saying so."""

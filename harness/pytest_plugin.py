@@ -3,7 +3,7 @@
 pytest loads it in every run where attnfuzz is installed, so it does nothing
 unless asked: importing it imports nothing beyond pytest, and a suite that
 uses none of its options, ini keys or fixtures collects and runs exactly as
-without it (``-p no:attnfuzz`` disables it). What it offers (README: "Using
+without it (``-p no:attnfuzz`` disables it). What it offers (docs/pytest.md, "Using
 attnfuzz from pytest"):
 
 - ``--attnfuzz-impl TARGET=IMPL`` (repeatable; ``IMPL`` a registered name or

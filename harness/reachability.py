@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnfuzz.harness import engines
+from attnfuzz.harness.errors import PlannerRefuses, PlannerUnbound
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import (
     RUNNERS,
@@ -104,19 +105,6 @@ def reachability_lines(d: dict) -> list[str]:
         out.append(f"  {p['runner']} {p['cudagraph_mode']:<18} {p['step']:<13} {verdict}{note}")
     out.extend(f"  decided by {x}" for x in d.get("decided_by", ()))
     return out
-
-
-class PlannerUnbound(Exception):
-    """The installed engine's own step planning cannot be driven (its release lacks
-    an API attnfuzz's planner adapter calls): the reference's rules, read off
-    another release, would not be this release's."""
-
-
-class PlannerRefuses(ValueError):
-    """The installed engine's own step planning does not run this (runner, mode)
-    configuration: its release rewrites the mode for the backend, or lacks what the
-    configuration needs (adaptive verification's varlen decode graphs). No step of
-    the engine runs there: reachability leaves the pair out, saying so."""
 
 
 def engine_planner(engine: str | None) -> Callable[[object, Batch], StepPlan]:

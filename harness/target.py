@@ -21,17 +21,12 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import torch
-from attnfuzz.harness.guards import (
-    CaseTooLarge,
-    HarnessError,
-    InvalidCase,
-    UsageError,
-    fits_in_memory,
-)
+from attnfuzz.harness.definitions import Kind
+from attnfuzz.harness.errors import CaseTooLarge, HarnessError, InvalidCase, UsageError
+from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.harness.oracle import Check, Mismatch
 from attnfuzz.reference.batch import (
     DTYPE_VARIABLE,
@@ -67,20 +62,6 @@ __all__ = [
     "UsageError",
     "fits_in_memory",
 ]
-
-
-class Kind(StrEnum):
-    """What an implementation is, as campaigns, reports and ``list --json`` write it.
-
-    A :class:`StrEnum`: each member *is* its string (``Kind.MUTANT == "mutant"``),
-    so files written before it read the same.
-    """
-
-    FIXED = "fixed"  # attnfuzz's own optimized code: must pass
-    REFERENCE = "reference"  # the reference as an implementation (a self-check): must pass
-    ENGINE = "engine"  # an engine's own code (an engine plugin's): must pass
-    MUTANT = "mutant"  # a known bug: must be found
-    USER = "user"  # a user's ``module:attribute``: must pass
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 from attnfuzz.adapters.vllm import compat
 from attnfuzz.adapters.vllm.testing import requires_vllm
-from attnfuzz.harness.reachability import PlannerRefuses
+from attnfuzz.harness.errors import PlannerRefuses
 from attnfuzz.reference import runner as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.strategies.batches import batches, engine_configs

@@ -1,6 +1,6 @@
 """vLLM's own metadata code as implementations (``--impl vllm``) of attnfuzz's targets.
 
-vLLM is an optional install (``ATTNFUZZ_VLLM=1 ./setup.sh``, see README
+vLLM is an optional install (``ATTNFUZZ_VLLM=1 ./setup.sh``, see docs/vllm.md,
 "Fuzzing vLLM itself"): nothing here imports it until an adapter is called,
 so ``attnfuzz list`` and the default commands work without it, and an
 implementation of this engine that cannot run says why

@@ -17,7 +17,7 @@ from __future__ import annotations
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
-from attnfuzz.harness.reachability import PlannerUnbound
+from attnfuzz.harness.errors import PlannerUnbound
 from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.targets import (
     decode_split,

@@ -52,7 +52,7 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine, compat
-from attnfuzz.harness.reachability import PlannerRefuses
+from attnfuzz.harness.errors import PlannerRefuses
 from attnfuzz.reference.batch import Batch, EngineConfig
 from attnfuzz.reference.runner import StepPlan, mode_problem
 

@@ -208,7 +208,7 @@ def build() -> Target:
         # Not guided: its bugs' conditions are thresholds, not distances, and
         # climbing a count of short decodes or padding requests drew the search
         # away from next_n = 2, vLLM's only native-path next_n on this platform,
-        # where the upstream #42135 mutants live (README, "What the strategies draw").
+        # where the upstream #42135 mutants live (docs/strategies.md).
         guided=(),
         # DeepSeek-V3.2's sparse MLA backends (FlashMLA, FlashInfer, AITER: UNIFORM_BATCH;
         # XPU: NEVER) bound the engine's mode: no FULL graphs of mixed steps.
