@@ -6,11 +6,13 @@ implementation (exit status 2). A :class:`HarnessError` is attnfuzz's own code
 failing (exit status 4). A :class:`ContractError` is the engine's misuse of a
 vendor operation's stand-in: a finding like any other exception.
 
-This module imports nothing, so that every part of attnfuzz (the harness, the
+This module imports nothing of attnfuzz, so that every part of it (the harness, the
 reports, the engine adapters) may raise and format these.
 """
 
 from __future__ import annotations
+
+import re
 
 
 class UsageError(Exception):
@@ -40,17 +42,27 @@ MESSAGE_LIMIT = 500
 a line of a report or of ``campaign.json`` holds :func:`one_line`'s default, 300."""
 
 
+_BREAKS = re.compile(r" *[^\S ]\s*")
+"""A run of whitespace holding something other than a plain space."""
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """``text`` as one line of printable characters, at most ``limit`` long.
 
-    Runs of whitespace (line breaks included) become one space; every other
+    A run of whitespace that holds a line break or a tab becomes one space (none
+    at the end, nor at the start unless it is plain spaces); runs of plain spaces
+    stay, so that an indented or aligned line keeps its layout; every other
     non-printable character (a control character, a lone surrogate) is escaped
     as ``repr`` writes it (``\\x1b``); a longer text is cut and ends with
     ``...``. Whatever an input held, it never reaches a terminal or a report raw.
     """
+    text = str(text)
+    flat = _BREAKS.sub(" ", text).rstrip()
+    if text[: len(text) - len(text.lstrip())].strip(" "):  # no indentation: a break
+        flat = flat.lstrip()
     out: list[str] = []
     length = 0
-    for c in " ".join(str(text).split()):
+    for c in flat:
         piece = c if c.isprintable() else repr(c)[1:-1]
         out.append(piece)
         length += len(piece)

@@ -230,7 +230,10 @@ def test_one_line_escapes_and_bounds():
     assert one_line("plain é text") == "plain é text"
     # line breaks are whitespace (one space), other control characters escaped
     assert one_line("a\nb\x1b[2J\x07\u2028\ud800") == "a b\\x1b[2J\\x07 \\ud800"
-    assert one_line(" a \t\r\n  b\x0b\x85") == "a b"
+    assert one_line(" a \t\r\n  b\x0b\x85") == " a b"
+    assert one_line("\n a\n") == "a"
+    # runs of plain spaces stay: an indented, aligned line keeps its layout
+    assert one_line("  v2 FULL       decode  fails") == "  v2 FULL       decode  fails"
     assert one_line("\x7f\xad\ufffe") == "\\x7f\\xad\\ufffe"  # XML cannot hold the last
     cut = one_line("x" * 10_000, 500)
     assert len(cut) == 500 and cut.endswith("...")

@@ -77,12 +77,8 @@ def command(args: argparse.Namespace) -> int:
     for line in lines[1:]:
         print("  " + one_line(line.strip(), MESSAGE_LIMIT))
     for d in found_elsewhere:  # a verdict read beside where the case was recorded
-        print(
-            one_line(
-                f"  recorded with {d['what']} {d['recorded']}, replayed with {d['here']}",
-                MESSAGE_LIMIT,
-            )
-        )
+        what = f"recorded with {d['what']} {d['recorded']}, replayed with {d['here']}"
+        print("  " + one_line(what, MESSAGE_LIMIT))
     if reach is not None:
         for line in reach.lines():
             print(one_line(line, MESSAGE_LIMIT))
