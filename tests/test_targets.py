@@ -123,7 +123,9 @@ def test_declined_cases_are_never_drawn_and_are_refused_in_one_line():
         assert t.judge(impl, case, "cpu").ok
 
     drawn()
-    case = t.implementations["upstream-pr50302-unaligned-width"].smallest()
+    from attnfuzz.harness.targets.flatten_decode import smallest_unaligned_width
+
+    case = smallest_unaligned_width()  # the target's own case; no engine needed
     assert single_token_steps(case) is not None  # 1 request, 1 token
     with pytest.raises(InvalidCase) as err:
         t.judge(impl, case, "cpu")
