@@ -31,7 +31,7 @@ from typing import Any
 
 from attnfuzz.harness import entry_points
 from attnfuzz.harness.target import Implementation
-from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import StepPlan
 
 ENTRY_POINT_GROUP = "attnfuzz.engines"
@@ -105,10 +105,17 @@ class ShippedBug:
     checks: tuple[str, ...] = ()
     """The checks whose failure is this bug; empty: any."""
     note: str = ""
+    first_buggy: str | None = None
+    """The first release that ships it; None: the oldest the engine's plugin supports."""
+    case: Callable[[], Case] | None = None
+    """A case that meets it: fails on a release that ships it (on ``checks``), passes
+    on one with the fix. None: the target's own tests pin it."""
 
     def shipped_in(self, version: str) -> bool:
-        """Whether release ``version`` ships it (the engine's oldest supported one on)."""
-        return release_key(version) <= release_key(self.last_buggy)
+        """Whether release ``version`` ships it."""
+        key = release_key(version)
+        after_first = self.first_buggy is None or release_key(self.first_buggy) <= key
+        return after_first and key <= release_key(self.last_buggy)
 
 
 def release_key(version: str) -> tuple[int, int, int]:

@@ -119,9 +119,11 @@ def engine_marks(impl: Implementation) -> list[Any]:
 
 def shipped_bug_marks(target: str, impl: Implementation) -> list[Any]:
     """Where the installed release of ``impl``'s engine ships one of the engine's own
-    defects in it (:attr:`attnfuzz.harness.engines.Engine.shipped_bugs`), a strict
-    ``xfail``: a test asking ``impl`` to pass must fail there, on an assertion (an
-    attnfuzz error still errors), and passing is reported as a failure."""
+    defects in it (:attr:`attnfuzz.harness.engines.Engine.shipped_bugs`), an ``xfail``
+    on an assertion (an attnfuzz error still errors): a search asked to pass may meet
+    the defect there. Not strict: a derandomized search need not draw the defect's
+    case on every release that ships it; the defect's own ``case`` is judged on every
+    release (``tests/test_entries.py``)."""
     import pytest
     from attnfuzz.harness import engines
 
@@ -131,7 +133,7 @@ def shipped_bug_marks(target: str, impl: Implementation) -> list[Any]:
         return []
     why = f"{engine.name} {engine.installed_version()} ships {bug.ref} ({bug.what}), "
     why += f"fixed in {bug.first_fixed}"
-    return [pytest.mark.xfail(strict=True, raises=AssertionError, reason=why)]
+    return [pytest.mark.xfail(strict=False, raises=AssertionError, reason=why)]
 
 
 def entry_params(

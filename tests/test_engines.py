@@ -5,6 +5,7 @@ never fatal; the core imports no engine, and runs without the vLLM plugin."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.metadata
 import json
 import subprocess
@@ -277,10 +278,10 @@ def test_attnfuzz_runs_and_its_tests_import_without_the_vllm_plugin(tmp_path):
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
 
 
-def test_a_shipped_bug_holds_on_the_releases_that_ship_it_and_makes_the_search_test_xfail():
+def test_a_shipped_bug_holds_on_the_releases_that_ship_it_and_makes_the_search_xfail():
     """``Engine.shipped_bug`` names the defect where the installed release is in its
-    range, and :func:`attnfuzz.harness.testing.shipped_bug_marks` turns it into a strict
-    xfail on an assertion (the search must find it; an attnfuzz error still errors)."""
+    range, and :func:`attnfuzz.harness.testing.shipped_bug_marks` turns it into an xfail
+    on an assertion (a search may meet it; an attnfuzz error still errors)."""
     from dataclasses import replace
 
     from attnfuzz.harness.engines import Engine, ShippedBug, release_key
@@ -292,6 +293,8 @@ def test_a_shipped_bug_holds_on_the_releases_that_ship_it_and_makes_the_search_t
     assert [bug.shipped_in(v) for v in ("0.21.0", "0.22.1", "0.22.1+cpu", "0.23.0")] == [
         True, True, True, False,
     ]  # fmt: skip
+    later = dataclasses.replace(bug, first_buggy="0.22.0")
+    assert [later.shipped_in(v) for v in ("0.21.0", "0.22.0", "0.22.1")] == [False, True, True]
     assert release_key("0.34.0.dev12+gabc") == (0, 34, 0) and release_key("0.22") == (0, 22, 0)
     engine = Engine(
         name="fake",
@@ -315,6 +318,6 @@ def test_a_shipped_bug_holds_on_the_releases_that_ship_it_and_makes_the_search_t
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(engines, "get", lambda name: engine if name == "fake" else None)
         (mark,) = shipped_bug_marks("slot-mapping", impl)
-        assert mark.name == "xfail" and mark.kwargs["strict"] is True
+        assert mark.name == "xfail" and mark.kwargs["strict"] is False
         assert mark.kwargs["raises"] is AssertionError and "#1" in mark.kwargs["reason"]
         assert shipped_bug_marks("slot-mapping", replace(impl, name="other")) == []

@@ -30,7 +30,7 @@ from attnfuzz.harness.targets import (
     slot_mapping,
     unpadding,
 )
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 
 
 def reach_native_table(case: Case) -> bool:
@@ -360,14 +360,27 @@ def _planner() -> StepPlanner:
     return engine_step_plan
 
 
+def _padded_single_decode() -> Case:
+    """One decode of one token padded to the capture size 2 (a FULL step), split with
+    ``require_uniform`` and short extends as prefills, ``decode_threshold`` 0."""
+    config = EngineConfig(
+        max_model_len=8, max_num_seqs=2, max_num_batched_tokens=2, block_size=1, num_spec=0,
+        cudagraph_capture_sizes=(2,), topk=1, num_heads=1, head_dim=1, cudagraph_mode="FULL",
+        cg_support="ALWAYS",
+    )  # fmt: skip
+    params = (("decode_threshold", 0), ("require_uniform", 1), ("short_extends_as_prefills", 1))
+    return Case(config, Batch((1,), (1,), seed=0, use_cudagraph=True), params)
+
+
 SHIPPED_BUGS = (
     ShippedBug("require-uniform", "decode-split", "vllm", "0.25.1", "0.26.0",
         "split_decodes_and_prefills(require_uniform=True) counts short extends as decodes "
         "before it reads treat_short_extends_as_decodes", checks=("values",)),
-    ShippedBug("padding-as-prefill", "decode-split", "vllm", "0.30.0", "0.31.0",
+    ShippedBug("#29644", "decode-split", "vllm", "0.30.0", "0.31.0",
         "split_decodes_and_prefills(require_uniform=True) with short extends as prefills "
         "counts a graph-padding request (query length 0) as a prefill; 0.31.0 adds "
-        "`& (query_lens != 0)`", checks=("values",)),
+        "`& (query_lens != 0)` (#29644); before 0.26.0 the padded-uniform check answers "
+        "first", checks=("values",), first_buggy="0.26.0", case=lambda: _padded_single_decode()),
     ShippedBug("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
         "Gemma4 drafter attaches unsliced per-group block tables"),
     ShippedBug("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
