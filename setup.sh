@@ -43,4 +43,14 @@ if [ -n "${ATTNFUZZ_VLLM:-}" ] && [ "${ATTNFUZZ_VLLM}" != 0 ]; then
     [ "$release" = 1 ] && release=""
     adapters/vllm/install.sh .venv $release
 fi
+# Opt-in: SGLang 0.5.23, the engine under test of `--impl sglang-*` (README,
+# "Fuzzing SGLang itself"), the same way: its wheel and a pinned list, --no-deps
+# (adapters/sglang/install.sh). ATTNFUZZ_SGLANG=1: the default release;
+# ATTNFUZZ_SGLANG=0.5.12 (a release from 0.5.9 to 0.5.23): that one instead. Its
+# pins agree with vLLM's, so both engines can share the venv.
+if [ -n "${ATTNFUZZ_SGLANG:-}" ] && [ "${ATTNFUZZ_SGLANG}" != 0 ]; then
+    release="${ATTNFUZZ_SGLANG}"
+    [ "$release" = 1 ] && release=""
+    adapters/sglang/install.sh .venv $release
+fi
 .venv/bin/python -c "import attnfuzz, torch, triton; print('attnfuzz', attnfuzz.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"

@@ -18,12 +18,11 @@ entry point ``vllm``.
 
 from __future__ import annotations
 
-import importlib
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.adapters import binding
 from attnfuzz.harness.target import Implementation
 
 ENGINE = "vllm"
@@ -83,43 +82,20 @@ def planner_problem() -> str | None:
     return compat.binding_problem("runner_modes", "engine_step_plan", version)
 
 
-class EngineCall:
-    """``adapters.vllm.<module>.<attr>(inputs)``, imported on first use.
-
-    :meth:`prepare` imports vLLM and builds what every call shares; a judge
-    calls it before it forks its child, so that each child starts warm.
-    """
+class EngineCall(binding.EngineCall):
+    """``adapters.vllm.<module>.<attr>(inputs)``, imported on first use; binds by
+    :func:`attnfuzz.adapters.vllm.compat.binding_problem`."""
 
     def __init__(self, module: str, attr: str):
-        self.module, self.attr = module, attr
-        self._fn: Callable[[Any], Any] | None = None
+        super().__init__(__name__, module, attr, self._binding_problem)
 
-    def unavailable(self) -> str | None:
-        """Why this adapter cannot run on the installed vLLM (if any), or None."""
+    def _binding_problem(self) -> str | None:
         from attnfuzz.adapters.vllm import compat
 
         version = installed_version()
         if version is None:
             return unavailable()
         return compat.binding_problem(self.module, self.attr, version)
-
-    def prepare(self) -> Callable[[Any], Any]:
-        if self._fn is None:
-            reason = self.unavailable()
-            if reason is not None:
-                raise RuntimeError(reason)
-            mod = importlib.import_module(f"{__name__}.{self.module}")
-            mod_prepare = getattr(mod, "prepare", None)
-            if mod_prepare is not None:
-                mod_prepare()
-            self._fn = getattr(mod, self.attr)
-        return self._fn
-
-    def __call__(self, inputs: Any) -> Any:
-        return self.prepare()(inputs)
-
-    def __repr__(self) -> str:
-        return f"<vllm {self.module}.{self.attr}>"
 
 
 def implementation(

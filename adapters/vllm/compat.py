@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
 import os
 import shlex
-from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
+from attnfuzz.adapters import binding
+from attnfuzz.adapters.binding import Api, _missing, has  # noqa: F401  - compat.Api, as before
 from attnfuzz.harness.engines import release_key  # noqa: F401  - compat.release_key, as before
-from attnfuzz.harness.errors import one_line
 
 OLDEST = "0.21.0"
 NEWEST = "0.33.0"
@@ -68,50 +66,13 @@ def range_problem(version: str) -> str | None:
     )
 
 
-@dataclass(frozen=True)
-class Api:
-    """One piece of vLLM's API that an adapter calls, found by looking for it."""
-
-    module: str  # e.g. "vllm.v1.worker.block_table"
-    attr: str = ""  # a dotted path inside the module, "" for the module itself
-    keyword: str = ""  # a parameter the callable at ``attr`` must take
-    since: str = ""  # the first release that has it: for the install hint only
-
-    def __str__(self) -> str:
-        where = f"{self.module}.{self.attr}" if self.attr else self.module
-        return f"{where}({self.keyword}=)" if self.keyword else where
-
-    def missing(self) -> str | None:
-        """Why this API is not there, in one line, or None when it is."""
-        return _missing(self)
-
-
-@cache
-def _missing(api: Api) -> str | None:
+def _configure() -> None:
     from attnfuzz.adapters.vllm import _engine
 
     _engine.configure_environment()
-    try:
-        obj = importlib.import_module(api.module)
-    except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
-        return one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
-    for name in filter(None, api.attr.split(".")):
-        if not hasattr(obj, name):
-            return f"{api} is missing"
-        obj = getattr(obj, name)
-    if api.keyword:
-        try:
-            parameters = inspect.signature(obj).parameters
-        except (TypeError, ValueError):
-            return f"{api} has no signature to read"
-        if api.keyword not in parameters:
-            return f"{api} is missing (no {api.keyword}= parameter)"
-    return None
 
 
-def has(api: Api) -> bool:
-    """Whether the installed vLLM offers ``api`` (for an adapter that binds either form)."""
-    return api.missing() is None
+binding.before_import("vllm", _configure)
 
 
 # -- what the adapters call ----------------------------------------------------------

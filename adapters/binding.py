@@ -1,0 +1,110 @@
+"""How an engine's adapters bind to the installed release: shared by every engine plugin.
+
+Nothing here imports an engine until it is asked to. :class:`Api` names one
+piece of an engine's API an adapter calls and finds it by looking (a module
+that imports, an attribute, a keyword a signature takes), never by reading the
+version number. :class:`EngineCall` is an adapter function named by module and
+attribute, imported on its first call: importing an adapter imports its engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from attnfuzz.harness.errors import one_line
+
+_BEFORE_IMPORT: dict[str, Callable[[], None]] = {}
+
+
+def before_import(package: str, configure: Callable[[], None]) -> None:
+    """Run ``configure`` (the engine's environment: variables it reads at import,
+    stand-ins for modules it imports and never uses here) before any probe
+    imports a module of ``package``."""
+    _BEFORE_IMPORT[package] = configure
+
+
+@dataclass(frozen=True)
+class Api:
+    """One piece of an engine's API that an adapter calls, found by looking for it."""
+
+    module: str  # e.g. "vllm.v1.worker.block_table"
+    attr: str = ""  # a dotted path inside the module, "" for the module itself
+    keyword: str = ""  # a parameter the callable at ``attr`` must take
+    since: str = ""  # the first release that has it: for the install hint only
+
+    def __str__(self) -> str:
+        where = f"{self.module}.{self.attr}" if self.attr else self.module
+        return f"{where}({self.keyword}=)" if self.keyword else where
+
+    def missing(self) -> str | None:
+        """Why this API is not there, in one line, or None when it is."""
+        return _missing(self)
+
+
+@cache
+def _missing(api: Api) -> str | None:
+    configure = _BEFORE_IMPORT.get(api.module.split(".")[0])
+    if configure is not None:
+        configure()
+    try:
+        obj = importlib.import_module(api.module)
+    except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
+        return one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
+    for name in filter(None, api.attr.split(".")):
+        if not hasattr(obj, name):
+            return f"{api} is missing"
+        obj = getattr(obj, name)
+    if api.keyword:
+        try:
+            parameters = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            return f"{api} has no signature to read"
+        if api.keyword not in parameters:
+            return f"{api} is missing (no {api.keyword}= parameter)"
+    return None
+
+
+def has(api: Api) -> bool:
+    """Whether the installed engine offers ``api`` (for an adapter that binds either form)."""
+    return api.missing() is None
+
+
+class EngineCall:
+    """``<package>.<module>.<attr>(inputs)``, imported on first use.
+
+    :meth:`prepare` imports the engine and builds what every call shares (the
+    adapter module's own ``prepare()``); a judge calls it before it forks its
+    child, so that each child starts warm.
+    """
+
+    def __init__(self, package: str, module: str, attr: str, unavailable: Callable[[], str | None]):
+        self.package, self.module, self.attr = package, module, attr
+        self._unavailable = unavailable
+        self._fn: Callable[[Any], Any] | None = None
+
+    def unavailable(self) -> str | None:
+        """Why this adapter cannot run on the installed engine (if any), or None."""
+        return self._unavailable()
+
+    def prepare(self) -> Callable[[Any], Any]:
+        if self._fn is None:
+            reason = self.unavailable()
+            if reason is not None:
+                raise RuntimeError(reason)
+            mod = importlib.import_module(f"{self.package}.{self.module}")
+            mod_prepare = getattr(mod, "prepare", None)
+            if mod_prepare is not None:
+                mod_prepare()
+            self._fn = getattr(mod, self.attr)
+        return self._fn
+
+    def __call__(self, inputs: Any) -> Any:
+        return self.prepare()(inputs)
+
+    def __repr__(self) -> str:
+        return f"<{self.package.rsplit('.', 1)[-1]} {self.module}.{self.attr}>"

@@ -1,0 +1,219 @@
+"""SGLang's environment on a machine without a GPU: what must hold before and while
+SGLang's metadata code runs. Everything the SGLang adapters share, written once;
+each workaround is its own function with its own test (tests/test_sglang_engine.py).
+
+Facts this relies on (SGLang 0.5.23, torch 2.13.0 CPU, Triton 3.9.0):
+
+- SGLang's metadata modules import ``torchvision`` at module level (through
+  the multimodal model configs) and never call it here. The only
+  ``torchvision`` wheel for this torch is a CUDA build, so a stand-in package
+  answers those imports (:func:`stand_in_torchvision`). It is installed after
+  ``transformers`` has looked for the real one, so that ``transformers`` still
+  records it as absent and takes none of its vision paths.
+- The DSA backend asks for the GPU's compute capability when it is built
+  (:func:`device_capability`).
+- SGLang's Triton wrappers open with ``assert x.is_cuda``; the rest of each
+  function runs under the Triton interpreter (:func:`without_cuda_asserts`).
+- The Triton 3.9 interpreter gives ``scalar_bool & block_bool`` the dtype
+  int32, and its masked load and store then refuse the mask
+  (:func:`interpreter_bool_masks`).
+- Server arguments and the parallel ranks go through SGLang's own test
+  facility, ``get_context().override_server_args(...)`` (:func:`server_args`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+import torch
+
+# First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
+from attnfuzz.kernels import _triton  # isort: skip
+
+STAND_IN_PACKAGES = ("torchvision",)
+"""Packages SGLang imports at load and never calls in the metadata code driven here."""
+
+
+class _Unused:
+    """Any attribute of a stood-in package: usable as a base class or an
+    annotation at import time; calling it says it is a stand-in."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> _Unused:
+        return _Unused(f"{self._name}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self._name} is attnfuzz's stand-in; SGLang called it")
+
+    def __mro_entries__(self, bases: tuple) -> tuple:
+        return (object,)
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``import torchvision`` and ``import torchvision.x.y`` with empty packages."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] in STAND_IN_PACKAGES:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = lambda attr, owner=spec.name: _Unused(f"{owner}.{attr}")  # type: ignore[attr-defined]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+@cache
+def stand_in_torchvision() -> None:
+    """Install the stand-in ``torchvision``, unless a real one imports."""
+    import transformers.utils.import_utils  # noqa: F401  # records torchvision as absent first
+
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent, or a CUDA build that fails to load
+        for name in [m for m in sys.modules if m.split(".")[0] in STAND_IN_PACKAGES]:
+            del sys.modules[name]
+        sys.meta_path.insert(0, _StandInFinder())
+
+
+@cache
+def interpreter_bool_masks() -> bool:
+    """Under the Triton interpreter, give masked loads and stores a boolean mask.
+
+    Triton 3.9's interpreter computes ``scalar_bool & block_bool`` as int32
+    data under the type ``int1``, and its masked load and store then raise
+    ``mask has unsupported dtype``; a compiled kernel has an ``i1`` mask there.
+    The cast keeps every value (an ``int1`` is 0 or 1). Returns whether it was
+    applied: never where kernels are compiled."""
+    if not _triton.INTERPRET:
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+
+    def boolean(mask: Any) -> Any:
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
+
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):  # noqa: ANN001, ANN202
+        return load(self, ptrs, boolean(mask), other, cache_policy, is_volatile)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):  # noqa: ANN001, ANN202
+        return store(self, ptrs, value, boolean(mask), cache_policy)
+
+    builder.create_masked_load = create_masked_load
+    builder.create_masked_store = create_masked_store
+    return True
+
+
+def configure_environment() -> None:
+    """Set what SGLang reads at import, before it is imported (never overriding a user's)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("SGLANG_LOGGING_LEVEL", "ERROR")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    stand_in_torchvision()
+    interpreter_bool_masks()
+
+
+@contextlib.contextmanager
+def device_capability(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
+    """``torch.cuda.get_device_capability()`` answers ``capability`` (an H100's by
+    default) where there is no GPU to ask; a real GPU is asked as usual."""
+    if torch.cuda.is_available():
+        yield
+        return
+    real = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda device=None: capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = real
+
+
+def _asserts_cuda(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assert) and "is_cuda" in ast.unparse(node.test)
+
+
+class _DropCudaAsserts(ast.NodeTransformer):
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [s for s in stmts if not _asserts_cuda(s)]
+                setattr(node, field, kept or [ast.Pass()])
+        return node
+
+
+def function_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
+    """The function's definition as SGLang's source has it, at its own line numbers."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(source)
+    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
+    (definition,) = tree.body
+    assert isinstance(definition, ast.FunctionDef), fn
+    return definition
+
+
+def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` recompiled from its own source, without its ``assert ...is_cuda``
+    statements: every other line unchanged, in SGLang's file and at SGLang's line
+    numbers, so that a traceback points where the code under test is. Decorators
+    are dropped (these wrappers have none that matter: see the test)."""
+    definition = function_tree(fn)
+    definition.decorator_list = []
+    stripped = _DropCudaAsserts().visit(definition)
+    module = ast.fix_missing_locations(ast.Module(body=[stripped], type_ignores=[]))
+    code = compile(module, fn.__code__.co_filename, "exec")
+    namespace: dict[str, Any] = {}
+    exec(code, fn.__globals__, namespace)  # noqa: S102 - SGLang's own source, recompiled
+    copy = namespace[fn.__name__]
+    copy.__wrapped_original__ = fn
+    return copy
+
+
+def prepare() -> None:
+    """Import what every adapter shares, once: SGLang's runtime context, with the
+    parallel ranks of one process (tensor, attention and decode-context rank 0)."""
+    configure_environment()
+    _parallel_ranks()
+
+
+@cache
+def _parallel_ranks() -> None:
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
+
+
+@contextlib.contextmanager
+def server_args(**fields: Any) -> Iterator[Any]:
+    """SGLang's server arguments for one call: ``fields`` over the defaults,
+    published through SGLang's ``override_server_args`` and restored after."""
+    prepare()
+    from sglang.srt.runtime_context import get_context
+
+    with get_context().override_server_args(device="cpu", **fields) as args:
+        yield args

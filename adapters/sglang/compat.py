@@ -1,0 +1,92 @@
+"""Which SGLang is installed, and which adapters bind to it.
+
+As for vLLM (:mod:`attnfuzz.adapters.binding`): each adapter names the APIs it
+calls (:data:`REQUIRES`), and each is found by looking for it, never decided
+from the version number. Where releases offer one computation under two names
+(the DSA backend was ``nsa_backend`` before it was ``dsa_backend``; the
+CUDA-graph capture and replay pair became ``init_forward_metadata_out_graph``),
+an adapter asks :func:`has` which one it meets.
+
+The version is read for two things only: the supported range, and the hint
+naming a release that has what a missing API's adapter calls.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shlex
+from pathlib import Path
+
+from attnfuzz.adapters import binding
+from attnfuzz.adapters.binding import Api, has  # noqa: F401  - the adapters' vocabulary
+from attnfuzz.harness.engines import release_key
+
+OLDEST = "0.5.9"
+NEWEST = "0.5.23"
+"""The supported releases: every release from OLDEST to NEWEST."""
+ANY_RELEASE = "ATTNFUZZ_SGLANG_ANY_RELEASE"
+"""Set to 1 to bind a release outside the range (a fork, main) by feature detection alone."""
+INSTALL_SCRIPT = Path(__file__).with_name("install.sh")
+"""Installs a release with the pinned list into any venv (package data)."""
+
+
+def _configure() -> None:
+    from attnfuzz.adapters.sglang import _engine
+
+    _engine.configure_environment()
+
+
+binding.before_import("sglang", _configure)
+
+
+def installed_version() -> str | None:
+    """The installed SGLang's version, or None (looked up without importing it)."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install_line(release: str) -> str:
+    """How to install ``release`` into attnfuzz's venv (a checkout) or any venv."""
+    script = shlex.quote(str(INSTALL_SCRIPT))
+    return f"ATTNFUZZ_SGLANG={release} ./setup.sh (or {script} VENV {release})"
+
+
+def range_problem(version: str) -> str | None:
+    """Why ``version`` is outside the supported range, or None."""
+    if os.environ.get(ANY_RELEASE) == "1":
+        return None
+    if release_key(OLDEST) <= release_key(version) <= release_key(NEWEST) + (1 << 30,):
+        return None
+    return (
+        f"SGLang {version} is installed; attnfuzz's SGLang adapters support releases "
+        f"{OLDEST} to {NEWEST} ({ANY_RELEASE}=1 binds any release by feature detection)"
+    )
+
+
+# -- what the adapters call ----------------------------------------------------------
+# adapter module, or "module.function" -> the APIs it calls. Filled by each adapter.
+REQUIRES: dict[str, tuple[Api, ...]] = {}
+
+
+def requirements(module: str, attr: str) -> tuple[Api, ...]:
+    return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())
+
+
+def binding_problem(module: str, attr: str, version: str) -> str | None:
+    """Why ``adapters.sglang.<module>.<attr>`` cannot bind to the installed SGLang
+    (``version``), in one line naming the missing API and a release that has
+    all it calls; None when it binds."""
+    problem = range_problem(version)
+    if problem is not None:
+        return problem
+    apis = requirements(module, attr)
+    for api in apis:
+        why = api.missing()
+        if why is not None:
+            since = max((a.since for a in apis if a.since), key=release_key, default="")
+            hint = f"; it binds from SGLang {since}: {install_line(since)}" if since else ""
+            return f"SGLang {version}: {why}{hint}"
+    return None

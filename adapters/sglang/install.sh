@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install SGLang's CPU-usable wheel into a venv that already holds torch (the CPU
+# build) and attnfuzz: install.sh VENV [RELEASE]. Without RELEASE, the default
+# release (0.5.23). Every package goes in --no-deps from the pinned list of this
+# directory: the wheel declares the CUDA build of torch and CUDA-only packages,
+# which the metadata code attnfuzz drives never imports.
+# Used by setup.sh (ATTNFUZZ_SGLANG=1 or =<release>) and benchmarks/releases.py.
+set -euo pipefail
+venv=$1
+release=${2:-0.5.23}
+here="$(cd "$(dirname "$0")" && pwd)"
+pip=("$venv/bin/python" -m pip install --quiet --no-deps)
+
+case "$release" in
+    0.5.9 | 0.5.9.* | 0.5.1[0-9] | 0.5.1[0-9].* | 0.5.2[0-3] | 0.5.2[0-3].*) ;;
+    *)
+        echo "install.sh: SGLang $release is outside the supported releases 0.5.9 to 0.5.23" >&2
+        exit 2
+        ;;
+esac
+"${pip[@]}" -r "$here/requirements-cpu.txt" "sglang==$release"
+"$venv/bin/python" -c "
+from attnfuzz.adapters.sglang import _engine
+_engine.configure_environment()
+import sglang
+print('sglang', sglang.__version__)"
