@@ -16,6 +16,9 @@ _REASON = unavailable()
 if _REASON is not None and os.environ.get(require_variable(ENGINE)) == "1":
     raise RuntimeError(f"{require_variable(ENGINE)}=1 but {_REASON}")
 
-requires_sglang = [pytest.mark.sglang, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
+requires_sglang = [
+    pytest.mark.sglang,
+    pytest.mark.skipif(_REASON is not None, reason=_REASON or ""),
+]
 """``pytestmark`` of a module that runs SGLang's own code: marked ``sglang`` (``-m sglang``
 selects it), skipped where SGLang is not installed."""
