@@ -231,50 +231,54 @@ def test_the_engine_import_check_finds_each_form(line):
     assert engine_imports(source, "attnfuzz.harness.targets.slot_mapping"), line
 
 
-# -- Without the vLLM plugin ------------------------------------------------------------
+# -- Without the engine plugins ----------------------------------------------------------
 
-WITHOUT_VLLM = f"""
+ENGINES = ("vllm", "sglang")  # the plugins this distribution ships
+WITHOUT_ENGINES = f"""
 import importlib.abc, importlib.metadata as md, sys
 
-class NoVllmPlugin(importlib.abc.MetaPathFinder):
+class NoEnginePlugin(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "attnfuzz.adapters.vllm" or name.startswith("attnfuzz.adapters.vllm."):
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        for engine in {ENGINES!r}:
+            plugin = "attnfuzz.adapters." + engine
+            if name == plugin or name.startswith(plugin + "."):
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
-sys.meta_path.insert(0, NoVllmPlugin())
+sys.meta_path.insert(0, NoEnginePlugin())
 _real = md.entry_points
 md.entry_points = lambda **s: md.EntryPoints([]) if s == {{"group": "{ENTRY_POINT_GROUP}"}} \\
     else _real(**s)
 """
 
 
-def _without_vllm(code: str, *args: str) -> subprocess.CompletedProcess:
+def _without_engines(code: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", WITHOUT_VLLM + code, *args],
+        [sys.executable, "-c", WITHOUT_ENGINES + code, *args],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )  # fmt: skip
 
 
-def test_attnfuzz_runs_and_its_tests_import_without_the_vllm_plugin(tmp_path):
+def test_attnfuzz_runs_and_its_tests_import_without_the_engine_plugins(tmp_path):
     cli = "from attnfuzz.harness.cli import main\nsys.exit(main(sys.argv[1:]))"
-    listed = _without_vllm(cli, "list", "--json")
+    listed = _without_engines(cli, "list", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert rows and all(i["engine"] is None for r in rows for i in r["implementations"])
-    run = _without_vllm(
+    run = _without_engines(
         cli, "run", "--target", "slot-mapping", "--impl", "triton", "--max-examples", "5",
         "--out", str(tmp_path / "cases"), "--db", str(tmp_path / "db"),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    blocked = _without_vllm("import attnfuzz.adapters.vllm")
-    assert "No module named 'attnfuzz.adapters.vllm'" in blocked.stderr  # the block holds
+    for engine in ENGINES:
+        blocked = _without_engines(f"import attnfuzz.adapters.{engine}")
+        assert f"No module named 'attnfuzz.adapters.{engine}'" in blocked.stderr  # it holds
     modules = [
         str(p.relative_to(ROOT))
         for p in sorted((ROOT / "tests").glob("test_*.py"))
-        if not p.name.startswith("test_vllm_")
+        if not p.name.startswith(tuple(f"test_{engine}_" for engine in ENGINES))
     ]
     collect = "import pytest\nsys.exit(pytest.main(['--collect-only', '-q', *sys.argv[1:]]))"
-    collected = _without_vllm(collect, "-p", "no:randomly", *modules)
+    collected = _without_engines(collect, "-p", "no:randomly", *modules)
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
 
 

@@ -54,7 +54,7 @@ def test_list_shows_vllm_as_unavailable_with_the_install_line(no_vllm, capsys):
         for impl in row["implementations"]:
             if impl["engine"] == "vllm":
                 assert impl["unavailable"] and vllm.INSTALL in impl["unavailable"]
-            else:
+            elif impl["engine"] is None:  # attnfuzz's own; another engine's says its own
                 assert impl["unavailable"] is None
 
 
