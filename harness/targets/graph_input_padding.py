@@ -19,6 +19,7 @@ by the graph and not checked.
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 
 import numpy as np
@@ -26,7 +27,15 @@ import torch
 from attnfuzz.harness.oracle import Mismatch, expect_equal, expect_meta, expect_view_of
 from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import graph_input_padding as ref
-from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.batch import (
+    Batch,
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    build_common_metadata,
+    pad_for_cudagraph,
+    split_decodes_and_prefills,
+)
 
 
 class OwnCheck(StrEnum):
@@ -101,6 +110,16 @@ def _padded(case: Case) -> bool:
     return ref.padded_batch_size(case) > case.batch.num_reqs
 
 
+def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
+    """The step as the graph sees it: the case's requests, then ``bs - raw_bs`` padding
+    requests of ``w`` tokens each (so ``padding_requests`` measures the padded rows)."""
+    real = build_common_metadata(case.config, dataclasses.replace(case.batch, use_cudagraph=False))
+    extra = ref.padded_batch_size(case) - case.batch.num_reqs
+    tokens = real.num_actual_tokens + extra * case.config.next_n
+    meta = pad_for_cudagraph(real, tokens, real.num_reqs + extra)
+    return meta, split_decodes_and_prefills(meta, case.config.threshold)
+
+
 def reach_always(case: Case) -> bool:
     """Every replayed step fills the buffers."""
     return True
@@ -150,6 +169,10 @@ def build() -> Target:
         reference=ref.reference,
         compare=compare,
         checks=OwnCheck,
+        describe=describe,
+        # Every mutant's condition is a padded step: the more padding rows, the more
+        # rows a stale field shows in.
+        guided=("padding_requests",),
         # A model with or without a sliding-window pool; the backend's seq_lens fill value.
         params={"hybrid_swa": (0, 1), "seq_len_fill_value": (1, 3)},
         implementations=(
