@@ -62,6 +62,15 @@ class _Unused:
         return (object,)
 
 
+def _attribute_of(owner: str) -> Callable[[str], _Unused]:
+    def attribute(attr: str) -> _Unused:
+        if attr.startswith("__"):  # __file__, __version__: what tools probe modules for
+            raise AttributeError(attr)
+        return _Unused(f"{owner}.{attr}")
+
+    return attribute
+
+
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Answers ``import torchvision`` and ``import torchvision.x.y`` with empty packages."""
 
@@ -73,7 +82,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__getattr__ = lambda attr, owner=spec.name: _Unused(f"{owner}.{attr}")  # type: ignore[attr-defined]
+        module.__getattr__ = _attribute_of(spec.name)  # type: ignore[attr-defined]
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -177,19 +186,26 @@ def function_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
     return definition
 
 
-def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` recompiled from its own source, without its ``assert ...is_cuda``
-    statements: every other line unchanged, in SGLang's file and at SGLang's line
-    numbers, so that a traceback points where the code under test is. Decorators
-    are dropped (these wrappers have none that matter: see the test)."""
+def stripped_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
+    """``fn``'s definition without its ``assert ...is_cuda`` statements and its
+    decorators (these wrappers have none that matter: see the test)."""
     definition = function_tree(fn)
     definition.decorator_list = []
     stripped = _DropCudaAsserts().visit(definition)
-    module = ast.fix_missing_locations(ast.Module(body=[stripped], type_ignores=[]))
+    assert isinstance(stripped, ast.FunctionDef)
+    return stripped
+
+
+def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` recompiled from its own source without its ``assert ...is_cuda``
+    statements: every other line unchanged, in SGLang's file and at SGLang's
+    line numbers, so that a traceback points where the code under test is."""
+    module = ast.fix_missing_locations(ast.Module(body=[stripped_tree(fn)], type_ignores=[]))
     code = compile(module, fn.__code__.co_filename, "exec")
     namespace: dict[str, Any] = {}
     exec(code, fn.__globals__, namespace)  # noqa: S102 - SGLang's own source, recompiled
     copy = namespace[fn.__name__]
+    copy.__defaults__, copy.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
     copy.__wrapped_original__ = fn
     return copy
 
