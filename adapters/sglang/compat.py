@@ -68,7 +68,22 @@ def range_problem(version: str) -> str | None:
 
 # -- what the adapters call ----------------------------------------------------------
 # adapter module, or "module.function" -> the APIs it calls. Filled by each adapter.
-REQUIRES: dict[str, tuple[Api, ...]] = {}
+REQUIRES: dict[str, tuple[Api, ...]] = {
+    "graph_runner": (
+        Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
+        Api("sglang.srt.model_executor.cuda_graph_buffer_registry", "build_decode_registry"),
+        Api(
+            "sglang.srt.model_executor.cuda_graph_buffer_registry",
+            "CudaGraphBufferRegistry.fill_from",
+        ),
+        Api("sglang.srt.model_executor.cuda_graph_buffer_registry", "PaddingPolicy.FOREACH_COPY"),
+        Api(
+            "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+            "build_replay_fb_view",
+            keyword="seq_len_fill_value",
+        ),
+    ),
+}
 
 
 def requirements(module: str, attr: str) -> tuple[Api, ...]:

@@ -11,7 +11,37 @@ from attnfuzz.adapters import sglang
 from attnfuzz.harness.engines import Engine
 from attnfuzz.harness.target import Implementation
 
-IMPLEMENTATIONS: dict[str, list[Implementation]] = {}
+
+def _graph_input_padding() -> list[Implementation]:
+    from attnfuzz.harness.targets import graph_input_padding as t
+
+    return [
+        sglang.implementation(
+            "graph_runner",
+            "run",
+            name="sglang",
+            description="installed SGLang: runner_utils/buffers.py:DecodeInputBuffers, "
+            "cuda_graph_buffer_registry.py:build_decode_registry + "
+            "CudaGraphBufferRegistry.fill_from, "
+            "runner/decode_cuda_graph_runner.py:build_replay_fb_view",
+        ),
+        sglang.implementation(
+            "graph_runner",
+            "upstream_stale_swa_slots",
+            name="upstream-pr24743-stale-swa-slots",
+            kind="mutant",
+            description="installed SGLang's decode buffer fill with #24743 reverted: padded "
+            "tokens keep stale sliding-window slots",
+            trigger=t.trigger_swa_padded,
+            reach=t.reach_swa,
+            smallest=t.smallest_stale_swa_slots,
+        ),
+    ]
+
+
+IMPLEMENTATIONS: dict[str, list[Implementation]] = {
+    "graph-input-padding": _graph_input_padding(),
+}
 
 SGLANG = Engine(
     name=sglang.ENGINE,
