@@ -1,13 +1,15 @@
 """Examples per second per target and implementation, on 1 and 2 workers, and where the time goes.
 
     python benchmarks/throughput.py [--examples 300] [--workers 1 2] [--target T ...] [--impl I ...]
-                                    [--judge in-process isolated]
-                                    [--markdown FILE --section engines|judges|workers]
+                                    [--judge in-process isolated] [--engine NAME]
+                                    [--markdown FILE --section engines|judges|workers|sglang]
 
 Implementations by default: ``triton``, ``reference`` and, where vLLM is
 installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), every engine implementation
 (kind ``engine``: ``vllm``, ``vllm-cpu``, ...): vLLM 0.33.0's own code through
 its adapter. A target is measured on the implementations it has.
+``--engine sglang``: only that engine's implementations (SGLang 0.5.23's,
+``ATTNFUZZ_SGLANG=1 ./setup.sh``).
 
 A worker is a process pinned to its own CPU core (torch on one thread). Each
 runs a derandomized campaign of ``--examples`` examples per target and
@@ -45,7 +47,7 @@ from _common import table
 from _markdown import command_line, write_section
 
 BAR = 20.0
-SECTIONS = ("engines", "judges", "workers")
+SECTIONS = ("engines", "judges", "workers", "sglang")
 PHASES = ["generation", "inputs", "reference", "implementation", "oracle"]
 
 
@@ -116,6 +118,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--target", action="append", default=None)
     parser.add_argument("--impl", action="append", default=None)
+    parser.add_argument("--engine", default=None, help="only this engine's implementations")
     parser.add_argument(
         "--judge", nargs="+", choices=["in-process", "isolated"], default=["in-process", "isolated"]
     )
@@ -125,6 +128,8 @@ def main() -> int:
 
     def chosen(t: str) -> list[str]:
         impls = get_target(t).implementations.items()
+        if args.engine is not None:
+            return [n for n, i in impls if i.kind == "engine" and i.engine == args.engine]
         return args.impl or [n for n, i in impls if i.kind in ("fixed", "reference", "engine")]
 
     jobs = [

@@ -74,6 +74,11 @@ class Engine:
     (:mod:`attnfuzz.reference.runner`) stand in for the engine's."""
     shipped_bugs: Sequence[ShippedBug] = ()
     """The engine's own defects that shipped in some of its supported releases."""
+    sites: Callable[[str, str], Sequence[Site]] | None = None
+    """``sites(target, impl)``: where the engine runs that implementation's code in
+    production, for an engine whose steps the reference's runner rules do not
+    describe (they model vLLM's runners): reachability judges the finding at each
+    site instead of planning the step. None: :attr:`planner` or the reference's rules."""
 
     def shipped_bug(self, target: str, impl: str) -> ShippedBug | None:
         """The first of :attr:`shipped_bugs` of ``target``'s ``impl`` that the installed
@@ -85,6 +90,19 @@ class Engine:
             if (bug.target, bug.impl) == (target, impl) and bug.shipped_in(version):
                 return bug
         return None
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the engine's runners where an implementation's code runs, read
+    from the engine's own source: the site holds where ``caller`` (``module:qualname``)
+    still names ``callee`` in the installed release."""
+
+    runner: str  # e.g. "decode CUDA-graph runner"
+    step: str  # e.g. "replay": on which steps the code runs there
+    caller: str  # "sglang.srt....decode_cuda_graph_runner:DecodeCudaGraphRunner.replay"
+    callee: str  # a name the caller's source must contain ("init_forward_metadata_out_graph")
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,49 @@ def reachability(
     return Reachability(status, runs_in, tuple(pairs), reason, decided)
 
 
+def site_reachability(
+    case: Case, runs_in: str, judge_fails: Callable[[Case], bool], sites: Any
+) -> Reachability:
+    """Reachability for an engine that declares where its code runs (:class:`Site`):
+    a site holds where the installed release's caller still names the callee; the
+    case is judged as the step that site runs."""
+    import importlib
+    import inspect
+
+    pairs: list[Pair] = []
+    gone: list[str] = []
+    decided: list[str] = []
+    for site in sites:
+        module, _, qualname = site.caller.partition(":")
+        try:
+            obj: Any = importlib.import_module(module)
+            for name in qualname.split("."):
+                obj = getattr(obj, name)
+            holds = site.callee in inspect.getsource(obj)
+        except (ImportError, AttributeError, OSError, TypeError) as err:
+            gone.append(f"{site.caller} ({type(err).__name__}: {err})")
+            continue
+        if not holds:
+            gone.append(f"{site.caller} no longer calls {site.callee}")
+            continue
+        decided.append(f"{site.caller} calls {site.callee}")
+        pairs.append(Pair(site.runner, site.step, site.step, True, judge_fails(case), site.note))
+    live = [p for p in pairs if p.fails]
+    if live:
+        where = ", ".join(f"{p.runner} ({p.step})" for p in live)
+        status, reason = (
+            LIVE,
+            f"the engine runs the faulting {runs_in} code on this step in {where}",
+        )
+    elif pairs:
+        status, reason = LATENT, "it passes at every site where the engine runs this code"
+    else:
+        status, reason = UNKNOWN, "no site of this code holds in the installed release"
+    if gone:
+        reason += "; not a site in the installed release: " + "; ".join(gone)
+    return Reachability(status, runs_in, tuple(pairs), reason, tuple(decided))
+
+
 def finding_reachability(
     target: Any, impl: Any, case: Case, judge: Callable[[Case], Any]
 ) -> Reachability | None:
@@ -219,7 +262,11 @@ def finding_reachability(
     def fails(c: Case) -> bool:
         return not judge(c).ok
 
+    declared = engines.get(impl.engine)
     try:
+        if declared is not None and declared.sites is not None:
+            sites = declared.sites(target.name, impl.name)
+            return site_reachability(case, target.runs_in, fails, sites)
         return reachability(case, target.runs_in, fails, refused, impl.engine)
     except OutOfTime:
         why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"

@@ -277,3 +277,23 @@ def test_a_builder_finding_replays_from_its_case_file_with_its_reachability(tmp_
     replay = cli("repro", str(path), "--impl", "engine_builder:IMPL")
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert "reachability: LIVE" in replay.stdout
+
+
+def test_an_engine_that_declares_sites_is_judged_where_its_callers_still_call_it():
+    """:attr:`Engine.sites`: a site holds where the caller's source names the callee
+    (read from the installed code); the finding is live at a site that holds, and
+    unknown where none does, each reason naming the caller."""
+    from attnfuzz.harness.engines import Site
+    from attnfuzz.harness.reachability import LIVE, UNKNOWN, site_reachability
+    from attnfuzz.harness.testing import hand_case
+
+    case = hand_case((3,), (2,))
+    holds = Site("decoder", "replay", "json:dumps", "JSONEncoder")
+    gone = Site("decoder", "capture", "json:dumps", "no_such_call")
+    reach = site_reachability(case, "runner", lambda c: True, [holds, gone])
+    assert reach.status == LIVE and [p.step for p in reach.pairs] == ["replay"]
+    assert reach.decided_by == ("json:dumps calls JSONEncoder",)
+    assert "json:dumps no longer calls no_such_call" in reach.reason
+    missing = Site("decoder", "replay", "json:no_such_function", "x")
+    reach = site_reachability(case, "runner", lambda c: True, [gone, missing])
+    assert reach.status == UNKNOWN and "no_such_function" in reach.reason
