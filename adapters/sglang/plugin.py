@@ -8,10 +8,40 @@ SGLang, which a plugin must not do when it loads.
 from __future__ import annotations
 
 from attnfuzz.adapters import sglang
+from attnfuzz.adapters.sglang import implementation as sglang_impl
 from attnfuzz.harness.engines import Engine
 from attnfuzz.harness.target import Implementation
 
-IMPLEMENTATIONS: dict[str, list[Implementation]] = {}
+
+def _spec_indptr() -> list[Implementation]:
+    from attnfuzz.harness.targets import spec_indptr as t
+
+    return [
+        sglang_impl(
+            "triton_backend",
+            "run",
+            name="sglang-triton",
+            description="installed SGLang: layers/attention/triton_backend.py:TritonAttnBackend."
+            "init_forward_metadata (eager), init_cuda_graph_state and "
+            "init_forward_metadata_out_graph / _in_graph (capture, padded replay)",
+        ),
+        sglang_impl(
+            "triton_backend",
+            "upstream_pr27545_draft_extend_stride",
+            name="upstream-pr27545-draft-extend-stride",
+            kind="mutant",
+            description="installed SGLang's TritonAttnBackend with #27545 reverted: replayed "
+            "draft extend strides queries num_steps + 1 apart (0.5.12's line)",
+            trigger=t.trigger_draft_extend_stride,
+            reach=t.reach_draft_extend_replay,
+            smallest=t.smallest_draft_extend_stride,
+        ),
+    ]
+
+
+IMPLEMENTATIONS: dict[str, list[Implementation]] = {
+    "spec-indptr": _spec_indptr(),
+}
 
 SGLANG = Engine(
     name=sglang.ENGINE,
