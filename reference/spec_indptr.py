@@ -42,7 +42,8 @@ Case mapping: request ``r`` of the batch has ``seq_len_r = batch.seq_lens[r]``
 committed tokens; its table row holds distinct slots for positions
 ``0 .. seq_len_r + N - 1`` (the tree's slots follow the committed ones) and
 stale slot ids after them; rows are drawn from ``1 .. max_num_seqs``. The
-captured request counts are the config's capture sizes over ``next_n``.
+captured request counts are the config's capture sizes over ``next_n``, up to
+``max_num_seqs``.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def phase_of(case: Case) -> str:
 
 
 def capture_bs(config: EngineConfig) -> tuple[int, ...]:
-    """The request counts the runner captured graphs at."""
-    return tuple(sorted({size // config.next_n for size in config.cudagraph_capture_sizes}))
+    """The request counts the runner captured graphs at: those of the capture sizes
+    the request pool holds (SGLang captures no graph of more requests than it runs)."""
+    sizes = {size // config.next_n for size in config.cudagraph_capture_sizes}
+    return tuple(sorted(bs for bs in sizes if 1 <= bs <= config.max_num_seqs))
 
 
 def graph_bs(case: Case) -> int | None:

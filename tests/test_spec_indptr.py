@@ -113,6 +113,9 @@ def test_graph_size_is_the_smallest_capture_that_holds_the_step():
     assert ref.graph_bs(case(0, 1, 1, 2, graph=False)) is None
     five = case(0, 1, 1, 2, computed=(0,) * 5)
     assert ref.graph_bs(five) is None  # past the largest capture: eager
+    # No graph of more requests than the pool holds.
+    small_pool = spec_config(num_spec=0, max_num_seqs=2, cudagraph_capture_sizes=(1, 4))
+    assert ref.capture_bs(small_pool) == (1,)
 
 
 @pytest.mark.parametrize(
