@@ -205,9 +205,9 @@ def site_reachability(
     import inspect
 
     pairs: list[Pair] = []
-    gone: list[str] = []
+    gone: list[tuple[Any, str]] = []
     decided: list[str] = []
-    for site in sites:
+    for site in sites:  # alternatives for one (runner, step): each release's caller
         module, _, qualname = site.caller.partition(":")
         try:
             obj: Any = importlib.import_module(module)
@@ -215,10 +215,10 @@ def site_reachability(
                 obj = getattr(obj, name)
             holds = site.callee in inspect.getsource(obj)
         except (ImportError, AttributeError, OSError, TypeError) as err:
-            gone.append(f"{site.caller} ({type(err).__name__}: {err})")
+            gone.append((site, f"{site.caller} ({type(err).__name__}: {err})"))
             continue
         if not holds:
-            gone.append(f"{site.caller} no longer calls {site.callee}")
+            gone.append((site, f"{site.caller} no longer calls {site.callee}"))
             continue
         decided.append(f"{site.caller} calls {site.callee}")
         pairs.append(Pair(site.runner, site.step, site.step, True, judge_fails(case), site.note))
@@ -233,8 +233,10 @@ def site_reachability(
         status, reason = LATENT, "it passes at every site where the engine runs this code"
     else:
         status, reason = UNKNOWN, "no site of this code holds in the installed release"
-    if gone:
-        reason += "; not a site in the installed release: " + "; ".join(gone)
+    held = {(p.runner, p.step) for p in pairs}
+    gone_here = [why for site, why in gone if (site.runner, site.step) not in held]
+    if gone_here:  # another release's site of a step that holds here is not named
+        reason += "; not a site in the installed release: " + "; ".join(gone_here)
     return Reachability(status, runs_in, tuple(pairs), reason, tuple(decided))
 
 

@@ -85,6 +85,38 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 
+# adapters/sglang/triton_backend.py
+_TRITON = "sglang.srt.layers.attention.triton_backend"
+TRITON_BACKEND = Api(_TRITON, "TritonAttnBackend.init_forward_metadata")
+TRITON_GRAPH = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_out_graph")
+TRITON_GRAPH_IN = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_in_graph")
+TRITON_DRAFT_EXTEND_BUFFERS = Api(_TRITON, "TritonAttnBackend._update_draft_extend_buffers")
+KV_INDEX_TRANSLATOR = Api(
+    "sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"
+)
+EAGLE_INPUTS = Api("sglang.srt.speculative.eagle_info", "EagleDraftExtendInput")
+REPLAY_FB_VIEW = Api(
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner", "build_replay_fb_view"
+)
+DRAFT_EXTEND_FILL = Api(
+    "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+    "resolve_draft_extend_seq_len_fill_value",
+)
+REQUIRES.update(
+    {
+        "triton_backend": (
+            TRITON_BACKEND,
+            TRITON_GRAPH,
+            TRITON_GRAPH_IN,
+            KV_INDEX_TRANSLATOR,
+            EAGLE_INPUTS,
+            REPLAY_FB_VIEW,
+            DRAFT_EXTEND_FILL,
+        ),
+        "triton_backend.upstream_pr27545_draft_extend_stride": (TRITON_DRAFT_EXTEND_BUFFERS,),
+    }
+)
+
 
 def requirements(module: str, attr: str) -> tuple[Api, ...]:
     return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())

@@ -8,6 +8,7 @@ SGLang, which a plugin must not do when it loads.
 from __future__ import annotations
 
 from attnfuzz.adapters import sglang
+from attnfuzz.adapters.sglang import implementation as sglang_impl
 from attnfuzz.harness.engines import Engine
 from attnfuzz.harness.target import Implementation
 
@@ -16,7 +17,7 @@ def _graph_input_padding() -> list[Implementation]:
     from attnfuzz.harness.targets import graph_input_padding as t
 
     return [
-        sglang.implementation(
+        sglang_impl(
             "graph_runner",
             "run",
             name="sglang",
@@ -25,7 +26,7 @@ def _graph_input_padding() -> list[Implementation]:
             "CudaGraphBufferRegistry.fill_from, "
             "runner/decode_cuda_graph_runner.py:build_replay_fb_view",
         ),
-        sglang.implementation(
+        sglang_impl(
             "graph_runner",
             "upstream_stale_swa_slots",
             name="upstream-pr24743-stale-swa-slots",
@@ -39,8 +40,35 @@ def _graph_input_padding() -> list[Implementation]:
     ]
 
 
+def _spec_indptr() -> list[Implementation]:
+    from attnfuzz.harness.targets import spec_indptr as t
+
+    return [
+        sglang_impl(
+            "triton_backend",
+            "run",
+            name="sglang-triton",
+            description="installed SGLang: layers/attention/triton_backend.py:TritonAttnBackend."
+            "init_forward_metadata (eager), init_cuda_graph_state and "
+            "init_forward_metadata_out_graph / _in_graph (capture, padded replay)",
+        ),
+        sglang_impl(
+            "triton_backend",
+            "upstream_pr27545_draft_extend_stride",
+            name="upstream-pr27545-draft-extend-stride",
+            kind="mutant",
+            description="installed SGLang's TritonAttnBackend with #27545 reverted: replayed "
+            "draft extend strides queries num_steps + 1 apart (0.5.12's line)",
+            trigger=t.trigger_draft_extend_stride,
+            reach=t.reach_draft_extend_replay,
+            smallest=t.smallest_draft_extend_stride,
+        ),
+    ]
+
+
 IMPLEMENTATIONS: dict[str, list[Implementation]] = {
     "graph-input-padding": _graph_input_padding(),
+    "spec-indptr": _spec_indptr(),
 }
 
 SGLANG = Engine(
