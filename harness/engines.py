@@ -102,6 +102,9 @@ class Site:
     step: str  # e.g. "replay": on which steps the code runs there
     caller: str  # "sglang.srt....decode_cuda_graph_runner:DecodeCudaGraphRunner.replay"
     callee: str  # a name the caller's source must contain ("init_forward_metadata_out_graph")
+    graph: bool | None = None
+    """The step there: a CUDA-graph replay (True: the case judged with
+    ``use_cudagraph``), an eager step (False: without), None: the case as it is."""
     note: str = ""
 
 

@@ -221,7 +221,13 @@ def site_reachability(
             gone.append((site, f"{site.caller} no longer calls {site.callee}"))
             continue
         decided.append(f"{site.caller} calls {site.callee}")
-        pairs.append(Pair(site.runner, site.step, site.step, True, judge_fails(case), site.note))
+        here = case
+        if site.graph is not None:
+            batch = dataclasses.replace(case.batch, use_cudagraph=site.graph)
+            here = dataclasses.replace(case, batch=batch)
+        if refused(here):  # a step this target cannot be: that site never sees this case
+            continue
+        pairs.append(Pair(site.runner, site.step, site.step, True, judge_fails(here), site.note))
     live = [p for p in pairs if p.fails]
     if live:
         where = ", ".join(f"{p.runner} ({p.step})" for p in live)
@@ -230,7 +236,8 @@ def site_reachability(
             f"the engine runs the faulting {runs_in} code on this step in {where}",
         )
     elif pairs:
-        status, reason = LATENT, "it passes at every site where the engine runs this code"
+        status = LATENT
+        reason = "it passes at every site where the engine runs this code on such a step"
     else:
         status, reason = UNKNOWN, "no site of this code holds in the installed release"
     held = {(p.runner, p.step) for p in pairs}
@@ -268,7 +275,7 @@ def finding_reachability(
     try:
         if declared is not None and declared.sites is not None:
             sites = declared.sites(target.name, impl.name)
-            return site_reachability(case, target.runs_in, fails, sites)
+            return site_reachability(case, target.runs_in, fails, sites, refused)
         return reachability(case, target.runs_in, fails, refused, impl.engine)
     except OutOfTime:
         why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"

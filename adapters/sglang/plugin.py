@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters import sglang
 from attnfuzz.adapters.sglang import implementation as sglang_impl
-from attnfuzz.harness.engines import Engine
+from attnfuzz.harness.engines import Engine, Site
 from attnfuzz.harness.target import Implementation
 
 
@@ -66,6 +66,12 @@ def _spec_indptr() -> list[Implementation]:
     ]
 
 
+def _sites(target: str, impl: str) -> tuple[Site, ...]:
+    from attnfuzz.adapters.sglang.sites import sites
+
+    return sites(target, impl)
+
+
 IMPLEMENTATIONS: dict[str, list[Implementation]] = {
     "graph-input-padding": _graph_input_padding(),
     "spec-indptr": _spec_indptr(),
@@ -79,5 +85,6 @@ SGLANG = Engine(
     status=lambda: sglang.status(),
     implementations=IMPLEMENTATIONS,
     planner=None,
+    sites=lambda target, impl: _sites(target, impl),
 )
 """The engine SGLang (the value of the entry point ``sglang``)."""
