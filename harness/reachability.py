@@ -196,7 +196,11 @@ def reachability(
 
 
 def site_reachability(
-    case: Case, runs_in: str, judge_fails: Callable[[Case], bool], sites: Any
+    case: Case,
+    runs_in: str,
+    judge_fails: Callable[[Case], bool],
+    sites: Any,
+    refused: Callable[[Case], bool] = lambda c: False,
 ) -> Reachability:
     """Reachability for an engine that declares where its code runs (:class:`Site`):
     a site holds where the installed release's caller still names the callee; the
