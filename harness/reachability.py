@@ -231,7 +231,8 @@ def site_reachability(
             here = dataclasses.replace(case, batch=batch)
         if refused(here):  # a step this target cannot be: that site never sees this case
             continue
-        pairs.append(Pair(site.runner, site.step, site.step, True, judge_fails(here), site.note))
+        mode = {True: "graph", False: "eager", None: "as drawn"}[site.graph]
+        pairs.append(Pair(site.runner, mode, site.step, True, judge_fails(here), site.note))
     live = [p for p in pairs if p.fails]
     if live:
         where = ", ".join(f"{p.runner} ({p.step})" for p in live)
