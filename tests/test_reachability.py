@@ -297,3 +297,31 @@ def test_an_engine_that_declares_sites_is_judged_where_its_callers_still_call_it
     missing = Site("decoder", "replay", "json:no_such_function", "x")
     reach = site_reachability(case, "runner", lambda c: True, [gone, missing])
     assert reach.status == UNKNOWN and "no_such_function" in reach.reason
+
+
+def test_a_site_finding_s_case_file_conforms_and_says_graph_or_eager():
+    """A finding at an engine's sites writes its runner, graph or eager, and the step
+    into the case file, which the case schema takes (it once refused all but vLLM's)."""
+    import json
+
+    from attnfuzz.harness import schemas
+    from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.engines import Site
+    from attnfuzz.harness.oracle import Verdict
+    from attnfuzz.harness.reachability import site_reachability
+    from attnfuzz.harness.testing import hand_case
+
+    case = hand_case((3,), (2,))
+    sites = [
+        Site("decoder", "replay", "json:dumps", "JSONEncoder", graph=True),
+        Site("eager runner", "eager decode", "json:dumps", "JSONEncoder", graph=False),
+    ]
+    reach = site_reachability(case, "runner", lambda c: c.batch.use_cudagraph, sites)
+    assert [(p.runner, p.cudagraph_mode, p.fails) for p in reach.pairs] == [
+        ("decoder", "graph", True),
+        ("eager runner", "eager", False),
+    ]
+    verdict = Verdict([])
+    doc = json.loads(json.dumps(case_document("mtp-seq-lens", "triton", case, verdict)))
+    doc["reachability"] = reach.to_dict()
+    assert schemas.errors(doc, "case") == []
