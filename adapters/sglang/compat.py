@@ -118,6 +118,18 @@ REQUIRES.update(
 )
 
 
+# adapters/sglang/dsa_backend.py
+_DSA = "sglang.srt.layers.attention.dsa_backend"
+DSA_BACKEND = Api(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata")
+DSA_GRAPH = Api(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata_out_graph")
+DSA_APPLY = Api(_DSA, "DeepseekSparseAttnBackend._apply_cuda_graph_metadata")
+DSA_FUSED = Api("sglang.kernels.ops.attention.dsa.metadata", "fused_dsa_target_verify_metadata")
+DSA_EXPAND = Api("sglang.kernels.ops.attention.pad", "seqlens_expand_triton")
+REQUIRES["dsa_backend"] = (DSA_BACKEND, DSA_GRAPH, DSA_APPLY, DSA_EXPAND, REPLAY_FB_VIEW)
+REQUIRES["dsa_backend.run_fused"] = (DSA_FUSED,)
+REQUIRES["dsa_backend.upstream_pr19016_context_len_table"] = (DSA_FUSED,)
+
+
 def requirements(module: str, attr: str) -> tuple[Api, ...]:
     return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())
 

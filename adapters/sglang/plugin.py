@@ -13,6 +13,39 @@ from attnfuzz.harness.engines import Engine, Site
 from attnfuzz.harness.target import Implementation
 
 
+def _dsa_metadata() -> list[Implementation]:
+    from attnfuzz.harness.targets import dsa_metadata as t
+
+    backend = "installed SGLang: layers/attention/dsa_backend.py:DeepseekSparseAttnBackend"
+    return [
+        sglang_impl(
+            "dsa_backend",
+            "run",
+            name="sglang-dsa",
+            description=f"{backend}.init_forward_metadata (eager), init_cuda_graph_state and "
+            "init_forward_metadata_out_graph (capture, padded replay by the torch fallback)",
+        ),
+        sglang_impl(
+            "dsa_backend",
+            "run_fused",
+            name="sglang-dsa-fused",
+            description=f"{backend}: as sglang-dsa, the replay by the fused Triton kernels "
+            "(kernels/ops/attention/dsa/metadata.py), the path a CUDA GPU takes",
+        ),
+        sglang_impl(
+            "dsa_backend",
+            "upstream_pr19016_context_len_table",
+            name="upstream-pr19016-context-len-table",
+            kind="mutant",
+            description="installed SGLang's DSA backend with #19016 reverted: the graph's "
+            "page table context_len wide (0.5.9's allocation), fused replay",
+            trigger=t.trigger_context_len_table,
+            reach=t.reach_speculative_replay,
+            smallest=t.smallest_context_len_table,
+        ),
+    ]
+
+
 def _graph_input_padding() -> list[Implementation]:
     from attnfuzz.harness.targets import graph_input_padding as t
 
@@ -73,6 +106,7 @@ def _sites(target: str, impl: str) -> tuple[Site, ...]:
 
 
 IMPLEMENTATIONS: dict[str, list[Implementation]] = {
+    "dsa-metadata": _dsa_metadata(),
     "graph-input-padding": _graph_input_padding(),
     "spec-indptr": _spec_indptr(),
 }

@@ -49,6 +49,7 @@ GRAPH_INPUTS = (
 )  # fmt: skip
 
 SITES = {
+    "dsa-metadata": BACKEND_METADATA,
     "graph-input-padding": GRAPH_INPUTS,
     "spec-indptr": BACKEND_METADATA,
 }

@@ -1,0 +1,383 @@
+"""SGLang's DSA attention backend as implementations of ``dsa-metadata``.
+
+``DeepseekSparseAttnBackend`` (``sglang/srt/layers/attention/dsa_backend.py``)
+is built over a stand-in model runner holding a real-shaped request-to-token
+pool and a DeepSeek-V3.2 ``hf_config`` (its ``index_topk`` the case's); each
+step is a real ``ForwardBatch``. Its Triton kernels (``seqlens_expand_triton``,
+the fused metadata kernels) run under the interpreter where there is no GPU,
+recompiled without their ``assert x.is_cuda`` (:func:`_engine.without_cuda_asserts`).
+
+- eager: ``init_forward_metadata`` (decode, target verify, draft extend v2, extend);
+- replayed: ``init_cuda_graph_state`` for the largest captured graph, the
+  capture of the step's graph (``init_forward_metadata_out_graph(in_capture=True)``)
+  over the runner's buffers at their fill values, then the replay's
+  ``init_forward_metadata_out_graph`` over the buffers padded as the runners pad
+  them (the decode runner's ``build_replay_fb_view``; the view
+  ``EAGLEDraftExtendCudaGraphRunner.execute`` builds for a draft extend). The
+  replay body, ``_apply_cuda_graph_metadata``, has two paths: the torch
+  fallback (``sglang-dsa``: what the backend takes off CUDA) and the fused
+  Triton kernels a CUDA GPU takes (``sglang-dsa-fused``), with DeepGEMM's
+  paged-MQA schedule stood in (:func:`paged_mqa_schedule`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from attnfuzz.adapters.sglang import _engine
+from attnfuzz.harness.blame import under_test
+from attnfuzz.reference.dsa_metadata import (
+    DECODE,
+    DRAFT_EXTEND,
+    EXTEND,
+    TARGET_VERIFY,
+    DsaMetadataInputs,
+    DsaMetadataOutputs,
+)
+
+FUSED_KERNELS = ("_fused_decode_metadata", "_fused_verify_metadata", "_fused_draft_extend_metadata")
+"""The backend's fused metadata kernels (``kernels/ops/attention/dsa/metadata.py``'s wrappers)."""
+NUM_SMS = 4
+"""The SM count the fused replay's schedule is sized by (a small GPU's)."""
+SPLIT_KV = 256
+"""Keys per unit of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV = block_kv * 4``)."""
+
+
+_without_cuda_asserts = functools.cache(_engine.without_cuda_asserts)
+"""Each wrapper recompiled once per process."""
+
+
+def prepare() -> None:
+    """Import SGLang and the backend before a judge forks its child."""
+    _engine.prepare()
+    with _engine.device_capability():
+        from sglang.srt.layers.attention import dsa_backend  # noqa: F401
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
+
+
+def paged_mqa_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    """DeepGEMM's ``get_paged_mqa_logits_metadata`` where DeepGEMM cannot run:
+    ``[num_sms + 1, 2]`` int32, row ``s`` the (query row, ``SPLIT_KV`` block) at
+    which SM ``s`` starts, the blocks of all rows shared out evenly; the last
+    row is the end. Only the paged-MQA logits kernel reads it, never the
+    metadata ``dsa-metadata`` compares."""
+    lens = context_lens.reshape(-1).to(torch.int64).cpu()
+    blocks = [-(-int(n) // SPLIT_KV) for n in lens]
+    total = sum(blocks)
+    starts = []
+    for s in range(num_sms + 1):
+        unit, row = -(-total * s // num_sms) if num_sms else total, 0
+        while row < len(blocks) and unit >= blocks[row] and blocks[row] > 0:
+            unit -= blocks[row]
+            row += 1
+        starts.append((row, unit if row < len(blocks) else 0))
+    return torch.tensor(starts, dtype=torch.int32, device=context_lens.device)
+
+
+@contextlib.contextmanager
+def fused_replay() -> Iterator[None]:
+    """The backend as a CUDA GPU runs it: ``is_cuda()`` answers True inside its
+    module, DeepGEMM's schedule and SM count stood in (:func:`paged_mqa_schedule`)."""
+    from sglang.srt.layers.attention import dsa_backend
+
+    saved = {
+        name: getattr(dsa_backend, name)
+        for name in ("is_cuda", "resolve_paged_mqa_logits_metadata_fn", "resolve_num_sms")
+    }
+    dsa_backend.is_cuda = lambda: True
+    dsa_backend.resolve_paged_mqa_logits_metadata_fn = lambda: paged_mqa_schedule
+    dsa_backend.resolve_num_sms = lambda: NUM_SMS
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(dsa_backend, name, value)
+
+
+@contextlib.contextmanager
+def _kernels_without_cuda_asserts() -> Iterator[None]:
+    """SGLang's Triton wrappers the backend calls, without their ``assert x.is_cuda``."""
+    from sglang.srt.layers.attention import dsa_backend
+
+    real = dsa_backend.seqlens_expand_triton
+    dsa_backend.seqlens_expand_triton = _without_cuda_asserts(real)
+    try:
+        yield
+    finally:
+        dsa_backend.seqlens_expand_triton = real
+
+
+def _model_runner(inputs: DsaMetadataInputs) -> Any:
+    """A stand-in ``ModelRunner``: the real pool shape, a DeepSeek-V3.2 DSA model."""
+    from transformers import PretrainedConfig
+
+    table = inputs.req_to_token
+    hf_config = PretrainedConfig(
+        architectures=["DeepseekV32ForCausalLM"], index_topk=inputs.index_topk
+    )
+    model_config = types.SimpleNamespace(
+        hf_config=hf_config,
+        context_len=inputs.context_len,
+        num_attention_heads=4,
+        qk_nope_head_dim=4,
+        kv_lora_rank=4,
+        qk_rope_head_dim=4,
+    )
+    pool = types.SimpleNamespace(
+        dsa_kv_cache_store_fp8=False,
+        kv_cache_dim=8,
+        dtype=torch.bfloat16,
+        size=int(table.numel()),
+        page_size=inputs.page_size,
+    )
+    return types.SimpleNamespace(
+        device=str(table.device),
+        page_size=inputs.page_size,
+        model_config=model_config,
+        token_to_kv_pool=pool,
+        req_to_token_pool=types.SimpleNamespace(size=table.shape[0], req_to_token=table),
+        hisparse_coordinator=None,
+        is_draft_worker=inputs.phase == DRAFT_EXTEND,
+        kv_cache_dtype=torch.bfloat16,
+        max_running_requests=table.shape[0],
+    )
+
+
+def _server_args(inputs: DsaMetadataInputs) -> Any:
+    speculative: dict[str, Any] = {}
+    if inputs.phase in (TARGET_VERIFY, DRAFT_EXTEND):
+        N = inputs.next_n
+        speculative = dict(
+            speculative_algorithm="EAGLE",
+            speculative_num_draft_tokens=N,
+            speculative_num_steps=max(N - 1, 1),
+            speculative_eagle_topk=1,
+        )
+    return _engine.server_args(
+        attention_backend="dsa",
+        dsa_decode_backend="flashmla_sparse",
+        dsa_prefill_backend="flashmla_sparse",
+        dsa_topk_backend="torch",
+        speculative_dsa_topk_backend="torch",
+        **speculative,
+    )
+
+
+_MODES = {
+    DECODE: "DECODE",
+    TARGET_VERIFY: "TARGET_VERIFY",
+    DRAFT_EXTEND: "DRAFT_EXTEND_V2",
+    EXTEND: "EXTEND",
+}
+
+
+def _step(inputs: DsaMetadataInputs) -> Any:
+    """The step's real ``ForwardBatch``."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    device = inputs.req_to_token.device
+    seq_lens = inputs.seq_lens.to(torch.int64)
+    q_lens = inputs.extend_seq_lens.to(torch.int32)
+    num_tokens = int(q_lens.sum())
+    fields: dict[str, Any] = dict(
+        forward_mode=getattr(ForwardMode, _MODES[inputs.phase]),
+        batch_size=inputs.num_reqs,
+        input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+        req_pool_indices=inputs.req_pool_indices,
+        seq_lens=seq_lens,
+        seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.cpu(),
+        out_cache_loc=torch.zeros(num_tokens, dtype=torch.int64, device=device),
+    )
+    if inputs.phase in (DRAFT_EXTEND, EXTEND):
+        prefix = (seq_lens - q_lens).to(torch.int32)
+        fields.update(
+            extend_seq_lens=q_lens,
+            extend_seq_lens_cpu=[int(q) for q in q_lens.cpu()],
+            extend_prefix_lens=prefix,
+            extend_prefix_lens_cpu=[int(p) for p in prefix.cpu()],
+            extend_num_tokens=num_tokens,
+        )
+    return ForwardBatch(**fields)
+
+
+def _outputs(backend: Any) -> DsaMetadataOutputs:
+    m = backend.forward_metadata
+    ks, ke = m.indexer_k_start_end if m.indexer_k_start_end is not None else (None, None)
+    return DsaMetadataOutputs(
+        cache_seqlens=m.cache_seqlens_int32,
+        cu_seqlens_k=m.cu_seqlens_k,
+        cu_seqlens_q=m.cu_seqlens_q,
+        seqlens_expanded=m.dsa_seqlens_expanded,
+        dsa_cache_seqlens=m.dsa_cache_seqlens_int32,
+        dsa_cu_seqlens_k=m.dsa_cu_seqlens_k,
+        page_table_1=m.page_table_1,
+        real_page_table=m.real_page_table,
+        indexer_ks=ks,
+        indexer_ke=ke,
+        token_to_batch_idx=m.token_to_batch_idx,
+    )
+
+
+def _buffers(inputs: DsaMetadataInputs, max_bs: int, rows: int, fill: int) -> Any:
+    """The runner's input buffers of the largest graph, at their initial values."""
+    device = inputs.req_to_token.device
+    max_num_token = max_bs * rows
+    return types.SimpleNamespace(
+        input_ids=torch.zeros(max_num_token, dtype=torch.int64, device=device),
+        positions=torch.zeros(max_num_token, dtype=torch.int64, device=device),
+        out_cache_loc=torch.zeros(max_num_token, dtype=torch.int64, device=device),
+        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, device=device),
+        seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, device=device),
+        seq_lens_cpu=torch.full((max_bs,), fill, dtype=torch.int64),
+        extend_seq_lens=torch.full((max_bs,), rows, dtype=torch.int32, device=device),
+        encoder_lens=None,
+        mamba_track_indices=None,
+    )
+
+
+def _capture(backend: Any, mode: Any, buffers: Any, bs: int, rows: int) -> None:
+    """Capture the graph of ``bs`` requests over the runner's buffers (fill values)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    num_tokens = bs * rows
+    fb = ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=buffers.input_ids[:num_tokens],
+        req_pool_indices=buffers.req_pool_indices[:bs],
+        seq_lens=buffers.seq_lens[:bs],
+        seq_lens_cpu=buffers.seq_lens_cpu[:bs],
+        out_cache_loc=buffers.out_cache_loc[:num_tokens],
+        seq_lens_sum=int(buffers.seq_lens[:bs].sum()),
+    )
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+
+
+def _pad(buffers: Any, fb: Any, bs: int, fill: int) -> None:
+    """The runners' replay prep: padding requests of the fill length on row 0."""
+    raw_bs = fb.batch_size
+    if bs != raw_bs:
+        buffers.seq_lens.fill_(fill)
+        buffers.seq_lens_cpu.fill_(fill)
+        buffers.req_pool_indices.zero_()
+    buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
+    buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
+    buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
+
+
+def _replay_view(inputs: DsaMetadataInputs, fb: Any, buffers: Any, rows: int, fill: int) -> Any:
+    """What the backend's replay is called with: the decode runner's
+    ``build_replay_fb_view`` (decode, target verify), or the view
+    ``EAGLEDraftExtendCudaGraphRunner.execute`` builds (draft extend)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
+    bs, raw_bs = inputs.graph_bs, fb.batch_size
+    if inputs.phase != DRAFT_EXTEND:
+        return build_replay_fb_view(
+            forward_batch=fb,
+            buffers=buffers,
+            bs=bs,
+            raw_bs=raw_bs,
+            num_tokens=bs * rows,
+            global_num_tokens_cpu=None,
+            seq_len_fill_value=fill,
+            capture_forward_mode=fb.forward_mode,
+            is_encoder_decoder=False,
+        )
+    buffers.extend_seq_lens[:raw_bs].copy_(fb.extend_seq_lens)
+    return types.SimpleNamespace(
+        batch_size=bs,
+        forward_mode=fb.forward_mode,
+        input_ids=buffers.input_ids[: bs * rows],
+        req_pool_indices=buffers.req_pool_indices,
+        seq_lens=buffers.seq_lens,
+        seq_lens_sum=fb.seq_lens_sum + (bs - raw_bs) * fill,
+        seq_lens_cpu=buffers.seq_lens_cpu,
+        out_cache_loc=buffers.out_cache_loc[: bs * rows],
+        spec_info=None,
+    )
+
+
+def _run(
+    inputs: DsaMetadataInputs,
+    *,
+    fused: bool = False,
+    patch: Callable[[Any], None] | None = None,
+) -> DsaMetadataOutputs:
+    """Eager or replayed, as ``inputs.graph_bs`` says; ``fused``: the replay's
+    fused Triton kernels (CUDA's path) instead of the torch fallback;
+    ``patch(backend)`` may replace a method of the backend (an upstream mutant)."""
+    prepare()
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    paths = fused_replay() if fused and inputs.graph_bs is not None else contextlib.nullcontext()
+    with (
+        _server_args(inputs),
+        _engine.device_capability(),
+        _kernels_without_cuda_asserts(),
+        paths,
+    ):
+        backend = DeepseekSparseAttnBackend(_model_runner(inputs))
+        for name in FUSED_KERNELS:
+            setattr(backend, name, _without_cuda_asserts(getattr(backend, name)))
+        if patch is not None:
+            patch(backend)
+        fb = _step(inputs)
+        if inputs.graph_bs is None:
+            backend.init_forward_metadata(fb)
+            return _outputs(backend)
+        rows = 1 if inputs.phase == DECODE else inputs.next_n
+        max_bs = max(inputs.capture_bs)
+        fill = backend.get_cuda_graph_seq_len_fill_value()
+        backend.init_cuda_graph_state(max_bs, max_bs * rows)
+        buffers = _buffers(inputs, max_bs, rows, fill)
+        _capture(backend, fb.forward_mode, buffers, inputs.graph_bs, rows)
+        _pad(buffers, fb, inputs.graph_bs, fill)
+        backend.init_forward_metadata_out_graph(_replay_view(inputs, fb, buffers, rows, fill))
+        return _outputs(backend)
+
+
+def run(inputs: DsaMetadataInputs) -> DsaMetadataOutputs:
+    """The backend's metadata of the step: eager, or a padded graph replay by the
+    torch fallback (the path off CUDA)."""
+    return _run(inputs)
+
+
+def run_fused(inputs: DsaMetadataInputs) -> DsaMetadataOutputs:
+    """The backend's metadata of the step: eager, or a padded graph replay by the
+    fused Triton kernels (the path a CUDA GPU takes)."""
+    return _run(inputs, fused=True)
+
+
+def _with_context_len_table(init_cuda_graph_state: Callable[..., Any]) -> Callable[..., Any]:
+    @under_test
+    def init_cuda_graph_state_pre_pr19016(max_bs: int, max_num_tokens: int) -> None:
+        """``init_cuda_graph_state`` of this release with #19016 reverted: the
+        graph's page table allocated as SGLang 0.5.9's ``nsa_backend.py`` did,
+        ``torch.zeros(max_num_tokens, self.max_context_len, ...)``, the model's
+        context length wide instead of the request-to-token table's width."""
+        init_cuda_graph_state(max_bs, max_num_tokens)
+        self = init_cuda_graph_state.__self__
+        metadata = self.decode_cuda_graph_metadata
+        if metadata["page_table"] is not None:
+            metadata["page_table"] = torch.zeros(
+                max_num_tokens, self.max_context_len, dtype=torch.int32, device=self.device
+            )  # pre-fix (0.5.9)
+
+    return init_cuda_graph_state_pre_pr19016
+
+
+def upstream_pr19016_context_len_table(inputs: DsaMetadataInputs) -> DsaMetadataOutputs:
+    """The backend with #19016 reverted in its graph state, replayed by the fused
+    kernels (see :func:`_with_context_len_table`)."""
+
+    def patch(backend: Any) -> None:
+        backend.init_cuda_graph_state = _with_context_len_table(backend.init_cuda_graph_state)
+
+    return _run(inputs, fused=True, patch=patch)
