@@ -95,6 +95,7 @@ def test_paged_mqa_schedule_shares_the_blocks_out_evenly():
 
 
 def test_fused_replay_restores_the_backend_module():
+    dsa_backend.prepare()  # SGLang's environment first: it imports its stand-ins
     from sglang.srt.layers.attention import dsa_backend as module
 
     before = module.is_cuda

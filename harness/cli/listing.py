@@ -121,7 +121,7 @@ def _print_table(
     name_width = max((len(i["name"]) for i in impls), default=0)
     kind_width = max((len(i["kind"]) for i in impls), default=0)
     lines: list[RenderableType] = [Text(line) for line in engines]
-    reasons: dict[str, list[str]] = {}
+    reasons: dict[str, list[tuple[str, str | None]]] = {}  # reason -> (target/impl, engine)
     for row in rows:
         lines.append(Text(f"{row['target']}: {row['summary']}", style="bold"))
         table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
@@ -133,17 +133,16 @@ def _print_table(
             if impl["unavailable"] is not None:
                 description.append(" (unavailable)", style="yellow")
                 reasons.setdefault(impl["unavailable"], []).append(
-                    f"{row['target']}/{impl['name']}"
+                    (f"{row['target']}/{impl['name']}", impl["engine"])
                 )
             table.add_row(Text(impl["name"]), Text(impl["kind"]), description)
         lines.append(Padding(table, (0, 0, 0, 2)))
-    for reason, names in reasons.items():
+    for reason, unavailable in reasons.items():
         # One reason for every implementation of an engine (not installed) names none.
-        which = (
-            ""
-            if len(names) == sum(i["engine"] is not None for i in impls)
-            else (f" ({', '.join(names)})")
-        )
+        engines_of = {engine for _, engine in unavailable}
+        whole = len(engines_of) == 1 and None not in engines_of
+        whole = whole and len(unavailable) == sum(i["engine"] in engines_of for i in impls)
+        which = "" if whole else f" ({', '.join(name for name, _ in unavailable)})"
         lines.append(Text(f"unavailable{which}: {reason}"))
     lines += [Text(f"{name}: unavailable target ({why})") for name, why in broken.items()]
     lines += [Text(f"left out: {problem}") for problem in problems]
