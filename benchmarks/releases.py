@@ -1,6 +1,7 @@
-"""Real bugs in the vLLM releases that shipped them, and a sweep of every supported release.
+"""Real bugs in the engine releases that shipped them, and a sweep of every supported release.
 
     python benchmarks/releases.py --venvs DIR [bugs] [--markdown docs/releases.md]
+    python benchmarks/releases.py --venvs DIR --engine sglang bugs [--markdown docs/releases.md]
     python benchmarks/releases.py --venvs DIR sweep [--markdown docs/releases.md]
     python benchmarks/releases.py --venvs DIR tests [--releases R ...] [--markdown docs/releases.md]
 
@@ -11,6 +12,9 @@ matching ``--impl vllm*`` runs with seeds 0, 1, 2 and 1000 examples on each
 (kept in ``DIR/bugs.json``: ``--target`` and ``--rerun`` run parts again).
 The table: the release, the fix, the seeds that found it, examples to the
 first failure, the minimized case, and whether the fixed release passes.
+``--engine sglang``: the same for SGLang's shipped bugs (``--impl sglang*``, each
+release installed by ``adapters/sglang/install.sh``; its own markers,
+``releases:bugs-sglang``); ``sweep`` and ``tests`` are vLLM's only.
 
 ``sweep``: every release 0.21.0 to 0.33.0, every target, ``attnfuzz run --impl
 vllm --seed 0 --max-examples 200``: exit 0, a finding (triaged in docs/releases.md),
@@ -44,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS as SGLANG_SHIPPED_BUGS
 from attnfuzz.adapters.vllm.plugin import SHIPPED_BUGS
 from attnfuzz.harness.engines import ShippedBug
 
@@ -68,6 +73,12 @@ PASS, FOUND, USAGE, ERROR, LATENT = 0, 1, 2, 4, 5
 FIXES = SHIPPED_BUGS
 """vLLM's own defects that shipped, as the vLLM plugin declares them."""
 
+ENGINE_FIXES: dict[str, tuple[ShippedBug, ...]] = {
+    "vllm": FIXES,
+    "sglang": SGLANG_SHIPPED_BUGS,
+}
+"""Each engine's shipped bugs (``--engine``), as its plugin declares them."""
+
 NOT_IN_RANGE = (
     "#36580 (V2 `_compute_slot_mappings_kernel` pads from `num_tokens`): last in 0.17.1, "
     "fixed in 0.18.0, both before the supported range; 0.17.1's `ModelConfig` also refuses "
@@ -79,10 +90,16 @@ NOT_IN_RANGE = (
 # -- venvs, one or two at a time ---------------------------------------------------------
 
 
-def base_venv(root: Path) -> Path:
-    """``root/base``: torch (the CPU build), attnfuzz from this checkout (editable) and
-    the default release's pinned list, made once; each release's venv is a copy."""
-    base = root / "base"
+def install_script(engine: str) -> Path:
+    """The engine's ``install.sh VENV RELEASE``."""
+    return ROOT / "adapters" / engine / "install.sh"
+
+
+def base_venv(root: Path, engine: str = "vllm") -> Path:
+    """``root/base`` (vLLM; ``root/base-<engine>`` for another engine): torch (the CPU
+    build), attnfuzz from this checkout (editable) and the engine's default pinned
+    list, made once; each release's venv is a copy."""
+    base = root / ("base" if engine == "vllm" else f"base-{engine}")
     ready = base / ".attnfuzz-ready"
     if not ready.is_file():
         shutil.rmtree(base, ignore_errors=True)
@@ -91,26 +108,26 @@ def base_venv(root: Path) -> Path:
         pip = [str(base / "bin" / "python"), "-m", "pip", "install", "--quiet"]
         subprocess.run([*pip, TORCH], check=True)
         subprocess.run([*pip, "-e", str(ROOT)], check=True)
-        subprocess.run([*pip, "--no-deps", "-r", str(INSTALL.with_name("requirements-cpu.txt"))],
-                       check=True)  # fmt: skip
+        pinned = install_script(engine).with_name("requirements-cpu.txt")
+        subprocess.run([*pip, "--no-deps", "-r", str(pinned)], check=True)
         ready.touch()
     return base
 
 
-def release_venv(root: Path, release: str, keep: int) -> Path:
-    """``root/vllm-<release>``, created on first use (a copy of :func:`base_venv` with
-    the release installed by ``install.sh``); the least recently used others beyond
-    ``keep`` are removed first, so that the disk holds ``keep`` of them at most.
-    Its programs are run as ``venv/bin/python -m ...`` (a copied venv's scripts
-    still name the base's interpreter)."""
-    venv = root / f"vllm-{release}"
+def release_venv(root: Path, release: str, keep: int, engine: str = "vllm") -> Path:
+    """``root/<engine>-<release>``, created on first use (a copy of :func:`base_venv`
+    with the release installed by the engine's ``install.sh``); the least recently
+    used others beyond ``keep`` (of any engine) are removed first, so that the disk
+    holds ``keep`` of them at most. Its programs are run as ``venv/bin/python -m ...``
+    (a copied venv's scripts still name the base's interpreter)."""
+    venv = root / f"{engine}-{release}"
     ready = venv / ".attnfuzz-ready"
     if ready.is_file():
         ready.touch()
         return venv
-    base = base_venv(root)
+    base = base_venv(root, engine)
     others = sorted(
-        (p for p in root.glob("vllm-*") if p != venv),
+        (p for name in ENGINE_FIXES for p in root.glob(f"{name}-*") if p != venv),
         key=lambda p: (
             (p / ".attnfuzz-ready").stat().st_mtime if (p / ".attnfuzz-ready").exists() else 0.0
         ),
@@ -119,10 +136,10 @@ def release_venv(root: Path, release: str, keep: int) -> Path:
         shutil.rmtree(old)
     shutil.rmtree(venv, ignore_errors=True)
     started = time.monotonic()
-    print(f"installing vLLM {release} into {venv} ...", file=sys.stderr, flush=True)
+    print(f"installing {engine} {release} into {venv} ...", file=sys.stderr, flush=True)
     shutil.copytree(base, venv, symlinks=True)
     (venv / ".attnfuzz-ready").unlink()
-    subprocess.run(["bash", str(INSTALL), str(venv), release], check=True)
+    subprocess.run(["bash", str(install_script(engine)), str(venv), release], check=True)
     ready.touch()
     print(f"  done in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
     return venv
@@ -171,6 +188,8 @@ def describe_case(doc: dict) -> str:
     and the first thing that differed."""
     config, batch = doc["case"]["config"], doc["case"]["batch"]
     parts = [f"q_lens {batch['q_lens']}", f"computed {batch['num_computed_tokens']}"]
+    # The target's own parameters (spec-indptr's topk, steps, ...): what the bug needs.
+    parts += [f"{k} {v}" for k, v in sorted((doc["case"].get("params") or {}).items())]
     parts.append(f"next_n {config['num_spec'] + 1}, block {config['block_size']}")
     parts.append(f"max_model_len {config['max_model_len']}")
     if batch.get("use_cudagraph"):
@@ -178,7 +197,8 @@ def describe_case(doc: dict) -> str:
     mismatches = doc["verdict"].get("mismatches") or []
     if mismatches:
         first = mismatches[0]
-        parts.append(f"{first['check']} {first.get('path', '')}".strip())
+        where = first.get("path") or first.get("where") or ""
+        parts.append(f"{first['check']} {where}".strip())
     return "; ".join(parts)
 
 
@@ -193,17 +213,23 @@ def exit_word(code: int) -> str:
 def bugs(args: argparse.Namespace) -> list[str]:
     from attnfuzz.harness.definitions import markdown_table
 
-    store = args.venvs / "bugs.json"
+    engine = getattr(args, "engine", "vllm")
+    fixes = FIXES if engine == "vllm" else ENGINE_FIXES[engine]
+    store = args.venvs / ("bugs.json" if engine == "vllm" else f"bugs-{engine}.json")
     done: dict[str, dict] = json.loads(store.read_text()) if store.is_file() else {}
     rows = []
-    for fix in FIXES:
+    for fix in fixes:
         runs = {}
         for release in (fix.last_buggy, fix.first_fixed):
             keys = [f"{fix.ref} {fix.impl} {release} {seed} {args.max_examples}"
                     for seed in args.seeds]  # fmt: skip
             asked = args.target is None or fix.target in args.target
             if asked and (args.rerun or any(key not in done for key in keys)):
-                venv = release_venv(args.venvs, release, args.keep)
+                venv = (
+                    release_venv(args.venvs, release, args.keep)
+                    if engine == "vllm"
+                    else release_venv(args.venvs, release, args.keep, engine)
+                )
                 for key, seed in zip(keys, args.seeds, strict=True):
                     run = attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
                     done[key] = {**asdict(run), "checks": list(run.checks)}
@@ -230,14 +256,15 @@ def bugs(args: argparse.Namespace) -> list[str]:
               f"fixed passes: {rows[-1][6]}", file=sys.stderr, flush=True)  # fmt: skip
     header = ["releases (buggy / fixed)", "fix", "bug", "found (seeds)", "examples to failure",
               "minimized case (reachability)", "fixed release passes"]  # fmt: skip
+    flag = "" if engine == "vllm" else f" --engine {engine}"
     return [
         f"Seeds {', '.join(map(str, args.seeds))}, {args.max_examples} examples each "
-        f"(`python benchmarks/releases.py --venvs DIR bugs`).",
+        f"(`python benchmarks/releases.py --venvs DIR{flag} bugs`).",
         "",
         *markdown_table(header, rows).splitlines(),
         "",
-        *(f"- {fix.ref} ({fix.target}): {fix.note}." for fix in FIXES if fix.note),
-        f"- Not in the range: {NOT_IN_RANGE}",
+        *(f"- {fix.ref} ({fix.target}): {fix.note}." for fix in fixes if fix.note),
+        *([f"- Not in the range: {NOT_IN_RANGE}"] if engine == "vllm" else []),
     ]
 
 
@@ -392,6 +419,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", nargs="?", choices=("bugs", "sweep", "tests"), default="bugs")
     parser.add_argument("--venvs", type=Path, required=True, help="cached venvs go here")
+    parser.add_argument(
+        "--engine", choices=tuple(ENGINE_FIXES), default="vllm", help="bugs: whose shipped bugs"
+    )
     parser.add_argument("--keep", type=int, default=2, help="venvs kept on disk at most")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-examples", type=int, default=1000)
@@ -406,12 +436,15 @@ def main() -> int:
         "--markdown", "--write", dest="write", type=Path, default=None, help="docs page to update"
     )
     args = parser.parse_args()
+    if args.engine != "vllm" and args.mode != "bugs":
+        parser.error(f"--engine {args.engine}: only the bugs mode (sweep and tests are vLLM's)")
     args.venvs.mkdir(parents=True, exist_ok=True)
     modes = {"bugs": bugs, "sweep": sweep, "tests": adapter_tests}
     lines = modes[args.mode](args)
     print("\n".join(lines))
     if args.write is not None:
-        write_section(args.write, args.mode, lines)
+        section = args.mode if args.engine == "vllm" else f"{args.mode}-{args.engine}"
+        write_section(args.write, section, lines)
     return 0
 
 

@@ -79,6 +79,43 @@ def test_a_bug_row_says_which_seeds_found_it_and_whether_the_fix_passes(
     assert releases.bugs(args) == lines and len(calls) == 6
 
 
+def test_the_sglang_bugs_run_in_sglang_venvs_and_table_apart(releases, monkeypatch, tmp_path):
+    """``--engine sglang``: SGLang's shipped bugs, each release installed by SGLang's
+    install.sh into ``DIR/sglang-<release>``, kept in ``DIR/bugs-sglang.json``."""
+    from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS
+
+    assert releases.ENGINE_FIXES["sglang"] == SHIPPED_BUGS
+    assert releases.install_script("sglang") == ROOT / "adapters/sglang/install.sh"
+    assert releases.install_script("sglang").is_file()
+    Run = releases.Run
+    fix = next(f for f in SHIPPED_BUGS if f.ref == "#27545")
+    venvs = []
+
+    def release_venv(root, release, keep, engine="vllm"):
+        venvs.append((release, engine))
+        return Path(release)
+
+    def run(venv, target, impl, seed, examples):
+        assert (target, impl) == (fix.target, fix.impl)
+        if venv.name == fix.last_buggy:
+            return Run(1, 3 + seed, "q_lens [1]", "live", ("values",), "FAIL", 1.0)
+        return Run(0, None, "", "", (), "", 1.0)
+
+    monkeypatch.setitem(releases.ENGINE_FIXES, "sglang", (fix,))
+    monkeypatch.setattr(releases, "release_venv", release_venv)
+    monkeypatch.setattr(releases, "attnfuzz_run", run)
+    args = argparse.Namespace(venvs=tmp_path, keep=1, seeds=[0, 1, 2], max_examples=1000,
+                              target=None, rerun=False, engine="sglang")  # fmt: skip
+    lines = releases.bugs(args)
+    assert venvs == [(fix.last_buggy, "sglang"), (fix.first_fixed, "sglang")]
+    assert "--engine sglang bugs" in lines[0]
+    assert not any("Not in the range" in line for line in lines)
+    row = next(line for line in lines if f"{fix.last_buggy} / {fix.first_fixed}" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "3/3 (0, 1, 2)" and cells[4] == "3, 4, 5" and cells[6] == "yes"
+    assert (tmp_path / "bugs-sglang.json").is_file() and not (tmp_path / "bugs.json").exists()
+
+
 def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
     page = tmp_path / "releases.md"
     page.write_text("a\n<!-- releases:bugs:begin -->\nold\n<!-- releases:bugs:end -->\nz\n")
@@ -92,7 +129,7 @@ def test_write_section_replaces_only_between_its_markers(releases, tmp_path):
 
 def test_the_releases_page_has_its_sections(releases):
     text = (ROOT / "docs" / "releases.md").read_text()
-    for name in ("bugs", "sweep", "tests"):
+    for name in ("bugs", "sweep", "tests", "bugs-sglang"):
         assert f"<!-- releases:{name}:begin -->" in text and f"<!-- releases:{name}:end -->" in text
 
 

@@ -27,6 +27,7 @@ import ast
 import contextlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import os
 import sys
@@ -89,9 +90,41 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+TRANSFORMERS_WITHOUT_GATE = (5, 23)
+"""The transformers (the default list's) whose ``AutoImageProcessor`` works without
+``torchvision``; older ones (5.8.1, the pin of SGLang 0.5.11 to 0.5.13) refuse it
+when ``register`` is called, which SGLang's configs do at import."""
+
+
+def _transformers_gates_image_processors() -> bool:
+    """Whether the installed transformers refuses ``AutoImageProcessor`` without
+    ``torchvision`` (read from its version: importing it would record the answer)."""
+    import importlib.metadata
+
+    from attnfuzz.harness.engines import release_key
+
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return release_key(version)[:2] < TRANSFORMERS_WITHOUT_GATE
+
+
 @cache
 def stand_in_torchvision() -> None:
-    """Install the stand-in ``torchvision``, unless a real one imports."""
+    """Install the stand-in ``torchvision``, unless a real one imports.
+
+    Where transformers gates ``AutoImageProcessor`` on ``torchvision`` (before
+    5.23), the stand-in goes in first, so that transformers finds it: SGLang's
+    configs register image processors at import, and nothing here calls them."""
+    if _transformers_gates_image_processors():
+        try:
+            import torchvision  # noqa: F401
+        except Exception:  # noqa: BLE001 - absent, or a CUDA build that fails to load
+            for name in [m for m in sys.modules if m.split(".")[0] in STAND_IN_PACKAGES]:
+                del sys.modules[name]
+            sys.meta_path.insert(0, _StandInFinder())
+        return
     import transformers.utils.import_utils  # noqa: F401  # records torchvision as absent first
 
     try:
@@ -219,9 +252,58 @@ def prepare() -> None:
 
 @cache
 def _parallel_ranks() -> None:
+    if importlib.util.find_spec("sglang.srt.runtime_context") is None:
+        _old_parallel_ranks()
+        return
     from sglang.srt.runtime_context import get_parallel
 
     get_parallel().override_permanently(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
+
+
+def _old_parallel_ranks() -> None:
+    """Releases before the runtime context (0.5.13 and older) read the attention
+    tensor-parallel size from ``parallel_state``'s group, set up by the distributed
+    init: a stand-in group of one rank, where none is set."""
+    from sglang.srt.distributed import parallel_state
+
+    if getattr(parallel_state, "_ATTN_TP", None) is None:
+        parallel_state._ATTN_TP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+
+
+def _default_server_args(**fields: Any) -> Any:
+    """A ``ServerArgs`` of the defaults and ``fields``, built without ``__post_init__``
+    (which resolves a model and probes the hardware): what older releases read."""
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(args, f.name, value)
+    for name, value in fields.items():
+        object.__setattr__(args, name, value)
+    return args
+
+
+@contextlib.contextmanager
+def _old_server_args(**fields: Any) -> Iterator[Any]:
+    """Before the runtime context: the module-global server args (set by the scheduler),
+    set for one call and restored after."""
+    from sglang.srt import server_args as module
+
+    previous = getattr(module, "_global_server_args", None)
+    args = _default_server_args(device="cpu", **fields)
+    module.set_global_server_args_for_scheduler(args)
+    try:
+        yield args
+    finally:
+        module._global_server_args = previous
 
 
 @contextlib.contextmanager
@@ -229,6 +311,10 @@ def server_args(**fields: Any) -> Iterator[Any]:
     """SGLang's server arguments for one call: ``fields`` over the defaults,
     published through SGLang's ``override_server_args`` and restored after."""
     prepare()
+    if importlib.util.find_spec("sglang.srt.runtime_context") is None:
+        with _old_server_args(**fields) as args:
+            yield args
+        return
     from sglang.srt.runtime_context import get_context
 
     with get_context().override_server_args(device="cpu", **fields) as args:

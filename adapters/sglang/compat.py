@@ -90,7 +90,15 @@ _TRITON = "sglang.srt.layers.attention.triton_backend"
 TRITON_BACKEND = Api(_TRITON, "TritonAttnBackend.init_forward_metadata")
 TRITON_GRAPH = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_out_graph")
 TRITON_GRAPH_IN = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_in_graph")
-TRITON_DRAFT_EXTEND_BUFFERS = Api(_TRITON, "TritonAttnBackend._update_draft_extend_buffers")
+TRITON_DRAFT_EXTEND_BUFFERS = Api(
+    _TRITON, "TritonAttnBackend._update_draft_extend_buffers", since="0.5.13"
+)  # #27545's fix came with it: before, the bug is the release's own line (no fix to revert)
+TRITON_DRAFT_EXTEND_BUFFERS_PLAN = Api(
+    _TRITON, "TritonAttnBackend._update_draft_extend_buffers", keyword="plan"
+)
+# The pair before init_forward_metadata_out_graph (0.5.12 and older).
+TRITON_CAPTURE_OLD = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_capture_cuda_graph")
+TRITON_REPLAY_OLD = Api(_TRITON, "TritonAttnBackend.init_forward_metadata_replay_cuda_graph")
 KV_INDEX_TRANSLATOR = Api(
     "sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"
 )
@@ -98,21 +106,16 @@ EAGLE_INPUTS = Api("sglang.srt.speculative.eagle_info", "EagleDraftExtendInput")
 REPLAY_FB_VIEW = Api(
     "sglang.srt.model_executor.runner.decode_cuda_graph_runner", "build_replay_fb_view"
 )
+REPLAY_FB_VIEW_GLOBAL = Api(REPLAY_FB_VIEW.module, REPLAY_FB_VIEW.attr, "global_num_tokens_cpu")
+OLD_REPLAY_FB_VIEW = Api("sglang.srt.model_executor.cuda_graph_runner", "build_replay_fb_view")
 DRAFT_EXTEND_FILL = Api(
     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
     "resolve_draft_extend_seq_len_fill_value",
 )
 REQUIRES.update(
     {
-        "triton_backend": (
-            TRITON_BACKEND,
-            TRITON_GRAPH,
-            TRITON_GRAPH_IN,
-            KV_INDEX_TRANSLATOR,
-            EAGLE_INPUTS,
-            REPLAY_FB_VIEW,
-            DRAFT_EXTEND_FILL,
-        ),
+        # The graph pair and the translator are bound in either form (ALTERNATIVES).
+        "triton_backend": (TRITON_BACKEND, EAGLE_INPUTS),
         "triton_backend.upstream_pr27545_draft_extend_stride": (TRITON_DRAFT_EXTEND_BUFFERS,),
     }
 )
@@ -130,8 +133,28 @@ REQUIRES["dsa_backend.run_fused"] = (DSA_FUSED,)
 REQUIRES["dsa_backend.upstream_pr19016_context_len_table"] = (DSA_FUSED,)
 
 
+# adapter module -> forms it binds, one of which must be there in full (the first
+# is the newest; the adapter asks has() which it meets).
+ALTERNATIVES: dict[str, tuple[tuple[Api, ...], ...]] = {
+    "triton_backend": (
+        (TRITON_GRAPH, TRITON_GRAPH_IN, REPLAY_FB_VIEW),  # 0.5.2x
+        (TRITON_GRAPH, TRITON_GRAPH_IN, OLD_REPLAY_FB_VIEW),  # 0.5.13
+        (TRITON_CAPTURE_OLD, TRITON_REPLAY_OLD),  # 0.5.12 and older
+    ),
+}
+
+
 def requirements(module: str, attr: str) -> tuple[Api, ...]:
     return REQUIRES.get(module, ()) + REQUIRES.get(f"{module}.{attr}", ())
+
+
+def alternatives_problem(module: str) -> str | None:
+    """Why none of ``module``'s forms (:data:`ALTERNATIVES`) is there in full, or None."""
+    forms = ALTERNATIVES.get(module, ())
+    whys = [next((w for a in form if (w := a.missing()) is not None), None) for form in forms]
+    if not forms or any(why is None for why in whys):
+        return None
+    return whys[0]
 
 
 def binding_problem(module: str, attr: str, version: str) -> str | None:
@@ -148,4 +171,7 @@ def binding_problem(module: str, attr: str, version: str) -> str | None:
             since = max((a.since for a in apis if a.since), key=release_key, default="")
             hint = f"; it binds from SGLang {since}: {install_line(since)}" if since else ""
             return f"SGLang {version}: {why}{hint}"
+    why = alternatives_problem(module)
+    if why is not None:
+        return f"SGLang {version}: {why} (nor any older form of it)"
     return None

@@ -18,7 +18,12 @@ case "$release" in
         exit 2
         ;;
 esac
-"${pip[@]}" -r "$here/requirements-cpu.txt" "sglang==$release"
+# 0.5.11 to 0.5.13 import with the transformers they declare (5.8.1), not 0.5.23's.
+case "$release" in
+    0.5.1[1-3] | 0.5.1[1-3].*) pinned="$here/requirements-cpu-0.5.11-0.5.13.txt" ;;
+    *) pinned="$here/requirements-cpu.txt" ;;
+esac
+"${pip[@]}" -r "$pinned" "sglang==$release"
 "$venv/bin/python" -c "
 from attnfuzz.adapters.sglang import _engine
 _engine.configure_environment()

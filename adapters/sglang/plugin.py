@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters import sglang
 from attnfuzz.adapters.sglang import implementation as sglang_impl
+from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS
 from attnfuzz.harness.engines import Engine, Site
 from attnfuzz.harness.target import Implementation
 
@@ -120,5 +121,6 @@ SGLANG = Engine(
     implementations=IMPLEMENTATIONS,
     planner=None,
     sites=lambda target, impl: _sites(target, impl),
+    shipped_bugs=SHIPPED_BUGS,
 )
 """The engine SGLang (the value of the entry point ``sglang``)."""

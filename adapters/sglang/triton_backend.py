@@ -16,6 +16,14 @@ SGLang's Triton kernels, run under the interpreter where there is no GPU.
   ``build_replay_fb_view`` (target verify), and the view
   ``EAGLEDraftExtendCudaGraphRunner.execute`` builds (draft extend). What the
   graph reads is the metadata built at capture, whose tensors the replay refilled.
+
+Older releases, found by looking (:mod:`.compat`): before the capture/replay pair
+became ``init_forward_metadata_out_graph`` (0.5.12 and older), the capture is
+``init_forward_metadata_capture_cuda_graph`` and the replay
+``init_forward_metadata_replay_cuda_graph``, called with the arguments the
+runners of those releases pass (``cuda_graph_runner.py:CudaGraphRunner.replay_prepare``,
+``EAGLEDraftExtendCudaGraphRunner.replay``); before ``KVIndexTranslator``
+(0.5.13 and older) the backend reads the request-to-token table itself.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import types
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine
+from attnfuzz.adapters.sglang import _engine, compat
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.spec_indptr import (
     TARGET_VERIFY,
@@ -51,10 +59,25 @@ class _KVPool:
         return torch.zeros(1, 1, HEAD_DIM)
 
 
-def _model_runner(inputs: SpecIndptrInputs) -> Any:
-    """A stand-in ``ModelRunner``: the real pool shape and translator, a small MHA model."""
-    from sglang.srt.configs.model_config import AttentionArch
+def _translator(table: torch.Tensor, pool: Any, device: str) -> Any:
+    """SGLang's ``KVIndexTranslator`` over the table; None before it existed."""
+    if not compat.has(compat.KV_INDEX_TRANSLATOR):
+        return None
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+    return KVIndexTranslator(
+        req_to_token=table,
+        token_to_kv_pool_allocator=None,
+        token_to_kv_pool=pool,
+        page_size=1,
+        device=device,
+    )
+
+
+def _model_runner(inputs: SpecIndptrInputs, server_args: Any = None) -> Any:
+    """A stand-in ``ModelRunner``: the real pool shape and translator, a small MHA model
+    (``server_args``: what releases before the runtime context read from the runner)."""
+    from sglang.srt.configs.model_config import AttentionArch
     from transformers import LlamaConfig
 
     table = inputs.req_to_token
@@ -72,17 +95,12 @@ def _model_runner(inputs: SpecIndptrInputs) -> Any:
         swa_v_head_dim=HEAD_DIM,
         is_encoder_decoder=False,
         is_draft_model=False,
+        num_attention_heads=2,  # read by releases before get_max_num_attention_heads
         linear_attn_registry_result=None,
         get_max_num_attention_heads=lambda: 2,
         get_num_kv_heads=lambda tp_size, dcp_size=1: 1,
     )
-    translator = KVIndexTranslator(
-        req_to_token=table,
-        token_to_kv_pool_allocator=None,
-        token_to_kv_pool=pool,
-        page_size=1,
-        device=device,
-    )
+    translator = _translator(table, pool, device)
     N = inputs.spec.num_draft_tokens
     return types.SimpleNamespace(
         req_to_token_pool=types.SimpleNamespace(size=table.shape[0], req_to_token=table),
@@ -98,6 +116,11 @@ def _model_runner(inputs: SpecIndptrInputs) -> Any:
         device=device,
         gpu_id=0,
         kv_cache_dtype=torch.float32,
+        server_args=server_args,
+        # What releases before the linear-attention registry ask of the runner.
+        hybrid_gdn_config=None,
+        kimi_linear_config=None,
+        linear_attn_model_spec=None,
     )
 
 
@@ -202,7 +225,8 @@ def _step(inputs: SpecIndptrInputs, runner: Any) -> Any:
             spec_info=_draft_extend_input(N),
             **common,
         )
-    runner.kv_index_translator.bind_own_plan(fb)
+    if runner.kv_index_translator is not None:
+        runner.kv_index_translator.bind_own_plan(fb)
     return fb
 
 
@@ -231,7 +255,13 @@ def _capture(backend: Any, runner: Any, inputs: SpecIndptrInputs, buffers: Any, 
             else dict(extend_seq_lens=buffers.extend_seq_lens[:bs], extend_seq_lens_cpu=[N] * bs)
         ),
     )
-    runner.kv_index_translator.bind_runner_slots(fb)
+    if not compat.has(compat.TRITON_GRAPH):  # 0.5.12 and older
+        backend.init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
+        )
+        return
+    if runner.kv_index_translator is not None:
+        runner.kv_index_translator.bind_runner_slots(fb)
     backend.init_forward_metadata_out_graph(fb, in_capture=True)
     backend.init_forward_metadata_in_graph(fb)
 
@@ -259,7 +289,6 @@ def _replay_verify(
 ) -> None:
     """The decode runner's replay prep: pad the buffers, then the replay view."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
     raw_bs, bs, N = fb.batch_size, inputs.graph_bs, inputs.spec.num_draft_tokens
     if bs != raw_bs:  # padding requests: the fill length on the reserved row 0
@@ -269,18 +298,39 @@ def _replay_verify(
     buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
     buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
     buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
-    view = build_replay_fb_view(
+    if not compat.has(compat.TRITON_GRAPH):  # CudaGraphRunner.replay_prepare, 0.5.12 and older
+        backend.init_forward_metadata_replay_cuda_graph(
+            bs,
+            buffers.req_pool_indices[:bs],
+            buffers.seq_lens[:bs],
+            fb.seq_lens_sum + (bs - raw_bs) * fill,
+            None,
+            ForwardMode.TARGET_VERIFY,
+            fb.spec_info,
+            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
+        )
+        return
+    view = _build_replay_fb_view()(
         forward_batch=fb,
         buffers=buffers,
         bs=bs,
         raw_bs=raw_bs,
         num_tokens=bs * N,
-        global_num_tokens_cpu=None,
         seq_len_fill_value=fill,
         capture_forward_mode=ForwardMode.TARGET_VERIFY,
         is_encoder_decoder=False,
+        **({"global_num_tokens_cpu": None} if compat.has(compat.REPLAY_FB_VIEW_GLOBAL) else {}),
     )
     backend.init_forward_metadata_out_graph(view)
+
+
+def _build_replay_fb_view() -> Any:
+    """The decode runner's ``build_replay_fb_view``: in ``runner/decode_cuda_graph_runner.py``,
+    or ``cuda_graph_runner.py`` where the runner was ``CudaGraphRunner`` (0.5.13)."""
+    api = compat.REPLAY_FB_VIEW if compat.has(compat.REPLAY_FB_VIEW) else compat.OLD_REPLAY_FB_VIEW
+    import importlib
+
+    return getattr(importlib.import_module(api.module), api.attr)
 
 
 def _replay_draft_extend(
@@ -302,6 +352,18 @@ def _replay_draft_extend(
     buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
     fb.spec_info.extend_seq_lens_cpu = [N] * bs
     fb.spec_info.extend_seq_lens_tensor = buffers.extend_seq_lens[:bs]
+    if not compat.has(compat.TRITON_GRAPH):  # EAGLEDraftExtendCudaGraphRunner.replay, <= 0.5.12
+        backend.init_forward_metadata_replay_cuda_graph(
+            bs=bs,
+            req_pool_indices=buffers.req_pool_indices,
+            seq_lens=buffers.seq_lens,
+            seq_lens_sum=fb.seq_lens_sum + (bs - raw_bs) * fill,
+            encoder_lens=None,
+            forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+            spec_info=fb.spec_info,
+            seq_lens_cpu=buffers.seq_lens_cpu,
+        )
+        return
     view = types.SimpleNamespace(
         batch_size=bs,
         forward_mode=ForwardMode.DRAFT_EXTEND_V2,
@@ -313,9 +375,10 @@ def _replay_draft_extend(
         max_seq_len_host=None,
         encoder_lens=None,
         out_cache_loc=buffers.out_cache_loc[: fb.input_ids.shape[0]],
-        out_cache_loc_virtual=fb.out_cache_loc_virtual,
-        kv_loc_plan=fb.kv_loc_plan,
-        kv_loc_cols=fb.kv_loc_cols,
+        # The translator's fields (none before 0.5.2x's KVIndexTranslator).
+        out_cache_loc_virtual=getattr(fb, "out_cache_loc_virtual", None),
+        kv_loc_plan=getattr(fb, "kv_loc_plan", None),
+        kv_loc_cols=getattr(fb, "kv_loc_cols", None),
         out_cache_loc_dsv4=None,
         mamba_track_indices=None,
         spec_info=fb.spec_info,
@@ -328,12 +391,9 @@ def _run(inputs: SpecIndptrInputs, patch: Any = None) -> SpecIndptrOutputs:
     replace a method of the backend (an upstream mutant)."""
     prepare()
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
-        resolve_draft_extend_seq_len_fill_value,
-    )
 
-    with _server_args(inputs):
-        runner = _model_runner(inputs)
+    with _server_args(inputs) as args:
+        runner = _model_runner(inputs, args)
         backend = TritonAttnBackend(runner)
         if patch is not None:
             patch(backend)
@@ -345,8 +405,14 @@ def _run(inputs: SpecIndptrInputs, patch: Any = None) -> SpecIndptrOutputs:
         N, max_bs = inputs.spec.num_draft_tokens, max(inputs.capture_bs)
         if verify:
             fill = backend.get_cuda_graph_seq_len_fill_value()
-        else:
+        elif compat.has(compat.DRAFT_EXTEND_FILL):
+            from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+                resolve_draft_extend_seq_len_fill_value,
+            )
+
             fill = resolve_draft_extend_seq_len_fill_value(backend, N)
+        else:  # the draft-extend runner of 0.5.13 and older: the backend's fill value
+            fill = backend.get_cuda_graph_seq_len_fill_value()
         backend.init_cuda_graph_state(max_bs, max_bs * N)
         buffers = _buffers(inputs, max_bs, fill)
         _capture(backend, runner, inputs, buffers, inputs.graph_bs)
@@ -389,11 +455,30 @@ def _update_draft_extend_buffers_pre_pr27545(
     else:
         extend_seq_lens = torch.zeros(bs, dtype=torch.int32, device=seq_lens.device)
     kv_lens = torch.clamp(seq_lens - extend_seq_lens, min=0).to(torch.int32)
+    planned = () if plan is _NO_PLAN else (plan,)  # 0.5.13: no plan argument
     kv_indptr = self._fill_kv_indptr_and_indices(
-        plan, bs, kv_lens, req_pool_indices, self.cuda_graph_kv_indices
+        *planned, bs, kv_lens, req_pool_indices, self.cuda_graph_kv_indices
     )
     assert self.sliding_window_size is None, "the pre-fix copy leaves the window branch out"
     return qo_indptr, kv_indptr, num_tokens_per_bs
+
+
+_NO_PLAN = object()
+
+
+def _update_draft_extend_buffers_pre_pr27545_without_plan(
+    self: Any,
+    bs: int,
+    seq_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    forward_mode: Any,
+    spec_info: Any,
+) -> Any:
+    """The same revert in 0.5.13's ``_update_draft_extend_buffers(bs, seq_lens,
+    req_pool_indices, forward_mode, spec_info)``, before the translator's plan."""
+    return _update_draft_extend_buffers_pre_pr27545(
+        self, _NO_PLAN, bs, seq_lens, forward_mode, spec_info, req_pool_indices
+    )
 
 
 def upstream_pr27545_draft_extend_stride(inputs: SpecIndptrInputs) -> SpecIndptrOutputs:
@@ -401,8 +486,10 @@ def upstream_pr27545_draft_extend_stride(inputs: SpecIndptrInputs) -> SpecIndptr
     :func:`_update_draft_extend_buffers_pre_pr27545`)."""
 
     def patch(backend: Any) -> None:
-        backend._update_draft_extend_buffers = types.MethodType(
-            _update_draft_extend_buffers_pre_pr27545, backend
-        )
+        if compat.has(compat.TRITON_DRAFT_EXTEND_BUFFERS_PLAN):
+            fn = _update_draft_extend_buffers_pre_pr27545
+        else:  # 0.5.13's signature: no plan, the request rows third
+            fn = _update_draft_extend_buffers_pre_pr27545_without_plan
+        backend._update_draft_extend_buffers = types.MethodType(fn, backend)
 
     return _run(inputs, patch)

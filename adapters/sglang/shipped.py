@@ -1,0 +1,30 @@
+"""SGLang's own defects that shipped in supported releases (``Engine.shipped_bugs``).
+
+Each triaged from the releases' wheels (docs/releases.md, "SGLang"):
+``benchmarks/releases.py --engine sglang bugs`` measures them, and an engine
+test that asks the implementation to pass is an expected failure on a release
+that ships one. Kept apart from :mod:`.plugin` so that importing it imports
+nothing of SGLang.
+"""
+
+from __future__ import annotations
+
+from attnfuzz.harness.engines import ShippedBug
+
+SHIPPED_BUGS = (
+    ShippedBug("#24743", "graph-input-padding", "sglang", "0.5.11", "0.5.12",
+        "decode CUDA-graph runner: populate_from_forward_batch leaves out_cache_loc_swa's "
+        "padded rows stale when bs != raw_bs", first_buggy="0.5.11"),
+    ShippedBug("#27545", "spec-indptr", "sglang-triton", "0.5.12", "0.5.13",
+        "TritonAttnBackend's replayed draft extend (v2) strides queries "
+        "speculative_num_steps + 1 apart, the runner lays out num_draft_tokens per "
+        "request: wrong when topk > 1", first_buggy="0.5.10"),
+    ShippedBug("draft-extend-kv", "spec-indptr", "sglang-triton", "0.5.12", "0.5.13",
+        "TritonAttnBackend's replayed draft extend (v2) builds kv_indptr over the whole "
+        "forward length (prefix + window), while the extend kernel takes the window's K/V "
+        "separately: the window is read twice, at any topk",
+        note="found by attnfuzz on 0.5.12, before #27545's stride (it needs no topk > 1); "
+        "0.5.13's _update_draft_extend_buffers subtracts extend_seq_lens (`kv_lens = "
+        "seq_lens - extend_seq_lens`) in the same rewrite"),
+)  # fmt: skip
+"""SGLang's shipped defects, each with its last buggy and first fixed release."""
