@@ -66,6 +66,14 @@ EXAMPLE_TIMEOUT = "10m"
 """Per example: generous, so that a loaded machine (runs side by side, a vLLM import
 per run) reads as slow, never as a ``timeout`` finding."""
 
+SECTIONS = {
+    ("vllm", "bugs"): "bugs",
+    ("vllm", "sweep"): "sweep",
+    ("vllm", "tests"): "tests",
+    ("sglang", "bugs"): "bugs-sglang",
+}
+"""The section of the docs page each (engine, mode) writes (``releases:SECTION``)."""
+
 # Exit codes of ``attnfuzz run`` (harness.definitions).
 PASS, FOUND, USAGE, ERROR, LATENT = 0, 1, 2, 4, 5
 
@@ -443,7 +451,7 @@ def main() -> int:
     lines = modes[args.mode](args)
     print("\n".join(lines))
     if args.write is not None:
-        section = args.mode if args.engine == "vllm" else f"{args.mode}-{args.engine}"
+        section = SECTIONS[args.engine, args.mode]
         write_section(args.write, section, lines)
     return 0
 
