@@ -20,6 +20,28 @@ import triton.language as tl  # noqa: E402
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+def _interpret_without_overflow_checks() -> None:
+    """Under the interpreter, skip integer overflow checks that cannot fire.
+
+    Each int32 add, sub and mul is also computed in int64 and compared with
+    the type's range, for a ``device_assert`` that does nothing unless the
+    options' ``debug`` is set (``semantic.device_assert``); compiled kernels
+    drop the dead check, the interpreter computes it and throws it away, which
+    is most of an interpreted kernel's time. With ``debug`` set (to see such an
+    assert fire) the checks stay."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    if not builder.options.debug:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+if INTERPRET:
+    _interpret_without_overflow_checks()
+
 # The combiner of ``tl.sum``/``tl.cumsum``. Kernels reduce with
 # ``tl.reduce(x, axis, add)`` and scan with ``tl.associative_scan(x, axis, add)``
 # in hot loops: compiled, that is exactly what ``tl.sum``/``tl.cumsum`` emit;

@@ -1,0 +1,41 @@
+"""The Triton interpreter as attnfuzz sets it up: the same values, without dead checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from attnfuzz.kernels._triton import INTERPRET, tl, triton
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="compiled kernels: no interpreter")
+
+
+@triton.jit
+def _add_int32(x_ptr, y_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs))
+
+
+def _run() -> list[int]:
+    x = torch.tensor([2**31 - 1, 5], dtype=torch.int32)
+    y = torch.tensor([1, 7], dtype=torch.int32)
+    out = torch.empty(2, dtype=torch.int32)
+    _add_int32[(1,)](x, y, out, BLOCK=2)
+    return out.tolist()
+
+
+def test_overflow_checks_are_off_and_an_int32_sum_still_wraps_as_compiled():
+    """The checks only feed a device_assert that does nothing without ``debug``:
+    off, they change no value (an int32 overflow wraps, as on a GPU)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    assert builder.options.sanitize_overflow is False and builder.options.debug is False
+    without = _run()
+    saved = builder.options
+    builder.options = dataclasses.replace(saved, sanitize_overflow=True)
+    try:
+        assert _run() == without == [-(2**31), 12]
+    finally:
+        builder.options = saved
