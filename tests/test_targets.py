@@ -142,7 +142,9 @@ def test_declined_cases_are_never_drawn_and_are_refused_in_one_line():
 # from vLLM's native path (see its build()). spec-indptr: its bug's condition is a
 # configuration (topk > 1), not a distance. dsa-metadata: its bug's condition (a KV
 # past the context) sits at the length limit, which the strategies draw often.
-UNGUIDED = {"mtp-seq-lens", "spec-indptr", "dsa-metadata"}
+# mla-block-table: #21987's condition is the step's kind (a replayed draft extend),
+# and a KV past the context sits at the length limit as dsa-metadata's.
+UNGUIDED = {"mtp-seq-lens", "spec-indptr", "dsa-metadata", "mla-block-table"}
 
 
 @pytest.mark.parametrize("target", target_names())

@@ -133,6 +133,22 @@ REQUIRES["dsa_backend.run_fused"] = (DSA_FUSED,)
 REQUIRES["dsa_backend.upstream_pr19016_context_len_table"] = (DSA_FUSED,)
 
 
+# adapters/sglang/trtllm_mla.py
+_TRTLLM_MLA = "sglang.srt.layers.attention.trtllm_mla_backend"
+REQUIRES["trtllm_mla"] = (
+    Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata"),
+    Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata_out_graph"),
+    Api(_TRTLLM_MLA, "TRTLLMMLABackend._apply_cuda_graph_metadata"),
+    Api(_TRTLLM_MLA, "_jit_fixup_module"),  # stood in while the backend is built
+    Api("sglang.kernels.ops.attention.kv_indices", "create_flashmla_kv_indices_triton"),
+    Api("sglang.kernels.ops.attention.kv_indices", "get_num_kv_index_blocks_flashmla"),
+    KV_INDEX_TRANSLATOR,
+    EAGLE_INPUTS,
+    REPLAY_FB_VIEW_GLOBAL,
+    DRAFT_EXTEND_FILL,
+)
+
+
 # adapter module -> forms it binds, one of which must be there in full (the first
 # is the newest; the adapter asks has() which it meets).
 ALTERNATIVES: dict[str, tuple[tuple[Api, ...], ...]] = {

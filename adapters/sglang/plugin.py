@@ -100,6 +100,46 @@ def _spec_indptr() -> list[Implementation]:
     ]
 
 
+def _mla_block_table() -> list[Implementation]:
+    from attnfuzz.harness.targets import mla_block_table as t
+
+    backend = "installed SGLang: layers/attention/trtllm_mla_backend.py:TRTLLMMLABackend"
+    return [
+        sglang_impl(
+            "trtllm_mla",
+            "run",
+            name="sglang-trtllm-mla",
+            description=f"{backend}.init_forward_metadata (eager), init_cuda_graph_state and "
+            "init_forward_metadata_out_graph (capture, padded replay); model context_len "
+            "the request-to-token table's width (the context-len finding kept apart)",
+        ),
+        sglang_impl(
+            "trtllm_mla",
+            "upstream_pr21987_accept_length_layout",
+            name="upstream-pr21987-accept-length-layout",
+            kind="mutant",
+            description="installed SGLang's TRTLLMMLABackend with #21987 reverted: the "
+            "draft-extend replay lays queries out by the accept counts (0.5.9's lines)",
+            trigger=t.trigger_accept_length_layout,
+            reach=t.reach_draft_extend_replay,
+            smallest=t.smallest_accept_length_layout,
+        ),
+        sglang_impl(
+            "trtllm_mla",
+            "run_context_len",
+            name="sglang-trtllm-mla-context-len",
+            kind="mutant",
+            description=f"{backend} as SGLang sizes it, context_len = max_model_len: the "
+            "graph block table lacks the pages of a KV past the context (a live defect)",
+            trigger=t.trigger_kv_past_context,
+            reach=t.reach_speculative_replay,
+            smallest=t.smallest_kv_past_context,
+            fixes={"max_model_len": t.SGLANG_CONTEXT_LEN},
+            declines=t.beyond_sglang_max_req_len,
+        ),
+    ]
+
+
 def _sites(target: str, impl: str) -> tuple[Site, ...]:
     from attnfuzz.adapters.sglang.sites import sites
 
@@ -108,6 +148,7 @@ def _sites(target: str, impl: str) -> tuple[Site, ...]:
 
 IMPLEMENTATIONS: dict[str, list[Implementation]] = {
     "dsa-metadata": _dsa_metadata(),
+    "mla-block-table": _mla_block_table(),
     "graph-input-padding": _graph_input_padding(),
     "spec-indptr": _spec_indptr(),
 }

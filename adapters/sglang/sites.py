@@ -51,6 +51,7 @@ GRAPH_INPUTS = (
 SITES = {
     "dsa-metadata": BACKEND_METADATA,
     "graph-input-padding": GRAPH_INPUTS,
+    "mla-block-table": BACKEND_METADATA,
     "spec-indptr": BACKEND_METADATA,
 }
 
