@@ -73,7 +73,7 @@ def test_upstream_mutants_leave_the_zoo_saying_why(no_vllm):
     upstream = [f"{t}/{i}" for t, i, kind in engine_impls() if kind == "mutant"]
     assert sorted(sum(left.values(), [])) == sorted(upstream) and len(left) == 1
     for name in target_names():
-        assert all(m.engine is None for m in get_target(name).mutants)
+        assert all(m.engine != vllm.ENGINE for m in get_target(name).mutants)
 
 
 def _document(version: str | None, monkeypatch) -> dict:
@@ -104,7 +104,7 @@ def test_repro_says_when_the_installed_engine_differs(monkeypatch, capsys):
     _note_engine_version(doc, impl)
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(vllm, "installed_version", lambda: "0.34.1")
-    assert engine_versions() == {"vllm": "0.34.1"}
+    assert engine_versions()["vllm"] == "0.34.1"  # beside any other engine installed
     _note_engine_version(doc, impl)
     err = capsys.readouterr().err
     assert "found on vllm 0.33.0" in err and "vllm 0.34.1 is installed here" in err
