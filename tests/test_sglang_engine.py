@@ -191,3 +191,66 @@ def test_server_args_are_published_for_the_call_and_restored():
         assert get_spec().speculative_eagle_topk == 2
         assert get_spec().speculative_num_draft_tokens == 3
     assert get_context()._server_args is before
+
+
+KERNELS = "attnfuzz_fake_kernels"
+"""A kernels package that does not exist: the stand-in's test subject."""
+
+IMPORTER = f"""
+import {KERNELS}.kvcacheio as unguarded  # at load, no fallback: stood in
+try:
+    import {KERNELS}.flash_attn as guarded  # a fallback: left to fail
+except ImportError:
+    guarded = None
+
+
+def lazily():
+    import {KERNELS}.inside_a_function  # noqa: F401  (called later: left to fail)
+"""
+
+
+@pytest.fixture
+def kernel_finder(monkeypatch):
+    """The kernels' stand-in finder, for :data:`KERNELS` only; its modules removed after."""
+    monkeypatch.setattr(_engine, "KERNEL_PACKAGES", (KERNELS,))
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, _engine._KernelStandInFinder()])
+    yield
+    for name in [m for m in sys.modules if m.split(".")[0] == KERNELS]:
+        del sys.modules[name]
+
+
+def _load(tmp_path, module_name: str) -> dict:
+    """``IMPORTER`` run as the module ``module_name``'s top-level code, from a file."""
+    path = tmp_path / "importer.py"
+    path.write_text(IMPORTER)
+    namespace = {"__name__": module_name}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def test_an_sglang_module_s_unguarded_kernel_import_is_stood_in(kernel_finder, tmp_path):
+    """0.5.9 and 0.5.10 import sgl_kernel at load: the stand-in answers that import only."""
+    loaded = _load(tmp_path, "sglang.srt.attnfuzz_fake")
+    assert loaded["unguarded"].__name__ == f"{KERNELS}.kvcacheio"
+    assert loaded["guarded"] is None  # its fallback, as without the stand-in
+    with pytest.raises(ModuleNotFoundError):
+        loaded["lazily"]()
+
+
+def test_nobody_else_s_kernel_import_is_stood_in(kernel_finder, tmp_path):
+    with pytest.raises(ModuleNotFoundError):
+        _load(tmp_path, "not_sglang")
+
+
+def test_the_kernel_stand_in_goes_in_only_where_the_kernels_do_not_import(monkeypatch):
+    monkeypatch.setattr(_engine, "KERNEL_PACKAGES", ("torch",))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    _engine.stand_in_kernels.cache_clear()
+    try:
+        assert _engine.stand_in_kernels() is False  # torch imports: nothing stood in
+        monkeypatch.setattr(_engine, "KERNEL_PACKAGES", (KERNELS,))
+        _engine.stand_in_kernels.cache_clear()
+        assert _engine.stand_in_kernels() is True
+        assert isinstance(sys.meta_path[-1], _engine._KernelStandInFinder)
+    finally:
+        _engine.stand_in_kernels.cache_clear()

@@ -135,6 +135,72 @@ def stand_in_torchvision() -> None:
         sys.meta_path.insert(0, _StandInFinder())
 
 
+KERNEL_PACKAGES = ("sgl_kernel",)
+"""SGLang's compiled CUDA kernels (the ``sgl-kernel`` wheel, a CUDA build): 0.5.9 and
+0.5.10 import them at load, unguarded (``mem_cache/memory_pool_host.py``,
+``layers/attention/nsa_backend.py``), and the metadata code driven here never calls them."""
+
+
+def _importer(frame: types.FrameType | None) -> types.FrameType | None:
+    """The frame of the ``import`` statement, past the import machinery's own frames."""
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return frame
+
+
+@cache
+def _guarded_lines(filename: str) -> frozenset[int]:
+    """The lines of ``filename``'s ``try:`` bodies: an import there has a fallback."""
+    try:
+        with open(filename, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            for stmt in node.body:
+                lines.update(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
+    return frozenset(lines)
+
+
+def _unguarded_sglang_import(frame: types.FrameType | None) -> bool:
+    """Whether ``frame`` runs an SGLang module's own top-level code, outside a ``try:``:
+    an import that would fail that module, and with it every module importing it."""
+    if frame is None or frame.f_code.co_name != "<module>":
+        return False
+    if not frame.f_globals.get("__name__", "").startswith("sglang."):
+        return False
+    return frame.f_lineno not in _guarded_lines(frame.f_code.co_filename)
+
+
+class _KernelStandInFinder(_StandInFinder):
+    """Answers an import of :data:`KERNEL_PACKAGES` with an empty package, only where an
+    SGLang module imports it at load without a fallback (:func:`_unguarded_sglang_import`).
+    A guarded import (``try: ... except ImportError``), an import inside a function, and
+    anyone else's import find nothing, as without the finder: a release that imports
+    without the kernels (0.5.11 on) takes exactly the paths it takes without it. (Once
+    stood in, ``from sgl_kernel import x`` finds the stand-in's attribute, guarded or not:
+    only on the releases that needed it.)"""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] not in KERNEL_PACKAGES:
+            return None
+        if _unguarded_sglang_import(_importer(sys._getframe(1))):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+
+@cache
+def stand_in_kernels() -> bool:
+    """Install the kernels' stand-in finder where the kernels do not import (a machine
+    without their CUDA build); returns whether it was installed."""
+    if all(importlib.util.find_spec(name) is not None for name in KERNEL_PACKAGES):
+        return False
+    sys.meta_path.append(_KernelStandInFinder())
+    return True
+
+
 @cache
 def interpreter_bool_masks() -> bool:
     """Under the Triton interpreter, give masked loads and stores a boolean mask.
@@ -176,6 +242,7 @@ def configure_environment() -> None:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     stand_in_torchvision()
+    stand_in_kernels()
     interpreter_bool_masks()
 
 
@@ -263,11 +330,14 @@ def _parallel_ranks() -> None:
 def _old_parallel_ranks() -> None:
     """Releases before the runtime context (0.5.13 and older) read the attention
     tensor-parallel size from ``parallel_state``'s group, set up by the distributed
-    init: a stand-in group of one rank, where none is set."""
+    init: a stand-in group of one rank, where none is set. 0.5.9 and 0.5.10's NSA
+    backend also read the attention context-parallel group's (``_ATTN_CP``)."""
     from sglang.srt.distributed import parallel_state
 
     if getattr(parallel_state, "_ATTN_TP", None) is None:
         parallel_state._ATTN_TP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+    if hasattr(parallel_state, "_ATTN_CP") and parallel_state._ATTN_CP is None:
+        parallel_state._ATTN_CP = types.SimpleNamespace(world_size=1, rank_in_group=0)
 
 
 def _default_server_args(**fields: Any) -> Any:

@@ -128,7 +128,17 @@ DSA_GRAPH = Api(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata_out_graph
 DSA_APPLY = Api(_DSA, "DeepseekSparseAttnBackend._apply_cuda_graph_metadata")
 DSA_FUSED = Api("sglang.kernels.ops.attention.dsa.metadata", "fused_dsa_target_verify_metadata")
 DSA_EXPAND = Api("sglang.kernels.ops.attention.pad", "seqlens_expand_triton")
-REQUIRES["dsa_backend"] = (DSA_BACKEND, DSA_GRAPH, DSA_APPLY, DSA_EXPAND, REPLAY_FB_VIEW)
+# 0.5.9 and 0.5.10: the backend was nsa_backend.py's NativeSparseAttnBackend (its
+# metadata's fields and the server arguments nsa_*), the graph metadata the pair
+# init_forward_metadata_capture_cuda_graph / _replay_cuda_graph.
+_NSA = "sglang.srt.layers.attention.nsa_backend"
+NSA_BACKEND = Api(_NSA, "NativeSparseAttnBackend.init_forward_metadata")
+NSA_CAPTURE = Api(_NSA, "NativeSparseAttnBackend.init_forward_metadata_capture_cuda_graph")
+NSA_REPLAY = Api(
+    _NSA, "NativeSparseAttnBackend.init_forward_metadata_replay_cuda_graph", "seq_lens_cpu"
+)
+DSA_SERVER_ARGS = Api("sglang.srt.server_args", "ServerArgs.dsa_decode_backend")
+REQUIRES["dsa_backend"] = ()  # either form (ALTERNATIVES)
 REQUIRES["dsa_backend.run_fused"] = (DSA_FUSED,)
 REQUIRES["dsa_backend.upstream_pr19016_context_len_table"] = (DSA_FUSED,)
 
@@ -151,7 +161,25 @@ REQUIRES["trtllm_mla"] = (
 
 # adapter module -> forms it binds, one of which must be there in full (the first
 # is the newest; the adapter asks has() which it meets).
+# adapters/sglang/graph_runner.py, 0.5.11 and 0.5.12: no buffer registry, the runner's
+# DecodeInputBuffers (cuda_graph_runner.py) filled by populate_from_forward_batch.
+DECODE_REGISTRY = Api(
+    "sglang.srt.model_executor.cuda_graph_buffer_registry", "build_decode_registry"
+)
+_OLD_RUNNER = "sglang.srt.model_executor.cuda_graph_runner"
+DECODE_POPULATE = Api(_OLD_RUNNER, "DecodeInputBuffers.populate_from_forward_batch")
+DECODE_BUFFERS_SWA = Api(_OLD_RUNNER, "DecodeInputBuffers.create", "is_hybrid_swa")
+GRAPH_RUNNER_REGISTRY = REQUIRES.pop("graph_runner")  # 0.5.2x's form, one of two
+# #24743 reverted is re-created in the registry's fill: where the runner populates its
+# own buffers (0.5.11 ships the bug, 0.5.12 the fix), it refuses.
+REQUIRES["graph_runner.upstream_stale_swa_slots"] = GRAPH_RUNNER_REGISTRY
+
 ALTERNATIVES: dict[str, tuple[tuple[Api, ...], ...]] = {
+    "graph_runner": (GRAPH_RUNNER_REGISTRY, (DECODE_POPULATE, DECODE_BUFFERS_SWA)),
+    "dsa_backend": (
+        (DSA_BACKEND, DSA_GRAPH, DSA_APPLY, DSA_EXPAND, REPLAY_FB_VIEW),  # 0.5.2x
+        (NSA_BACKEND, NSA_CAPTURE, NSA_REPLAY),  # 0.5.9, 0.5.10
+    ),
     "triton_backend": (
         (TRITON_GRAPH, TRITON_GRAPH_IN, REPLAY_FB_VIEW),  # 0.5.2x
         (TRITON_GRAPH, TRITON_GRAPH_IN, OLD_REPLAY_FB_VIEW),  # 0.5.13

@@ -18,19 +18,34 @@ recompiled without their ``assert x.is_cuda`` (:func:`_engine.without_cuda_asser
   fallback (``sglang-dsa``: what the backend takes off CUDA) and the fused
   Triton kernels a CUDA GPU takes (``sglang-dsa-fused``), with DeepGEMM's
   paged-MQA schedule stood in (:func:`paged_mqa_schedule`).
+
+Older releases, found by looking (:mod:`.compat`): 0.5.9 and 0.5.10 named the
+backend ``NativeSparseAttnBackend`` (``layers/attention/nsa_backend.py``), its
+metadata's DSA fields ``nsa_*`` (``nsa_seqlens_expanded``, ...) and the server
+arguments ``nsa_*_backend``; they read the server arguments off the model runner
+and the request-to-token pool off the step. The graph's metadata is the pair
+``init_forward_metadata_capture_cuda_graph`` / ``init_forward_metadata_replay_cuda_graph``,
+called with the arguments ``cuda_graph_runner.py:CudaGraphRunner`` passes; there is
+no fused replay (``sglang-dsa-fused`` refuses, naming the missing kernels). Their
+draft-extend replay lays the rows out by ``spec_info.accept_length``, the verify's
+accept counts, which a case does not carry: such a case is declined (:func:`declines`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine
+from attnfuzz.adapters.sglang import _engine, compat
 from attnfuzz.harness.blame import under_test
+from attnfuzz.reference import dsa_metadata as ref
+from attnfuzz.reference.batch import Case
 from attnfuzz.reference.dsa_metadata import (
     DECODE,
     DRAFT_EXTEND,
@@ -52,12 +67,50 @@ _without_cuda_asserts = functools.cache(_engine.without_cuda_asserts)
 """Each wrapper recompiled once per process."""
 
 
+def _nsa() -> bool:
+    """Whether the installed release has the backend in its older form (0.5.9, 0.5.10)."""
+    return not compat.has(compat.DSA_BACKEND)
+
+
+def _backend_module() -> types.ModuleType:
+    """The backend's module: ``dsa_backend``, or ``nsa_backend`` (0.5.9, 0.5.10)."""
+    api = compat.NSA_BACKEND if _nsa() else compat.DSA_BACKEND
+    return importlib.import_module(api.module)
+
+
+def _backend_class() -> type:
+    api = compat.NSA_BACKEND if _nsa() else compat.DSA_BACKEND
+    return getattr(_backend_module(), api.attr.split(".")[0])
+
+
 def prepare() -> None:
     """Import SGLang and the backend before a judge forks its child."""
     _engine.prepare()
     with _engine.device_capability():
-        from sglang.srt.layers.attention import dsa_backend  # noqa: F401
-    from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
+        _backend_module()
+    if not _nsa():
+        from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why the installed release runs ``case``'s step through other code, else None.
+
+    A replayed draft extend, where the backend's replay reads ``spec_info.accept_length``
+    (0.5.9 and 0.5.10's ``init_forward_metadata_replay_cuda_graph``: the rows laid out by
+    the verify's accept counts, which the draft-extend runner copies in): a case is the
+    spec-v2 window of ``next_n`` rows per request and carries no accept counts.
+    """
+    if ref.phase_of(case) != DRAFT_EXTEND or ref.graph_bs(case) is None or not _nsa():
+        return None
+    prepare()
+    replay = _backend_class().init_forward_metadata_replay_cuda_graph
+    if "spec_info.accept_length" not in inspect.getsource(replay):
+        return None
+    return (
+        f"SGLang {compat.installed_version()}'s NativeSparseAttnBackend replays a draft "
+        "extend laid out by spec_info.accept_length (the verify's accept counts), which "
+        "a dsa-metadata case (the v2 window, next_n rows per request) does not carry"
+    )
 
 
 def paged_mqa_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
@@ -83,8 +136,7 @@ def paged_mqa_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) 
 def fused_replay() -> Iterator[None]:
     """The backend as a CUDA GPU runs it: ``is_cuda()`` answers True inside its
     module, DeepGEMM's schedule and SM count stood in (:func:`paged_mqa_schedule`)."""
-    from sglang.srt.layers.attention import dsa_backend
-
+    dsa_backend = _backend_module()
     saved = {
         name: getattr(dsa_backend, name)
         for name in ("is_cuda", "resolve_paged_mqa_logits_metadata_fn", "resolve_num_sms")
@@ -102,9 +154,11 @@ def fused_replay() -> Iterator[None]:
 @contextlib.contextmanager
 def _kernels_without_cuda_asserts() -> Iterator[None]:
     """SGLang's Triton wrappers the backend calls, without their ``assert x.is_cuda``."""
-    from sglang.srt.layers.attention import dsa_backend
-
-    real = dsa_backend.seqlens_expand_triton
+    dsa_backend = _backend_module()
+    real = getattr(dsa_backend, "seqlens_expand_triton", None)
+    if real is None:  # 0.5.9 expands in torch
+        yield
+        return
     dsa_backend.seqlens_expand_triton = _without_cuda_asserts(real)
     try:
         yield
@@ -112,8 +166,9 @@ def _kernels_without_cuda_asserts() -> Iterator[None]:
         dsa_backend.seqlens_expand_triton = real
 
 
-def _model_runner(inputs: DsaMetadataInputs) -> Any:
-    """A stand-in ``ModelRunner``: the real pool shape, a DeepSeek-V3.2 DSA model."""
+def _model_runner(inputs: DsaMetadataInputs, server_args: Any = None) -> Any:
+    """A stand-in ``ModelRunner``: the real pool shape, a DeepSeek-V3.2 DSA model
+    (``server_args``: what 0.5.9 and 0.5.10 read from the runner)."""
     from transformers import PretrainedConfig
 
     table = inputs.req_to_token
@@ -130,12 +185,15 @@ def _model_runner(inputs: DsaMetadataInputs) -> Any:
     )
     pool = types.SimpleNamespace(
         dsa_kv_cache_store_fp8=False,
+        nsa_kv_cache_store_fp8=False,  # 0.5.9, 0.5.10
         kv_cache_dim=8,
         dtype=torch.bfloat16,
         size=int(table.numel()),
         page_size=inputs.page_size,
     )
+    old = {} if server_args is None else {"server_args": server_args}
     return types.SimpleNamespace(
+        **old,
         device=str(table.device),
         page_size=inputs.page_size,
         model_config=model_config,
@@ -158,6 +216,13 @@ def _server_args(inputs: DsaMetadataInputs) -> Any:
             speculative_num_steps=max(N - 1, 1),
             speculative_eagle_topk=1,
         )
+    if not compat.has(compat.DSA_SERVER_ARGS):  # 0.5.9, 0.5.10: nsa_*, no topk backends
+        return _engine.server_args(
+            attention_backend="nsa",
+            nsa_decode_backend="flashmla_sparse",
+            nsa_prefill_backend="flashmla_sparse",
+            **speculative,
+        )
     return _engine.server_args(
         attention_backend="dsa",
         dsa_decode_backend="flashmla_sparse",
@@ -176,8 +241,8 @@ _MODES = {
 }
 
 
-def _step(inputs: DsaMetadataInputs) -> Any:
-    """The step's real ``ForwardBatch``."""
+def _step(inputs: DsaMetadataInputs, runner: Any) -> Any:
+    """The step's real ``ForwardBatch`` (0.5.9 and 0.5.10 read the pools off it)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
     device = inputs.req_to_token.device
@@ -194,6 +259,10 @@ def _step(inputs: DsaMetadataInputs) -> Any:
         seq_lens_cpu=seq_lens.cpu(),
         out_cache_loc=torch.zeros(num_tokens, dtype=torch.int64, device=device),
     )
+    if _nsa():
+        fields.update(
+            req_to_token_pool=runner.req_to_token_pool, token_to_kv_pool=runner.token_to_kv_pool
+        )
     if inputs.phase in (DRAFT_EXTEND, EXTEND):
         prefix = (seq_lens - q_lens).to(torch.int32)
         fields.update(
@@ -206,6 +275,13 @@ def _step(inputs: DsaMetadataInputs) -> Any:
     return ForwardBatch(**fields)
 
 
+def _sparse(metadata: Any, name: str) -> Any:
+    """The metadata's sparse field ``dsa_<name>``, or ``nsa_<name>`` (0.5.9, 0.5.10)."""
+    if hasattr(metadata, f"dsa_{name}"):
+        return getattr(metadata, f"dsa_{name}")
+    return getattr(metadata, f"nsa_{name}")
+
+
 def _outputs(backend: Any) -> DsaMetadataOutputs:
     m = backend.forward_metadata
     ks, ke = m.indexer_k_start_end if m.indexer_k_start_end is not None else (None, None)
@@ -213,9 +289,9 @@ def _outputs(backend: Any) -> DsaMetadataOutputs:
         cache_seqlens=m.cache_seqlens_int32,
         cu_seqlens_k=m.cu_seqlens_k,
         cu_seqlens_q=m.cu_seqlens_q,
-        seqlens_expanded=m.dsa_seqlens_expanded,
-        dsa_cache_seqlens=m.dsa_cache_seqlens_int32,
-        dsa_cu_seqlens_k=m.dsa_cu_seqlens_k,
+        seqlens_expanded=_sparse(m, "seqlens_expanded"),
+        dsa_cache_seqlens=_sparse(m, "cache_seqlens_int32"),
+        dsa_cu_seqlens_k=_sparse(m, "cu_seqlens_k"),
         page_table_1=m.page_table_1,
         real_page_table=m.real_page_table,
         indexer_ks=ks,
@@ -246,6 +322,11 @@ def _capture(backend: Any, mode: Any, buffers: Any, bs: int, rows: int) -> None:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     num_tokens = bs * rows
+    if _nsa():  # CudaGraphRunner.capture_one_batch_size, 0.5.9 and 0.5.10
+        backend.init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, buffers.req_pool_indices[:bs], buffers.seq_lens[:bs], None, mode, None
+        )
+        return
     fb = ForwardBatch(
         forward_mode=mode,
         batch_size=bs,
@@ -304,6 +385,22 @@ def _replay_view(inputs: DsaMetadataInputs, fb: Any, buffers: Any, rows: int, fi
     )
 
 
+def _replay_old(backend: Any, inputs: DsaMetadataInputs, fb: Any, buffers: Any, fill: int) -> None:
+    """``CudaGraphRunner.replay_prepare``'s call of 0.5.9 and 0.5.10 (decode, target
+    verify), over the buffers :func:`_pad` filled."""
+    bs, raw_bs = inputs.graph_bs, fb.batch_size
+    backend.init_forward_metadata_replay_cuda_graph(
+        bs,
+        buffers.req_pool_indices[:bs],
+        buffers.seq_lens[:bs],
+        fb.seq_lens_sum + (bs - raw_bs) * fill,
+        None,
+        fb.forward_mode,
+        None,
+        seq_lens_cpu=buffers.seq_lens_cpu[:bs],
+    )
+
+
 def _run(
     inputs: DsaMetadataInputs,
     *,
@@ -314,21 +411,22 @@ def _run(
     fused Triton kernels (CUDA's path) instead of the torch fallback;
     ``patch(backend)`` may replace a method of the backend (an upstream mutant)."""
     prepare()
-    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
-
+    backend_class = _backend_class()
     paths = fused_replay() if fused and inputs.graph_bs is not None else contextlib.nullcontext()
     with (
-        _server_args(inputs),
+        _server_args(inputs) as args,
         _engine.device_capability(),
         _kernels_without_cuda_asserts(),
         paths,
     ):
-        backend = DeepseekSparseAttnBackend(_model_runner(inputs))
+        runner = _model_runner(inputs, args if _nsa() else None)
+        backend = backend_class(runner)
         for name in FUSED_KERNELS:
-            setattr(backend, name, _without_cuda_asserts(getattr(backend, name)))
+            if hasattr(backend, name):  # none before the fused replay
+                setattr(backend, name, _without_cuda_asserts(getattr(backend, name)))
         if patch is not None:
             patch(backend)
-        fb = _step(inputs)
+        fb = _step(inputs, runner)
         if inputs.graph_bs is None:
             backend.init_forward_metadata(fb)
             return _outputs(backend)
@@ -339,7 +437,10 @@ def _run(
         buffers = _buffers(inputs, max_bs, rows, fill)
         _capture(backend, fb.forward_mode, buffers, inputs.graph_bs, rows)
         _pad(buffers, fb, inputs.graph_bs, fill)
-        backend.init_forward_metadata_out_graph(_replay_view(inputs, fb, buffers, rows, fill))
+        if _nsa():
+            _replay_old(backend, inputs, fb, buffers, fill)
+        else:
+            backend.init_forward_metadata_out_graph(_replay_view(inputs, fb, buffers, rows, fill))
         return _outputs(backend)
 
 

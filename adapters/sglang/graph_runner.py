@@ -32,6 +32,14 @@ FlashInfer. The adapter therefore registers the slot 0.5.12's runner had, as a
 full-pool slots (``ZERO``: padded rows to the padding slot 0), and SGLang's
 ``fill_from`` fills it with the others. The slot's declaration is the adapter's;
 the fill is SGLang's.
+
+Older releases, found by looking (:mod:`.compat`): 0.5.11 and 0.5.12 had no
+registry. Their runner (``model_executor/cuda_graph_runner.py``) made its buffers
+with ``DecodeInputBuffers.create`` (``is_hybrid_swa=True``: a sliding-window
+buffer of their own) and filled them with ``populate_from_forward_batch``, called
+as ``CudaGraphRunner.replay_prepare`` calls it, which then handed the backend
+``bs``, the buffers' first ``bs`` rows and ``seq_lens_sum + (bs - raw_bs) * fill``
+inline (no ``build_replay_fb_view``): the view is those values (:func:`_run_populate`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from typing import Any
 
 import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before SGLang is imported)
 import torch
-from attnfuzz.adapters.sglang import _engine
+from attnfuzz.adapters.sglang import _engine, compat
 from attnfuzz.reference.graph_input_padding import (
     REQUEST_FIELDS,
     GraphInputPaddingInputs,
@@ -54,8 +62,18 @@ _HIDDEN_SIZE = 8  # the runner's input_embeds width: never read here
 
 def prepare() -> None:
     _engine.prepare()
+    if _populate():
+        import sglang.srt.model_executor.cuda_graph_runner  # noqa: F401
+
+        return
     import sglang.srt.model_executor.cuda_graph_buffer_registry  # noqa: F401
     import sglang.srt.model_executor.runner.decode_cuda_graph_runner  # noqa: F401
+
+
+def _populate() -> bool:
+    """Whether the installed release fills the buffers by ``populate_from_forward_batch``
+    (0.5.11, 0.5.12) rather than by the buffer registry."""
+    return not compat.has(compat.DECODE_REGISTRY) and compat.has(compat.DECODE_POPULATE)
 
 
 @cache
@@ -133,8 +151,76 @@ def _forward_batch(inputs: GraphInputPaddingInputs) -> Any:
     return batch
 
 
+@cache
+def _populate_buffers(device: torch.device, max_bs: int, width: int, fill: int, swa: bool) -> Any:
+    """0.5.11 and 0.5.12's ``DecodeInputBuffers``, made as ``CudaGraphRunner.__init__``
+    makes them, for one shape (``swa``: a hybrid sliding-window pool)."""
+    import inspect
+
+    from sglang.srt.model_executor.cuda_graph_runner import DecodeInputBuffers
+
+    max_num_token = max_bs * width
+    arguments = dict(
+        device=device,
+        max_bs=max_bs,
+        max_num_token=max_num_token,
+        hidden_size=_HIDDEN_SIZE,
+        vocab_size=1,  # the logits buffer's width: never read here
+        dtype=torch.float32,
+        dp_size=1,
+        pp_size=1,
+        is_encoder_decoder=False,
+        require_mlp_tp_gather=False,
+        seq_len_fill_value=fill,
+        encoder_len_fill_value=0,
+        num_tokens_per_bs=width,
+        cache_loc_dtype=torch.int64,  # CudaGraphRunner._cache_loc_dtype
+        enable_mamba_track=False,
+        is_hybrid_swa=swa,
+    )
+    taken = inspect.signature(DecodeInputBuffers.create).parameters
+    with _engine.server_args():
+        return DecodeInputBuffers.create(**{k: v for k, v in arguments.items() if k in taken})
+
+
+def _run_populate(inputs: GraphInputPaddingInputs) -> GraphInputPaddingOutputs:
+    """0.5.11 and 0.5.12: ``CudaGraphRunner.replay_prepare``'s fill of its buffers."""
+    device = inputs.step["input_ids"].device
+    w, raw_bs, bs = inputs.tokens_per_req, inputs.raw_bs, inputs.bs
+    fill = inputs.seq_len_fill_value
+    buffers = _populate_buffers(device, inputs.max_bs, w, fill, SWA in inputs.step)
+    for name, stale in inputs.buffers.items():  # what an earlier step left
+        getattr(buffers, name).copy_(stale)
+    batch = _forward_batch(inputs)
+    with _engine.server_args():
+        buffers.populate_from_forward_batch(
+            forward_batch=batch,
+            raw_bs=raw_bs,
+            raw_num_token=raw_bs * w,
+            bs=bs,
+            seq_len_fill_value=fill,
+            require_gathered_buffer=False,
+            num_tokens_per_bs=w,
+            nsa_enable_prefill_cp=False,
+            enable_num_token_non_padded_flag=False,
+        )
+    graph = {}
+    for name in inputs.step:
+        rows = bs if name in REQUEST_FIELDS else bs * w
+        graph[name] = getattr(buffers, name)[:rows]  # what replay_prepare hands on
+    return GraphInputPaddingOutputs(
+        graph=graph,
+        buffers={name: getattr(buffers, name) for name in inputs.step},
+        batch_size=bs,
+        num_padding=bs - raw_bs,
+        seq_lens_sum=inputs.seq_lens_sum + (bs - raw_bs) * fill,
+    )
+
+
 def _run(inputs: GraphInputPaddingInputs, swa_policy: str) -> GraphInputPaddingOutputs:
     prepare()  # SGLang's environment before it is imported (once; a no-op after)
+    if _populate():
+        return _run_populate(inputs)
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 

@@ -18,6 +18,8 @@ def _dsa_metadata() -> list[Implementation]:
     from attnfuzz.harness.targets import dsa_metadata as t
 
     backend = "installed SGLang: layers/attention/dsa_backend.py:DeepseekSparseAttnBackend"
+    # 0.5.9 and 0.5.10 replay a draft extend by the accept counts, which no case carries.
+    declines = sglang.EngineCall("dsa_backend", "declines")
     return [
         sglang_impl(
             "dsa_backend",
@@ -25,6 +27,7 @@ def _dsa_metadata() -> list[Implementation]:
             name="sglang-dsa",
             description=f"{backend}.init_forward_metadata (eager), init_cuda_graph_state and "
             "init_forward_metadata_out_graph (capture, padded replay by the torch fallback)",
+            declines=declines,
         ),
         sglang_impl(
             "dsa_backend",
@@ -32,6 +35,7 @@ def _dsa_metadata() -> list[Implementation]:
             name="sglang-dsa-fused",
             description=f"{backend}: as sglang-dsa, the replay by the fused Triton kernels "
             "(kernels/ops/attention/dsa/metadata.py), the path a CUDA GPU takes",
+            declines=declines,
         ),
         sglang_impl(
             "dsa_backend",
@@ -148,8 +152,8 @@ def _sites(target: str, impl: str) -> tuple[Site, ...]:
 
 IMPLEMENTATIONS: dict[str, list[Implementation]] = {
     "dsa-metadata": _dsa_metadata(),
-    "mla-block-table": _mla_block_table(),
     "graph-input-padding": _graph_input_padding(),
+    "mla-block-table": _mla_block_table(),
     "spec-indptr": _spec_indptr(),
 }
 

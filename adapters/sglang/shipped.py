@@ -12,6 +12,10 @@ from __future__ import annotations
 from attnfuzz.harness.engines import ShippedBug
 
 SHIPPED_BUGS = (
+    ShippedBug("#19016", "dsa-metadata", "sglang-dsa", "0.5.9", "0.5.10",
+        "NativeSparseAttnBackend.init_cuda_graph_state allocates the graph page table "
+        "context_len wide; the replayed target verify copies req_to_token[:, :seq_len + N] "
+        "into it: a shape error once a KV passes the context", checks=("exception",)),
     ShippedBug("#24743", "graph-input-padding", "sglang", "0.5.11", "0.5.12",
         "decode CUDA-graph runner: populate_from_forward_batch leaves out_cache_loc_swa's "
         "padded rows stale when bs != raw_bs", first_buggy="0.5.11"),

@@ -8,8 +8,9 @@ runner that pads with a dummy request (pool row 0, ``seq_len`` = the
 backend's fill value, the padding slot 0 of each KV pool), the sliding-window
 pool's slots included.
 
-The oracle checks, for every field the step has: shape and dtype of the rows
-the graph reads, that they are a view at the start of the persistent buffer
+The oracle checks, for every field the step has: shape and integer dtype of the rows
+the graph reads (int32 or int64, the engine's choice: SGLang 0.5.11 and 0.5.12 keep
+``seq_lens`` in int32), that they are a view at the start of the persistent buffer
 (a graph replays on fixed addresses), the step's rows exactly (``values``),
 the padded rows exactly (``padding``; ``input_ids``' padded rows are not part
 of the contract, see the reference), and the replay view's ``batch_size``,
@@ -44,13 +45,18 @@ class OwnCheck(StrEnum):
     PADDING = "padding"  # the padded rows the graph reads hold the padding value
 
 
+INDEX_DTYPES = (torch.int32, torch.int64)
+"""The integer widths a field may have (the engine's choice)."""
+
+
 def _expect_field(
     name: str, inputs: ref.GraphInputPaddingInputs, want: np.ndarray, got: object, buffer: object
 ) -> list[Mismatch]:
     padded_n = inputs.bs if name in ref.REQUEST_FIELDS else inputs.num_tokens
     raw_n = inputs.step[name].shape[0]
     where = f"graph.{name}"
-    out = expect_meta(where, got, (padded_n,), torch.int64)
+    width = got.dtype if isinstance(got, torch.Tensor) and got.dtype in INDEX_DTYPES else None
+    out = expect_meta(where, got, (padded_n,), width or torch.int64)
     if not isinstance(buffer, torch.Tensor):
         return out + [Mismatch("view", f"buffers.{name}", "the persistent buffer", "none")]
     if out:
