@@ -292,7 +292,7 @@ def test_list_into_head_and_true(tmp_path):
     from attnfuzz.harness import engines
 
     statuses = [engine.status() for engine in engines.engines().values()]
-    assert len(lines) == 2 and lines[0] == (statuses or [lines[0]])[0], done.stdout
+    assert len(lines) == 2 and lines[0] in (statuses or [lines[0]]), done.stdout
     assert lines[1] in ("status 0", "status 141")  # 0 only if it wrote before `true` exited
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
 

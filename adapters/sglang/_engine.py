@@ -244,6 +244,19 @@ def configure_environment() -> None:
     stand_in_torchvision()
     stand_in_kernels()
     interpreter_bool_masks()
+    quiet_cpu_notices()
+
+
+def quiet_cpu_notices() -> None:
+    """Silence what SGLang says at import on a machine without a GPU, about kernels
+    attnfuzz never calls (AWQ and GGUF quantization, its CUDA JIT's architecture), so
+    that ``attnfuzz list`` and a run print only attnfuzz's own lines."""
+    import logging
+    import warnings
+
+    for what in ("AWQ", "GGUF quantization"):
+        warnings.filterwarnings("ignore", f"Only CUDA.* support {what}", UserWarning)
+    logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)
 
 
 @contextlib.contextmanager
