@@ -27,6 +27,7 @@ from attnfuzz.reference.batch import (
     split_decodes_and_prefills,
 )
 from attnfuzz.reference.runner import CUDAGRAPH_MODES, allowed_modes, step_plan
+from attnfuzz.strategies import _constants  # noqa: F401  # before any draw: see there
 from hypothesis import strategies as st
 
 
