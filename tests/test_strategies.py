@@ -233,3 +233,17 @@ def test_the_baselines_honour_fixes_and_draw_as_before_without_them():
     )
     assert [next(plain) for _ in range(50)] == [next(empty) for _ in range(50)]
     assert {c.config.next_n for c in grid_cases()} == {1, 2, 3, 4}
+
+
+def test_attnfuzz_s_own_files_are_never_hypothesis_local_constants(tmp_path):
+    """From a checkout, attnfuzz's modules would count as local code whose literals
+    Hypothesis mixes into draws: a seed's cases would depend on which of them a
+    process imported. They never count; a user's own module still does."""
+    import attnfuzz.strategies.batches as batches
+    from hypothesis.internal.conjecture import providers
+
+    assert not providers.is_local_module_file(batches.__file__)
+    assert not providers.is_local_module_file(providers.__file__)  # site-packages, as ever
+    mine = tmp_path / "my_impl.py"
+    mine.write_text("X = 12345\n")
+    assert providers.is_local_module_file(str(mine))
