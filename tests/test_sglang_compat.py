@@ -6,6 +6,7 @@ releases do is measured by ``benchmarks/releases.py --engine sglang bugs``.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -85,13 +86,20 @@ def test_the_triton_adapter_has_a_form_for_each_release_line():
     "version, impl, ships",
     [("0.5.12", "sglang-triton", "#27545"), ("0.5.10", "sglang-triton", "#27545"),
      ("0.5.13", "sglang-triton", None), ("0.5.9", "sglang-triton", "draft-extend-kv"),
-     ("0.5.11", "sglang", "#24743"), ("0.5.12", "sglang", None), ("0.5.23", "sglang", None),
-     ("0.5.9", "sglang-dsa", "#19016"), ("0.5.10", "sglang-dsa", None)],
+     ("0.5.11", "sglang", "#24743"), ("0.5.12", "sglang", "#24401"),
+     ("0.5.13", "sglang", "#24401"), ("0.5.14", "sglang", None), ("0.5.23", "sglang", None),
+     ("0.5.9", "sglang-dsa", "#19016"), ("0.5.10", "sglang-dsa", None),
+     ("0.5.9", "sglang-trtllm-mla", "#21987"), ("0.5.10", "sglang-trtllm-mla", None),
+     ("0.5.23", "sglang-trtllm-mla", None)],
 )  # fmt: skip
 def test_the_shipped_bugs_hold_on_the_releases_that_ship_them(version, impl, ships):
     from dataclasses import replace
 
-    targets = {"sglang-triton": "spec-indptr", "sglang-dsa": "dsa-metadata"}
+    targets = {
+        "sglang-triton": "spec-indptr",
+        "sglang-dsa": "dsa-metadata",
+        "sglang-trtllm-mla": "mla-block-table",
+    }
     target = targets.get(impl, "graph-input-padding")
     engine = replace(SGLANG, installed_version=lambda: version)
     bug = engine.shipped_bug(target, impl)
@@ -217,7 +225,7 @@ def test_the_graph_runner_binds_0_5_11s_populate_from_forward_batch(nsa_release,
     runner = types.ModuleType(compat.DECODE_POPULATE.module)
     runner.DecodeInputBuffers = DecodeInputBuffers  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, compat.DECODE_POPULATE.module, runner)
-    assert compat.ALTERNATIVES["graph_runner"][1] == (
+    assert compat.ALTERNATIVES["graph_runner"][-1] == (
         compat.DECODE_POPULATE,
         compat.DECODE_BUFFERS_SWA,
     )
@@ -242,3 +250,200 @@ def test_the_graph_runner_refuses_a_runner_without_the_sliding_window_buffer(
     monkeypatch.setitem(sys.modules, compat.DECODE_POPULATE.module, runner)
     why = compat.binding_problem("graph_runner", "run", "0.5.10")
     assert why is not None and why.endswith("(nor any older form of it)")
+
+
+# -- the TRT-LLM MLA backend of 0.5.9 and 0.5.10 (the capture/replay pair) --------------
+
+
+class TRTLLMMLABackend:
+    """0.5.9's backend as far as the binding looks: the capture/replay pair."""
+
+    def init_forward_metadata(self, forward_batch: object) -> None: ...
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int) -> None: ...
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs: int, spec_info: object = None, seq_lens_cpu: object = None
+    ) -> None: ...
+
+
+@dataclasses.dataclass
+class EagleDraftInput:
+    """0.5.9's draft input as far as the adapter builds it (``eagle_info.py``)."""
+
+    accept_length: object = None
+    accept_length_cpu: object = None
+    num_tokens_per_req: int = -1
+
+
+@pytest.fixture
+def trtllm_old_release(monkeypatch):
+    """SGLang as 0.5.9 looks to the TRT-LLM MLA adapter: the backend with the capture/replay
+    pair, ``EagleDraftInput`` and no ``EagleDraftExtendInput``, none of 0.5.23's kernels,
+    translator, replay view or draft-extend fill (None in ``sys.modules``: import fails)."""
+    backend = types.ModuleType(compat.TRTLLM_MLA_BACKEND.module)
+    backend.TRTLLMMLABackend = TRTLLMMLABackend  # type: ignore[attr-defined]
+    eagle_info = types.ModuleType(compat.EAGLE_DRAFT_ACCEPT_LENGTH.module)
+    eagle_info.EagleDraftInput = EagleDraftInput  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, backend.__name__, backend)
+    monkeypatch.setitem(sys.modules, eagle_info.__name__, eagle_info)
+    gone = (*compat.KV_INDICES_KERNELS, compat.KV_INDEX_TRANSLATOR, compat.REPLAY_FB_VIEW)
+    for api in (*gone, compat.DRAFT_EXTEND_FILL):
+        monkeypatch.setitem(sys.modules, api.module, None)
+    monkeypatch.delenv(compat.ANY_RELEASE, raising=False)
+    compat.binding._missing.cache_clear()
+    yield
+    compat.binding._missing.cache_clear()
+
+
+def test_the_trtllm_mla_adapter_has_a_form_for_each_release_line():
+    forms = compat.ALTERNATIVES["trtllm_mla"]
+    assert compat.TRTLLM_MLA_GRAPH in forms[0] and compat.REPLAY_FB_VIEW_GLOBAL in forms[0]
+    assert forms[1] == (
+        compat.TRTLLM_MLA_CAPTURE_OLD,
+        compat.TRTLLM_MLA_REPLAY_OLD,
+        compat.EAGLE_DRAFT_ACCEPT_LENGTH,
+    )
+
+
+def test_the_trtllm_mla_adapter_binds_0_5_9s_capture_replay_pair(trtllm_old_release):
+    from attnfuzz.adapters.sglang import trtllm_mla
+
+    for attr in ("run", "run_context_len"):
+        assert compat.binding_problem("trtllm_mla", attr, "0.5.9") is None
+    assert trtllm_mla._old()
+
+
+def test_the_upstream_mutant_of_21987_refuses_where_the_bug_ships(trtllm_old_release):
+    """0.5.9 ships #21987 in its own replay: no fix to revert, the mutant refuses in one
+    line naming the release its ``init_forward_metadata_out_graph`` form binds from."""
+    why = compat.binding_problem("trtllm_mla", "upstream_pr21987_accept_length_layout", "0.5.9")
+    assert why is not None and "\n" not in why
+    assert why.startswith(f"SGLang 0.5.9: {compat.TRTLLM_MLA_GRAPH} is missing; it binds from")
+    assert "SGLang 0.5.23" in why
+
+
+def test_a_release_without_either_trtllm_mla_form_is_refused(trtllm_old_release, monkeypatch):
+    class Between:  # 0.5.13 to 0.5.22: out_graph, but not 0.5.23's kernels
+        def init_forward_metadata(self, forward_batch: object) -> None: ...
+
+        def init_forward_metadata_out_graph(self, forward_batch: object) -> None: ...
+
+    monkeypatch.setattr(sys.modules[compat.TRTLLM_MLA_BACKEND.module], "TRTLLMMLABackend", Between)
+    why = compat.binding_problem("trtllm_mla", "run", "0.5.14")
+    assert why is not None and why.endswith("(nor any older form of it)")
+
+
+def test_0_5_9s_draft_extend_carries_the_accept_counts_as_accept_length(trtllm_old_release):
+    """0.5.9's ``accept_length`` in a v2 draft extend is the count with the bonus token
+    (``eagle_info_v2.py``: ``accept_length.add_(1)  # Include the bonus token``), as a
+    case's ``accept_lens``: handed over unchanged."""
+    import torch
+    from attnfuzz.adapters.sglang import trtllm_mla
+
+    accept = torch.tensor([1, 3], dtype=torch.int32)
+    spec = trtllm_mla._draft_extend_input(3, accept)
+    assert isinstance(spec, EagleDraftInput)
+    assert spec.accept_length is accept and spec.num_tokens_per_req == 3
+    assert spec.accept_length_cpu is None  # as the v2 worker leaves it
+
+
+class _ReplayRecorder:
+    """A backend that records the replay's call (0.5.9's signature)."""
+
+    def init_forward_metadata_replay_cuda_graph(self, **kwargs: object) -> None:
+        self.call = kwargs
+
+
+def test_0_5_9s_draft_extend_replay_pads_as_its_runner_does(trtllm_old_release):
+    """``EAGLEDraftExtendCudaGraphRunner.replay`` of 0.5.9: padding requests of the fill
+    length with accept count ``N``, the whole buffers passed, ``accept_length`` the
+    padded buffer's first ``bs`` rows; the padded ``req_pool_indices`` as the buffer held
+    them (that runner does not reset them)."""
+    import torch
+    from attnfuzz.adapters.sglang import trtllm_mla
+
+    N, max_bs, bs, fill = 2, 4, 3, 1
+    inputs = types.SimpleNamespace(graph_bs=bs, next_n=N, req_to_token=torch.zeros(5, 8))
+    buffers = trtllm_mla._buffers(inputs, max_bs, fill)
+    buffers.req_pool_indices.fill_(7)  # a previous replay's rows
+    accept = torch.tensor([1, 2], dtype=torch.int32)
+    fb = types.SimpleNamespace(
+        batch_size=2,
+        input_ids=torch.zeros(2 * N, dtype=torch.int64),
+        seq_lens=torch.tensor([5, 6]),
+        seq_lens_cpu=torch.tensor([5, 6]),
+        seq_lens_sum=11,
+        req_pool_indices=torch.tensor([1, 2]),
+        extend_seq_lens=torch.tensor([N, N], dtype=torch.int32),
+        spec_info=trtllm_mla._draft_extend_input(N, accept),
+    )
+    backend = _ReplayRecorder()
+    trtllm_mla._replay_draft_extend_old(backend, inputs, fb, buffers, fill)
+    call = backend.call
+    assert call["bs"] == bs and call["seq_lens_sum"] == 11 + fill
+    assert call["seq_lens"] is buffers.seq_lens and call["seq_lens_cpu"] is buffers.seq_lens_cpu
+    assert call["seq_lens"].tolist() == [5, 6, fill, fill]
+    assert call["req_pool_indices"].tolist() == [1, 2, 7, 7]
+    assert call["spec_info"].accept_length.tolist() == [1, 2, N]
+
+
+# -- the decode graph runner of 0.5.13 (the registry, before runner_utils) ----------------
+
+
+def _allocate_decode_buffers(*, max_bs: int, vocab_size: int, num_tokens_per_bs: int) -> object:
+    """0.5.13's ``cuda_graph_runner._allocate_decode_buffers``, as far as the adapter calls it."""
+    return types.SimpleNamespace(max_bs=max_bs, vocab_size=vocab_size, width=num_tokens_per_bs)
+
+
+def _old_build_replay_fb_view(*, bs: int, seq_len_fill_value: int) -> object:
+    """0.5.13's ``build_replay_fb_view``: no ``global_num_tokens_cpu``."""
+    return types.SimpleNamespace(bs=bs, fill=seq_len_fill_value)
+
+
+class CudaGraphBufferRegistry:
+    def fill_from(self, forward_batch: object) -> None: ...
+
+
+@pytest.fixture
+def registry_0_5_13(monkeypatch):
+    """SGLang as 0.5.13 looks to the graph runner: the buffer registry, the buffers and
+    ``build_replay_fb_view`` in ``cuda_graph_runner.py``; no ``runner_utils``, no
+    ``runner/decode_cuda_graph_runner.py`` (None in ``sys.modules``: import fails)."""
+    import enum
+
+    registry = types.ModuleType(compat.DECODE_REGISTRY.module)
+    registry.build_decode_registry = lambda **kwargs: None  # type: ignore[attr-defined]
+    registry.CudaGraphBufferRegistry = CudaGraphBufferRegistry  # type: ignore[attr-defined]
+    registry.PaddingPolicy = enum.Enum("PaddingPolicy", "FOREACH_COPY ZERO")  # type: ignore[attr-defined]
+    runner = types.ModuleType(compat.OLD_REPLAY_FB_VIEW.module)
+    runner._allocate_decode_buffers = _allocate_decode_buffers  # type: ignore[attr-defined]
+    runner.build_replay_fb_view = _old_build_replay_fb_view  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, registry.__name__, registry)
+    monkeypatch.setitem(sys.modules, runner.__name__, runner)
+    for gone in (compat.GRAPH_RUNNER_REGISTRY[0], compat.REPLAY_FB_VIEW):
+        monkeypatch.setitem(sys.modules, gone.module, None)
+    monkeypatch.delenv(compat.ANY_RELEASE, raising=False)
+    compat.binding._missing.cache_clear()
+    yield
+    compat.binding._missing.cache_clear()
+
+
+def test_the_graph_runner_binds_0_5_13s_registry(registry_0_5_13):
+    from attnfuzz.adapters.sglang import graph_runner
+
+    assert compat.ALTERNATIVES["graph_runner"][1] == compat.GRAPH_RUNNER_REGISTRY_0_5_13
+    assert compat.binding_problem("graph_runner", "run", "0.5.13") is None
+    assert not graph_runner._populate()
+
+
+def test_0_5_13s_buffers_and_view_take_their_own_arguments(registry_0_5_13):
+    """Each release's constructor and view get the arguments they take of both spellings."""
+    from attnfuzz.adapters.sglang import graph_runner
+
+    buffers = graph_runner._decode_buffers(
+        max_bs=4, vocab_size=1, num_tokens_per_bs=2, num_tokens_per_req=2, num_dp_ranks=1
+    )
+    assert (buffers.max_bs, buffers.vocab_size, buffers.width) == (4, 1, 2)
+    view = graph_runner._replay_fb_view(bs=4, seq_len_fill_value=1, global_num_tokens_cpu=None)
+    assert (view.bs, view.fill) == (4, 1)

@@ -145,17 +145,44 @@ REQUIRES["dsa_backend.upstream_pr19016_context_len_table"] = (DSA_FUSED,)
 
 # adapters/sglang/trtllm_mla.py
 _TRTLLM_MLA = "sglang.srt.layers.attention.trtllm_mla_backend"
-REQUIRES["trtllm_mla"] = (
-    Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata"),
-    Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata_out_graph"),
-    Api(_TRTLLM_MLA, "TRTLLMMLABackend._apply_cuda_graph_metadata"),
-    Api(_TRTLLM_MLA, "_jit_fixup_module"),  # stood in while the backend is built
+TRTLLM_MLA_BACKEND = Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata")
+TRTLLM_MLA_GRAPH = Api(_TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata_out_graph")
+KV_INDICES_KERNELS = (
     Api("sglang.kernels.ops.attention.kv_indices", "create_flashmla_kv_indices_triton"),
     Api("sglang.kernels.ops.attention.kv_indices", "get_num_kv_index_blocks_flashmla"),
-    KV_INDEX_TRANSLATOR,
-    EAGLE_INPUTS,
-    REPLAY_FB_VIEW_GLOBAL,
-    DRAFT_EXTEND_FILL,
+)
+# 0.5.9 and 0.5.10 (#21987 shipped in 0.5.9, fixed in 0.5.10): the graph metadata is the
+# pair init_forward_metadata_capture_cuda_graph / _replay_cuda_graph, the backend reads
+# model_runner.server_args, and a draft extend's spec_info is EagleDraftInput carrying
+# the verify's accept counts as accept_length.
+TRTLLM_MLA_CAPTURE_OLD = Api(
+    _TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata_capture_cuda_graph"
+)
+TRTLLM_MLA_REPLAY_OLD = Api(
+    _TRTLLM_MLA, "TRTLLMMLABackend.init_forward_metadata_replay_cuda_graph", "seq_lens_cpu"
+)
+EAGLE_DRAFT_ACCEPT_LENGTH = Api(
+    "sglang.srt.speculative.eagle_info", "EagleDraftInput.accept_length"
+)
+REQUIRES["trtllm_mla"] = (TRTLLM_MLA_BACKEND,)  # the graph pair in either form (ALTERNATIVES)
+# #21987 reverted is re-created in init_forward_metadata_out_graph's replay: where the
+# release has the old pair (0.5.9 ships the bug, 0.5.10 the fix), it refuses.
+REQUIRES["trtllm_mla.upstream_pr21987_accept_length_layout"] = (
+    Api(TRTLLM_MLA_GRAPH.module, TRTLLM_MLA_GRAPH.attr, since="0.5.23"),
+    *KV_INDICES_KERNELS,
+)
+TRTLLM_MLA_FORMS = (
+    (  # 0.5.2x
+        TRTLLM_MLA_GRAPH,
+        Api(_TRTLLM_MLA, "TRTLLMMLABackend._apply_cuda_graph_metadata"),
+        Api(_TRTLLM_MLA, "_jit_fixup_module"),  # stood in while the backend is built
+        *KV_INDICES_KERNELS,
+        KV_INDEX_TRANSLATOR,
+        EAGLE_INPUTS,
+        REPLAY_FB_VIEW_GLOBAL,
+        DRAFT_EXTEND_FILL,
+    ),
+    (TRTLLM_MLA_CAPTURE_OLD, TRTLLM_MLA_REPLAY_OLD, EAGLE_DRAFT_ACCEPT_LENGTH),  # 0.5.9, 0.5.10
 )
 
 
@@ -169,17 +196,29 @@ DECODE_REGISTRY = Api(
 _OLD_RUNNER = "sglang.srt.model_executor.cuda_graph_runner"
 DECODE_POPULATE = Api(_OLD_RUNNER, "DecodeInputBuffers.populate_from_forward_batch")
 DECODE_BUFFERS_SWA = Api(_OLD_RUNNER, "DecodeInputBuffers.create", "is_hybrid_swa")
-GRAPH_RUNNER_REGISTRY = REQUIRES.pop("graph_runner")  # 0.5.2x's form, one of two
+GRAPH_RUNNER_REGISTRY = REQUIRES.pop("graph_runner")  # 0.5.14 on, one of three
+# 0.5.13: the registry, over the buffers cuda_graph_runner.py's _allocate_decode_buffers
+# makes, and that module's build_replay_fb_view.
+GRAPH_RUNNER_REGISTRY_0_5_13 = (
+    Api(_OLD_RUNNER, "_allocate_decode_buffers"),
+    *GRAPH_RUNNER_REGISTRY[1:4],
+    Api(_OLD_RUNNER, "build_replay_fb_view", keyword="seq_len_fill_value"),
+)
 # #24743 reverted is re-created in the registry's fill: where the runner populates its
 # own buffers (0.5.11 ships the bug, 0.5.12 the fix), it refuses.
 REQUIRES["graph_runner.upstream_stale_swa_slots"] = GRAPH_RUNNER_REGISTRY
 
 ALTERNATIVES: dict[str, tuple[tuple[Api, ...], ...]] = {
-    "graph_runner": (GRAPH_RUNNER_REGISTRY, (DECODE_POPULATE, DECODE_BUFFERS_SWA)),
+    "graph_runner": (
+        GRAPH_RUNNER_REGISTRY,
+        GRAPH_RUNNER_REGISTRY_0_5_13,
+        (DECODE_POPULATE, DECODE_BUFFERS_SWA),  # 0.5.11, 0.5.12
+    ),
     "dsa_backend": (
         (DSA_BACKEND, DSA_GRAPH, DSA_APPLY, DSA_EXPAND, REPLAY_FB_VIEW),  # 0.5.2x
         (NSA_BACKEND, NSA_CAPTURE, NSA_REPLAY),  # 0.5.9, 0.5.10
     ),
+    "trtllm_mla": TRTLLM_MLA_FORMS,
     "triton_backend": (
         (TRITON_GRAPH, TRITON_GRAPH_IN, REPLAY_FB_VIEW),  # 0.5.2x
         (TRITON_GRAPH, TRITON_GRAPH_IN, OLD_REPLAY_FB_VIEW),  # 0.5.13

@@ -40,6 +40,17 @@ buffer of their own) and filled them with ``populate_from_forward_batch``, calle
 as ``CudaGraphRunner.replay_prepare`` calls it, which then handed the backend
 ``bs``, the buffers' first ``bs`` rows and ``seq_lens_sum + (bs - raw_bs) * fill``
 inline (no ``build_replay_fb_view``): the view is those values (:func:`_run_populate`).
+0.5.13 had the registry, adopting the namespace ``cuda_graph_runner.py``'s
+``_allocate_decode_buffers`` makes, and ``build_replay_fb_view`` in that module;
+0.5.14 to 0.5.2x ``runner_utils/buffers.py``'s ``DecodeInputBuffers.create``, whose
+arguments were renamed on the way (``vocab_size`` / ``dp_size`` /
+``num_tokens_per_bs`` before the logits buffer / ``num_dp_ranks`` /
+``num_tokens_per_req``): each is called with the arguments it takes
+(:func:`_decode_buffers`, :func:`_replay_fb_view`).
+
+A defect these releases ship (#24401): up to 0.5.13, the padded rows of
+``positions`` (and, before the registry, of ``req_pool_indices``) keep what an
+earlier step left; 0.5.14's registry gives ``positions`` the policy ``ZERO``.
 """
 
 from __future__ import annotations
@@ -62,18 +73,49 @@ _HIDDEN_SIZE = 8  # the runner's input_embeds width: never read here
 
 def prepare() -> None:
     _engine.prepare()
-    if _populate():
+    if _populate() or not compat.has(compat.GRAPH_RUNNER_REGISTRY[0]):  # <= 0.5.13
         import sglang.srt.model_executor.cuda_graph_runner  # noqa: F401
 
-        return
+        if _populate():
+            return
     import sglang.srt.model_executor.cuda_graph_buffer_registry  # noqa: F401
-    import sglang.srt.model_executor.runner.decode_cuda_graph_runner  # noqa: F401
+
+    if compat.has(compat.REPLAY_FB_VIEW):
+        import sglang.srt.model_executor.runner.decode_cuda_graph_runner  # noqa: F401
 
 
 def _populate() -> bool:
     """Whether the installed release fills the buffers by ``populate_from_forward_batch``
     (0.5.11, 0.5.12) rather than by the buffer registry."""
     return not compat.has(compat.DECODE_REGISTRY) and compat.has(compat.DECODE_POPULATE)
+
+
+def _decode_buffers(**arguments: Any) -> Any:
+    """The runner's decode buffers: ``runner_utils.buffers.DecodeInputBuffers.create``
+    (0.5.14 on), or 0.5.13's ``cuda_graph_runner._allocate_decode_buffers``, given the
+    arguments it takes of ``arguments`` (which name both releases' spellings)."""
+    import importlib
+    import inspect
+
+    api = compat.GRAPH_RUNNER_REGISTRY[0]
+    if not compat.has(api):
+        api = compat.GRAPH_RUNNER_REGISTRY_0_5_13[0]
+    owner: Any = importlib.import_module(api.module)
+    for name in api.attr.split("."):
+        owner = getattr(owner, name)
+    taken = inspect.signature(owner).parameters
+    return owner(**{k: v for k, v in arguments.items() if k in taken})
+
+
+def _replay_fb_view(**arguments: Any) -> Any:
+    """The decode runner's ``build_replay_fb_view``: ``runner/decode_cuda_graph_runner.py``,
+    or ``cuda_graph_runner.py`` (0.5.13); ``global_num_tokens_cpu`` where it takes it."""
+    import importlib
+
+    api = compat.REPLAY_FB_VIEW if compat.has(compat.REPLAY_FB_VIEW) else compat.OLD_REPLAY_FB_VIEW
+    if not compat.has(compat.REPLAY_FB_VIEW_GLOBAL):
+        arguments.pop("global_num_tokens_cpu", None)
+    return getattr(importlib.import_module(api.module), api.attr)(**arguments)
 
 
 @cache
@@ -87,24 +129,26 @@ def _runner(
         PaddingPolicy,
         build_decode_registry,
     )
-    from sglang.srt.model_executor.runner_utils.buffers import DecodeInputBuffers
 
     max_num_token = max_bs * width
     with _engine.server_args():
-        buffers = DecodeInputBuffers.create(
+        buffers = _decode_buffers(
             device=device,
             max_bs=max_bs,
             max_num_token=max_num_token,
             hidden_size=_HIDDEN_SIZE,
             next_token_logits_buffer=torch.zeros((max_num_token, 1), device=device),
+            vocab_size=1,  # the logits buffer's width (0.5.13, 0.5.14): never read here
             dtype=torch.float32,
             num_dp_ranks=1,
+            dp_size=1,
             pp_size=1,
             is_encoder_decoder=False,
             require_mlp_tp_gather=False,
             seq_len_fill_value=fill,
             encoder_len_fill_value=0,
             num_tokens_per_req=width,
+            num_tokens_per_bs=width,
             cache_loc_dtype=torch.int64,  # DecodeCudaGraphRunner._cache_loc_dtype
             enable_mamba_track=False,
         )
@@ -222,7 +266,6 @@ def _run(inputs: GraphInputPaddingInputs, swa_policy: str) -> GraphInputPaddingO
     if _populate():
         return _run_populate(inputs)
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
     device = inputs.step["input_ids"].device
     w, raw_bs, bs = inputs.tokens_per_req, inputs.raw_bs, inputs.bs
@@ -235,7 +278,7 @@ def _run(inputs: GraphInputPaddingInputs, swa_policy: str) -> GraphInputPaddingO
         registry.fill_from(
             batch, raw_bs=raw_bs, padded_bs=bs, raw_num_tokens=raw_bs * w, padded_num_tokens=bs * w
         )
-        view = build_replay_fb_view(
+        view = _replay_fb_view(
             forward_batch=batch,
             buffers=buffers,
             bs=bs,
@@ -248,15 +291,17 @@ def _run(inputs: GraphInputPaddingInputs, swa_policy: str) -> GraphInputPaddingO
         )
     graph = {}
     for name in inputs.step:
-        if name in REQUEST_FIELDS or name in ("input_ids", "positions"):
+        if (name in REQUEST_FIELDS or name in ("input_ids", "positions")) and hasattr(view, name):
             graph[name] = getattr(view, name)  # the replay view's slices of the buffers
-        else:  # the view carries the live batch's slots; the graph reads the buffer's
+        else:  # the view carries the live batch's slots, or none (0.5.13's tokens):
+            # the graph reads the buffer's
             graph[name] = registry.get_slot(name).slice_for(bs, bs * w)
     return GraphInputPaddingOutputs(
         graph=graph,
         buffers={name: registry.get_slot(name).buffer for name in inputs.step},
         batch_size=view.batch_size,
-        num_padding=view.num_padding,
+        # 0.5.13's view has no num_padding: its runner pads bs - raw_bs requests.
+        num_padding=getattr(view, "num_padding", bs - raw_bs),
         seq_lens_sum=view.seq_lens_sum,
     )
 

@@ -16,9 +16,23 @@ SHIPPED_BUGS = (
         "NativeSparseAttnBackend.init_cuda_graph_state allocates the graph page table "
         "context_len wide; the replayed target verify copies req_to_token[:, :seq_len + N] "
         "into it: a shape error once a KV passes the context", checks=("exception",)),
+    ShippedBug("#21987", "mla-block-table", "sglang-trtllm-mla", "0.5.9", "0.5.10",
+        "TRTLLMMLABackend's replayed draft extend (v2) lays the queries out by "
+        "spec_info.accept_length (accept + 1 rows, max_seq_len_q 1) and builds seq_lens_k "
+        "and the block table for seq_len - accept keys, where the runner runs the whole "
+        "window of speculative_num_draft_tokens rows per request",
+        checks=("values", "max_seq_len_q")),
     ShippedBug("#24743", "graph-input-padding", "sglang", "0.5.11", "0.5.12",
         "decode CUDA-graph runner: populate_from_forward_batch leaves out_cache_loc_swa's "
         "padded rows stale when bs != raw_bs", first_buggy="0.5.11"),
+    ShippedBug("#24401", "graph-input-padding", "sglang", "0.5.13", "0.5.14",
+        "decode CUDA-graph runner: the padded rows of positions (and, before 0.5.13's "
+        "buffer registry, of req_pool_indices) keep an earlier step's values when "
+        "bs != raw_bs; 0.5.14's registry zeroes positions' padding (PaddingPolicy.ZERO)",
+        checks=("padding",),
+        note="found by attnfuzz in the releases that shipped it (0.5.11 to 0.5.13 bind); "
+        "on 0.5.11 and 0.5.12 its stale positions are the first padding finding, so "
+        "#24743's stale sliding-window slots stay hidden behind it there"),
     ShippedBug("#27545", "spec-indptr", "sglang-triton", "0.5.12", "0.5.13",
         "TritonAttnBackend's replayed draft extend (v2) strides queries "
         "speculative_num_steps + 1 apart, the runner lays out num_draft_tokens per "

@@ -38,6 +38,25 @@ Three builds of it:
   passes the context (#29665 / #35985's class), a live finding at contexts that
   are multiples of 4096 tokens;
 - ``upstream_pr21987_accept_length_layout``: the replay with #21987 reverted.
+
+Older releases, found by looking (:mod:`.compat`): 0.5.9 and 0.5.10 have the graph
+metadata as the pair ``init_forward_metadata_capture_cuda_graph`` /
+``init_forward_metadata_replay_cuda_graph``, called with the arguments their runners
+pass (``cuda_graph_runner.py:CudaGraphRunner.replay_prepare`` for a target verify,
+``eagle_draft_extend_cuda_graph_runner.py:EAGLEDraftExtendCudaGraphRunner.replay``
+for a draft extend, whose padding they copy: :func:`_replay_draft_extend_old`); the
+backend reads ``model_runner.server_args`` and the table off the pool, no
+``KVIndexTranslator``. A draft extend (``DRAFT_EXTEND_V2``) carries ``EagleDraftInput``
+with ``accept_length`` the verify's accept counts, the bonus token included, as a
+case's: 0.5.9's ``eagle_info_v2.py:EagleVerifyInputV2Mixin.sample`` ends
+``accept_length.add_(1)  # Include the bonus token``, and ``eagle_worker_v2.py``
+hands it on (``GenerationBatchResult(accept_lens=accept_length)``, then
+``_draft_extend_for_decode``: ``forward_batch.spec_info.accept_length =
+batch_result.accept_lens``; ``accept_length_cpu`` stays None). 0.5.9's replay lays
+the draft extend out by it (#21987, lines 544-560); 0.5.10's by
+``num_draft_tokens``. The upstream mutant re-creates #21987 in
+``init_forward_metadata_out_graph``: on these releases it refuses (0.5.9 ships the
+bug itself, with no fix to revert). ``run_context_len`` binds as ``run`` does.
 """
 
 from __future__ import annotations
@@ -48,7 +67,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine
+from attnfuzz.adapters.sglang import _engine, compat
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.mla_block_table import (
     TARGET_VERIFY,
@@ -65,12 +84,19 @@ GUARD_ROWS = 1
 """Rows of block table past the graph's buffer (:func:`guard_block_table`)."""
 
 
+def _old() -> bool:
+    """Whether the installed release has the capture/replay pair (0.5.9, 0.5.10)."""
+    return not compat.has(compat.TRTLLM_MLA_GRAPH)
+
+
 def prepare() -> None:
     """Import SGLang and the backend before a judge forks its child."""
     _engine.prepare()
     from sglang.srt.layers.attention import trtllm_mla_backend  # noqa: F401
-    from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
-    from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner  # noqa: F401
+
+    if not _old():
+        from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
+        from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner  # noqa: F401
 
 
 # -- stand-ins -------------------------------------------------------------------------------
@@ -185,11 +211,25 @@ class _KVPool:
     start_layer = 0
 
 
-def _model_runner(inputs: MlaBlockTableInputs, context_len: int) -> Any:
-    """A stand-in ``ModelRunner``: the real pool shape and translator, a small MLA model
-    of context ``context_len``."""
+def _translator(inputs: MlaBlockTableInputs, pool: Any) -> Any:
+    """SGLang's ``KVIndexTranslator`` over the table; None before it existed (0.5.9,
+    0.5.10: the backend reads ``req_to_token_pool.req_to_token``)."""
+    if not compat.has(compat.KV_INDEX_TRANSLATOR):
+        return None
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
+    return KVIndexTranslator(
+        req_to_token=inputs.req_to_token,
+        token_to_kv_pool_allocator=None,
+        token_to_kv_pool=pool,
+        page_size=inputs.page_size,
+        device=str(inputs.req_to_token.device),
+    )
+
+
+def _model_runner(inputs: MlaBlockTableInputs, context_len: int, server_args: Any) -> Any:
+    """A stand-in ``ModelRunner``: the real pool shape and translator, a small MLA model
+    of context ``context_len`` (``server_args``: what 0.5.9 and 0.5.10 read from it)."""
     table = inputs.req_to_token
     device = str(table.device)
     pool = _KVPool()
@@ -204,13 +244,7 @@ def _model_runner(inputs: MlaBlockTableInputs, context_len: int) -> Any:
         scaling=1.0,
         is_encoder_decoder=False,
     )
-    translator = KVIndexTranslator(
-        req_to_token=table,
-        token_to_kv_pool_allocator=None,
-        token_to_kv_pool=pool,
-        page_size=inputs.page_size,
-        device=device,
-    )
+    translator = _translator(inputs, pool)
     return types.SimpleNamespace(
         model_config=model_config,
         device=device,
@@ -223,6 +257,7 @@ def _model_runner(inputs: MlaBlockTableInputs, context_len: int) -> Any:
         max_running_requests=table.shape[0] - 1,
         is_draft_worker=inputs.phase != TARGET_VERIFY,
         gpu_id=0,
+        server_args=server_args,
     )
 
 
@@ -246,7 +281,13 @@ def _mode(inputs: MlaBlockTableInputs) -> Any:
 
 
 def _draft_extend_input(N: int, accept: torch.Tensor) -> Any:
-    """Spec v2's draft-extend input: the accept counts (the bonus token included)."""
+    """Spec v2's draft-extend input: the accept counts (the bonus token included), as
+    ``num_accept_tokens``, or as ``EagleDraftInput.accept_length`` where the release
+    has no ``EagleDraftExtendInput`` (0.5.9, 0.5.10: the same count, module docstring)."""
+    if not compat.has(compat.EAGLE_INPUTS):
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        return EagleDraftInput(accept_length=accept, num_tokens_per_req=N)
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
     return EagleDraftExtendInput(
@@ -341,13 +382,17 @@ def _capture(backend: Any, inputs: MlaBlockTableInputs, buffers: Any, bs: int) -
             )
         ),
     )
+    if _old():  # CudaGraphRunner / EAGLEDraftExtendCudaGraphRunner.capture_one_batch_size
+        backend.init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, fb.req_pool_indices, fb.seq_lens, None, fb.forward_mode, fb.spec_info
+        )
+        return
     backend.init_forward_metadata_out_graph(fb, in_capture=True)
 
 
 def _replay_verify(backend: Any, inputs: MlaBlockTableInputs, fb: Any, buffers: Any, fill: int):
-    """The decode runner's replay prep: pad the buffers, then the replay view."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
+    """The decode runner's replay prep: pad the buffers, then the replay view (the
+    replay's call with the padded buffers, 0.5.9 and 0.5.10)."""
     raw_bs, bs = fb.batch_size, inputs.graph_bs
     if bs != raw_bs:  # padding requests: the fill length on the reserved row 0
         buffers.seq_lens.fill_(fill)
@@ -356,6 +401,20 @@ def _replay_verify(backend: Any, inputs: MlaBlockTableInputs, fb: Any, buffers: 
     buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
     buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
     buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
+    if _old():  # CudaGraphRunner.replay_prepare, 0.5.9 and 0.5.10
+        backend.init_forward_metadata_replay_cuda_graph(
+            bs,
+            buffers.req_pool_indices[:bs],
+            buffers.seq_lens[:bs],
+            fb.seq_lens_sum + (bs - raw_bs) * fill,
+            None,
+            fb.forward_mode,
+            None,
+            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
+        )
+        return
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
     view = build_replay_fb_view(
         forward_batch=fb,
         buffers=buffers,
@@ -368,6 +427,48 @@ def _replay_verify(backend: Any, inputs: MlaBlockTableInputs, fb: Any, buffers: 
         is_encoder_decoder=False,
     )
     backend.init_forward_metadata_out_graph(view)
+
+
+def _replay_draft_extend_old(
+    backend: Any, inputs: MlaBlockTableInputs, fb: Any, buffers: Any, fill: int
+) -> None:
+    """0.5.9 and 0.5.10's ``EAGLEDraftExtendCudaGraphRunner.replay``, as far as attention
+    reads it: padding requests of the fill length (their ``req_pool_indices`` as the
+    buffer holds them: that runner does not reset them), accept count ``N``; the
+    backend's replay gets the whole buffers and ``spec_info`` with ``accept_length``
+    the padded buffer's first ``bs`` rows."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    raw_bs, bs, N = fb.batch_size, inputs.graph_bs, inputs.next_n
+    if bs * N != fb.input_ids.shape[0]:
+        buffers.seq_lens.fill_(fill)
+        buffers.out_cache_loc.zero_()
+        buffers.positions.zero_()
+        buffers.num_accept_tokens.fill_(N)
+        buffers.extend_seq_lens.fill_(N)
+    buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
+    buffers.extend_seq_lens[:raw_bs].copy_(fb.extend_seq_lens)
+    spec = fb.spec_info
+    buffers.num_accept_tokens[:raw_bs].copy_(spec.accept_length)
+    buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
+    if bs != raw_bs:
+        buffers.seq_lens_cpu.fill_(fill)
+    buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
+    spec.extend_seq_lens_cpu = [N] * bs
+    spec.extend_seq_lens_tensor = buffers.extend_seq_lens[:bs]
+    if bs != raw_bs:
+        spec.positions = buffers.positions[: bs * N]
+        spec.accept_length = buffers.num_accept_tokens[:bs]
+    backend.init_forward_metadata_replay_cuda_graph(
+        bs=bs,
+        req_pool_indices=buffers.req_pool_indices,
+        seq_lens=buffers.seq_lens,
+        seq_lens_sum=fb.seq_lens_sum + (bs - raw_bs) * fill,
+        encoder_lens=None,
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+        spec_info=spec,
+        seq_lens_cpu=buffers.seq_lens_cpu,
+    )
 
 
 def _replay_draft_extend(
@@ -423,13 +524,10 @@ def _run(
     backend (an upstream mutant)."""
     prepare()
     from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLABackend
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
-        resolve_draft_extend_seq_len_fill_value,
-    )
 
     width = inputs.req_to_token.shape[1]
-    with _server_args(inputs), _engine.device_capability((10, 0)):
-        runner = _model_runner(inputs, width if context_len is None else context_len)
+    with _server_args(inputs) as args, _engine.device_capability((10, 0)):
+        runner = _model_runner(inputs, width if context_len is None else context_len, args)
         with stand_ins():
             backend = TRTLLMMLABackend(runner, skip_prefill=False)
         if patch is not None:
@@ -439,9 +537,13 @@ def _run(
             backend.init_forward_metadata(fb)
             return _outputs(backend.forward_decode_metadata)
         N, max_bs, verify = inputs.next_n, max(inputs.capture_bs), inputs.phase == TARGET_VERIFY
-        if verify:
+        if verify or _old():  # the draft-extend runner of 0.5.9, 0.5.10: the backend's
             fill = backend.get_cuda_graph_seq_len_fill_value()
         else:
+            from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+                resolve_draft_extend_seq_len_fill_value,
+            )
+
             fill = resolve_draft_extend_seq_len_fill_value(backend, N)
         backend.init_cuda_graph_state(
             max_bs, max_bs * N, kv_indices_buf=kv_indices_buffer(backend, max_bs)
@@ -449,7 +551,11 @@ def _run(
         guard_block_table(backend)
         buffers = _buffers(inputs, max_bs, fill)
         _capture(backend, inputs, buffers, inputs.graph_bs)
-        (_replay_verify if verify else _replay_draft_extend)(backend, inputs, fb, buffers, fill)
+        if verify:
+            replay = _replay_verify
+        else:
+            replay = _replay_draft_extend_old if _old() else _replay_draft_extend
+        replay(backend, inputs, fb, buffers, fill)
         return _outputs(backend.decode_cuda_graph_metadata[inputs.graph_bs])
 
 
