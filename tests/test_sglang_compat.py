@@ -13,6 +13,17 @@ import types
 import pytest
 from attnfuzz.adapters.sglang import compat, shipped
 from attnfuzz.adapters.sglang.plugin import SGLANG
+from attnfuzz.adapters.sglang.testing import requires_sglang
+
+
+def _needs_sglang_environment(test):  # noqa: ANN001, ANN202
+    """A test whose fake release still goes through SGLang's environment set-up,
+    which imports transformers (installed with SGLang): it runs where SGLang is
+    installed, as CI's engine job has it, and skips elsewhere, saying why."""
+    for mark in requires_sglang:
+        test = mark(test)
+    return test
+
 
 FAKE = "attnfuzz_fake_sglang"
 
@@ -150,6 +161,7 @@ def test_the_dsa_adapter_has_a_form_for_each_release_line():
     assert forms[1] == (compat.NSA_BACKEND, compat.NSA_CAPTURE, compat.NSA_REPLAY)
 
 
+@_needs_sglang_environment
 def test_the_dsa_adapter_binds_0_5_9s_native_sparse_backend(nsa_release):
     from attnfuzz.adapters.sglang import dsa_backend
 
@@ -158,6 +170,7 @@ def test_the_dsa_adapter_binds_0_5_9s_native_sparse_backend(nsa_release):
     assert dsa_backend._backend_class() is NativeSparseAttnBackend
 
 
+@_needs_sglang_environment
 def test_without_the_fused_kernels_the_fused_replay_refuses_in_one_line(nsa_release):
     for attr in ("run_fused", "upstream_pr19016_context_len_table"):
         why = compat.binding_problem("dsa_backend", attr, "0.5.9")
@@ -182,6 +195,7 @@ def _dsa_case(phase: int, graph: bool = True):
     return Case(config, Batch((3,), (1,), seed=0, use_cudagraph=graph), params)
 
 
+@_needs_sglang_environment
 def test_a_replayed_draft_extend_is_declined_where_the_replay_reads_accept_counts(
     nsa_release, monkeypatch
 ):
@@ -219,6 +233,7 @@ class DecodeInputBuffers:
     def populate_from_forward_batch(self, *, forward_batch: object, raw_bs: int) -> None: ...
 
 
+@_needs_sglang_environment
 def test_the_graph_runner_binds_0_5_11s_populate_from_forward_batch(nsa_release, monkeypatch):
     from attnfuzz.adapters.sglang import graph_runner
 
@@ -236,6 +251,7 @@ def test_the_graph_runner_binds_0_5_11s_populate_from_forward_batch(nsa_release,
     assert why is not None and "\n" not in why
 
 
+@_needs_sglang_environment
 def test_the_graph_runner_refuses_a_runner_without_the_sliding_window_buffer(
     nsa_release, monkeypatch
 ):
@@ -306,6 +322,7 @@ def test_the_trtllm_mla_adapter_has_a_form_for_each_release_line():
     )
 
 
+@_needs_sglang_environment
 def test_the_trtllm_mla_adapter_binds_0_5_9s_capture_replay_pair(trtllm_old_release):
     from attnfuzz.adapters.sglang import trtllm_mla
 
@@ -314,6 +331,7 @@ def test_the_trtllm_mla_adapter_binds_0_5_9s_capture_replay_pair(trtllm_old_rele
     assert trtllm_mla._old()
 
 
+@_needs_sglang_environment
 def test_the_upstream_mutant_of_21987_refuses_where_the_bug_ships(trtllm_old_release):
     """0.5.9 ships #21987 in its own replay: no fix to revert, the mutant refuses in one
     line naming the release its ``init_forward_metadata_out_graph`` form binds from."""
@@ -323,6 +341,7 @@ def test_the_upstream_mutant_of_21987_refuses_where_the_bug_ships(trtllm_old_rel
     assert "SGLang 0.5.23" in why
 
 
+@_needs_sglang_environment
 def test_a_release_without_either_trtllm_mla_form_is_refused(trtllm_old_release, monkeypatch):
     class Between:  # 0.5.13 to 0.5.22: out_graph, but not 0.5.23's kernels
         def init_forward_metadata(self, forward_batch: object) -> None: ...
@@ -334,6 +353,7 @@ def test_a_release_without_either_trtllm_mla_form_is_refused(trtllm_old_release,
     assert why is not None and why.endswith("(nor any older form of it)")
 
 
+@_needs_sglang_environment
 def test_0_5_9s_draft_extend_carries_the_accept_counts_as_accept_length(trtllm_old_release):
     """0.5.9's ``accept_length`` in a v2 draft extend is the count with the bonus token
     (``eagle_info_v2.py``: ``accept_length.add_(1)  # Include the bonus token``), as a
@@ -355,6 +375,7 @@ class _ReplayRecorder:
         self.call = kwargs
 
 
+@_needs_sglang_environment
 def test_0_5_9s_draft_extend_replay_pads_as_its_runner_does(trtllm_old_release):
     """``EAGLEDraftExtendCudaGraphRunner.replay`` of 0.5.9: padding requests of the fill
     length with accept count ``N``, the whole buffers passed, ``accept_length`` the
@@ -429,6 +450,7 @@ def registry_0_5_13(monkeypatch):
     compat.binding._missing.cache_clear()
 
 
+@_needs_sglang_environment
 def test_the_graph_runner_binds_0_5_13s_registry(registry_0_5_13):
     from attnfuzz.adapters.sglang import graph_runner
 
@@ -437,6 +459,7 @@ def test_the_graph_runner_binds_0_5_13s_registry(registry_0_5_13):
     assert not graph_runner._populate()
 
 
+@_needs_sglang_environment
 def test_0_5_13s_buffers_and_view_take_their_own_arguments(registry_0_5_13):
     """Each release's constructor and view get the arguments they take of both spellings."""
     from attnfuzz.adapters.sglang import graph_runner
