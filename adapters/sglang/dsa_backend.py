@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine, compat
+from attnfuzz.adapters.sglang import _engine, _graphs, compat
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference import dsa_metadata as ref
 from attnfuzz.reference.batch import Case
@@ -300,23 +300,6 @@ def _outputs(backend: Any) -> DsaMetadataOutputs:
     )
 
 
-def _buffers(inputs: DsaMetadataInputs, max_bs: int, rows: int, fill: int) -> Any:
-    """The runner's input buffers of the largest graph, at their initial values."""
-    device = inputs.req_to_token.device
-    max_num_token = max_bs * rows
-    return types.SimpleNamespace(
-        input_ids=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        positions=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        out_cache_loc=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, device=device),
-        seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, device=device),
-        seq_lens_cpu=torch.full((max_bs,), fill, dtype=torch.int64),
-        extend_seq_lens=torch.full((max_bs,), rows, dtype=torch.int32, device=device),
-        encoder_lens=None,
-        mamba_track_indices=None,
-    )
-
-
 def _capture(backend: Any, mode: Any, buffers: Any, bs: int, rows: int) -> None:
     """Capture the graph of ``bs`` requests over the runner's buffers (fill values)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -340,39 +323,12 @@ def _capture(backend: Any, mode: Any, buffers: Any, bs: int, rows: int) -> None:
     backend.init_forward_metadata_out_graph(fb, in_capture=True)
 
 
-def _pad(buffers: Any, fb: Any, bs: int, fill: int) -> None:
-    """The runners' replay prep: padding requests of the fill length on row 0."""
-    raw_bs = fb.batch_size
-    if bs != raw_bs:
-        buffers.seq_lens.fill_(fill)
-        buffers.seq_lens_cpu.fill_(fill)
-        buffers.req_pool_indices.zero_()
-    buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
-    buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
-    buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
-
-
-def _replay_view(inputs: DsaMetadataInputs, fb: Any, buffers: Any, rows: int, fill: int) -> Any:
-    """What the backend's replay is called with: the decode runner's
-    ``build_replay_fb_view`` (decode, target verify), or the view
-    ``EAGLEDraftExtendCudaGraphRunner.execute`` builds (draft extend)."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
-    bs, raw_bs = inputs.graph_bs, fb.batch_size
-    if inputs.phase != DRAFT_EXTEND:
-        return build_replay_fb_view(
-            forward_batch=fb,
-            buffers=buffers,
-            bs=bs,
-            raw_bs=raw_bs,
-            num_tokens=bs * rows,
-            global_num_tokens_cpu=None,
-            seq_len_fill_value=fill,
-            capture_forward_mode=fb.forward_mode,
-            is_encoder_decoder=False,
-        )
+def _replay_draft_extend(backend: Any, inputs: DsaMetadataInputs, fb: Any, buffers: Any, fill: int):
+    """The view ``EAGLEDraftExtendCudaGraphRunner.execute`` builds, over the padded buffers."""
+    bs, raw_bs, rows = inputs.graph_bs, fb.batch_size, inputs.next_n
+    _graphs.pad_requests(buffers, fb, bs, fill)
     buffers.extend_seq_lens[:raw_bs].copy_(fb.extend_seq_lens)
-    return types.SimpleNamespace(
+    view = types.SimpleNamespace(
         batch_size=bs,
         forward_mode=fb.forward_mode,
         input_ids=buffers.input_ids[: bs * rows],
@@ -383,22 +339,7 @@ def _replay_view(inputs: DsaMetadataInputs, fb: Any, buffers: Any, rows: int, fi
         out_cache_loc=buffers.out_cache_loc[: bs * rows],
         spec_info=None,
     )
-
-
-def _replay_old(backend: Any, inputs: DsaMetadataInputs, fb: Any, buffers: Any, fill: int) -> None:
-    """``CudaGraphRunner.replay_prepare``'s call of 0.5.9 and 0.5.10 (decode, target
-    verify), over the buffers :func:`_pad` filled."""
-    bs, raw_bs = inputs.graph_bs, fb.batch_size
-    backend.init_forward_metadata_replay_cuda_graph(
-        bs,
-        buffers.req_pool_indices[:bs],
-        buffers.seq_lens[:bs],
-        fb.seq_lens_sum + (bs - raw_bs) * fill,
-        None,
-        fb.forward_mode,
-        None,
-        seq_lens_cpu=buffers.seq_lens_cpu[:bs],
-    )
+    backend.init_forward_metadata_out_graph(view)
 
 
 def _run(
@@ -434,13 +375,14 @@ def _run(
         max_bs = max(inputs.capture_bs)
         fill = backend.get_cuda_graph_seq_len_fill_value()
         backend.init_cuda_graph_state(max_bs, max_bs * rows)
-        buffers = _buffers(inputs, max_bs, rows, fill)
+        buffers = _graphs.runner_buffers(inputs.req_to_token.device, max_bs, rows, fill)
         _capture(backend, fb.forward_mode, buffers, inputs.graph_bs, rows)
-        _pad(buffers, fb, inputs.graph_bs, fill)
-        if _nsa():
-            _replay_old(backend, inputs, fb, buffers, fill)
-        else:
-            backend.init_forward_metadata_out_graph(_replay_view(inputs, fb, buffers, rows, fill))
+        if inputs.phase == DRAFT_EXTEND and not _nsa():
+            _replay_draft_extend(backend, inputs, fb, buffers, fill)
+        else:  # the decode runner's (0.5.9 and 0.5.10: its replay_prepare)
+            _graphs.replay_decode_runner(
+                backend, fb, buffers, inputs.graph_bs, rows, fill, old=_nsa()
+            )
         return _outputs(backend)
 
 

@@ -32,7 +32,7 @@ import types
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine, compat
+from attnfuzz.adapters.sglang import _engine, _graphs, compat
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.spec_indptr import (
     TARGET_VERIFY,
@@ -267,21 +267,10 @@ def _capture(backend: Any, runner: Any, inputs: SpecIndptrInputs, buffers: Any, 
 
 
 def _buffers(inputs: SpecIndptrInputs, max_bs: int, fill: int) -> Any:
-    """The runner's input buffers of the largest graph, at their initial values."""
-    N, device = inputs.spec.num_draft_tokens, inputs.req_to_token.device
-    max_num_token = max_bs * N
-    return types.SimpleNamespace(
-        input_ids=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        positions=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        out_cache_loc=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, device=device),
-        seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, device=device),
-        seq_lens_cpu=torch.full((max_bs,), fill, dtype=torch.int64),
-        extend_seq_lens=torch.full((max_bs,), N, dtype=torch.int32, device=device),
-        custom_mask=torch.ones((max_bs * fill + max_num_token) * N, dtype=torch.bool),
-        encoder_lens=None,
-        mamba_track_indices=None,
-    )
+    """The runner's input buffers of the largest graph, with the verify's tree mask."""
+    N = inputs.spec.num_draft_tokens
+    mask = torch.ones((max_bs * fill + max_bs * N) * N, dtype=torch.bool)
+    return _graphs.runner_buffers(inputs.req_to_token.device, max_bs, N, fill, custom_mask=mask)
 
 
 def _replay_verify(
@@ -290,47 +279,12 @@ def _replay_verify(
     """The decode runner's replay prep: pad the buffers, then the replay view."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    raw_bs, bs, N = fb.batch_size, inputs.graph_bs, inputs.spec.num_draft_tokens
-    if bs != raw_bs:  # padding requests: the fill length on the reserved row 0
-        buffers.seq_lens.fill_(fill)
-        buffers.seq_lens_cpu.fill_(fill)
-        buffers.req_pool_indices.zero_()
-    buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
-    buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
-    buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
-    if not compat.has(compat.TRITON_GRAPH):  # CudaGraphRunner.replay_prepare, 0.5.12 and older
-        backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            buffers.req_pool_indices[:bs],
-            buffers.seq_lens[:bs],
-            fb.seq_lens_sum + (bs - raw_bs) * fill,
-            None,
-            ForwardMode.TARGET_VERIFY,
-            fb.spec_info,
-            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
-        )
-        return
-    view = _build_replay_fb_view()(
-        forward_batch=fb,
-        buffers=buffers,
-        bs=bs,
-        raw_bs=raw_bs,
-        num_tokens=bs * N,
-        seq_len_fill_value=fill,
-        capture_forward_mode=ForwardMode.TARGET_VERIFY,
-        is_encoder_decoder=False,
-        **({"global_num_tokens_cpu": None} if compat.has(compat.REPLAY_FB_VIEW_GLOBAL) else {}),
-    )
-    backend.init_forward_metadata_out_graph(view)
-
-
-def _build_replay_fb_view() -> Any:
-    """The decode runner's ``build_replay_fb_view``: in ``runner/decode_cuda_graph_runner.py``,
-    or ``cuda_graph_runner.py`` where the runner was ``CudaGraphRunner`` (0.5.13)."""
-    api = compat.REPLAY_FB_VIEW if compat.has(compat.REPLAY_FB_VIEW) else compat.OLD_REPLAY_FB_VIEW
-    import importlib
-
-    return getattr(importlib.import_module(api.module), api.attr)
+    N = inputs.spec.num_draft_tokens
+    old = not compat.has(compat.TRITON_GRAPH)  # CudaGraphRunner.replay_prepare, <= 0.5.12
+    _graphs.replay_decode_runner(
+        backend, fb, buffers, inputs.graph_bs, N, fill, old=old,
+        mode=ForwardMode.TARGET_VERIFY, spec_info=fb.spec_info,
+    )  # fmt: skip
 
 
 def _replay_draft_extend(

@@ -67,7 +67,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import _engine, compat
+from attnfuzz.adapters.sglang import _engine, _graphs, compat
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference.mla_block_table import (
     TARGET_VERIFY,
@@ -338,21 +338,10 @@ def _outputs(metadata: Any) -> MlaBlockTableOutputs:
 
 
 def _buffers(inputs: MlaBlockTableInputs, max_bs: int, fill: int) -> Any:
-    """The runners' input buffers of the largest graph, at their initial values."""
+    """The runners' input buffers of the largest graph, with the draft extend's accept counts."""
     N, device = inputs.next_n, inputs.req_to_token.device
-    max_num_token = max_bs * N
-    return types.SimpleNamespace(
-        input_ids=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        positions=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        out_cache_loc=torch.zeros(max_num_token, dtype=torch.int64, device=device),
-        req_pool_indices=torch.zeros(max_bs, dtype=torch.int64, device=device),
-        seq_lens=torch.full((max_bs,), fill, dtype=torch.int64, device=device),
-        seq_lens_cpu=torch.full((max_bs,), fill, dtype=torch.int64),
-        extend_seq_lens=torch.full((max_bs,), N, dtype=torch.int32, device=device),
-        num_accept_tokens=torch.full((max_bs,), N, dtype=torch.int32, device=device),
-        encoder_lens=None,
-        mamba_track_indices=None,
-    )
+    accept = torch.full((max_bs,), N, dtype=torch.int32, device=device)
+    return _graphs.runner_buffers(device, max_bs, N, fill, num_accept_tokens=accept)
 
 
 def _capture(backend: Any, inputs: MlaBlockTableInputs, buffers: Any, bs: int) -> None:
@@ -393,40 +382,9 @@ def _capture(backend: Any, inputs: MlaBlockTableInputs, buffers: Any, bs: int) -
 def _replay_verify(backend: Any, inputs: MlaBlockTableInputs, fb: Any, buffers: Any, fill: int):
     """The decode runner's replay prep: pad the buffers, then the replay view (the
     replay's call with the padded buffers, 0.5.9 and 0.5.10)."""
-    raw_bs, bs = fb.batch_size, inputs.graph_bs
-    if bs != raw_bs:  # padding requests: the fill length on the reserved row 0
-        buffers.seq_lens.fill_(fill)
-        buffers.seq_lens_cpu.fill_(fill)
-        buffers.req_pool_indices.zero_()
-    buffers.seq_lens[:raw_bs].copy_(fb.seq_lens)
-    buffers.seq_lens_cpu[:raw_bs].copy_(fb.seq_lens_cpu)
-    buffers.req_pool_indices[:raw_bs].copy_(fb.req_pool_indices)
-    if _old():  # CudaGraphRunner.replay_prepare, 0.5.9 and 0.5.10
-        backend.init_forward_metadata_replay_cuda_graph(
-            bs,
-            buffers.req_pool_indices[:bs],
-            buffers.seq_lens[:bs],
-            fb.seq_lens_sum + (bs - raw_bs) * fill,
-            None,
-            fb.forward_mode,
-            None,
-            seq_lens_cpu=buffers.seq_lens_cpu[:bs],
-        )
-        return
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
-    view = build_replay_fb_view(
-        forward_batch=fb,
-        buffers=buffers,
-        bs=bs,
-        raw_bs=raw_bs,
-        num_tokens=bs * inputs.next_n,
-        global_num_tokens_cpu=None,
-        seq_len_fill_value=fill,
-        capture_forward_mode=fb.forward_mode,
-        is_encoder_decoder=False,
+    _graphs.replay_decode_runner(
+        backend, fb, buffers, inputs.graph_bs, inputs.next_n, fill, old=_old()
     )
-    backend.init_forward_metadata_out_graph(view)
 
 
 def _replay_draft_extend_old(
