@@ -251,7 +251,9 @@ def bugs(args: argparse.Namespace) -> list[str]:
         found = [s for s, r in zip(args.seeds, buggy, strict=True) if is_this_bug(fix, r)]
         first = next((r for r in buggy if is_this_bug(fix, r)), None)
         # The fixed release passes when none of its findings is this bug.
-        passes = not any(is_this_bug(fix, r) for r in fixed)
+        # Passing is a verdict: a seed that ran no search (unavailable, an error) is none.
+        judged = all(r.code in (PASS, FOUND, LATENT) for r in fixed)
+        passes = judged and not any(is_this_bug(fix, r) for r in fixed)
         rows.append([
             f"{fix.last_buggy} / {fix.first_fixed}", f"{fix.ref} {fix.target} `{fix.impl}`",
             fix.what,
@@ -292,6 +294,8 @@ def _fixed_cell(seeds: list[int], runs: list[Run], passes: bool) -> str:
     ]
     if passes and not others:
         return "yes"
+    if not all(r.code in (PASS, FOUND, LATENT) for r in runs):
+        return "no verdict: " + "; ".join(others)
     return ("yes, of this bug; " if passes else "no: ") + "; ".join(others)
 
 

@@ -185,3 +185,15 @@ def test_adapter_tests_count_pytest_s_summary_and_name_the_failures(
     calls.clear()
     releases.adapter_tests(args)  # stored: not run again
     assert calls == []
+
+
+def test_a_fixed_release_without_a_verdict_never_reads_as_passing(releases):
+    """A seed that ran no search on the fixed release (the implementation cannot load
+    there) is no verdict: the cell says so, never 'yes, of this bug'."""
+    unavailable = releases.Run(releases.USAGE, None, "", "", (), "cannot load sglang", 1.0)
+    passed = releases.Run(releases.PASS, None, "", "", (), "", 1.0)
+    other = releases.Run(releases.FOUND, 3, "case", "live", ("padding",), "", 1.0)
+    cell = releases._fixed_cell([0, 1], [passed, unavailable], passes=False)
+    assert cell.startswith("no verdict: ") and "cannot load sglang" in cell
+    assert releases._fixed_cell([0, 1], [passed, other], passes=True).startswith("yes, of this bug")
+    assert releases._fixed_cell([0, 1], [passed, passed], passes=True) == "yes"

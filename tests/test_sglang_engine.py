@@ -254,3 +254,32 @@ def test_the_kernel_stand_in_goes_in_only_where_the_kernels_do_not_import(monkey
         assert isinstance(sys.meta_path[-1], _engine._KernelStandInFinder)
     finally:
         _engine.stand_in_kernels.cache_clear()
+
+
+@needs_sglang
+def test_vllm_still_finds_its_device_after_sglang_was_set_up_first(tmp_path):
+    """SGLang imports some of vLLM's modules at load: set up first in a process, it
+    must leave vLLM its CPU platform (else vLLM's own code, judged later in the same
+    process, fails to find a device, and that reads as a finding on vLLM)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("attnfuzz.adapters.vllm.testing")
+    from attnfuzz.adapters.vllm import unavailable as vllm_unavailable
+
+    if vllm_unavailable() is not None:
+        pytest.skip(vllm_unavailable())
+    script = (
+        "from attnfuzz.adapters.sglang import _engine\n"
+        "_engine.prepare()\n"
+        "from sglang.srt.layers.attention import triton_backend\n"
+        "from attnfuzz.harness.registry import get_target\n"
+        "from attnfuzz.harness.testing import hand_case\n"
+        "t = get_target('mtp-seq-lens')\n"
+        "verdict = t.judge(t.resolve('vllm'), hand_case((2, 2), (3, 4), num_spec=1))\n"
+        "print('ok' if verdict.ok else verdict)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["ok"], done.stdout + done.stderr

@@ -241,10 +241,22 @@ def configure_environment() -> None:
     os.environ.setdefault("SGLANG_LOGGING_LEVEL", "ERROR")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "1":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    vllm_first()
     stand_in_torchvision()
     stand_in_kernels()
     interpreter_bool_masks()
     quiet_cpu_notices()
+
+
+def vllm_first() -> None:
+    """SGLang imports some of vLLM's modules at load, where vLLM is installed: vLLM's
+    CPU set-up (its platform, read once at its import) goes first, or vLLM, later
+    driven in the same process (a campaign of both engines, CI's engine tests),
+    would find no device."""
+    if importlib.util.find_spec("vllm") is not None:
+        from attnfuzz.adapters.vllm import _engine as vllm_engine
+
+        vllm_engine.configure_environment()
 
 
 def quiet_cpu_notices() -> None:
@@ -337,7 +349,20 @@ def _parallel_ranks() -> None:
         return
     from sglang.srt.runtime_context import get_parallel
 
-    get_parallel().override_permanently(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
+    parallel = get_parallel()
+    if hasattr(parallel, "override_permanently"):
+        parallel.override_permanently(**one_rank(parallel))
+    # Else (0.5.14 and a few after it): server_args() overrides them for each call.
+
+
+ONE_RANK = dict(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
+"""The parallel ranks of one process: tensor, attention and decode-context rank 0."""
+
+
+def one_rank(parallel: Any) -> dict[str, int]:
+    """:data:`ONE_RANK`'s fields that this release's parallel context has (0.5.14's
+    has no decode-context rank, and refuses a field it does not know)."""
+    return {name: rank for name, rank in ONE_RANK.items() if hasattr(type(parallel), name)}
 
 
 def _old_parallel_ranks() -> None:
@@ -398,7 +423,18 @@ def server_args(**fields: Any) -> Iterator[Any]:
         with _old_server_args(**fields) as args:
             yield args
         return
-    from sglang.srt.runtime_context import get_context
+    from sglang.srt.runtime_context import get_context, get_parallel
 
-    with get_context().override_server_args(device="cpu", **fields) as args:
+    parallel = get_parallel()
+    ranks = (
+        parallel.override(**one_rank(parallel))
+        if not hasattr(parallel, "override_permanently")
+        else contextlib.nullcontext()
+    )
+    context = get_context()
+    if not hasattr(context, "override_server_args"):  # 0.5.14: server args still global
+        with ranks, _old_server_args(**fields) as args:
+            yield args
+        return
+    with ranks, context.override_server_args(device="cpu", **fields) as args:
         yield args

@@ -18,10 +18,10 @@ case "$release" in
         exit 2
         ;;
 esac
-# 0.5.9 to 0.5.13 import with the transformers 0.5.11 to 0.5.13 declare (5.8.1), not
-# 0.5.23's (0.5.9 and 0.5.10 declare 4.57.1 and 5.3.0; 5.8.1 imports them).
+# 0.5.9 to 0.5.14 import with the transformers 0.5.11 to 0.5.13 declare (5.8.1), not
+# 0.5.23's (0.5.9 and 0.5.10 declare 4.57.1 and 5.3.0; 5.8.1 imports them, and 0.5.14).
 case "$release" in
-    0.5.9 | 0.5.9.* | 0.5.1[0-3] | 0.5.1[0-3].*) pinned="$here/requirements-cpu-0.5.11-0.5.13.txt" ;;
+    0.5.9 | 0.5.9.* | 0.5.1[0-4] | 0.5.1[0-4].*) pinned="$here/requirements-cpu-0.5.9-0.5.14.txt" ;;
     *) pinned="$here/requirements-cpu.txt" ;;
 esac
 "${pip[@]}" -r "$pinned" "sglang==$release"

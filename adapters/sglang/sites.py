@@ -44,6 +44,8 @@ BACKEND_METADATA = (
 # The decode graph runner's input buffers, filled before each replay.
 GRAPH_INPUTS = (
     Site("decode CUDA-graph runner", "replay", f"{_DECODE}.load_batch", "fill_from", graph=True),
+    Site("decode CUDA-graph runner", "replay", f"{_OLD_DECODE}.replay_prepare", "fill_from",
+         graph=True),  # 0.5.13's registry
     Site("decode CUDA-graph runner", "replay", f"{_OLD_DECODE}.replay_prepare",
          "populate_from_forward_batch", graph=True),
 )  # fmt: skip
