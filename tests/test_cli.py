@@ -40,8 +40,10 @@ def test_run_passes_on_triton(tmp_path, capsys):
 
 
 def test_run_finds_a_mutant_writes_the_case_and_repro_replays_it(tmp_path, capsys):
+    # Seed 1: the README's example, bug A as production met it (seed 0 minimizes to
+    # padded one-token decodes, which meet the same write-back without drafts).
     code = run(tmp_path, "--target", "indexer-decode", "--impl", "pr39542-writeback",
-               "--max-examples", "500", "--seed", "0")  # fmt: skip
+               "--max-examples", "500", "--seed", "1")  # fmt: skip
     out = capsys.readouterr().out
     assert code == 1
     (path,) = (tmp_path / "cases").glob("*.json")

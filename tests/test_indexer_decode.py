@@ -245,10 +245,12 @@ def test_the_search_draws_padded_mtp_steps(impl):
 
 
 @pytest.mark.parametrize("mutant", [m.name for m in get_target(TARGET).mutants if not m.engine])
-def test_each_minimized_case_is_an_mtp_step_whose_sizes_differ(mutant):
+def test_each_minimized_case_is_a_padded_or_mtp_step_whose_sizes_differ(mutant):
     result = assert_detected(TARGET, mutant)  # the generic test's run
     split = ref.describe(result.case)[1]
-    assert result.case.config.next_n >= 2
+    # A speculative step, or padded one-token decodes (their padding row makes
+    # N_d != sum(d) as well: the write-back needs no drafts, see docs/findings.md).
+    assert result.case.config.next_n >= 2 or split.requires_padding
     # the sizes that differ: sum(d), N_d and B*L are not all equal
     sizes = {sum(split.decode_lens), split.num_decode_tokens,
              split.num_decodes * split.max_decode_len}  # fmt: skip
