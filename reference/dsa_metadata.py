@@ -171,6 +171,25 @@ class DsaMetadataExpected:
     token_to_batch_idx: np.ndarray | None
 
 
+def paged_table(
+    gen: torch.Generator, shape: tuple[int, int], page: int, rows: np.ndarray, kv_lens: list[int]
+) -> np.ndarray:
+    """A request-to-token table of ``shape``: request ``r`` owns distinct pages for its
+    ``kv_lens[r]`` tokens on row ``rows[r]`` (token ``j`` at ``page_id * page + j % page``),
+    stale slot ids lie past them, and the reserved row 0 is all zeros."""
+    owned = sum(cdiv(kv, page) for kv in kv_lens)
+    num_pages = 1 + owned + 2  # the reserved page 0, the owned pages, two spare
+    pages = (1 + torch.randperm(num_pages - 1, generator=gen)).numpy().astype(np.int64)
+    table = torch.randint(0, num_pages * page, shape, generator=gen).numpy().astype(np.int32)
+    table[PAD_ROW] = 0
+    start = 0
+    for row, kv_len in zip(rows, kv_lens, strict=True):
+        positions = np.arange(kv_len)
+        table[row, :kv_len] = pages[start + positions // page] * page + positions % page
+        start += cdiv(kv_len, page)
+    return table
+
+
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> DsaMetadataInputs:
     """The table and the step of ``case``, from its seed."""
     config, batch = case.config, case.batch
@@ -185,18 +204,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> DsaMetadataIn
     width = config.max_model_len + N
     gen = torch.Generator().manual_seed(batch.seed ^ _DATA_SEED_SALT)
     rows = (1 + torch.randperm(num_rows - 1, generator=gen)[:R]).numpy().astype(np.int64)
-    owned = sum(cdiv(kv, page) for kv in kv_lens)
-    num_pages = 1 + owned + 2  # the reserved page 0, the owned pages, two spare
-    pages = (1 + torch.randperm(num_pages - 1, generator=gen)).numpy().astype(np.int64)
-    table = torch.randint(0, num_pages * page, (num_rows, width), generator=gen).numpy()
-    table = table.astype(np.int32)
-    table[PAD_ROW] = 0
-    start = 0
-    for r in range(R):
-        n = cdiv(kv_lens[r], page)
-        positions = np.arange(kv_lens[r])
-        table[rows[r], : kv_lens[r]] = pages[start + positions // page] * page + positions % page
-        start += n
+    table = paged_table(gen, (num_rows, width), page, rows, kv_lens)
     return DsaMetadataInputs(
         phase=phase,
         next_n=N,

@@ -50,7 +50,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from attnfuzz.reference.batch import Case, EngineConfig, cdiv
-from attnfuzz.reference.dsa_metadata import PAD_ROW, SEQ_LEN_FILL, capture_bs  # the same runners
+from attnfuzz.reference.dsa_metadata import (  # the same runners
+    PAD_ROW,
+    SEQ_LEN_FILL,
+    capture_bs,
+    paged_table,
+)
 
 TARGET_VERIFY = "target_verify"
 DRAFT_EXTEND = "draft_extend"
@@ -155,17 +160,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> MlaBlockTable
     width = config.max_model_len + N
     gen = torch.Generator().manual_seed(batch.seed ^ _DATA_SEED_SALT)
     rows = (1 + torch.randperm(num_rows - 1, generator=gen)[:R]).numpy().astype(np.int64)
-    owned = sum(cdiv(kv, page) for kv in kv_lens)
-    num_pages = 1 + owned + 2  # the reserved page 0, the owned pages, two spare
-    pages = (1 + torch.randperm(num_pages - 1, generator=gen)).numpy().astype(np.int64)
-    table = torch.randint(0, num_pages * page, (num_rows, width), generator=gen).numpy()
-    table = table.astype(np.int32)
-    table[PAD_ROW] = 0
-    start = 0
-    for r in range(R):
-        positions = np.arange(kv_lens[r])
-        table[rows[r], : kv_lens[r]] = pages[start + positions // page] * page + positions % page
-        start += cdiv(kv_lens[r], page)
+    table = paged_table(gen, (num_rows, width), page, rows, kv_lens)
     return MlaBlockTableInputs(
         phase=phase_of(case),
         next_n=N,
