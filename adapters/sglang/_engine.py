@@ -42,6 +42,21 @@ import torch
 # First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
 from attnfuzz.kernels import _triton  # isort: skip
 
+
+class StandIn(types.SimpleNamespace):
+    """An object of attnfuzz's that SGLang's code reads (a model runner, a config, a
+    pool, a runner's buffers or view). A field it lacks raises here, in attnfuzz's
+    frame, so that the error is attnfuzz's (harness/blame.py), never a finding on
+    the SGLang code that read it."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe for these
+            raise AttributeError(name)
+        raise AttributeError(
+            f"attnfuzz's stand-in has no {name!r} (the SGLang code under test reads it)"
+        )
+
+
 STAND_IN_PACKAGES = ("torchvision",)
 """Packages SGLang imports at load and never calls in the metadata code driven here."""
 
@@ -373,9 +388,9 @@ def _old_parallel_ranks() -> None:
     from sglang.srt.distributed import parallel_state
 
     if getattr(parallel_state, "_ATTN_TP", None) is None:
-        parallel_state._ATTN_TP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+        parallel_state._ATTN_TP = StandIn(world_size=1, rank_in_group=0)
     if hasattr(parallel_state, "_ATTN_CP") and parallel_state._ATTN_CP is None:
-        parallel_state._ATTN_CP = types.SimpleNamespace(world_size=1, rank_in_group=0)
+        parallel_state._ATTN_CP = StandIn(world_size=1, rank_in_group=0)
 
 
 def _default_server_args(**fields: Any) -> Any:

@@ -11,20 +11,19 @@ differs by backend and stays in each adapter.
 from __future__ import annotations
 
 import importlib
-import types
 from typing import Any
 
 import torch
-from attnfuzz.adapters.sglang import compat
+from attnfuzz.adapters.sglang import _engine, compat
 
 
 def runner_buffers(
     device: torch.device | str, max_bs: int, rows: int, fill: int, **extra: Any
-) -> types.SimpleNamespace:
+) -> _engine.StandIn:
     """The runner's input buffers of its largest graph (``max_bs`` requests of ``rows``
     query rows), at their initial values; ``extra``: a backend's own buffers."""
     max_num_token = max_bs * rows
-    return types.SimpleNamespace(
+    return _engine.StandIn(
         input_ids=torch.zeros(max_num_token, dtype=torch.int64, device=device),
         positions=torch.zeros(max_num_token, dtype=torch.int64, device=device),
         out_cache_loc=torch.zeros(max_num_token, dtype=torch.int64, device=device),

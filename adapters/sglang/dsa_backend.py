@@ -175,7 +175,7 @@ def _model_runner(inputs: DsaMetadataInputs, server_args: Any = None) -> Any:
     hf_config = PretrainedConfig(
         architectures=["DeepseekV32ForCausalLM"], index_topk=inputs.index_topk
     )
-    model_config = types.SimpleNamespace(
+    model_config = _engine.StandIn(
         hf_config=hf_config,
         context_len=inputs.context_len,
         num_attention_heads=4,
@@ -183,7 +183,7 @@ def _model_runner(inputs: DsaMetadataInputs, server_args: Any = None) -> Any:
         kv_lora_rank=4,
         qk_rope_head_dim=4,
     )
-    pool = types.SimpleNamespace(
+    pool = _engine.StandIn(
         dsa_kv_cache_store_fp8=False,
         nsa_kv_cache_store_fp8=False,  # 0.5.9, 0.5.10
         kv_cache_dim=8,
@@ -192,13 +192,13 @@ def _model_runner(inputs: DsaMetadataInputs, server_args: Any = None) -> Any:
         page_size=inputs.page_size,
     )
     old = {} if server_args is None else {"server_args": server_args}
-    return types.SimpleNamespace(
+    return _engine.StandIn(
         **old,
         device=str(table.device),
         page_size=inputs.page_size,
         model_config=model_config,
         token_to_kv_pool=pool,
-        req_to_token_pool=types.SimpleNamespace(size=table.shape[0], req_to_token=table),
+        req_to_token_pool=_engine.StandIn(size=table.shape[0], req_to_token=table),
         hisparse_coordinator=None,
         is_draft_worker=inputs.phase == DRAFT_EXTEND,
         kv_cache_dtype=torch.bfloat16,
@@ -328,7 +328,7 @@ def _replay_draft_extend(backend: Any, inputs: DsaMetadataInputs, fb: Any, buffe
     bs, raw_bs, rows = inputs.graph_bs, fb.batch_size, inputs.next_n
     _graphs.pad_requests(buffers, fb, bs, fill)
     buffers.extend_seq_lens[:raw_bs].copy_(fb.extend_seq_lens)
-    view = types.SimpleNamespace(
+    view = _engine.StandIn(
         batch_size=bs,
         forward_mode=fb.forward_mode,
         input_ids=buffers.input_ids[: bs * rows],

@@ -86,7 +86,7 @@ def _model_runner(inputs: SpecIndptrInputs, server_args: Any = None) -> Any:
     hf_config = LlamaConfig(
         num_attention_heads=2, num_key_value_heads=1, hidden_size=2 * HEAD_DIM, num_hidden_layers=1
     )
-    model_config = types.SimpleNamespace(
+    model_config = _engine.StandIn(
         attention_arch=AttentionArch.MHA,
         hf_config=hf_config,
         context_len=table.shape[1],
@@ -102,8 +102,8 @@ def _model_runner(inputs: SpecIndptrInputs, server_args: Any = None) -> Any:
     )
     translator = _translator(table, pool, device)
     N = inputs.spec.num_draft_tokens
-    return types.SimpleNamespace(
-        req_to_token_pool=types.SimpleNamespace(size=table.shape[0], req_to_token=table),
+    return _engine.StandIn(
+        req_to_token_pool=_engine.StandIn(size=table.shape[0], req_to_token=table),
         token_to_kv_pool=pool,
         token_to_kv_pool_allocator=None,
         kv_index_translator=translator,
@@ -318,7 +318,7 @@ def _replay_draft_extend(
             seq_lens_cpu=buffers.seq_lens_cpu,
         )
         return
-    view = types.SimpleNamespace(
+    view = _engine.StandIn(
         batch_size=bs,
         forward_mode=ForwardMode.DRAFT_EXTEND_V2,
         input_ids=fb.input_ids,

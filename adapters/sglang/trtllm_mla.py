@@ -62,7 +62,6 @@ bug itself, with no fix to revert). ``run_context_len`` binds as ``run`` does.
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,13 +119,13 @@ def flashinfer_utils() -> Any:
     """``flashinfer`` as ``trtllm_mla_backend`` asks it in ``__init__``: the SM count
     and the multi-CTA KV counter's byte size, which size a zeroed buffer the
     decode kernel alone reads."""
-    utils = types.SimpleNamespace(
+    utils = _engine.StandIn(
         get_device_sm_count=lambda device: NUM_SMS,
         get_trtllm_gen_multi_ctas_kv_counter_bytes=lambda bs, heads, sms: (
             MULTI_CTAS_KV_COUNTER_BYTES
         ),
     )
-    return types.SimpleNamespace(utils=utils)
+    return _engine.StandIn(utils=utils)
 
 
 def no_jit_fixup(dtype: torch.dtype) -> None:
@@ -233,7 +232,7 @@ def _model_runner(inputs: MlaBlockTableInputs, context_len: int, server_args: An
     table = inputs.req_to_token
     device = str(table.device)
     pool = _KVPool()
-    model_config = types.SimpleNamespace(
+    model_config = _engine.StandIn(
         context_len=context_len,
         num_attention_heads=HEADS,
         get_num_kv_heads=lambda tp_size: 1,
@@ -245,10 +244,10 @@ def _model_runner(inputs: MlaBlockTableInputs, context_len: int, server_args: An
         is_encoder_decoder=False,
     )
     translator = _translator(inputs, pool)
-    return types.SimpleNamespace(
+    return _engine.StandIn(
         model_config=model_config,
         device=device,
-        req_to_token_pool=types.SimpleNamespace(size=table.shape[0] - 1, req_to_token=table),
+        req_to_token_pool=_engine.StandIn(size=table.shape[0] - 1, req_to_token=table),
         token_to_kv_pool=pool,
         kv_index_translator=translator,
         page_size=inputs.page_size,
@@ -453,7 +452,7 @@ def _replay_draft_extend(
     if bs != raw_bs:
         spec.num_accept_tokens = buffers.num_accept_tokens[:bs]
         spec.num_correct_drafts = buffers.num_accept_tokens[:bs] - 1
-    view = types.SimpleNamespace(
+    view = _engine.StandIn(
         batch_size=bs,
         forward_mode=fb.forward_mode,
         input_ids=fb.input_ids,

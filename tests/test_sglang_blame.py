@@ -1,0 +1,69 @@
+"""Who is blamed for an exception in SGLang's implementations: attnfuzz's own code
+(an adapter, a stand-in) is an attnfuzz error, never a finding; SGLang's code under
+test (the real function, or one with its fix reverted) is a finding."""
+
+from __future__ import annotations
+
+import pytest
+from attnfuzz.adapters.sglang import dsa_backend, trtllm_mla
+from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.harness.cli import main
+from attnfuzz.harness.definitions import EXIT_ERROR
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.target import HarnessError
+from attnfuzz.harness.targets import dsa_metadata
+
+pytestmark = requires_sglang
+
+
+def judge(target: str, impl: str, case):
+    t = get_target(target)
+    return t.judge(t.resolve(impl), case, "cpu")
+
+
+@pytest.fixture
+def broken_stand_in(monkeypatch):
+    """The DSA adapter's model runner as a release that renamed a field it reads."""
+    real = dsa_backend._model_runner
+
+    def runner(*args, **kwargs):
+        stand_in = real(*args, **kwargs)
+        del stand_in.token_to_kv_pool.kv_cache_dim
+        return stand_in
+
+    monkeypatch.setattr(dsa_backend, "_model_runner", runner)
+
+
+def test_a_stand_in_missing_what_sglang_reads_is_an_attnfuzz_error(broken_stand_in):
+    """SGLang raises the AttributeError, on a stand-in of attnfuzz's: no finding on it."""
+    with pytest.raises(HarnessError) as err:
+        judge("dsa-metadata", "sglang-dsa", dsa_metadata.smallest_context_len_table())
+    assert "kv_cache_dim" in str(err.value)
+
+
+def test_an_adapter_s_own_fault_is_an_attnfuzz_error(monkeypatch):
+    monkeypatch.setattr(trtllm_mla, "_outputs", None)
+    with pytest.raises(HarnessError, match=r"adapters/sglang/trtllm_mla\.py:\d+"):
+        judge("mla-block-table", "sglang-trtllm-mla",
+              get_target("mla-block-table").resolve("upstream-pr21987-accept-length-layout")
+              .smallest())  # fmt: skip
+
+
+def test_run_of_a_faulty_adapter_exits_4_with_no_case(broken_stand_in, tmp_path, capsys):
+    out = tmp_path / "cases"
+    code = main(
+        ["run", "--target", "dsa-metadata", "--impl", "sglang-dsa", "--seed", "0",
+         "--max-examples", "5", "--out", str(out), "--db", str(tmp_path / "db")]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == EXIT_ERROR and "[attnfuzz error]" in text
+    assert "FAIL" not in text and not out.exists()
+
+
+def test_sglang_s_own_code_stays_a_finding():
+    """The fix reverted in SGLang's function (under test): its failure is a finding."""
+    verdict = judge(
+        "dsa-metadata", "upstream-pr19016-context-len-table",
+        dsa_metadata.smallest_context_len_table(),
+    )  # fmt: skip
+    assert not verdict.ok and verdict.key == "shape"
