@@ -185,6 +185,15 @@ class Batch:
     decides (:func:`attnfuzz.reference.runner.step_plan`). ``dp_peer_tokens``
     is the largest token count of another data-parallel rank this step (0:
     one rank), ``dp_peer_uniform`` whether that rank runs a uniform decode.
+
+    A step of a trace (:mod:`attnfuzz.reference.trace`) also says what the
+    scheduler knows of its requests across steps: ``req_ids`` (each request's
+    id, distinct), ``pages`` (each request's KV pages in order, as the
+    scheduler's block table holds them: at least the pages its ``seq_len``
+    needs) and ``new_pages`` (how many of them the request gained this step: the
+    scheduler output's new block ids; all of them for a request new to the
+    engine). Empty: a step on its own, its requests ``0..R-1``, all new, their
+    pages drawn from the seed.
     """
 
     num_computed_tokens: tuple[int, ...]
@@ -193,6 +202,9 @@ class Batch:
     use_cudagraph: bool = True
     dp_peer_tokens: int = 0
     dp_peer_uniform: bool = False
+    req_ids: tuple[int, ...] = ()
+    pages: tuple[tuple[int, ...], ...] = ()
+    new_pages: tuple[int, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -203,7 +215,7 @@ class Batch:
         return tuple(c + q for c, q in zip(self.num_computed_tokens, self.q_lens, strict=True))
 
     def to_dict(self) -> dict:
-        return {
+        d: dict = {
             "num_computed_tokens": list(self.num_computed_tokens),
             "q_lens": list(self.q_lens),
             "seed": self.seed,
@@ -211,6 +223,16 @@ class Batch:
             "dp_peer_tokens": self.dp_peer_tokens,
             "dp_peer_uniform": self.dp_peer_uniform,
         }
+        if self.req_ids or self.pages or self.new_pages:  # a trace's step; absent otherwise
+            d["req_ids"] = list(self.req_ids)
+            d["pages"] = [list(p) for p in self.pages]
+            d["new_pages"] = list(self.new_pages)
+        return d
+
+    @property
+    def request_ids(self) -> tuple[int, ...]:
+        """Each request's id: ``req_ids``, or ``0..R-1`` for a step on its own."""
+        return self.req_ids or tuple(range(self.num_reqs))
 
     @classmethod
     def from_dict(cls, d: dict) -> Batch:
@@ -221,6 +243,9 @@ class Batch:
             use_cudagraph=bool(d.get("use_cudagraph", True)),
             dp_peer_tokens=int(d.get("dp_peer_tokens", 0)),
             dp_peer_uniform=bool(d.get("dp_peer_uniform", False)),
+            req_ids=tuple(int(x) for x in d.get("req_ids", ())),
+            pages=tuple(tuple(int(x) for x in row) for row in d.get("pages", ())),
+            new_pages=tuple(int(x) for x in d.get("new_pages", ())),
         )
 
 
@@ -337,13 +362,23 @@ def padded_num_tokens(config: EngineConfig, batch: Batch) -> int | None:
 def build_block_table(config: EngineConfig, batch: Batch) -> tuple[np.ndarray, int]:
     """Block table [R, W] and the number of pages in the cache, from the seed.
 
-    Real requests get distinct random pages; entries past a request's valid
+    Real requests get distinct random pages (a trace's step: the pages the
+    scheduler gave them, ``batch.pages``); entries past a request's valid
     pages hold stale ids drawn from the whole cache (they must never be read).
     """
     bs, width = config.block_size, config.max_blocks_per_seq
     needed = [cdiv(s, bs) for s in batch.seq_lens]
-    num_blocks = sum(needed) + 2  # two spare pages that no request owns
     gen = torch.Generator().manual_seed(batch.seed)
+    if batch.pages:
+        # Two spare pages past the largest one any request holds.
+        num_blocks = max((max(p, default=0) for p in batch.pages), default=0) + 3
+        stale = torch.randint(0, num_blocks, (batch.num_reqs, width), generator=gen)
+        table = stale.numpy().astype(np.int32)
+        for r, row in enumerate(batch.pages):
+            n = min(len(row), width)
+            table[r, :n] = row[:n]
+        return table, num_blocks
+    num_blocks = sum(needed) + 2  # two spare pages that no request owns
     pages = torch.randperm(num_blocks, generator=gen).numpy().astype(np.int32)
     stale = torch.randint(0, num_blocks, (batch.num_reqs, width), generator=gen)
     table = stale.numpy().astype(np.int32)

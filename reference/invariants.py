@@ -64,6 +64,7 @@ def batch_violations(config: EngineConfig, batch: Batch) -> list[str]:
     is_decode = [q <= config.threshold for q in batch.q_lens]
     if any(not a and b for a, b in zip(is_decode, is_decode[1:], strict=False)):
         out.append(f"decodes must come first: q_lens={list(batch.q_lens)}")
+    out += scheduler_violations(config, batch)
     if not 0 <= batch.seed < 2**63:
         out.append("seed must be a non-negative 64-bit integer")
     if not 0 <= batch.dp_peer_tokens <= config.max_num_batched_tokens:
@@ -79,6 +80,35 @@ def batch_violations(config: EngineConfig, batch: Batch) -> list[str]:
             f"a uniform decode peer has a multiple of next_n={config.next_n} tokens, "
             f"at most max_num_seqs={config.max_num_seqs} requests"
         )
+    return out
+
+
+def scheduler_violations(config: EngineConfig, batch: Batch) -> list[str]:
+    """A trace step's view of its requests (``req_ids``, ``pages``, ``new_pages``):
+    all three or none, one entry per request, distinct ids, distinct pages that
+    cover each ``seq_len`` within the block table's width."""
+    fields = (batch.req_ids, batch.pages, batch.new_pages)
+    if not any(fields):
+        return []
+    R = batch.num_reqs
+    if any(len(f) != R for f in fields):
+        return [f"req_ids, pages and new_pages need one entry per request ({R})"]
+    out = []
+    if len(set(batch.req_ids)) != R or min(batch.req_ids) < 0:
+        out.append(f"req_ids must be distinct and >= 0: {list(batch.req_ids)}")
+    held: list[int] = [p for row in batch.pages for p in row]
+    if len(set(held)) != len(held) or any(p < 0 for p in held):
+        out.append("requests' pages must be distinct and >= 0")
+    for r, (row, new, seq_len) in enumerate(
+        zip(batch.pages, batch.new_pages, batch.seq_lens, strict=True)
+    ):
+        if not cdiv(seq_len, config.block_size) <= len(row) <= config.max_blocks_per_seq:
+            out.append(
+                f"request {r} holds {len(row)} pages: seq_len {seq_len} needs "
+                f"{cdiv(seq_len, config.block_size)}, the table has {config.max_blocks_per_seq}"
+            )
+        if not 0 <= new <= len(row):
+            out.append(f"request {r}: new_pages={new} outside [0, {len(row)}]")
     return out
 
 

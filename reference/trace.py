@@ -1,0 +1,140 @@
+"""A trace: one engine instance's life over several scheduler steps.
+
+An engine is one long-lived object: its persistent buffers, block-table rows
+and request states outlive a step. A :class:`Trace` is an engine config, the
+target's parameters and the steps the scheduler hands that one engine, in
+order. Each step is a :class:`~attnfuzz.reference.batch.Batch` that also says
+what the scheduler knows across steps (``req_ids``, ``pages``, ``new_pages``):
+requests arrive and take a free row and pages, prefill in chunks, decode with
+speculative tokens whose rejected drafts roll ``num_computed_tokens`` back,
+finish (their rows and pages go to later requests) or are preempted (they
+leave, and return later to recompute).
+
+The reference stays stateless: step ``k`` is judged from its own
+:class:`~attnfuzz.reference.batch.Case` (:meth:`Trace.case`), the scheduler's
+view of that step. Only the implementation under test lives across the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnfuzz.reference.batch import FLOAT_DTYPES, Batch, Case, EngineConfig
+
+
+@dataclass(frozen=True)
+class Trace:
+    """An engine config, the target's parameters, and the steps of one engine's life."""
+
+    config: EngineConfig
+    steps: tuple[Batch, ...]
+    params: tuple[tuple[str, int], ...] = ()
+    # As Case.dtype: the float dtype it was found in, a setting of the replay.
+    dtype: str | None = field(default=None, compare=False)
+
+    def case(self, k: int) -> Case:
+        """Step ``k`` as a case on its own: what the reference judges it from."""
+        return Case(self.config, self.steps[k], self.params, self.dtype)
+
+    def cases(self) -> list[Case]:
+        return [self.case(k) for k in range(len(self.steps))]
+
+    def prefix(self, n: int) -> Trace:
+        """The first ``n`` steps."""
+        return Trace(self.config, self.steps[:n], self.params, self.dtype)
+
+    def to_dict(self) -> dict:
+        d: dict = {
+            "config": self.config.to_dict(),
+            "steps": [step.to_dict() for step in self.steps],
+        }
+        if self.params:
+            d["params"] = dict(self.params)
+        if self.dtype is not None:
+            d["dtype"] = self.dtype
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Trace:
+        params = d.get("params", {})
+        if not isinstance(params, dict):
+            raise TypeError(f"params must be an object, got {type(params).__name__}")
+        dtype = d.get("dtype")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
+        steps = d["steps"]
+        if not isinstance(steps, list) or not steps:
+            raise ValueError("a trace needs at least one step")
+        return cls(
+            EngineConfig.from_dict(d["config"]),
+            tuple(Batch.from_dict(s) for s in steps),
+            tuple(sorted((str(k), v) for k, v in params.items())),
+            dtype,
+        )
+
+    @classmethod
+    def of_case(cls, case: Case) -> Trace:
+        """A case on its own as a trace of one step."""
+        return cls(case.config, (case.batch,), case.params, case.dtype)
+
+    @classmethod
+    def of_cases(cls, cases: list[Case]) -> Trace:
+        """Cases judged one after another (by one engine) as a trace: they must share
+        their config and parameters, as the examples of one run's search need not."""
+        first = cases[0]
+        return cls(first.config, tuple(c.batch for c in cases), first.params, first.dtype)
+
+
+def step_summary(prev: Batch | None, step: Batch) -> str:
+    """One line of what the scheduler did between ``prev`` and ``step``: requests that
+    arrived, finished (or were preempted) and had drafts rejected, and the step's shape."""
+    ids = step.request_ids
+    before = dict(zip(prev.request_ids, prev.seq_lens, strict=True)) if prev is not None else {}
+    arrived = [
+        i for i, n in zip(ids, step.new_pages or [1] * len(ids), strict=True) if i not in before
+    ]
+    gone = [i for i in before if i not in ids]
+    rolled = [
+        i
+        for i, computed in zip(ids, step.num_computed_tokens, strict=True)
+        if i in before and computed < before[i]
+    ]
+    parts = [f"{step.num_reqs} requests, {sum(step.q_lens)} tokens, q_lens {list(step.q_lens)}"]
+    if arrived and prev is not None:
+        parts.append(f"arrived {arrived}")
+    if gone:
+        parts.append(f"left {gone}")
+    if rolled:
+        parts.append(f"drafts rejected {rolled}")
+    if not step.use_cudagraph:
+        parts.append("forced eager")
+    return "; ".join(parts)
+
+
+def trace_violations(trace: Trace) -> list[str]:
+    """What makes ``trace`` a life no engine could have (each step's own invariants
+    are :func:`~attnfuzz.reference.invariants.violations`'): a request that stays
+    from one step to the next keeps its pages, gaining ``new_pages`` at the end;
+    a request new to the engine gains all its pages. A step without the
+    scheduler's fields (``req_ids``) is a step on its own: its requests are new."""
+    out = []
+    prev: dict[int, tuple[int, ...]] = {}
+    for k, step in enumerate(trace.steps):
+        ids = step.request_ids
+        held = dict(zip(ids, step.pages, strict=False)) if step.pages else {}
+        for r, req in enumerate(ids):
+            if not step.pages:
+                break
+            pages, new = step.pages[r], step.new_pages[r]
+            before = prev.get(req)
+            if before is None and new != len(pages):
+                out.append(f"step {k}: request {req} is new, yet gains {new} of {len(pages)} pages")
+            elif before is not None and (
+                pages[: len(before)] != before or len(pages) - len(before) != new
+            ):
+                out.append(
+                    f"step {k}: request {req} held pages {list(before)}, now {list(pages)} "
+                    f"with {new} new"
+                )
+        prev = held
+    return out
