@@ -18,18 +18,22 @@ from collections.abc import Callable, Sequence
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.settings import fuzz_settings
 from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.traces import trace_labels
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import SMALL, Scale, scenario_labels
 from hypothesis import event, example, given
 from hypothesis import settings as Settings
 from hypothesis import target as guide
 
 
-def corpus_key(target: str, implementation: str) -> bytes:
+def corpus_key(target: str, implementation: str, traced: bool = False) -> bytes:
     """The example-database key of a target and implementation: it names only what
     is fuzzed, so saved failures survive edits of the harness and are shared by
-    ``attnfuzz run``, ``attnfuzz campaign`` and the pytest plugin."""
-    return f"attnfuzz.campaign/{target}/{implementation}".encode()
+    ``attnfuzz run``, ``attnfuzz campaign`` and the pytest plugin. Trace runs
+    (``traced``) keep their own corpus: their examples are traces."""
+    key = f"attnfuzz.campaign/{target}/{implementation}"
+    return f"{key}/trace".encode() if traced else key.encode()
 
 
 # ---------------------------------------------------------------------------
@@ -60,8 +64,9 @@ def finding_class(key: str) -> type[Finding]:
     return _FINDINGS[key]
 
 
-Judge = Callable[[Case], Verdict]
-OnCase = Callable[[Case, Verdict, list[str]], None]
+Example = Case | Trace  # one step on its own, or one engine's steps
+Judge = Callable[[Example], Verdict]
+OnCase = Callable[[Example, Verdict, list[str]], None]
 
 
 def fuzz_test(
@@ -73,6 +78,7 @@ def fuzz_test(
     scale: Scale = SMALL,
     on_case: OnCase | None = None,
     examples: Sequence[Case] = (),
+    traced: bool = False,
 ) -> Callable[[], None]:
     """A Hypothesis test of ``impl`` over ``target.cases(scale, impl)``; call it to search.
 
@@ -93,16 +99,24 @@ def fuzz_test(
     raise a :class:`BaseException` that is not an :class:`Exception` to end
     the search: Hypothesis lets it through. Seed the test with
     :func:`hypothesis.seed` for a derandomized run.
+
+    ``traced``: the examples are traces (``target.traces(scale, impl)``), each
+    judged as one engine's life (by default :meth:`Target.judge_trace` in this
+    process), and their corpus is :func:`corpus_key` of the implementation's
+    trace runs.
     """
     if judge is None:
 
-        def judge(case: Case) -> Verdict:
-            return target.judge(impl, case)
+        def judge(example: Example) -> Verdict:
+            if isinstance(example, Trace):
+                return target.judge_trace(impl, example)
+            return target.judge(impl, example)
 
     guided = tuple(target.guided)
+    labelled = trace_labels if traced else scenario_labels
 
-    def check(case: Case) -> None:
-        labels = scenario_labels(case)
+    def check(case: Example) -> None:
+        labels = labelled(case)
         for label in labels:
             event(label)
         verdict = judge(case)
@@ -117,9 +131,9 @@ def fuzz_test(
     check.__name__ = re.sub(r"\W", "_", f"fuzz_{target.name}_{impl.name}")
     for case in reversed(examples):  # the outermost @example runs first
         check = example(case)(check)
-    test = (settings if settings is not None else fuzz_settings())(
-        given(target.cases(scale, impl))(check)
-    )
-    # One corpus per target and implementation, shared by every command.
-    test._hypothesis_internal_database_key = corpus_key(target.name, impl.name)  # type: ignore[attr-defined]
+    drawn = target.traces(scale, impl) if traced else target.cases(scale, impl)
+    test = (settings if settings is not None else fuzz_settings())(given(drawn)(check))
+    # One corpus per target and implementation (and its trace runs), shared by every command.
+    key = corpus_key(target.name, impl.name, traced)
+    test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
     return test

@@ -44,12 +44,15 @@ from attnfuzz.harness.blame import attnfuzz_fault
 from attnfuzz.harness.errors import HarnessError, UsageError
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.traces import judge_trace
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 
 DEFAULT_TIMEOUT_S = 30.0  # per example; the first Triton call on a GPU compiles
 # faulthandler dumps the hung child's frames this long before it is killed.
 DUMP_LEAD_S = 0.5
 OUTPUT_CAP = 4 << 20  # bytes of the children's stdout/stderr kept
+HISTORY = 32  # cases a judge remembers its child judged (IsolatedJudge.history)
 
 
 class OutOfTime(Exception):
@@ -143,11 +146,17 @@ def _child(
             message = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
-        case = Case.from_dict(message)
         clock: Counter = Counter()
-        faulthandler.dump_traceback_later(max(timeout_s - DUMP_LEAD_S, 0.1), file=fault_file)
+        traced = "steps" in message  # a trace (this child is new), else one case
+        steps = len(message["steps"]) if traced else 1
+        wait = timeout_s * steps
+        faulthandler.dump_traceback_later(max(wait - DUMP_LEAD_S, 0.1), file=fault_file)
         try:
-            verdict = target.judge(impl, case, device, clock)
+            if traced:
+                trace = Trace.from_dict(message)
+                verdict = judge_trace(target, impl, trace, device, clock)
+            else:
+                verdict = target.judge(impl, Case.from_dict(message), device, clock)
             reply: tuple = ("verdict", _verdict_state(verdict), dict(clock))
         except UsageError as err:
             reply = ("usage", f"{type(err).__name__}\n{err}")
@@ -163,6 +172,18 @@ def _child(
         conn.send(reply)
 
 
+def _import_lazy_modules() -> None:
+    """Import in the parent what the oracle imports on its first comparison, so that a
+    forked child (one per trace) does not pay it again: ``torch.testing.assert_close``
+    imports ``torch.distributed.tensor`` (over half a second) on its first call."""
+    import importlib
+
+    try:
+        importlib.import_module("torch.distributed.tensor")
+    except Exception:  # noqa: BLE001, S110 - a torch without it: assert_close will not ask
+        pass
+
+
 def _one_exception(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(err)).strip().replace("\n", " ")
 
@@ -171,6 +192,7 @@ def _verdict_state(verdict: Verdict) -> dict[str, Any]:
     return {
         "mismatches": [m.to_dict() for m in verdict.mismatches],
         "statistics": dict(verdict.statistics),
+        "step": verdict.step,
     }
 
 
@@ -194,7 +216,10 @@ class IsolatedJudge:
         self._output_path = self._dir / "output.log"
         self._proc: Any = None
         self._conn: Any = None
-        self.children = 0  # children started: 1 + one per crash or timeout
+        self.children = 0  # children started: 1 + one per crash, timeout or fresh replay
+        # The cases the running child judged, oldest first (the last HISTORY of them):
+        # what ran before a case in the same process, should its verdict depend on it.
+        self.history: list[Case] = []
 
     # -- the child ------------------------------------------------------------
 
@@ -211,6 +236,8 @@ class IsolatedJudge:
         parent_end, child_end = ctx.Pipe()
         self._fault_path.write_text("")
         forked = ctx.get_start_method() == "fork"
+        if forked:
+            _import_lazy_modules()
         if forked:  # an engine's adapter imports the engine once, here, not in every child
             try:
                 self.impl.prepare()
@@ -236,6 +263,7 @@ class IsolatedJudge:
         child_end.close()
         self._conn = parent_end
         self.children += 1
+        self.history = []
 
     def _stop(self) -> None:
         if self._proc is None:
@@ -278,19 +306,46 @@ class IsolatedJudge:
         ``deadline`` (``time.time()``) bounds the wait whatever the timeout:
         past it the child is killed and :class:`OutOfTime` raised, the case
         left unjudged, so that a budget holds even while a call hangs.
+
+        The child lives on from case to case (each case a new engine, for an
+        implementation with ``new_engine()``); what it keeps otherwise (a
+        module's state) leaks from one case into the next: :meth:`judge_fresh`
+        judges a case in a new process, and :attr:`history` says what ran before.
         """
         if self._proc is None or not self._proc.is_alive():
             self._stop()
             self._start()
+        self.history = [*self.history[-(HISTORY - 1) :], case]
+        return self._ask(case.to_dict(), self.timeout_s, clock, deadline)
+
+    def judge_fresh(
+        self, case: Case, clock: Counter | None = None, deadline: float | None = None
+    ) -> Verdict:
+        """The verdict on ``case`` in a new process: nothing judged before can leak into it."""
+        self._stop()
+        return self.judge(case, clock, deadline)
+
+    def judge_trace(
+        self, trace: Trace, clock: Counter | None = None, deadline: float | None = None
+    ) -> Verdict:
+        """The verdict on ``trace`` (:func:`~attnfuzz.harness.traces.judge_trace`), its
+        steps judged in order in a new process, the timeout applying to each step."""
+        self._stop()
+        self._start()
+        return self._ask(trace.to_dict(), self.timeout_s * len(trace.steps), clock, deadline)
+
+    def _ask(
+        self, message: dict, timeout_s: float, clock: Counter | None, deadline: float | None
+    ) -> Verdict:
         where = self.impl.name
         try:
-            self._conn.send(case.to_dict())
+            self._conn.send(message)
         except (BrokenPipeError, OSError):  # died between two cases: a fresh child
             self._stop()
             self._start()
-            self._conn.send(case.to_dict())
+            self._conn.send(message)
         started = time.monotonic()
-        wait = self.timeout_s
+        wait = timeout_s
         cut = deadline is not None and deadline - time.time() < wait
         if cut:
             wait = max(deadline - time.time(), 0.0)
@@ -307,7 +362,7 @@ class IsolatedJudge:
             raise OutOfTime
         self._trim_output()
         if reply is None:
-            return self._fault_verdict(where, time.monotonic() - started)
+            return self._fault_verdict(where, time.monotonic() - started, timeout_s)
         kind, *body = reply
         if kind == "usage":
             name, _, message = body[0].partition("\n")
@@ -321,12 +376,13 @@ class IsolatedJudge:
             clock.update(phases)
         verdict = Verdict([Mismatch(**m) for m in state["mismatches"]])
         verdict.statistics = state["statistics"]
+        verdict.step = state["step"]
         return verdict
 
-    def _fault_verdict(self, where: str, waited: float) -> Verdict:
+    def _fault_verdict(self, where: str, waited: float, timeout_s: float) -> Verdict:
         """The child hung (no reply within the timeout) or died: say which, and where."""
         # A child that closed the pipe is dying (faulthandler may still be writing).
-        self._proc.join(timeout=max(self.timeout_s - waited, 0.0))
+        self._proc.join(timeout=max(timeout_s - waited, 0.0))
         alive = self._proc.is_alive()
         if alive:
             self._proc.kill()
@@ -339,7 +395,7 @@ class IsolatedJudge:
         self._stop()
         if alive:
             detail = fault[1] if fault else ""
-            return Verdict([timeout_mismatch(where, self.timeout_s, detail)])
+            return Verdict([timeout_mismatch(where, timeout_s, detail)])
         detail = _exit_detail(exitcode)
         if fault is not None and fault[0] == Check.CRASH:
             detail = f"{detail} ({fault[1]})"

@@ -34,6 +34,7 @@ from attnfuzz.harness.oracle import (
     expect_no_allocation,
     output_mismatch,
 )
+from attnfuzz.harness.traces import new_engine
 from attnfuzz.reference.batch import Case, using_float_dtype
 from attnfuzz.reference.history import RemovedField
 
@@ -56,8 +57,13 @@ def judge(
     case: Case,
     device: torch.device | str | None = None,
     clock: Counter | None = None,
+    fresh_engine: bool = True,
 ) -> Verdict:
     """Run ``impl`` on ``case`` and compare it with ``target``'s reference.
+
+    ``fresh_engine``: the case is a step on its own, run by a new engine (the
+    implementation's ``new_engine()``, when it has one, is called first); False
+    for a step of a trace (:func:`attnfuzz.harness.traces.judge_trace`).
 
     A case the engine could not produce, or one ``impl`` was never meant to
     run (:meth:`Target.refuse_unfixed`), is refused with :class:`InvalidCase`
@@ -95,6 +101,8 @@ def judge(
     allocated: list[str] = []
     with sigint_noted() as interrupted:
         try:
+            if fresh_engine:
+                new_engine(impl)
             if target.asks_graph_safety(impl):
                 got, allocated = allocations(impl.fn, inputs)
             else:

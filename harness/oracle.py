@@ -110,6 +110,8 @@ class Verdict:
     # Counts the target reports of the implementation's work on this case
     # (e.g. pages walked vs pages needed); informative, never a verdict.
     statistics: dict[str, int] = field(default_factory=dict)
+    # A trace's verdict: the step (0-based) it failed at; None for a case on its own.
+    step: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,7 +130,8 @@ class Verdict:
     def __str__(self) -> str:
         if self.ok:
             return "PASS"
-        lines = [f"FAIL ({self.key})"] + [f"  {m}" for m in self.mismatches[:8]]
+        at = f" at step {self.step}" if self.step is not None else ""
+        lines = [f"FAIL ({self.key}){at}"] + [f"  {m}" for m in self.mismatches[:8]]
         if len(self.mismatches) > 8:
             lines.append(f"  ... and {len(self.mismatches) - 8} more")
         return "\n".join(lines)

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
@@ -19,6 +20,7 @@ from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.oracle import Check, Verdict
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import SMALL, Scale
 from hypothesis import seed
 from hypothesis.database import ExampleDatabase
@@ -43,7 +45,7 @@ class _NotShrunk(BaseException):
 # whole timeout. A crash is shrunk (a new judging child per case is cheap).
 ENDS_RUN_UNSHRUNK = frozenset({Check.TIMEOUT})
 
-Judge = Callable[[Case, Counter], Verdict]
+Judge = Callable[[Any, Counter], Verdict]  # a Case, or a Trace in a traced run
 
 
 @dataclass
@@ -54,7 +56,7 @@ class RunResult:
     examples_to_failure: int | None = None  # cases judged until the first failure
     seconds: float = 0.0
     seconds_to_failure: float | None = None  # from the first example
-    case: Case | None = None  # the minimized failing case
+    case: Case | Trace | None = None  # the minimized failing case (or trace)
     verdict: Verdict | None = None
     labels: Counter = field(default_factory=Counter)
     phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
@@ -92,7 +94,8 @@ def fuzz(
     on_case: Callable[[Case, Verdict], None] | None = None,
     judge: Judge | None = None,
     stop_requested: Callable[[], bool] | None = None,
-    examples: Sequence[Case] = (),
+    examples: Sequence[Case | Trace] = (),
+    traced: bool = False,
 ) -> RunResult:
     """Run a campaign; a failure is shrunk and returned, never raised. A
     :class:`HarnessError` (attnfuzz's own code failed) ends the run at once and is
@@ -119,10 +122,17 @@ def fuzz(
     ``examples`` are judged first, as Hypothesis explicit examples (see
     :func:`~attnfuzz.harness.engine.fuzz_test`): a failing one is the run's
     case, unshrunk, and ends the run.
+
+    ``traced``: the examples are traces of one engine's steps
+    (:class:`~attnfuzz.reference.trace.Trace`), judged by ``judge`` (by default
+    :meth:`Target.judge_trace`); ``case`` is then the minimized failing trace,
+    and ``verdict.step`` the step it fails at.
     """
     if judge is None:
 
-        def judge(case: Case, clock: Counter) -> Verdict:
+        def judge(case: Case | Trace, clock: Counter) -> Verdict:
+            if isinstance(case, Trace):
+                return target.judge_trace(impl, case, device, clock)
             return target.judge(impl, case, device, clock)
 
     result = RunResult(target.name, impl.name)
@@ -176,6 +186,7 @@ def fuzz(
         scale=scale,
         on_case=record,
         examples=examples,
+        traced=traced,
     )
     if rng_seed is not None:
         test = seed(rng_seed)(test)

@@ -37,6 +37,7 @@ from attnfuzz.reference.batch import (
 )
 from attnfuzz.reference.invariants import violations
 from attnfuzz.reference.runner import CG_SUPPORTS
+from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
     SMALL,
@@ -46,6 +47,7 @@ from attnfuzz.strategies.batches import (
     fixes_problems,
     fixes_violations,
 )
+from attnfuzz.strategies.traces import traces
 from hypothesis import strategies as st
 
 if TYPE_CHECKING:
@@ -72,11 +74,11 @@ class Implementation:
     description: str = ""
     # Mutants only, for the zoo's scoreboard: ``reach`` says a case runs the
     # code the bug lives in; ``trigger`` says the case meets the bug's condition.
-    trigger: Callable[[Case], bool] | None = None
-    reach: Callable[[Case], bool] | None = None
+    trigger: Callable[[Any], bool] | None = None  # of a Case (a Trace when ``traced``)
+    reach: Callable[[Any], bool] | None = None
     # The smallest case that triggers the bug, derived by hand (docs/domain.md, section 8,
     # gives each bug's): what a minimized case is measured against.
-    smallest: Callable[[], Case] | None = None
+    smallest: Callable[[], Any] | None = None
     # The engine whose own code this is ("vllm"), None for attnfuzz's own code;
     # ``unavailable()`` says why it cannot run here (an optional install), or None.
     engine: str | None = None
@@ -89,6 +91,11 @@ class Implementation:
     # Why the installed engine runs ``case`` through other code than the target's
     # (one line), else None: such cases are not drawn for it, and are refused.
     declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
+    # It lives across steps: the state it keeps from one step to the next is what is
+    # judged, so it is fuzzed with traces of one engine's steps (``attnfuzz run
+    # --trace``, :meth:`Target.traces`); a mutant's ``reach`` and ``trigger`` then
+    # read a :class:`~attnfuzz.reference.trace.Trace`, and ``smallest`` returns one.
+    traced: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -109,16 +116,17 @@ class Implementation:
         fn: Callable[[Any], Any],
         description: str,
         *,
-        reach: Callable[[Case], bool],
-        trigger: Callable[[Case], bool],
-        smallest: Callable[[], Case],
+        reach: Callable[[Any], bool],
+        trigger: Callable[[Any], bool],
+        smallest: Callable[[], Any],
         **fields: Any,
     ) -> Implementation:
         """A mutant as a target declares it: the bug (``fn``, ``description``) with
         everything the zoo measures it by, none left out: ``reach`` (a case runs
         the code the bug lives in), ``trigger`` (a case meets its condition) and
         ``smallest`` (the smallest triggering case, derived by hand); ``fields``:
-        the optional ones (``fixes``, ``declines``, ``engine``, ``unavailable``)."""
+        the optional ones (``fixes``, ``declines``, ``engine``, ``unavailable``,
+        ``traced``: a bug of the engine's life, whose three read and give traces)."""
         return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
 
     def why_unavailable(self) -> str | None:
@@ -265,6 +273,33 @@ class Target:
         drawn = cases(scale, params, fixes, self.cg_supports, self.varlen_decode)
         declines = impl.declines if impl is not None else None
         return drawn if declines is None else drawn.filter(lambda case: declines(case) is None)
+
+    def traces(
+        self, scale: Scale = SMALL, impl: Implementation | None = None
+    ) -> st.SearchStrategy[Trace]:
+        """The traces of this target at ``scale`` (one engine's steps,
+        :mod:`attnfuzz.strategies.traces`); with ``impl``, only those whose every
+        step it accepts, as :meth:`cases`."""
+        params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
+        fixes = impl.fixes if impl is not None else None
+        drawn = traces(scale, params, fixes, self.cg_supports, self.varlen_decode)
+        declines = impl.declines if impl is not None else None
+        if declines is None:
+            return drawn
+        return drawn.filter(lambda t: all(declines(c) is None for c in t.cases()))
+
+    def judge_trace(
+        self,
+        impl: Implementation,
+        trace: Trace,
+        device: torch.device | str | None = None,
+        clock: Counter | None = None,
+    ) -> Verdict:
+        """Run ``impl`` over ``trace``'s steps as one engine, each step compared with the
+        reference: see :func:`attnfuzz.harness.traces.judge_trace`."""
+        from attnfuzz.harness.traces import judge_trace
+
+        return judge_trace(self, impl, trace, device, clock)
 
     def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
         """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field

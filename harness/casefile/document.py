@@ -20,6 +20,7 @@ from attnfuzz.reference.batch import (
     float_dtype_name,
     split_decodes_and_prefills,
 )
+from attnfuzz.reference.trace import Trace, step_summary
 
 
 def environment(device: str = "cpu") -> dict[str, str]:
@@ -106,7 +107,7 @@ def _describer(target: str) -> Callable[[Case], tuple[CommonMetadata, DecodeSpli
 def case_document(
     target: str,
     implementation: str,
-    case: Case,
+    case: Case | Trace,
     verdict: Verdict,
     device: str = "cpu",
     dtype: str | None = None,
@@ -119,6 +120,10 @@ def case_document(
     setting in force (``ATTNFUZZ_DTYPE``, ``float32`` when unset).
     ``settings.example_timeout`` (seconds), when given, is the per-example
     timeout the case was judged under: ``repro`` replays it with the same one.
+
+    A trace (:class:`~attnfuzz.reference.trace.Trace`) is written as ``trace``
+    with the ``step`` it fails at; ``derived`` is then its failing step's, with
+    one line per step of what the scheduler did (``derived.steps``).
     """
     settings: dict[str, Any] = {"dtype": dtype or case.dtype or float_dtype_name()}
     if example_timeout is not None:
@@ -126,19 +131,30 @@ def case_document(
     body = case.to_dict()
     body.pop("dtype", None)  # a setting, recorded under "settings"
     engine = engine_record(target, implementation)
+    if isinstance(case, Trace):
+        step = verdict.step if verdict.step is not None else len(case.steps) - 1
+        shown = derived(case.case(step), _describer(target))
+        shown["steps"] = [
+            step_summary(case.steps[k - 1] if k else None, case.steps[k])
+            for k in range(len(case.steps))
+        ]
+        found: dict[str, Any] = {"trace": body, "step": step}
+    else:
+        shown = derived(case, _describer(target))
+        found = {"case": body}
     return {
         "schema": CASE_SCHEMA,
         "target": target,
         "implementation": implementation,
         # The engine under test and its version, for a finding on an engine's own code.
         **({} if engine is None else {"engine": engine}),
-        "case": body,
+        **found,
         "settings": settings,
         "verdict": {
             "key": verdict.key,
             "mismatches": [m.to_dict() for m in verdict.mismatches],
         },
-        "derived": derived(case, _describer(target)),
+        "derived": shown,
         "environment": environment(device),
     }
 

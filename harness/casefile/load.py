@@ -20,22 +20,28 @@ from attnfuzz.harness.casefile.read import read_case
 from attnfuzz.harness.errors import MESSAGE_LIMIT, UsageError, one_line
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.traces import refuse_invalid_trace
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Case
+from attnfuzz.reference.trace import Trace
 
 
-def target_and_case(path: Path | str) -> tuple[Target, Case, dict[str, Any]]:
+def target_and_case(path: Path | str) -> tuple[Target, Case | Trace, dict[str, Any]]:
     """The target, case and document of a case file, the case in the float dtype it
-    was found in, refused as ``attnfuzz repro`` refuses it (a one-line :class:`UsageError`)."""
+    was found in, refused as ``attnfuzz repro`` refuses it (a one-line :class:`UsageError`).
+    A trace case file's case is a :class:`~attnfuzz.reference.trace.Trace`."""
     doc = read_case(path)
     target = get_target(doc["target"])
     case = dataclasses.replace(doc["case"], dtype=doc["settings"]["dtype"])
-    target.refuse_invalid(case, str(path))
+    if isinstance(case, Trace):
+        refuse_invalid_trace(target, case, str(path))
+    else:
+        target.refuse_invalid(case, str(path))
     return target, case, doc
 
 
 def resolve_case(
     path: Path | str, impl: str | None = None, *, note_dtype: bool = True
-) -> tuple[Target, Implementation, Case, dict[str, Any]]:
+) -> tuple[Target, Implementation, Case | Trace, dict[str, Any]]:
     """Read a case file and resolve what replays it: target, implementation, case, document.
 
     ``impl`` overrides the implementation the case was found on. A case file

@@ -20,6 +20,7 @@ from attnfuzz.reference.batch import (
     cdiv,
 )
 from attnfuzz.reference.invariants import batch_violations, config_violations
+from attnfuzz.reference.trace import Trace
 
 # What a case file may hold (fields, types, int32 ranges, name lengths, the
 # per-example timeout) is its published schema (harness/schemas/case.schema.json);
@@ -169,7 +170,9 @@ def load_json(
 def read_case(path: Path | str) -> dict[str, Any]:
     """Parse and check a case file; every problem is a one-line :class:`UsageError`.
 
-    The case comes back as ``doc["case"]``, a :class:`Case` as it was drawn,
+    The case comes back as ``doc["case"]``, a :class:`Case` as it was drawn (a
+    trace case file's: a :class:`~attnfuzz.reference.trace.Trace`, its failing
+    step in ``doc["step"]``),
     and ``doc["settings"]["dtype"]`` is the float dtype it was found in
     (``float32`` for files written before dtypes were recorded): replay builds
     its inputs in that one (see :func:`attnfuzz.harness.casefile.load.resolve_case`).
@@ -189,6 +192,20 @@ def read_case(path: Path | str) -> dict[str, Any]:
     timeout = settings.get("example_timeout")
     dtype = settings.get("dtype", "float32")  # older files: float32
     doc["settings"] = {"dtype": dtype} | ({} if timeout is None else {"example_timeout": timeout})
+    if "trace" in doc:  # one engine's steps: each step is checked as a case is
+        try:
+            trace = Trace.from_dict(doc["trace"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise UsageError(f"{path}: malformed trace ({type(err).__name__}: {err})") from err
+        _require(
+            doc.get("step", 0) < len(trace.steps),
+            path,
+            f"step {doc.get('step')} of a trace of {len(trace.steps)} steps",
+        )
+        for k in range(len(trace.steps)):
+            _refuse_too_large(trace.case(k), path)
+        doc["case"] = trace
+        return doc
     try:
         case = Case.from_dict(doc["case"])
     except (KeyError, TypeError, ValueError) as err:
@@ -207,6 +224,8 @@ def _refuse_too_large(case: Case, path: Path | str) -> None:
         return
     bs, width = config.block_size, config.max_blocks_per_seq
     pages = sum(cdiv(s, bs) for s in batch.seq_lens) + 2
+    if batch.pages:  # a trace's step: the cache holds every page id it names
+        pages = max(pages, max(max(row, default=0) for row in batch.pages) + 3)
     tokens = max(sum(batch.q_lens), max(config.cudagraph_capture_sizes, default=0))
     sizes = {
         "block table": max(batch.num_reqs, config.max_num_seqs) * width,

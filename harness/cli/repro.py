@@ -13,9 +13,12 @@ from attnfuzz.harness.cli.args import (
     add_timeout_argument,
     one_line,
 )
+from attnfuzz.harness.cli.run import reachable_step
 from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK, VERSION
 from attnfuzz.harness.reachability import finding_reachability, is_latent
+from attnfuzz.harness.runner import RunResult
 from attnfuzz.harness.target import Implementation
+from attnfuzz.reference.trace import Trace
 
 HELP = "replay a case file"
 CHECKS_DEVICE = True
@@ -48,9 +51,14 @@ def command(args: argparse.Namespace) -> int:
     timeout = args.example_timeout or doc["settings"].get("example_timeout") or DEFAULT_TIMEOUT_S
     reach = None
     with IsolatedJudge(target, impl, device, timeout) as isolated:
-        verdict = isolated.judge(case)
+        if isinstance(case, Trace):  # one engine's steps, in order, in a new process
+            verdict = isolated.judge_trace(case)
+        else:
+            verdict = isolated.judge(case)
         if not verdict.ok:  # computed on replay: a case file may predate it, or the engine moved
-            reach = finding_reachability(target, impl, case, isolated.judge)
+            replayed = RunResult(target.name, impl.name, case=case, verdict=verdict)
+            step_case, step_judge = reachable_step(replayed, isolated.judge_trace, isolated.judge)
+            reach = finding_reachability(target, impl, step_case, step_judge)
     latent = is_latent(reach)
     failed = EXIT_LATENT if latent else EXIT_FOUND
     found_elsewhere = differences(doc, impl, device)
@@ -62,6 +70,7 @@ def command(args: argparse.Namespace) -> int:
                     "implementation": impl.name,
                     "ok": verdict.ok,
                     "key": None if verdict.ok else verdict.key,
+                    "step": verdict.step,
                     "mismatches": [m.to_dict() for m in verdict.mismatches],
                     "differences": found_elsewhere,
                     "reachability": None if reach is None else reach.to_dict(),
@@ -74,6 +83,8 @@ def command(args: argparse.Namespace) -> int:
     if latent:  # its own verdict word: the engine never runs it on such metadata
         lines[0] = lines[0].replace("FAIL", "LATENT", 1)
     print(f"{target.name} / {impl.name}: {lines[0]}")
+    if isinstance(case, Trace):
+        print_steps(case, verdict.step, doc.get("step"))
     for line in lines[1:]:
         print("  " + one_line(line.strip(), MESSAGE_LIMIT))
     for d in found_elsewhere:  # a verdict read beside where the case was recorded
@@ -132,3 +143,19 @@ def note_engine_version(doc: dict, impl: Implementation) -> None:
             f"{found['name']} {installed} is installed here, and replays it"
         )
         print(f"attnfuzz: note: {one_line(note, MESSAGE_LIMIT)}", file=sys.stderr)
+
+
+def print_steps(trace: Trace, failed_at: int | None, recorded: int | None) -> None:
+    """A trace's steps as they replayed: each passed, failed, or was not reached."""
+    from attnfuzz.reference.trace import step_summary
+
+    for k, step in enumerate(trace.steps):
+        if failed_at is None or k < failed_at:
+            mark = "ok"
+        else:
+            mark = "FAILS" if k == failed_at else "not run"
+        summary = step_summary(trace.steps[k - 1] if k else None, step)
+        print("  " + one_line(f"step {k} [{mark}]: {summary}", MESSAGE_LIMIT))
+    if recorded is not None and failed_at != recorded:
+        where = "passes" if failed_at is None else f"fails at step {failed_at}"
+        print(f"  recorded failing at step {recorded}; replayed here it {where}")

@@ -7,8 +7,9 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.cli.args import (
     MESSAGE_LIMIT,
@@ -33,6 +34,11 @@ from attnfuzz.harness.definitions import (
 )
 from attnfuzz.harness.reachability import finding_reachability, is_latent, reachability_lines
 
+if TYPE_CHECKING:  # the command imports what it runs when it runs
+    from attnfuzz.harness.runner import RunResult
+    from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.trace import Trace
+
 HELP = "fuzz one implementation of one target"
 CHECKS_DEVICE = True  # main() checks --device before any work
 CONFIG = {"db": "db", "cases": "out", "max_examples": "max_examples", "scale": "scale"}
@@ -54,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="example database: a directory, redis://HOST:PORT, or "
         "DIR+github:OWNER/REPO[/ARTIFACT] (unused with --seed)",
     )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="fuzz traces: each example is one engine's life over several steps, run in a "
+        "new process; a failure is shrunk to the fewest, smallest steps",
+    )
     add_scale_argument(p)
     add_device_argument(p)
     add_timeout_argument(p, "per example: a call without a verdict by then is a 'timeout'")
@@ -72,11 +84,26 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
                 MESSAGE_LIMIT,
             )
         )
-    print("minimized case:" if shrunk else "case:")
-    print(
-        "  " + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
-    )
-    print("  derived: " + json.dumps(doc["derived"]))
+    if "trace" in doc:  # one engine's steps: each on its line, the failing one marked
+        steps = doc["trace"]["steps"]
+        what = "minimized trace" if shrunk else "trace"
+        print(f"{what}: {len(steps)} step(s) of one engine, failing at step {doc['step']}")
+        print("  config: " + json.dumps(doc["trace"]["config"]))
+        if doc["trace"].get("params"):
+            print("  params: " + json.dumps(doc["trace"]["params"]))
+        for k, (step, summary) in enumerate(zip(steps, doc["derived"]["steps"], strict=True)):
+            mark = "FAILS" if k == doc["step"] else "ok"
+            print(f"  step {k} [{mark}]: {summary}")
+            print("    " + json.dumps(step))
+        derived = {k: v for k, v in doc["derived"].items() if k != "steps"}
+        print(f"  derived (step {doc['step']}): " + json.dumps(derived))
+    else:
+        print("minimized case:" if shrunk else "case:")
+        print(
+            "  "
+            + json.dumps(doc["case"] if isinstance(doc["case"], dict) else doc["case"].to_dict())
+        )
+        print("  derived: " + json.dumps(doc["derived"]))
     if reach:
         for line in reachability_lines(reach):
             print(line)
@@ -170,9 +197,20 @@ def command(args: argparse.Namespace) -> int:
             searched = split_github(db)[0]
     impl = target.resolve(spec)
     timeout = args.example_timeout or DEFAULT_TIMEOUT_S
+    dependent: HistoryDependent | None = None
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
-        try:
-            result = fuzz(
+        before: list[Case] = []  # what the child judged before the first failure
+
+        def judge(example: Any, clock: Any) -> Any:
+            if args.trace:
+                return isolated.judge_trace(example, clock)
+            verdict = isolated.judge(example, clock)
+            if not verdict.ok and not before:
+                before.extend(isolated.history)
+            return verdict
+
+        def search(traced: bool) -> RunResult:
+            return fuzz(
                 target,
                 impl,
                 max_examples=args.max_examples,
@@ -180,9 +218,25 @@ def command(args: argparse.Namespace) -> int:
                 database=searched,
                 scale=SCALES[args.scale],
                 device=device,
-                judge=isolated.judge,
+                judge=judge if not traced else isolated.judge_trace,
                 stop_requested=signals.received,
+                traced=traced,
             )
+
+        try:
+            result = search(args.trace)
+            if (
+                not args.trace
+                and result.failed
+                and result.shrunk
+                and not result.interrupted
+                and isolated.judge_fresh(result.case).ok
+            ):
+                # It failed only after other examples ran in the same process: never
+                # written as a case that passes; said so, and searched again as traces.
+                dependent = HistoryDependent(result, before)
+                report_history(target.name, impl.name, dependent, out)
+                result = search(True)
         except HarnessError as err:  # no verdict on the implementation, no case file
             print(f"ERROR {target.name} / {impl.name}  [attnfuzz error]")
             print("  " + one_line(err, MESSAGE_LIMIT))
@@ -190,7 +244,9 @@ def command(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         reach = None
         if result.failed and not result.interrupted and result.case is not None:
-            reach = finding_reachability(target, impl, result.case, isolated.judge)
+            reach = finding_reachability(
+                target, impl, *reachable_step(result, isolated.judge_trace, isolated.judge)
+            )
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
@@ -202,6 +258,12 @@ def command(args: argparse.Namespace) -> int:
         if result.interrupted:
             print("INTERRUPTED: no failure found so far")
             return 128 + signals.signum
+        if dependent is not None:  # the history file holds it: a finding all the same
+            print(
+                f"no trace of one engine failed within {result.examples} examples: the "
+                "failure above depends on what ran before it in the process"
+            )
+            return EXIT_FOUND
         print("PASS: no failure found")
         return EXIT_OK
     assert result.case is not None and result.verdict is not None
@@ -223,3 +285,73 @@ def command(args: argparse.Namespace) -> int:
     if result.interrupted:
         return 128 + signals.signum
     return EXIT_LATENT if is_latent(reach) else EXIT_FOUND
+
+
+class HistoryDependent:
+    """A single-step failure that a new process does not reproduce: the minimized case,
+    its verdict where it failed, and the cases the judging process ran before it."""
+
+    def __init__(self, result: RunResult, before: list[Case]):
+        assert result.case is not None and result.verdict is not None
+        self.case, self.verdict = result.case, result.verdict
+        self.examples_to_failure = result.examples_to_failure
+        self.before = before  # oldest first; the last is the case that first failed
+
+
+def report_history(target: str, impl: str, found: HistoryDependent, out: Path) -> Path | None:
+    """Say that the failure is history-dependent and write what preceded it."""
+    from attnfuzz.harness.casefile import write_case
+    from attnfuzz.harness.definitions import finding_id
+
+    print(
+        f"HISTORY-DEPENDENT {target} / {impl}  [{found.verdict.key}]: the minimized case "
+        "fails after other examples ran in the same process, and passes in a new one"
+    )
+    print(
+        f"  the first failure came after {found.examples_to_failure} examples; the "
+        f"{len(found.before)} the process judged up to it, oldest first:"
+    )
+    for case in found.before[-4:]:
+        print("    " + json.dumps(case.to_dict()))
+    doc = {
+        "target": target,
+        "implementation": impl,
+        "history_dependent": True,
+        "verdict": {
+            "key": found.verdict.key,
+            "mismatches": [m.to_dict() for m in found.verdict.mismatches],
+        },
+        "minimized_case": found.case.to_dict(),
+        "preceding": [case.to_dict() for case in found.before],
+    }
+    name = finding_id(target, impl, found.verdict.key) + ".history.json"
+    try:
+        path = write_case(out / name, doc)
+    except OSError as err:
+        print(f"attnfuzz: could not write {out / name} ({err.strerror or err})", file=sys.stderr)
+        path = None
+    if path is not None:
+        print(f"  written to {path}")
+    print("searching again as traces of one engine (--trace):")
+    return path
+
+
+def reachable_step(
+    result: RunResult, judge_trace: Callable[[Trace], Any], judge: Callable[[Case], Any]
+) -> tuple[Case, Callable[[Case], Any]]:
+    """The case whose reachability a finding has, and how to judge variants of it: a
+    trace's failing step, judged after the steps that led to it."""
+    from attnfuzz.reference.trace import Trace
+
+    found = result.case
+    if not isinstance(found, Trace):
+        assert found is not None
+        return found, judge
+    assert result.verdict is not None and result.verdict.step is not None
+    k = result.verdict.step
+
+    def judge_step(case: Case) -> Any:
+        lived = Trace(case.config, (*found.steps[:k], case.batch), case.params, case.dtype)
+        return judge_trace(lived)
+
+    return found.case(k), judge_step

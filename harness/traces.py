@@ -1,0 +1,114 @@
+"""Judging a trace: one implementation kept across the steps of one engine's life.
+
+:func:`judge_trace` starts a new engine (the implementation's ``new_engine()``,
+when it has one) and judges each step of a
+:class:`~attnfuzz.reference.trace.Trace` in order with
+:func:`~attnfuzz.harness.judging.judge`, the implementation keeping whatever
+it keeps between calls, and the reference judging each step on its own. The
+first failing step ends the trace: its verdict, with ``step`` set, is the
+trace's. In one process an implementation that keeps state in a module (a
+user's buffer) is not new for each trace; the isolated judge
+(:meth:`~attnfuzz.harness.isolation.IsolatedJudge.judge_trace`) runs every
+trace in a fresh process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from attnfuzz.harness.errors import InvalidCase
+from attnfuzz.harness.oracle import Verdict, exception_mismatch
+from attnfuzz.reference.trace import Trace, trace_violations
+
+if TYPE_CHECKING:
+    import torch
+    from attnfuzz.harness.target import Implementation, Target
+
+
+def new_engine(impl: Implementation) -> None:
+    """Drop what ``impl`` keeps across steps, when it says how (``fn.new_engine()``):
+    the next call is the first step of a new engine."""
+    hook: Any = getattr(impl.fn, "new_engine", None)
+    if callable(hook):
+        hook()
+
+
+def refuse_invalid_trace(target: Target, trace: Trace, where: str | None = None) -> None:
+    """:class:`InvalidCase` for a trace no engine could live: a step the target refuses,
+    or steps that disagree on what a request holds."""
+    for k in range(len(trace.steps)):
+        target.refuse_invalid(trace.case(k), f"{where + ': ' if where else ''}step {k}")
+    broken = trace_violations(trace)
+    if broken:
+        prefix = f"{where}: " if where else ""
+        raise InvalidCase(f"{prefix}not a life an engine can have: {'; '.join(broken)}")
+
+
+def judge_trace(
+    target: Target,
+    impl: Implementation,
+    trace: Trace,
+    device: torch.device | str | None = None,
+    clock: Counter | None = None,
+) -> Verdict:
+    """The verdict of ``impl`` over ``trace``'s steps, judged one after another by one
+    engine: the first failing step's verdict (``step`` set to its index), else a pass.
+
+    Its statistics are the largest each step reports (the guided measures of the
+    step nearest a bug's condition). A trace or step that no engine could produce
+    is refused (:class:`InvalidCase`) before anything runs.
+    """
+    from attnfuzz.harness.judging import judge
+
+    refuse_invalid_trace(target, trace)
+    for k in range(len(trace.steps)):
+        target.refuse_unfixed(impl, trace.case(k), f"step {k}")
+    try:
+        new_engine(impl)
+    except Exception as err:  # noqa: BLE001 - the implementation's own reset failed: a finding
+        return Verdict([exception_mismatch(f"{impl.name}.new_engine", err)], step=0)
+    statistics: dict[str, int] = {}
+    for k in range(len(trace.steps)):
+        verdict = judge(target, impl, trace.case(k), device, clock, fresh_engine=False)
+        for name, value in verdict.statistics.items():
+            statistics[name] = max(statistics.get(name, value), value)
+        if not verdict.ok:
+            verdict.step = k
+            verdict.statistics = statistics
+            return verdict
+    return Verdict([], statistics)
+
+
+def trace_labels(trace: Trace) -> list[str]:
+    """Scenario labels of a trace: its length, what happened across its steps, and
+    every label of its steps (:func:`~attnfuzz.strategies.batches.scenario_labels`)."""
+    from attnfuzz.strategies.batches import scenario_labels
+
+    labels = {f"steps={len(trace.steps)}"}
+    seen: dict[int, int] = {}
+    for k in range(len(trace.steps)):
+        step = trace.steps[k]
+        ids = step.request_ids
+        if k and any(i not in ids for i in seen):
+            labels.add("request_left")
+        if k and step.num_reqs < trace.steps[k - 1].num_reqs:
+            labels.add("fewer_requests_than_before")
+        if any(
+            i in seen and c < seen[i] for i, c in zip(ids, step.num_computed_tokens, strict=True)
+        ):
+            labels.add("drafts_rolled_back")
+        if (
+            k
+            and step.pages
+            and any(
+                p in {q for row in trace.steps[k - 1].pages for q in row}
+                for i, row in zip(ids, step.pages, strict=True)
+                if i not in seen
+                for p in row
+            )
+        ):
+            labels.add("pages_reused")
+        seen = dict(zip(ids, step.seq_lens, strict=True))
+        labels.update(scenario_labels(trace.case(k)))
+    return sorted(labels)
