@@ -64,6 +64,7 @@ class RunResult:
     stopped_by_budget: bool = False  # ``budget_s`` or ``shrink_budget_s`` ran out
     interrupted: bool = False  # Ctrl-C: ``case`` is the smallest failure found so far, if any
     shrunk: bool = True  # False: ``case`` is the case that failed as it ran (a hang)
+    traced: bool = False  # the examples were traces of one engine's steps
 
     @property
     def examples_per_second(self) -> float:
@@ -135,7 +136,7 @@ def fuzz(
                 return target.judge_trace(impl, case, device, clock)
             return target.judge(impl, case, device, clock)
 
-    result = RunResult(target.name, impl.name)
+    result = RunResult(target.name, impl.name, traced=traced)
     clock: dict[str, float] = {}
 
     def timed_judge(case: Case) -> Verdict:

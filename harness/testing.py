@@ -23,6 +23,7 @@ from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
+from attnfuzz.reference.trace import Trace
 
 
 def spec_config(**overrides) -> EngineConfig:
@@ -156,20 +157,26 @@ def entry_params(
     return out
 
 
-def smallest_cases(target: Target, impl: Implementation) -> list[Case]:
+def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
     """The smallest case of each of ``target``'s mutants that has one, in
     registration order, except those ``impl`` was never meant to run (outside
-    the engine values it fixes)."""
-    out = []
+    the engine values it fixes). For an implementation that lives across steps
+    (``traced``) they are traces (a case on its own: a trace of one step); for
+    any other, the mutants' traces are left out."""
+    out: list[Case | Trace] = []
     for mutant in target.implementations.values():
         if kind_of(mutant) != "mutant" or mutant.smallest is None:
             continue
-        case = mutant.smallest()
+        found = mutant.smallest()
+        if isinstance(found, Trace) and not impl.traced:
+            continue
+        trace = found if isinstance(found, Trace) else Trace.of_case(found)
         try:
-            target.refuse_unfixed(impl, case)
+            for k in range(len(trace.steps)):
+                target.refuse_unfixed(impl, trace.case(k))
         except InvalidCase:
             continue  # e.g. a mutant's case of another top-k than ``impl`` is built for
-        out.append(case)
+        out.append(trace if impl.traced else found)
     return out
 
 
@@ -185,7 +192,15 @@ def assert_passes(
     explicit = smallest_cases(t, i)
 
     def run() -> RunResult:
-        result = fuzz(t, i, max_examples=budget, rng_seed=seed, database=None, examples=explicit)
+        result = fuzz(
+            t,
+            i,
+            max_examples=budget,
+            rng_seed=seed,
+            database=None,
+            examples=explicit,
+            traced=i.traced,
+        )
         assert not result.failed, f"{target}/{impl} failed on {result.case}:\n{result.verdict}"
         assert result.examples >= budget + len(explicit), f"only {result.examples} examples ran"
         return result
@@ -198,21 +213,39 @@ def assert_detected(
 ) -> RunResult:
     """The mutant fails its smallest case (an explicit example), and a
     derandomized run without it finds the mutant, its minimized case meeting
-    the bug's trigger. The run is made once per process (see :func:`_once`)."""
+    the bug's trigger. The run is made once per process (see :func:`_once`). A
+    mutant of the engine's life (``traced``) is searched with traces, its
+    smallest case and minimized case being traces."""
     t = get_target(target)
     impl = t.resolve(mutant)
+    traced = impl.traced
 
     def run() -> RunResult:
         smallest = impl.smallest() if impl.smallest is not None else None
         # A case the installed engine runs through other code is not the mutant's there.
-        if smallest is not None and (impl.declines is None or impl.declines(smallest) is None):
+        declined = (
+            impl.declines is not None
+            and smallest is not None
+            and any(impl.declines(c) for c in _steps(smallest))
+        )
+        if smallest is not None and not declined:
             # Generation is asked for one case only: the explicit example fails first and
             # ends the run.
-            alone = fuzz(t, impl, max_examples=1, rng_seed=seed, database=None, examples=[smallest])
+            alone = fuzz(
+                t,
+                impl,
+                max_examples=1,
+                rng_seed=seed,
+                database=None,
+                examples=[smallest],
+                traced=traced,
+            )
             assert alone.failed and alone.case == smallest and alone.examples == 1, (
                 f"{target}/{mutant} passes its smallest case {smallest}"
             )
-        result = fuzz(t, impl, max_examples=max_examples, rng_seed=seed, database=None)
+        result = fuzz(
+            t, impl, max_examples=max_examples, rng_seed=seed, database=None, traced=traced
+        )
         assert result.failed, f"{target}/{mutant} survived {result.examples} examples"
         assert result.case is not None
         if impl.trigger is not None:
@@ -220,6 +253,10 @@ def assert_detected(
         return result
 
     return _once(("detected", t, impl, max_examples, seed), run)
+
+
+def _steps(found: Case | Trace) -> list[Case]:
+    return found.cases() if isinstance(found, Trace) else [found]
 
 
 _RUNS: dict[tuple[Any, ...], tuple[RunResult, tuple[Any, ...]]] = {}

@@ -198,11 +198,13 @@ def command(args: argparse.Namespace) -> int:
     impl = target.resolve(spec)
     timeout = args.example_timeout or DEFAULT_TIMEOUT_S
     dependent: HistoryDependent | None = None
+    # An implementation that lives across steps is judged by traces, asked or not.
+    traced = args.trace or impl.traced
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
         before: list[Case] = []  # what the child judged before the first failure
 
         def judge(example: Any, clock: Any) -> Any:
-            if args.trace:
+            if traced:
                 return isolated.judge_trace(example, clock)
             verdict = isolated.judge(example, clock)
             if not verdict.ok and not before:
@@ -224,9 +226,9 @@ def command(args: argparse.Namespace) -> int:
             )
 
         try:
-            result = search(args.trace)
+            result = search(traced)
             if (
-                not args.trace
+                not traced
                 and result.failed
                 and result.shrunk
                 and not result.interrupted
@@ -249,7 +251,8 @@ def command(args: argparse.Namespace) -> int:
             )
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
-        f"{target.name} / {impl.name}: {result.examples} examples in {result.seconds:.1f}s "
+        f"{target.name} / {impl.name}: {result.examples} "
+        f"{'traces' if result.traced else 'examples'} in {result.seconds:.1f}s "
         f"({rate:.1f}/s)" + (" (interrupted)" if result.interrupted else "")
     )
     if result.statistics:

@@ -1,0 +1,177 @@
+"""Traces: one engine's life over several steps (reference.trace, strategies.traces,
+harness.traces), judged step by step, replayed in a new process, and what a
+single-step run says of an implementation whose answer depends on what ran before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness.casefile import case_document, read_case, write_case
+from attnfuzz.harness.engine import corpus_key
+from attnfuzz.harness.errors import InvalidCase
+from attnfuzz.harness.isolation import IsolatedJudge
+from attnfuzz.harness.registry import get_target, target_names
+from attnfuzz.harness.runner import fuzz
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference.batch import Batch, build_block_table
+from attnfuzz.reference.invariants import batch_violations
+from attnfuzz.reference.trace import Trace, step_summary, trace_violations
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+TESTS = Path(__file__).parent
+STATEFUL = "stateful_impl:first_call_buffer"  # tests/stateful_impl.py, of max-seq-len
+
+
+def two_steps() -> Trace:
+    """Step 0: one request; step 1: it decodes and a second one arrives. An
+    implementation whose buffer is sized by its first step fails at step 1."""
+    config = spec_config(num_spec=0, cudagraph_mode="NONE", cudagraph_capture_sizes=())
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
+    second = Batch((4, 0), (1, 3), req_ids=(0, 1), pages=((1, 2), (3,)), new_pages=(0, 1))
+    return Trace(config, (first, second), (("capturing", 0),))
+
+
+@pytest.fixture
+def stateful(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    target = get_target("max-seq-len")
+    return target, target.resolve(STATEFUL)
+
+
+# -- the model -------------------------------------------------------------------------
+
+
+def test_a_step_on_its_own_writes_no_scheduler_fields():
+    """Cases, corpora and case files of single steps are unchanged by traces."""
+    step = Batch((1,), (2,), seed=3)
+    assert set(step.to_dict()) == {
+        "num_computed_tokens", "q_lens", "seed", "use_cudagraph", "dp_peer_tokens",
+        "dp_peer_uniform",
+    }  # fmt: skip
+    assert step.request_ids == (0,)
+    trace = two_steps()
+    assert Trace.from_dict(json.loads(json.dumps(trace.to_dict()))) == trace
+
+
+def test_a_steps_block_table_holds_the_pages_the_scheduler_gave():
+    config = spec_config()
+    step = two_steps().steps[1]
+    table, num_blocks = build_block_table(config, step)
+    assert table[0, :2].tolist() == [1, 2] and table[1, :1].tolist() == [3]
+    assert num_blocks == 6  # the largest page, then two spare
+
+
+def test_a_request_that_stays_keeps_its_pages():
+    trace = two_steps()
+    assert trace_violations(trace) == []
+    moved = Batch((4, 0), (1, 3), req_ids=(0, 1), pages=((5, 2), (3,)), new_pages=(0, 1))
+    broken = Trace(trace.config, (trace.steps[0], moved), trace.params)
+    assert trace_violations(broken) == [
+        "step 1: request 0 held pages [1, 2], now [5, 2] with 0 new"
+    ]
+    target = get_target("max-seq-len")
+    with pytest.raises(InvalidCase, match="not a life an engine can have"):
+        target.judge_trace(target.implementations["triton"], broken)
+
+
+def test_the_scheduler_fields_are_checked_per_step():
+    config = spec_config()
+    shared = Batch((0, 0), (1, 1), req_ids=(0, 0), pages=((1,), (1,)), new_pages=(1, 1))
+    problems = batch_violations(config, shared)
+    assert any("distinct" in p for p in problems) and any("pages must be" in p for p in problems)
+    short = Batch((0,), (3,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    assert any("needs" in p for p in batch_violations(spec_config(block_size=2), short))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(target_names()).flatmap(lambda name: get_target(name).traces()))
+def test_drawn_traces_are_lives_an_engine_can_have(trace):
+    assert trace_violations(trace) == []
+    for k, step in enumerate(trace.steps):
+        assert batch_violations(trace.config, step) == [], (k, step)
+        assert step_summary(trace.steps[k - 1] if k else None, step)
+
+
+# -- judging ---------------------------------------------------------------------------
+
+
+def test_a_trace_fails_at_the_step_its_history_breaks(stateful):
+    """The stateful implementation agrees on each step run first in a new process, and
+    fails at step 1 of the trace: its buffer is the size step 0 asked for."""
+    target, impl = stateful
+    trace = two_steps()
+    with IsolatedJudge(target, impl) as judge:
+        verdict = judge.judge_trace(trace)
+        assert not verdict.ok and verdict.step == 1 and verdict.key == "shape"
+        assert "at step 1" in str(verdict)
+        assert judge.judge_fresh(trace.case(1)).ok
+        assert judge.judge_trace(trace.prefix(1)).ok
+        # In one long-lived process the first step's size leaks into the second case.
+        assert judge.judge(trace.case(0)).ok
+        leaked = judge.judge(trace.case(1))
+        assert not leaked.ok and leaked.step is None
+        assert judge.history == [trace.case(0), trace.case(1)]
+
+
+def test_a_fixed_implementation_passes_traces():
+    target = get_target("max-seq-len")
+    result = fuzz(
+        target, target.implementations["triton"], max_examples=15, rng_seed=0, database=None,
+        traced=True,
+    )  # fmt: skip
+    assert not result.failed and result.traced and result.examples >= 15
+    assert any(label.startswith("steps=") for label in result.labels)
+
+
+def test_trace_runs_keep_their_own_corpus():
+    assert corpus_key("t", "i", traced=True) == corpus_key("t", "i") + b"/trace"
+
+
+def test_a_trace_case_file_holds_its_steps_and_failing_step(stateful, tmp_path):
+    target, impl = stateful
+    trace = two_steps()
+    with IsolatedJudge(target, impl) as judge:
+        verdict = judge.judge_trace(trace)
+    doc = case_document(target.name, impl.name, trace, verdict)
+    assert doc["step"] == 1 and "case" not in doc
+    assert doc["derived"]["steps"][1].endswith("arrived [1]")
+    path = write_case(tmp_path / "trace.json", doc)
+    back = read_case(path)
+    assert back["case"] == trace and back["step"] == 1
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def attnfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    exe = [sys.executable, "-c", "from attnfuzz.harness.cli import main; raise SystemExit(main())"]
+    return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def test_a_single_step_run_says_history_dependent_and_finds_the_trace(tmp_path):
+    """The single-step search fails only because an earlier example sized the buffer:
+    it is reported history-dependent (with the examples before it), never written as a
+    case that passes, and the trace search finds it in two steps that replay fresh."""
+    run = attnfuzz(
+        "run", "--target", "max-seq-len", "--impl", STATEFUL, "--seed", "2", "--out", "cases",
+        cwd=tmp_path,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "HISTORY-DEPENDENT max-seq-len / stateful_impl:first_call_buffer" in out
+    (history,) = (tmp_path / "cases").glob("*.history.json")
+    preceding = json.loads(history.read_text())["preceding"]
+    assert len(preceding) >= 2  # the failing case and what ran before it
+    (found,) = [p for p in (tmp_path / "cases").glob("*.json") if ".history" not in p.name]
+    doc = json.loads(found.read_text())
+    assert len(doc["trace"]["steps"]) <= 3 and doc["step"] == len(doc["trace"]["steps"]) - 1
+    replay = attnfuzz("repro", str(found), "--impl", STATEFUL, cwd=tmp_path)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert f"at step {doc['step']}" in replay.stdout
