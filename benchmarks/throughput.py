@@ -1,8 +1,8 @@
 """Examples per second per target and implementation, on 1 and 2 workers, and where the time goes.
 
     python benchmarks/throughput.py [--examples 300] [--workers 1 2] [--target T ...] [--impl I ...]
-                                    [--judge in-process isolated] [--engine NAME]
-                                    [--markdown FILE --section engines|judges|workers|sglang]
+                                    [--judge in-process isolated] [--engine NAME] [--trace]
+                                    [--markdown FILE --section engines|judges|workers|sglang|traces]
 
 Implementations by default: ``triton``, ``reference`` and, where vLLM is
 installed (``ATTNFUZZ_VLLM=1 ./setup.sh``), every engine implementation
@@ -28,6 +28,10 @@ directly, as the test helpers and the zoo do. Both by default, side by side:
 the difference is the price of fault isolation. Isolated rows count the
 judge's phases inside the child and the round trip as generation.
 
+``--trace``: each example is a trace of one engine's steps (``attnfuzz run
+--trace``), each judged by a new engine (the isolated judge: a new process per
+trace); the table then says steps per second per core, and the bar is on steps.
+
 ``--markdown FILE`` rewrites the section ``throughput:SECTION`` of FILE with the
 table (``--section``: which of the pages' throughput tables this run is).
 """
@@ -47,11 +51,11 @@ from _common import table
 from _markdown import command_line, write_section
 
 BAR = 20.0
-SECTIONS = ("engines", "judges", "workers", "sglang")
+SECTIONS = ("engines", "judges", "workers", "sglang", "traces")
 PHASES = ["generation", "inputs", "reference", "implementation", "oracle"]
 
 
-def _worker(index, core, jobs, examples, barrier, results) -> None:
+def _worker(index, core, jobs, examples, barrier, results, traced=False) -> None:
     """Run every (target, impl, judge) job on one pinned core; report each timed campaign."""
     import contextlib
 
@@ -66,27 +70,34 @@ def _worker(index, core, jobs, examples, barrier, results) -> None:
     for name, impl_name, how in jobs:
         target = get_target(name)
         impl = target.resolve(impl_name)
+        steps = [0]
+
+        def count(example, verdict, steps=steps) -> None:
+            steps[0] += len(example.steps) if traced else 1
+
         with contextlib.ExitStack() as stack:
             judge = None
             if how == "isolated":  # the child is forked once and judges every case
-                judge = stack.enter_context(IsolatedJudge(target, impl)).judge
-            fuzz(target, impl, max_examples=5, rng_seed=1000 + index, database=None, judge=judge)
+                isolated = stack.enter_context(IsolatedJudge(target, impl))
+                judge = isolated.judge_trace if traced else isolated.judge
+            common = dict(database=None, judge=judge, traced=traced)
+            fuzz(target, impl, max_examples=5, rng_seed=1000 + index, **common)
             barrier.wait()  # the workers of a row run at the same time
-            r = fuzz(
-                target, impl, max_examples=examples, rng_seed=index, database=None, judge=judge
-            )
-        row = (name, impl_name, how, r.examples, r.seconds, dict(r.time_breakdown()), r.failed)
+            steps[0] = 0
+            r = fuzz(target, impl, max_examples=examples, rng_seed=index, on_case=count, **common)
+        row = (name, impl_name, how, steps[0], r.seconds, dict(r.time_breakdown()), r.failed)
         results.put(row)
 
 
-def measure(jobs: list[tuple[str, str]], workers: int, examples: int) -> dict:
+def measure(jobs: list[tuple[str, str]], workers: int, examples: int, traced: bool) -> dict:
     """``(target, impl) -> [per-worker results]`` for ``workers`` processes run side by side."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch or Triton state
     barrier, results = ctx.Barrier(workers), ctx.Queue()
     procs = [
         ctx.Process(
-            target=_worker, args=(i, cores[i % len(cores)], jobs, examples, barrier, results)
+            target=_worker,
+            args=(i, cores[i % len(cores)], jobs, examples, barrier, results, traced),
         )
         for i in range(workers)
     ]
@@ -122,6 +133,7 @@ def main() -> int:
     parser.add_argument(
         "--judge", nargs="+", choices=["in-process", "isolated"], default=["in-process", "isolated"]
     )
+    parser.add_argument("--trace", action="store_true", help="examples are traces: steps/s")
     parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
     parser.add_argument("--section", choices=SECTIONS, default="workers", help="with --markdown")
     args = parser.parse_args()
@@ -146,7 +158,7 @@ def main() -> int:
                 print(f"not measured: {t} / {i}: {reason}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
-    measured = {w: measure(jobs, w, args.examples) for w in args.workers}
+    measured = {w: measure(jobs, w, args.examples, args.trace) for w in args.workers}
     rows, ok = [], True
     for name, impl, how in jobs:
         for w in args.workers:
@@ -167,15 +179,18 @@ def main() -> int:
     where = f"one core per worker of {platform.processor() or platform.machine()}"
     if cores < max(args.workers):
         where += f"; only {cores} core(s) here, so workers share"
-    title = f"Throughput ({where}; ms per example by phase; bar: >= {BAR:.0f}/s per core)"
+    unit, short = ("step", "steps") if args.trace else ("example", "ex")
+    title = f"Throughput ({where}; ms per {unit} by phase; bar: >= {BAR:.0f} {unit}s/s per core)"
+    if args.trace:
+        title = "Trace " + title[0].lower() + title[1:]
     header = [
         "target",
         "impl",
         "judge",
         "workers",
-        "examples",
-        "ex/s",
-        "ex/s per core",
+        f"{unit}s",
+        f"{short}/s",
+        f"{short}/s per core",
         *PHASES,
         "ok",
     ]
