@@ -53,7 +53,10 @@ class _Scheduler:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.running: list[_Request] = []
-        self.preempted: list[_Request] = []
+        self.preempted: list[_Request] = []  # may come back
+        self.waiting: list[_Request] = []  # preempted before the coming step: not in it
+        self.rejected: dict[int, int] = {}  # drafts of the last step to roll back, by request
+        self.last_ids: set[int] = set()  # the last step's requests
         self.free_pages: list[int] = []
         self.next_page = 1  # page 0 is the null page of padding rows
         self.next_id = 0
@@ -74,6 +77,87 @@ class _Scheduler:
         self.free_pages.extend(reversed(req.pages))
         req.pages = []
 
+    @property
+    def room(self) -> int:
+        """Requests that may still arrive: every running one is scheduled, a token each."""
+        limit = min(self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        return limit - len(self.running)
+
+    def roll_back(self) -> None:
+        """After a step: its rejected drafts are no longer computed."""
+        for req in self.running:
+            req.computed -= self.rejected.get(req.req_id, 0)
+        self.rejected = {}
+
+    def leave(self, req: _Request, preempted: bool) -> None:
+        """``req`` finishes, or is preempted (back at a later step, to recompute)."""
+        self.running.remove(req)
+        self.release(req)
+        if preempted:
+            req.prompt_len, req.computed = req.computed, 0
+            self.waiting.append(req)
+
+    def arrive(self, prompt_len: int, resume: bool) -> None:
+        """A new request (or the longest-waiting preempted one) joins the running ones."""
+        if resume and self.preempted:
+            self.running.append(self.preempted.pop(0))
+        else:
+            self.running.append(_Request(self.next_id, prompt_len))
+            self.next_id += 1
+
+    def step(self, draw: st.DrawFn) -> Batch:
+        """Schedule every running request (decodes and short chunks first, a token each
+        at least): a prefill chunk (the whole rest, shrunk) or the real token and drafts
+        (all ``num_spec``, shrunk); then draw how many drafts are rejected."""
+        config, max_len = self.config, self.config.max_model_len
+        self.preempted += self.waiting  # preempted before this step: back at a later one
+        self.waiting = []
+        budget = config.max_num_batched_tokens
+        wanted: dict[int, int] = {}
+        drafts: dict[int, int] = {}
+        for i, req in enumerate(self.running):
+            later = len(self.running) - i - 1
+            top = min(budget - later, max_len - req.computed)
+            if req.prefilling:
+                left = req.prompt_len - req.computed
+                q = max(1, min(top, left - draw(st.integers(0, left - 1))))  # whole, shrunk
+                drafts[req.req_id] = 0
+            else:
+                d = config.num_spec - draw(st.integers(0, config.num_spec))  # full, shrunk
+                q = max(1, min(top, 1 + d))
+                drafts[req.req_id] = q - 1
+            wanted[req.req_id] = q
+            budget -= q
+        # Stable: rows keep their order within decodes and within prefills.
+        order = sorted(self.running, key=lambda r: wanted[r.req_id] > config.threshold)
+        ids, computed, q_lens, pages, new_pages = [], [], [], [], []
+        for req in order:
+            q = wanted[req.req_id]
+            gained = self.take_pages(req, req.computed + q)
+            ids.append(req.req_id)
+            computed.append(req.computed)
+            q_lens.append(q)
+            pages.append(tuple(req.pages))
+            new_pages.append(gained if req.req_id in self.last_ids else len(req.pages))
+        seed = draw(st.integers(0, 2**32 - 1))
+        use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
+        batch = Batch(
+            tuple(computed),
+            tuple(q_lens),
+            seed=seed,
+            use_cudagraph=use_cudagraph,
+            req_ids=tuple(ids),
+            pages=tuple(pages),
+            new_pages=tuple(new_pages),
+        )
+        self.last_ids = set(ids)
+        # The step ran: its tokens are computed; some drafts are rejected (none, shrunk).
+        for req in self.running:
+            req.computed += wanted[req.req_id]
+            if drafts[req.req_id]:
+                self.rejected[req.req_id] = draw(st.integers(0, drafts[req.req_id]))
+        return batch
+
 
 @st.composite
 def traces(
@@ -93,81 +177,20 @@ def traces(
     sched = _Scheduler(config)
     max_len = config.max_model_len
     steps: list[Batch] = []
-    rejected: dict[int, int] = {}  # drafts of the last step to roll back, by request
     for k in range(num_steps):
-        # After the last step: its rejected drafts roll back; full requests finish.
-        for req in sched.running:
-            req.computed -= rejected.get(req.req_id, 0)
-        left: list[_Request] = []  # preempted now: back at a later step, not this one
+        # Between steps: rejected drafts roll back; requests finish (those at the
+        # model's length always) or are preempted; new ones arrive, or preempted return.
+        sched.roll_back()
         for req in list(sched.running):
-            leaves = req.computed >= max_len or (k > 0 and draw(st.integers(0, 3)) == 3)
-            if leaves:
-                sched.running.remove(req)
-                sched.release(req)
-                if req.computed < max_len and draw(st.booleans()):  # preempted, not finished
-                    req.prompt_len, req.computed = req.computed, 0
-                    left.append(req)
-        # Arrivals: every running request is scheduled, a token each at least.
-        room = min(config.max_num_seqs, config.max_num_batched_tokens) - len(sched.running)
+            if req.computed >= max_len or (k > 0 and draw(st.integers(0, 3)) == 3):
+                sched.leave(req, preempted=req.computed < max_len and draw(st.booleans()))
         least = 0 if sched.running else 1
+        room = sched.room
         arrivals = draw(st.integers(least, max(least, room))) if k == 0 or room else least
         for _ in range(min(arrivals, room)):
-            if sched.preempted and draw(st.booleans()):
-                req = sched.preempted.pop(0)  # resumed: recomputes its tokens
-            else:
-                prompt = draw(st.integers(1, max_len - 1)) if max_len > 1 else 1
-                req = _Request(sched.next_id, prompt)
-                sched.next_id += 1
-            sched.running.append(req)
-        sched.preempted += left
-        # The step: decodes (and short chunks) first, each request at least a token.
-        budget = config.max_num_batched_tokens
-        wanted: dict[int, int] = {}
-        drafts: dict[int, int] = {}
-        for i, req in enumerate(sched.running):
-            later = len(sched.running) - i - 1
-            top = min(budget - later, max_len - req.computed)
-            if req.prefilling:
-                left = req.prompt_len - req.computed
-                q = max(1, min(top, left - draw(st.integers(0, left - 1))))  # whole, shrunk
-                drafts[req.req_id] = 0
-            else:
-                d = config.num_spec - draw(st.integers(0, config.num_spec))  # full, shrunk
-                q = max(1, min(top, 1 + d))
-                drafts[req.req_id] = q - 1
-            wanted[req.req_id] = q
-            budget -= q
-        order = sorted(
-            sched.running, key=lambda r: wanted[r.req_id] > config.threshold
-        )  # stable: rows keep their order within decodes and prefills
-        ids, computed, q_lens, pages, new_pages = [], [], [], [], []
-        for req in order:
-            q = wanted[req.req_id]
-            gained = sched.take_pages(req, req.computed + q)
-            fresh = req.req_id not in (steps[-1].req_ids if steps else ())
-            ids.append(req.req_id)
-            computed.append(req.computed)
-            q_lens.append(q)
-            pages.append(tuple(req.pages))
-            new_pages.append(len(req.pages) if fresh else gained)
-        seed = draw(st.integers(0, 2**32 - 1))
-        use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
-        steps.append(
-            Batch(
-                tuple(computed),
-                tuple(q_lens),
-                seed=seed,
-                use_cudagraph=use_cudagraph,
-                req_ids=tuple(ids),
-                pages=tuple(pages),
-                new_pages=tuple(new_pages),
-            )
-        )
-        # The step ran: tokens computed; some drafts are rejected (rolled back next step).
-        rejected = {}
-        for req in sched.running:
-            req.computed += wanted[req.req_id]
-            if drafts[req.req_id]:
-                rejected[req.req_id] = draw(st.integers(0, drafts[req.req_id]))  # none, shrunk
+            resume = bool(sched.preempted) and draw(st.booleans())
+            prompt = 1 if resume or max_len == 1 else draw(st.integers(1, max_len - 1))
+            sched.arrive(prompt, resume)
+        steps.append(sched.step(draw))
     drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))
     return Trace(config, tuple(steps), drawn)
