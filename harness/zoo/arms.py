@@ -13,20 +13,27 @@ from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.zoo.scores import ARMS, CaseSize, MutantScore, SeedRun
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
 from attnfuzz.strategies.batches import SMALL, Scale
 
 
-def _count_matching(predicate: Callable[[Case], bool] | None, cases: Sequence[Case]) -> int | None:
+def _count_matching(predicate: Callable[[Any], bool] | None, cases: Sequence[Any]) -> int | None:
     return None if predicate is None else sum(bool(predicate(c)) for c in cases)
 
 
-def _finish(impl: Implementation, run: SeedRun, searched: Sequence[Case]) -> SeedRun:
-    """Counts over the search examples, evaluated after the run so they cost no search time."""
+def _finish(impl: Implementation, run: SeedRun, searched: Sequence[Case | Trace]) -> SeedRun:
+    """Counts over the search examples, evaluated after the run so they cost no search time.
+    A mutant of the engine's life reads traces: a baseline's case is a trace of one step."""
+    if impl.traced:
+        searched = [c if isinstance(c, Trace) else Trace.of_case(c) for c in searched]
     run.reached = _count_matching(impl.reach, searched)
     run.triggered = _count_matching(impl.trigger, searched)
     if run.case is not None and impl.trigger is not None:
-        run.meets_trigger = bool(impl.trigger(run.case))
+        found = run.case
+        if impl.traced and not isinstance(found, Trace):
+            found = Trace.of_case(found)
+        run.meets_trigger = bool(impl.trigger(found))
     return run
 
 
@@ -43,13 +50,14 @@ def run_attnfuzz(
     stop_requested: Callable[[], bool] | None = None,
 ) -> SeedRun:
     """The shipped strategy, derandomized by ``seed``, no example database; then shrinking.
+    A mutant of the engine's life (``traced``) is searched with traces, each a new engine.
 
     ``budget_s`` None: no time limit, ``max_examples`` ends the search (and
     ``shrink_budget_s`` None then leaves shrinking unbounded too)."""
-    searched: list[Case] = []
+    searched: list[Case | Trace] = []
     state = {"found": False}
 
-    def on_case(case: Case, verdict) -> None:
+    def on_case(case: Case | Trace, verdict) -> None:
         if not state["found"]:  # the search only: shrinking starts after
             searched.append(case)
             state["found"] = not verdict.ok
@@ -66,6 +74,7 @@ def run_attnfuzz(
         shrink_budget_s=budget_s if shrink_budget_s is None else shrink_budget_s,
         on_case=on_case,
         stop_requested=stop_requested,
+        traced=impl.traced,
     )
     run = SeedRun(
         seed=seed,

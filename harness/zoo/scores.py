@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from attnfuzz.harness.definitions import CAUGHT, INCOMPLETE, KILLED, SURVIVED
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 
 ARMS = ("attnfuzz", "naive-random", "grid")
 
@@ -29,9 +30,20 @@ class CaseSize(NamedTuple):
     next_n: int
     max_model_len: int
     params: tuple[tuple[str, int], ...] = ()
+    steps: int = 1  # a trace's steps; its requests are distinct ids, its tokens all steps'
 
     @classmethod
-    def of(cls, case: Case) -> CaseSize:
+    def of(cls, case: Case | Trace) -> CaseSize:
+        if isinstance(case, Trace):
+            ids = {i for step in case.steps for i in step.request_ids}
+            return cls(
+                len(ids),
+                sum(sum(step.q_lens) for step in case.steps),
+                case.config.next_n,
+                case.config.max_model_len,
+                tuple(case.params),
+                len(case.steps),
+            )
         batch = case.batch
         return cls(
             batch.num_reqs,
@@ -42,17 +54,21 @@ class CaseSize(NamedTuple):
         )
 
     def __str__(self) -> str:
-        parts = [f"{self.requests} req", f"{self.tokens} tok", f"next_n {self.next_n}"]
+        parts = [f"{self.steps} steps"] if self.steps > 1 else []
+        parts += [f"{self.requests} req", f"{self.tokens} tok", f"next_n {self.next_n}"]
         parts += [f"len {self.max_model_len}"] + [f"{k} {v}" for k, v in self.params]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         d = self._asdict()
         d["params"] = dict(self.params)
+        if self.steps == 1:  # a case on its own: as before traces
+            del d["steps"]
         return d
 
 
 _SIZE_FIELDS = (
+    ("steps", "steps"),
     ("requests", "req"),
     ("tokens", "tok"),
     ("next_n", "next_n"),
@@ -89,7 +105,7 @@ class SeedRun:
     seconds: float  # wall clock of the search, to the first detection when detected
     detected: bool
     key: str | None = None  # the verdict's key (which check failed)
-    case: Case | None = None  # minimized (attnfuzz) or first failing (baselines)
+    case: Case | Trace | None = None  # minimized (attnfuzz) or first failing (baselines)
     reached: int | None = None  # None: the mutant declares no ``reach``
     triggered: int | None = None  # None: the mutant declares no ``trigger``
     meets_trigger: bool | None = None  # the reported case meets the trigger
