@@ -61,6 +61,8 @@ def command(args: argparse.Namespace) -> int:
                         "kind": i.kind,
                         "description": i.description,
                         "engine": i.engine,
+                        # It lives across steps: fuzzed with traces of one engine's steps.
+                        "traced": i.traced,
                         # Why it cannot run here (an engine not installed), or null.
                         "unavailable": i.why_unavailable(),
                     }
@@ -130,6 +132,8 @@ def _print_table(
         table.add_column()  # wrapped by words on a narrow terminal only
         for impl in row["implementations"]:
             description = Text(impl["description"])
+            if impl["traced"]:
+                description.append(" (lives across steps: traces)", style="cyan")
             if impl["unavailable"] is not None:
                 description.append(" (unavailable)", style="yellow")
                 reasons.setdefault(impl["unavailable"], []).append(
