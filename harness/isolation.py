@@ -173,9 +173,8 @@ def _child(
 
 
 def _import_lazy_modules() -> None:
-    """Import in the parent what the oracle imports on its first comparison, so that a
-    forked child (one per trace) does not pay it again: ``torch.testing.assert_close``
-    imports ``torch.distributed.tensor`` (over half a second) on its first call."""
+    """What ``torch.testing.assert_close`` imports on its first call (over half a second),
+    imported before forking: a child per trace would pay it each time."""
     import importlib
 
     try:
@@ -236,9 +235,8 @@ class IsolatedJudge:
         parent_end, child_end = ctx.Pipe()
         self._fault_path.write_text("")
         forked = ctx.get_start_method() == "fork"
-        if forked:
-            _import_lazy_modules()
         if forked:  # an engine's adapter imports the engine once, here, not in every child
+            _import_lazy_modules()
             try:
                 self.impl.prepare()
             except Exception as err:  # noqa: BLE001 - the engine would not load: one line

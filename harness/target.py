@@ -91,10 +91,8 @@ class Implementation:
     # Why the installed engine runs ``case`` through other code than the target's
     # (one line), else None: such cases are not drawn for it, and are refused.
     declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
-    # It lives across steps: the state it keeps from one step to the next is what is
-    # judged, so it is fuzzed with traces of one engine's steps (``attnfuzz run
-    # --trace``, :meth:`Target.traces`); a mutant's ``reach`` and ``trigger`` then
-    # read a :class:`~attnfuzz.reference.trace.Trace`, and ``smallest`` returns one.
+    # It lives across steps: fuzzed with traces (:meth:`Target.traces`); a mutant's
+    # ``reach``, ``trigger`` then read a Trace, and ``smallest`` returns one.
     traced: bool = False
 
     def __post_init__(self) -> None:
@@ -268,35 +266,28 @@ class Target:
         accepts: its ``fixes`` are drawn as their values, whatever the scale's
         limits. An implementation without fixes draws exactly the cases (and
         shrinks exactly as) ``cases(scale)`` does, so saved corpora replay."""
-        params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
-        fixes = impl.fixes if impl is not None else None
-        drawn = cases(scale, params, fixes, self.cg_supports, self.varlen_decode)
-        declines = impl.declines if impl is not None else None
-        return drawn if declines is None else drawn.filter(lambda case: declines(case) is None)
+        return self._drawn(cases, scale, impl, lambda case: [case])
 
     def traces(
         self, scale: Scale = SMALL, impl: Implementation | None = None
     ) -> st.SearchStrategy[Trace]:
-        """The traces of this target at ``scale`` (one engine's steps,
-        :mod:`attnfuzz.strategies.traces`); with ``impl``, only those whose every
-        step it accepts, as :meth:`cases`."""
+        """The traces of one engine's steps (:mod:`attnfuzz.strategies.traces`), as
+        :meth:`cases` draws cases; with ``impl``, only those whose every step it accepts."""
+        return self._drawn(traces, scale, impl, Trace.cases)
+
+    def _drawn(self, strategy: Any, scale: Scale, impl: Implementation | None, steps: Any) -> Any:
         params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
         fixes = impl.fixes if impl is not None else None
-        drawn = traces(scale, params, fixes, self.cg_supports, self.varlen_decode)
+        drawn = strategy(scale, params, fixes, self.cg_supports, self.varlen_decode)
         declines = impl.declines if impl is not None else None
-        if declines is None:
-            return drawn
-        return drawn.filter(lambda t: all(declines(c) is None for c in t.cases()))
+        return (
+            drawn if declines is None else drawn.filter(lambda x: not any(map(declines, steps(x))))
+        )
 
     def judge_trace(
-        self,
-        impl: Implementation,
-        trace: Trace,
-        device: torch.device | str | None = None,
-        clock: Counter | None = None,
+        self, impl: Implementation, trace: Trace, device: Any = None, clock: Counter | None = None
     ) -> Verdict:
-        """Run ``impl`` over ``trace``'s steps as one engine, each step compared with the
-        reference: see :func:`attnfuzz.harness.traces.judge_trace`."""
+        """:func:`attnfuzz.harness.traces.judge_trace`: ``impl`` over ``trace``'s steps."""
         from attnfuzz.harness.traces import judge_trace
 
         return judge_trace(self, impl, trace, device, clock)

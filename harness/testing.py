@@ -18,12 +18,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, trace_violations
 
 
 def spec_config(**overrides) -> EngineConfig:
@@ -257,6 +258,25 @@ def assert_detected(
 
 def _steps(found: Case | Trace) -> list[Case]:
     return found.cases() if isinstance(found, Trace) else [found]
+
+
+def judge_example(
+    target: Target, impl: Implementation, example: Case | Trace, device: str | None = None
+) -> Verdict:
+    """The verdict on a case (a new engine), or on a trace (one engine, step by step)."""
+    if isinstance(example, Trace):
+        return target.judge_trace(impl, example, device)
+    return target.judge(impl, example, device)
+
+
+def example_violations(target: Target, example: Case | Trace) -> list[str]:
+    """Why no engine could produce ``example``: each step's invariants and the target's
+    parameters, and for a trace what its steps say of a request across them."""
+    out = [p for c in _steps(example) for p in violations(c.config, c.batch)]
+    out += target.param_violations(_steps(example)[0])
+    if isinstance(example, Trace):
+        out += trace_violations(example)
+    return out
 
 
 _RUNS: dict[tuple[Any, ...], tuple[RunResult, tuple[Any, ...]]] = {}

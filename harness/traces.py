@@ -15,6 +15,7 @@ trace in a fresh process.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.errors import InvalidCase
@@ -24,6 +25,7 @@ from attnfuzz.reference.trace import Trace, trace_violations
 if TYPE_CHECKING:
     import torch
     from attnfuzz.harness.target import Implementation, Target
+    from attnfuzz.reference.batch import Case
 
 
 def new_engine(impl: Implementation) -> None:
@@ -112,3 +114,22 @@ def trace_labels(trace: Trace) -> list[str]:
         seen = dict(zip(ids, step.seq_lens, strict=True))
         labels.update(scenario_labels(trace.case(k)))
     return sorted(labels)
+
+
+def reachable_step(
+    result: Any, judge_trace: Callable[[Trace], Any], judge: Callable[[Case], Any]
+) -> tuple[Case, Callable[[Case], Any]]:
+    """The case whose reachability a finding has, and how to judge variants of it: a
+    trace's failing step, judged after the steps that led to it."""
+    found = result.case
+    if not isinstance(found, Trace):
+        assert found is not None
+        return found, judge
+    assert result.verdict is not None and result.verdict.step is not None
+    k = result.verdict.step
+
+    def judge_step(case: Case) -> Any:
+        lived = Trace(case.config, (*found.steps[:k], case.batch), case.params, case.dtype)
+        return judge_trace(lived)
+
+    return found.case(k), judge_step

@@ -32,10 +32,12 @@ from attnfuzz.harness.testing import (
     assert_detected,
     assert_passes,
     entry_params,
+    example_violations,
+    judge_example,
     kind_of,
     require_variable,
 )
-from attnfuzz.reference.invariants import violations
+from attnfuzz.reference.trace import Trace
 from hypothesis import HealthCheck, given, settings
 
 FIXED = ("fixed", "reference")
@@ -50,9 +52,11 @@ ENGINE = entry_params(lambda impl: impl.engine is not None)
 
 
 def accepts(target, impl, case) -> bool:
-    """Whether ``impl`` was meant to run ``case`` (its ``fixes``, its ``declines``)."""
+    """Whether ``impl`` was meant to run ``case`` (its ``fixes``, its ``declines``; each
+    step of a trace)."""
     try:
-        target.refuse_unfixed(impl, case)
+        for step in case.cases() if isinstance(case, Trace) else [case]:
+            target.refuse_unfixed(impl, step)
     except InvalidCase:
         return False
     return True
@@ -81,7 +85,7 @@ def test_passes_each_mutants_smallest_case(target, impl):
         if not accepts(t, i, case):
             continue
         judged += 1
-        verdict = t.judge(i, case)
+        verdict = judge_example(t, i, case)
         if not verdict.ok:
             failed.append(f"{mutant.name}: {verdict}")
     assert not failed, "\n".join(failed)
@@ -100,15 +104,16 @@ def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mu
     t = get_target(target)
     impl = t.resolve(mutant)
     assert impl.reach is not None and impl.trigger is not None and impl.smallest is not None
-    case = impl.smallest()
-    assert violations(case.config, case.batch) == [] and t.param_violations(case) == []
+    case = impl.smallest()  # a trace for a bug of the engine's life (impl.traced)
+    assert isinstance(case, Trace) == impl.traced
+    assert example_violations(t, case) == []
     assert impl.reach(case) and impl.trigger(case)
     if accepts(t, impl, case):  # else the installed engine runs it through other code
-        assert not t.judge(impl, case).ok
+        assert not judge_example(t, impl, case).ok
     fixed = [i for i in t.implementations.values() if kind_of(i) in FIXED and accepts(t, i, case)]
     assert fixed, f"no fixed implementation of {target} runs {mutant}'s smallest case"
     for other in fixed:
-        assert t.judge(other, case).ok, other.name
+        assert judge_example(t, other, case).ok, other.name
 
 
 @pytest.mark.parametrize("target, mutant", MUTANTS)

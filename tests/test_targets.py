@@ -154,6 +154,7 @@ def test_every_guided_statistic_is_in_every_verdict_and_points_at_a_bug(target):
     on the smallest trigger of at least one of the target's mutants: a guided
     measure that no bug's condition raises would steer the search nowhere."""
     from attnfuzz.harness.target import Implementation
+    from attnfuzz.harness.testing import judge_example
     from attnfuzz.strategies.batches import BOUNDARY_MEASURES
 
     t = get_target(target)
@@ -178,15 +179,15 @@ def test_every_guided_statistic_is_in_every_verdict_and_points_at_a_bug(target):
     def crash(inputs):
         raise RuntimeError("boom")
 
-    case = t.mutants[0].smallest()
-    failing = t.judge(Implementation("crash", crash, "user"), case, "cpu")
+    case = t.mutants[0].smallest()  # a trace for a bug of the engine's life
+    failing = judge_example(t, Implementation("crash", crash, "user"), case, "cpu")
     assert not failing.ok
     boundary = [n for n in t.guided if n in BOUNDARY_MEASURES]
     assert set(boundary) <= set(failing.statistics)
     raised = [
         m.name
         for m in t.mutants
-        if any(t.judge(reference, m.smallest(), "cpu").statistics[n] > 0 for n in t.guided)
+        if any(judge_example(t, reference, m.smallest(), "cpu").statistics[n] > 0 for n in t.guided)
     ]
     assert raised, f"no guided statistic of {target} is raised by any mutant's smallest case"
 

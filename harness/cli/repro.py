@@ -13,11 +13,11 @@ from attnfuzz.harness.cli.args import (
     add_timeout_argument,
     one_line,
 )
-from attnfuzz.harness.cli.run import reachable_step
 from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK, VERSION
 from attnfuzz.harness.reachability import finding_reachability, is_latent
 from attnfuzz.harness.runner import RunResult
 from attnfuzz.harness.target import Implementation
+from attnfuzz.harness.traces import reachable_step
 from attnfuzz.reference.trace import Trace
 
 HELP = "replay a case file"

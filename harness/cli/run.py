@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +36,6 @@ from attnfuzz.harness.reachability import finding_reachability, is_latent, reach
 if TYPE_CHECKING:  # the command imports what it runs when it runs
     from attnfuzz.harness.runner import RunResult
     from attnfuzz.reference.batch import Case
-    from attnfuzz.reference.trace import Trace
 
 HELP = "fuzz one implementation of one target"
 CHECKS_DEVICE = True  # main() checks --device before any work
@@ -176,6 +174,7 @@ def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.storage import prepare_out, private_hypothesis_home
+    from attnfuzz.harness.traces import reachable_step
     from attnfuzz.strategies.batches import SCALES
 
     private_hypothesis_home()
@@ -337,24 +336,3 @@ def report_history(target: str, impl: str, found: HistoryDependent, out: Path) -
         print(f"  written to {path}")
     print("searching again as traces of one engine (--trace):")
     return path
-
-
-def reachable_step(
-    result: RunResult, judge_trace: Callable[[Trace], Any], judge: Callable[[Case], Any]
-) -> tuple[Case, Callable[[Case], Any]]:
-    """The case whose reachability a finding has, and how to judge variants of it: a
-    trace's failing step, judged after the steps that led to it."""
-    from attnfuzz.reference.trace import Trace
-
-    found = result.case
-    if not isinstance(found, Trace):
-        assert found is not None
-        return found, judge
-    assert result.verdict is not None and result.verdict.step is not None
-    k = result.verdict.step
-
-    def judge_step(case: Case) -> Any:
-        lived = Trace(case.config, (*found.steps[:k], case.batch), case.params, case.dtype)
-        return judge_trace(lived)
-
-    return found.case(k), judge_step
