@@ -26,7 +26,9 @@ worker, so the three report the same checks for the same case.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -172,17 +174,6 @@ def _child(
         conn.send(reply)
 
 
-def _import_lazy_modules() -> None:
-    """What ``torch.testing.assert_close`` imports on its first call (over half a second),
-    imported before forking: a child per trace would pay it each time."""
-    import importlib
-
-    try:
-        importlib.import_module("torch.distributed.tensor")
-    except Exception:  # noqa: BLE001, S110 - a torch without it: assert_close will not ask
-        pass
-
-
 def _one_exception(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(err)).strip().replace("\n", " ")
 
@@ -224,11 +215,14 @@ class IsolatedJudge:
 
     def _context(self) -> Any:
         import torch
+        from attnfuzz.kernels._triton import device as kernel_device
 
-        # A process whose CUDA context exists cannot fork a usable child.
-        if torch.cuda.is_initialized() or "fork" not in multiprocessing.get_all_start_methods():
-            return multiprocessing.get_context("spawn")
-        return multiprocessing.get_context("fork")
+        # A child forked from a process that has touched CUDA cannot use it, and asking
+        # whether CUDA is there (as the kernels' import does) touches it: a CUDA judge spawns.
+        cuda = torch.device(self.device or kernel_device()).type == "cuda"
+        forks = "fork" in multiprocessing.get_all_start_methods()
+        spawn = cuda or torch.cuda.is_initialized() or not forks
+        return multiprocessing.get_context("spawn" if spawn else "fork")
 
     def _start(self) -> None:
         ctx = self._context()
@@ -236,7 +230,9 @@ class IsolatedJudge:
         self._fault_path.write_text("")
         forked = ctx.get_start_method() == "fork"
         if forked:  # an engine's adapter imports the engine once, here, not in every child
-            _import_lazy_modules()
+            # So does the oracle's first assert_close (torch.distributed.tensor, 0.5 s).
+            with contextlib.suppress(ImportError):
+                importlib.import_module("torch.distributed.tensor")
             try:
                 self.impl.prepare()
             except Exception as err:  # noqa: BLE001 - the engine would not load: one line

@@ -242,3 +242,17 @@ with IsolatedJudge(target, target.resolve("campaign_impls:segfaults"), timeout_s
     got = done.stdout.strip().splitlines()[-1]
     assert got.startswith("killed by SIGSEGV (Fatal Python error: Segmentation fault"), got
     assert "in string_at" in got or " at " in got, got
+
+
+def test_a_cuda_judge_spawns_its_children_and_a_cpu_judge_forks_them():
+    """A child forked from a process that has asked whether CUDA is there (the kernels'
+    import does) cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess", seen
+    on an H200): a judge on a CUDA device spawns, one on the CPU forks (cheap)."""
+    from attnfuzz.harness.isolation import IsolatedJudge
+    from attnfuzz.harness.registry import get_target
+
+    target = get_target("max-seq-len")
+    impl = target.implementations["triton"]
+    assert IsolatedJudge(target, impl, "cuda")._context().get_start_method() == "spawn"
+    assert IsolatedJudge(target, impl, "cuda:0")._context().get_start_method() == "spawn"
+    assert IsolatedJudge(target, impl, "cpu")._context().get_start_method() == "fork"
