@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from attnfuzz.harness.runner import RunResult
     from attnfuzz.harness.target import Implementation, Target
     from attnfuzz.reference.batch import Batch, Case, EngineConfig
+    from attnfuzz.reference.trace import Trace
     from attnfuzz.strategies.batches import PRODUCTION, SMALL, Scale
     from hypothesis.strategies import SearchStrategy
 
@@ -156,10 +157,14 @@ def cases(
 def judge(
     target: str | Target,
     impl: ImplementationLike,
-    case: Case,
+    case: Case | Trace,
     device: str | None = None,
 ) -> Verdict:
     """Run ``impl`` on ``case`` in this process and compare it with ``target``'s oracle.
+
+    A trace (``attnfuzz.reference.trace.Trace``, what :func:`load_case` gives of
+    a trace case file) is judged step by step by one engine, started afresh
+    (the implementation's ``new_engine()``); ``verdict.step`` is the step it fails at.
 
     ``target`` is a name (``"mtp-seq-lens"``) or a :class:`Target`; ``impl`` a
     registered name (``"triton"``), ``"module:attribute"``, an
@@ -169,14 +174,21 @@ def judge(
     failure of the implementation. A case the engine could never produce
     raises :class:`UsageError` (``InvalidCase``), as does an unknown name.
     """
+    from attnfuzz.reference.trace import Trace
+
     t = _target(target)
+    if isinstance(case, Trace):
+        return t.judge_trace(_implementation(t, impl), case, device)
     return t.judge(_implementation(t, impl), case, device)
 
 
-def load_case(path: str | Path) -> Case:
+def load_case(path: str | Path) -> Case | Trace:
     """The case of a case file (``attnfuzz.case/1``), with the float dtype it was
     found in, checked as ``attnfuzz repro`` checks it. Reading a case file
     imports nothing it names. Every problem is a one-line :class:`UsageError`.
+    A trace case file's is its trace (``attnfuzz.reference.trace.Trace``: the
+    engine config and its steps, ``trace.case(k)`` step ``k`` as a case), which
+    :func:`judge` judges step by step.
 
     A relative ``path`` is relative to the current directory, as everywhere in
     Python; in a test module, name the file relative to the module instead
@@ -199,8 +211,14 @@ def replay(
     names, which must be registered (a ``module:attribute`` in a file is
     imported only when passed again as ``impl``). ``attnfuzz repro`` is the
     same judged in a child process, under the timeout the case was found with.
+
+    A trace case file replays its steps in order, by one engine started afresh
+    (the implementation's ``new_engine()``); ``verdict.step`` is the step it
+    fails at. State an implementation keeps elsewhere (a module's buffer) is not
+    reset in this process: ``attnfuzz repro`` replays a trace in a new one.
     """
     from attnfuzz.harness.casefile.load import refuse_missing, resolve_case, target_and_case
+    from attnfuzz.reference.trace import Trace
 
     refuse_missing(path)
     if impl is None or isinstance(impl, str):
@@ -208,6 +226,8 @@ def replay(
     else:
         target, case, _ = target_and_case(path)
         implementation = _implementation(target, impl)
+    if isinstance(case, Trace):
+        return target.judge_trace(implementation, case, device)
     return target.judge(implementation, case, device)
 
 
@@ -230,18 +250,25 @@ def run(
     ``seed`` makes the run derandomized; ``database`` (a directory or any
     ``--db`` spec, default none) keeps and replays what was found.
     ``budget_s`` ends a search that found nothing after that many seconds.
+
+    An implementation that lives across steps (``Implementation.traced``) is
+    searched with traces of one engine's steps, as ``attnfuzz run`` searches it:
+    ``result.case`` is then the minimized failing trace, ``result.verdict.step``
+    the step it fails at.
     """
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.strategies.batches import SMALL
 
     t = _target(target)
+    implementation = _implementation(t, impl)
     return fuzz(
         t,
-        _implementation(t, impl),
+        implementation,
         max_examples=max_examples,
         rng_seed=seed,
         database=None if database is None else str(database),
         scale=scale or SMALL,
         device=device,
         budget_s=budget_s,
+        traced=implementation.traced,
     )

@@ -3,8 +3,12 @@
 The exported file embeds the case as a Python literal and needs nothing but
 attnfuzz installed: it judges the implementation on the case with
 :meth:`Target.judge`, so it fails while the bug is present and passes once it
-is fixed. Every string taken from the case file enters the generated source as
-a ``repr`` literal, never as code or inside a docstring.
+is fixed. A trace case file's test replays the trace: its steps in order, by
+one engine started afresh in a new process
+(:meth:`~attnfuzz.harness.isolation.IsolatedJudge.judge_trace`, so that no
+state another test left in the process is the engine's), and fails at the step
+the bug is at. Every string taken from the case file enters the generated
+source as a ``repr`` literal, never as code or inside a docstring.
 
 The generated file passes ``ruff check`` and ``ruff format --check`` under the
 default settings and any line length from 88 up: the embedded data sits between
@@ -27,6 +31,7 @@ from attnfuzz.harness.casefile.load import resolve_case
 from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 
 DEFAULT_DIR = DEFAULT_REGRESSIONS
 """Where ``attnfuzz export`` writes, relative to the current directory: where a
@@ -117,7 +122,9 @@ def _literal(value: Any, indent: int = 0, head: int = 0, tail: int = 0) -> str:
     return "(\n" + "".join(f"{pad}{line}\n" for line in lines) + " " * indent + ")"
 
 
-def regression_test_name(target: str, found_on: str, impl: str, key: str, case: Case) -> str:
+def regression_test_name(
+    target: str, found_on: str, impl: str, key: str, case: Case | Trace
+) -> str:
     """``test_<target>__<found on>__<key>[__on_<impl>]_<digest>``: one name per case and
     implementation, so that two different cases never overwrite each other's file.
 
@@ -143,11 +150,15 @@ def render_test(
     target: str,
     impl: str,
     found_on: str,
-    case: Case,
+    case: Case | Trace,
     verdict: dict[str, Any],
     derived: Any,
+    step: int | None = None,
 ) -> str:
-    """The source of a standalone pytest file whose test ``name`` judges ``impl`` on ``case``."""
+    """The source of a standalone pytest file whose test ``name`` judges ``impl`` on ``case``;
+    of a trace, replays it (``step``: the step it was found failing at)."""
+    if isinstance(case, Trace):
+        return _render_trace_test(name, target, impl, found_on, case, verdict, derived, step)
     assignments = [
         f"{label} = {_literal(_plain(value), 0, len(label) + 3)}"
         for label, value in (
@@ -192,10 +203,78 @@ def {name}():
     return source
 
 
+def _render_trace_test(
+    name: str,
+    target: str,
+    impl: str,
+    found_on: str,
+    trace: Trace,
+    verdict: dict[str, Any],
+    derived: Any,
+    step: int | None,
+) -> str:
+    """The source of a standalone pytest file whose test ``name`` replays ``trace`` on
+    ``impl`` in a new process, step by step, and fails at the step that fails."""
+    found_at = step if step is not None else len(trace.steps) - 1
+    assignments = [
+        f"{label} = {_literal(_plain(value), 0, len(label) + 3)}"
+        for label, value in (
+            ("TARGET", target),
+            ("IMPLEMENTATION", impl),
+            ("FOUND_ON", found_on),
+            ("DTYPE", trace.dtype or "float32"),
+            ("STEP", found_at),
+            ("TRACE", dataclasses.replace(trace, dtype=None).to_dict()),
+            ("FOUND", verdict),
+            ("DERIVED", derived),
+        )
+    ]
+    data = "\n".join(assignments[:5]) + "\n\n" + "\n\n".join(assignments[5:])
+    source = f'''"""Regression test exported by ``attnfuzz export``.
+
+It replays TRACE, a minimized trace of one engine's life that the fuzzer found
+failing at step STEP on FOUND_ON, on IMPLEMENTATION: its steps in order, each
+judged against the reference, by one engine started afresh in a new process (no
+state another test left behind is the engine's). It fails, at the step that
+fails, while the bug is present, and passes once it is fixed. Its float inputs
+are built in DTYPE, the dtype it was found in. FOUND is the verdict when the
+trace was found, DERIVED the quantities of its failing step (and one line per
+step); neither is used by the test.
+"""
+
+from __future__ import annotations
+
+from attnfuzz.harness.isolation import IsolatedJudge
+from attnfuzz.harness.registry import get_target
+from attnfuzz.reference.trace import Trace
+
+# The case file's data, one item a line within 88 columns; no formatter moves it.
+# fmt: off
+{data}
+# fmt: on
+
+
+def {name}():
+    target = get_target(TARGET)
+    implementation = target.resolve(IMPLEMENTATION)
+    trace = Trace.from_dict({{**TRACE, "dtype": DTYPE}})
+    with IsolatedJudge(target, implementation) as judge:  # a new process: a new engine
+        verdict = judge.judge_trace(trace)
+    message = (
+        f"{{TARGET}} / {{IMPLEMENTATION}} fails the exported trace at step {{verdict.step}} "
+        f"(found failing at step {{STEP}}):\\n{{verdict}}"
+    )
+    assert verdict.ok, message
+'''
+    compile(source, f"{name}.py", "exec")  # generated code must at least parse
+    return source
+
+
 def export_case(path: Path | str, out: Path | str = DEFAULT_DIR, impl: str | None = None) -> Path:
     """Write the case file at ``path`` as a pytest file; returns the file written.
 
     ``out`` is a directory (created if needed) or a file name ending in ``.py``.
+    A trace case file's test replays its trace step by step (see the module).
     """
     target, implementation, case, doc = resolve_case(path, impl, note_dtype=False)
     verdict = doc.get("verdict", {})
@@ -204,7 +283,14 @@ def export_case(path: Path | str, out: Path | str = DEFAULT_DIR, impl: str | Non
         target.name, found_on, implementation.name, str(verdict.get("key", "failure")), case
     )
     source = render_test(
-        name, target.name, implementation.name, found_on, case, verdict, doc.get("derived")
+        name,
+        target.name,
+        implementation.name,
+        found_on,
+        case,
+        verdict,
+        doc.get("derived"),
+        doc.get("step"),
     )
     out = Path(out)
     dest = out if out.suffix == ".py" else out / f"{name}.py"

@@ -2,9 +2,12 @@
 the judge of its ``attnfuzz_judge`` fixture.
 
 - :class:`FuzzItem`, ``attnfuzz::TARGET[IMPL]``: a Hypothesis search of
-  ``TARGET``'s cases for one that ``IMPL`` fails, under the suite's settings.
-- :class:`CaseFile` and its :class:`CaseItem`: a case file replayed as a test.
-- :class:`SuiteJudge`: judges a case inside the suite's own tests.
+  ``TARGET``'s cases for one that ``IMPL`` fails, under the suite's settings
+  (of traces of one engine's steps for an implementation that lives across
+  steps, ``Implementation.traced``).
+- :class:`CaseFile` and its :class:`CaseItem`: a case file replayed as a test
+  (a trace case file's trace step by step, by one new engine in a child).
+- :class:`SuiteJudge`: judges a case (or a trace) inside the suite's own tests.
 
 Each fails with the short report of ``harness/pytest_report.py``, never a
 traceback through this module. Importing this imports nothing beyond pytest.
@@ -23,6 +26,7 @@ from attnfuzz.harness.pytest_session import IMPL_INI, IMPL_OPTION, MARKER, STATE
 if TYPE_CHECKING:
     from attnfuzz.harness.oracle import Verdict
     from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.trace import Trace
 
 
 def _usage_error(err: BaseException) -> bool:
@@ -35,14 +39,16 @@ class _Hung(BaseException):
     """Ends a fuzz item's search on a hang, with the case as it ran: not an
     ``Exception``, so that Hypothesis lets it through instead of shrinking it."""
 
-    def __init__(self, case: Case, verdict: Verdict) -> None:
+    def __init__(self, case: Case | Trace, verdict: Verdict) -> None:
         super().__init__(str(verdict))
         self.case, self.verdict = case, verdict
 
 
 class FuzzItem(pytest.Item):
     """``--attnfuzz-impl TARGET=IMPL``: Hypothesis searches ``TARGET``'s cases for one
-    that ``IMPL`` fails, under the suite's settings, and shrinks it."""
+    that ``IMPL`` fails, under the suite's settings, and shrinks it. An implementation
+    that lives across steps (``Implementation.traced``) is searched with traces, each
+    judged by a new engine (in a child of its own, unless in process)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -62,9 +68,9 @@ class FuzzItem(pytest.Item):
         self.timeout = self.state.timeout_for()
         if self.timeout is None:  # in a child, the judge prepares it before forking
             self.impl.prepare()
-        self.obj = fuzz_test(self.target, self.impl, judge=self._judge)
+        self.obj = fuzz_test(self.target, self.impl, judge=self._judge, traced=self.impl.traced)
 
-    def _judge(self, case: Case) -> Verdict:
+    def _judge(self, case: Case | Trace) -> Verdict:
         from attnfuzz.harness.oracle import Check
 
         verdict = self.state.judge(self.target, self.impl, case, self.timeout)
@@ -72,7 +78,7 @@ class FuzzItem(pytest.Item):
             raise _Hung(case, verdict)
         return verdict
 
-    def _failure(self, case: Case, verdict: Verdict, note: str = "") -> CaseFailure:
+    def _failure(self, case: Case | Trace, verdict: Verdict, note: str = "") -> CaseFailure:
         return CaseFailure(
             self.target.name, self.impl.name, case, verdict, timeout=self.timeout, note=note
         )
@@ -129,7 +135,9 @@ class CaseFile(pytest.File):
 
 
 class CaseItem(pytest.Item):
-    """Replays a case file's case: passes when the implementation passes it."""
+    """Replays a case file's case: passes when the implementation passes it. A trace
+    case file's trace is replayed step by step by one new engine (in a child of its
+    own, unless in process), and fails at the step that fails."""
 
     def __init__(self, *, found_on: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -155,8 +163,17 @@ class CaseItem(pytest.Item):
         verdict = state.judge(target, impl, case, timeout)
         if not verdict.ok:
             shown = display_path(self.path, state.here)
+            note = ""
+            if doc.get("step") is not None and doc["step"] != verdict.step:
+                note = f"(its case file records it failing at step {doc['step']})"
             raise CaseFailure(
-                target.name, impl.name, case, verdict, found_on=self.found_on, shown=shown
+                target.name,
+                impl.name,
+                case,
+                verdict,
+                found_on=self.found_on,
+                shown=shown,
+                note=note,
             )
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # type: ignore[override]
@@ -191,9 +208,10 @@ class SuiteJudge:
         ini key ``attnfuzz_impl``), or None."""
         return self.impls.get(target)
 
-    def __call__(self, target: str, case: Case, impl: str | None = None) -> Verdict:
+    def __call__(self, target: str, case: Case | Trace, impl: str | None = None) -> Verdict:
         """Judge ``case`` on ``impl`` (default: the implementation under test of
-        ``target``), in a child process unless ``--attnfuzz-in-process``. A failure
+        ``target``), in a child process unless ``--attnfuzz-in-process``; a
+        :class:`~attnfuzz.reference.trace.Trace` step by step by one new engine. A failure
         raises :class:`CaseFailure` (an ``AssertionError``), a hang :class:`CaseTimeout`,
         each saying the verdict, the case file and the replay command. Returns the
         passing verdict."""

@@ -42,6 +42,12 @@ Hypothesis search ends at once. ``--attnfuzz-in-process`` (ini
 ``attnfuzz_in_process``) judges in the pytest process instead: faster, and a
 crash ends the session.
 
+Traces of one engine's steps: an implementation that lives across steps
+(``Implementation.traced``) is fuzzed with traces, a trace case file replays its
+steps in order, and ``attnfuzz_judge`` takes a trace as it takes a case; each
+trace is judged by a new engine in a child of its own (in process: the
+implementation's ``new_engine()`` only), and fails at the step that fails.
+
 Every item this plugin makes carries the marker ``attnfuzz`` (``-m attnfuzz``).
 A failure's message is short, as ``torch.testing``'s: the verdict (check,
 where, expected and got), the case file it was written to (under

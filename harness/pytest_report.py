@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from attnfuzz.harness.oracle import Verdict
     from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.trace import Trace
 
 
 class Judged:
@@ -28,7 +29,7 @@ class Judged:
         self,
         target: str,
         impl: str,
-        case: Case,
+        case: Case | Trace,
         verdict: Verdict,
         *,
         timeout: float | None = None,
@@ -91,11 +92,12 @@ def display_path(path: Path, here: Path) -> str:
 
 
 def elide_cases(text: str) -> str:
-    """``text`` with each ``Case(...)`` repr (as Hypothesis prints a failing
-    example's arguments, some twenty lines) written ``Case(...)``."""
+    """``text`` with each ``Case(...)`` or ``Trace(...)`` repr (as Hypothesis prints a
+    failing example's arguments, some twenty lines a step) written ``Case(...)``
+    (``Trace(...)``)."""
     out: list[str] = []
     start = 0
-    for found in re.finditer(r"\bCase\(", text):
+    for found in re.finditer(r"\b(?:Case|Trace)\(", text):
         if found.start() < start:  # inside a case already elided
             continue
         end = _closing(text, found.end())

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from attnfuzz.harness.pytest_report import Judged
     from attnfuzz.harness.target import Implementation, Target
     from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.trace import Trace
 
 # The names the hooks declare, the items mark and the usage errors say.
 IMPL_OPTION = "--attnfuzz-impl"
@@ -128,19 +129,26 @@ class SessionState:
         return self.timeout or recorded or DEFAULT_TIMEOUT_S
 
     def judge(
-        self, target: Target, impl: Implementation, case: Case, timeout: float | None
+        self, target: Target, impl: Implementation, case: Case | Trace, timeout: float | None
     ) -> Verdict:
         """``target.judge(impl, case)``, in a child unless in process: a crash or a
-        hang is then the verdict (``crash``, ``timeout``), never the session's end."""
+        hang is then the verdict (``crash``, ``timeout``), never the session's end.
+
+        A trace (:class:`~attnfuzz.reference.trace.Trace`) is judged step by step by
+        one engine (:meth:`Target.judge_trace`), in a child of its own: nothing an
+        earlier case left in a process is its engine's state."""
+        from attnfuzz.reference.trace import Trace
+
+        traced = isinstance(case, Trace)
         if timeout is None:
-            return target.judge(impl, case)
+            return target.judge_trace(impl, case) if traced else target.judge(impl, case)
         key = (target.name, impl.name, timeout)
         judge = self._judges.get(key)
         if judge is None:  # one child per implementation, kept for the session
             from attnfuzz.harness.isolation import IsolatedJudge
 
             judge = self._judges[key] = IsolatedJudge(target, impl, timeout_s=timeout)
-        return judge.judge(case)
+        return judge.judge_trace(case) if traced else judge.judge(case)
 
     def save(self, failure: Judged) -> None:
         """Write ``failure``'s case file (named as ``attnfuzz run`` names it)."""
@@ -160,8 +168,9 @@ class SessionState:
             example_timeout=failure.timeout,
         )
         name = finding_id(failure.target, failure.impl, failure.verdict.key)
+        found = doc["trace"] if "trace" in doc else doc["case"]  # a trace's: its steps
         # Another test's case of the same finding, written this session, is kept.
-        body = json.dumps(doc["case"], sort_keys=True)
+        body = json.dumps(found, sort_keys=True)
         path, n = self.out / f"{name}.json", 1
         while self._written.get(path, body) != body:
             n += 1
@@ -171,8 +180,9 @@ class SessionState:
             write_case(path, doc)
         except OSError as err:  # the case is not lost: it goes into the message
             failure.unsaved = (
-                f"could not write {path} ({err.strerror or err}); the case: "
-                + json.dumps(doc["case"])
+                f"could not write {path} ({err.strerror or err}); the "
+                + ("trace: " if "trace" in doc else "case: ")
+                + json.dumps(found)
             )
             return
         failure.shown = display_path(path, self.here)

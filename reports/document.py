@@ -71,9 +71,114 @@ def mismatch_line(m: Mapping[str, Any]) -> str:
 
 def case_label(finding: Mapping[str, Any]) -> str:
     """How a report names a finding's case: minimized, unless the process died with it."""
+    what = "trace" if is_trace(finding) else "case"
     if finding.get("check") in UNSHRUNK_CHECKS:
-        return "case as it ran (not shrunk: the process died or hung)"
-    return "minimized case"
+        return f"{what} as it ran (not shrunk: the process died or hung)"
+    return f"minimized {what}"
+
+
+def is_trace(finding: Mapping[str, Any]) -> bool:
+    """The finding's case is a trace of one engine's steps (its ``step`` says which fails)."""
+    return finding.get("step") is not None and isinstance(finding["case"].get("steps"), list)
+
+
+# How a report marks each step of a trace, as ``attnfuzz repro`` prints them.
+STEP_OK, STEP_FAILS, STEP_NOT_RUN = "ok", "FAILS", "not run"
+
+
+def trace_steps(finding: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A trace finding's steps, in order: each its index ``k``, its ``batch`` (as the
+    case file holds it), its ``summary`` line (``derived.steps[k]``, else made from
+    the batches) and its ``mark`` (:data:`STEP_OK` before the failing step,
+    :data:`STEP_FAILS` at it, :data:`STEP_NOT_RUN` after); [] for a case on its own."""
+    if not is_trace(finding):
+        return []
+    steps, failed = finding["case"]["steps"], finding["step"]
+    lines = (finding.get("derived") or {}).get("steps")
+    if not (isinstance(lines, list) and len(lines) == len(steps)):
+        lines = _summaries(steps)
+    out = []
+    for k, (batch, summary) in enumerate(zip(steps, lines, strict=True)):
+        mark = STEP_OK if k < failed else STEP_FAILS if k == failed else STEP_NOT_RUN
+        out.append({"k": k, "batch": batch, "summary": str(summary), "mark": mark})
+    return out
+
+
+def _summaries(steps: list[Any]) -> list[str]:
+    """Each step's line (:func:`~attnfuzz.reference.trace.step_summary`), for a finding
+    whose ``derived`` lacks them; a step that is no batch has none."""
+    from attnfuzz.reference.batch import Batch
+    from attnfuzz.reference.trace import step_summary
+
+    out, prev = [], None
+    for step in steps:
+        try:
+            batch = Batch.from_dict(step)
+            out.append(step_summary(prev, batch))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            batch = None
+            out.append("")
+        prev = batch
+    return out
+
+
+def step_rows(batch: Mapping[str, Any]) -> list[list[Any]]:
+    """A step's requests, one row each: request id, q_len, num_computed_tokens,
+    seq_len, pages and how many of them are new this step (blank where the step
+    does not say: a step on its own)."""
+    q_lens = list(batch.get("q_lens") or [])
+    computed = list(batch.get("num_computed_tokens") or [])
+    ids = list(batch.get("req_ids") or range(len(q_lens)))
+    pages = list(batch.get("pages") or [])
+    new = list(batch.get("new_pages") or [])
+    rows = []
+    for r, q in enumerate(q_lens):
+        c = computed[r] if r < len(computed) else None
+        rows.append(
+            [
+                ids[r] if r < len(ids) else r,
+                q,
+                "" if c is None else c,
+                "" if c is None else c + q,
+                json.dumps(pages[r]) if r < len(pages) else "",
+                new[r] if r < len(new) else "",
+            ]
+        )
+    return rows
+
+
+STEP_COLUMNS = ["request", "q_len", "num_computed_tokens", "seq_len", "pages", "new pages"]
+"""The header of :func:`step_rows`."""
+
+
+def step_extras(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's fields other than its requests' (seed, use_cudagraph, ...)."""
+    per_request = {"q_lens", "num_computed_tokens", "req_ids", "pages", "new_pages"}
+    return {k: v for k, v in batch.items() if k not in per_request}
+
+
+def trace_setting(finding: Mapping[str, Any]) -> dict[str, Any]:
+    """A trace finding's case less its steps: the engine config and the parameters."""
+    return {k: v for k, v in finding["case"].items() if k != "steps"}
+
+
+def step_derived(finding: Mapping[str, Any]) -> dict[str, Any]:
+    """``derived`` less the step lines: a trace's is its failing step's quantities."""
+    return {k: v for k, v in (finding.get("derived") or {}).items() if k != "steps"}
+
+
+def trace_text(finding: Mapping[str, Any]) -> list[str]:
+    """A trace finding's steps as plain lines, as ``attnfuzz run`` prints them: the
+    config, then each step's mark and summary line and its batch."""
+    setting = trace_setting(finding)
+    lines = [f"{k}: " + json.dumps(v) for k, v in setting.items()]  # config, params
+    for step in trace_steps(finding):
+        lines.append(f"step {step['k']} [{step['mark']}]: {step['summary']}")
+        lines.append("  " + json.dumps(step["batch"]))
+    derived = step_derived(finding)
+    if derived:
+        lines.append(f"derived (step {finding['step']}): " + json.dumps(derived))
+    return lines
 
 
 def is_latent(finding: Mapping[str, Any]) -> bool:
@@ -110,6 +215,11 @@ def check_campaign(doc: Any, where: str = "campaign") -> dict[str, Any]:
         if f["id"] in ids:
             raise UsageError(f"{where}: findings[{i}] repeats the id {f['id']!r}")
         ids.add(f["id"])
+    for i, f in enumerate(doc["findings"]):
+        steps = f["case"].get("steps")
+        if "step" in f and not (isinstance(steps, list) and f["step"] < len(steps)):
+            has = f"a trace of {len(steps)} steps" if isinstance(steps, list) else "no trace"
+            raise UsageError(f"{where}: findings[{i}].step is {f['step']}; its case is {has}")
     for i, r in enumerate(doc["runs"]):
         for fid in r.get("findings", []):
             if fid not in ids:

@@ -24,6 +24,10 @@ from attnfuzz.reports.document import (
     INCOMPLETE,
     NOT_RUN,
     PASS,
+    STEP_COLUMNS,
+    STEP_FAILS,
+    STEP_NOT_RUN,
+    STEP_OK,
     budget_text,
     campaign_verdict,
     case_label,
@@ -32,11 +36,17 @@ from attnfuzz.reports.document import (
     fmt_seconds,
     incomplete_text,
     is_latent,
+    is_trace,
     plural,
     printable,
     reachability_text,
     run_verdict,
+    step_derived,
+    step_extras,
+    step_rows,
     targets,
+    trace_setting,
+    trace_steps,
 )
 from attnfuzz.reports.svg import coverage_svg, timeline_svg
 
@@ -60,6 +70,10 @@ section.finding { border: 1px solid #ddd; border-radius: .25rem; padding: 0 1rem
 svg.plot { display: block; margin: .5rem 0 1.5rem; max-width: 100%; height: auto; }
 p.tally { margin-top: -.5rem; } details { margin: 2rem 0; }
 details > summary { font-size: 1.25rem; font-weight: 600; cursor: pointer; }
+ol.steps { padding-left: 0; list-style: none; }
+li.step { border-left: 3px solid #ddd; padding-left: .75rem; margin: .5rem 0; }
+li.step-fails { border-left-color: #b91c1c; } li.step-not-run { opacity: .6; }
+p.step-extras { margin-top: -.5rem; }
 """
 
 
@@ -172,7 +186,7 @@ def _verdicts(main: ET.Element, campaign: Mapping[str, Any]) -> None:
             [
                 run["target"],
                 _code(run["implementation"]),
-                run["kind"],
+                run["kind"] + (" (traces)" if run.get("traced") else ""),
                 badge,
                 run["examples"],
                 f"{rate:.1f}",
@@ -193,19 +207,22 @@ def _finding(parent: ET.Element, finding: Mapping[str, Any], expected: bool) -> 
     h.append(_code(finding["key"]))
     _el(sec, "h4", "Replay")
     _el(_el(sec, "pre", class_="repro"), "code", finding["repro"])
-    _el(sec, "h4", "Mismatches")
-    body = _table(sec, ["check", "where", "expected", "got"])
-    for m in finding["verdict"]["mismatches"]:
-        _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
+    trace = is_trace(finding)
+    if not trace:  # a trace's are under its failing step
+        _el(sec, "h4", "Mismatches")
+        _mismatches(sec, finding)
     reach = reachability_text(finding)
     if reach:
         _el(sec, "h4", "Reachability")
         _el(_el(sec, "pre", class_="reachability"), "code", "\n".join(reach))
-    _el(sec, "h4", case_label(finding).capitalize())
-    _el(_el(sec, "pre", class_="case"), "code", compact_json(finding["case"]))
-    if finding.get("derived"):
-        _el(sec, "h4", "Derived quantities")
-        _el(_el(sec, "pre", class_="derived"), "code", json.dumps(finding["derived"]))
+    if trace:
+        _trace(sec, finding)
+    else:
+        _el(sec, "h4", case_label(finding).capitalize())
+        _el(_el(sec, "pre", class_="case"), "code", compact_json(finding["case"]))
+        if finding.get("derived"):
+            _el(sec, "h4", "Derived quantities")
+            _el(_el(sec, "pre", class_="derived"), "code", json.dumps(finding["derived"]))
     facts = _table(sec, ["finding", ""])
     _row(facts, ["id", _code(finding["id"])])
     _row(facts, ["first failing check", finding["check"]])
@@ -213,6 +230,48 @@ def _finding(parent: ET.Element, finding: Mapping[str, Any], expected: bool) -> 
         _row(facts, ["examples to first failure", finding["examples_to_failure"]])
         _row(facts, ["seconds to first failure", fmt_seconds(finding.get("seconds_to_failure"))])
     _row(facts, ["case file", _code(finding["case_file"])])
+
+
+def _mismatches(parent: ET.Element, finding: Mapping[str, Any]) -> None:
+    body = _table(parent, ["check", "where", "expected", "got"])
+    for m in finding["verdict"]["mismatches"]:
+        _row(body, [m["check"], _code(m["where"]), m["expected"], m["got"]])
+
+
+STEP_CLASS = {STEP_OK: "verdict good", STEP_FAILS: "verdict bad", STEP_NOT_RUN: "verdict meh"}
+
+
+def _trace(sec: ET.Element, finding: Mapping[str, Any]) -> None:
+    """A trace finding step by step: the engine config, then each step (its summary
+    line, its requests, marked ok, FAILS or not run), the failing one with its
+    mismatches and derived quantities."""
+    steps = trace_steps(finding)
+    failed = finding["step"]
+    title = f"{case_label(finding).capitalize()}: {plural(len(steps), 'step')} of one engine"
+    _el(sec, "h4", f"{title}, failing at step {failed}")
+    _el(_el(sec, "pre", class_="case"), "code", compact_json(trace_setting(finding)))
+    listing = _el(sec, "ol", class_="steps", start="0")
+    for step in steps:
+        k, mark = step["k"], step["mark"]
+        item = _el(listing, "li", class_=f"step step-{mark.replace(' ', '-').lower()}")
+        item.set("id", f"{anchor(finding['id'])}-step-{k}")
+        head = _el(item, "p", class_="step-head")
+        _el(head, "span", mark, class_=STEP_CLASS[mark]).tail = " "
+        strong = _el(head, "strong", f"step {k}")
+        strong.tail = printable(f": {step['summary']}") if step["summary"] else None
+        body = _table(item, STEP_COLUMNS)
+        for row in step_rows(step["batch"]):
+            _row(body, row, numeric=(1, 2, 3))
+        extras = step_extras(step["batch"])
+        if extras:
+            _el(_el(item, "p", class_="step-extras"), "code", json.dumps(extras))
+        if k == failed:
+            _el(item, "h5", f"Mismatches at step {k}")
+            _mismatches(item, finding)
+            derived = step_derived(finding)
+            if derived:
+                _el(item, "h5", f"Derived quantities of step {k}")
+                _el(_el(item, "pre", class_="derived"), "code", json.dumps(derived))
 
 
 def report_html(campaign: Mapping[str, Any]) -> str:

@@ -30,12 +30,14 @@ from attnfuzz.reports.document import (
     SURVIVED,
     case_label,
     incomplete_text,
+    is_trace,
     mismatch_line,
     one_line,
     printable,
     reachability_text,
     run_verdict,
     targets,
+    trace_text,
 )
 
 
@@ -48,10 +50,14 @@ def _finding_text(finding: Mapping[str, Any]) -> str:
             f"first failure after {finding['examples_to_failure']} examples, "
             f"{finding.get('seconds_to_failure') or 0:.2f}s"
         )
-    lines.append(f"{case_label(finding)}:")
-    lines.append("  " + json.dumps(finding["case"]))
-    if finding.get("derived"):
-        lines.append("  derived: " + json.dumps(finding["derived"]))
+    if is_trace(finding):  # step by step, the failing one marked
+        lines.append(f"{case_label(finding)}, failing at step {finding['step']}:")
+        lines += ["  " + line for line in trace_text(finding)]
+    else:
+        lines.append(f"{case_label(finding)}:")
+        lines.append("  " + json.dumps(finding["case"]))
+        if finding.get("derived"):
+            lines.append("  derived: " + json.dumps(finding["derived"]))
     lines.append(f"case file: {finding['case_file']}")
     lines.append(f"replay: {finding['repro']}")
     return printable("\n".join(lines))
@@ -70,6 +76,8 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
     if verdict in (FAIL, LATENT):
         first = found[0]["verdict"]["mismatches"][0] if found else None
         message = mismatch_line(first) if first else "failed (no finding recorded)"
+        if found and is_trace(found[0]):
+            message += f" (at step {found[0]['step']} of a trace)"
         if verdict == LATENT:  # a defect all the same: only a FULL graph replay meets it
             message = "LATENT: " + message
         kind = LATENT.lower() if verdict == LATENT else found[0]["check"] if found else "fail"
@@ -95,6 +103,8 @@ def _testcase(run: Mapping[str, Any], findings: Mapping[str, Mapping[str, Any]])
     elif verdict == INCOMPLETE:
         ET.SubElement(case, "skipped", message=one_line(incomplete_text(run)))
     out = [f"kind: {run['kind']}", f"verdict: {verdict}", f"examples: {run['examples']}"]
+    if run.get("traced"):
+        out.append("examples are traces: one engine's life over several steps each")
     if run.get("labels"):
         out.append("scenario classes: " + json.dumps(run["labels"]))
     if verdict == CAUGHT and body:

@@ -35,6 +35,8 @@ from attnfuzz.reports.document import (
     reachability_text,
     run_verdict,
     targets,
+    trace_steps,
+    trace_text,
 )
 
 MAX_MISMATCHES = 8  # per finding, as the console prints them
@@ -143,7 +145,7 @@ def verdict_table(campaign: Mapping[str, Any]) -> list[str]:
             [
                 code(run["target"]),
                 code(run["implementation"]),
-                run["kind"],
+                run["kind"] + (" (traces)" if run.get("traced") else ""),
                 verdict_cell(run),
                 str(run["examples"]),
                 f"{rate(run):.1f}",
@@ -167,6 +169,14 @@ def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
             f"({fmt_seconds(finding.get('seconds_to_failure'))} s):",
             "",
         ]
+    steps = trace_steps(finding)
+    if steps:  # a trace: which of its steps fails, and what the scheduler did there
+        failed = steps[finding["step"]]
+        lines += [
+            f"Fails at step {failed['k']} of a trace of {plural(len(steps), 'step')} of one "
+            f"engine: {code(failed['summary'], 400)}",
+            "",
+        ]
     mismatches = finding["verdict"]["mismatches"]
     lines += [f"- {code(mismatch_line(m), 400)}" for m in mismatches[:MAX_MISMATCHES]]
     if len(mismatches) > MAX_MISMATCHES:
@@ -176,10 +186,13 @@ def finding_lines(finding: Mapping[str, Any], level: str = "####") -> list[str]:
         status = finding["reachability"]["status"].upper()
         lines += ["", f"Reachability: **{status}**", "", fenced("\n".join(reach), "text")]
     lines += ["", fenced(finding["repro"], "console"), ""]
-    body = compact_json(finding["case"])
-    if finding.get("derived"):
-        body += "\n\nderived: " + json.dumps(finding["derived"])
-    lines += [f"<details><summary>{case_label(finding)}</summary>", "", fenced(body, "json"), ""]
+    if steps:  # step by step, as `attnfuzz run` prints a trace
+        text, language = "\n".join(trace_text(finding)), "text"
+    else:
+        text, language = compact_json(finding["case"]), "json"
+        if finding.get("derived"):
+            text += "\n\nderived: " + json.dumps(finding["derived"])
+    lines += [f"<details><summary>{case_label(finding)}</summary>", "", fenced(text, language), ""]
     lines += ["</details>", ""]
     return lines
 

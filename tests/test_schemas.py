@@ -30,9 +30,14 @@ def test_schemas_are_valid_draft_2020_12_schemas() -> None:
 
 
 def test_case_schema_names_exactly_the_fields_of_the_case() -> None:
-    body = schemas.schema("case")["properties"]["case"]["properties"]
-    assert set(body["config"]["properties"]) == {f.name for f in dataclasses.fields(EngineConfig)}
-    assert set(body["batch"]["properties"]) == {f.name for f in dataclasses.fields(Batch)}
+    case = schemas.schema("case")
+    body, defs = case["properties"]["case"]["properties"], case["$defs"]
+    trace = case["properties"]["trace"]["properties"]
+    # A case and a trace's steps share the definitions of a config and a batch.
+    assert body["config"] == trace["config"] == {"$ref": "#/$defs/config"}
+    assert body["batch"] == trace["steps"]["items"] == {"$ref": "#/$defs/batch"}
+    assert set(defs["config"]["properties"]) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(defs["batch"]["properties"]) == {f.name for f in dataclasses.fields(Batch)}
     dtypes = schemas.schema("case")["properties"]["settings"]["properties"]["dtype"]["enum"]
     assert sorted(dtypes) == sorted(FLOAT_DTYPES)
 
@@ -47,6 +52,17 @@ def test_campaign_schema_enumerates_the_documents_kinds_and_statuses() -> None:
 
 def test_a_written_case_file_conforms() -> None:
     assert schemas.errors(_case_doc(), "case") == []
+
+
+def test_a_trace_case_file_conforms_and_holds_a_case_or_a_trace() -> None:
+    from attnfuzz.reference.trace import Trace
+
+    doc = _case_doc()
+    trace = Trace.of_case(hand_case((2, 2), (5, 7), num_spec=1)).to_dict()
+    traced = {k: v for k, v in doc.items() if k != "case"} | {"trace": trace, "step": 0}
+    assert schemas.errors(traced, "case") == []
+    assert schemas.errors(doc | {"trace": trace}, "case") != []  # both
+    assert schemas.errors({k: v for k, v in doc.items() if k != "case"}, "case") != []  # none
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,12 @@ and writes ``<out>/campaign.json``, one case file per distinct finding under
   per-example timeout or kills its process is a finding with its case; xdist
   replaces a dead worker and the campaign goes on. Ctrl-C or SIGTERM stops
   the workers and still writes what ran.
+- **Traces.** An implementation that lives across steps
+  (``Implementation.traced``), or every one with ``--trace``, is searched with
+  traces of one engine's steps, each judged in a new child of the worker
+  (:meth:`~attnfuzz.harness.isolation.IsolatedJudge.judge_trace`); its run
+  says ``traced``, its examples count traces, and a finding's case is the
+  minimized trace with the ``step`` it fails at (a trace case file).
 - **Deduplication.** One finding per target, implementation and
   :attr:`~attnfuzz.harness.oracle.Verdict.key` (the first failing check, or the
   exception type), with the smallest case seen; the case file is the format of

@@ -66,16 +66,22 @@ class Replays:
         self.verdicts: dict[str, Any] = {}
 
     def verdict(self, item_id: str, unit: Unit, case_dict: dict[str, Any]) -> Any:
+        """The replay's verdict; a trace (``case_dict`` with ``steps``) is replayed
+        step by step, in a new process."""
         if item_id not in self.verdicts:
+            from attnfuzz.harness.campaign.worker import example_of
             from attnfuzz.harness.isolation import IsolatedJudge
             from attnfuzz.harness.registry import get_target
-            from attnfuzz.reference.batch import Case
+            from attnfuzz.reference.trace import Trace
 
             target = get_target(unit.target)
             impl = target.resolve(unit.impl)
             timeout = self.plan["example_timeout"]
+            found = example_of(case_dict)
             with IsolatedJudge(target, impl, self.plan["device"], timeout) as judge:
-                self.verdicts[item_id] = judge.judge(Case.from_dict(case_dict))
+                self.verdicts[item_id] = (
+                    judge.judge_trace(found) if isinstance(found, Trace) else judge.judge(found)
+                )
         return self.verdicts[item_id]
 
 
@@ -105,7 +111,7 @@ def collect(
     case it left in flight is replayed in isolation (``replays``) and is a
     finding if it fails there, else the loss is a ``worker-lost`` event.
     """
-    from attnfuzz.harness.campaign.worker import read_json
+    from attnfuzz.harness.campaign.worker import failing_step, read_json
 
     items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
     for item in plan["items"]:
@@ -160,6 +166,8 @@ def collect(
                             "found": inflight["started"],
                         }
                     )
+                    if "steps" in inflight["case"]:  # a trace: the step it fails at
+                        found[-1]["step"] = failing_step(inflight["case"], verdict)
                 else:
                     event["detail"] += (
                         "; the case it was judging passed when replayed alone"
@@ -200,6 +208,8 @@ def collect(
                 "seconds_to_failure": round(f["seconds_to_failure"], 3),
                 "found": f["found"],
             }
+            if f.get("step") is not None:  # a trace: the step it fails at
+                snap.findings[fid]["step"] = f["step"]
             if f.get("reachability") is not None:  # engine code, once its run has ended
                 snap.findings[fid]["reachability"] = f["reachability"]
         status = (
@@ -230,6 +240,7 @@ def collect(
             min_examples=floor,
             incomplete=why,
             latent=bool(ids) and all(is_latent(snap.findings[fid]) for fid in ids),
+            traced=unit.traced,
         )
         if not final:
             run["_running"] = running
@@ -242,13 +253,17 @@ def count_dead_example(
     state: dict[str, Any], inflight: dict[str, Any], plan: dict[str, Any]
 ) -> None:
     """The example a worker died on was judged too: its verdict is the replay's."""
-    from attnfuzz.reference.batch import Case
+    from attnfuzz.harness.campaign.worker import example_of
+    from attnfuzz.harness.traces import trace_labels
+    from attnfuzz.reference.trace import Trace
     from attnfuzz.strategies.batches import scenario_labels
 
     examples = max(state["examples"], inflight["examples"] + 1)
     end = max(state["updated"], inflight["started"])
     if examples > state["examples"]:
-        for label in scenario_labels(Case.from_dict(inflight["case"])):
+        found = example_of(inflight["case"])
+        labels = trace_labels(found) if isinstance(found, Trace) else scenario_labels(found)
+        for label in labels:
             state["labels"][label] = state["labels"].get(label, 0) + 1
     state["examples"], state["updated"] = examples, end
     state["timeline"].append([round(end - plan["started"], 3), examples])

@@ -33,11 +33,16 @@ def finding_record(
     examples_to_failure: int | None,
     seconds_to_failure: float | None,
     reachability: Mapping[str, Any] | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
     """One finding of ``campaign.json``: ``verdict`` as its case file records it
     (``key`` and ``mismatches``), the case file under ``cases/``, the replay
     command naming ``shown_out`` (the results directory as the user gave it), and
-    for engine code where it can happen (``reachability``, as case files hold it)."""
+    for engine code where it can happen (``reachability``, as case files hold it).
+
+    A trace's finding: ``case`` is the trace (``config``, ``steps``, ``params``, as
+    a trace case file's ``trace``) and ``step`` the step it fails at; ``derived``
+    is then its failing step's, with one line per step (``derived["steps"]``)."""
     fid = finding_id(target, implementation, verdict["key"])
     case_file = f"cases/{fid}.json"
     record = {
@@ -54,6 +59,8 @@ def finding_record(
         "examples_to_failure": examples_to_failure,
         "seconds_to_failure": seconds_to_failure,
     }
+    if step is not None:
+        record["step"] = step
     if reachability is not None:
         record["reachability"] = dict(reachability)
     return record
@@ -74,9 +81,11 @@ def run_record(
     min_examples: int | None = None,
     incomplete: str | None = None,
     latent: bool = False,
+    traced: bool = False,
 ) -> dict[str, Any]:
     """One run's record. ``error`` is the one-line reason of a run with status "error";
-    ``latent``: the run found something and every finding is latent.
+    ``latent``: the run found something and every finding is latent; ``traced``: its
+    examples were traces of one engine's steps (written only then).
 
     ``min_examples`` is the run's example floor (absent: none, as in documents
     older than it); ``incomplete`` says why a run that found nothing stopped
@@ -104,6 +113,8 @@ def run_record(
         run["incomplete"] = one_line(incomplete)
     if latent:
         run["latent"] = True
+    if traced:
+        run["traced"] = True
     return run
 
 

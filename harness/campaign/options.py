@@ -27,6 +27,9 @@ class Options:
     scale: str = "small"
     device: str | None = None
     quiet: bool = False
+    # Fuzz every selected implementation with traces of one engine's steps (one that
+    # lives across steps, ``Implementation.traced``, always is).
+    trace: bool = False
     # MODULE[:ATTRIBUTE] specs of a user's mutants (registry.add_mutants): registered
     # here and in every worker, and run on the selected targets
     mutants: list[str] = field(default_factory=list)

@@ -19,6 +19,9 @@ class Unit:
     target: str
     impl: str
     kind: str
+    # Fuzzed with traces of one engine's steps (``--trace``, or an implementation
+    # that lives across steps: ``Implementation.traced``).
+    traced: bool = False
 
 
 def plan_units(
@@ -26,6 +29,7 @@ def plan_units(
     impls: list[str] | None,
     zoo: bool,
     mutants: Sequence[tuple[str, str]] = (),
+    trace: bool = False,
 ) -> list[Unit]:
     """Every selected target against every selected implementation it has.
 
@@ -35,6 +39,8 @@ def plan_units(
     user's code written for one target's inputs, so it needs exactly one
     selected target. ``mutants`` are ``(target, mutant)`` pairs a user
     registered (``--mutants``): each runs on its target when that target is selected.
+    ``trace`` fuzzes every unit with traces; an implementation that lives across
+    steps (``Implementation.traced``) is fuzzed with traces whatever it says.
     """
     from attnfuzz.harness.registry import get_target, split_impl_spec, target_names
 
@@ -82,7 +88,7 @@ def plan_units(
         chosen += [m for t, m in mutants if t == target.name]
         for spec in dict.fromkeys(chosen):
             impl = target.resolve(spec)  # imports a user's module: a UsageError if it cannot
-            units.append(Unit(name, impl.name, impl.kind))
+            units.append(Unit(name, impl.name, impl.kind, trace or impl.traced))
     if not units:
         raise UsageError("nothing to run: no selected target has a selected implementation")
     return units
@@ -114,6 +120,7 @@ def plan_items(units: list[Unit], workers: int, max_examples: int | None) -> lis
                     "target": unit.target,
                     "impl": unit.impl,
                     "kind": unit.kind,
+                    "traced": unit.traced,
                     "max_examples": cap,
                 }
             )

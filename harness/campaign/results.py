@@ -115,9 +115,9 @@ class CaseWriter:
         self.unwritten: dict[str, tuple[Path, dict[str, Any], str]] = {}
 
     def write(self, finding: dict[str, Any]) -> bool:
+        from attnfuzz.harness.campaign.worker import example_of
         from attnfuzz.harness.casefile import case_document
         from attnfuzz.harness.oracle import Mismatch, Verdict
-        from attnfuzz.reference.batch import Case
 
         # A finding's reachability arrives after its case (computed when the run ends).
         text = json.dumps([finding["case"], finding.get("reachability")], sort_keys=True)
@@ -127,8 +127,9 @@ class CaseWriter:
                 path, doc, _ = self.unwritten[finding["id"]]
                 self._save(finding["id"], path, doc)
             return False
-        case = Case.from_dict(finding["case"])
+        case = example_of(finding["case"])  # a trace's: written as a trace case file
         verdict = Verdict([Mismatch(**m) for m in finding["verdict"]["mismatches"]])
+        verdict.step = finding.get("step")
         doc = case_document(
             finding["target"],
             finding["implementation"],
@@ -170,9 +171,10 @@ def report_new(snap: Snapshot, writer: CaseWriter, progress: Any, started: float
             where = f"-> {writer.shown / f['case_file']}"
             if f["id"] in writer.unwritten:
                 where += f" NOT WRITTEN ({writer.unwritten[f['id']][2]}: the case goes to stderr)"
+            at = f" at step {f['step']}" if f.get("step") is not None else ""
             progress.say(
                 f"[{f['found'] - started:6.1f}s] FOUND {f['target']} / {f['implementation']} "
-                f"[{f['key']}] {where}"
+                f"[{f['key']}]{at} {where}"
             )
 
 
@@ -185,7 +187,8 @@ def summary_lines(
         keys = ", ".join(f.rsplit("--", 1)[-1] for f in run["findings"])
         lines.append(
             f"{verdict_word(run):<8} {run['target']} / {run['implementation']} ({run['kind']}): "
-            f"{run['examples']} examples, {run['examples_per_second']:.1f}/s"
+            f"{run['examples']} {'traces' if run.get('traced') else 'examples'}, "
+            f"{run['examples_per_second']:.1f}/s"
             + (f"  [{keys}]" if keys else "")
             + (f"  {run['error']}" if run.get("error") else "")
             + (f"  ({incomplete_text(run)})" if run_verdict(run) == INCOMPLETE else "")

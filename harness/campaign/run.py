@@ -56,7 +56,9 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
     from attnfuzz.harness.registry import add_mutants
 
     added = [pair for spec in options.mutants for pair in add_mutants(spec)]
-    units = plan_units(options.targets, options.impls, options.zoo, mutants=added)
+    units = plan_units(
+        options.targets, options.impls, options.zoo, mutants=added, trace=options.trace
+    )
     if options.zoo:
         note_unavailable_mutants(options.targets, stream)
     user_modules = [u.impl for u in units if ":" in u.impl] + list(options.mutants)

@@ -275,6 +275,7 @@ def supervise(
                     examples_to_failure=f["examples_to_failure"],
                     seconds_to_failure=f["seconds_to_failure"],
                     reachability=f.get("reachability"),
+                    step=f.get("step"),
                 )
             )
         fields: dict[str, Any] = dict(

@@ -95,6 +95,7 @@ class ItemLog:
             "target": item["target"],
             "implementation": item["impl"],
             "kind": item.get("kind"),
+            "traced": bool(item.get("traced")),  # its examples are traces of one engine
             "pid": os.getpid(),
             "status": "running",
             "started": now,
@@ -140,7 +141,8 @@ class ItemLog:
         self.flush(force=first)
 
     def found(self, case_dict: dict[str, Any], verdict: Verdict) -> None:
-        """Keep the smallest case of each distinct failure; write it out at once."""
+        """Keep the smallest case of each distinct failure; write it out at once. A
+        trace's (``case_dict`` a trace's) keeps the step it fails at (``step``)."""
         now = time.time()
         known = self.state["findings"].get(verdict.key)
         if known is not None and case_size(case_dict) >= case_size(known["case"]):
@@ -156,6 +158,8 @@ class ItemLog:
             "seconds_to_failure": now - self.state["first_example"],
             "found": now,
         }
+        if "steps" in case_dict:  # a trace: the step it fails at
+            entry["step"] = failing_step(case_dict, verdict)
         if known is not None:  # a smaller case of a known failure: when it was first seen stays
             for field in ("examples_to_failure", "seconds_to_failure", "found"):
                 entry[field] = known[field]
@@ -252,6 +256,10 @@ def _run_rounds(
         found = bool(log.state["findings"])
         return share_spent(time.time(), deadline, hard_deadline, log.examples, floor, found)
 
+    # An implementation that lives across steps, or a --trace campaign: each example is a
+    # trace of one engine's steps, judged in a new child (IsolatedJudge.judge_trace).
+    traced = bool(item.get("traced"))
+
     def judge(case) -> Verdict:
         if out_of_time():
             raise _Stop
@@ -260,6 +268,8 @@ def _run_rounds(
         log.before(case_dict)
         try:
             # The campaign's deadline bounds even a hanging call: the budget holds.
+            if traced:
+                return isolated.judge_trace(case, deadline=hard_deadline)
             return isolated.judge(case, deadline=hard_deadline)
         except OutOfTime:
             raise _Stop from None
@@ -294,6 +304,7 @@ def _run_rounds(
                 judge=judge,
                 scale=SCALES[plan["scale"]],
                 on_case=record,
+                traced=traced,
             )
             if plan["derandomized"]:
                 test = seed(round_seed(plan["seed"] or 0, item, n))(test)
@@ -319,19 +330,50 @@ def _run_rounds(
                 break  # --max-examples: one Hypothesis run, as `attnfuzz run`
             if impl.kind == "mutant" and len(log.state["findings"]) > before:
                 break  # the zoo asks whether a mutant is caught: it is
-        place_findings(log, target, impl, lambda c: isolated.judge(c, deadline=hard_deadline))
+        place_findings(
+            log,
+            target,
+            impl,
+            lambda c: isolated.judge(c, deadline=hard_deadline),
+            lambda t: isolated.judge_trace(t, deadline=hard_deadline),
+        )
 
 
-def place_findings(log: ItemLog, target: Any, impl: Any, judge: Any) -> None:
+def place_findings(
+    log: ItemLog, target: Any, impl: Any, judge: Any, judge_trace: Any = None
+) -> None:
     """Where each finding on engine code can happen (``harness.reachability``), in its
-    entry: judged by this unit's isolated child, once its search has ended."""
-    from attnfuzz.harness.reachability import finding_reachability
-    from attnfuzz.reference.batch import Case
-
+    entry: judged by this unit's isolated child, once its search has ended. A trace's
+    is its failing step's, judged after the steps before it (``judge_trace``), as
+    ``attnfuzz run`` computes it (:func:`~attnfuzz.harness.traces.reachable_step`)."""
     if impl.engine is None or not log.state["findings"]:
         return
+    from attnfuzz.harness.reachability import finding_reachability
+    from attnfuzz.harness.runner import RunResult
+    from attnfuzz.harness.traces import reachable_step
+
     for entry in log.state["findings"].values():
-        reach = finding_reachability(target, impl, Case.from_dict(entry["case"]), judge)
+        found = example_of(entry["case"])
+        verdict = Verdict(step=entry.get("step"))  # a trace's failing step, else None
+        result = RunResult(target.name, impl.name, case=found, verdict=verdict)
+        reach = finding_reachability(target, impl, *reachable_step(result, judge_trace, judge))
         if reach is not None:
             entry["reachability"] = reach.to_dict()
     log.flush()
+
+
+def example_of(case_dict: dict[str, Any]) -> Any:
+    """The case a finding's (or an in-flight) ``case`` holds: a
+    :class:`~attnfuzz.reference.trace.Trace` when it has ``steps``, else a
+    :class:`~attnfuzz.reference.batch.Case`."""
+    from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.trace import Trace
+
+    return Trace.from_dict(case_dict) if "steps" in case_dict else Case.from_dict(case_dict)
+
+
+def failing_step(trace_dict: dict[str, Any], verdict: Verdict) -> int:
+    """The step a trace fails at: its verdict's, else (a child that crashed or hung
+    says no step) its last, as its case file records it
+    (:func:`~attnfuzz.harness.casefile.case_document`)."""
+    return verdict.step if verdict.step is not None else len(trace_dict["steps"]) - 1

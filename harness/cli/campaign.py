@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="registered names or module:attribute (default: each target's fixed one, triton)",
     )
     p.add_argument("--zoo", action="store_true", help="add every mutant of the targets")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="fuzz every selected implementation with traces: each example is one engine's "
+        "life over several steps, judged in a new process (an implementation that lives "
+        "across steps always is)",
+    )
     add_mutants_argument(p)
     p.add_argument(
         "--budget",
@@ -111,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         targets=names(args.targets),
         impls=names(args.impls),
         zoo=args.zoo,
+        trace=args.trace,
         budget_s=args.budget,
         max_examples=args.max_examples,
         min_examples=args.min_examples,
