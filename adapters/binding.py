@@ -106,5 +106,13 @@ class EngineCall:
     def __call__(self, inputs: Any) -> Any:
         return self.prepare()(inputs)
 
+    def new_engine(self) -> None:
+        """The adapter's ``new_engine()``, where it keeps state across steps (an engine
+        object): the harness starts each trace with it. Before the first call there is
+        nothing kept."""
+        hook = getattr(self._fn, "new_engine", None) if self._fn is not None else None
+        if callable(hook):
+            hook()
+
     def __repr__(self) -> str:
         return f"<{self.package.rsplit('.', 1)[-1]} {self.module}.{self.attr}>"

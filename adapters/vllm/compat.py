@@ -95,6 +95,15 @@ UNPADDED = Api("vllm.v1.attention.backend", "CommonAttentionMetadata.unpadded")
 H2D_OUT = Api("vllm.utils.torch_utils", "async_tensor_h2d", keyword="out", since="0.30.0")
 H2D_PIN_MEMORY = Api("vllm.utils.torch_utils", "async_tensor_h2d", keyword="pin_memory")
 GPU_BLOCK_TABLES = Api("vllm.v1.worker.gpu.block_table", "BlockTables")
+# persistent_batch: the V2 runner's request state and the methods that update it per step.
+REQUEST_STATE = Api("vllm.v1.worker.gpu.states", "RequestState")
+POST_UPDATE = Api("vllm.v1.worker.gpu.input_batch", "post_update")
+V2_RUNNER_STEP = Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.update_requests")
+V2_RUNNER_POSTPROCESS = Api(
+    "vllm.v1.worker.gpu.model_runner",
+    "GPUModelRunner.postprocess_sampled",
+    keyword="num_rejected",
+)
 V1_BLOCK_TABLE = Api("vllm.v1.worker.block_table", "BlockTable")
 SPLIT = Api("vllm.v1.attention.backends.utils", "split_decodes_and_prefills")
 SPLIT_EXTENDS = Api("vllm.v1.attention.backends.utils", "split_decodes_prefills_and_extends")
@@ -253,6 +262,17 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     "max_seq_len.upstream_draft_model_len": (DRAFT_MODEL_SPECULATOR,),
     "max_seq_len.run_v1": (GPU_MODEL_RUNNER,),
     "mtp_seq_lens": (INDEXER_BUILDER,),
+    "persistent_batch": (
+        GPU_BLOCK_TABLES,
+        SLOT_MAPPINGS_KERNEL,
+        INPUT_BUFFERS,
+        PREPARE_POS_SEQ_LENS,
+        REQUEST_STATE,
+        POST_UPDATE,
+        V2_RUNNER_STEP,
+        V2_RUNNER_POSTPROCESS,
+        H2D_OUT,
+    ),
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),

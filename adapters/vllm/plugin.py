@@ -296,6 +296,21 @@ def _mtp_seq_lens() -> list[Implementation]:
     ]
 
 
+def _persistent_batch() -> list[Implementation]:
+    return [
+        vllm_impl(
+            "persistent_batch",
+            "run",
+            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/model_runner.py:"
+            "GPUModelRunner's finish_requests, add_requests, update_requests, "
+            "postprocess_sampled and prepare_attn on its RequestState, BlockTables and "
+            "InputBuffers, kept across the steps",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 def _slot_mapping() -> list[Implementation]:
     t = slot_mapping
     return [
@@ -432,6 +447,7 @@ VLLM = Engine(
         "indexer-decode": _indexer_decode(),
         "max-seq-len": _max_seq_len(),
         "mtp-seq-lens": _mtp_seq_lens(),
+        "persistent-batch": _persistent_batch(),
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
     },
