@@ -26,6 +26,7 @@ from attnfuzz.reference.persistent_batch import (
     PAD_SLOT_ID,
     PersistentBatchInputs,
     PersistentBatchOutputs,
+    table_width,
 )
 
 
@@ -94,7 +95,7 @@ class PersistentBatch:
         self.new_engine()
         self._engine = (inp.config, inp.device)
         rows, tokens = self._sizes(inp)
-        width, dev = inp.config.max_blocks_per_seq, inp.device
+        width, dev = table_width(inp.config), inp.device
 
         def zeros(*shape: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=dev)

@@ -49,6 +49,7 @@ from attnfuzz.reference.batch import (
     build_block_table,
     build_common_metadata,
     cdiv,
+    runner_table_width,
 )
 from attnfuzz.reference.slot_mapping import PAD_SLOT_ID
 
@@ -151,11 +152,22 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> PersistentBat
     )
 
 
+def table_width(config: EngineConfig) -> int:
+    """Columns of the runner's block table: ``cdiv(max_model_len, block_size)`` rounded
+    up to whole 128-token spans, as vLLM's ``GPUModelRunner.initialize_kv_cache`` sizes
+    it (:func:`~attnfuzz.reference.batch.runner_table_width`); every step hands on all."""
+    return runner_table_width(config.max_model_len, config.block_size)
+
+
 def reference(case: Case, inputs: PersistentBatchInputs) -> PersistentBatchExpected:
-    """The step's common metadata; the slot mapping padded with -1 to ``T_slots``."""
+    """The step's common metadata, its block table at the runner's width (padding rows
+    ``PAD_PAGE`` in every column); the slot mapping padded with -1 to ``T_slots``."""
     config = case.config
     meta = build_common_metadata(config, case.batch)
-    num_pages = np.full(meta.num_reqs, config.max_blocks_per_seq, dtype=np.int32)
+    width = table_width(config)
+    table = np.full((meta.num_reqs, width), PAD_PAGE, dtype=np.int32)
+    table[:, : meta.block_table.shape[1]] = meta.block_table
+    num_pages = np.full(meta.num_reqs, width, dtype=np.int32)
     for r, pages in enumerate(owned_pages(config, case.batch)):
         num_pages[r] = len(pages)
     slots = np.full(meta.slot_mapping_tokens, PAD_SLOT_ID, dtype=np.int64)
@@ -163,7 +175,7 @@ def reference(case: Case, inputs: PersistentBatchInputs) -> PersistentBatchExpec
     return PersistentBatchExpected(
         query_start_loc=meta.query_start_loc,
         seq_lens=meta.seq_lens,
-        block_table=meta.block_table,
+        block_table=table,
         num_pages=num_pages,
         slot_mapping=slots,
     )

@@ -10,7 +10,7 @@ from attnfuzz.harness.targets import persistent_batch as target_module
 from attnfuzz.harness.testing import hand_case
 from attnfuzz.kernels._triton import device
 from attnfuzz.reference import persistent_batch as ref
-from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.batch import PAD_PAGE, Batch, Case, runner_table_width
 from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.traces import traces
 from hypothesis import HealthCheck, Phase, given, settings
@@ -45,7 +45,11 @@ def test_a_step_on_its_own_is_new_requests_with_all_their_pages_padded_to_the_gr
     want = ref.reference(case, inputs)
     assert want.query_start_loc.tolist() == [0, 2, 4, 6, 6]
     assert want.seq_lens.tolist() == [3, 5, 7, 0]
-    assert want.num_pages.tolist() == [1, 2, 2, case.config.max_blocks_per_seq]
+    # The runner's width, whole 128-token spans; the padding row is compared whole.
+    assert want.block_table.shape == (4, ref.table_width(case.config))
+    assert ref.table_width(case.config) == runner_table_width(case.config.max_model_len, 4)
+    assert want.num_pages.tolist() == [1, 2, 2, ref.table_width(case.config)]
+    assert (want.block_table[3] == PAD_PAGE).all()
     for r, pages in enumerate(inputs.new_block_ids):
         assert tuple(want.block_table[r, : len(pages)]) == pages
     assert (want.block_table[3] == ref.PAD_PAGE).all()

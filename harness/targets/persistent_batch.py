@@ -89,7 +89,7 @@ class ReferenceEngine:
         if self.engine != (config, inp.device):
             self.new_engine()
             self.engine = (config, inp.device)
-            S, N, W = config.max_num_seqs, config.max_num_batched_tokens, config.max_blocks_per_seq
+            S, N, W = config.max_num_seqs, config.max_num_batched_tokens, ref.table_width(config)
             self.buffers = {
                 "query_start_loc": torch.zeros(S + 1, dtype=torch.int32, device=inp.device),
                 "seq_lens": torch.zeros(S, dtype=torch.int32, device=inp.device),
@@ -182,7 +182,7 @@ def _rows(trace: Trace, reset_page_count: bool) -> tuple[bool, bool]:
     reset: ``(reused, wrong)``, whether a new request took a row an earlier request held,
     and whether some request's row disagrees with its pages (or overflows the table)."""
     config = trace.config
-    W = config.max_blocks_per_seq
+    W = ref.table_width(config)
     rows: dict[int, int] = {}  # req_id -> row
     table: dict[int, list[int]] = {}  # row -> its entries
     count: dict[int, int] = {}  # row -> pages it holds
