@@ -106,6 +106,30 @@ def test_a_worker_searches_a_traced_implementation_with_traces(tc, tmp_path):
     assert json.loads((scratch / "items" / f"{item['id']}.json").read_text())["traced"]
 
 
+def test_a_single_step_worker_marks_a_finding_that_passes_alone_history_dependent(tc, tmp_path):
+    """Judged as single cases by one long-lived child, the buffer sized by an earlier
+    example fails a later one: the finding's case passes in a new process, so the
+    worker marks it history-dependent (never a case file that silently passes), and
+    its case file and the console say so."""
+    scratch = _scratch(tmp_path)
+    (item,) = cp.plan_items([cp.Unit(tc.TARGET, tc.STATEFUL, "user", False)], 1, 40)
+    plan = _plan([item], time.time())
+    was_enabled = faulthandler.is_enabled()
+    try:
+        state = run_item(scratch, plan, item)
+    finally:
+        if was_enabled:
+            faulthandler.enable(file=sys.__stderr__)
+    findings = list(state["findings"].values())
+    assert findings and all(f["history_dependent"] is True for f in findings)
+    finding = findings[0]
+    assert "step" not in finding
+    shown = {"id": "f", "case_file": "f.json", "target": tc.TARGET}
+    writer = CaseWriter(tmp_path / "out", "cpu")
+    writer.write(finding | shown | {"implementation": tc.STATEFUL})
+    assert read_case(tmp_path / "out" / "f.json")["history_dependent"] is True
+
+
 def test_a_trace_finding_on_engine_code_is_placed_at_its_failing_step(tc, monkeypatch):
     """Reachability of a trace is its failing step's, judged after the steps before it
     (as ``attnfuzz run`` computes it)."""

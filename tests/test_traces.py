@@ -175,3 +175,17 @@ def test_a_single_step_run_says_history_dependent_and_finds_the_trace(tmp_path):
     replay = attnfuzz("repro", str(found), "--impl", STATEFUL, cwd=tmp_path)
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert f"at step {doc['step']}" in replay.stdout
+
+
+def test_repro_of_a_case_found_history_dependent_says_so(stateful, tmp_path, capsys):
+    """A campaign's single-step finding that passed in a new process is written marked
+    history-dependent; replayed alone it passes, and repro says why and what to run."""
+    from attnfuzz.harness.cli import main
+    from attnfuzz.harness.oracle import Verdict
+
+    target, impl = stateful
+    doc = case_document(target.name, impl.name, two_steps().case(1), Verdict([]))
+    doc["history_dependent"] = True
+    path = write_case(tmp_path / "case.json", doc)
+    assert main(["repro", str(path), "--impl", STATEFUL]) == 0
+    assert "found history-dependent" in capsys.readouterr().out

@@ -210,6 +210,8 @@ def collect(
             }
             if f.get("step") is not None:  # a trace: the step it fails at
                 snap.findings[fid]["step"] = f["step"]
+            if f.get("history_dependent"):  # passes in a new process
+                snap.findings[fid]["history_dependent"] = True
             if f.get("reachability") is not None:  # engine code, once its run has ended
                 snap.findings[fid]["reachability"] = f["reachability"]
         status = (

@@ -34,6 +34,7 @@ def finding_record(
     seconds_to_failure: float | None,
     reachability: Mapping[str, Any] | None = None,
     step: int | None = None,
+    history_dependent: bool = False,
 ) -> dict[str, Any]:
     """One finding of ``campaign.json``: ``verdict`` as its case file records it
     (``key`` and ``mismatches``), the case file under ``cases/``, the replay
@@ -61,6 +62,8 @@ def finding_record(
     }
     if step is not None:
         record["step"] = step
+    if history_dependent:  # a single-step case that passes in a new process
+        record["history_dependent"] = True
     if reachability is not None:
         record["reachability"] = dict(reachability)
     return record

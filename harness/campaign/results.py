@@ -140,6 +140,8 @@ class CaseWriter:
         )
         if finding.get("reachability") is not None:
             doc["reachability"] = finding["reachability"]
+        if finding.get("history_dependent"):
+            doc["history_dependent"] = True
         finding["derived"] = self.derived[finding["id"]] = doc["derived"]
         self._save(finding["id"], self.out / finding["case_file"], doc)
         new = finding["id"] not in self.written
@@ -172,6 +174,8 @@ def report_new(snap: Snapshot, writer: CaseWriter, progress: Any, started: float
             if f["id"] in writer.unwritten:
                 where += f" NOT WRITTEN ({writer.unwritten[f['id']][2]}: the case goes to stderr)"
             at = f" at step {f['step']}" if f.get("step") is not None else ""
+            if f.get("history_dependent"):
+                at += " (HISTORY-DEPENDENT: passes in a new process; search it with --trace)"
             progress.say(
                 f"[{f['found'] - started:6.1f}s] FOUND {f['target']} / {f['implementation']} "
                 f"[{f['key']}]{at} {where}"

@@ -276,6 +276,7 @@ def supervise(
                     seconds_to_failure=f["seconds_to_failure"],
                     reachability=f.get("reachability"),
                     step=f.get("step"),
+                    history_dependent=bool(f.get("history_dependent")),
                 )
             )
         fields: dict[str, Any] = dict(

@@ -330,6 +330,8 @@ def _run_rounds(
                 break  # --max-examples: one Hypothesis run, as `attnfuzz run`
             if impl.kind == "mutant" and len(log.state["findings"]) > before:
                 break  # the zoo asks whether a mutant is caught: it is
+        if not traced:
+            mark_history_dependent(log, lambda c: isolated.judge_fresh(c, deadline=hard_deadline))
         place_findings(
             log,
             target,
@@ -337,6 +339,24 @@ def _run_rounds(
             lambda c: isolated.judge(c, deadline=hard_deadline),
             lambda t: isolated.judge_trace(t, deadline=hard_deadline),
         )
+
+
+def mark_history_dependent(log: ItemLog, judge_fresh: Any) -> None:
+    """Each single-step finding whose case passes in a new process failed only after
+    other examples ran in the same judging process: marked ``history_dependent`` (its
+    case file says so, and the console), never a case file that silently passes."""
+    from attnfuzz.harness.isolation import OutOfTime
+    from attnfuzz.reference.batch import Case
+
+    for entry in log.state["findings"].values():
+        found = example_of(entry["case"])
+        if "history_dependent" in entry or not isinstance(found, Case):
+            continue
+        try:
+            entry["history_dependent"] = judge_fresh(found).ok
+        except OutOfTime:  # the budget ended first: not known, and not claimed
+            continue
+    log.flush()
 
 
 def place_findings(

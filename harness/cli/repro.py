@@ -93,6 +93,11 @@ def command(args: argparse.Namespace) -> int:
     if reach is not None:
         for line in reach.lines():
             print(one_line(line, MESSAGE_LIMIT))
+    if doc.get("history_dependent") and verdict.ok:
+        print(
+            "  found history-dependent: it failed only after other examples ran in the same "
+            "process; attnfuzz run --trace searches it as one engine's steps"
+        )
     return EXIT_OK if verdict.ok else failed
 
 
