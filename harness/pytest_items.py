@@ -78,6 +78,18 @@ class FuzzItem(pytest.Item):
             raise _Hung(case, verdict)
         return verdict
 
+    def _history_note(self, case: Case | Trace) -> str:
+        """A note when the failing case passes in a new process (a single-step search
+        judges in one long-lived child, whose state can leak from case to case)."""
+        from attnfuzz.reference.trace import Trace
+
+        if isinstance(case, Trace) or not self.state.passes_alone(self.target, self.impl, case):
+            return ""
+        return (
+            "(HISTORY-DEPENDENT: this case passes in a new process; it failed only after "
+            "other examples ran in the same one: fuzz it with traces, attnfuzz run --trace)"
+        )
+
     def _failure(self, case: Case | Trace, verdict: Verdict, note: str = "") -> CaseFailure:
         return CaseFailure(
             self.target.name, self.impl.name, case, verdict, timeout=self.timeout, note=note
@@ -91,7 +103,9 @@ class FuzzItem(pytest.Item):
             raise self._failure(hung.case, hung.verdict, note) from None
         except BaseException as err:
             # Hypothesis' failures, as this plugin's: its notes restate the case at length.
-            found = [self._failure(e.case, e.verdict) for e in _findings(err)]
+            found = [
+                self._failure(e.case, e.verdict, self._history_note(e.case)) for e in _findings(err)
+            ]
             if not found:
                 raise
             if len(found) == 1:

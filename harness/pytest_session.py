@@ -150,6 +150,14 @@ class SessionState:
             judge = self._judges[key] = IsolatedJudge(target, impl, timeout_s=timeout)
         return judge.judge_trace(case) if traced else judge.judge(case)
 
+    def passes_alone(self, target: Target, impl: Implementation, case: Case) -> bool:
+        """Whether ``case``, which failed in the implementation's long-lived child,
+        passes in a new process (it depended on what ran before it); False in process,
+        where no new process judges it."""
+        judge = next((j for (t, i, _), j in self._judges.items() if (t, i) == (
+            target.name, impl.name)), None)  # fmt: skip
+        return judge is not None and judge.judge_fresh(case).ok
+
     def save(self, failure: Judged) -> None:
         """Write ``failure``'s case file (named as ``attnfuzz run`` names it)."""
         from attnfuzz.harness.casefile import case_document, write_case

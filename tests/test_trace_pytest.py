@@ -181,3 +181,16 @@ def test_the_public_api_loads_replays_and_judges_a_trace(tc, tmp_path):
     assert again.step == 1
     assert attnfuzz.judge(tc.TARGET, engine, trace).step == 1
     assert attnfuzz.replay(path, "triton").ok  # the fixed implementation passes it
+
+
+def test_a_single_step_failure_that_passes_alone_says_history_dependent(tc, tmp_path):
+    """The plugin's single-step search judges in one long-lived child: the buffer an
+    earlier example sized fails a later one, which passes in a new process; the
+    failure says so, and how to search it (traces)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (root / "conftest.py").write_text(QUICK_PROFILE)
+    result = run_pytest(root, "--attnfuzz-impl", f"{tc.TARGET}={tc.STATEFUL}")
+    assert outcomes(result) == {f"attnfuzz::{tc.TARGET}[{tc.STATEFUL}]": "FAILED"}, result.stdout
+    assert "HISTORY-DEPENDENT: this case passes in a new process" in result.stdout
