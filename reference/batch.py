@@ -249,6 +249,24 @@ class Batch:
         )
 
 
+def params_and_dtype_to_dict(params: tuple[tuple[str, int], ...], dtype: str | None) -> dict:
+    """A case's (or trace's) target parameters and dtype as written: each only when set."""
+    return ({"params": dict(params)} if params else {}) | (
+        {"dtype": dtype} if dtype is not None else {}
+    )
+
+
+def params_and_dtype_from_dict(d: dict) -> tuple[tuple[tuple[str, int], ...], str | None]:
+    """The parameters (sorted by name) and dtype a case's (or trace's) dict holds, checked."""
+    params = d.get("params", {})
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be an object, got {type(params).__name__}")
+    dtype = d.get("dtype")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
+    return tuple(sorted((str(k), v) for k, v in params.items())), dtype
+
+
 @dataclass(frozen=True)
 class Case:
     """What a fuzz example is: an engine config, one batch, and target parameters.
@@ -274,25 +292,14 @@ class Case:
 
     def to_dict(self) -> dict:
         d = {"config": self.config.to_dict(), "batch": self.batch.to_dict()}
-        if self.params:
-            d["params"] = dict(self.params)
-        if self.dtype is not None:
-            d["dtype"] = self.dtype
-        return d
+        return d | params_and_dtype_to_dict(self.params, self.dtype)
 
     @classmethod
     def from_dict(cls, d: dict) -> Case:
-        params = d.get("params", {})
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be an object, got {type(params).__name__}")
-        dtype = d.get("dtype")
-        if dtype is not None and dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
         return cls(
             EngineConfig.from_dict(d["config"]),
             Batch.from_dict(d["batch"]),
-            tuple(sorted((str(k), v) for k, v in params.items())),
-            dtype,
+            *params_and_dtype_from_dict(d),
         )
 
 

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnfuzz.reference.batch import FLOAT_DTYPES, Batch, Case, EngineConfig
+from attnfuzz.reference.batch import (
+    Batch,
+    Case,
+    EngineConfig,
+    params_and_dtype_from_dict,
+    params_and_dtype_to_dict,
+)
 
 
 @dataclass(frozen=True)
@@ -44,32 +50,18 @@ class Trace:
         return Trace(self.config, self.steps[:n], self.params, self.dtype)
 
     def to_dict(self) -> dict:
-        d: dict = {
-            "config": self.config.to_dict(),
-            "steps": [step.to_dict() for step in self.steps],
-        }
-        if self.params:
-            d["params"] = dict(self.params)
-        if self.dtype is not None:
-            d["dtype"] = self.dtype
-        return d
+        d = {"config": self.config.to_dict(), "steps": [step.to_dict() for step in self.steps]}
+        return d | params_and_dtype_to_dict(self.params, self.dtype)
 
     @classmethod
     def from_dict(cls, d: dict) -> Trace:
-        params = d.get("params", {})
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be an object, got {type(params).__name__}")
-        dtype = d.get("dtype")
-        if dtype is not None and dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}, got {dtype!r}")
         steps = d["steps"]
         if not isinstance(steps, list) or not steps:
             raise ValueError("a trace needs at least one step")
         return cls(
             EngineConfig.from_dict(d["config"]),
             tuple(Batch.from_dict(s) for s in steps),
-            tuple(sorted((str(k), v) for k, v in params.items())),
-            dtype,
+            *params_and_dtype_from_dict(d),
         )
 
     @classmethod
