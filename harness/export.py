@@ -145,6 +145,11 @@ def regression_test_name(
     return "test_" + "__".join(parts) + "_" + digest
 
 
+def _assignments(values: Any) -> list[str]:
+    """``LABEL = literal`` of each ``(label, value)``, laid out within the line length."""
+    return [f"{label} = {_literal(_plain(value), 0, len(label) + 3)}" for label, value in values]
+
+
 def render_test(
     name: str,
     target: str,
@@ -159,9 +164,8 @@ def render_test(
     of a trace, replays it (``step``: the step it was found failing at)."""
     if isinstance(case, Trace):
         return _render_trace_test(name, target, impl, found_on, case, verdict, derived, step)
-    assignments = [
-        f"{label} = {_literal(_plain(value), 0, len(label) + 3)}"
-        for label, value in (
+    assignments = _assignments(
+        (
             ("TARGET", target),
             ("IMPLEMENTATION", impl),
             ("FOUND_ON", found_on),
@@ -170,7 +174,7 @@ def render_test(
             ("FOUND", verdict),
             ("DERIVED", derived),
         )
-    ]
+    )
     data = "\n".join(assignments[:4]) + "\n\n" + "\n\n".join(assignments[4:])
     source = f'''"""Regression test exported by ``attnfuzz export``.
 
@@ -216,9 +220,8 @@ def _render_trace_test(
     """The source of a standalone pytest file whose test ``name`` replays ``trace`` on
     ``impl`` in a new process, step by step, and fails at the step that fails."""
     found_at = step if step is not None else len(trace.steps) - 1
-    assignments = [
-        f"{label} = {_literal(_plain(value), 0, len(label) + 3)}"
-        for label, value in (
+    assignments = _assignments(
+        (
             ("TARGET", target),
             ("IMPLEMENTATION", impl),
             ("FOUND_ON", found_on),
@@ -228,7 +231,7 @@ def _render_trace_test(
             ("FOUND", verdict),
             ("DERIVED", derived),
         )
-    ]
+    )
     data = "\n".join(assignments[:5]) + "\n\n" + "\n\n".join(assignments[5:])
     source = f'''"""Regression test exported by ``attnfuzz export``.
 
