@@ -150,13 +150,20 @@ def _child(
             os._exit(0)
         clock: Counter = Counter()
         traced = "steps" in message  # a trace (this child is new), else one case
-        steps = len(message["steps"]) if traced else 1
-        wait = timeout_s * steps
-        faulthandler.dump_traceback_later(max(wait - DUMP_LEAD_S, 0.1), file=fault_file)
+
+        def arm() -> None:  # the hung frame is dumped just before the parent's deadline
+            faulthandler.dump_traceback_later(max(timeout_s - DUMP_LEAD_S, 0.1), file=fault_file)
+
+        def on_step(k: int) -> None:
+            # Each step has its own timeout, and a crash or hang is placed at its step.
+            arm()
+            conn.send(("step", k))
+
+        arm()
         try:
             if traced:
                 trace = Trace.from_dict(message)
-                verdict = judge_trace(target, impl, trace, device, clock)
+                verdict = judge_trace(target, impl, trace, device, clock, on_step)
             else:
                 verdict = target.judge(impl, Case.from_dict(message), device, clock)
             reply: tuple = ("verdict", _verdict_state(verdict), dict(clock))
@@ -323,14 +330,17 @@ class IsolatedJudge:
         self, trace: Trace, clock: Counter | None = None, deadline: float | None = None
     ) -> Verdict:
         """The verdict on ``trace`` (:func:`~attnfuzz.harness.traces.judge_trace`), its
-        steps judged in order in a new process, the timeout applying to each step."""
+        steps judged in order in a new process, the timeout applying to each step: a
+        crash or a hang is the verdict of the step it happened in (``step``)."""
         self._stop()
         self._start()
-        return self._ask(trace.to_dict(), self.timeout_s * len(trace.steps), clock, deadline)
+        return self._ask(trace.to_dict(), self.timeout_s, clock, deadline)
 
     def _ask(
         self, message: dict, timeout_s: float, clock: Counter | None, deadline: float | None
     ) -> Verdict:
+        """Send ``message`` (a case, or a trace) and wait for its verdict, ``timeout_s``
+        for each step (a trace's child says when it starts one)."""
         where = self.impl.name
         try:
             self._conn.send(message)
@@ -338,25 +348,33 @@ class IsolatedJudge:
             self._stop()
             self._start()
             self._conn.send(message)
-        started = time.monotonic()
-        wait = timeout_s
-        cut = deadline is not None and deadline - time.time() < wait
-        if cut:
-            wait = max(deadline - time.time(), 0.0)
-        reply = None
-        # Whichever comes first: the reply, the child's end, or the wait's end.
-        ready = multiprocessing.connection.wait([self._conn, self._proc.sentinel], wait)
-        if self._conn in ready:
-            try:
-                reply = self._conn.recv()
-            except (EOFError, OSError):
-                reply = None
+        step: int | None = None  # the step the child last said it started
+        while True:
+            started = time.monotonic()
+            wait = timeout_s
+            cut = deadline is not None and deadline - time.time() < wait
+            if cut:
+                wait = max(deadline - time.time(), 0.0)
+            reply = None
+            # Whichever comes first: a message, the child's end, or the wait's end.
+            ready = multiprocessing.connection.wait([self._conn, self._proc.sentinel], wait)
+            if self._conn in ready:
+                try:
+                    reply = self._conn.recv()
+                except (EOFError, OSError):
+                    reply = None
+            if reply is not None and reply[0] == "step":
+                step = reply[1]
+                continue
+            break
         if not ready and cut:
             self._stop()
             raise OutOfTime
         self._trim_output()
         if reply is None:
-            return self._fault_verdict(where, time.monotonic() - started, timeout_s)
+            verdict = self._fault_verdict(where, time.monotonic() - started, timeout_s)
+            verdict.step = step
+            return verdict
         kind, *body = reply
         if kind == "usage":
             name, _, message = body[0].partition("\n")

@@ -19,11 +19,14 @@ from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
 from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.oracle import Check, Verdict
 from attnfuzz.harness.target import Implementation, Target
+from attnfuzz.harness.traces import lived
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import SMALL, Scale
 from hypothesis import seed
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import FlakyFailure
+from hypothesis.reporting import with_reporter
 
 
 class _OutOfBudget(BaseException):
@@ -65,6 +68,9 @@ class RunResult:
     interrupted: bool = False  # Ctrl-C: ``case`` is the smallest failure found so far, if any
     shrunk: bool = True  # False: ``case`` is the case that failed as it ran (a hang)
     traced: bool = False  # the examples were traces of one engine's steps
+    # Hypothesis' own replay of the failure passed (its FlakyFailure): ``case`` is the
+    # last case that failed, shrunk as far as the search got; confirm it (harness.confirm).
+    flaky: bool = False
 
     @property
     def examples_per_second(self) -> float:
@@ -167,7 +173,7 @@ def fuzz(
                 clock["found"] = time.perf_counter()
                 result.seconds_to_failure = clock["found"] - clock["start"]
             # Hypothesis replays the minimal example last, so this ends as the shrunk one.
-            result.case, result.verdict = case, verdict
+            result.case, result.verdict = lived(case, verdict), verdict
             if verdict.key in ENDS_RUN_UNSHRUNK:
                 result.shrunk = False
                 raise _NotShrunk
@@ -194,7 +200,12 @@ def fuzz(
 
     start = time.perf_counter()
     try:
-        test()
+        # Hypothesis speaks only of its own ways to reproduce a failure (@seed):
+        # attnfuzz says what it found, and how to replay it, itself.
+        with with_reporter(lambda _message: None):
+            test()
+    except FlakyFailure:
+        result.flaky = True
     except Finding:
         pass
     except _NotShrunk:

@@ -53,9 +53,14 @@ def judge_trace(
     trace: Trace,
     device: torch.device | str | None = None,
     clock: Counter | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Verdict:
     """The verdict of ``impl`` over ``trace``'s steps, judged one after another by one
     engine: the first failing step's verdict (``step`` set to its index), else a pass.
+
+    ``on_step(k)`` is told before step ``k`` runs (the isolated judge's child tells
+    its parent, so that a crash or a hang is placed at its step and each step has
+    its own timeout).
 
     Its statistics are the largest each step reports (the guided measures of the
     step nearest a bug's condition). A trace or step that no engine could produce
@@ -66,12 +71,16 @@ def judge_trace(
     refuse_invalid_trace(target, trace)
     for k in range(len(trace.steps)):
         target.refuse_unfixed(impl, trace.case(k), f"step {k}")
+    if on_step is not None:
+        on_step(0)
     try:
         new_engine(impl)
     except Exception as err:  # noqa: BLE001 - the implementation's own reset failed: a finding
         return Verdict([exception_mismatch(f"{impl.name}.new_engine", err)], step=0)
     statistics: dict[str, int] = {}
     for k in range(len(trace.steps)):
+        if on_step is not None and k:
+            on_step(k)
         verdict = judge(target, impl, trace.case(k), device, clock, fresh_engine=False)
         for name, value in verdict.statistics.items():
             statistics[name] = max(statistics.get(name, value), value)
@@ -80,6 +89,14 @@ def judge_trace(
             verdict.statistics = statistics
             return verdict
     return Verdict([], statistics)
+
+
+def lived(example: Case | Trace, verdict: Verdict) -> Case | Trace:
+    """What of ``example`` ran: a trace that failed at step ``k`` up to that step (the
+    steps after it never ran, and a case file holds none of them); anything else whole."""
+    if isinstance(example, Trace) and verdict.step is not None:
+        return example.prefix(verdict.step + 1)
+    return example
 
 
 def trace_labels(trace: Trace) -> list[str]:

@@ -38,6 +38,7 @@ def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile.load import resolve_case
     from attnfuzz.harness.errors import UsageError
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.oracle import Check
     from attnfuzz.harness.registry import split_impl_spec
 
     named, spec = split_impl_spec(args.impl) if args.impl else (None, None)
@@ -55,7 +56,9 @@ def command(args: argparse.Namespace) -> int:
             verdict = isolated.judge_trace(case)
         else:
             verdict = isolated.judge(case)
-        if not verdict.ok:  # computed on replay: a case file may predate it, or the engine moved
+        # Computed on replay (a case file may predate it, or the engine moved); never of a
+        # timeout: where the engine runs code says nothing of how fast this machine runs it.
+        if not verdict.ok and verdict.key != Check.TIMEOUT:
             replayed = RunResult(target.name, impl.name, case=case, verdict=verdict)
             step_case, step_judge = reachable_step(replayed, isolated.judge_trace, isolated.judge)
             reach = finding_reachability(target, impl, step_case, step_judge)
@@ -93,6 +96,12 @@ def command(args: argparse.Namespace) -> int:
     if reach is not None:
         for line in reach.lines():
             print(one_line(line, MESSAGE_LIMIT))
+    flaky = doc.get("flaky")
+    if flaky and verdict.ok:
+        print(
+            f"  found flaky: it failed {flaky['failed']} of {flaky['replays']} replays of the "
+            "same case, each in a new process, when it was found; this replay passed"
+        )
     if doc.get("history_dependent") and verdict.ok:
         print(
             "  found history-dependent: it failed only after other examples ran in the same "

@@ -24,6 +24,7 @@ from attnfuzz.harness.definitions import (
     DEFAULT_DB,
     EXIT_ERROR,
     EXIT_FOUND,
+    EXIT_INCOMPLETE,
     EXIT_LATENT,
     EXIT_OK,
     HARNESS_FAULT_NOTE,
@@ -34,6 +35,7 @@ from attnfuzz.harness.definitions import (
 from attnfuzz.harness.reachability import finding_reachability, is_latent, reachability_lines
 
 if TYPE_CHECKING:  # the command imports what it runs when it runs
+    from attnfuzz.harness.confirm import Confirmation
     from attnfuzz.harness.runner import RunResult
     from attnfuzz.reference.batch import Case
 
@@ -69,9 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_timeout_argument(p, "per example: a call without a verdict by then is a 'timeout'")
 
 
-def print_failure(doc: dict, path: Path | None, shrunk: bool = True) -> None:
+def print_failure(doc: dict, path: Path | None, shrunk: bool = True, word: str = "FAIL") -> None:
     reach = doc.get("reachability")
-    word = LATENT if is_latent(reach) else "FAIL"
     print(f"{word} {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
         # An implementation's exception text may hold anything: one printable line each.
@@ -163,6 +164,7 @@ class Signals:
 
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
+    from attnfuzz.harness.confirm import Status
     from attnfuzz.harness.database import (
         check_database,
         database_spec,
@@ -200,11 +202,9 @@ def command(args: argparse.Namespace) -> int:
     # An implementation that lives across steps is judged by traces, asked or not.
     traced = args.trace or impl.traced
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
-        before: list[Case] = []  # what the child judged before the first failure
+        before: list[Case] = []  # what the child judged up to the first failure
 
         def judge(example: Any, clock: Any) -> Any:
-            if traced:
-                return isolated.judge_trace(example, clock)
             verdict = isolated.judge(example, clock)
             if not verdict.ok and not before:
                 before.extend(isolated.history)
@@ -219,35 +219,40 @@ def command(args: argparse.Namespace) -> int:
                 database=searched,
                 scale=SCALES[args.scale],
                 device=device,
-                judge=judge if not traced else isolated.judge_trace,
+                judge=isolated.judge_trace if traced else judge,
                 stop_requested=signals.received,
                 traced=traced,
             )
 
+        found: Found | None = None
         try:
             result = search(traced)
-            if (
-                not traced
-                and result.failed
-                and result.shrunk
-                and not result.interrupted
-                and isolated.judge_fresh(result.case).ok
-            ):
-                # It failed only after other examples ran in the same process: never
-                # written as a case that passes; said so, and searched again as traces.
-                dependent = HistoryDependent(result, before)
-                report_history(target.name, impl.name, dependent, out)
-                result = search(True)
+            if result.failed and not result.interrupted:
+                found = Found(result)
+                found.confirm(isolated, before)
+                if found.confirmation and found.confirmation.status is Status.HISTORY_DEPENDENT:
+                    # It fails only after what ran before it in the process: never written
+                    # as a case that passes; said so, and searched again as traces.
+                    dependent = HistoryDependent(result, before)
+                    report_history(target.name, impl.name, dependent, out)
+                    result = search(True)
+                    found = None
+                    if result.failed and not result.interrupted:
+                        found = Found(result)
+                        found.confirm(isolated, [])
+                elif found.confirmation is not None:
+                    result.verdict = found.confirmation.verdict  # a timeout judged again
+                if found is not None and found.reportable:
+                    found.reach = finding_reachability(
+                        target, impl, *reachable_step(result, isolated.judge_trace, isolated.judge)
+                    )
         except HarnessError as err:  # no verdict on the implementation, no case file
             print(f"ERROR {target.name} / {impl.name}  [attnfuzz error]")
             print("  " + one_line(err, MESSAGE_LIMIT))
             print(HARNESS_FAULT_NOTE)
             return EXIT_ERROR
-        reach = None
-        if result.failed and not result.interrupted and result.case is not None:
-            reach = finding_reachability(
-                target, impl, *reachable_step(result, isolated.judge_trace, isolated.judge)
-            )
+        except KeyboardInterrupt:  # while a failure was replayed: kept as it was found
+            result.interrupted = True
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} "
@@ -257,36 +262,126 @@ def command(args: argparse.Namespace) -> int:
     if result.statistics:
         print("statistics: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statistics.items())))
     if not result.failed:
-        if result.interrupted:
-            print("INTERRUPTED: no failure found so far")
-            return 128 + signals.signum
         if dependent is not None:  # the history file holds it: a finding all the same
+            if result.interrupted:
+                print(
+                    "INTERRUPTED: the trace search found no failing trace so far; the "
+                    "history-dependent failure above stands"
+                )
+                return 128 + signals.signum
             print(
                 f"no trace of one engine failed within {result.examples} examples: the "
                 "failure above depends on what ran before it in the process"
             )
             return EXIT_FOUND
+        if result.interrupted:
+            print("INTERRUPTED: no failure found so far")
+            return 128 + signals.signum
         print("PASS: no failure found")
         return EXIT_OK
     assert result.case is not None and result.verdict is not None
+    confirmation = found.confirmation if found is not None else None
+    if confirmation is not None and confirmation.status is Status.SLOW:
+        print(
+            f"INCOMPLETE {target.name} / {impl.name}: a call had no verdict within "
+            f"{timeout:g}s, and the same {'trace' if result.traced else 'case'} passed in a "
+            f"new process within {confirmation.timeout_s:g}s: this machine was too slow for "
+            "--example-timeout, which is no verdict on the implementation (raise it)"
+        )
+        return EXIT_INCOMPLETE
     doc = case_document(
         target.name, impl.name, result.case, result.verdict, device, example_timeout=timeout
     )
+    reach = found.reach if found is not None else None
     if reach is not None:
         doc["reachability"] = reach.to_dict()
+    flaky = confirmation is not None and confirmation.status is Status.FLAKY
+    if flaky:
+        assert confirmation is not None
+        doc["flaky"] = confirmation.flaky_record()
     path = save_case(out / f"{finding_id(target.name, impl.name, result.verdict.key)}.json", doc)
     print(
         f"first failure after {result.examples_to_failure} examples, "
         f"{result.seconds_to_failure:.2f}s"
     )
-    if not result.shrunk:
+    for line in found.lines(timeout) if found is not None else []:
+        print(line)
+    if confirmation is None:
+        print(
+            "interrupted before the failure was replayed in a new process: the case as "
+            "it failed in the search"
+        )
+    elif not result.shrunk:
         print(f"the case that failed as it ran (a {result.verdict.key} is not shrunk)")
     elif result.interrupted:
         print("interrupted while shrinking: the smallest failing case so far")
-    print_failure(doc, path, shrunk=result.shrunk and not result.interrupted)
+    word = "FLAKY" if flaky else LATENT if is_latent(reach) else "FAIL"
+    print_failure(doc, path, shrunk=result.shrunk and not result.interrupted, word=word)
     if result.interrupted:
         return 128 + signals.signum
     return EXIT_LATENT if is_latent(reach) else EXIT_FOUND
+
+
+class Found:
+    """A failure of the search, and what its replays in new processes made of it
+    (:func:`~attnfuzz.harness.confirm.confirm`)."""
+
+    def __init__(self, result: RunResult):
+        self.result = result
+        self.confirmation: Confirmation | None = None  # None: not replayed (interrupted)
+        self.reach: Any = None
+
+    def confirm(self, isolated: Any, history: list[Case]) -> None:
+        from attnfuzz.harness.confirm import confirm
+
+        r = self.result
+        assert r.case is not None and r.verdict is not None
+        self.confirmation = confirm(isolated, r.case, r.verdict, history)
+
+    @property
+    def reportable(self) -> bool:
+        """Whether it has reachability: a finding on the engine's code that is not a
+        timeout (where code runs says nothing of how fast this machine runs it)."""
+        from attnfuzz.harness.confirm import Status
+        from attnfuzz.harness.oracle import Check
+
+        c = self.confirmation
+        return (
+            c is not None
+            and c.status in (Status.CONFIRMED, Status.FLAKY)
+            and c.verdict.key != Check.TIMEOUT
+        )
+
+    def lines(self, timeout: float) -> list[str]:
+        """What the replays said, for the console."""
+        from attnfuzz.harness.confirm import Status
+        from attnfuzz.harness.oracle import Check
+
+        c, r = self.confirmation, self.result
+        if c is None:
+            return []
+        what = "trace" if r.traced else "case"
+        out = []
+        if r.flaky:
+            out.append("Hypothesis' own replay of the failure passed: it does not always recur")
+        if c.timeout_s is not None:
+            again = (
+                "no verdict either"
+                if c.verdict.key == Check.TIMEOUT
+                else f"it failed [{c.verdict.key}]"
+            )
+            out.append(
+                f"no verdict within {timeout:g}s; judged again in a new process within "
+                f"{c.timeout_s:g}s: {again}"
+            )
+        elif c.status is Status.FLAKY:
+            out.append(
+                f"it failed {c.failed} of {c.replays} replays of the same {what}, each in a new "
+                "process" + ("" if c.failed else ", and what ran before it does not bring it back")
+            )
+        else:
+            out.append(f"confirmed: it failed again in each of {c.replays} new processes")
+        return out
 
 
 class HistoryDependent:

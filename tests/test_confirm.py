@@ -1,0 +1,237 @@
+"""A failure is replayed in new processes before it is reported (harness/confirm.py).
+
+Each implementation of :mod:`faulty_impls` fails at a time of its own choosing:
+a crash or a hang at a trace's fourth step, at random, on every seventh call of
+a process, in a window of the wall clock, or slowly on a machine too slow for
+the per-example timeout. Whatever it does, ``attnfuzz run`` ends with a verdict
+line of its own kind (FAIL, FLAKY, HISTORY-DEPENDENT, INCOMPLETE), a case file
+where there is a finding, and never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness.casefile import read_case
+from attnfuzz.harness.cli import main
+from attnfuzz.harness.confirm import CONFIRMING, RECHECK_FACTOR, REPLAYS, Status, confirm
+from attnfuzz.harness.oracle import Check, Mismatch, Verdict
+
+TESTS = Path(__file__).parent
+TARGET = "max-seq-len"
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    import faulty_impls
+
+    return faulty_impls
+
+
+def _run(capsys, name: str, out: Path, *extra: str) -> tuple[int, str]:
+    code = main(["run", "--target", TARGET, "--impl", f"faulty_impls:{name}", "--seed", "0",
+                 "--out", str(out), *extra])  # fmt: skip
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err, captured
+    return code, captured.out
+
+
+def _case_file(out: Path) -> Path:
+    (path,) = [p for p in out.glob("*.json") if not p.name.endswith(".history.json")]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "timeout"),
+    [("segv_on_the_4th_call", "crash", None), ("hang_on_the_4th_call", "timeout", "2")],
+)
+def test_a_trace_that_crashes_or_hangs_keeps_its_finding_at_its_step(
+    tmp_path, capsys, faulty, name, key, timeout
+):
+    """The child says which step it starts: a crash or a hang is that step's verdict,
+    the trace up to it is written, and it replays there in a new process."""
+    extra = [
+        "--trace",
+        "--max-examples",
+        "30",
+        *(["--example-timeout", timeout] if timeout else []),
+    ]
+    code, text = _run(capsys, name, tmp_path / "cases", *extra)
+    assert code == 1, text
+    assert f"FAIL {TARGET} / faulty_impls:{name}  [{key}]" in text
+    doc = read_case(_case_file(tmp_path / "cases"))
+    assert doc["verdict"]["key"] == key
+    # The fourth call of the trace's process is its step 3; the steps after it never ran.
+    assert doc["step"] == 3 and len(doc["trace"]["steps"]) == 4
+    if key == "timeout":  # judged again under a longer limit before it is a finding
+        assert f"within {2 * RECHECK_FACTOR}s: no verdict either" in text
+        assert "reachability" not in doc
+    assert main(["repro", str(_case_file(tmp_path / "cases")),
+                 "--impl", f"faulty_impls:{name}"]) == 1  # fmt: skip
+    replayed = capsys.readouterr().out
+    assert f"FAIL ({key}) at step 3" in replayed and "Traceback" not in replayed
+
+
+def test_a_failure_at_random_is_flaky_with_how_often_it_failed(tmp_path, capsys, faulty):
+    code, text = _run(capsys, "raises_at_random", tmp_path / "cases", "--max-examples", "100")
+    assert code == 1, text
+    assert f"FLAKY {TARGET} / faulty_impls:raises_at_random  [exception:RuntimeError]" in text
+    doc = read_case(_case_file(tmp_path / "cases"))
+    flaky = doc["flaky"]
+    assert flaky["replays"] == REPLAYS and 0 <= flaky["failed"] < REPLAYS
+    assert f"it failed {flaky['failed']} of {REPLAYS} replays" in text
+    assert "HISTORY-DEPENDENT" not in text
+
+
+def test_a_failure_of_the_wall_clock_is_flaky_not_history_dependent(tmp_path, capsys, faulty):
+    name = "fails_in_a_window_of_the_clock"
+    code, text = _run(capsys, name, tmp_path / "cases", "--max-examples", "100")
+    assert code == 1, text
+    assert f"FLAKY {TARGET} / faulty_impls:{name}" in text
+    assert "HISTORY-DEPENDENT" not in text
+    assert "flaky" in read_case(_case_file(tmp_path / "cases"))
+
+
+def test_a_failure_on_every_7th_call_is_history_dependent(tmp_path, capsys, faulty):
+    """It is not sticky (the case after it passes), but a replay of what the process
+    ran up to it brings it back: history-dependent, never a traceback."""
+    code, text = _run(capsys, "fails_every_7th_call", tmp_path / "cases", "--max-examples", "20")
+    assert code == 1, text
+    assert "HISTORY-DEPENDENT" in text and "FlakyFailure" not in text
+    (history,) = (tmp_path / "cases").glob("*.history.json")
+    assert len(json.loads(history.read_text())["preceding"]) == 7
+
+
+def test_a_timeout_that_a_longer_limit_passes_is_incomplete_not_a_finding(
+    tmp_path, capsys, faulty, monkeypatch
+):
+    """Its first call in a process takes 3 s, past the 1 s timeout: judged again in
+    a new process within 10 s, it passes. This machine was slow; no finding."""
+    monkeypatch.setenv("ATTNFUZZ_TEST_SLOW_S", "3")
+    code, text = _run(capsys, "slow_once_per_process", tmp_path / "cases",
+                      "--max-examples", "5", "--example-timeout", "1")  # fmt: skip
+    assert code == 3, text
+    assert f"INCOMPLETE {TARGET} / faulty_impls:slow_once_per_process" in text
+    assert "LATENT" not in text and "FAIL" not in text
+    assert not (tmp_path / "cases").exists() or not any((tmp_path / "cases").iterdir())
+
+
+def _attnfuzz(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), *sys.path]),
+               PYTHONUNBUFFERED="1", **env)  # fmt: skip
+    return subprocess.Popen([sys.executable, "-m", "attnfuzz.harness.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_the_failure_is_replayed_keeps_it(tmp_path, signum):
+    """SIGINT or SIGTERM while the shrunk case replays in a new process: the case as
+    the search left it is written, no traceback, exit 128 + the signal."""
+    calls = tmp_path / "calls"
+    proc = _attnfuzz("run", "--target", TARGET, "--impl", "faulty_impls:raises_and_replays_slowly",
+                     "--seed", "0", "--max-examples", "20", "--out", str(tmp_path / "cases"),
+                     env={"ATTNFUZZ_TEST_CALLS": str(calls)})  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        # A second process calling it: the replays in new processes began.
+        while time.time() < deadline and (not calls.exists() or len(calls.read_text().split()) < 2):
+            time.sleep(0.1)
+        assert len(calls.read_text().split()) >= 2, "no replay began within four minutes"
+        proc.send_signal(signum)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, text
+    assert "Traceback" not in text
+    assert "interrupted before the failure was replayed in a new process" in text
+    doc = read_case(_case_file(tmp_path / "cases"))
+    assert doc["verdict"]["key"] == "exception:RuntimeError"
+
+
+def test_an_interrupt_during_the_trace_search_keeps_the_history_dependent_finding(tmp_path):
+    proc = _attnfuzz("run", "--target", TARGET, "--impl", "faulty_impls:fails_every_7th_call",
+                     "--seed", "0", "--max-examples", "100000", "--out", str(tmp_path / "cases"),
+                     env={})  # fmt: skip
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("searching again as traces"):
+                break
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + text
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text
+    assert "INTERRUPTED: no failure found so far" not in text
+    assert "the history-dependent failure above stands" in text
+    assert list((tmp_path / "cases").glob("*.history.json"))
+
+
+def test_an_interrupted_random_run_says_nothing_of_hypothesis_seeds(tmp_path):
+    proc = _attnfuzz("run", "--target", TARGET, "--impl", "reference", "--max-examples",
+                     "100000", "--out", str(tmp_path / "cases"), "--db", str(tmp_path / "db"),
+                     env={})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        time.sleep(8.0)
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, text
+    assert "INTERRUPTED" in text and "reproduce" not in text and "@seed" not in text
+
+
+# -- confirm() on its own: counts, not times ----------------------------------------------
+
+
+class _Scripted:
+    """A stand-in for the isolated judge that answers fresh replays from a script."""
+
+    def __init__(self, fresh: list[bool], history_fails: bool = False):
+        self.fresh, self.history_fails = list(fresh), history_fails
+        self.timeout_s = 1.0
+        self.calls: list[str] = []
+
+    def judge_fresh(self, case, deadline=None):
+        self.calls.append("fresh")
+        fails = self.fresh.pop(0) if case == "case" else False
+        return _verdict(fails)
+
+    def judge(self, case, deadline=None):
+        self.calls.append("judge")
+        return _verdict(case == "case" and self.history_fails)
+
+
+def _verdict(fails: bool) -> Verdict:
+    return Verdict([Mismatch(Check.VALUES, "out", "1", "2")] if fails else [])
+
+
+def test_confirm_counts_replays():
+    failing = _verdict(True)
+    judge = _Scripted([True] * CONFIRMING)
+    got = confirm(judge, "case", failing)  # type: ignore[arg-type]
+    assert got.status is Status.CONFIRMED and (got.replays, got.failed) == (CONFIRMING, CONFIRMING)
+    judge = _Scripted([True, False] + [True] * (REPLAYS - 2))
+    got = confirm(judge, "case", failing)  # type: ignore[arg-type]
+    assert got.status is Status.FLAKY and (got.replays, got.failed) == (REPLAYS, REPLAYS - 1)
+    # Passing every replay: its history decides.
+    history = ["before", "case"]
+    got = confirm(_Scripted([False] * REPLAYS, True), "case", failing, history)  # type: ignore[arg-type]
+    assert got.status is Status.HISTORY_DEPENDENT
+    got = confirm(_Scripted([False] * REPLAYS, False), "case", failing, history)  # type: ignore[arg-type]
+    assert got.status is Status.FLAKY and got.failed == 0
