@@ -7,18 +7,18 @@
   working directory moves nothing.
 - Hypothesis' own cache (``.hypothesis/constants``) goes to a temporary
   directory, not the working directory: nothing is written outside ``--out``
-  and ``--db``.
+  and ``--db``. It is a scratch directory of :mod:`attnfuzz.harness.lifetime`:
+  removed at exit, or by the next command if this one is killed.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.lifetime import scratch_dir
 
 __all__ = ["prepare_out", "private_hypothesis_home", "probe_writable"]
 
@@ -59,6 +59,4 @@ def private_hypothesis_home() -> None:
         return
     from hypothesis.configuration import set_hypothesis_home_dir
 
-    home = tempfile.mkdtemp(prefix="attnfuzz-hypothesis-")
-    atexit.register(shutil.rmtree, home, True)
-    set_hypothesis_home_dir(home)
+    set_hypothesis_home_dir(scratch_dir("hypothesis", remove_at_exit=True))

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -169,6 +170,27 @@ def test_a_second_campaign_in_the_same_out_is_refused(tmp_path):
     assert "a campaign is already running there" in second.stderr
     assert second.stderr.count("\n") == 1
     assert not list(out.glob(".work-unfinished-*"))
+
+
+def test_hypothesis_home_goes_at_exit_and_a_killed_run_s_with_the_next_command(
+    tmp_path, monkeypatch, capsys
+):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["TMPDIR"] = str(scratch)
+    code = "from attnfuzz.harness.storage import private_hypothesis_home as home; home()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert list(scratch.iterdir()) == []
+    killed = subprocess.Popen(  # no exit handler runs, as under SIGKILL
+        [sys.executable, "-c", code + "; import os; os._exit(0)"], env=env
+    )
+    killed.wait()
+    (left,) = scratch.iterdir()
+    assert left.name.startswith(f"attnfuzz-hypothesis-{killed.pid}-")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    assert main(["list"]) == 0
+    assert list(scratch.iterdir()) == []
 
 
 def test_the_previous_campaign_is_kept_as_the_baseline(tmp_path, capsys):

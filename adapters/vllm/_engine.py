@@ -25,7 +25,6 @@ import copy
 import json
 import logging
 import os
-import tempfile
 from functools import cache
 from typing import Any
 
@@ -35,6 +34,7 @@ import torch
 # First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
 from attnfuzz.kernels import _triton  # noqa: F401  # isort: skip
 from attnfuzz.adapters import vllm_platform
+from attnfuzz.harness.lifetime import scratch_dir
 from attnfuzz.reference.batch import CommonMetadata, EngineConfig
 
 
@@ -96,11 +96,15 @@ TINY_DEEPSEEK_V32: dict[str, Any] = {
 
 @cache
 def model_dir() -> str:
-    """A private directory holding the tiny model's ``config.json``, written once."""
-    path = tempfile.mkdtemp(prefix="attnfuzz-vllm-model-")
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(TINY_DEEPSEEK_V32, f)
-    return path
+    """A private directory holding the tiny model's ``config.json``, written once.
+
+    vLLM reads it while a config is built; it is kept (read again by a
+    config built later) and removed when this process exits, or by the next
+    attnfuzz command if this process is killed (:mod:`attnfuzz.harness.lifetime`).
+    """
+    path = scratch_dir("vllm-model", remove_at_exit=True)
+    (path / "config.json").write_text(json.dumps(TINY_DEEPSEEK_V32))
+    return str(path)
 
 
 @cache

@@ -22,6 +22,7 @@ from attnfuzz.harness.definitions import (
     VERSION,
 )
 from attnfuzz.harness.errors import HarnessError, UsageError
+from attnfuzz.harness.lifetime import sweep_stale_scratch
 
 COMMANDS: dict[str, ModuleType] = {
     "list": listing,
@@ -111,7 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     # ``--impl pkg.module:fn`` names the user's code, found from where they run us.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = COMMANDS[args.command]
+    # What killed attnfuzz processes left in the temporary directory goes first (their
+    # owners are gone), then what this command's own children left that way (a campaign's
+    # workers are killed once their units end; a spawned judging child never exits cleanly).
+    sweep_stale_scratch()
+    try:
+        return _command(COMMANDS[args.command], args)
+    finally:
+        sweep_stale_scratch()
+
+
+def _command(module: ModuleType, args: argparse.Namespace) -> int:
+    """``module``'s command: its exit status, an error one line on stderr."""
     try:
         if getattr(module, "CHECKS_DEVICE", False):  # the device and dtype, before any work
             args.device = device(args.device)
