@@ -137,6 +137,37 @@ def test_a_child_whose_parent_already_died_ends_itself():
     assert done.returncode == -signal.SIGKILL and "still here" not in done.stdout
 
 
+def test_a_killed_campaign_takes_its_pytest_run_and_workers_with_it(tmp_path):
+    """SIGKILL of the controller: no handler runs, yet no process of the campaign is
+    left writing in --out, and the next campaign in the same --out starts."""
+    out, log = tmp_path / "out", tmp_path / "first.log"
+    with log.open("w") as sink:
+        first = _attnfuzz("campaign", "--targets", "max-seq-len", "-n", "1", "--budget", "5m",
+                          "--out", str(out), tmp=tmp_path, cwd=tmp_path, stdout=sink,
+                          stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.time() + START_WITHIN_S
+        while "fuzzing ..." not in log.read_text() and first.poll() is None:
+            assert time.time() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert first.poll() is None, log.read_text()
+        left = _descendants(first.pid)  # the pytest run, its worker, the judging child
+        assert len(left) >= 2, left
+    finally:
+        first.kill()
+        first.wait()
+    assert _survivors(left) == []
+    second = _attnfuzz("campaign", "--targets", "max-seq-len", "-n", "1", "--max-examples", "3",
+                       "--profile", "ci", "--out", str(out), tmp=tmp_path, cwd=tmp_path,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        said = second.stdout.readline()  # the first line: past the lock, before any worker
+    finally:
+        second.kill()
+        second.wait()
+    assert said.startswith(f"a previous campaign in {out} did not finish"), said
+
+
 IMPLS = """
 import os, time
 

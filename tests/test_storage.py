@@ -7,6 +7,7 @@ finding is never lost to a path; nothing is written outside ``--out`` and
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import campaign as cp
+from attnfuzz.harness.campaign.outdir import release_out
 from attnfuzz.harness.cli import main
+from attnfuzz.harness.errors import UsageError
 
 ID = "mtp-seq-lens"
 TESTS = Path(__file__).parent
@@ -170,6 +173,36 @@ def test_a_second_campaign_in_the_same_out_is_refused(tmp_path):
     assert "a campaign is already running there" in second.stderr
     assert second.stderr.count("\n") == 1
     assert not list(out.glob(".work-unfinished-*"))
+
+
+def test_the_lock_of_a_campaign_no_longer_running_is_taken_over(tmp_path):
+    """A process the dead campaign left may still hold its lock (a child that inherited
+    it): the next campaign takes it over, saying so in one line. A live one's is refused."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    left = (out / cp.LOCK_FILE).open("a+")
+    fcntl.flock(left, fcntl.LOCK_EX)  # held here, as by what the campaign left running
+    left.write(str(os.getpid()))
+    left.flush()
+    with pytest.raises(UsageError, match="a campaign is already running there"):
+        cp.lock_out(out, io.StringIO())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left.seek(0)
+    left.truncate()
+    left.write(str(gone.pid))
+    left.flush()
+    said = io.StringIO()
+    lock = cp.lock_out(out, said)
+    try:
+        assert said.getvalue().count("\n") == 1, said.getvalue()
+        assert f"(pid {gone.pid}) is no longer running" in said.getvalue()
+        assert (out / cp.LOCK_FILE).read_text() == str(os.getpid())
+    finally:
+        release_out(out, lock)
+        left.close()
 
 
 def test_hypothesis_home_goes_at_exit_and_a_killed_run_s_with_the_next_command(

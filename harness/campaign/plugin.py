@@ -16,25 +16,34 @@ item's in-flight case into a ``crash`` finding.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from attnfuzz.harness.lifetime import die_with_parent
 
 _config: pytest.Config | None = None
+
+# The pid of the pytest run's controller, for its workers: the parent each dies with.
+CONTROLLER_PID = "ATTNFUZZ_CAMPAIGN_CONTROLLER_PID"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
-    if hasattr(config, "workerinput"):  # an xdist worker: examples are tiny tensors
-        import torch
+    if not hasattr(config, "workerinput"):  # the controller: its workers start after this
+        os.environ[CONTROLLER_PID] = str(os.getpid())
+        return
+    # An xdist worker. Its controller killed, nothing else would stop it mid-unit.
+    die_with_parent(int(os.environ.get(CONTROLLER_PID, os.getppid())))
+    import torch
 
-        torch.set_num_threads(1)
-        # The first assert_close imports torch.distributed.tensor (half a second,
-        # more on a busy machine): not something a per-example timeout should time.
-        torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+    torch.set_num_threads(1)  # examples are tiny tensors
+    # The first assert_close imports torch.distributed.tensor (half a second,
+    # more on a busy machine): not something a per-example timeout should time.
+    torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

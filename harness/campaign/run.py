@@ -81,7 +81,7 @@ def run_campaign(options: Options, stream: TextIO | None = None) -> tuple[dict[s
         "mutants": list(options.mutants),  # the workers register them too
     }
     out.mkdir(parents=True, exist_ok=True)  # no usage error left: now it may be made
-    lock = lock_out(out)  # one campaign at a time in one --out
+    lock = lock_out(out, stream)  # one campaign at a time in one --out
     try:
         keep_previous(out, stream)
         return run_locked(options, stream, plan, units, roots, out)

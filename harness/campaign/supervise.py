@@ -25,6 +25,7 @@ from attnfuzz.harness.campaign.timing import (
 )
 from attnfuzz.harness.database import note_artifact
 from attnfuzz.harness.definitions import RunStatus, timestamp
+from attnfuzz.harness.lifetime import dies_with_this_process
 
 # Workers end their units at the deadline by themselves (a call still running
 # then is cut short, see IsolatedJudge.judge); these only bound a worker that does not.
@@ -119,6 +120,9 @@ def run_locked(
             stdin=subprocess.DEVNULL,
             env=child_env(roots, scratch),
             start_new_session=True,  # Ctrl-C reaches us; we stop the workers in order
+            # Killed (SIGKILL: no handler runs), we take the pytest run with us; its
+            # workers die with it in turn (plugin.py), no one left writing in --out.
+            preexec_fn=dies_with_this_process(),
         )
         return supervise(stopper, options, plan, units, scratch, stream, started, log)
     finally:
