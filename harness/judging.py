@@ -88,7 +88,7 @@ def judge(
         from attnfuzz.kernels._triton import device as kernel_device
 
         device = kernel_device()
-    target.refuse_invalid(case)
+    target.refuse_invalid(case, alone=fresh_engine)  # a new engine's: its first step
     target.refuse_unfixed(impl, case)
     dtype = target.float_dtype_name(case)
     check_dtype(dtype, torch.device(device), "the case's dtype" if case.dtype else None)

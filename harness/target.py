@@ -37,7 +37,7 @@ from attnfuzz.reference.batch import (
 )
 from attnfuzz.reference.invariants import violations
 from attnfuzz.reference.runner import CG_SUPPORTS
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, first_step_violations
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
     SMALL,
@@ -332,9 +332,14 @@ class Target:
                 out.append(f"parameter {name}={value} outside [{lo}, {hi}]")
         return out
 
-    def refuse_invalid(self, case: Case, where: str | None = None) -> None:
+    def refuse_invalid(self, case: Case, where: str | None = None, *, alone: bool = False) -> None:
         """Raise :class:`InvalidCase` for a case the engine could never produce
-        (broken invariants, wrong target parameters), named by ``where``."""
+        (broken invariants, wrong target parameters), named by ``where``.
+
+        ``alone``: the case is judged on its own, by a new engine: it is that
+        engine's first step and must pass what a trace of one step passes (its
+        scheduler fields, when it has them, say every request is new). A
+        trace's steps are checked without it, their history by the trace's checks."""
         with fits_in_memory(where or self.name):
             broken = violations(case.config, case.batch) + self.param_violations(case)
         if case.config.cg_support not in self.cg_supports:
@@ -350,6 +355,15 @@ class Target:
         if broken:
             prefix = f"{where}: " if where else ""
             raise InvalidCase(f"{prefix}not a batch the engine can produce: {'; '.join(broken)}")
+        continuing = first_step_violations(case.batch) if alone else []
+        if continuing:  # what a trace of one step is refused for (refuse_invalid_trace)
+            prefix = f"{where}: " if where else ""
+            more = f" (and {len(continuing) - 1} more)" if len(continuing) > 1 else ""
+            raise InvalidCase(
+                f"{prefix}not a first step an engine can have: {continuing[0]}{more}; a "
+                "case on its own is a new engine's first step, a step that continues "
+                "others belongs in a trace"
+            )
 
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable or a

@@ -24,7 +24,7 @@ from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
-from attnfuzz.reference.trace import Trace, trace_violations
+from attnfuzz.reference.trace import Trace, first_step_violations, trace_violations
 
 
 def spec_config(**overrides) -> EngineConfig:
@@ -271,12 +271,15 @@ def judge_example(
 
 def example_violations(target: Target, example: Case | Trace) -> list[str]:
     """Why no engine could produce ``example``: each step's invariants and the target's
-    parameters, and for a trace what its steps say of a request across them."""
+    parameters, and for a trace what its steps say of a request across them (a case
+    on its own: what it says as a new engine's first step)."""
     out = [p for c in _steps(example) for p in violations(c.config, c.batch)]
     out += target.param_violations(_steps(example)[0])
+    if out:
+        return out  # the scheduler's fields may be malformed: nothing more to read
     if isinstance(example, Trace):
-        out += trace_violations(example)
-    return out
+        return trace_violations(example)
+    return first_step_violations(example.batch)
 
 
 _RUNS: dict[tuple[Any, ...], tuple[RunResult, tuple[Any, ...]]] = {}

@@ -112,21 +112,31 @@ def trace_violations(trace: Trace) -> list[str]:
     out = []
     prev: dict[int, tuple[int, ...]] = {}
     for k, step in enumerate(trace.steps):
-        ids = step.request_ids
-        held = dict(zip(ids, step.pages, strict=False)) if step.pages else {}
-        for r, req in enumerate(ids):
-            if not step.pages:
-                break
-            pages, new = step.pages[r], step.new_pages[r]
-            before = prev.get(req)
-            if before is None and new != len(pages):
-                out.append(f"step {k}: request {req} is new, yet gains {new} of {len(pages)} pages")
-            elif before is not None and (
-                pages[: len(before)] != before or len(pages) - len(before) != new
-            ):
-                out.append(
-                    f"step {k}: request {req} held pages {list(before)}, now {list(pages)} "
-                    f"with {new} new"
-                )
-        prev = held
+        out += [f"step {k}: {v}" for v in _held_violations(prev, step)]
+        prev = dict(zip(step.request_ids, step.pages, strict=False)) if step.pages else {}
+    return out
+
+
+def first_step_violations(step: Batch) -> list[str]:
+    """What makes ``step`` no first step of an engine, as :func:`trace_violations`
+    says it of a trace's step 0: every request is new and gains all its pages. A
+    case on its own is judged by a new engine: it is that engine's first step."""
+    return _held_violations({}, step)
+
+
+def _held_violations(prev: dict[int, tuple[int, ...]], step: Batch) -> list[str]:
+    """What ``step`` says of its requests' pages that ``prev`` (each request's pages
+    the step before, by id) contradicts."""
+    out = []
+    for r, req in enumerate(step.request_ids):
+        if not step.pages:
+            break
+        pages, new = step.pages[r], step.new_pages[r]
+        before = prev.get(req)
+        if before is None and new != len(pages):
+            out.append(f"request {req} is new, yet gains {new} of {len(pages)} pages")
+        elif before is not None and (
+            pages[: len(before)] != before or len(pages) - len(before) != new
+        ):
+            out.append(f"request {req} held pages {list(before)}, now {list(pages)} with {new} new")
     return out

@@ -31,10 +31,13 @@ from attnfuzz.harness.casefile import (
 from attnfuzz.harness.casefile.load import resolve_case as load_case
 from attnfuzz.harness.cli import main, one_line
 from attnfuzz.harness.definitions import CASE_SCHEMA as SCHEMA
-from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.errors import InvalidCase, UsageError
 from attnfuzz.harness.export import LINE, _literal, export_case
 from attnfuzz.harness.oracle import Mismatch, Verdict
+from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import hand_case
+from attnfuzz.reference.batch import Case
+from attnfuzz.reference.trace import Trace
 
 TARGET = "indexer-decode"
 CUDA = torch.cuda.is_available()
@@ -123,6 +126,19 @@ BAD_FILES = {
         "nested too deeply",
     ),
     "array.json": ("[1, 2]", "holds one JSON object"),
+    # Which of case and trace a file holds: the reason first, never the document.
+    "case_and_trace.json": (
+        {**_doc(), "trace": {"config": _doc()["case"]["config"], "steps": []}},
+        "case_and_trace.json: holds both case and trace; a case file holds one",
+    ),
+    "neither.json": (
+        {k: v for k, v in _doc().items() if k != "case"},
+        "neither.json: holds neither case nor trace",
+    ),
+    "case_and_step.json": (
+        {**_doc(), "step": 0},
+        "case_and_step.json: holds step beside case; step is the step a trace fails at",
+    ),
     "case_list.json": ({**_doc(), "case": []}, "$.case: [] is not of type 'object'"),
     "config_list.json": (
         {**_doc(), "case": {"config": [], "batch": {}}},
@@ -132,7 +148,7 @@ BAD_FILES = {
     "target_type.json": ({**_doc(), "target": 3}, "$.target: 3 is not of type 'string'"),
     "long_name.json": (
         {**_doc(), "implementation": "i" * 5000},
-        ("$.implementation: ", "(maxLength)"),
+        "long_name.json: $.implementation: does not match the schema (maxLength): 'iii",
     ),
     "long_key.json": ({**_doc(), "derived": {"k" * 5000: 1}}, "longer than 40 characters"),
     "config_field.json": (
@@ -192,6 +208,36 @@ def test_bad_case_files_are_one_line_errors(tmp_path, capsys, name):
         read_case(path)
     fragments = fragment if isinstance(fragment, tuple) else (fragment,)
     _repro_and_export(tmp_path, capsys, path, f"{name}: ", *fragments)  # the file, then why
+
+
+def _continuing_step() -> Case:
+    """Step 1 of persistent-batch's smallest workspace-first-step trace, on its own:
+    its request continues from step 0 (it gains none of its pages), which is not there."""
+    trace = get_target("persistent-batch").implementations["workspace-first-step"].smallest()
+    assert trace.steps[1].req_ids == (0,) and trace.steps[1].new_pages == (0,)
+    return trace.case(1)
+
+
+def test_a_case_on_its_own_is_a_new_engines_first_step(tmp_path, capsys):
+    """A single case with scheduler fields is what a trace of one step is: every request
+    new. One that continues from a step that is not there is refused in one line, the
+    reason first, by every reader, the API, and the judge, before anything runs."""
+    case = _continuing_step()
+    doc = {"schema": SCHEMA, "target": "persistent-batch", "implementation": "triton"}
+    path = _write(tmp_path / "continuing.json", {**doc, "case": case.to_dict()})
+    reason = "not a first step an engine can have: request 0 is new, yet gains 0 of 1 pages"
+    _repro_and_export(tmp_path, capsys, path, f"continuing.json: {reason}")
+    for call in (attnfuzz.load_case, attnfuzz.replay):
+        with pytest.raises(InvalidCase, match=reason):
+            call(path)
+    with pytest.raises(InvalidCase, match=reason):
+        attnfuzz.judge("persistent-batch", "triton", case)
+    # As a trace of one step it is refused too; after the step it continues, it passes.
+    one_step = Trace.of_case(case)
+    with pytest.raises(InvalidCase, match="step 0: request 0 is new, yet gains 0 of 1 pages"):
+        attnfuzz.judge("persistent-batch", "triton", one_step)
+    lived = get_target("persistent-batch").implementations["workspace-first-step"].smallest()
+    assert attnfuzz.judge("persistent-batch", "triton", lived).ok
 
 
 def test_paths_that_are_no_case_file(tmp_path, capsys):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.reference.batch import build_common_metadata
 from attnfuzz.reference.invariants import metadata_violations, violations
 from attnfuzz.strategies.batches import PRODUCTION, cases, scenario_labels
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 EXAMPLES = 1000
 
@@ -247,3 +249,16 @@ def test_attnfuzz_s_own_files_are_never_hypothesis_local_constants(tmp_path):
     mine = tmp_path / "my_impl.py"
     mine.write_text("X = 12345\n")
     assert providers.is_local_module_file(str(mine))
+
+
+@settings(max_examples=100, derandomize=True, database=None, deadline=None)
+@given(
+    st.sampled_from(target_names()).flatmap(
+        lambda name: st.tuples(st.just(name), get_target(name).cases())
+    )
+)
+def test_drawn_cases_are_first_steps_of_a_new_engine(drawn):
+    """A drawn case is judged on its own, by a new engine: every target's strategy
+    draws only cases the judge takes as that engine's first step (``alone``)."""
+    name, case = drawn
+    get_target(name).refuse_invalid(case, alone=True)

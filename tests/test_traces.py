@@ -4,6 +4,7 @@ single-step run says of an implementation whose answer depends on what ran befor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from attnfuzz.harness.isolation import IsolatedJudge
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.testing import spec_config
-from attnfuzz.reference.batch import Batch, build_block_table
+from attnfuzz.reference.batch import Batch, Case, build_block_table
 from attnfuzz.reference.invariants import batch_violations
 from attnfuzz.reference.trace import Trace, step_summary, trace_violations
 from hypothesis import given, settings
@@ -35,6 +36,14 @@ def two_steps() -> Trace:
     first = Batch((0,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
     second = Batch((4, 0), (1, 3), req_ids=(0, 1), pages=((1, 2), (3,)), new_pages=(0, 1))
     return Trace(config, (first, second), (("capturing", 0),))
+
+
+def alone(case: Case) -> Case:
+    """A trace's step as a case on its own (a new engine's first step): the same
+    requests and lengths, without what the scheduler said of them across steps."""
+    return dataclasses.replace(
+        case, batch=dataclasses.replace(case.batch, req_ids=(), pages=(), new_pages=())
+    )
 
 
 @pytest.fixture
@@ -110,13 +119,13 @@ def test_a_trace_fails_at_the_step_its_history_breaks(stateful):
         verdict = judge.judge_trace(trace)
         assert not verdict.ok and verdict.step == 1 and verdict.key == "shape"
         assert "at step 1" in str(verdict)
-        assert judge.judge_fresh(trace.case(1)).ok
+        assert judge.judge_fresh(alone(trace.case(1))).ok
         assert judge.judge_trace(trace.prefix(1)).ok
         # In one long-lived process the first step's size leaks into the second case.
         assert judge.judge(trace.case(0)).ok
-        leaked = judge.judge(trace.case(1))
+        leaked = judge.judge(alone(trace.case(1)))
         assert not leaked.ok and leaked.step is None
-        assert judge.history == [trace.case(0), trace.case(1)]
+        assert judge.history == [trace.case(0), alone(trace.case(1))]
 
 
 def test_a_fixed_implementation_passes_traces():
@@ -184,7 +193,7 @@ def test_repro_of_a_case_found_history_dependent_says_so(stateful, tmp_path, cap
     from attnfuzz.harness.oracle import Verdict
 
     target, impl = stateful
-    doc = case_document(target.name, impl.name, two_steps().case(1), Verdict([]))
+    doc = case_document(target.name, impl.name, alone(two_steps().case(1)), Verdict([]))
     doc["history_dependent"] = True
     path = write_case(tmp_path / "case.json", doc)
     assert main(["repro", str(path), "--impl", STATEFUL]) == 0

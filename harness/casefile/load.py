@@ -35,7 +35,7 @@ def target_and_case(path: Path | str) -> tuple[Target, Case | Trace, dict[str, A
     if isinstance(case, Trace):
         refuse_invalid_trace(target, case, str(path))
     else:
-        target.refuse_invalid(case, str(path))
+        target.refuse_invalid(case, str(path), alone=True)  # a new engine replays it
     return target, case, doc
 
 

@@ -186,6 +186,21 @@ def read_case(path: Path | str) -> dict[str, Any]:
         path,
         f"unsupported schema {short(doc.get('schema'))} (this attnfuzz reads {CASE_SCHEMA!r})",
     )
+    # Which of the two a file holds, said before the schema's check (which would
+    # quote the document first, then say only that its oneOf failed).
+    held = "both case and trace" if "case" in doc else "neither case nor trace"
+    _require(
+        ("case" in doc) != ("trace" in doc),
+        path,
+        f"holds {held}; a case file holds one: case (a step on its own) or trace "
+        "(one engine's steps)",
+    )
+    _require(
+        "step" not in doc or "trace" in doc,
+        path,
+        "holds step beside case; step is the step a trace fails at, and a case on its "
+        "own has no steps (a trace case file holds trace and step)",
+    )
     # Types, fields, ranges (int32), names, settings: the published schema says them all.
     validate(doc, "case", str(path))
     settings = doc.get("settings", {})

@@ -74,8 +74,9 @@ def validate(doc: Any, name: str, where: str) -> None:
 
 
 def _line(error: Any) -> str:
-    # jsonschema quotes the whole offending value: keep the message to one short line.
+    # jsonschema quotes the whole offending value: keep the message to one short line,
+    # the reason before the value (a line cut short keeps the reason).
     message = error.message
     if len(message) > 200:
-        message = f"{_SHORT.repr(error.instance)} does not match the schema ({error.validator})"
+        message = f"does not match the schema ({error.validator}): {_SHORT.repr(error.instance)}"
     return f"{error.json_path}: {message}".replace("\n", " ")
