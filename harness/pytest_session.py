@@ -83,7 +83,6 @@ class SessionState:
         self.device: str | None = None  # where the kernels run, for case files
         self._resolved: dict[tuple[str, str], tuple[Target, Implementation]] = {}
         self._judges: dict[tuple[str, str, float], IsolatedJudge] = {}
-        self._written: dict[Path, str] = {}  # case files written this session: their case
 
     def check(self) -> None:
         """Register the mutants and resolve every name given, at start-up: a
@@ -160,7 +159,7 @@ class SessionState:
 
     def save(self, failure: Judged) -> None:
         """Write ``failure``'s case file (named as ``attnfuzz run`` names it)."""
-        from attnfuzz.harness.casefile import case_document, write_case
+        from attnfuzz.harness.casefile import case_document, write_new_case
         from attnfuzz.harness.definitions import finding_id
 
         if self.device is None:
@@ -177,18 +176,13 @@ class SessionState:
         )
         name = finding_id(failure.target, failure.impl, failure.verdict.key)
         found = doc["trace"] if "trace" in doc else doc["case"]  # a trace's: its steps
-        # Another test's case of the same finding, written this session, is kept.
-        body = json.dumps(found, sort_keys=True)
-        path, n = self.out / f"{name}.json", 1
-        while self._written.get(path, body) != body:
-            n += 1
-            path = self.out / f"{name}-{n}.json"
-        self._written[path] = body
+        # Another test's case of the same finding is kept, also one another xdist
+        # worker writes at the same time: a file of its own (<name>-2.json).
         try:
-            write_case(path, doc)
+            path = write_new_case(self.out, name, doc)
         except OSError as err:  # the case is not lost: it goes into the message
             failure.unsaved = (
-                f"could not write {path} ({err.strerror or err}); the "
+                f"could not write {self.out / name}.json ({err.strerror or err}); the "
                 + ("trace: " if "trace" in doc else "case: ")
                 + json.dumps(found)
             )

@@ -95,8 +95,9 @@ def project(tmp_path: Path, ini: str = "") -> Path:
     return root
 
 
-def run_pytest(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest -rA ARGS`` in ``root``, with none of the outer run's settings."""
+def run_pytest(root: Path, *args: str, xdist: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest -rA ARGS`` in ``root``, with none of the outer run's settings
+    (nor pytest-xdist's plugin, unless ``xdist``)."""
     own = ("PYTEST_", "HYPOTHESIS_", "ATTNFUZZ_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     env |= {
@@ -104,7 +105,8 @@ def run_pytest(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "HYPOTHESIS_STORAGE_DIRECTORY": str(root.parent / "hypothesis"),
     }
     # --strict-config: an ini key the plugin does not declare would be an error, not ignored.
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+    command += [] if xdist else ["-p", "no:xdist"]
     command += ["-rA", "--strict-config"]
     return subprocess.run(
         [*command, *args], cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
@@ -244,6 +246,93 @@ def test_a_failure_is_reported_in_a_few_lines(tmp_path: Path, monkeypatch) -> No
         assert shown.name.startswith(f"{TARGET}--mtp_builder_context_lens_noclamp--values")
         assert f"replay: attnfuzz repro {shown} --impl {mutant}\n" in text, text
         assert attnfuzz.replay(path, mtp_builder.context_lens_noclamp).key == "values"
+
+
+# Two tests that fail with the same finding (the mutant's check), each on a case of
+# its own: the mutant's smallest case, at two batch seeds.
+SAME_FINDING_TESTS = """
+import dataclasses
+
+from attnfuzz.harness.registry import get_target
+
+MUTANT = "pr42135-noclamp"
+
+
+def seeded(seed):
+    case = get_target("mtp-seq-lens").implementations[MUTANT].smallest()
+    return dataclasses.replace(case, batch=dataclasses.replace(case.batch, seed=seed))
+
+
+def test_seed_1(attnfuzz_judge):
+    attnfuzz_judge("mtp-seq-lens", seeded(1), MUTANT)
+
+
+def test_seed_2(attnfuzz_judge):
+    attnfuzz_judge("mtp-seq-lens", seeded(2), MUTANT)
+"""
+
+
+def test_xdist_workers_keep_each_tests_case_of_one_finding(tmp_path: Path) -> None:
+    """Under ``-n 2`` each test runs in a worker of its own, both write the same
+    finding's case file at once: neither overwrites the other's (``<name>-2.json``),
+    each failure names its own file, and each file replays its test's case."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (root / "test_same_finding.py").write_text(SAME_FINDING_TESTS)
+    result = run_pytest(root, "-n", "2", "--attnfuzz-out=cases", xdist=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert outcomes(result) == {
+        "test_same_finding.py::test_seed_1": "FAILED",
+        "test_same_finding.py::test_seed_2": "FAILED",
+    }
+    name = f"{TARGET}--pr42135-noclamp--values"
+    assert sorted(p.name for p in (root / "cases").iterdir()) == [f"{name}-2.json", f"{name}.json"]
+    # Each test's own section of the failures: the case file it names, and its replay.
+    parts = re.split(r"^_{3,} (test_seed_\d) _{3,}$", failures(result), flags=re.M)[1:]
+    sections = dict(zip(parts[::2], parts[1::2], strict=True))
+    named = {test: case_files(text, root) for test, text in sections.items()}
+    assert sorted(named) == ["test_seed_1", "test_seed_2"], failures(result)
+    assert named["test_seed_1"] != named["test_seed_2"]
+    for test, [path] in named.items():
+        assert json.loads(path.read_text())["case"]["batch"]["seed"] == int(test[-1])
+        replay = re.search(r"^E?\s*replay: attnfuzz (repro .*)$", sections[test], re.M)
+        assert replay is not None, sections[test]
+        done = subprocess.run(
+            [sys.executable, "-m", "attnfuzz", *replay.group(1).split()],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        assert done.returncode == 1 and "FAIL (values)" in done.stdout, done.stdout + done.stderr
+
+
+def _write_seeded(out: Path, seed: int) -> str:
+    from attnfuzz.harness.casefile import write_new_case
+
+    return write_new_case(out, "finding", {"case": {"seed": seed}, "environment": {}}).name
+
+
+def test_write_new_case_keeps_every_case_and_writes_a_case_found_again_once(tmp_path):
+    """Processes writing one finding's cases into one directory at once keep them all;
+    the same case found again (another environment) replaces its own file."""
+    import multiprocessing
+
+    from attnfuzz.harness.casefile import write_new_case
+
+    out = tmp_path / "cases"
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        names = pool.starmap(_write_seeded, [(out, seed) for seed in range(8)])
+    assert sorted(names) == sorted(["finding.json"] + [f"finding-{n}.json" for n in range(2, 9)])
+    seeds = {json.loads((out / n).read_text())["case"]["seed"]: n for n in names}
+    assert sorted(seeds) == list(range(8))
+    again = {"case": {"seed": 3}, "environment": {"torch": "later"}}
+    assert write_new_case(out, "finding", again).name == seeds[3]
+    assert json.loads((out / seeds[3]).read_text()) == again
+    (out / "half.json").write_text('{"case": {"se')  # another process is writing it
+    assert write_new_case(out, "half", again).name == "half-2.json"
+    assert len(list(out.iterdir())) == 10  # no temporary file left
 
 
 CLASH = """

@@ -17,6 +17,7 @@ from attnfuzz.harness.casefile.document import (
     engine_versions,
     environment,
     write_case,
+    write_new_case,
 )
 from attnfuzz.harness.casefile.read import (
     MAX_CASE_BYTES,
@@ -48,4 +49,5 @@ __all__ = [
     "read_case",
     "short",
     "write_case",
+    "write_new_case",
 ]

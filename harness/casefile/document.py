@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -163,3 +164,57 @@ def write_case(path: Path, document: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+# What a case file says of its finding, not what replays it: two documents that
+# differ only here hold the same case (found again, elsewhere or later).
+DESCRIBES = frozenset({"environment", "engine", "verdict", "derived", "reachability"})
+
+
+def write_new_case(out: Path, name: str, document: dict[str, Any]) -> Path:
+    """Write ``document`` as ``<out>/<name>.json``, or ``<name>-2.json``, ``-3``, ...
+    when that name holds another case; returns the path written.
+
+    Each file is created exclusively (``O_EXCL``): processes that write findings
+    into one directory at once (pytest-xdist's workers, two ``attnfuzz run``)
+    never overwrite each other's case, even of the same finding. A file that holds
+    the same case (every key but :data:`DESCRIBES` equal) is replaced by this one,
+    atomically: a finding found again is not written twice. A file that cannot be
+    read as one (another process is writing it) is another case.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document, indent=2) + "\n"
+    n = 1
+    while True:
+        path = out / (f"{name}.json" if n == 1 else f"{name}-{n}.json")
+        try:
+            with path.open("x", encoding="utf-8") as f:
+                f.write(text)
+            return path
+        except FileExistsError:
+            if _same_case(path, document):
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                try:
+                    tmp.write_text(text, encoding="utf-8")
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                return path
+        n += 1
+
+
+def _same_case(path: Path, document: dict[str, Any]) -> bool:
+    from attnfuzz.harness.casefile.read import MAX_CASE_BYTES
+
+    try:
+        with path.open("rb") as f:
+            held = json.loads(f.read(MAX_CASE_BYTES + 1))
+    except (OSError, ValueError):  # a directory, a file half written, not JSON
+        return False
+    if not isinstance(held, dict):
+        return False
+
+    def replayed(doc: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in doc.items() if k not in DESCRIBES}
+
+    return replayed(held) == replayed(json.loads(json.dumps(document)))
