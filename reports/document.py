@@ -236,8 +236,10 @@ def load_campaign(path: Path | str) -> dict[str, Any]:
 
 
 def below_floor(run: Mapping[str, Any]) -> bool:
-    """The run found nothing and judged fewer examples than its floor."""
-    return run["status"] == RunStatus.PASS and run["examples"] < run.get("min_examples", 0)
+    """The run found nothing and judged fewer examples than its floor, or says why it
+    has no verdict (``incomplete``: a timeout that a longer limit passed)."""
+    short = run["examples"] < run.get("min_examples", 0) or bool(run.get("incomplete"))
+    return run["status"] == RunStatus.PASS and short
 
 
 def run_verdict(run: Mapping[str, Any]) -> str:

@@ -17,7 +17,9 @@ NEVER_STARTED = "a shard never started"
 INTERRUPTED = "stopped before its time was up"
 TIME_BUDGET = "the time budget ended"
 SEARCH_ENDED = "the search ended before its cap"
-SHORT_REASONS = (WORKER_LOST, NEVER_STARTED, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED)
+# A call ran past the per-example timeout, and its case passed under a longer one.
+TOO_SLOW = "a call ran past --example-timeout and passed within a longer limit: too slow a machine"
+SHORT_REASONS = (WORKER_LOST, NEVER_STARTED, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED, TOO_SLOW)
 
 
 def run_floor(plan: dict[str, Any], items: list[dict[str, Any]]) -> int:
@@ -212,6 +214,8 @@ def collect(
                 snap.findings[fid]["step"] = f["step"]
             if f.get("history_dependent"):  # passes in a new process
                 snap.findings[fid]["history_dependent"] = True
+            if f.get("flaky"):  # fails some of its replays, or none
+                snap.findings[fid]["flaky"] = f["flaky"]
             if f.get("reachability") is not None:  # engine code, once its run has ended
                 snap.findings[fid]["reachability"] = f["reachability"]
         status = (
@@ -226,7 +230,9 @@ def collect(
         running = snap.settled - settled_before < len(items_by_unit[u])
         floor = run_floor(plan, items_by_unit[u])
         why = None
-        if final and status == RunStatus.PASS and examples < floor:  # INCOMPLETE: say why
+        if any(st.get("slow") for st in states):  # a timeout no finding: no verdict either
+            short = {TOO_SLOW}  # why its search ended early, too
+        if final and status == RunStatus.PASS and (examples < floor or TOO_SLOW in short):
             why = "; ".join(r for r in SHORT_REASONS if r in short)
         run = run_record(
             unit.target,

@@ -35,6 +35,7 @@ def finding_record(
     reachability: Mapping[str, Any] | None = None,
     step: int | None = None,
     history_dependent: bool = False,
+    flaky: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """One finding of ``campaign.json``: ``verdict`` as its case file records it
     (``key`` and ``mismatches``), the case file under ``cases/``, the replay
@@ -64,6 +65,8 @@ def finding_record(
         record["step"] = step
     if history_dependent:  # a single-step case that passes in a new process
         record["history_dependent"] = True
+    if flaky:  # how often its replays in new processes failed
+        record["flaky"] = dict(flaky)
     if reachability is not None:
         record["reachability"] = dict(reachability)
     return record

@@ -110,6 +110,7 @@ class CaseWriter:
         self.shown = out  # the directory as printed
         self.example_timeout: float | None = None  # recorded in each case file
         self.written: dict[str, str] = {}
+        self.paths: dict[str, Path] = {}  # finding id -> its case file
         self.derived: dict[str, dict[str, Any]] = {}
         # finding id -> (its case file, the case document, why it could not be written)
         self.unwritten: dict[str, tuple[Path, dict[str, Any], str]] = {}
@@ -119,8 +120,10 @@ class CaseWriter:
         from attnfuzz.harness.casefile import case_document
         from attnfuzz.harness.oracle import Mismatch, Verdict
 
-        # A finding's reachability arrives after its case (computed when the run ends).
-        text = json.dumps([finding["case"], finding.get("reachability")], sort_keys=True)
+        # What a finding's replays and reachability say arrives after its case (when
+        # the run's search ends): a case file is written again when any of it changes.
+        later = [finding.get(k) for k in ("reachability", "history_dependent", "flaky")]
+        text = json.dumps([finding["case"], finding["verdict"], *later], sort_keys=True)
         if self.written.get(finding["id"]) == text:
             finding["derived"] = self.derived[finding["id"]]
             if finding["id"] in self.unwritten:  # the disk may have room by now
@@ -142,11 +145,29 @@ class CaseWriter:
             doc["reachability"] = finding["reachability"]
         if finding.get("history_dependent"):
             doc["history_dependent"] = True
+        if finding.get("flaky"):
+            doc["flaky"] = finding["flaky"]
         finding["derived"] = self.derived[finding["id"]] = doc["derived"]
+        self.paths[finding["id"]] = self.out / finding["case_file"]
         self._save(finding["id"], self.out / finding["case_file"], doc)
         new = finding["id"] not in self.written
         self.written[finding["id"]] = text
         return new
+
+    def withdraw(self, kept: set[str]) -> list[str]:
+        """Remove the case files written for findings that are no longer findings (a
+        timeout whose replay under a longer limit passed: the machine was slow), and
+        say so; a case file is never left to say what the campaign does not."""
+        lines = []
+        for fid in sorted(set(self.written) - kept):
+            self.paths.pop(fid).unlink(missing_ok=True)
+            del self.written[fid]
+            self.unwritten.pop(fid, None)
+            lines.append(
+                f"WITHDRAWN {fid}: replayed in a new process under a longer limit, it "
+                "passed (too slow a machine for --example-timeout); its case file removed"
+            )
+        return lines
 
     def _save(self, fid: str, path: Path, doc: dict[str, Any]) -> None:
         from attnfuzz.harness.casefile import write_case
@@ -176,10 +197,19 @@ def report_new(snap: Snapshot, writer: CaseWriter, progress: Any, started: float
             at = f" at step {f['step']}" if f.get("step") is not None else ""
             if f.get("history_dependent"):
                 at += " (HISTORY-DEPENDENT: passes in a new process; search it with --trace)"
+            if f.get("flaky"):
+                at += f" (FLAKY: failed {f['flaky']['failed']} of {f['flaky']['replays']} replays)"
             progress.say(
                 f"[{f['found'] - started:6.1f}s] FOUND {f['target']} / {f['implementation']} "
                 f"[{f['key']}]{at} {where}"
             )
+
+
+def finding_mark(finding: Mapping[str, Any]) -> str:
+    """`` FLAKY 2/10`` or `` HISTORY-DEPENDENT``: what replays in new processes said."""
+    if finding.get("flaky"):
+        return f" FLAKY {finding['flaky']['failed']}/{finding['flaky']['replays']}"
+    return " HISTORY-DEPENDENT" if finding.get("history_dependent") else ""
 
 
 def summary_lines(
@@ -187,8 +217,9 @@ def summary_lines(
 ) -> list[str]:
     """The console's summary; ``results``: what was written (None: everything)."""
     lines = []
+    marks = {f["id"]: finding_mark(f) for f in campaign["findings"]}
     for run in campaign["runs"]:
-        keys = ", ".join(f.rsplit("--", 1)[-1] for f in run["findings"])
+        keys = ", ".join(f.rsplit("--", 1)[-1] + marks.get(f, "") for f in run["findings"])
         lines.append(
             f"{verdict_word(run):<8} {run['target']} / {run['implementation']} ({run['kind']}): "
             f"{run['examples']} {'traces' if run.get('traced') else 'examples'}, "

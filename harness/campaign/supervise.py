@@ -260,6 +260,8 @@ def supervise(
             replays=replays,
         )
         report_new(snap, writer, progress, started)
+        for line in writer.withdraw(set(snap.findings)):  # what its replays took back
+            progress.say(line)
         finished = time.time()
         states = item_states(scratch)  # where the wall time went: campaign.json's timing
         for u, run in enumerate(snap.runs):  # in the units' order
@@ -281,6 +283,7 @@ def supervise(
                     reachability=f.get("reachability"),
                     step=f.get("step"),
                     history_dependent=bool(f.get("history_dependent")),
+                    flaky=f.get("flaky"),
                 )
             )
         fields: dict[str, Any] = dict(

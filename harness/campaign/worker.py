@@ -47,9 +47,10 @@ from attnfuzz.harness.definitions import case_size
 from attnfuzz.harness.engine import Finding, fuzz_test
 from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
-from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.oracle import Check, Verdict
 from attnfuzz.harness.runner import HarnessFailed
 from attnfuzz.harness.settings import PROFILES, fuzz_settings
+from attnfuzz.harness.traces import lived
 from hypothesis import seed, settings
 
 PLAN = "plan.json"
@@ -263,6 +264,13 @@ def _run_rounds(
     def judge(case) -> Verdict:
         if out_of_time():
             raise _Stop
+        findings = log.state["findings"].values()
+        if cap is not None and findings:
+            # Shrinking is held to a count, as attnfuzz run's: at most the cap after
+            # the first failure (a trace's each costs a process).
+            first = min(f["examples_to_failure"] for f in findings)
+            if log.examples - first >= cap:
+                raise _Stop
         case_dict = case.to_dict()
         note_phase(log.state, hypothesis_phase())  # a shrink's start: timed to the run's end
         log.before(case_dict)
@@ -278,10 +286,16 @@ def _run_rounds(
         finally:
             log.after()
 
+    # What the judging child ran up to each failure's first appearance (single steps):
+    # its replay tells a history-dependent failure from a flaky one (harness.confirm).
+    histories: dict[str, list[Any]] = {}
+
     def record(case, verdict: Verdict, labels: list[str]) -> None:
         log.judged(labels)
         if not verdict.ok:
-            log.found(case.to_dict(), verdict)
+            if not traced:
+                histories.setdefault(verdict.key, list(isolated.history))
+            log.found(lived(case, verdict).to_dict(), verdict)
 
     profile = PROFILES[plan["profile"]]
     cap: int | None = item["max_examples"]
@@ -330,8 +344,7 @@ def _run_rounds(
                 break  # --max-examples: one Hypothesis run, as `attnfuzz run`
             if impl.kind == "mutant" and len(log.state["findings"]) > before:
                 break  # the zoo asks whether a mutant is caught: it is
-        if not traced:
-            mark_history_dependent(log, lambda c: isolated.judge_fresh(c, deadline=hard_deadline))
+        confirm_findings(log, isolated, histories, hard_deadline)
         place_findings(
             log,
             target,
@@ -341,21 +354,47 @@ def _run_rounds(
         )
 
 
-def mark_history_dependent(log: ItemLog, judge_fresh: Any) -> None:
-    """Each single-step finding whose case passes in a new process failed only after
-    other examples ran in the same judging process: marked ``history_dependent`` (its
-    case file says so, and the console), never a case file that silently passes."""
+def confirm_findings(
+    log: ItemLog, isolated: Any, histories: dict[str, list[Any]], deadline: float | None
+) -> None:
+    """Replay each finding in new processes (:func:`~attnfuzz.harness.confirm.confirm`),
+    as ``attnfuzz run`` does: one that fails only after what ran before it is marked
+    ``history_dependent``, one that comes and goes ``flaky`` (how often it failed), a
+    timeout that a longer limit passes is no finding (``slow``: the run is
+    incomplete), and a timeout that a longer limit turns into another failure is
+    that failure. A budget that ends first leaves a finding as it was found."""
+    from attnfuzz.harness.confirm import Status, confirm
     from attnfuzz.harness.isolation import OutOfTime
-    from attnfuzz.reference.batch import Case
+    from attnfuzz.harness.oracle import Mismatch
 
-    for entry in log.state["findings"].values():
-        found = example_of(entry["case"])
-        if "history_dependent" in entry or not isinstance(found, Case):
+    findings = log.state["findings"]
+    for key, entry in list(findings.items()):
+        if "confirmed" in entry:
             continue
+        found = example_of(entry["case"])
+        verdict = Verdict(
+            [Mismatch(**m) for m in entry["verdict"]["mismatches"]], step=entry.get("step")
+        )
         try:
-            entry["history_dependent"] = judge_fresh(found).ok
+            c = confirm(isolated, found, verdict, histories.get(key, []), deadline)
         except OutOfTime:  # the budget ended first: not known, and not claimed
             continue
+        entry["confirmed"] = c.status.value
+        if c.status is Status.SLOW:
+            del findings[key]
+            log.state["slow"] = log.state.get("slow", 0) + 1
+        elif c.status is Status.HISTORY_DEPENDENT:
+            entry["history_dependent"] = True
+        elif c.status is Status.FLAKY:
+            entry["flaky"] = c.flaky_record()
+        elif c.verdict is not verdict:  # a timeout that a longer limit made a verdict
+            del findings[key]
+            entry["key"] = c.verdict.key
+            entry["verdict"] = {
+                "key": c.verdict.key,
+                "mismatches": [m.to_dict() for m in c.verdict.mismatches],
+            }
+            findings.setdefault(c.verdict.key, entry)
     log.flush()
 
 
@@ -373,6 +412,8 @@ def place_findings(
     from attnfuzz.harness.traces import reachable_step
 
     for entry in log.state["findings"].values():
+        if entry.get("key") == Check.TIMEOUT:  # how fast this machine runs it: no reachability
+            continue
         found = example_of(entry["case"])
         verdict = Verdict(step=entry.get("step"))  # a trace's failing step, else None
         result = RunResult(target.name, impl.name, case=found, verdict=verdict)
