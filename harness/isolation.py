@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -44,6 +43,7 @@ from typing import Any
 
 from attnfuzz.harness.blame import attnfuzz_fault
 from attnfuzz.harness.errors import HarnessError, UsageError
+from attnfuzz.harness.lifetime import die_with_parent, scratch_dir
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.traces import judge_trace
@@ -116,8 +116,10 @@ def _child(
     timeout_s: float,
     fault_path: str,
     output_path: str,
+    parent_pid: int,
 ) -> None:
     """The child's loop: judge each case it is sent until the pipe closes."""
+    die_with_parent(parent_pid)  # a judge killed from outside takes its child with it
     parent_end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's
     if isinstance(target, str):  # spawned: names, resolved here
@@ -208,7 +210,7 @@ class IsolatedJudge:
     ):
         self.target, self.impl, self.device = target, impl, device
         self.timeout_s = float(timeout_s)
-        self._dir = Path(tempfile.mkdtemp(prefix="attnfuzz-judge-"))
+        self._dir = scratch_dir("judge")  # named by its owner: swept if it is killed
         self._fault_path = self._dir / "fault.log"
         self._output_path = self._dir / "output.log"
         self._proc: Any = None
@@ -256,6 +258,7 @@ class IsolatedJudge:
                 self.timeout_s,
                 str(self._fault_path),
                 str(self._output_path),
+                os.getpid(),
             ),
             daemon=True,
             name=f"attnfuzz-judge-{self.target.name}",

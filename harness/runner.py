@@ -65,6 +65,7 @@ class RunResult:
     phase_seconds: Counter = field(default_factory=Counter)  # see Target.judge
     statistics: Counter = field(default_factory=Counter)  # Verdict.statistics, summed
     stopped_by_budget: bool = False  # ``budget_s`` or ``shrink_budget_s`` ran out
+    shrink_cut: bool = False  # shrinking reached its count (max_examples judgements)
     interrupted: bool = False  # Ctrl-C: ``case`` is the smallest failure found so far, if any
     shrunk: bool = True  # False: ``case`` is the case that failed as it ran (a hang)
     traced: bool = False  # the examples were traces of one engine's steps
@@ -114,9 +115,10 @@ def fuzz(
     ``budget_s`` ends a search that found nothing after that many wall-clock
     seconds from the first example (``max_examples`` still applies);
     ``shrink_budget_s`` ends shrinking that long after the first failure, the
-    smallest failing case so far being kept. Each is checked before an example,
-    so a run overshoots by at most one example. ``on_case`` sees every judged
-    case and its verdict, shrinking included, in order.
+    smallest failing case so far being kept; so does a count: shrinking judges at
+    most ``max_examples`` cases (a run at most twice ``max_examples`` in all). Each
+    is checked before an example, so a run overshoots by at most one example.
+    ``on_case`` sees every judged case and its verdict, shrinking included, in order.
 
     ``judge`` replaces the in-process :meth:`Target.judge` (``attnfuzz run``
     passes an :class:`~attnfuzz.harness.isolation.IsolatedJudge`'s). A hang
@@ -155,6 +157,11 @@ def fuzz(
             if budget_s is not None and now - clock["start"] > budget_s:
                 raise _OutOfBudget
         elif shrink_budget_s is not None and now - clock["found"] > shrink_budget_s:
+            raise _OutOfBudget
+        elif result.examples - (result.examples_to_failure or 0) >= max_examples:
+            # Shrinking is held to a count too: at most max_examples judgements after
+            # the first failure (a trace's each costs a process), the smallest so far kept.
+            result.shrink_cut = True
             raise _OutOfBudget
         try:
             return judge(case, result.phase_seconds)

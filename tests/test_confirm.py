@@ -235,3 +235,89 @@ def test_confirm_counts_replays():
     assert got.status is Status.HISTORY_DEPENDENT
     got = confirm(_Scripted([False] * REPLAYS, False), "case", failing, history)  # type: ignore[arg-type]
     assert got.status is Status.FLAKY and got.failed == 0
+
+
+def test_a_campaign_confirms_its_findings_as_run_does(tmp_path, capsys, faulty, monkeypatch):
+    """One policy on both front-ends: a failure at random is a finding marked flaky
+    (with how often it failed), a timeout that a longer limit passes is no finding
+    and leaves its run INCOMPLETE (exit 3 where nothing else failed)."""
+    monkeypatch.setenv("ATTNFUZZ_TEST_SLOW_S", "3")
+    out = tmp_path / "out"
+    code = main(["campaign", "--targets", TARGET, "--impls", "faulty_impls:raises_at_random",
+                 "faulty_impls:slow_once_per_process", "--profile", "ci", "--max-examples", "40",
+                 "--example-timeout", "1", "-n", "1", "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 1, printed  # the flaky finding
+    doc = json.loads((out / "campaign.json").read_text())
+    runs = {r["implementation"]: r for r in doc["runs"]}
+    (flaky,) = [f for f in doc["findings"] if f["implementation"].endswith("raises_at_random")]
+    assert flaky["flaky"]["replays"] == REPLAYS, flaky
+    assert read_case(out / flaky["case_file"])["flaky"] == flaky["flaky"]
+    assert "FLAKY" in printed
+    slow = runs["faulty_impls:slow_once_per_process"]
+    assert not slow["findings"] and "too slow" in slow["incomplete"], slow
+    assert "INCOMPLETE" in printed and "WITHDRAWN" in printed
+    # Its case file, written when the timeout was first seen, is gone with the finding.
+    assert [p.name for p in (out / "cases").iterdir()] == [Path(flaky["case_file"]).name]
+
+
+def test_shrinking_is_held_to_the_example_count(tmp_path, capsys, monkeypatch):
+    """A run judges at most --max-examples cases after its first failure: a trace
+    search of 12 examples ends within 24 traces, shrinking cut or not."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    code = main(["run", "--target", TARGET, "--impl", "stateful_impl:first_call_buffer",
+                 "--trace", "--seed", "0", "--max-examples", "12",
+                 "--out", str(tmp_path / "cases")])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 1, text
+    judged = int(text.split(f"{TARGET} / stateful_impl:first_call_buffer: ")[1].split()[0])
+    assert judged <= 24, text
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.0, 2.0])
+def test_a_signal_while_the_command_loads_ends_it_quietly(tmp_path, after_s):
+    """torch and Triton take seconds to load on a loaded machine: a SIGINT then ends
+    the command with 130, no traceback, nothing written, and no half-loaded module
+    left to make a false finding."""
+    proc = _attnfuzz("run", "--target", TARGET, "--max-examples", "5", "--seed", "0",
+                     "--out", str(tmp_path / "cases"), env={})  # fmt: skip
+    try:
+        time.sleep(after_s)
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "FAIL" not in text
+    assert not (tmp_path / "cases").exists() or not any((tmp_path / "cases").iterdir())
+
+
+def test_a_trace_of_more_steps_than_the_cap_is_refused_in_one_line(tmp_path, capsys):
+    """64 steps at most: a trace's replay is bounded (each step its own timeout)."""
+    from attnfuzz.harness.casefile import case_document, write_case
+    from attnfuzz.harness.oracle import Verdict as V
+    from attnfuzz.reference.batch import Batch, EngineConfig
+    from attnfuzz.reference.trace import Trace
+
+    config = EngineConfig(max_model_len=128, max_num_seqs=1, max_num_batched_tokens=1,
+                          block_size=1, cudagraph_capture_sizes=(1,))  # fmt: skip
+    steps = tuple(
+        Batch(
+            num_computed_tokens=(k,),
+            q_lens=(1,),
+            req_ids=(0,),
+            pages=(tuple(range(1, k + 2)),),
+            new_pages=(k + 1 if k == 0 else 1,),
+        )  # fmt: skip
+        for k in range(65)
+    )
+    for n, code in ((64, 1), (65, 2)):
+        failing = V([Mismatch(Check.VALUES, "out", "1", "2")], step=n - 1)
+        trace = Trace(config, steps[:n], (("capturing", 0),))
+        path = write_case(tmp_path / f"{n}.json", case_document(TARGET, "triton", trace, failing))
+        got = main(["repro", str(path), "--json"])
+        captured = capsys.readouterr()
+        if code == 2:
+            assert got == 2 and "maxItems" in captured.err and len(captured.err) <= 520
+        else:
+            assert got in (0, 1) and not captured.err.strip(), captured.err

@@ -128,10 +128,11 @@ def test_a_case_that_cannot_be_written_is_printed(tmp_path, monkeypatch, capsys)
     goes to the terminal."""
     from attnfuzz.harness import casefile
 
-    def refuse(path, doc):
+    def refuse(*args):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(casefile, "write_case", refuse)
+    monkeypatch.setattr(casefile, "write_new_case", refuse)
     code = main(["run", "--target", "indexer-decode", "--impl", "pr39542-writeback", "--seed",
                  "0", "--max-examples", "500", "--out", str(tmp_path / "cases")])  # fmt: skip
     out, err = capsys.readouterr()

@@ -7,6 +7,11 @@ Exit status: 0 no failure, 1 a failure was found (or replays), 2 usage error,
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+from typing import Any
+
 from attnfuzz.harness.cli.args import (
     DURATION_HELP,
     MESSAGE_LIMIT,
@@ -17,8 +22,51 @@ from attnfuzz.harness.cli.args import (
     positive_int,
     seconds,
 )
-from attnfuzz.harness.cli.main import build_parser, main
-from attnfuzz.harness.cli.repro import note_engine_version as _note_engine_version  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command (:func:`attnfuzz.harness.cli.main.main`).
+
+    The commands load torch and Triton first, seconds on a loaded machine: a
+    SIGINT or SIGTERM that comes while they load ends the command quietly with
+    exit status 128 + the signal, as it does once the command runs, never with
+    a traceback from inside an import (nor a module left half-loaded).
+    """
+    with _quiet_while_loading():
+        from attnfuzz.harness.cli.main import main as run_command
+    return run_command(argv)
+
+
+class _quiet_while_loading:  # noqa: N801 - a context manager, named for where it is used
+    def __enter__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, _quit)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _quit(signum: int, frame: object) -> None:
+    # Nothing has run yet, so nothing is lost; an exception raised inside an import
+    # could be caught there and leave a module half-loaded (a false finding later).
+    os._exit(128 + signum)
+
+
+def __getattr__(name: str) -> Any:
+    # The parser and the repro helper load every command (and torch) when first asked for.
+    if name == "build_parser":
+        from attnfuzz.harness.cli.main import build_parser
+
+        return build_parser
+    if name == "_note_engine_version":
+        from attnfuzz.harness.cli.repro import note_engine_version
+
+        return note_engine_version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DURATION_HELP",

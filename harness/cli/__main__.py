@@ -2,7 +2,7 @@
 
 import sys
 
-from attnfuzz.harness.cli.main import main
+from attnfuzz.harness.cli import main  # signals while it loads: quiet (see there)
 
 if __name__ == "__main__":
     sys.exit(main())

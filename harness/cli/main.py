@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import signal
 import sys
 from collections.abc import Mapping
 from types import ModuleType
@@ -139,3 +140,6 @@ def _command(module: ModuleType, args: argparse.Namespace) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return _stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (run's) took over
+        print("attnfuzz: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT

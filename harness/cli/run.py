@@ -111,12 +111,15 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True, word: str =
         print(f"replay: {repro_command(path, doc['implementation'])}")
 
 
-def save_case(path: Path, doc: dict) -> Path | None:
-    """Write a case file; if that fails, the case goes to the terminal, never lost."""
-    from attnfuzz.harness.casefile import write_case
+def save_case(out: Path, name: str, doc: dict) -> Path | None:
+    """Write a case file, ``<out>/<name>.json`` (``-2``, ``-3``, ... when that holds
+    another case: two runs into one ``--out`` keep both); if that fails, the case
+    goes to the terminal, never lost."""
+    from attnfuzz.harness.casefile import write_new_case
 
+    path = out / f"{name}.json"
     try:
-        return write_case(path, doc)
+        return write_new_case(out, name, doc)
     except OSError as err:
         print(
             f"attnfuzz: could not write {path} ({err.strerror or err}); the case:", file=sys.stderr
@@ -299,7 +302,7 @@ def command(args: argparse.Namespace) -> int:
     if flaky:
         assert confirmation is not None
         doc["flaky"] = confirmation.flaky_record()
-    path = save_case(out / f"{finding_id(target.name, impl.name, result.verdict.key)}.json", doc)
+    path = save_case(out, finding_id(target.name, impl.name, result.verdict.key), doc)
     print(
         f"first failure after {result.examples_to_failure} examples, "
         f"{result.seconds_to_failure:.2f}s"
@@ -315,6 +318,11 @@ def command(args: argparse.Namespace) -> int:
         print(f"the case that failed as it ran (a {result.verdict.key} is not shrunk)")
     elif result.interrupted:
         print("interrupted while shrinking: the smallest failing case so far")
+    elif result.shrink_cut:
+        print(
+            f"shrinking stopped after {args.max_examples} judgements (--max-examples): the "
+            "smallest failing case so far"
+        )
     word = "FLAKY" if flaky else LATENT if is_latent(reach) else "FAIL"
     print_failure(doc, path, shrunk=result.shrunk and not result.interrupted, word=word)
     if result.interrupted:
@@ -397,7 +405,7 @@ class HistoryDependent:
 
 def report_history(target: str, impl: str, found: HistoryDependent, out: Path) -> Path | None:
     """Say that the failure is history-dependent and write what preceded it."""
-    from attnfuzz.harness.casefile import write_case
+    from attnfuzz.harness.casefile import write_new_case
     from attnfuzz.harness.definitions import finding_id
 
     print(
@@ -421,11 +429,13 @@ def report_history(target: str, impl: str, found: HistoryDependent, out: Path) -
         "minimized_case": found.case.to_dict(),
         "preceding": [case.to_dict() for case in found.before],
     }
-    name = finding_id(target, impl, found.verdict.key) + ".history.json"
+    name = finding_id(target, impl, found.verdict.key) + ".history"
     try:
-        path = write_case(out / name, doc)
+        path = write_new_case(out, name, doc)
     except OSError as err:
-        print(f"attnfuzz: could not write {out / name} ({err.strerror or err})", file=sys.stderr)
+        print(
+            f"attnfuzz: could not write {out / name}.json ({err.strerror or err})", file=sys.stderr
+        )
         path = None
     if path is not None:
         print(f"  written to {path}")
