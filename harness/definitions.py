@@ -11,6 +11,7 @@ may import it without creating an import cycle.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -164,10 +165,37 @@ INCOMPLETE = RunVerdict.INCOMPLETE
 # -- small shared rules ---------------------------------------------------------------
 
 
+MAX_FINDING_ID = 160
+"""Characters of a finding's id at most: with what its files add to it
+(``.history.json``, a campaign's ``.ID.json.tmp``, the pytest plugin's ``-2.json``)
+a file name stays well inside the 255 bytes a file system allows."""
+
+
+def fit(parts: Sequence[str], room: int, strip: str = "_") -> list[str]:
+    """``parts`` cut to ``room`` characters together: the longest first, all to one
+    cap (so the short ones stay whole), each cut's trailing ``strip`` characters
+    dropped. How a finding's id and an exported test's name are shortened."""
+    cap = max(map(len, parts), default=0)
+    while cap > 1 and sum(min(len(p), cap) for p in parts) > room:
+        cap -= 1
+    return [p[:cap].rstrip(strip) for p in parts]
+
+
 def finding_id(target: str, implementation: str, key: str) -> str:
     """``<target>--<impl>--<key>``, usable as a file name: every character outside
-    ``[0-9A-Za-z._=-]`` (``:`` and ``/`` among them) becomes ``_``."""
-    return re.sub(r"[^0-9A-Za-z._=-]", "_", f"{target}--{implementation}--{key}")
+    ``[0-9A-Za-z._=-]`` (``:`` and ``/`` among them) becomes ``_``.
+
+    Past :data:`MAX_FINDING_ID` characters (an exception class of a long name, a
+    user's long ``module:attribute``) the longest parts are cut (:func:`fit`) and
+    ``_<digest>`` of the three, whole, ends the key's: still one id per finding,
+    whose last ``--`` part still starts as its key's."""
+    parts = [re.sub(r"[^0-9A-Za-z._=-]", "_", part) for part in (target, implementation, key)]
+    whole = "--".join(parts)
+    if len(whole) <= MAX_FINDING_ID:
+        return whole
+    digest = hashlib.sha256(json.dumps([target, implementation, key]).encode()).hexdigest()[:8]
+    room = MAX_FINDING_ID - len("--") * (len(parts) - 1) - len(f"_{digest}")
+    return "--".join(fit(parts, room, strip="_.-")) + f"_{digest}"
 
 
 def repro_command(case_path: Path | str, implementation: str) -> str:

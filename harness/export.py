@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.casefile.load import resolve_case
-from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS
+from attnfuzz.harness.definitions import DEFAULT_REGRESSIONS, fit
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.trace import Trace
@@ -137,10 +137,7 @@ def regression_test_name(
     digested: Any = case.to_dict()
     if sum(map(len, parts)) > room:
         digested = [digested, names]
-        cap = max(map(len, parts))
-        while cap > 1 and sum(min(len(p), cap) for p in parts) > room:
-            cap -= 1
-        parts = [p[:cap].rstrip("_") for p in parts]
+        parts = fit(parts, room)
     digest = hashlib.sha256(json.dumps(digested, sort_keys=True).encode()).hexdigest()[:8]
     return "test_" + "__".join(parts) + "_" + digest
 
