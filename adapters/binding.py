@@ -46,15 +46,37 @@ class Api:
         return _missing(self)
 
 
+class ImportFailed(str):
+    """Why an API is not there, where its module is there but does not import: a
+    dependency missing, the engine's set-up or its own code raising. A broken
+    install, which no other release mends: never answered by an install hint."""
+
+
+def absent(err: BaseException, module: str) -> bool:
+    """Whether ``err``, raised importing ``module``, says that ``module`` (or a package
+    between the engine's and it) is not in the installed release: the release lacks
+    the API. A module outside that chain not found (``idna``) is a broken install."""
+    name = getattr(err, "name", None)
+    if not isinstance(err, ModuleNotFoundError) or not name or "." not in name:
+        return False  # the engine's top-level package absent is a broken install too
+    return module == name or module.startswith(f"{name}.")
+
+
 @cache
 def _missing(api: Api) -> str | None:
-    configure = _BEFORE_IMPORT.get(api.module.split(".")[0])
-    if configure is not None:
-        configure()
+    package = api.module.split(".")[0]
+    configure = _BEFORE_IMPORT.get(package)
+    try:
+        if configure is not None:
+            configure()
+    except Exception as err:  # noqa: BLE001 - the engine's set-up imports its dependencies
+        why = f"importing {package} failed (its set-up): {type(err).__name__}: {err}"
+        return ImportFailed(one_line(why))
     try:
         obj = importlib.import_module(api.module)
     except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
-        return one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
+        why = one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
+        return why if absent(err, api.module) else ImportFailed(why)
     for name in filter(None, api.attr.split(".")):
         if not hasattr(obj, name):
             return f"{api} is missing"

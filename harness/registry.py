@@ -41,6 +41,7 @@ from functools import cache
 from typing import Any
 
 from attnfuzz.harness import engines, entry_points, targets
+from attnfuzz.harness.errors import one_line
 from attnfuzz.harness.target import Implementation, Target, UsageError
 from attnfuzz.reference.batch import Case
 
@@ -140,7 +141,7 @@ def _with_engines(target: Target) -> Target:
     refused = _refused[target.name] = []
     for engine in engines.engines().values():
         for impl in engine.implementations.get(target.name, ()):
-            unavailable = impl.unavailable or engine.unavailable
+            unavailable = _Answering(engine.name, impl.unavailable or engine.unavailable)
             added = dataclasses.replace(impl, engine=engine.name, unavailable=unavailable)
             existing = target.implementations.get(impl.name)
             if existing == added:  # a plugin's target, built once, attached again
@@ -158,6 +159,23 @@ def _with_engines(target: Target) -> Target:
             else:
                 target.add(added)
     return target
+
+
+@dataclass(frozen=True)  # equal for equal questions: a target attached again compares equal
+class _Answering:
+    """``unavailable()`` of ``engine``, where an engine that raises instead of answering
+    (its import failing inside: a dependency missing) is unavailable, saying why in one
+    line, instead of breaking every command that asks (``attnfuzz list`` asks them all)."""
+
+    engine: str
+    unavailable: Callable[[], str | None]
+
+    def __call__(self) -> str | None:
+        try:
+            return self.unavailable()
+        except Exception as err:  # noqa: BLE001 - whatever it raised is the engine's
+            said = f"{type(err).__name__}: {err}"
+            return one_line(f"engine {self.engine} failed to say whether it can run: {said}")
 
 
 def engine_problems() -> list[str]:

@@ -96,6 +96,7 @@ def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
     """Each engine of an implementation: its installed version (None when it is not
     installed) and the engine's own line on it (:attr:`Engine.status`)."""
     from attnfuzz.harness import engines
+    from attnfuzz.harness.errors import one_line
 
     out: dict[str, tuple[str | None, str]] = {}
     for impl in (impl for row in rows for impl in row["implementations"]):
@@ -105,7 +106,11 @@ def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
             if engine is None:  # a user's implementation naming an engine no plugin declares
                 out[name] = (None, f"{name}: no attnfuzz engine plugin of that name")
             else:
-                out[name] = (engine.installed_version(), engine.status())
+                try:
+                    out[name] = (engine.installed_version(), engine.status())
+                except Exception as err:  # noqa: BLE001 - an engine's failure is one line
+                    said = f"{type(err).__name__}: {err}"
+                    out[name] = (None, one_line(f"{name}: failed to say its status: {said}"))
     return out
 
 
