@@ -168,21 +168,24 @@ def _as_engine(value: object, name: str) -> Engine:
 
 
 @cache
-def _loaded() -> tuple[dict[str, Engine], dict[str, str]]:
-    """``(engines, unavailable)``: the engines of the entry points, by name, and
-    ``name -> reason`` for those that could not be loaded."""
+def _loaded() -> tuple[dict[str, Engine], dict[str, str], dict[str, list[Engine]]]:
+    """``(engines, unavailable, held_back)``: the engines of the entry points, by
+    name; ``name -> reason`` for those that could not be loaded; and for each name
+    two entry points or more share, the engines they declare (held back, unused)."""
     eps = entry_points.entry_points(ENTRY_POINT_GROUP)
     unavailable = entry_points.clashes(eps, "engine")
     loaded: dict[str, Engine] = {}
+    held_back: dict[str, list[Engine]] = {}
     for ep in eps:
-        if ep.name in unavailable:
-            continue
         engine, reason = entry_points.load(ep, lambda value, n=ep.name: _as_engine(value, n))
-        if engine is None:
+        if ep.name in unavailable:
+            if engine is not None:
+                held_back.setdefault(ep.name, []).append(engine)
+        elif engine is None:
             unavailable[ep.name] = reason or f"{entry_points.describe(ep)} failed"
         else:
             loaded[ep.name] = engine
-    return loaded, unavailable
+    return loaded, unavailable, held_back
 
 
 def engines() -> dict[str, Engine]:
@@ -198,6 +201,14 @@ def get(name: str) -> Engine | None:
 def unavailable_engines() -> dict[str, str]:
     """``name -> reason`` for each ``attnfuzz.engines`` entry point that cannot be loaded."""
     return dict(_loaded()[1])
+
+
+def held_back() -> dict[str, tuple[list[Engine], str]]:
+    """``name -> (engines, reason)`` for each engine name two distributions declare:
+    none of them is used, and their implementations' names say why where one is
+    asked for (``--impl vllm``), instead of being unknown names."""
+    _, unavailable, held = _loaded()
+    return {name: (list(engines), unavailable[name]) for name, engines in held.items()}
 
 
 def installed_versions() -> dict[str, str]:

@@ -33,15 +33,35 @@ def describe(ep: metadata.EntryPoint) -> str:
     return f"entry point {ep.name} = {ep.value}{where} (group {ep.group})"
 
 
+OWN_DISTRIBUTION = "attnfuzz"
+"""The distribution of attnfuzz's own entry points (its engines ``vllm``, ``sglang``)."""
+
+
 def clashes(eps: list[metadata.EntryPoint], what: str) -> dict[str, str]:
     """``name -> reason`` for each name of a ``what`` (``target``, ``engine``) that two
-    entry points or more share: which one was meant cannot be known."""
+    entry points or more share: which one was meant cannot be known. The reason,
+    one line, names their distributions and what to do."""
     counts = Counter(ep.name for ep in eps)
     out: dict[str, str] = {}
     for name in (name for name, count in counts.items() if count > 1):
-        both = " and ".join(describe(ep) for ep in eps if ep.name == name)
-        out[name] = f"{both} both name {what} {name!r}"
+        same = [ep for ep in eps if ep.name == name]
+        both = " and ".join(describe(ep) for ep in same)
+        out[name] = f"{both} both name {what} {name!r}: {_remedy(same)}"
     return out
+
+
+def _remedy(same: list[metadata.EntryPoint]) -> str:
+    """What ends a clash of ``same``: uninstall, or rename in, the distributions
+    other than attnfuzz's own (attnfuzz's own names are its documented ones)."""
+    dists = sorted({dist.name for ep in same if (dist := getattr(ep, "dist", None)) is not None})
+    others = [name for name in dists if name != OWN_DISTRIBUTION] or dists
+    if len(dists) == 1:
+        return f"rename one of them in {dists[0]}"
+    if len(others) == 1:
+        return f"uninstall {others[0]} (pip uninstall {others[0]}) or rename its entry point"
+    if others:
+        return f"uninstall all but one of {', '.join(others)}, or rename their entry points"
+    return "uninstall all but one of their distributions, or rename their entry points"
 
 
 def load(ep: metadata.EntryPoint, make: Callable[[Any], T]) -> tuple[T | None, str | None]:

@@ -158,6 +158,14 @@ def _with_engines(target: Target) -> Target:
                 )
             else:
                 target.add(added)
+    for name, (declared, reason) in engines.held_back().items():
+        # Two distributions declare the engine: none of its code runs, and asking for
+        # one of its implementations says why (not "unknown implementation").
+        why = f"engine {name} is left out: {reason}"
+        for engine in declared:
+            for impl in engine.implementations.get(target.name, ()):
+                if impl.name not in target.implementations:
+                    target.add(dataclasses.replace(impl, engine=name, unavailable=lambda w=why: w))
     return target
 
 

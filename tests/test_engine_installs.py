@@ -1,5 +1,5 @@
 """Engine installs as users get them: each engine's opt-in install alone, one that
-does not import.
+does not import, two distributions declaring one engine.
 
 - Each pinned list of each engine is closed under what its engine's adapters
   import: ``ATTNFUZZ_SGLANG=1 ./setup.sh`` without vLLM must give a venv where
@@ -7,6 +7,8 @@ does not import.
   when both were installed). Checked statically, without installing anything.
 - An engine that is installed but does not import is unavailable, saying why in
   one line (``attnfuzz list``, ``list --json``), and breaks no other command.
+- Two distributions naming one engine: asking for its implementations names both
+  and what to do, in one line.
 """
 
 from __future__ import annotations
@@ -467,3 +469,60 @@ def test_an_api_missing_from_a_release_names_a_newer_one_only(monkeypatch, vllm_
     assert older is not None and older.endswith(vllm_compat.install_line("0.27.0"))
     newer = vllm_compat.binding_problem("attnfuzz_fake_adapter", "run", "0.28.0")
     assert newer == f"vLLM 0.28.0: {api} is missing"
+
+
+# -- two distributions declaring one engine -------------------------------------------
+
+OTHER_VLLM = """
+from attnfuzz.harness.engines import Engine
+from attnfuzz.harness.target import Implementation
+from attnfuzz.kernels import slot_mapping as k
+
+VLLM = Engine(
+    name="vllm",
+    install="pip install other-vllm",
+    installed_version=lambda: "1.0",
+    unavailable=lambda: None,
+    status=lambda: "other-vllm 1.0",
+    implementations={"slot-mapping": [
+        Implementation("vllm", k.slot_mapping, "engine", "another distribution's vllm"),
+    ]},
+)
+"""
+
+
+@pytest.fixture
+def second_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A distribution ``other-vllm`` installed beside attnfuzz, whose entry point in the
+    group ``attnfuzz.engines`` is named ``vllm`` too."""
+    (tmp_path / "attnfuzz_other_vllm.py").write_text(OTHER_VLLM)
+    _distribution(tmp_path, "other-vllm", "vllm = attnfuzz_other_vllm:VLLM")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _clear()
+    yield
+    _clear()
+    sys.modules.pop("attnfuzz_other_vllm", None)
+
+
+def test_an_engine_two_distributions_declare_names_both_and_what_to_do(
+    second_vllm, tmp_path, capsys
+):
+    args = ["run", "--target", "slot-mapping", "--impl", "vllm", "--max-examples", "1"]
+    code = main([*args, "--out", str(tmp_path / "cases"), "--db", str(tmp_path / "db")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "unknown implementation" not in err[0]
+    for said in (
+        "of attnfuzz (group attnfuzz.engines)",
+        "of other-vllm (group attnfuzz.engines)",
+        "both name engine 'vllm'",
+        "uninstall other-vllm (pip uninstall other-vllm)",
+    ):
+        assert said in err[0], err[0]
+    assert not (tmp_path / "cases").exists()
+    # attnfuzz list says it once for the engine, and its implementations are unavailable.
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (left_out,) = [line for line in lines if line.startswith("left out: engine vllm: ")]
+    assert "pip uninstall other-vllm" in left_out
+    assert "vllm: engine left out (see 'left out' below)" in lines

@@ -98,12 +98,15 @@ def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
     from attnfuzz.harness import engines
     from attnfuzz.harness.errors import one_line
 
+    left_out = engines.unavailable_engines()
     out: dict[str, tuple[str | None, str]] = {}
     for impl in (impl for row in rows for impl in row["implementations"]):
         name = impl["engine"]
         if name is not None and name not in out:
             engine = engines.get(name)
-            if engine is None:  # a user's implementation naming an engine no plugin declares
+            if name in left_out:  # two distributions declare it: why is said below
+                out[name] = (None, f"{name}: engine left out (see 'left out' below)")
+            elif engine is None:  # a user's implementation naming an engine no plugin declares
                 out[name] = (None, f"{name}: no attnfuzz engine plugin of that name")
             else:
                 try:
