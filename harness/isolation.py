@@ -32,17 +32,16 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
-import re
 import shutil
 import signal
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.blame import attnfuzz_fault
 from attnfuzz.harness.errors import HarnessError, UsageError
+from attnfuzz.harness.faults import crash_mismatch, describe_fault, exit_detail, timeout_mismatch
 from attnfuzz.harness.lifetime import die_with_parent, scratch_dir
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 from attnfuzz.harness.target import Implementation, Target
@@ -59,52 +58,6 @@ HISTORY = 32  # cases a judge remembers its child judged (IsolatedJudge.history)
 
 class OutOfTime(Exception):
     """The deadline passed while a case was being judged: it has no verdict."""
-
-
-def describe_fault(text: str) -> tuple[Check, str] | None:
-    """``("timeout" | "crash", detail)`` from a :mod:`faulthandler` report, or None.
-
-    The detail names the innermost frame of the faulting thread (the file
-    name only, never a full path).
-    """
-    blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", text, flags=re.M)
-    blocks = [b for b in blocks if re.match(r"(Current thread|Thread) 0x", b)]
-    current = [b for b in blocks if b.startswith("Current thread")]
-    # The faulting thread is "Current thread"; on a timeout the main thread is last.
-    block = current[0] if current else blocks[-1] if blocks else ""
-    where = ""
-    frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', block)
-    if frame:
-        where = f" at {Path(frame.group(1)).name}:{frame.group(2)} in {frame.group(3)}"
-    if re.search(r"Timeout \(([^)]*)\)", text):
-        return Check.TIMEOUT, where
-    fatal = re.search(r"Fatal Python error: ([^\n]+)", text)
-    if fatal:
-        return Check.CRASH, f"Fatal Python error: {fatal.group(1).strip()}{where}"
-    return None
-
-
-def timeout_mismatch(where: str, timeout_s: float, detail: str = "") -> Mismatch:
-    return Mismatch(
-        Check.TIMEOUT,
-        where,
-        f"a verdict within {timeout_s:g}s",
-        f"no verdict after {timeout_s:g}s{detail}",
-    )
-
-
-def crash_mismatch(where: str, detail: str) -> Mismatch:
-    return Mismatch(Check.CRASH, where, "the process to survive the call", detail)
-
-
-def _exit_detail(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"killed by {name}"
-    return f"the process exited with status {exitcode} during the call"
 
 
 def _child(
@@ -411,7 +364,7 @@ class IsolatedJudge:
         if alive:
             detail = fault[1] if fault else ""
             return Verdict([timeout_mismatch(where, timeout_s, detail)])
-        detail = _exit_detail(exitcode)
+        detail = exit_detail(exitcode)
         if fault is not None and fault[0] == Check.CRASH:
             detail = f"{detail} ({fault[1]})"
         return Verdict([crash_mismatch(where, detail)])

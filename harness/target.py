@@ -28,6 +28,7 @@ from attnfuzz.harness.definitions import Kind
 from attnfuzz.harness.errors import CaseTooLarge, HarnessError, InvalidCase, UsageError
 from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.harness.oracle import Check, Mismatch
+from attnfuzz.harness.traces import refuse_continuing
 from attnfuzz.reference.batch import (
     DTYPE_VARIABLE,
     FLOAT_DTYPES,
@@ -37,7 +38,7 @@ from attnfuzz.reference.batch import (
 )
 from attnfuzz.reference.invariants import violations
 from attnfuzz.reference.runner import CG_SUPPORTS
-from attnfuzz.reference.trace import Trace, first_step_violations
+from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import (
     BOUNDARY_MEASURES,
     SMALL,
@@ -252,12 +253,8 @@ class Target:
 
     def unavailable(self) -> dict[str, str]:
         """Implementations that cannot run here, each with the reason."""
-        out = {}
-        for impl in self.implementations.values():
-            reason = impl.why_unavailable()
-            if reason is not None:
-                out[impl.name] = reason
-        return out
+        reasons = {name: impl.why_unavailable() for name, impl in self.implementations.items()}
+        return {name: why for name, why in reasons.items() if why is not None}
 
     def cases(
         self, scale: Scale = SMALL, impl: Implementation | None = None
@@ -334,12 +331,9 @@ class Target:
 
     def refuse_invalid(self, case: Case, where: str | None = None, *, alone: bool = False) -> None:
         """Raise :class:`InvalidCase` for a case the engine could never produce
-        (broken invariants, wrong target parameters), named by ``where``.
-
-        ``alone``: the case is judged on its own, by a new engine: it is that
-        engine's first step and must pass what a trace of one step passes (its
-        scheduler fields, when it has them, say every request is new). A
-        trace's steps are checked without it, their history by the trace's checks."""
+        (broken invariants, wrong target parameters), named by ``where``; ``alone``:
+        judged on its own, by a new engine, it must be a first step (as a trace's 0)."""
+        prefix = f"{where}: " if where else ""
         with fits_in_memory(where or self.name):
             broken = violations(case.config, case.batch) + self.param_violations(case)
         if case.config.cg_support not in self.cg_supports:
@@ -353,17 +347,9 @@ class Target:
                 "which brings varlen decode graphs"
             )
         if broken:
-            prefix = f"{where}: " if where else ""
             raise InvalidCase(f"{prefix}not a batch the engine can produce: {'; '.join(broken)}")
-        continuing = first_step_violations(case.batch) if alone else []
-        if continuing:  # what a trace of one step is refused for (refuse_invalid_trace)
-            prefix = f"{where}: " if where else ""
-            more = f" (and {len(continuing) - 1} more)" if len(continuing) > 1 else ""
-            raise InvalidCase(
-                f"{prefix}not a first step an engine can have: {continuing[0]}{more}; a "
-                "case on its own is a new engine's first step, a step that continues "
-                "others belongs in a trace"
-            )
+        if alone:
+            refuse_continuing(case.batch, prefix)
 
     def resolve(self, spec: str) -> Implementation:
         """A registered name, or ``module:attribute`` naming a user's callable or a

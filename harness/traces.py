@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Verdict, exception_mismatch
-from attnfuzz.reference.trace import Trace, trace_violations
+from attnfuzz.reference.trace import Trace, first_step_violations, trace_violations
 
 if TYPE_CHECKING:
     import torch
     from attnfuzz.harness.target import Implementation, Target
-    from attnfuzz.reference.batch import Case
+    from attnfuzz.reference.batch import Batch, Case
 
 
 def new_engine(impl: Implementation) -> None:
@@ -45,6 +45,19 @@ def refuse_invalid_trace(target: Target, trace: Trace, where: str | None = None)
     if broken:
         prefix = f"{where}: " if where else ""
         raise InvalidCase(f"{prefix}not a life an engine can have: {'; '.join(broken)}")
+
+
+def refuse_continuing(step: Batch, prefix: str = "") -> None:
+    """:class:`InvalidCase` for a step judged on its own (by a new engine, whose first
+    step it is) whose scheduler fields say a request continues from an earlier step,
+    as a trace's step 0 is refused (:func:`~attnfuzz.reference.trace.trace_violations`)."""
+    continuing = first_step_violations(step)
+    if continuing:
+        more = f" (and {len(continuing) - 1} more)" if len(continuing) > 1 else ""
+        raise InvalidCase(
+            f"{prefix}not a first step an engine can have: {continuing[0]}{more}; a case "
+            "on its own is a new engine's first step, one that continues others a trace's"
+        )
 
 
 def judge_trace(

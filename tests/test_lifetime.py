@@ -177,11 +177,6 @@ def hangs(inputs):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="until harness/isolation.py's judging child calls die_with_parent and its "
-    "directory is a scratch_dir('judge')",
-)
 def test_a_killed_run_takes_its_judging_child_with_it_and_the_next_command_sweeps(
     tmp_path, scratch
 ):

@@ -45,7 +45,7 @@ def short_reason(state: dict[str, Any] | None, lost: bool) -> str:
 
 def worker_fault(scratch: Path, item_id: str) -> str:
     """How a lost worker died, from its own fault log (a harness event, not a verdict)."""
-    from attnfuzz.harness.isolation import describe_fault
+    from attnfuzz.harness.faults import describe_fault
 
     try:
         text = (scratch / "faults" / f"{item_id}.log").read_text(errors="replace")
@@ -71,7 +71,7 @@ class Replays:
         """The replay's verdict; a trace (``case_dict`` with ``steps``) is replayed
         step by step, in a new process."""
         if item_id not in self.verdicts:
-            from attnfuzz.harness.campaign.worker import example_of
+            from attnfuzz.harness.campaign.findings import example_of
             from attnfuzz.harness.isolation import IsolatedJudge
             from attnfuzz.harness.registry import get_target
             from attnfuzz.reference.trace import Trace
@@ -113,7 +113,8 @@ def collect(
     case it left in flight is replayed in isolation (``replays``) and is a
     finding if it fails there, else the loss is a ``worker-lost`` event.
     """
-    from attnfuzz.harness.campaign.worker import failing_step, read_json
+    from attnfuzz.harness.campaign.findings import failing_step
+    from attnfuzz.harness.campaign.worker import read_json
 
     items_by_unit: dict[int, list[dict[str, Any]]] = {u: [] for u in range(len(units))}
     for item in plan["items"]:
@@ -261,7 +262,7 @@ def count_dead_example(
     state: dict[str, Any], inflight: dict[str, Any], plan: dict[str, Any]
 ) -> None:
     """The example a worker died on was judged too: its verdict is the replay's."""
-    from attnfuzz.harness.campaign.worker import example_of
+    from attnfuzz.harness.campaign.findings import example_of
     from attnfuzz.harness.traces import trace_labels
     from attnfuzz.reference.trace import Trace
     from attnfuzz.strategies.batches import scenario_labels

@@ -116,7 +116,7 @@ class CaseWriter:
         self.unwritten: dict[str, tuple[Path, dict[str, Any], str]] = {}
 
     def write(self, finding: dict[str, Any]) -> bool:
-        from attnfuzz.harness.campaign.worker import example_of
+        from attnfuzz.harness.campaign.findings import example_of
         from attnfuzz.harness.casefile import case_document
         from attnfuzz.harness.oracle import Mismatch, Verdict
 
