@@ -78,17 +78,24 @@ class FuzzItem(pytest.Item):
             raise _Hung(case, verdict)
         return verdict
 
-    def _history_note(self, case: Case | Trace) -> str:
-        """A note when the failing case passes in a new process (a single-step search
-        judges in one long-lived child, whose state can leak from case to case)."""
-        from attnfuzz.reference.trace import Trace
+    def _history_note(self, case: Case | Trace, verdict: Verdict) -> str:
+        """What replays of the failing case in new processes said, when it does not
+        fail each time (:meth:`SessionState.confirmation`)."""
+        from attnfuzz.harness.confirm import Status
 
-        if isinstance(case, Trace) or not self.state.passes_alone(self.target, self.impl, case):
-            return ""
-        return (
-            "(HISTORY-DEPENDENT: this case passes in a new process; it failed only after "
-            "other examples ran in the same one: fuzz it with traces, attnfuzz run --trace)"
-        )
+        c = self.state.confirmation(self.target, self.impl, case, verdict)
+        if c is not None and c.status is Status.HISTORY_DEPENDENT:
+            return (
+                "(HISTORY-DEPENDENT: this case passes in a new process; it failed only "
+                "after other examples ran in the same one: fuzz it with traces, "
+                "attnfuzz run --trace)"
+            )
+        if c is not None and c.status is Status.FLAKY:
+            return (
+                f"(FLAKY: it failed {c.failed} of {c.replays} replays of this case, "
+                "each in a new process)"
+            )
+        return ""
 
     def _failure(self, case: Case | Trace, verdict: Verdict, note: str = "") -> CaseFailure:
         return CaseFailure(
@@ -104,7 +111,8 @@ class FuzzItem(pytest.Item):
         except BaseException as err:
             # Hypothesis' failures, as this plugin's: its notes restate the case at length.
             found = [
-                self._failure(e.case, e.verdict, self._history_note(e.case)) for e in _findings(err)
+                self._failure(e.case, e.verdict, self._history_note(e.case, e.verdict))
+                for e in _findings(err)
             ]
             if not found:
                 raise

@@ -18,6 +18,7 @@ import pytest
 from attnfuzz.harness.pytest_report import display_path
 
 if TYPE_CHECKING:
+    from attnfuzz.harness.confirm import Confirmation
     from attnfuzz.harness.isolation import IsolatedJudge
     from attnfuzz.harness.oracle import Verdict
     from attnfuzz.harness.pytest_report import Judged
@@ -149,13 +150,23 @@ class SessionState:
             judge = self._judges[key] = IsolatedJudge(target, impl, timeout_s=timeout)
         return judge.judge_trace(case) if traced else judge.judge(case)
 
-    def passes_alone(self, target: Target, impl: Implementation, case: Case) -> bool:
-        """Whether ``case``, which failed in the implementation's long-lived child,
-        passes in a new process (it depended on what ran before it); False in process,
-        where no new process judges it."""
+    def confirmation(
+        self, target: Target, impl: Implementation, case: Case | Trace, verdict: Verdict
+    ) -> Confirmation | None:
+        """What replays of a failing ``case`` in new processes make of it
+        (:func:`~attnfuzz.harness.confirm.confirm`, as ``attnfuzz run`` does): its
+        history is what the implementation's long-lived child judged up to it (the
+        search's minimal example, judged last). None in process, where no new
+        process judges it."""
+        from attnfuzz.harness.confirm import confirm
+        from attnfuzz.reference.trace import Trace
+
         judge = next((j for (t, i, _), j in self._judges.items() if (t, i) == (
             target.name, impl.name)), None)  # fmt: skip
-        return judge is not None and judge.judge_fresh(case).ok
+        if judge is None:
+            return None
+        history = [] if isinstance(case, Trace) else list(judge.history)
+        return confirm(judge, case, verdict, history)
 
     def save(self, failure: Judged) -> None:
         """Write ``failure``'s case file (named as ``attnfuzz run`` names it)."""

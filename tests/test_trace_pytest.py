@@ -194,3 +194,17 @@ def test_a_single_step_failure_that_passes_alone_says_history_dependent(tc, tmp_
     result = run_pytest(root, "--attnfuzz-impl", f"{tc.TARGET}={tc.STATEFUL}")
     assert outcomes(result) == {f"attnfuzz::{tc.TARGET}[{tc.STATEFUL}]": "FAILED"}, result.stdout
     assert "HISTORY-DEPENDENT: this case passes in a new process" in result.stdout
+
+
+def test_a_failure_that_comes_and_goes_says_flaky_and_how_often(tmp_path):
+    """The plugin replays a failure in new processes as attnfuzz run does: one at
+    random (tests/faulty_impls.py) fails its test with how often it recurred."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (root / "conftest.py").write_text(QUICK_PROFILE)
+    impl = "max-seq-len=faulty_impls:raises_at_random"
+    result = run_pytest(root, "--attnfuzz-impl", impl)
+    assert "FAILED" in result.stdout, result.stdout
+    assert re.search(r"FLAKY: it failed \d+ of 10 replays of this case", result.stdout)
+    assert "Traceback" not in result.stdout and "FlakyFailure" not in result.stdout
