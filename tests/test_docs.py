@@ -169,3 +169,23 @@ def test_every_code_block_is_closed(page: Path) -> None:
     by mkdocs, so nothing else would say so)."""
     fences = re.findall(r"(?m)^\s*```", page.read_text())
     assert len(fences) % 2 == 0, f"{page.relative_to(ROOT)}: a code block is never closed"
+
+
+def test_every_test_the_guarantees_name_exists():
+    """Each row of docs/guarantees.md names the tests that hold it: they must exist
+    (``file.py::name``; a bare ``::name`` is in the file named before it on its line)."""
+    text = (Path(__file__).parent.parent / "docs" / "guarantees.md").read_text()
+    tests = Path(__file__).parent
+    missing, named = [], 0
+    for line in text.splitlines():
+        current = None
+        for m in re.finditer(r"`(test_\w+\.py)?::(\w+)(?:\[[^\]]*\])?`|`(test_\w+\.py)`", line):
+            if m.group(3):
+                current = m.group(3)
+                continue
+            current = m.group(1) or current
+            named += 1
+            path = tests / str(current)
+            if current is None or f"def {m.group(2)}(" not in path.read_text():
+                missing.append(f"{current}::{m.group(2)}")
+    assert named > 50 and not missing, missing
