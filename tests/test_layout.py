@@ -284,7 +284,7 @@ def test_package_of_is_the_longest_prefix():
 
 def test_the_package_is_found():
     modules = package_modules()
-    for name in ("attnfuzz", "attnfuzz.harness.definitions", "attnfuzz.harness.cli.main"):
+    for name in ("attnfuzz", "attnfuzz.harness.definitions", "attnfuzz.harness.cli.dispatch"):
         assert name in modules
     assert not any(".tests." in name or ".venv" in name for name in modules)
 

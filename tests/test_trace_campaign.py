@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness import campaign as cp
 from attnfuzz.harness.campaign.document import campaign_record, finding_record
+from attnfuzz.harness.campaign.findings import place_findings
 from attnfuzz.harness.campaign.results import CaseWriter, summary_lines, write_results
-from attnfuzz.harness.campaign.worker import place_findings, run_item, write_json
+from attnfuzz.harness.campaign.worker import run_item, write_json
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli.campaign import options_from_args
-from attnfuzz.harness.cli.main import build_parser
+from attnfuzz.harness.cli.dispatch import build_parser
 from attnfuzz.reference.trace import Trace
 
 TESTS = Path(__file__).parent

@@ -287,7 +287,7 @@ def test_counted_in_examples_two_zoos_print_the_same_scoreboard(tmp_path, monkey
 
 
 def test_the_floor_comes_from_the_command_line_or_the_project():
-    from attnfuzz.harness.cli.main import build_parser
+    from attnfuzz.harness.cli.dispatch import build_parser
 
     for command in ("zoo", "campaign"):
         assert build_parser().parse_args([command]).min_examples == DEFAULT_MIN_EXAMPLES

@@ -25,7 +25,7 @@ from attnfuzz.harness.cli.args import (
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command (:func:`attnfuzz.harness.cli.main.main`).
+    """Run one command (:func:`attnfuzz.harness.cli.dispatch.main`).
 
     The commands load torch and Triton first, seconds on a loaded machine: a
     SIGINT or SIGTERM that comes while they load ends the command quietly with
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     a traceback from inside an import (nor a module left half-loaded).
     """
     with _quiet_while_loading():
-        from attnfuzz.harness.cli.main import main as run_command
+        from attnfuzz.harness.cli.dispatch import main as run_command
     return run_command(argv)
 
 
@@ -58,7 +58,7 @@ def _quit(signum: int, frame: object) -> None:
 def __getattr__(name: str) -> Any:
     # The parser and the repro helper load every command (and torch) when first asked for.
     if name == "build_parser":
-        from attnfuzz.harness.cli.main import build_parser
+        from attnfuzz.harness.cli.dispatch import build_parser
 
         return build_parser
     if name == "_note_engine_version":

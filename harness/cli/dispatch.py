@@ -1,4 +1,4 @@
-"""``attnfuzz``'s parser and ``main``: dispatch to the subcommand modules."""
+"""``attnfuzz``'s parser and its dispatch to the subcommand modules (:func:`main`)."""
 
 from __future__ import annotations
 
