@@ -1,7 +1,8 @@
 """The ``attnfuzz`` command: one module per subcommand, :mod:`.args` for what they share.
 
 Exit status: 0 no failure, 1 a failure was found (or replays), 2 usage error,
-3 a campaign judged nothing of some run, 141 stdout closed early (see
+3 no verdict (a campaign judged too little of some run; a run whose only failure was a
+timeout that a longer limit passed), 141 stdout closed early (see
 :mod:`attnfuzz.harness.definitions`).
 """
 

@@ -99,7 +99,8 @@ def _stdout_closed() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Exit status: 0 no failure, 1 a failure was found, 2 a usage
-    error (one line on stderr, before any work), 4 attnfuzz's own code failed while
+    error (one line on stderr, before any work), 3 no verdict (see the package's
+    docstring), 4 attnfuzz's own code failed while
     judging (one line naming the file and line in attnfuzz; no verdict, no case
     file), 141 stdout was closed early."""
     from attnfuzz.harness.config import defaults
