@@ -229,10 +229,12 @@ def command(args: argparse.Namespace) -> int:
             )
 
         found: Found | None = None
+        phase = "search"  # where an interrupt landed: what the case went without
         try:
             result = search(traced)
             if result.failed and not result.interrupted:
                 found = Found(result)
+                phase = "replays"
                 found.confirm(isolated, before)
                 if found.confirmation and found.confirmation.status is Status.HISTORY_DEPENDENT:
                     # It fails only after what ran before it in the process: never written
@@ -240,13 +242,14 @@ def command(args: argparse.Namespace) -> int:
                     dependent = HistoryDependent(result, before)
                     report_history(target.name, impl.name, dependent, out)
                     result = search(True)
-                    found = None
+                    found, phase = None, "search"
                     if result.failed and not result.interrupted:
-                        found = Found(result)
+                        found, phase = Found(result), "replays"
                         found.confirm(isolated, [])
                 elif found.confirmation is not None:
                     result.verdict = found.confirmation.verdict  # a timeout judged again
                 if found is not None and found.reportable:
+                    phase = "reachability"
                     found.reach = finding_reachability(
                         target, impl, *reachable_step(result, isolated.judge_trace, isolated.judge)
                     )
@@ -310,11 +313,13 @@ def command(args: argparse.Namespace) -> int:
     )
     for line in found.lines(timeout) if found is not None else []:
         print(line)
-    if confirmation is None:
+    if result.interrupted and phase == "replays":
         print(
             "interrupted before the failure was replayed in a new process: the case as "
             "it failed in the search"
         )
+    elif result.interrupted and phase == "reachability":
+        print("interrupted while its reachability was computed: the case, reachability unknown")
     elif not result.shrunk:
         print(f"the case that failed as it ran (a {result.verdict.key} is not shrunk)")
     elif result.interrupted:
