@@ -28,17 +28,20 @@ from attnfuzz.harness.cli.args import (
 def main(argv: list[str] | None = None) -> int:
     """Run one command (:func:`attnfuzz.harness.cli.dispatch.main`).
 
-    The commands load torch and Triton first, seconds on a loaded machine: a
-    SIGINT or SIGTERM that comes while they load ends the command quietly with
-    exit status 128 + the signal, as it does once the command runs, never with
-    a traceback from inside an import (nor a module left half-loaded).
+    A command loads torch and Triton first and more as it goes (seconds on a
+    loaded machine). Until a command installs its own handling of SIGINT and
+    SIGTERM (``run``, ``campaign`` and ``zoo`` do, before any verdict exists),
+    either signal ends it at once with exit status 128 + the signal: never a
+    traceback, nor a ``KeyboardInterrupt`` raised inside an import (a C
+    extension's aborts the process; one caught there leaves a module half-loaded).
     """
-    with _quiet_while_loading():
+    with _quiet_until_handled():
         from attnfuzz.harness.cli.dispatch import main as run_command
-    return run_command(argv)
+
+        return run_command(argv)
 
 
-class _quiet_while_loading:  # noqa: N801 - a context manager, named for where it is used
+class _quiet_until_handled:  # noqa: N801 - a context manager, named for where it is used
     def __enter__(self) -> None:
         self.previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -51,8 +54,9 @@ class _quiet_while_loading:  # noqa: N801 - a context manager, named for where i
 
 
 def _quit(signum: int, frame: object) -> None:
-    # Nothing has run yet, so nothing is lost; an exception raised inside an import
-    # could be caught there and leave a module half-loaded (a false finding later).
+    # No verdict rests on what is cut short: the commands that judge (run, campaign,
+    # zoo) handle the signals themselves before their first example. An exception
+    # raised here could land inside an import and leave a module half-loaded.
     os._exit(128 + signum)
 
 
