@@ -91,6 +91,23 @@ def _missing(api: Api) -> str | None:
     return None
 
 
+def install_hint(
+    engine: str, apis: tuple[Api, ...], version: str, why: str, install_line: Callable[[str], str]
+) -> str:
+    """``; it binds from ENGINE X: how``, naming the release that has every API
+    ``apis`` holds, not only the missing one; none where the installed release is
+    that one or newer, or where it does not import (:class:`ImportFailed`):
+    another release mends neither."""
+    from attnfuzz.harness.engines import release_key
+
+    since = max((a.since for a in apis if a.since), key=release_key, default="")
+    if not since or isinstance(why, ImportFailed):
+        return ""
+    if release_key(version) >= release_key(since):
+        return ""
+    return f"; it binds from {engine} {since}: {install_line(since)}"
+
+
 def has(api: Api) -> bool:
     """Whether the installed engine offers ``api`` (for an adapter that binds either form)."""
     return api.missing() is None

@@ -251,22 +251,11 @@ def binding_problem(module: str, attr: str, version: str) -> str | None:
     for api in apis:
         why = api.missing()
         if why is not None:
-            return f"SGLang {version}: {why}{_install_hint(apis, version, why)}"
+            hint = binding.install_hint("SGLang", apis, version, why, install_line)
+            return f"SGLang {version}: {why}{hint}"
     why = alternatives_problem(module)
     if isinstance(why, binding.ImportFailed):
         return f"SGLang {version}: {why}"
     if why is not None:
         return f"SGLang {version}: {why} (nor any older form of it)"
     return None
-
-
-def _install_hint(apis: tuple[Api, ...], version: str, why: str) -> str:
-    """``; it binds from SGLang X: how``, naming a release that has every API ``apis``
-    holds; none where the installed release is that one or newer, or where it does
-    not import (:class:`binding.ImportFailed`): another release mends neither."""
-    since = max((a.since for a in apis if a.since), key=release_key, default="")
-    if not since or isinstance(why, binding.ImportFailed):
-        return ""
-    if release_key(version) >= release_key(since):
-        return ""
-    return f"; it binds from SGLang {since}: {install_line(since)}"

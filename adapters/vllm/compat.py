@@ -302,18 +302,6 @@ def binding_problem(module: str, attr: str, version: str) -> str | None:
     for api in apis:
         why = api.missing()
         if why is not None:
-            return f"vLLM {version}: {why}{_install_hint(apis, version, why)}"
+            hint = binding.install_hint("vLLM", apis, version, why, install_line)
+            return f"vLLM {version}: {why}{hint}"
     return None
-
-
-def _install_hint(apis: tuple[Api, ...], version: str, why: str) -> str:
-    """``; it binds from vLLM X: how``, naming a release that has every API ``apis``
-    holds, not only the missing one; none where the installed release is that one or
-    newer, or where it does not import (:class:`binding.ImportFailed`): another
-    release mends neither."""
-    since = max((a.since for a in apis if a.since), key=release_key, default="")
-    if not since or isinstance(why, binding.ImportFailed):
-        return ""
-    if release_key(version) >= release_key(since):
-        return ""
-    return f"; it binds from vLLM {since}: {install_line(since)}"
