@@ -181,21 +181,6 @@ def test_an_interrupt_during_the_trace_search_keeps_the_history_dependent_findin
     assert list((tmp_path / "cases").glob("*.history.json"))
 
 
-def test_an_interrupted_random_run_says_nothing_of_hypothesis_seeds(tmp_path):
-    proc = _attnfuzz("run", "--target", TARGET, "--impl", "reference", "--max-examples",
-                     "100000", "--out", str(tmp_path / "cases"), "--db", str(tmp_path / "db"),
-                     env={})  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        time.sleep(8.0)
-        proc.send_signal(signal.SIGINT)
-        text, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, text
-    assert "INTERRUPTED" in text and "reproduce" not in text and "@seed" not in text
-
-
 # -- confirm() on its own: counts, not times ----------------------------------------------
 
 

@@ -148,6 +148,8 @@ def test_ctrl_c_during_a_run_that_found_nothing_exits_130(tmp_path):
         proc.kill()
     assert proc.returncode == 130, text
     assert "Traceback" not in text and "INTERRUPTED" in text
+    # A random run (no --seed): Hypothesis' own "@seed" advice is not attnfuzz's to print.
+    assert "reproduce" not in text and "@seed" not in text
     assert not (tmp_path / "cases").exists() or not any((tmp_path / "cases").iterdir())
 
 
