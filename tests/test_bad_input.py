@@ -565,18 +565,19 @@ def test_this_projects_pytest_and_ruff_skip_exported_tests(tmp_path):
     assert "tests/regressions/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-# -- 7. budgets are seconds -------------------------------------------------------------
+# -- 7. budgets are durations, one syntax for every command ----------------------------
 
 
-def test_zoo_budgets_are_plain_seconds(capsys):
-    with pytest.raises(SystemExit):
-        main(["zoo", "--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "--budget SECONDS seconds of search per mutant and seed: a plain number, in seconds" in (
-        help_text
-    )
-    for bad in ("10m", "90s", "inf", "nan"):
+def test_zoo_budgets_are_durations_as_campaign_s(capsys):
+    from attnfuzz.harness.cli.dispatch import build_parser
+
+    parser = build_parser()
+    for text, want in (("10", 10.0), ("90s", 90.0), ("1m", 60.0), ("1h30m", 5400.0)):
+        for command in ("zoo", "campaign"):
+            assert parser.parse_args([command, "--budget", text]).budget == want
+        assert parser.parse_args(["zoo", "--shrink-budget", text]).shrink_budget == want
+    for bad in ("inf", "nan", "0", "soon"):
         with pytest.raises(SystemExit) as exc:
             main(["zoo", "--budget", bad])
         assert exc.value.code == 2
-        _one_line_error(capsys, "zoo: argument --budget: expected a ", "number of seconds")
+        _one_line_error(capsys, "zoo: argument --budget: expected a ", "duration")

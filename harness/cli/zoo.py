@@ -6,12 +6,13 @@ import argparse
 from pathlib import Path
 
 from attnfuzz.harness.cli.args import (
+    DURATION_HELP,
     add_device_argument,
     add_mutants_argument,
     add_scale_argument,
     non_negative_int,
+    parse_duration,
     positive_int,
-    seconds,
 )
 from attnfuzz.harness.definitions import DEFAULT_MIN_EXAMPLES, DEFAULT_ZOO_OUT
 
@@ -38,11 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=positive_int, default=5, help="derandomized runs per mutant")
     p.add_argument(
         "--budget",
-        type=seconds,
+        type=parse_duration,
         default=None,
-        metavar="SECONDS",
-        help="seconds of search per mutant and seed: a plain number, in seconds (default 10; "
-        "with --max-examples none, unless given: a safety net)",
+        metavar="DURATION",
+        help=f"search per mutant and seed ({DURATION_HELP}; default 10s; with "
+        "--max-examples none, unless given: a safety net)",
     )
     p.add_argument(
         "--max-examples",
@@ -63,10 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--shrink-budget",
-        type=seconds,
+        type=parse_duration,
         default=60.0,
-        metavar="SECONDS",
-        help="seconds of shrinking per run: a plain number, in seconds (default 60)",
+        metavar="DURATION",
+        help=f"shrinking per run ({DURATION_HELP}; default 60s)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_ZOO_OUT)
     add_mutants_argument(p)
