@@ -177,6 +177,7 @@ def test_zoo_command_reports_a_survivor_and_exits_1(tmp_path, monkeypatch, capsy
     assert rows["counted"]["status"] == "killed" and rows["counted"]["runs"][0]["case"]
     assert rows["counted"]["smallest"] is not None  # the real mutant's hand-derived trigger
     assert "zoo-check | correct" in (tmp_path / "zoo.md").read_text()
+    assert "smallest by hand: the smallest trigger" in (tmp_path / "zoo.md").read_text()
     # Only the detected mutant: every mutant killed, exit 0.
     target.implementations.pop("correct")
     assert main(args) == 0
@@ -294,3 +295,16 @@ def test_the_floor_comes_from_the_command_line_or_the_project():
         project = build_parser({"min_examples": 7})
         assert project.parse_args([command]).min_examples == 7
         assert project.parse_args([command, "--min-examples", "0"]).min_examples == 0
+
+
+def test_the_scoreboard_says_what_each_column_counts():
+    """Under the table, wherever it is shown (console, zoo.md): every column past the
+    names is explained (reached 67/126, smallest by hand, gap len -56 read alone)."""
+    from attnfuzz.harness.zoo import COLUMNS
+    from attnfuzz.harness.zoo.report import LEGEND
+
+    counted = [c for c in COLUMNS if c not in ("target", "mutant", "arm", "status")]
+    for column in counted:
+        assert column.split()[0] in LEGEND, column
+    for field in ("req", "tok", "len"):
+        assert f"{field} " in LEGEND

@@ -91,6 +91,7 @@ def command(args: argparse.Namespace) -> int:
         verdict_lines,
         write_reports,
     )
+    from attnfuzz.harness.zoo.report import LEGEND
     from attnfuzz.kernels._triton import device as kernel_device
     from attnfuzz.strategies.batches import SCALES
 
@@ -132,6 +133,7 @@ def command(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print()
     print(scoreboard(scores, times=args.max_examples is None))
+    print(LEGEND)
     print(f"\nwritten to {json_path} and {md_path}")
     for line in verdict_lines(scores):
         print(line)

@@ -29,6 +29,20 @@ def scoreboard(scores: Sequence[MutantScore], *, times: bool = True) -> str:
     return markdown_table([COLUMNS[i] for i in keep], rows)
 
 
+# What the scoreboard's columns count, printed under it wherever it is shown.
+LEGEND = (
+    "detected: seeds that found the mutant. reached / triggered: search examples, up to "
+    "each seed's first detection, that run the code the bug lives in / meet the bug's "
+    "condition, of all examples searched. median / worst ex (s): examples (seconds) to "
+    "the first detection, a miss counting as infinite. reported case (worst): the size "
+    "of the worst seed's reported case (req requests, tok tokens, next_n, len "
+    "max_model_len; (cut): its shrinking was cut); smallest by hand: the smallest "
+    "trigger derived by hand; gap: reported minus by hand, per field (negative: the "
+    "shrinker traded that field for another, or the hand-derived trigger is not the "
+    "smallest there). meets trigger: reported cases that meet the bug's condition."
+)
+
+
 def survivors(scores: Sequence[MutantScore]) -> list[MutantScore]:
     """Mutants some seed of the attnfuzz arm searched to the floor and missed."""
     return [s for s in scores if s.arm == "attnfuzz" and s.status == SURVIVED]
@@ -127,6 +141,8 @@ def write_reports(
     )
     md_path.write_text(
         f"# Bug zoo\n\n{budget_line(seeds, budget_s, max_examples, min_examples)}, "
-        f"device {device}.{stopped}\n\n{board}\n\n" + "\n".join(verdict_lines(scores)) + "\n"
+        f"device {device}.{stopped}\n\n{board}\n\n{LEGEND}\n\n"
+        + "\n".join(verdict_lines(scores))
+        + "\n"
     )
     return json_path, md_path
