@@ -609,7 +609,7 @@ def test_two_workers_share_one_unit(tmp_path, monkeypatch):
                          "40", "--profile", "ci", "-n", "2", "--quiet")  # fmt: skip
     assert code == 0
     shards = [
-        json.loads(p.read_text()) for p in sorted((tmp_path / "out" / ".work" / "items").iterdir())
+        json.loads(p.read_text()) for p in sorted((tmp_path / "out" / ".work-kept" / "items").iterdir())
     ]
     assert len(shards) == 2 and len({s["pid"] for s in shards}) == 2
     assert [s["examples"] for s in shards] == [20, 20]

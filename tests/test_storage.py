@@ -240,3 +240,23 @@ def test_the_previous_campaign_is_kept_as_the_baseline(tmp_path, capsys):
         main(["report", "--baseline", str(out / "previous" / "campaign.json"),
               "--current", str(out / "campaign.json")]) == 0
     )  # fmt: skip
+
+
+def test_a_finished_campaign_s_kept_files_are_never_called_unfinished(tmp_path):
+    """A campaign that finished but kept its files (ATTNFUZZ_KEEP_WORK, or a run
+    that did not finish) keeps them in .work-kept, replaced by the next such; the
+    next campaign does not call it unfinished, and nothing piles up."""
+    out = tmp_path / "out"
+    env = dict(os.environ, ATTNFUZZ_KEEP_WORK="1")
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "attnfuzz.harness.cli", "campaign", "--targets", ID,
+             "--impls", "reference", "--max-examples", "5", "--profile", "ci", "-n", "1",
+             "--out", str(out)],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        assert done.returncode in (0, 3), done.stdout + done.stderr
+        assert "did not finish" not in done.stdout + done.stderr
+        assert f"kept for inspection: {out / '.work-kept'}" in done.stdout + done.stderr
+    assert (out / ".work-kept" / "items").is_dir() and not (out / ".work").exists()
+    assert not list(out.glob(".work-unfinished-*"))

@@ -42,8 +42,9 @@ added), so ``examples_per_second`` is per worker and compares across worker
 counts.
 
 The workers' files live in ``<out>/.work`` while the campaign runs (removed
-after it, kept when something went wrong or ``ATTNFUZZ_KEEP_WORK`` is set);
-one left by a campaign that never finished is moved aside, not deleted.
+after it; kept as ``<out>/.work-kept``, replacing the previous campaign's, when
+something went wrong or ``ATTNFUZZ_KEEP_WORK`` is set); one left by a campaign
+that never finished (killed) is moved aside to ``.work-unfinished-*``, not deleted.
 
 The package's modules, in the order a campaign uses them: :mod:`.options`
 (what is asked), :mod:`.plan` (runs and work items), :mod:`.run` (checks, then

@@ -56,6 +56,11 @@ def child_env(roots: list[str], scratch: Path) -> dict[str, str]:
     return env
 
 
+# A finished campaign's files, kept for inspection (a run that did not finish, an
+# error, ATTNFUZZ_KEEP_WORK): the next campaign replaces them.
+KEPT_WORK = ".work-kept"
+
+
 def run_locked(
     options: Options,
     stream: TextIO,
@@ -70,7 +75,11 @@ def run_locked(
     started = plan["started"]
     scratch = out / ".work"  # the workers' files: absolute, whatever their cwd
     if scratch.exists():  # a campaign that never finished: its findings may be only there
-        kept = out / f".work-unfinished-{int(scratch.stat().st_mtime)}"
+        stamp, n = int(scratch.stat().st_mtime), 1
+        kept = out / f".work-unfinished-{stamp}"
+        while kept.exists():  # two killed within a second: neither is lost
+            n += 1
+            kept = out / f".work-unfinished-{stamp}-{n}"
         scratch.rename(kept)
         print(f"a previous campaign in {out} did not finish; its files are in {kept}", file=stream)
     for sub in ("items", "inflight", "faults", "started", "crashed", "hypothesis"):
@@ -320,8 +329,11 @@ def supervise(
     clean = clean and not any(r["status"] == RunStatus.ERROR for r in snap.runs)
     if clean and not os.environ.get("ATTNFUZZ_KEEP_WORK"):
         shutil.rmtree(scratch, ignore_errors=True)
-    else:
-        print(f"campaign files kept for inspection: {scratch}", file=stream)
+    else:  # this campaign finished (its results are written): kept, never "unfinished"
+        kept = out / KEPT_WORK
+        shutil.rmtree(kept, ignore_errors=True)  # the previous campaign's: one kept at a time
+        scratch.rename(kept)
+        print(f"campaign files kept for inspection: {kept}", file=stream)
     return campaign, code
 
 
