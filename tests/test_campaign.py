@@ -608,9 +608,8 @@ def test_two_workers_share_one_unit(tmp_path, monkeypatch):
     code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--max-examples",
                          "40", "--profile", "ci", "-n", "2", "--quiet")  # fmt: skip
     assert code == 0
-    shards = [
-        json.loads(p.read_text()) for p in sorted((tmp_path / "out" / ".work-kept" / "items").iterdir())
-    ]
+    kept = tmp_path / "out" / ".work-kept" / "items"
+    shards = [json.loads(p.read_text()) for p in sorted(kept.iterdir())]
     assert len(shards) == 2 and len({s["pid"] for s in shards}) == 2
     assert [s["examples"] for s in shards] == [20, 20]
     assert by_impl(doc)["reference"]["examples"] == 40
