@@ -267,6 +267,17 @@ def no_verdict(run: Mapping[str, Any]) -> bool:
     return run_verdict(run) in (NOT_RUN, INCOMPLETE)
 
 
+def no_verdict_text(run: Mapping[str, Any]) -> str:
+    """Why a run has no verdict, for a report: ``incomplete: 120 of 200 examples, ...``,
+    or ``not run: the time budget ended before a worker was ready``; else empty."""
+    verdict = run_verdict(run)
+    if verdict == INCOMPLETE:
+        return incomplete_text(run)
+    if verdict == NOT_RUN and run.get("incomplete"):
+        return f"not run: {run['incomplete']}"
+    return ""
+
+
 def incomplete_text(run: Mapping[str, Any]) -> str:
     """``incomplete: 120 of 200 examples, the time budget ended``, for a report."""
     why = f", {run['incomplete']}" if run.get("incomplete") else ""

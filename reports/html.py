@@ -21,7 +21,6 @@ from typing import Any
 from attnfuzz.harness.definitions import CAMPAIGN_INCOMPLETE, CAMPAIGN_PASS, LATENT
 from attnfuzz.reports.document import (
     CAUGHT,
-    INCOMPLETE,
     NOT_RUN,
     PASS,
     STEP_COLUMNS,
@@ -34,9 +33,9 @@ from attnfuzz.reports.document import (
     compact_json,
     expected_finding,
     fmt_seconds,
-    incomplete_text,
     is_latent,
     is_trace,
+    no_verdict_text,
     plural,
     printable,
     reachability_text,
@@ -178,8 +177,8 @@ def _verdicts(main: ET.Element, campaign: Mapping[str, Any]) -> None:
                 a.tail = " "
         if run.get("error"):
             _el(links, "span", run["error"])
-        if verdict == INCOMPLETE:
-            _el(links, "span", incomplete_text(run))
+        if no_verdict_text(run):  # incomplete, or not run: why
+            _el(links, "span", no_verdict_text(run))
         rate = run["examples"] / run["seconds"] if run["seconds"] else 0.0
         _row(
             body,

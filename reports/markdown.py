@@ -27,8 +27,8 @@ from attnfuzz.reports.document import (
     compact_json,
     expected_finding,
     fmt_seconds,
-    incomplete_text,
     mismatch_line,
+    no_verdict_text,
     one_line,
     plural,
     printable,
@@ -139,8 +139,8 @@ def verdict_table(campaign: Mapping[str, Any]) -> list[str]:
         keys = [code(findings[f]["key"]) for f in run.get("findings", []) if f in findings]
         if run_verdict(run) == ERROR and run.get("error"):
             keys.append(code(run["error"], 160))
-        if run_verdict(run) == INCOMPLETE:
-            keys.append(incomplete_text(run))
+        if no_verdict_text(run):  # incomplete, or not run: why
+            keys.append(no_verdict_text(run))
         rows.append(
             [
                 code(run["target"]),

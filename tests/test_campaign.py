@@ -725,3 +725,19 @@ def test_a_dtype_a_selected_target_cannot_build_in_is_refused_while_planning(mon
     assert cp.plan_units([ID], None, zoo=False)  # indexer-decode builds in bfloat16
     with pytest.raises(UsageError, match="ATTNFUZZ_DTYPE"):
         cp.plan_units([ID, "mtp-seq-lens"], None, zoo=False)  # float32 only
+
+
+def test_a_budget_that_ends_before_any_worker_is_ready_says_why(tmp_path, capsys):
+    """Workers take seconds to load torch, Triton and the targets: a one-second budget
+    ends first. Every run is NOT RUN (never pass), exit 3, and the console,
+    campaign.json, summary.md and report.html each say why."""
+    code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "triton",
+                         "--budget", "1s", "-n", "1")  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 3, printed
+    why = "the time budget ended before a worker was ready"
+    for run in doc["runs"]:
+        assert run["examples"] == 0 and why in run["incomplete"], run
+    assert printed.count(f"(not run: {why}") == len(doc["runs"]), printed
+    for report in ("summary.md", "report.html"):
+        assert f"not run: {why}" in (tmp_path / "out" / report).read_text(), report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ TIME_BUDGET = "the time budget ended"
 SEARCH_ENDED = "the search ended before its cap"
 # A call ran past the per-example timeout, and its case passed under a longer one.
 TOO_SLOW = "a call ran past --example-timeout and passed within a longer limit: too slow a machine"
-SHORT_REASONS = (WORKER_LOST, NEVER_STARTED, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED, TOO_SLOW)
+# Workers start in seconds to a minute (torch, Triton, the targets): a shorter budget ends first.
+BEFORE_READY = "the time budget ended before a worker was ready (a longer --budget gives one)"
+SHORT_REASONS = (
+    WORKER_LOST, NEVER_STARTED, BEFORE_READY, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED, TOO_SLOW
+)  # fmt: skip
 
 
 def run_floor(plan: dict[str, Any], items: list[dict[str, Any]]) -> int:
@@ -130,7 +135,8 @@ def collect(
             if state is None:
                 if final and not interrupted and pytest_status is not None:
                     errors.append(f"shard {item['shard']} never ran ({pytest_status})")
-                short.add(short_reason(None, False))
+                budget_ended = plan.get("deadline") and time.time() >= plan["deadline"]
+                short.add(BEFORE_READY if budget_ended else short_reason(None, False))
                 continue
             states.append(state)
             if state.get("status") != "running":
@@ -233,7 +239,12 @@ def collect(
         why = None
         if any(st.get("slow") for st in states):  # a timeout no finding: no verdict either
             short = {TOO_SLOW}  # why its search ended early, too
-        if final and status == RunStatus.PASS and (examples < floor or TOO_SLOW in short):
+        # A run that judged nothing, or too little, says why (never a silent NOT RUN).
+        if (
+            final
+            and status in (RunStatus.PASS, RunStatus.NOT_RUN)
+            and (examples < floor or TOO_SLOW in short)
+        ):
             why = "; ".join(r for r in SHORT_REASONS if r in short)
         run = run_record(
             unit.target,

@@ -40,8 +40,8 @@ from attnfuzz.harness.definitions import (
 from attnfuzz.harness.errors import UsageError, one_line
 from attnfuzz.reports.document import (
     check_campaign,
-    incomplete_text,
     no_verdict,
+    no_verdict_text,
     run_verdict,
 )
 
@@ -226,7 +226,7 @@ def summary_lines(
             f"{run['examples_per_second']:.1f}/s"
             + (f"  [{keys}]" if keys else "")
             + (f"  {run['error']}" if run.get("error") else "")
-            + (f"  ({incomplete_text(run)})" if run_verdict(run) == INCOMPLETE else "")
+            + (f"  ({no_verdict_text(run)})" if no_verdict_text(run) else "")
         )
     for event in campaign.get("events", []):
         lines.append(
