@@ -33,8 +33,8 @@ def scoreboard(scores: Sequence[MutantScore], *, times: bool = True) -> str:
 LEGEND = (
     "detected: seeds that found the mutant. reached / triggered: search examples, up to "
     "each seed's first detection, that run the code the bug lives in / meet the bug's "
-    "condition, of all examples searched. median / worst ex (s): examples (seconds) to "
-    "the first detection, a miss counting as infinite. reported case (worst): the size "
+    "condition, of all examples searched. median / worst ex (s): examples (wall-clock "
+    "time) to the first detection, a miss counting as infinite. reported case (worst): the size "
     "of the worst seed's reported case (req requests, tok tokens, next_n, len "
     "max_model_len; (cut): its shrinking was cut); smallest by hand: the smallest "
     "trigger derived by hand; gap: reported minus by hand, per field (negative: the "
