@@ -31,7 +31,8 @@ failure rates (below 1e-4 for a failure rate of 15%).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from attnfuzz.harness.oracle import Check, Verdict
@@ -69,11 +70,6 @@ class Confirmation:
     replays: int = 0
     failed: int = 0
     timeout_s: float | None = None  # a timeout's second judgement: its limit
-    history: list[Case] = field(default_factory=list)  # what ran before, replayed
-
-    @property
-    def is_finding(self) -> bool:
-        return self.status is not Status.SLOW
 
     def flaky_record(self) -> dict[str, int]:
         """The case file's ``flaky`` entry."""
@@ -84,7 +80,7 @@ def confirm(
     isolated: IsolatedJudge,
     example: Case | Trace,
     verdict: Verdict,
-    history: list[Case] = (),  # type: ignore[assignment]
+    history: Sequence[Case] = (),
     deadline: float | None = None,
 ) -> Confirmation:
     """Replay a failure of ``example`` (``verdict``) in new processes (module doc).
@@ -104,7 +100,7 @@ def confirm(
         if replays == CONFIRMING and failed == CONFIRMING:
             return Confirmation(Status.CONFIRMED, verdict, replays, failed)
     if failed == 0 and _history_reproduces(isolated, history, key, deadline):
-        return Confirmation(Status.HISTORY_DEPENDENT, verdict, REPLAYS, 0, history=list(history))
+        return Confirmation(Status.HISTORY_DEPENDENT, verdict, REPLAYS, 0)
     return Confirmation(Status.FLAKY, verdict, REPLAYS, failed)
 
 
@@ -136,7 +132,7 @@ def _fails_alike(verdict: Verdict, key: str) -> bool:
 
 
 def _history_reproduces(
-    isolated: IsolatedJudge, history: list[Case], key: str, deadline: float | None
+    isolated: IsolatedJudge, history: Sequence[Case], key: str, deadline: float | None
 ) -> bool:
     """Whether the case that failed (the history's last) fails again, with the same
     check, each time its history is replayed in order in a new process."""

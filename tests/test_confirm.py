@@ -190,15 +190,12 @@ class _Scripted:
     def __init__(self, fresh: list[bool], history_fails: bool = False):
         self.fresh, self.history_fails = list(fresh), history_fails
         self.timeout_s = 1.0
-        self.calls: list[str] = []
 
     def judge_fresh(self, case, deadline=None):
-        self.calls.append("fresh")
         fails = self.fresh.pop(0) if case == "case" else False
         return _verdict(fails)
 
     def judge(self, case, deadline=None):
-        self.calls.append("judge")
         return _verdict(case == "case" and self.history_fails)
 
 
