@@ -305,3 +305,38 @@ def test_a_trace_of_more_steps_than_the_cap_is_refused_in_one_line(tmp_path, cap
             assert got == 2 and "maxItems" in captured.err and len(captured.err) <= 520
         else:
             assert got in (0, 1) and not captured.err.strip(), captured.err
+
+
+def test_a_campaign_timeout_the_budget_leaves_unjudged_is_no_finding():
+    """A timeout seen once, whose judgement under a longer limit the campaign's budget
+    cuts, is withdrawn (its run INCOMPLETE), never kept as a finding of this machine's
+    speed; any other failure the budget leaves unconfirmed stays as it was found."""
+    from attnfuzz.harness.campaign.findings import confirm_findings
+    from attnfuzz.harness.isolation import OutOfTime
+    from attnfuzz.reference.batch import Batch, Case, EngineConfig
+
+    class OutOfBudget:
+        timeout_s = 1.0
+
+        def judge_fresh(self, case, deadline=None):
+            raise OutOfTime
+
+    case = Case(EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=1,
+                             block_size=1, cudagraph_capture_sizes=(1,)),
+                Batch(num_computed_tokens=(0,), q_lens=(1,)), (("capturing", 0),))  # fmt: skip
+
+    def entry(key: str, check: Check) -> dict:
+        mismatch = Mismatch(check, "out", "a", "b").to_dict()
+        verdict = {"key": key, "mismatches": [mismatch]}
+        return {"key": key, "case": case.to_dict(), "verdict": verdict}
+
+    class Log:
+        state = {"findings": {"timeout": entry("timeout", Check.TIMEOUT),
+                              "values": entry("values", Check.VALUES)}}  # fmt: skip
+
+        def flush(self):
+            pass
+
+    log = Log()
+    confirm_findings(log, OutOfBudget(), {}, deadline=0.0)
+    assert list(log.state["findings"]) == ["values"] and log.state["unconfirmed"] == 1

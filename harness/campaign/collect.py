@@ -22,8 +22,11 @@ SEARCH_ENDED = "the search ended before its cap"
 TOO_SLOW = "a call ran past --example-timeout and passed within a longer limit: too slow a machine"
 # Workers start in seconds to a minute (torch, Triton, the targets): a shorter budget ends first.
 BEFORE_READY = "the time budget ended before a worker was ready (a longer --budget gives one)"
+# A timeout the budget left no time to judge again under a longer limit: no finding yet.
+UNCONFIRMED = "a timeout the time budget ended before it was judged again"
 SHORT_REASONS = (
-    WORKER_LOST, NEVER_STARTED, BEFORE_READY, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED, TOO_SLOW
+    WORKER_LOST, NEVER_STARTED, BEFORE_READY, INTERRUPTED, TIME_BUDGET, SEARCH_ENDED, TOO_SLOW,
+    UNCONFIRMED,
 )  # fmt: skip
 
 
@@ -239,11 +242,13 @@ def collect(
         why = None
         if any(st.get("slow") for st in states):  # a timeout no finding: no verdict either
             short = {TOO_SLOW}  # why its search ended early, too
+        elif any(st.get("unconfirmed") for st in states):
+            short = {UNCONFIRMED}
         # A run that judged nothing, or too little, says why (never a silent NOT RUN).
         if (
             final
             and status in (RunStatus.PASS, RunStatus.NOT_RUN)
-            and (examples < floor or TOO_SLOW in short)
+            and (examples < floor or bool(short & {TOO_SLOW, UNCONFIRMED}))
         ):
             why = "; ".join(r for r in SHORT_REASONS if r in short)
         run = run_record(

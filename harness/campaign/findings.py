@@ -37,6 +37,9 @@ def confirm_findings(
         try:
             c = confirm(isolated, found, verdict, histories.get(key, []), deadline)
         except OutOfTime:  # the budget ended first: not known, and not claimed
+            if key == Check.TIMEOUT:  # a timeout judged only once says nothing yet
+                del findings[key]
+                log.state["unconfirmed"] = log.state.get("unconfirmed", 0) + 1
             continue
         entry["confirmed"] = c.status.value
         if c.status is Status.SLOW:

@@ -164,8 +164,9 @@ class CaseWriter:
             del self.written[fid]
             self.unwritten.pop(fid, None)
             lines.append(
-                f"WITHDRAWN {fid}: replayed in a new process under a longer limit, it "
-                "passed (too slow a machine for --example-timeout); its case file removed"
+                f"WITHDRAWN {fid}: a timeout that did not hang again under a longer limit "
+                "(or was not judged again before the budget ended): its case file removed, "
+                "its run INCOMPLETE"
             )
         return lines
 
