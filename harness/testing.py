@@ -64,8 +64,12 @@ def hand_case(
 PASSING_EXAMPLES = {"fixed": 300, "reference": 300, "engine": 200}
 """Generated cases an implementation that must pass is judged on, by kind."""
 
+PASSING_TRACES = 10
+"""Generated traces (several steps of one engine each) an implementation that runs
+one step at a time must pass too, whatever its kind."""
+
 DETECTING_EXAMPLES = 1000
-"""Generated cases a mutant must be found within (CI's ``attnfuzz run`` budget too)."""
+"""Generated cases a mutant must be found within (the slow tier, ``-m slow``)."""
 
 
 def kind_of(impl: Implementation) -> str:
@@ -182,15 +186,22 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
 
 
 def assert_passes(
-    target: str, impl: str, max_examples: int | None = None, seed: int = 0
+    target: str,
+    impl: str,
+    max_examples: int | None = None,
+    seed: int = 0,
+    traced: bool | None = None,
 ) -> RunResult:
     """Every mutant's smallest case (explicit examples) and a derandomized run of
     ``max_examples`` generated cases (by default the kind's :data:`PASSING_EXAMPLES`)
-    find nothing. The run is made once per process (see :func:`_once`)."""
+    find nothing. ``traced``: generate traces of one engine's steps (by default only
+    for an implementation that lives across steps). The run is made once per
+    process (see :func:`_once`)."""
     t = get_target(target)
     i = t.resolve(impl)
     budget = max_examples if max_examples is not None else PASSING_EXAMPLES[kind_of(i)]
-    explicit = smallest_cases(t, i)
+    traced = i.traced if traced is None else traced
+    explicit = smallest_cases(t, i) if traced == i.traced else []
 
     def run() -> RunResult:
         result = fuzz(
@@ -200,13 +211,13 @@ def assert_passes(
             rng_seed=seed,
             database=None,
             examples=explicit,
-            traced=i.traced,
+            traced=traced,
         )
         assert not result.failed, f"{target}/{impl} failed on {result.case}:\n{result.verdict}"
         assert result.examples >= budget + len(explicit), f"only {result.examples} examples ran"
         return result
 
-    return _once(("passes", t, i, budget, seed, tuple(explicit)), run)
+    return _once(("passes", t, i, budget, seed, traced, tuple(explicit)), run)
 
 
 def assert_detected(

@@ -446,6 +446,7 @@ def test_an_unknown_profile_from_the_environment_is_a_usage_error(tmp_path, monk
 # -- campaigns -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_failure(
     tmp_path, monkeypatch, capsys
 ):
@@ -498,6 +499,7 @@ def test_zoo_campaign_catches_every_mutant_and_writes_one_case_per_distinct_fail
     assert "exit status 0" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_campaign_and_what_ran_is_still_written(tmp_path, signum):
     out = tmp_path / "out"
@@ -530,6 +532,7 @@ def test_a_signal_stops_the_campaign_and_what_ran_is_still_written(tmp_path, sig
     assert "interrupted" in text
 
 
+@pytest.mark.slow
 def test_a_budget_is_honoured(tmp_path):
     """Wall clock from the start, worker start-up included: the campaign ends within a
     few seconds of its budget however loaded the machine (workers cut a call short at
@@ -577,6 +580,7 @@ def test_a_user_implementation_s_replay_line_names_it_again(tmp_path, impls):
     assert main(argv[1:]) == 1  # the replay fails as the campaign's run did
 
 
+@pytest.mark.slow
 def test_a_user_s_mutants_run_in_the_campaign_s_workers(tmp_path):
     """``--mutants`` registers a user's mutants here and, through the plan, in every
     worker (a fresh process): the mutant runs on its target, and is caught. In a
@@ -603,6 +607,7 @@ def test_a_bad_mutants_spec_is_a_usage_error_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_unit(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNFUZZ_KEEP_WORK", "1")  # keep the workers' files to look at
     code, doc = campaign(tmp_path, "--targets", ID, "--impls", "reference", "--max-examples",
@@ -675,11 +680,13 @@ def _replays_first(tmp_path: Path, db: str) -> list[dict]:
     return docs
 
 
+@pytest.mark.slow
 def test_the_directory_database_replays_a_failure_first(tmp_path):
     _replays_first(tmp_path, str(tmp_path / "db"))
     assert any((tmp_path / "db").rglob("*"))
 
 
+@pytest.mark.slow
 def test_the_redis_database_replays_a_failure_first(tmp_path, redis_url):
     url, client = redis_url
     _replays_first(tmp_path, url)
@@ -687,6 +694,7 @@ def test_the_redis_database_replays_a_failure_first(tmp_path, redis_url):
     assert not (tmp_path / "db").exists()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_from_outside_is_a_harness_event_not_a_finding(tmp_path):
     """SIGKILL one worker mid-campaign: the reference's case it was judging passes when
     replayed alone, so the loss is reported as an event and the campaign still passes."""

@@ -48,6 +48,7 @@ def test_everything_written_is_exit_0_with_nothing_left_behind(tmp_path, capsys)
     assert_cleaned(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("builder", ["refuses", "returns"])
 def test_a_document_its_schema_refuses_is_kept_and_the_campaign_fails(
     tmp_path, monkeypatch, capsys, builder

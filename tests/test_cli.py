@@ -58,6 +58,7 @@ def test_run_finds_a_mutant_writes_the_case_and_repro_replays_it(tmp_path, capsy
     assert main(["repro", str(path), "--impl", "triton"]) == 0
 
 
+@pytest.mark.slow
 def test_a_found_failure_is_retried_first_from_the_database(tmp_path):
     # Random draws (a database is read): a budget the search cannot run out of first.
     args = ["--target", "indexer-decode", "--impl", "pr39542-overlap", "--max-examples", "3000"]

@@ -49,6 +49,7 @@ def _case_file(out: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "key", "timeout"),
     [("segv_on_the_4th_call", "crash", None), ("hang_on_the_4th_call", "timeout", "2")],
@@ -219,6 +220,7 @@ def test_confirm_counts_replays():
     assert got.status is Status.FLAKY and got.failed == 0
 
 
+@pytest.mark.slow
 def test_a_campaign_confirms_its_findings_as_run_does(tmp_path, capsys, faulty, monkeypatch):
     """One policy on both front-ends: a failure at random is a finding marked flaky
     (with how often it failed), a timeout that a longer limit passes is no finding

@@ -114,6 +114,7 @@ def test_passes_on_the_fixed_builder(tmp_path: Path) -> None:
     assert stopped.startswith(" settings.max_examples=25"), stopped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named", [MUTANT, DECLARED])
 def test_fails_on_the_mutant_naming_the_check(tmp_path: Path, monkeypatch, named: str) -> None:
     """The bug named by ``module:attribute`` or as the project's declared mutant."""
@@ -303,6 +304,7 @@ def test_a_target_from_the_projects_entry_point(tmp_path: Path) -> None:
     assert set(got.values()) == {"PASSED"}
 
 
+@pytest.mark.slow
 def test_the_projects_own_mutant_in_a_campaign(tmp_path: Path, monkeypatch) -> None:
     """``[tool.attnfuzz] mutants`` adds the project's declared mutant to a campaign
     run in the project, which catches it; the case found replays in the project's

@@ -243,6 +243,7 @@ def test_unpadded_steps_do_not_trigger_the_mutant(q_lens, computed, use_cudagrap
     assert judge(impl, case).ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["triton", "reference"])
 def test_the_search_draws_padded_and_mixed_steps(impl):
     """The generic search (tests/test_entries.py, the same run) covers the bug's steps."""

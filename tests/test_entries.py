@@ -29,6 +29,7 @@ from attnfuzz.harness import engines
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.target import InvalidCase
 from attnfuzz.harness.testing import (
+    PASSING_TRACES,
     assert_detected,
     assert_passes,
     entry_params,
@@ -47,6 +48,10 @@ PASSING = entry_params(lambda impl: kind_of(impl) != "mutant")
 SEARCHED = entry_params(lambda impl: kind_of(impl) != "mutant", shipped_bugs_fail=True)
 """As PASSING; where the installed engine release ships a known defect of the
 implementation, its search may meet it (an xfail; the defect's case is judged below)."""
+ONE_STEP = entry_params(
+    lambda impl: kind_of(impl) != "mutant" and not impl.traced, shipped_bugs_fail=True
+)
+"""As SEARCHED, those that run one step at a time: they must pass traces too."""
 MUTANTS = entry_params(lambda impl: kind_of(impl) == "mutant")
 ENGINE = entry_params(lambda impl: impl.engine is not None)
 
@@ -68,6 +73,14 @@ def accepts(target, impl, case) -> bool:
 @pytest.mark.parametrize("target, impl", SEARCHED)
 def test_passes_a_derandomized_search(target, impl):
     assert_passes(target, impl)
+
+
+@pytest.mark.parametrize("target, impl", ONE_STEP)
+def test_passes_a_derandomized_trace_search(target, impl):
+    """Several steps of one engine judged in turn pass as each step alone does: an
+    implementation that keeps nothing across steps must not start to (CI's
+    ``attnfuzz run --trace`` of every such implementation, as a generic test)."""
+    assert_passes(target, impl, max_examples=PASSING_TRACES, traced=True)
 
 
 @pytest.mark.parametrize("target, impl", PASSING)
@@ -116,6 +129,7 @@ def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mu
         assert judge_example(t, other, case).ok, other.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, mutant", MUTANTS)
 def test_mutant_is_detected(target, mutant):
     assert_detected(target, mutant)

@@ -52,6 +52,7 @@ def _pytest(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=path.parent, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_exported_test_fails_on_the_bug_and_passes_on_the_fix(mutant_case, tmp_path, capsys):
     out = tmp_path / "regressions"
     assert main(["export", str(mutant_case), "-o", str(out)]) == 0

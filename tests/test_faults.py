@@ -56,7 +56,10 @@ def _timeout(name: str) -> list[str]:
     return ["--example-timeout", HANG_TIMEOUT] if name == "hangs" else []
 
 
-@pytest.mark.parametrize("name", sorted(FAULTS))
+@pytest.mark.parametrize(
+    "name",  # a hang is judged again under ten times its timeout: minutes
+    [pytest.param(n, marks=pytest.mark.slow) if n == "hangs" else n for n in sorted(FAULTS)],
+)
 def test_run_keeps_the_finding_and_repro_replays_it(tmp_path, impls, capsys, name):
     key, got = FAULTS[name]
     out = tmp_path / "cases"
@@ -153,6 +156,7 @@ def test_ctrl_c_during_a_run_that_found_nothing_exits_130(tmp_path):
     assert not (tmp_path / "cases").exists() or not any((tmp_path / "cases").iterdir())
 
 
+@pytest.mark.slow
 def test_a_campaign_keeps_every_fault_as_a_finding_that_replays(tmp_path, impls, capsys):
     names = sorted(FAULTS)
     out = tmp_path / "out"
@@ -189,6 +193,7 @@ def test_a_campaign_keeps_every_fault_as_a_finding_that_replays(tmp_path, impls,
     assert (out / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_a_hang_or_an_interrupt_does_not_stretch_the_budget(tmp_path, impls):
     """Units after a hanging call still run, and the campaign ends near its budget."""
     out = tmp_path / "out"

@@ -448,6 +448,7 @@ def test_no_real_request_owns_the_null_page():
 # -- fuzzing ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["triton", "reference"])
 def test_the_search_draws_steps_on_both_sides_of_max_model_len(impl):
     result = assert_passes(TARGET, impl)  # the generic test's run (tests/test_entries.py)

@@ -41,6 +41,7 @@ def test_each_shard_carries_its_part_of_the_floor_and_a_capped_run_none():
     assert shard_floor(plan, {"unit": 0, "max_examples": 50}) == 0
 
 
+@pytest.mark.slow
 def test_without_a_budget_asked_for_every_run_judges_its_floor(tmp_path, monkeypatch, capsys):
     """The profile's default budget is a target, not a limit: here 1 s, less than the
     workers take to start, and still each run judges its floor: the verdict does not

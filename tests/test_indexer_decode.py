@@ -238,12 +238,14 @@ def test_reached_but_not_triggered_passes(mutant, case):
     assert judge(mutant, case).ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["triton", "reference"])
 def test_the_search_draws_padded_mtp_steps(impl):
     result = assert_passes(TARGET, impl)  # the generic test's run (tests/test_entries.py)
     assert result.labels["requires_padding"] > 0 and result.labels["next_n>1"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", [m.name for m in get_target(TARGET).mutants if not m.engine])
 def test_each_minimized_case_is_a_padded_or_mtp_step_whose_sizes_differ(mutant):
     result = assert_detected(TARGET, mutant)  # the generic test's run

@@ -137,6 +137,7 @@ def test_a_child_whose_parent_already_died_ends_itself():
     assert done.returncode == -signal.SIGKILL and "still here" not in done.stdout
 
 
+@pytest.mark.slow
 def test_a_killed_campaign_takes_its_pytest_run_and_workers_with_it(tmp_path):
     """SIGKILL of the controller: no handler runs, yet no process of the campaign is
     left writing in --out, and the next campaign in the same --out starts."""

@@ -128,6 +128,7 @@ def case_files(text: str, root: Path) -> list[Path]:
     return [root / name for name in re.findall(r"^E?\s*case file: (\S+)$", text, re.MULTILINE)]
 
 
+@pytest.mark.slow
 def test_a_segfault_is_a_crash_verdict_and_the_session_goes_on(tmp_path: Path) -> None:
     """A fuzz item and a @given test each fail with the crash check and a case file
     that replays it; the test collected after them still runs and reports."""
@@ -272,6 +273,7 @@ def test_seed_2(attnfuzz_judge):
 """
 
 
+@pytest.mark.slow
 def test_xdist_workers_keep_each_tests_case_of_one_finding(tmp_path: Path) -> None:
     """Under ``-n 2`` each test runs in a worker of its own, both write the same
     finding's case file at once: neither overwrites the other's (``<name>-2.json``),

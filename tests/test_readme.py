@@ -22,12 +22,13 @@ def readme_commands() -> list[str]:
 
 
 def ci_commands() -> list[str]:
-    """``.ci/run``'s command lines: no comments, blank lines, ``set``, ``cd`` or ``export``."""
+    """``.ci/run``'s command lines: no comments, blank lines, ``set``, ``cd``, ``export``
+    or ``trap``."""
     out = []
     for line in (ROOT / ".ci" / "run").read_text().splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if re.match(r"(set|cd|export) ", line):
+        if re.match(r"(set|cd|export|trap) ", line):
             continue
         out.append(line)
     return out

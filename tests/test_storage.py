@@ -89,6 +89,7 @@ def test_run_and_campaign_refuse_the_same_databases(tmp_path, a_file, capsys, co
     assert not Path("redis:").exists() and not (tmp_path / "redis:").exists()
 
 
+@pytest.mark.slow
 def test_nothing_is_written_outside_out_and_db(tmp_path, monkeypatch):
     """Hypothesis' constants cache included (it defaults to ./.hypothesis)."""
     work = tmp_path / "cwd"
@@ -141,6 +142,7 @@ def test_a_case_that_cannot_be_written_is_printed(tmp_path, monkeypatch, capsys)
     assert '"q_lens"' in err
 
 
+@pytest.mark.slow
 def test_workers_are_capped_at_the_cores(tmp_path, capsys):
     cores = len(os.sched_getaffinity(0))
     code = _campaign("-n", "1000", "--out", str(tmp_path / "out"))
@@ -227,6 +229,7 @@ def test_hypothesis_home_goes_at_exit_and_a_killed_run_s_with_the_next_command(
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_previous_campaign_is_kept_as_the_baseline(tmp_path, capsys):
     out = tmp_path / "out"
     assert _campaign("--out", str(out)) == 0
@@ -242,6 +245,7 @@ def test_the_previous_campaign_is_kept_as_the_baseline(tmp_path, capsys):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_finished_campaign_s_kept_files_are_never_called_unfinished(tmp_path):
     """A campaign that finished but kept its files (ATTNFUZZ_KEEP_WORK, or a run
     that did not finish) keeps them in .work-kept, replaced by the next such; the

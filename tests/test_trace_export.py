@@ -65,6 +65,7 @@ def test_an_exported_trace_embeds_its_steps_and_replays_them(tc, tmp_path):
             assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_an_exported_trace_fails_at_its_step_on_the_bug_and_passes_on_the_fix(tc, tmp_path):
     case_file = tc.write_trace_case(tmp_path / "trace.json")
     out = tmp_path / "regressions"

@@ -164,6 +164,7 @@ def attnfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*exe, *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_a_single_step_run_says_history_dependent_and_finds_the_trace(tmp_path):
     """The single-step search fails only because an earlier example sized the buffer:
     it is reported history-dependent (with the examples before it), never written as a

@@ -263,6 +263,7 @@ def test_a_budget_too_short_for_the_floor_is_incomplete_not_survived(tmp_path, m
     assert line in table and "floor 200 examples" in table
 
 
+@pytest.mark.slow
 def test_counted_in_examples_two_zoos_print_the_same_scoreboard(tmp_path, monkeypatch, capsys):
     """``--max-examples`` and no ``--budget``: every seed judges exactly its examples
     (fewer when detected: at any count, below the floor too), so the scoreboard, wall

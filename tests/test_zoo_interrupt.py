@@ -35,6 +35,7 @@ MUTANTS = [attnfuzz.mutant("mtp-seq-lens", "never-wrong", never_wrong, descripti
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_zoo_and_what_ran_is_written_marked(tmp_path, signum):
     (tmp_path / "zoo_probe.py").write_text(PROBE)

@@ -1,0 +1,108 @@
+"""How long CI takes, step by step: ``.ci/run`` on a fresh clone of this checkout's HEAD.
+
+    python benchmarks/ci.py [--beside] [--fast-tier-only] [--markdown README.md]
+
+``.ci/run`` prints each command it starts with the seconds since it began
+(``[ci 123s] COMMAND`` on stderr); this script clones HEAD into a scratch
+directory, runs it there and prints one row per command: its seconds, and the
+total. ``--beside`` runs a second ``pytest -n auto`` (the fast tier, in another
+clone) beside it for as long as CI runs, as a shared CI machine may. The
+goals, on a 2-core machine: the README's test command (the fast tier) at most
+10 minutes idle, the whole of ``.ci/run`` at most 45. ``--fast-tier-only``
+times the README's two commands only. ``--markdown FILE`` rewrites the section
+``ci:steps`` of FILE with the table. Nothing here asserts a time: it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _markdown import command_line, write_section
+from attnfuzz.harness.definitions import markdown_table as table
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = re.compile(r"^\[ci (\d+)s\] (.*)$")
+
+
+def clone(into: Path) -> Path:
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(into)], check=True)
+    return into
+
+
+def steps_of(log: str, total: float) -> list[tuple[str, float]]:
+    """(command, seconds) for each command ``.ci/run`` announced, to the next one's start."""
+    starts = [(int(m[1]), m[2]) for m in map(STEP.match, log.splitlines()) if m]
+    out = []
+    for k, (t, command) in enumerate(starts):
+        end = starts[k + 1][0] if k + 1 < len(starts) else total
+        out.append((command, end - t))
+    return out
+
+
+def run_ci(workdir: Path, fast_tier_only: bool, beside: bool) -> tuple[int, str, float]:
+    repo = clone(workdir / "ci")
+    script = repo / ".ci" / "run"
+    if fast_tier_only:  # the README's two commands: the lines up to the second one
+        text = script.read_text()
+        cut = text.index(".venv/bin/pytest -n auto")
+        script.write_text(text[: text.index("\n", cut) + 1])
+    other = None
+    if beside:
+        second = clone(workdir / "beside")
+        subprocess.run(["./setup.sh"], cwd=second, check=True, stdout=subprocess.DEVNULL)
+        other = subprocess.Popen(
+            ["bash", "-c", "while .venv/bin/pytest -n auto -q >/dev/null 2>&1; do :; done"],
+            cwd=second,
+            start_new_session=True,
+        )
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [str(script)], cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        if other is not None:
+            os.killpg(other.pid, 15)
+            other.wait()
+    return proc.returncode, proc.stderr, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--beside", action="store_true", help="a second test suite runs beside")
+    parser.add_argument("--fast-tier-only", action="store_true", help="the README's commands")
+    parser.add_argument("--markdown", type=Path, default=None, help="file to update")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="attnfuzz-ci-") as scratch:
+        code, log, total = run_ci(Path(scratch), args.fast_tier_only, args.beside)
+    rows = [[command, f"{seconds / 60:.1f}"] for command, seconds in steps_of(log, total)]
+    failed = f" (failed: exit {code})" if code else ""
+    rows.append([f"**all of it**{failed}", f"{total / 60:.1f}"])
+    cores = len(os.sched_getaffinity(0))
+    title = f"`.ci/run` on a fresh clone, {cores} cores" + (
+        ", a second `pytest -n auto` beside it" if args.beside else ", nothing beside it"
+    )
+    lines = [
+        title + ":",
+        "",
+        *table(["command", "minutes"], rows),
+        "",
+        f"Measured by `{command_line('ci', sys.argv[1:])}`.",
+    ]
+    print("\n".join(lines))
+    if args.markdown is not None:
+        write_section(args.markdown, "ci", "steps", lines)
+    if code:
+        print(log[-4000:], file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
