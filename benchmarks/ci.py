@@ -3,14 +3,15 @@
     python benchmarks/ci.py [--beside] [--fast-tier-only] [--markdown README.md]
 
 ``.ci/run`` prints each command it starts with the seconds since it began
-(``[ci 123s] COMMAND`` on stderr); this script clones HEAD into a scratch
+(``[ci 123s] COMMAND``); this script clones HEAD into a scratch
 directory, runs it there and prints one row per command: its seconds, and the
 total. ``--beside`` runs a second ``pytest -n auto`` (the fast tier, in another
 clone) beside it for as long as CI runs, as a shared CI machine may. The
 goals, on a 2-core machine: the README's test command (the fast tier) at most
 10 minutes idle, the whole of ``.ci/run`` at most 45. ``--fast-tier-only``
 times the README's two commands only. ``--markdown FILE`` rewrites the section
-``ci:steps`` of FILE with the table. Nothing here asserts a time: it is measured.
+``ci:steps`` of FILE with the table; ``--log FILE`` keeps CI's whole output.
+Nothing here asserts a time: it is measured.
 """
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def run_ci(workdir: Path, fast_tier_only: bool, beside: bool) -> tuple[int, str,
     start = time.monotonic()
     try:
         proc = subprocess.run(
-            [str(script)], cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            [str(script)], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
     finally:
         if other is not None:
             os.killpg(other.pid, 15)
             other.wait()
-    return proc.returncode, proc.stderr, time.monotonic() - start
+    return proc.returncode, proc.stdout, time.monotonic() - start
 
 
 def main() -> int:
@@ -79,9 +80,12 @@ def main() -> int:
     parser.add_argument("--beside", action="store_true", help="a second test suite runs beside")
     parser.add_argument("--fast-tier-only", action="store_true", help="the README's commands")
     parser.add_argument("--markdown", type=Path, default=None, help="file to update")
+    parser.add_argument("--log", type=Path, default=None, help="write CI's whole output here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="attnfuzz-ci-") as scratch:
         code, log, total = run_ci(Path(scratch), args.fast_tier_only, args.beside)
+    if args.log is not None:
+        args.log.write_text(log)
     rows = [[command, f"{seconds / 60:.1f}"] for command, seconds in steps_of(log, total)]
     failed = f" (failed: exit {code})" if code else ""
     rows.append([f"**all of it**{failed}", f"{total / 60:.1f}"])
