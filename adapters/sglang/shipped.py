@@ -30,8 +30,9 @@ SHIPPED_BUGS = (
         "buffer registry, of req_pool_indices) keep an earlier step's values when "
         "bs != raw_bs; 0.5.14's registry zeroes positions' padding (PaddingPolicy.ZERO)",
         checks=("padding",),
-        note="found by attnfuzz in the releases that shipped it (0.5.11 to 0.5.13 bind); "
-        "on 0.5.11 and 0.5.12 its stale positions are the first padding finding, so "
+        note="fixed upstream in 0.5.14, before attnfuzz met it; attnfuzz re-finds it in "
+        "the releases that ship it (0.5.11 to 0.5.13 bind); on 0.5.11 and 0.5.12 its "
+        "stale positions are the first padding finding, so "
         "#24743's stale sliding-window slots stay hidden behind it there"),
     ShippedBug("#27545", "spec-indptr", "sglang-triton", "0.5.12", "0.5.13",
         "TritonAttnBackend's replayed draft extend (v2) strides queries "
@@ -41,8 +42,9 @@ SHIPPED_BUGS = (
         "TritonAttnBackend's replayed draft extend (v2) builds kv_indptr over the whole "
         "forward length (prefix + window), while the extend kernel takes the window's K/V "
         "separately: the window is read twice, at any topk",
-        note="found by attnfuzz on 0.5.12, before #27545's stride (it needs no topk > 1); "
-        "0.5.13's _update_draft_extend_buffers subtracts extend_seq_lens (`kv_lens = "
+        note="fixed upstream in 0.5.13, before attnfuzz met it; on 0.5.12 attnfuzz meets it "
+        "before #27545's stride (it needs no topk > 1); 0.5.13's "
+        "_update_draft_extend_buffers subtracts extend_seq_lens (`kv_lens = "
         "seq_lens - extend_seq_lens`) in the same rewrite"),
 )  # fmt: skip
 """SGLang's shipped defects, each with its last buggy and first fixed release."""

@@ -391,11 +391,14 @@ SHIPPED_BUGS = (
     ShippedBug("require-uniform", "decode-split", "vllm", "0.25.1", "0.26.0",
         "split_decodes_and_prefills(require_uniform=True) counts short extends as decodes "
         "before it reads treat_short_extends_as_decodes", checks=("values",)),
-    ShippedBug("#29644", "decode-split", "vllm", "0.30.0", "0.31.0",
+    ShippedBug("padding-as-prefill", "decode-split", "vllm", "0.30.0", "0.31.0",
         "split_decodes_and_prefills(require_uniform=True) with short extends as prefills "
         "counts a graph-padding request (query length 0) as a prefill; 0.31.0 adds "
-        "`& (query_lens != 0)` (#29644); before 0.26.0 the padded-uniform check answers "
-        "first", checks=("values",), first_buggy="0.26.0", case=lambda: _padded_single_decode()),
+        "`& (query_lens != 0)`; before 0.26.0 the padded-uniform check answers first",
+        checks=("values",), first_buggy="0.26.0", case=lambda: _padded_single_decode(),
+        note="the pull request of 0.31.0's fix is not named here: #29644 is the earlier "
+        "change that made the uniform rule pad-aware (it dropped `| (query_lens == 0)`), "
+        "the shortcut this defect slipped past"),
     ShippedBug("#43982", "draft-block-tables", "vllm", "0.22.1", "0.23.0",
         "Gemma4 drafter attaches unsliced per-group block tables"),
     ShippedBug("#43991", "max-seq-len", "vllm-mamba-hybrid", "0.22.1", "0.23.0",
@@ -413,8 +416,9 @@ SHIPPED_BUGS = (
     ShippedBug("clamp", "mtp-seq-lens", "vllm", "0.27.1", "0.28.0",
         "native-MTP lengths not clamped at 0: a padding request's lengths are negative "
         "(read as uint32 downstream)", checks=("values",),
-        note="fixed in 0.28.0's DeepseekV32IndexerMetadataBuilder._prepare_decode_tensors "
-        "(`.clamp_(min=0)`); found by attnfuzz on the releases, not one of the five bugs"),
+        note="fixed upstream in 0.28.0's DeepseekV32IndexerMetadataBuilder."
+        "_prepare_decode_tensors (`.clamp_(min=0)`), before attnfuzz met it; attnfuzz "
+        "re-finds it on the releases that ship it; not one of the five bugs"),
     ShippedBug("clamp", "indexer-decode", "vllm", "0.27.1", "0.28.0",
         "the builder's unclamped native lengths (mtp-seq-lens): a padding request's row "
         "reaches the decode top-k as [0, -1)", checks=("exception",)),
