@@ -172,7 +172,9 @@ def judge(
     ``device`` defaults to where the kernels run. Returns the :class:`Verdict`
     (``verdict.ok``; ``str(verdict)`` says what failed); never raises for a
     failure of the implementation. A case the engine could never produce
-    raises :class:`UsageError` (``InvalidCase``), as does an unknown name.
+    raises :class:`UsageError` (``InvalidCase``), as does an unknown name, and
+    so does one outside the limits the implementation declares of its engine
+    (``Implementation.admits``: ``Unreachable``, one line saying why).
     """
     from attnfuzz.reference.trace import Trace
 

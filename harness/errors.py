@@ -1,10 +1,10 @@
 """attnfuzz's error classes, and how a message is said in one line.
 
-A :class:`UsageError` (and its kinds :class:`InvalidCase`, :class:`CaseTooLarge`)
-is the caller's mistake or this machine's limit, never a verdict on an
-implementation (exit status 2). A :class:`HarnessError` is attnfuzz's own code
-failing (exit status 4). A :class:`ContractError` is the engine's misuse of a
-vendor operation's stand-in: a finding like any other exception.
+A :class:`UsageError` (and its kinds :class:`InvalidCase`, :class:`Unreachable`,
+:class:`CaseTooLarge`) is the caller's mistake or this machine's limit, never a
+verdict on an implementation (exit status 2). A :class:`HarnessError` is
+attnfuzz's own code failing (exit status 4). A :class:`ContractError` is the
+engine's misuse of a vendor operation's stand-in: a finding like any other exception.
 
 This module imports nothing of attnfuzz, so that every part of it (the harness, the
 reports, the engine adapters) may raise and format these.
@@ -21,6 +21,11 @@ class UsageError(Exception):
 
 class InvalidCase(UsageError):
     """A case the engine could never produce; the oracle refuses to judge it."""
+
+
+class Unreachable(InvalidCase):
+    """A case outside the limits an engine implementation declares (``Implementation.admits``):
+    a state that engine never reaches, however valid for the target; refused, never judged."""
 
 
 class CaseTooLarge(UsageError):

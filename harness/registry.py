@@ -157,7 +157,10 @@ def _with_engines(target: Target) -> Target:
                     f"{impl.name!r} ({existing.kind}: {existing.description}); rename the engine's"
                 )
             else:
-                target.add(added)
+                try:
+                    target.add(added)
+                except UsageError as err:  # its ``params`` are none of the target's ranges
+                    refused.append(f"engine {engine.name}: {err}")
     for name, (declared, reason) in engines.held_back().items():
         # Two distributions declare the engine: none of its code runs, and asking for
         # one of its implementations says why (not "unknown implementation").
@@ -165,7 +168,11 @@ def _with_engines(target: Target) -> Target:
         for engine in declared:
             for impl in engine.implementations.get(target.name, ()):
                 if impl.name not in target.implementations:
-                    target.add(dataclasses.replace(impl, engine=name, unavailable=lambda w=why: w))
+                    held = dataclasses.replace(impl, engine=name, unavailable=lambda w=why: w)
+                    try:
+                        target.add(held)
+                    except UsageError as err:  # as above: its ``params``
+                        refused.append(f"engine {name}: {err}")
     return target
 
 

@@ -25,16 +25,24 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from attnfuzz.harness.definitions import Kind
-from attnfuzz.harness.errors import CaseTooLarge, HarnessError, InvalidCase, UsageError
+from attnfuzz.harness.errors import (
+    CaseTooLarge,
+    HarnessError,
+    InvalidCase,
+    Unreachable,
+    UsageError,
+)
 from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.harness.oracle import Check, Mismatch
 from attnfuzz.harness.traces import refuse_continuing
 from attnfuzz.reference.batch import (
+    DEFAULT_FLOAT_DTYPE,
     DTYPE_VARIABLE,
     FLOAT_DTYPES,
     Case,
     build_common_metadata,
     split_decodes_and_prefills,
+    using_float_dtype,
 )
 from attnfuzz.reference.invariants import violations
 from attnfuzz.reference.runner import CG_SUPPORTS
@@ -62,6 +70,7 @@ __all__ = [
     "InvalidCase",
     "Kind",
     "Target",
+    "Unreachable",
     "UsageError",
     "fits_in_memory",
 ]
@@ -92,6 +101,18 @@ class Implementation:
     # Why the installed engine runs ``case`` through other code than the target's
     # (one line), else None: such cases are not drawn for it, and are refused.
     declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
+    # The engine's own limits on what reaches this code, read from the engine's code
+    # (per release where they differ): of the target's inputs (what ``fn`` takes), why
+    # the engine never gives them (one line naming the engine's code), else None. Cases
+    # outside are not drawn for it, shrinking stays inside, and judging one (a replay)
+    # is refused as :class:`Unreachable`: a finding there would be of a state the
+    # engine never reaches.
+    admits: Callable[[Any], str | None] | None = field(default=None, hash=False)
+    # Narrower ranges of the target's own integers (``Target.params``: name ->
+    # inclusive range, inside the target's), where ``admits`` allows only part of
+    # one (a page size): its cases draw each in this range, so that few are rejected.
+    # It only narrows the search; ``admits`` is what refuses.
+    params: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
     # It lives across steps: fuzzed with traces (:meth:`Target.traces`); a mutant's
     # ``reach``, ``trigger`` then read a Trace, and ``smallest`` returns one.
     traced: bool = False
@@ -104,9 +125,18 @@ class Implementation:
                 f"implementation {self.name!r}: kind {self.kind!r} is none of {', '.join(Kind)}"
             ) from None
         problems = fixes_problems(self.fixes)
+        for name, bounds in self.params.items():
+            if not (
+                isinstance(bounds, tuple)
+                and len(bounds) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+                and bounds[0] <= bounds[1]
+            ):
+                problems.append(f"params {name!r} must be a range (lo, hi), lo <= hi")
         if problems:
             raise UsageError(f"implementation {self.name!r}: {'; '.join(problems)}")
         object.__setattr__(self, "fixes", dict(self.fixes))  # a copy the caller cannot change
+        object.__setattr__(self, "params", dict(self.params))
 
     @classmethod
     def mutant(
@@ -124,8 +154,9 @@ class Implementation:
         everything the zoo measures it by, none left out: ``reach`` (a case runs
         the code the bug lives in), ``trigger`` (a case meets its condition) and
         ``smallest`` (the smallest triggering case, derived by hand); ``fields``:
-        the optional ones (``fixes``, ``declines``, ``engine``, ``unavailable``,
-        ``traced``: a bug of the engine's life, whose three read and give traces)."""
+        the optional ones (``fixes``, ``declines``, ``admits``, ``params``, ``engine``,
+        ``unavailable``, ``traced``: a bug of the engine's life, whose three read and
+        give traces)."""
         return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
 
     def why_unavailable(self) -> str | None:
@@ -205,6 +236,28 @@ class Target:
         out = {getattr(impl, "name", ""): impl for impl in impls}
         if len(out) != len(impls) or not all(isinstance(i, Implementation) for i in impls):
             raise UsageError(f"target {self.name}: implementations of distinct names expected")
+        for impl in impls:
+            self.params_of(impl)  # its narrower ranges are the target's own
+        return out
+
+    def params_of(self, impl: Implementation | None = None) -> dict[str, tuple[int, int]]:
+        """The ranges ``impl``'s cases draw the target's own integers in: the target's,
+        narrowed where ``impl.params`` says. A name the target lacks, or a range
+        outside the target's, is a :class:`UsageError`."""
+        out = dict(self.params)
+        for name, (lo, hi) in (impl.params if impl is not None else {}).items():
+            if name not in self.params:
+                raise UsageError(
+                    f"implementation {impl.name!r}: {self.name} has no parameter {name!r} "
+                    f"(it has {', '.join(sorted(self.params)) or 'none'})"
+                )
+            low, high = self.params[name]
+            if not low <= lo <= hi <= high:
+                raise UsageError(
+                    f"implementation {impl.name!r}: params {name}=({lo}, {hi}) lies outside "
+                    f"{self.name}'s range ({low}, {high})"
+                )
+            out[name] = (lo, hi)
         return out
 
     @property
@@ -243,6 +296,7 @@ class Target:
         return setting
 
     def add(self, impl: Implementation) -> None:
+        self.params_of(impl)
         self.implementations[impl.name] = impl
 
     @property
@@ -261,8 +315,10 @@ class Target:
     ) -> st.SearchStrategy[Case]:
         """The cases of this target at ``scale``; with ``impl``, only those it
         accepts: its ``fixes`` are drawn as their values, whatever the scale's
-        limits. An implementation without fixes draws exactly the cases (and
-        shrinks exactly as) ``cases(scale)`` does, so saved corpora replay."""
+        limits, its ``params`` in their narrower ranges, and none it declines or
+        its engine never reaches (``admits``; shrinking stays among them). An
+        implementation without any of these draws exactly the cases (and shrinks
+        exactly as) ``cases(scale)`` does, so saved corpora replay."""
         return self._drawn(cases, scale, impl, lambda case: [case])
 
     def traces(
@@ -273,13 +329,32 @@ class Target:
         return self._drawn(traces, scale, impl, Trace.cases)
 
     def _drawn(self, strategy: Any, scale: Scale, impl: Implementation | None, steps: Any) -> Any:
-        params = {name: st.integers(lo, hi) for name, (lo, hi) in self.params.items()}
+        ranges = self.params_of(impl)
+        params = {name: st.integers(lo, hi) for name, (lo, hi) in ranges.items()}
         fixes = impl.fixes if impl is not None else None
         drawn = strategy(scale, params, fixes, self.cg_supports, self.varlen_decode)
-        declines = impl.declines if impl is not None else None
-        return (
-            drawn if declines is None else drawn.filter(lambda x: not any(map(declines, steps(x))))
-        )
+        if impl is None or (impl.declines is None and impl.admits is None):
+            return drawn
+        declines = impl.declines
+
+        def taken(case: Case) -> bool:
+            if declines is not None and declines(case) is not None:
+                return False
+            return self.unreachable(impl, case) is None
+
+        # A filter, not an ``assume`` in the property: a rejected draw is never judged,
+        # and Hypothesis never shrinks to one (fuzz_settings lifts the health checks).
+        return drawn.filter(lambda x: all(map(taken, steps(x))))
+
+    def unreachable(self, impl: Implementation, case: Case) -> str | None:
+        """Why ``impl``'s engine never reaches ``case``: ``impl.admits`` of the case's
+        inputs (built on the CPU, floats in the default dtype: a limit reads none);
+        None when it does, or declares no limits."""
+        if impl.admits is None:
+            return None
+        with fits_in_memory(self.name), using_float_dtype(DEFAULT_FLOAT_DTYPE):
+            inputs = self.make_inputs(case, torch.device("cpu"))
+        return impl.admits(inputs)
 
     def judge_trace(
         self, impl: Implementation, trace: Trace, device: Any = None, clock: Counter | None = None
@@ -292,7 +367,9 @@ class Target:
     def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
         """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field
         ``impl`` fixes, or ``impl`` declines it: the implementation was never meant
-        to run it."""
+        to run it; :class:`Unreachable` when it lies outside the limits of ``impl``'s
+        engine (``admits``): that engine never reaches it, so no verdict on it is one
+        of the engine."""
         wrong = fixes_violations(case.config, impl.fixes)
         declined = impl.declines(case) if impl.declines is not None else None
         if declined is not None:
@@ -302,6 +379,21 @@ class Target:
             raise InvalidCase(
                 f"{prefix}implementation {impl.name} of {self.name} cannot judge this case: "
                 f"{'; '.join(wrong)}"
+            )
+        self.refuse_unreachable(impl, case, where)
+
+    def refuse_unreachable(
+        self, impl: Implementation, case: Case, where: str | None = None
+    ) -> None:
+        """Raise :class:`Unreachable` (one line: the engine and why) when ``case`` lies
+        outside the limits of ``impl``'s engine (:meth:`unreachable`)."""
+        why = self.unreachable(impl, case)
+        if why is not None:
+            prefix = f"{where}: " if where else ""
+            engine = impl.engine or "its engine"
+            raise Unreachable(
+                f"{prefix}unreachable for {engine}, not judged: {impl.name} of {self.name} "
+                f"is never given this case: {why}"
             )
 
     def boundary(self, case: Case) -> dict[str, int]:

@@ -63,6 +63,11 @@ OTHER = engine("other", {"slot-mapping": [
     Implementation("triton", k.slot_mapping, "engine", "named like attnfuzz's own"),
     Implementation("other", k.slot_mapping, "engine", "the other engine's"),
 ]})
+NARROWING = engine("narrowing", {"slot-mapping": [
+    Implementation("narrow", k.slot_mapping, "engine", "a range of no parameter",
+                   params={"no_such": (0, 1)}),
+    Implementation("plain", k.slot_mapping, "engine", "the narrowing engine's other"),
+]})
 UNKNOWN_TARGET = engine("stray", {"no-such-target": []})
 NOT_AN_ENGINE = 42
 """
@@ -170,6 +175,16 @@ def test_an_engine_implementation_named_like_another_is_refused_in_one_line(fake
         "engine other: slot-mapping already has an implementation 'triton' "
         "(fixed: one program per request); rename the engine's"
     )
+
+
+def test_an_engine_implementation_narrowing_no_parameter_is_refused_in_one_line(fake_engines):
+    fake_engines(("narrowing", "attnfuzz_test_engine:NARROWING"))
+    target = registry.get_target("slot-mapping")
+    assert "narrow" not in target.implementations
+    assert target.resolve("plain").engine == "narrowing"  # the rest of the engine is added
+    (problem,) = registry.engine_problems()
+    assert problem.startswith("engine narrowing: implementation 'narrow': slot-mapping has no ")
+    assert "parameter 'no_such'" in problem
 
 
 # -- No core module imports an engine --------------------------------------------------

@@ -111,9 +111,9 @@ def test_passes_each_mutants_smallest_case(target, impl):
 
 @pytest.mark.parametrize("target, mutant", MUTANTS)
 def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mutant):
-    """The smallest case is one the engine can produce, reaches the bug's code,
-    meets its trigger and fails the mutant, and every fixed implementation meant
-    to run it passes it."""
+    """The smallest case is one the engine can produce (and, for an engine's mutant,
+    one inside the engine's own limits), reaches the bug's code, meets its trigger
+    and fails the mutant, and every fixed implementation meant to run it passes it."""
     t = get_target(target)
     impl = t.resolve(mutant)
     assert impl.reach is not None and impl.trigger is not None and impl.smallest is not None
@@ -121,6 +121,9 @@ def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mu
     assert isinstance(case, Trace) == impl.traced
     assert example_violations(t, case) == []
     assert impl.reach(case) and impl.trigger(case)
+    steps = case.cases() if isinstance(case, Trace) else [case]
+    for step in steps:  # a state its engine reaches (Implementation.admits)
+        assert t.unreachable(impl, step) is None, t.unreachable(impl, step)
     if accepts(t, impl, case):  # else the installed engine runs it through other code
         assert not judge_example(t, impl, case).ok
     fixed = [i for i in t.implementations.values() if kind_of(i) in FIXED and accepts(t, i, case)]

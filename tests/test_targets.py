@@ -138,6 +138,76 @@ def test_declined_cases_are_never_drawn_and_are_refused_in_one_line():
     assert judged and all(s.num_decodes == 0 or max(s.decode_lens) > 1 for s in judged)
 
 
+def test_an_engines_limits_bound_the_search_the_shrinking_and_every_replay(
+    tmp_path, capsys, monkeypatch
+):
+    """An implementation that declares its engine's limits (``admits``, of the target's
+    inputs; ``params`` narrowing a target parameter to them) is never given a case
+    outside them: the search draws none, a failure minimizes inside them (here the
+    bug fails every step, so an unbounded search ends at the smallest case of all),
+    the zoo's baselines skip them, and judging or replaying one is refused in one line
+    as unreachable for that engine, with its reason: never a pass or a fail."""
+    import dataclasses
+
+    from attnfuzz.harness.casefile import case_document, write_case
+    from attnfuzz.harness.cli import main
+    from attnfuzz.harness.oracle import Verdict
+    from attnfuzz.harness.runner import fuzz
+    from attnfuzz.harness.target import Implementation, Unreachable, UsageError
+    from attnfuzz.harness.targets.mla_block_table import smallest_accept_length_layout
+    from attnfuzz.harness.zoo.arms import run_arm
+    from attnfuzz.reference import mla_block_table as ref
+
+    t = get_target("mla-block-table")
+
+    def drafts_and_big_pages(inputs):
+        if inputs.page_size not in (2, 4):
+            return f"page size {inputs.page_size} (the engine's pages are 2 or 4: engine.py)"
+        if inputs.next_n < 2:
+            return "no draft token (the engine drafts one at least: engine.py)"
+        return None
+
+    judged: list = []
+
+    def off_by_one(inputs):  # a bug every step meets
+        judged.append(inputs)
+        out = t.implementations["reference"].fn(inputs)
+        return dataclasses.replace(out, seq_lens_k=out.seq_lens_k + 1)
+
+    impl = Implementation(
+        "limited", off_by_one, "user", engine="myengine",
+        admits=drafts_and_big_pages, params={"mla_page_log2": (1, 2)},
+    )  # fmt: skip
+    run = fuzz(t, impl, max_examples=60, rng_seed=0, database=None, device="cpu")
+    assert run.failed and judged
+    assert all(drafts_and_big_pages(inputs) is None for inputs in judged)
+    assert run.case.config.next_n == 2 and ref.page_size_of(run.case) == 2  # shrunk to the wall
+
+    outside = smallest_accept_length_layout()  # next_n 1, page 1
+    with pytest.raises(Unreachable) as err:
+        t.judge(impl, outside, "cpu")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("unreachable for myengine")
+    assert message.endswith("page size 1 (the engine's pages are 2 or 4: engine.py)")
+
+    judged.clear()
+    for arm in ("naive-random", "grid"):
+        run_arm(arm, t, impl, seed=0, budget_s=None, max_examples=20, device="cpu")
+    assert judged and all(drafts_and_big_pages(inputs) is None for inputs in judged)
+
+    monkeypatch.setitem(t.implementations, impl.name, impl)
+    path = tmp_path / "outside.json"
+    write_case(path, case_document(t.name, impl.name, outside, Verdict([])))
+    judged.clear()
+    assert main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"attnfuzz: error: {path}: unreachable")
+    assert "(the engine drafts" not in err and "page size 1" in err and not judged
+
+    with pytest.raises(UsageError, match="outside mla-block-table's range"):
+        t.add(dataclasses.replace(impl, name="wide", params={"mla_page_log2": (1, 9)}))
+
+
 # mtp-seq-lens: its bug conditions are thresholds, and guiding drew its search away
 # from vLLM's native path (see its build()). spec-indptr: its bug's condition is a
 # configuration (topk > 1), not a distance. dsa-metadata: its bug's condition (a KV

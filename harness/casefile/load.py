@@ -47,7 +47,8 @@ def resolve_case(
     ``impl`` overrides the implementation the case was found on. A case file
     is data: a ``module:attribute`` it names is imported only when the caller
     names it again with ``impl``. Every problem (unknown name, a case the
-    invariants refuse) is a one-line :class:`UsageError`.
+    invariants refuse, one the implementation's engine never reaches:
+    :class:`~attnfuzz.harness.errors.Unreachable`) is a one-line :class:`UsageError`.
 
     The case replays in the float dtype it records (``settings.dtype``, set as
     the returned case's ``dtype``), whatever ``ATTNFUZZ_DTYPE`` says: the case
@@ -68,6 +69,12 @@ def resolve_case(
             f"{path}: unknown implementation {name!r} for {target.name} (known: {known})"
         )
     implementation = target.resolve(name)
+    # A state the implementation's engine never reaches is refused before anything
+    # runs: neither a pass nor a failure of the engine (its limits: Implementation.admits).
+    steps = case.cases() if isinstance(case, Trace) else [case]
+    for k, step in enumerate(steps):
+        where = f"{path}: step {k}" if isinstance(case, Trace) else str(path)
+        target.refuse_unreachable(implementation, step, where)
     setting = os.environ.get(DTYPE_VARIABLE)
     if note_dtype and setting and case.dtype is not None and setting != case.dtype:
         note = (

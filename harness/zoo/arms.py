@@ -160,16 +160,19 @@ def run_arm(
             max_examples=max_examples, scale=scale, device=device,
             stop_requested=stop_requested,
         )  # fmt: skip
+    params = target.params_of(impl)  # its narrower ranges, as ``Target.cases`` draws them
     if arm == "naive-random":
         cases: Iterable[Case] = naive_random_cases(
-            random.Random(seed), scale, target.params, fixes=impl.fixes
+            random.Random(seed), scale, params, fixes=impl.fixes
         )
     elif arm == "grid":
-        cases = grid_cases(scale, target.params, seed=seed, fixes=impl.fixes)
+        cases = grid_cases(scale, params, seed=seed, fixes=impl.fixes)
     else:
         raise ValueError(f"unknown arm {arm!r} (known: {', '.join(ARMS)})")
     if impl.declines is not None:  # as ``Target.cases`` draws for it
         cases = (case for case in cases if impl.declines(case) is None)
+    if impl.admits is not None:  # nor one its engine never reaches
+        cases = (case for case in cases if target.unreachable(impl, case) is None)
     return run_baseline(
         target, impl, cases, seed, budget_s, max_examples=max_examples, device=device,
         stop_requested=stop_requested,
@@ -182,7 +185,9 @@ def warm_up(target: Target, device: str | None = None) -> None:
     arm's first run should pay for."""
     for impl in target.implementations.values():
         if impl.kind in ("fixed", "mutant") and impl.why_unavailable() is None:
-            for case in grid_cases(SMALL, target.params, fixes=impl.fixes)[:2]:
+            tidy = grid_cases(SMALL, target.params_of(impl), fixes=impl.fixes)
+            taken = [c for c in tidy if target.unreachable(impl, c) is None]
+            for case in taken[:2]:
                 target.judge(impl, case, device)
 
 
