@@ -63,7 +63,7 @@ PHASES = (TARGET_VERIFY, DRAFT_EXTEND)
 
 PARAMS: dict[str, tuple[int, int]] = {
     "mla_phase": (0, 1),  # target verify, draft extend
-    "mla_page_log2": (0, 2),  # page_size 1, 2 or 4 (TRT-LLM's 32 and 64, scaled down)
+    "mla_page_log2": (0, 6),  # page_size 1 to 64 (TRT-LLM MLA runs 32 and 64)
 }
 
 _DATA_SEED_SALT = 0x21987  # keeps the table stream apart from other targets' streams

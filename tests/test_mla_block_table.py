@@ -136,9 +136,112 @@ def test_kv_past_context_trigger(c, triggers):
     assert get_target(TARGET).judge(get_target(TARGET).resolve("triton"), c).ok
 
 
-def test_sglang_declines_a_request_that_commits_the_whole_context():
-    assert t.beyond_sglang_max_req_len(case(0, computed=(15,))) is not None  # 16 committed
-    assert t.beyond_sglang_max_req_len(case(0, computed=(14,))) is None  # 15 = 16 - 1
+# -- SGLang's limits (adapters/sglang/limits.py): no SGLang needed to read them -----------------
+
+SGLANG_IMPLS = (
+    "sglang-trtllm-mla",
+    "upstream-pr21987-accept-length-layout",
+    "sglang-trtllm-mla-context-len",
+)
+
+
+def sglang_case(phase: int, prefix: int, N: int, page_log2: int = 5, seed: int = 0) -> Case:
+    """One request of a 4096-token context verifying ``prefix`` committed tokens
+    with ``N`` query rows, in the graph of one request."""
+    config = spec_config(max_model_len=4096, num_spec=N - 1, cudagraph_capture_sizes=(N,))
+    params = (("mla_page_log2", page_log2), ("mla_phase", phase))
+    return Case(config, Batch((prefix - 1,), (1,), seed=seed), params)
+
+
+def first_seed(N: int, accept: int) -> int:
+    """The first batch seed whose one request's accept count is ``accept``."""
+    return next(s for s in range(64) if ref.accept_counts(sglang_case(0, 8, N, seed=s)) == [accept])
+
+
+@pytest.mark.parametrize(
+    ("phase", "prefix", "N", "accept", "admitted"),
+    [
+        (0, 4093, 2, 1, True),  # context_len - 4 + S: the longest a verify reaches
+        (0, 4094, 2, 1, False),
+        (0, 4094, 2, 2, True),  # KV 4096: N = 2 never crosses the context
+        (0, 4095, 2, 2, False),  # the unreachable witness seed 1 once minimized to
+        (0, 4094, 3, 2, True),  # KV 4097: the smallest crossing, S = 2 (seed 2)
+        (0, 4095, 3, 2, False),
+        (0, 4095, 3, 3, True),
+        (1, 4095, 3, 1, True),  # draft extend: S is the step before's, up to N
+        (1, 4096, 3, 3, False),
+    ],
+)
+def test_sglang_admits_a_prefix_up_to_the_schedulers_limit(phase, prefix, N, accept, admitted):
+    from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
+
+    c = sglang_case(phase, prefix, N, seed=first_seed(N, accept))
+    assert ref.accept_counts(c) == [accept]
+    why = trtllm_mla_admits(ref.make_inputs(c))
+    assert (why is None) is admitted, why
+    if not admitted:
+        assert f"prefix of {prefix} tokens" in why and "init_req_max_new_tokens" in why
+
+
+@pytest.mark.parametrize("page_log2", [0, 1, 2, 3, 4, 5, 6])
+def test_sglang_admits_trtllm_mlas_page_sizes_only(page_log2):
+    from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
+
+    why = trtllm_mla_admits(ref.make_inputs(sglang_case(0, 8, 2, page_log2)))
+    assert (why is None) is (page_log2 in (5, 6)), why
+    if why is not None:
+        assert why.startswith(f"page size {1 << page_log2}: ")
+        assert "_mla_backend_page_constraints" in why
+
+
+@pytest.mark.parametrize("name", SGLANG_IMPLS)
+def test_sglangs_cases_are_drawn_inside_its_limits(name):
+    """Every case drawn for an SGLang implementation lies inside SGLang's limits, read
+    here from the limits themselves (not the declaration), with few draws rejected:
+    Hypothesis' filter health check stays on."""
+    from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
+    from hypothesis import HealthCheck, given, settings
+
+    target = get_target(TARGET)
+    impl = target.implementations[name]  # declared whether or not SGLang is installed
+    slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+    @settings(max_examples=150, database=None, deadline=None, derandomize=True,
+              suppress_health_check=slow)  # fmt: skip
+    @given(target.cases(impl=impl))
+    def drawn(c):
+        assert trtllm_mla_admits(ref.make_inputs(c)) is None
+
+    drawn()
+
+
+def test_sglangs_unreachable_witness_is_refused_not_judged():
+    """4095 committed tokens verified with N = 2 drafts in pages of 1 token (what seed 1
+    once minimized to) is no state SGLang reaches: refused in one line, naming why,
+    whether SGLang is installed or not (the refusal comes before the engine runs)."""
+    from attnfuzz.harness.errors import Unreachable
+
+    target = get_target(TARGET)
+    witness = sglang_case(0, 4095, 2, page_log2=0)
+    assert t.trigger_kv_past_context(witness)  # KV 4097 in a graph sized for 4096
+    for name in SGLANG_IMPLS:
+        with pytest.raises(Unreachable) as err:
+            target.judge(target.implementations[name], witness, "cpu")
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("unreachable for sglang, not judged")
+        assert message.endswith("only (arg_groups/overrides.py: _mla_backend_page_constraints)")
+    in_pages = sglang_case(0, 4095, 2)  # in TRT-LLM's pages, still past the scheduler
+    with pytest.raises(Unreachable, match="prefix of 4095 tokens, past 4094"):
+        target.judge(target.implementations[SGLANG_IMPLS[2]], in_pages, "cpu")
+
+
+def test_sglangs_smallest_cases_lie_inside_its_limits():
+    from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
+
+    for c in (t.smallest_kv_past_context(), t.smallest_accept_length_layout_trtllm()):
+        assert trtllm_mla_admits(ref.make_inputs(c)) is None
+    smallest = t.smallest_kv_past_context()
+    assert t.trigger_kv_past_context(smallest) and ref.kv_lens_of(smallest) == [4097]
 
 
 def test_compare_reads_each_row_up_to_its_pages_only():

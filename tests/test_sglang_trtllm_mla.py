@@ -22,8 +22,9 @@ ENGINE, UPSTREAM = "sglang-trtllm-mla", "upstream-pr21987-accept-length-layout"
 CONTEXT_LEN = "sglang-trtllm-mla-context-len"
 
 
-def case(phase: int, computed=(3, 0, 5), graph=True, page_log2=1, **config) -> Case:
-    """Three requests of one new token, next_n 2; graphs of 1, 2 and 4 requests."""
+def case(phase: int, computed=(3, 0, 5), graph=True, page_log2=5, **config) -> Case:
+    """Three requests of one new token, next_n 2; graphs of 1, 2 and 4 requests; pages
+    of 32 tokens (TRT-LLM MLA's smallest: SGLang runs no other step on it)."""
     base = dict(cudagraph_capture_sizes=(2, 4, 8), max_model_len=16)
     base.update(config)
     params = {"mla_phase": phase, "mla_page_log2": page_log2}
@@ -37,8 +38,9 @@ def run(impl: str, c: Case) -> tuple[ref.MlaBlockTableInputs, ref.MlaBlockTableO
 
 
 def test_target_verify_eager_by_hand():
-    """KV 4 + 2, 1 + 2, 6 + 2 in pages of 2; the query dense [bs, N]: no layout kept."""
-    inputs, got = run(ENGINE, case(0, graph=False))
+    """KV 4 + 2, 1 + 2, 6 + 2 in pages of 2 (the adapter's glue by hand, no verdict);
+    the query dense [bs, N]: no layout kept."""
+    inputs, got = run(ENGINE, case(0, graph=False, page_log2=1))
     assert got.seq_lens_k.tolist() == [6, 3, 8]
     assert got.cu_seqlens_q is None and got.seq_lens_q is None
     table = inputs.req_to_token
@@ -51,7 +53,7 @@ def test_target_verify_eager_by_hand():
 def test_draft_extend_replayed_by_hand():
     """Forward seq_lens 6, 3, 8 (committed + N) in the graph of 4: KV the forward's
     length, one padding request of KV 1 on row 0, N = 2 rows each."""
-    _, got = run(ENGINE, case(1))
+    _, got = run(ENGINE, case(1, page_log2=1))
     assert got.seq_lens_k.tolist() == [6, 3, 8, 1]
     assert got.cu_seqlens_q.tolist() == [0, 2, 4, 6, 8]
     assert got.seq_lens_q.tolist() == [2, 2, 2, 2]
@@ -61,7 +63,7 @@ def test_draft_extend_replayed_by_hand():
 
 @pytest.mark.parametrize("phase", [0, 1])
 @pytest.mark.parametrize("graph", [False, True])
-@pytest.mark.parametrize("page_log2", [0, 1, 2])
+@pytest.mark.parametrize("page_log2", [5, 6])  # pages of 32 and 64 tokens
 def test_engine_passes_each_path_and_page_size(phase, graph, page_log2):
     target = get_target(TARGET)
     c = case(phase, graph=graph, page_log2=page_log2)
@@ -86,25 +88,64 @@ def test_upstream_pr21987_is_found_by_a_search():
 
 
 def test_context_len_finding_a_verified_kv_past_a_4096_token_context():
-    """SGLang's sizing: 4095 committed tokens + 2 drafts need 4097 pages of 1 token,
-    the graph's block table has 4096; the engine built with the table's width passes."""
+    """SGLang's sizing: a prefix of 4094 tokens (context_len - 4, plus the 2 the verify
+    before accepted) + 3 query rows need 129 pages of 32 tokens, the graph's block
+    table has 128; the engine built with the table's width passes."""
     target = get_target(TARGET)
     smallest = t.smallest_kv_past_context()
     verdict = target.judge(target.resolve(CONTEXT_LEN), smallest)
     assert not verdict.ok
     assert [(m.check, m.where) for m in verdict.mismatches] == [("shape", "block_kv_indices")]
     assert target.judge(target.resolve(ENGINE), smallest).ok
-    fits = Case(smallest.config, Batch((4093,), (1,), seed=0), smallest.params)  # KV 4096
+    fits = Case(smallest.config, Batch((4092,), (1,), seed=2), smallest.params)  # KV 4096
     assert target.judge(target.resolve(CONTEXT_LEN), fits).ok
 
 
 def test_context_len_sizing_is_the_models_context():
     """The backend of run_context_len is sized by max_model_len, run's by the table."""
     inputs = ref.make_inputs(t.smallest_kv_past_context())
-    assert inputs.context_len == 4096 and inputs.req_to_token.shape[1] == 4098
+    assert inputs.context_len == 4096 and inputs.req_to_token.shape[1] == 4099
     got = trtllm_mla.run_context_len(inputs)
-    assert got.block_kv_indices.shape[1] == 4096  # _calc_padded_blocks(4096), page 1
-    assert trtllm_mla.run(inputs).block_kv_indices.shape[1] == 8192  # 4098, padded
+    assert got.block_kv_indices.shape[1] == 128  # _calc_padded_blocks(4096), pages of 32
+    assert trtllm_mla.run(inputs).block_kv_indices.shape[1] > 128  # 4099 tokens, padded
+
+
+def test_repro_refuses_a_witness_sglang_never_reaches(tmp_path, capsys):
+    """A case file of 4095 committed tokens verified with N = 2 drafts in pages of one
+    token (what seed 1 once minimized to) is refused before anything runs: neither a
+    pass nor a failure of SGLang, one line saying why it is unreachable."""
+    from attnfuzz.harness.casefile import case_document, write_case
+    from attnfuzz.harness.cli import main
+    from attnfuzz.harness.oracle import Verdict
+
+    config = spec_config(max_model_len=4096, cudagraph_capture_sizes=(2,))
+    params = (("mla_page_log2", 0), ("mla_phase", 0))
+    witness = Case(config, Batch((4093,), (2,), seed=0), params)
+    doc = case_document(TARGET, CONTEXT_LEN, witness, Verdict([]))
+    path = write_case(tmp_path / "witness.json", doc)
+    assert main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"attnfuzz: error: {path}: unreachable ")
+    assert "for sglang, not judged" in err and "_mla_backend_page_constraints" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_context_len_finding_minimizes_inside_sglangs_limits(seed, tmp_path, capsys):
+    """``attnfuzz run`` finds the live context-len defect at each seed, and its
+    minimized witness is a step SGLang reaches: read with SGLang's limits themselves,
+    so a strategy that drew (or a shrinker that walked) outside them fails here."""
+    from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
+    from attnfuzz.harness.casefile import read_case
+    from attnfuzz.harness.cli import main
+
+    argv = ["run", "--target", TARGET, "--impl", CONTEXT_LEN, "--seed", str(seed)]
+    assert main([*argv, "--max-examples", "1000", "--out", str(tmp_path)]) == 1
+    assert "[shape] block_kv_indices: expected [1, at least" in capsys.readouterr().out
+    (path,) = tmp_path.glob("*.json")
+    found = read_case(path)["case"]
+    assert trtllm_mla_admits(ref.make_inputs(found)) is None
+    assert t.trigger_kv_past_context(found) and found.config.next_n >= 3
 
 
 # -- stand-ins -------------------------------------------------------------------------------

@@ -105,9 +105,16 @@ def _spec_indptr() -> list[Implementation]:
 
 
 def _mla_block_table() -> list[Implementation]:
+    from attnfuzz.adapters.sglang import limits
     from attnfuzz.harness.targets import mla_block_table as t
 
     backend = "installed SGLang: layers/attention/trtllm_mla_backend.py:TRTLLMMLABackend"
+    # SGLang's own limits on the steps TRT-LLM MLA is given: pages of 32 or 64 tokens,
+    # and no prefix past what its scheduler lets a request reach (limits.py).
+    reachable = {
+        "admits": limits.trtllm_mla_admits,
+        "params": {"mla_page_log2": limits.TRTLLM_MLA_PAGE_LOG2},
+    }
     return [
         sglang_impl(
             "trtllm_mla",
@@ -116,6 +123,7 @@ def _mla_block_table() -> list[Implementation]:
             description=f"{backend}.init_forward_metadata (eager), init_cuda_graph_state and "
             "init_forward_metadata_out_graph (capture, padded replay); model context_len "
             "the request-to-token table's width (the context-len finding kept apart)",
+            **reachable,
         ),
         sglang_impl(
             "trtllm_mla",
@@ -126,7 +134,8 @@ def _mla_block_table() -> list[Implementation]:
             "draft-extend replay lays queries out by the accept counts (0.5.9's lines)",
             trigger=t.trigger_accept_length_layout,
             reach=t.reach_draft_extend_replay,
-            smallest=t.smallest_accept_length_layout,
+            smallest=t.smallest_accept_length_layout_trtllm,
+            **reachable,
         ),
         sglang_impl(
             "trtllm_mla",
@@ -139,7 +148,7 @@ def _mla_block_table() -> list[Implementation]:
             reach=t.reach_speculative_replay,
             smallest=t.smallest_kv_past_context,
             fixes={"max_model_len": t.SGLANG_CONTEXT_LEN},
-            declines=t.beyond_sglang_max_req_len,
+            **reachable,
         ),
     ]
 

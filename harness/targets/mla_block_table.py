@@ -143,6 +143,13 @@ def smallest_accept_length_layout() -> Case:
     return Case(config, Batch((0,), (1,), seed=0), params)
 
 
+def smallest_accept_length_layout_trtllm() -> Case:
+    """:func:`smallest_accept_length_layout` in pages of 32 tokens, the smallest TRT-LLM
+    MLA runs with (SGLang's limits: :mod:`attnfuzz.adapters.sglang.limits`)."""
+    case = smallest_accept_length_layout()
+    return Case(case.config, case.batch, (("mla_page_log2", 5), ("mla_phase", 1)))
+
+
 def reach_speculative_replay(case: Case) -> bool:
     """A target verify or draft extend replayed in a CUDA graph."""
     return ref.graph_bs(case) is not None
@@ -155,26 +162,19 @@ def trigger_kv_past_context(case: Case) -> bool:
     return reach_speculative_replay(case) and max(ref.kv_lens_of(case)) > case.config.max_model_len
 
 
-def beyond_sglang_max_req_len(case: Case) -> str | None:
-    """Why SGLang never runs ``case``: a request whose committed length reaches the
-    context (SGLang's scheduler stops one at ``max_req_len = context_len - 1``,
-    ``tp_worker.get_worker_info``), else None."""
-    batch, limit = case.batch, case.config.max_model_len - 1
-    longest = max(c + q for c, q in zip(batch.num_computed_tokens, batch.q_lens, strict=True))
-    if longest > limit:
-        return f"a request commits {longest} tokens; SGLang's max_req_len is {limit}"
-    return None
-
-
 def smallest_kv_past_context() -> Case:
-    """One request at SGLang's longest (``context_len - 1`` committed tokens), verified
-    with one draft token (N = 2) in the graph of one request: its KV is 4097
-    tokens, one past a 4096-token context; page size 1."""
+    """One request verified with two draft tokens (N = 3) in the graph of one request,
+    at the longest prefix SGLang reaches (:mod:`attnfuzz.adapters.sglang.limits`):
+    ``context_len - 4`` committed, plus the S = 2 tokens the verify before accepted
+    (the accept count of seed 2), which an overlapped step adds before its length
+    check. Its KV is 4094 + 3 = 4097 tokens, one past a 4096-token context, in pages
+    of 32 (TRT-LLM MLA's smallest): 129 pages in a graph table of 128. N = 2 never
+    crosses the context: its KV reaches at most ``context_len - 4 + 2 + 2``."""
     from attnfuzz.harness.testing import spec_config
 
-    config = spec_config(max_model_len=SGLANG_CONTEXT_LEN, cudagraph_capture_sizes=(2,))
-    params = (("mla_page_log2", 0), ("mla_phase", 0))
-    return Case(config, Batch((SGLANG_CONTEXT_LEN - 2,), (1,), seed=0), params)
+    config = spec_config(num_spec=2, max_model_len=SGLANG_CONTEXT_LEN, cudagraph_capture_sizes=(3,))
+    params = (("mla_page_log2", 5), ("mla_phase", 0))
+    return Case(config, Batch((SGLANG_CONTEXT_LEN - 3,), (1,), seed=2), params)
 
 
 def build() -> Target:
