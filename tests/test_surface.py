@@ -1,0 +1,255 @@
+"""benchmarks/surface.py without the engines: its rules on a small fake package, its
+counting and its JSON document.
+
+The script itself runs every engine implementation under coverage.py; here the
+package it parses is written in a temporary directory and coverage's report is
+stood in, so that what it selects and how it counts is what is checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A package laid out as an engine's: a base builder, subclasses of it in other
+# modules (one only through another subclass), look-alikes that are not.
+FAKE = {
+    "attention/backend.py": """
+        from abc import ABC
+        from typing import Generic, TypeVar
+
+        M = TypeVar("M")
+
+        class AttentionMetadataBuilder(ABC, Generic[M]):
+            def build(self, common):
+                return common
+
+        def split_decodes(query_start_loc):
+            return query_start_loc[1:] - query_start_loc[:-1]
+
+        def unrelated(x):
+            return x + 1
+        """,
+    "attention/backends/flash.py": """
+        from attention import backend
+
+        class FlashBuilder(backend.AttentionMetadataBuilder["FlashMetadata"]):
+            def build(self, common):
+                '''The metadata.'''
+                if common.max_seq_len > 0:
+                    return common
+                return None
+
+            def _helper(self):
+                def inner():
+                    return 1
+                return inner()
+
+        class FlashImpl:
+            def forward(self, attn_metadata):
+                return attn_metadata
+        """,
+    "other/mla.py": """
+        from attention.backends.flash import FlashBuilder
+
+        class MLABuilder(FlashBuilder):
+            def build_for_cudagraph_capture(self, common):
+                return self.build(common)
+
+        class Lookalike(Other):
+            def build(self):
+                return 0
+        """,
+    "runner.py": """
+        import typing
+
+        if typing.TYPE_CHECKING:
+            def typed(block_table): ...
+
+        class Runner:
+            def prepare(self):
+                def fill(slot_mapping):
+                    return slot_mapping
+                return fill
+
+            def sample(self, logits):
+                return logits.argmax()
+        """,
+    "layers/backend.py": """
+        class AttentionBackend:
+            def init_forward_metadata(self, batch): ...
+
+        class TritonBackend(AttentionBackend):
+            def init_cuda_graph_state(self, n):
+                return n
+
+            def init_forward_metadata_out_graph(self, batch):
+                return batch
+
+            def forward_decode(self, q, forward_metadata):
+                return q
+        """,
+}
+
+
+@pytest.fixture(scope="module")
+def surface():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts' shared modules, as when run
+    spec = importlib.util.spec_from_file_location("surface", ROOT / "benchmarks/surface.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["surface"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["surface"]
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    root = tmp_path / "fake"
+    for name, text in FAKE.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def names(functions) -> set[str]:
+    return {f.name.removeprefix("fake/") for f in functions}
+
+
+def test_the_builder_rule_takes_every_method_of_the_base_and_its_subclasses(surface, package):
+    clause = surface.Select("class", ("**/*.py",), base="AttentionMetadataBuilder")
+    assert names(surface.select(surface.Source(package), clause)) == {
+        "attention/backend.py:AttentionMetadataBuilder.build",
+        "attention/backends/flash.py:FlashBuilder.build",
+        "attention/backends/flash.py:FlashBuilder._helper",  # its nested inner() is its lines
+        # A subclass of a subclass, in a module that never names the base.
+        "other/mla.py:MLABuilder.build_for_cudagraph_capture",
+    }
+
+
+def test_a_method_name_filter_keeps_the_metadata_and_graph_methods(surface, package):
+    clause = surface.Select(
+        "class", ("layers/*.py",), base="AttentionBackend", names=("metadata", "graph")
+    )
+    assert names(surface.select(surface.Source(package), clause)) == {
+        "layers/backend.py:AttentionBackend.init_forward_metadata",
+        "layers/backend.py:TritonBackend.init_cuda_graph_state",
+        "layers/backend.py:TritonBackend.init_forward_metadata_out_graph",
+    }
+
+
+def test_the_refs_rule_takes_the_functions_that_name_metadata(surface, package):
+    source = surface.Source(package)
+    everywhere = surface.Select("refs", ("runner.py",))
+    assert names(surface.select(source, everywhere)) == {
+        "runner.py:typed",  # under `if TYPE_CHECKING:`, by its argument
+        "runner.py:Runner.prepare",  # by its nested function's argument
+    }
+    module_level = surface.Select("refs", ("attention/**/*.py",), module_only=True)
+    assert names(surface.select(source, module_level)) == {"attention/backend.py:split_decodes"}
+
+
+def test_a_function_is_in_the_first_part_that_selects_it_and_missing_files_are_absent(
+    surface, package
+):
+    parts = (
+        surface.Part("builders", (surface.Select("class", ("**/*.py",), base="FlashBuilder"),)),
+        surface.Part("backends", (surface.Select("every", ("attention/backends/*.py",)),)),
+        surface.Part("missing", (surface.Select("every", ("nowhere/*.py",)),)),
+    )
+    found = surface.surface(package, parts)
+    assert names(found["builders"]) == {
+        "attention/backends/flash.py:FlashBuilder.build",
+        "attention/backends/flash.py:FlashBuilder._helper",
+        "other/mla.py:MLABuilder.build_for_cudagraph_capture",
+    }
+    assert names(found["backends"]) == {"attention/backends/flash.py:FlashImpl.forward"}
+    assert found["missing"] is None
+
+
+def test_a_function_counts_its_body_lines_and_the_branches_leaving_them(surface, package):
+    source = surface.Source(package)
+    clause = surface.Select("class", ("attention/backends/*.py",), base="FlashBuilder")
+    build = next(f for f in surface.select(source, clause) if f.name.endswith(".build"))
+    # The module's lines: class (4), def (5), docstring (6), if (7), return (8), return (9).
+    assert (build.first, build.last) == (6, 9)
+    report = {  # coverage's JSON report of the file, as far as the count reads it
+        "executed_lines": [2, 4, 5, 7, 8, 11],
+        "missing_lines": [9, 12],
+        "executed_branches": [[7, 8]],
+        "missing_branches": [[7, 9], [12, -11]],
+    }
+    assert surface.count(build, report) == surface.Count(
+        lines=3, lines_run=2, branches=2, branches_run=1
+    )
+    assert surface.count(build, {}) == surface.Count()  # a file coverage never reported
+
+
+def test_the_json_document_has_the_published_schema(surface, tmp_path: Path):
+    Count = surface.Count
+    result = surface.EngineResult(
+        "vllm",
+        "0.33.0",
+        {
+            "builders": {"a.py:B.build": Count(10, 4, 6, 2), "a.py:B.other": Count(5, 0, 2, 0)},
+            "drafters": {"b.py:f": Count(3, 3, 0, 0)},
+            "graph-runner": None,  # absent in this release
+        },
+    )
+    path = tmp_path / "surface.json"
+    surface.write_json(path, [result])
+    doc = json.loads(path.read_text())
+    keys = {"lines_run", "lines", "branches_run", "branches"}
+    assert set(doc) == {"vllm"}
+    engine = doc["vllm"]
+    assert set(engine) == keys | {"parts"}
+    assert {k: engine[k] for k in keys} == {
+        "lines_run": 7,
+        "lines": 18,
+        "branches_run": 2,
+        "branches": 8,
+    }
+    assert set(engine["parts"]) == {"builders", "drafters", "graph-runner"}
+    for part in engine["parts"].values():
+        assert set(part) == keys | {"functions"}
+    builders = engine["parts"]["builders"]
+    assert builders["functions"] == {"a.py:B.build": 4, "a.py:B.other": 0}
+    assert (builders["lines_run"], builders["lines"]) == (4, 15)
+    assert engine["parts"]["graph-runner"] == {
+        "lines_run": 0,
+        "lines": 0,
+        "branches_run": 0,
+        "branches": 0,
+        "functions": {},
+    }
+
+
+def test_the_tables_say_absent_and_the_rules_fit_a_markdown_cell(surface):
+    Count = surface.Count
+    result = surface.EngineResult(
+        "sglang", "0.5.23", {"backends": {"x.py:f": Count(4, 0, 0, 0)}, "spec-runners": None}
+    )
+    text = surface.parts_table(result)
+    assert "absent" in text.splitlines()[3] and "0/4" in text.splitlines()[2]
+    assert surface.not_run(result, 5) == ["`x.py:f` (backends, 4 lines)"]
+    for engine, parts in surface.SURFACE.items():
+        assert engine in surface.NAMES
+        for part in parts:
+            for clause in part.clauses:
+                assert "|" not in clause.describe(engine), part.name
+                assert not any(g.startswith("/") for g in clause.files)
+
+
+def test_the_command_written_to_the_docs_names_no_output_file(surface):
+    argv = ["--examples", "50", "--json", "out.json", "--markdown", "docs/surface.md"]
+    assert surface.reader_command(argv) == "python benchmarks/surface.py --examples 50"
+    assert surface.reader_command(["--json=x.json"]) == "python benchmarks/surface.py"
