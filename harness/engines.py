@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from attnfuzz.harness import entry_points
+from attnfuzz.harness.callers import Callee
 from attnfuzz.harness.target import Implementation
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import StepPlan
@@ -79,6 +80,13 @@ class Engine:
     production, for an engine whose steps the reference's runner rules do not
     describe (they model vLLM's runners): reachability judges the finding at each
     site instead of planning the step. None: :attr:`planner` or the reference's rules."""
+
+    callers: Callable[[str, str], Callee | None] | None = None
+    """``callers(target, impl)``: the engine function that implementation runs and what
+    its callers' arguments mean (:mod:`attnfuzz.harness.callers`), for code whose
+    arguments the case draws: reachability then plans the step only where some call in
+    the installed release passes the case's values, and names the configuration it
+    needs. None (or a None result): the arguments are taken as reachable."""
 
     def shipped_bug(self, target: str, impl: str) -> ShippedBug | None:
         """The first of :attr:`shipped_bugs` of ``target``'s ``impl`` that the installed

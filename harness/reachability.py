@@ -28,6 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnfuzz.harness import engines
+from attnfuzz.harness.callers import (
+    Callee,
+    admitted_runners,
+    callers_of,
+    describe_refusal,
+    package_root,
+    runner_limits,
+)
 from attnfuzz.harness.errors import PlannerRefuses, PlannerUnbound
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner import (
@@ -134,16 +142,36 @@ def reachability(
     judge_fails: Callable[[Case], bool],
     refused: Callable[[Case], bool],
     engine: str | None = None,
+    callee: Callee | None = None,
 ) -> Reachability:
     """The (runner, mode) pairs in which the engine runs the faulting code on this
     step's metadata; ``judge_fails(case)`` judges the implementation, ``refused(case)``
     says a case is not one the target can judge (its invariants, its backends). A pair
-    the engine's planner refuses (:class:`PlannerRefuses`) is left out, named in the reason."""
+    the engine's planner refuses (:class:`PlannerRefuses`) is left out, named in the reason.
+    ``callee``: the engine function whose arguments the case draws; only the runners on
+    which some call in the installed release passes the case's values are planned, and
+    the configuration those calls need is named (:mod:`attnfuzz.harness.callers`)."""
     plan = engine_planner(engine)
     config = case.config
     pairs: list[Pair] = []
     not_run: list[str] = []  # pairs the installed engine does not run, with why
-    for runner in RUNNERS:
+    runners: list[str] = list(RUNNERS)
+    found = None
+    if callee is not None and package_root(callee.package) is not None:
+        params = dict(case.params)
+        found = callers_of(callee, params)
+        if not found.admitting:
+            why = describe_refusal(found, params) + ": no configuration reaches this case"
+            return Reachability(UNKNOWN, runs_in, (), why, (f"{callee.package} call sites",))
+        runners = admitted_runners(found, RUNNERS)
+        for runner in RUNNERS:
+            if runner not in runners:
+                not_run.append(
+                    f"{runner} (the calls that pass these arguments need "
+                    f"{' or '.join(runner_limits(found))}, which runs on "
+                    f"{', '.join(runners) or 'no runner'} only)"
+                )
+    for runner in runners:
         for mode in allowed_modes(config.cg_support, config.next_n):
             varlen = config.varlen_decode and runner == "v2" and separate_routine(mode)
             cfg = dataclasses.replace(
@@ -185,10 +213,14 @@ def reachability(
             "capture's dummy steps) it passes"
         )
         status = LATENT
+    if found is not None:
+        reason += f"; with {' or '.join(found.configurations())}"
     if not_run:
         skipped = f"the installed engine does not run {'; '.join(not_run)}"
         reason, status = (f"{reason}; {skipped}", status) if pairs else (skipped, UNKNOWN)
     decided = (plan.__module__ + "." + plan.__qualname__,)
+    if found is not None:
+        decided += tuple(found.decided_by())
     decided += tuple(step_plan(config, case.batch).decided_by)
     if runs_in == "forward":
         decided += (_WHERE_PYTHON_RUNS,)
@@ -281,7 +313,10 @@ def finding_reachability(
         if declared is not None and declared.sites is not None:
             sites = declared.sites(target.name, impl.name)
             return site_reachability(case, target.runs_in, fails, sites, refused)
-        return reachability(case, target.runs_in, fails, refused, impl.engine)
+        callee = None
+        if declared is not None and declared.callers is not None:
+            callee = declared.callers(target.name, impl.name)
+        return reachability(case, target.runs_in, fails, refused, impl.engine, callee)
     except OutOfTime:
         why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"
         return Reachability(UNKNOWN, target.runs_in, (), why)

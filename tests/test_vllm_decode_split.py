@@ -54,3 +54,22 @@ def test_three_way_split_returns_its_last_two_counts_as_host_tensors_the_oracle_
     t = get_target(TARGET)
     assert t.judge(t.resolve("vllm"), c).ok
     assert not t.judge(t.resolve("extends-as-prefills"), c).ok
+
+
+def test_vllm_s_split_with_short_extends_as_prefills_is_live_only_under_pcp_on_v2():
+    """The padding-as-prefill defect's case (``require_uniform``, short extends as
+    prefills): vLLM's builders pass that only with prefill context parallelism, which
+    runs on the V2 runner only; the V1 runner is never named live."""
+    from attnfuzz.adapters.vllm.plugin import _padded_single_decode
+    from attnfuzz.harness.engines import get
+    from attnfuzz.harness.reachability import LIVE, finding_reachability
+
+    t = get_target("decode-split")
+    mutant = t.resolve("upstream-pr29644-padding-as-prefills")
+    case = _padded_single_decode()
+    assert get("vllm").callers("decode-split", mutant.name) is not None
+    r = finding_reachability(t, mutant, case, lambda c: t.judge(mutant, c))
+    assert r.status == LIVE, r.reason
+    assert {p.runner for p in r.pairs} == {"v2"}
+    assert "--prefill-context-parallel-size > 1" in r.reason
+    assert any("_get_v1_model_runner_unsupported_features" in d for d in r.decided_by)

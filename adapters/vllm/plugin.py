@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import implementation as vllm_impl
+from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
 from attnfuzz.harness.target import Implementation
@@ -365,6 +366,59 @@ def _unpadding() -> list[Implementation]:
     ]
 
 
+_SPLIT_CALLEE = Callee(
+    "vllm",
+    "split_decodes_and_prefills",
+    (
+        Argument("require_uniform", "require_uniform", False),
+        Argument(
+            "short_extends_as_prefills",
+            "treat_short_extends_as_decodes",
+            True,
+            to_case=lambda v: int(not v),
+        ),
+    ),
+    (
+        Condition(
+            "not self.use_pcp",
+            {True: "prefill context parallelism off (the default)",
+             False: "--prefill-context-parallel-size > 1"},
+            runners={False: ("v2",)},
+            source="vllm/config/vllm.py: VllmConfig._get_v1_model_runner_unsupported_features "
+            "(prefill context parallel runs on the V2 model runner only)",
+        ),
+        Condition(
+            "self.query_len_support != QueryLenSupport.VARLEN",
+            {True: "an MLA backend whose decode needs uniform query lengths",
+             False: "an MLA backend with varlen decode"},
+            source="vllm/model_executor/layers/attention/mla_attention.py: "
+            "MLACommonMetadataBuilder (query_len_support)",
+        ),
+        Condition(
+            "self.require_uniform_decodes",
+            {True: "a sparse MLA backend that requires uniform decodes",
+             False: "a sparse MLA backend with varlen decodes"},
+            source="vllm/model_executor/layers/attention/sparse_mla_attention.py",
+        ),
+        Condition(
+            "not (self.use_flattening or self.supports_varlen)",
+            {True: "the DeepSeek indexer without flattening or varlen paged MQA logits",
+             False: "the DeepSeek indexer with flattening or varlen paged MQA logits"},
+            source="vllm/v1/attention/backends/mla/indexer.py: "
+            "DeepseekV32IndexerMetadataBuilder",
+        ),
+    ),
+)  # fmt: skip
+"""Who calls ``split_decodes_and_prefills`` with the arguments ``decode-split`` draws,
+and what their expressions mean: read from vLLM 0.33.0; each release's calls are read
+from its own package (a call whose expression is not declared here is not taken as
+reaching the case)."""
+
+
+def _callers(target: str, impl: str) -> Callee | None:
+    return _SPLIT_CALLEE if target == "decode-split" else None
+
+
 def _planner() -> StepPlanner:
     """vLLM's own step planning (:mod:`.runner_modes`), where the installed release's binds."""
     problem = vllm.planner_problem()
@@ -457,5 +511,6 @@ VLLM = Engine(
     },
     planner=_planner,
     shipped_bugs=SHIPPED_BUGS,
+    callers=_callers,
 )
 """The engine vLLM (the value of the entry point ``vllm``)."""
