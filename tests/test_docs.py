@@ -206,3 +206,25 @@ def test_no_bug_upstream_fixed_first_is_credited_to_attnfuzz():
             assert "found by attnfuzz" not in f"{bug.what} {bug.note}".lower(), bug.ref
     for page in sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]:
         assert "found by attnfuzz" not in page.read_text().lower(), page.name
+
+
+# A count of examples quoted in prose ("first failure after 134, 25 and 21 examples"):
+# a measurement, so it belongs in a script's section or nowhere.
+PROSE_COUNT = re.compile(r"after \d[\d,\s]*(and \d+\s*)?examples")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_count_of_examples_is_quoted_in_prose(page: Path) -> None:
+    """Counts of examples to a failure drift as the strategies change: a page quotes
+    them only inside a section its script writes (a command's output shown in a
+    code block is a sample of what it prints, not a figure)."""
+    text = page.read_text()
+    blocks = sections(text)
+    prose, fence = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        elif not fence and not any(b <= number <= e for _, _, b, e in blocks):
+            prose.append(line)
+    found = PROSE_COUNT.search(" ".join(prose))
+    assert found is None, f"{page.name}: '{found.group(0)}' (a count of examples in prose)"
