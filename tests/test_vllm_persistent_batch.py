@@ -4,6 +4,8 @@ of ``persistent-batch``: one engine's objects kept across a trace's steps."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from types import CodeType
 
 import pytest
 from attnfuzz.adapters.vllm.testing import requires_vllm
@@ -145,8 +147,151 @@ def test_vllms_own_errors_are_findings_and_the_adapters_gaps_are_attnfuzz_errors
     class Gap(pb.PersistentBatchEngine):
         def _start(self, inputs):
             runner = super()._start(inputs)
-            del runner.pcp_manager  # what prepare_attn reads first
+            del runner.pcp_manager  # what gather_batch_req_state reads first (a prefill)
             return runner
 
     with pytest.raises(HarnessError, match="persistent_batch.py"):
         t.judge(Implementation("gap", Gap(), "user"), case)
+
+
+def _lines_run(codes: list[CodeType], run: Callable[[], object]) -> dict[CodeType, set[int]]:
+    """The lines of each code object in ``codes`` that ran during ``run()``, by code
+    (``sys.settrace``: the function itself ran, not a copy of its lines)."""
+    import sys
+
+    ran: dict[CodeType, set[int]] = {code: set() for code in codes}
+
+    def tracer(frame, event, arg):
+        lines = ran.get(frame.f_code)
+        if lines is None:
+            return None  # only the runner's methods are traced
+
+        def line(frame, event, arg):
+            if event == "line":
+                lines.add(frame.f_lineno)
+            return line
+
+        return line
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        run()
+    finally:
+        sys.settrace(previous)
+    return ran
+
+
+def _line_of(fn: Callable, text: str) -> int:
+    """The line number of the one line of ``fn``'s source that holds ``text``."""
+    import inspect
+
+    source, first = inspect.getsourcelines(fn)
+    (at,) = [first + k for k, line in enumerate(source) if text in line]
+    return at
+
+
+def test_the_runners_own_prepare_inputs_builds_the_step_padding_rows_included():
+    """``GPUModelRunner.gather_batch_req_state`` and ``prepare_inputs`` run, vLLM's own
+    code objects, their padding lines among the lines that ran, and what the target
+    compares is theirs: views of the runner's ``InputBuffers``."""
+    pb = adapter()
+    pb.prepare()
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    trace = target_module.smallest_stale_padding_rows()  # step 1: one request, two rows
+    engine = pb.PersistentBatchEngine()
+    outs = []
+
+    def run():
+        for k in range(len(trace.steps)):
+            outs.append(engine(ref.make_inputs(trace.case(k))))
+
+    prepare, gather = GPUModelRunner.prepare_inputs, GPUModelRunner.gather_batch_req_state
+    ran = _lines_run([prepare.__code__, gather.__code__], run)
+    padding = _line_of(prepare, "query_start_loc_np[num_reqs + 1 :] = num_tokens")
+    assert padding in ran[prepare.__code__]
+    assert _line_of(prepare, "prepare_pos_seq_lens(") in ran[prepare.__code__]
+    assert _line_of(gather, "sort_batch_req_ids(") in ran[gather.__code__]
+
+    last, buffers = outs[-1], engine.runner.input_buffers
+    assert last.query_start_loc.tolist() == [0, 1, 1]  # the padding row repeats T
+    assert last.seq_lens.tolist() == [2, 0]
+    assert last.query_start_loc.data_ptr() == buffers.query_start_loc.data_ptr()
+    assert last.seq_lens.data_ptr() == buffers.seq_lens.data_ptr()
+
+
+def test_the_inputs_batch_order_is_kept_where_the_runner_would_sort_otherwise():
+    """``sort_batch_req_ids`` puts queries of ``decode_query_len`` tokens first, then the
+    shortest: each step here is in another order (decodes first, as the target's
+    batches are), and the engine hands on the inputs' order, as the reference judges."""
+    pb = adapter()
+    pb.prepare()
+    from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
+
+    steps = (  # prefills of 5 and 3 tokens; decodes of 1 and 2 (next_n: 2)
+        Batch((0, 0), (5, 3), req_ids=(0, 1), pages=((1, 2), (3,)), new_pages=(2, 1)),
+        Batch((5, 3), (1, 2), req_ids=(0, 1), pages=((1, 2), (3, 4)), new_pages=(0, 1)),
+    )
+    trace = Trace(spec_config(), steps)
+    t = target()
+    engine = pb.PersistentBatchEngine()
+    for k in range(len(steps)):
+        case = trace.case(k)
+        inputs = ref.make_inputs(case)
+        ids = [str(i) for i in inputs.req_ids]
+        scheduled = dict(zip(ids, inputs.query_lens, strict=True))
+        assert sort_batch_req_ids(scheduled, {}, 2) != ids  # the runner's order: another
+        out = engine(inputs)
+        assert t.compare(case, inputs, ref.reference(case, inputs), out) == []
+        rows = engine.runner.req_states.req_id_to_index
+        assert engine.last.idx_mapping.tolist() == [rows[i] for i in ids]
+    assert t.judge_trace(t.resolve("vllm"), trace).ok
+
+
+class StaleQueryStartLocPadding:
+    """A mutant of ``GPUModelRunner.prepare_inputs``' padding (its line
+    ``query_start_loc_np[num_reqs + 1:] = num_tokens`` undone): after vLLM's own
+    ``prepare_inputs``, the padding entries of the runner's ``query_start_loc`` buffer
+    are put back as the step found them, stale."""
+
+    def __init__(self) -> None:
+        self.engine = adapter().PersistentBatchEngine()
+        self.calls = 0
+
+    def new_engine(self) -> None:
+        self.engine.new_engine()
+
+    def __call__(self, inputs):
+        runner = self.engine._start(inputs)
+        if "prepare_inputs" not in vars(runner):
+            prepare_inputs = runner.prepare_inputs  # vLLM's, bound to the runner
+
+            def stale_padding(*args, **kwargs):
+                self.calls += 1
+                buffer = runner.input_buffers.query_start_loc
+                before = buffer.clone()
+                batch = prepare_inputs(*args, **kwargs)
+                buffer[batch.num_reqs + 1 :] = before[batch.num_reqs + 1 :]
+                return batch
+
+            runner.prepare_inputs = stale_padding
+        return self.engine(inputs)
+
+
+def test_a_stale_padding_in_prepare_inputs_is_caught_by_the_hand_trace_and_a_search():
+    """The stale-padding-rows hand trace (two requests, then one padded to two rows):
+    step 0's ``query_start_loc[2]``, 2, is left in step 1's padding row, where vLLM
+    writes the token count, 1. A derandomized search of traces finds it too."""
+    t = target()
+    mutant = StaleQueryStartLocPadding()
+    impl = Implementation("vllm-stale-query-start-loc", mutant, "user", traced=True)
+
+    verdict = t.judge_trace(impl, target_module.smallest_stale_padding_rows())
+    assert mutant.calls == 2 and not verdict.ok
+    (wrong,) = verdict.mismatches
+    assert str(wrong).startswith("[values] query_start_loc[2]: expected 1, got 2;")
+
+    result = fuzz(t, impl, max_examples=30, rng_seed=0, database=None, traced=True)
+    assert result.verdict is not None and not result.verdict.ok
+    assert {m.where.split("[")[0] for m in result.verdict.mismatches} == {"query_start_loc"}

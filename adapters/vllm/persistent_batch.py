@@ -31,34 +31,62 @@ Per step (``GPUModelRunner.sample_tokens`` of the last step, then ``execute_mode
 4. ``update_requests``: running requests' host ``num_computed_tokens`` and the pages
    they gained, appended (``append_block_ids(overwrite=False)``).
 5. ``block_tables.apply_staged_writes()`` (``execute_model``).
-6. ``prepare_inputs``, the part attention reads: ``idx_mapping`` (batch order -> row,
-   ``gather_batch_req_state``), ``query_start_loc`` and ``prepare_pos_seq_lens``.
-7. ``prepare_attn``: ``gather_block_tables`` and ``compute_slot_mappings``.
+6. ``gather_batch_req_state``: the step's ``BatchReqState``, the host state of the
+   batch's requests (``idx_mapping_np``: batch order -> row, prefill progress), in the
+   runner's batch order (``sort_batch_req_ids``), then put in the inputs' order (below).
+7. ``prepare_inputs``: the step's ``InputBatch`` in the runner's ``InputBuffers``: the
+   device ``idx_mapping``, the host ``query_start_loc`` with its padding
+   (``query_start_loc_np[num_reqs + 1:] = num_tokens``) copied into the persistent
+   buffer, the prefill tokens, ``prepare_pos_seq_lens`` (positions, ``seq_lens``), the
+   sampled and draft tokens and logits indices (``combine_sampled_and_draft_tokens``).
+8. ``prepare_attn``: ``gather_block_tables`` and ``compute_slot_mappings``.
 
 What runs unchanged: ``GPUModelRunner``'s ``finish_requests``, ``_remove_request``,
-``add_requests``, ``update_requests``, ``postprocess_sampled`` and ``prepare_attn`` (taken
-from the class, bound to :class:`_Runner`, which holds the real objects above), and
-everything they call. The adapter's glue:
+``add_requests``, ``update_requests``, ``postprocess_sampled``,
+``gather_batch_req_state``, ``prepare_inputs`` and ``prepare_attn`` (taken from the
+class, bound to :class:`_Runner`, which holds the real objects above), and everything
+they call. Every field the target compares comes out of them: ``query_start_loc`` and
+``seq_lens`` are ``prepare_inputs``' views of ``InputBuffers``, the block table and slot
+mapping ``prepare_attn``'s of ``BlockTables``' buffers, padding rows included. The
+adapter's glue, where the runner needs a model, a sampler or a device, or where the
+target states what the runner would decide:
 
 - the ``SchedulerOutput`` of the step (vLLM's own dataclasses, ``vllm/v1/core/sched/output.py``),
-  built from the inputs: only ``req_ids``, computed tokens, query lengths and new pages;
-- the collaborators these methods also update (``model_state``, ``lora_state``; the
-  sampler, pooling, encoder cache, pipeline parallelism: none) as no-ops: none of them
-  reaches the attention metadata;
+  built from the inputs: only ``req_ids``, computed tokens, query lengths and new pages
+  (no draft token ids: ``scheduled_spec_decode_tokens`` is empty, so ``prepare_inputs``
+  takes its branch of one logit a request; the drafts' count is the scheduler's, in
+  the computed tokens);
+- the collaborators these methods also reach, none of which reaches the attention
+  metadata: ``model_state`` and ``lora_state`` as no-ops (``model_state`` answers
+  ``num_new_sampled_tokens_per_step`` 1, the ``ModelState`` interface's default, and
+  ``decode_query_len`` is ``load_model``'s, the drafts plus that 1); of ``model_config``,
+  ``rswa_window`` None; the sampler, pooling, encoder cache, pipeline parallelism, PCP,
+  the fast-prefill helper and adaptive verification: none;
 - the sampler's result: ``num_rejected`` as above, ``num_sampled`` 0 (``post_update``
   then writes no token: the token bookkeeping is not attention metadata, and the count
   it keeps, ``query_len - num_rejected``, does not depend on it);
-- from ``prepare_inputs``, whose other work (input ids, logits, drafts) needs a model and
-  a sampler: the lines that build ``idx_mapping`` (``gather_batch_req_state``'s, in the
-  inputs' batch order: the order the runner picks, ``sort_batch_req_ids``, is an input
-  of the target, as the batch order the reference judges), the host
-  ``query_start_loc`` with its padding (``query_start_loc_np[num_reqs + 1:] = num_tokens``)
-  copied into the persistent buffer, and the call of ``prepare_pos_seq_lens``.
+- the batch order: ``gather_batch_req_state`` sorts the batch (``sort_batch_req_ids``:
+  queries of ``decode_query_len`` tokens first, then the shortest), and the order is an
+  input of the target, the batch order the reference judges; so its ``BatchReqState``
+  is taken in the inputs' order, each request's entries with it (:func:`_in_batch_order`;
+  nothing when the runner's order is already the inputs');
+- the padding decision: ``execute_model``'s ``dispatch_cg_and_sync_dp`` needs a
+  ``CudaGraphManager`` (a CUDA graph pool, a pipeline-parallel group), and the padded
+  sizes are inputs of the target (``num_reqs_padded``, ``num_slot_tokens``, the
+  reference's step plan; vLLM's own decision is run by the planner adapter,
+  ``adapters/vllm/runner_modes.py``, and held to that plan by its tests), so the step's
+  ``BatchExecutionDescriptor`` is vLLM's own dataclass of those two (:func:`_batch_desc`),
+  and the LoRA count is what ``execute_model`` passes without LoRA, 0.
 
-A step's padding is vLLM's: ``prepare_pos_seq_lens`` writes ``seq_lens`` 0 past the
-real requests, ``gather_block_tables`` zeroes the padding rows (the null block 0),
+A step's padding is vLLM's: ``prepare_inputs`` repeats the token count in
+``query_start_loc`` past the real requests, ``prepare_pos_seq_lens`` writes ``seq_lens``
+0 there, ``gather_block_tables`` zeroes the padding rows (the null block 0), and
 ``compute_slot_mappings`` writes ``PAD_SLOT_ID`` from the real token count to the end of
-its buffer, and ``query_start_loc`` repeats the token count.
+its buffer.
+
+Releases: the adapter binds from 0.30.0 (``compat.REQUIRES``), and 0.30.0 to 0.33.0 have
+``gather_batch_req_state``, ``BatchReqState`` and ``prepare_inputs`` in these forms;
+``prepare_inputs`` takes the step's LoRA count from 0.31.0 (0.30.0 takes none).
 
 The block table's width is the runner's own: ``initialize_kv_cache`` sizes each group's
 row with ``get_block_table_width(spec.max_num_blocks_per_req(...), block_size,
@@ -86,7 +114,7 @@ from typing import Any
 import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
 import numpy as np
 import torch
-from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import _engine, compat
 from attnfuzz.adapters.vllm.slot_mapping import host_memory, new_block_tables
 from attnfuzz.reference.batch import Case, EngineConfig, cdiv
 from attnfuzz.reference.persistent_batch import PersistentBatchInputs, PersistentBatchOutputs
@@ -143,9 +171,36 @@ def _runner_class() -> type:
         add_requests = GPUModelRunner.add_requests
         update_requests = GPUModelRunner.update_requests
         postprocess_sampled = GPUModelRunner.postprocess_sampled
+        gather_batch_req_state = GPUModelRunner.gather_batch_req_state
+        prepare_inputs = GPUModelRunner.prepare_inputs
         prepare_attn = GPUModelRunner.prepare_attn
 
     return _Runner
+
+
+class _ModelState(_NoState):
+    """``model_state`` (``vllm/v1/worker/gpu/model_states/``): no-ops, and the one number
+    ``prepare_inputs`` and the runner's ``decode_query_len`` read of it, the interface's
+    default (``ModelState.num_new_sampled_tokens_per_step``, 1: one token sampled per
+    request and step, as the default and every attention-only model state)."""
+
+    num_new_sampled_tokens_per_step = 1
+
+
+class _ModelConfig(_Standin):
+    """The ``ModelConfig`` field ``prepare_inputs`` reads: ``rswa_window``, the window of
+    an R-SWA model (for which it gathers the prompt lengths), None for any other."""
+
+    rswa_window = None
+
+
+# The step's LoRA count, a parameter of prepare_inputs from 0.31.0 (0.30.0 takes none).
+_PREPARE_INPUTS_LORAS = compat.Api(
+    "vllm.v1.worker.gpu.model_runner",
+    "GPUModelRunner.prepare_inputs",
+    keyword="num_active_loras",
+    since="0.31.0",
+)
 
 
 def declines(case: Case) -> str | None:
@@ -205,14 +260,18 @@ def _new_runner(config: EngineConfig, device: torch.device, width: int) -> Any:
     )
     # What the methods above also reach: none here (a single GPU, no pipeline or context
     # parallelism, no sampler, pooling, encoder cache or adaptive verification).
-    runner.model_state = _NoState()
+    runner.model_state = _ModelState()
     runner.lora_state = _NoState()
+    runner.model_config = _ModelConfig()
     for name in (
         "pooling_runner", "pp_handler", "encoder_cache", "prompt_logprobs_worker",
-        "adaptive_verification", "sampler", "pcp_manager", "kv_block_zeroer",
+        "adaptive_verification", "sampler", "pcp_manager", "kv_block_zeroer", "fast_prefill",
     ):  # fmt: skip
         setattr(runner, name, None)
     runner.is_last_pp_rank = False  # gates the sampler's and prompt logprobs' bookkeeping
+    runner.use_pp = False
+    # load_model: the query of a decode, its drafts and the tokens it samples.
+    runner.decode_query_len = config.num_spec + runner.model_state.num_new_sampled_tokens_per_step
     return runner
 
 
@@ -229,12 +288,46 @@ class _Step:
     query_start_loc: torch.Tensor
 
 
-class _InputBatch(_Standin):
-    """The fields of ``vllm/v1/worker/gpu/input_batch.py`` ``InputBatch`` that
-    ``prepare_attn`` reads."""
+def _in_batch_order(state: Any, req_ids: list[str]) -> Any:
+    """``gather_batch_req_state``'s ``BatchReqState`` in the inputs' batch order: its
+    requests taken in the order of ``req_ids``, every per-request array with them (the
+    rest, counts and flags of the whole batch, do not depend on the order). The runner
+    orders a batch by ``sort_batch_req_ids`` (drafts and decodes first, then by query
+    length); the target states the order, as the reference judges it."""
+    if list(state.req_ids) == req_ids:
+        return state
+    at = {rid: i for i, rid in enumerate(state.req_ids)}
+    order = np.fromiter(map(at.__getitem__, req_ids), dtype=np.intp, count=len(req_ids))
+    fields: dict[str, Any] = {"req_ids": list(req_ids)}
+    for name, value in state._asdict().items():
+        if isinstance(value, np.ndarray):
+            if value.shape[:1] != order.shape:  # a field not per request: unknown here
+                raise TypeError(
+                    f"BatchReqState.{name} of shape {value.shape} is not one entry a request: "
+                    "attnfuzz's adapters/vllm/persistent_batch.py cannot put it in batch order"
+                )
+            fields[name] = value[order]
+    return state._replace(**fields)
 
-    def __init__(self, **fields: Any):
-        self.__dict__.update(fields)
+
+def _batch_desc(inputs: PersistentBatchInputs) -> Any:
+    """The step's ``BatchExecutionDescriptor`` (``vllm/v1/worker/gpu/cudagraph_utils.py``)
+    of the padded sizes the inputs state: ``num_tokens`` the slots (``T_slots``),
+    ``num_reqs`` the rows (``R_pad``). ``prepare_inputs`` reads those two; its mode
+    reaches only the fast-prefill helper and PCP's partition (both off), and is FULL for
+    padded rows, PIECEWISE for padded tokens alone, else NONE."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+    R, T = inputs.num_reqs, inputs.num_tokens
+    R_pad, T_slots = inputs.num_reqs_padded, inputs.num_slot_tokens
+    if R_pad > R:
+        mode = CUDAGraphMode.FULL
+    elif T_slots > T:
+        mode = CUDAGraphMode.PIECEWISE
+    else:
+        mode = CUDAGraphMode.NONE
+    return BatchExecutionDescriptor(cg_mode=mode, num_tokens=T_slots, num_reqs=R_pad)
 
 
 def _scheduler_output(inputs: PersistentBatchInputs, held: set[str]) -> Any:
@@ -340,52 +433,23 @@ class PersistentBatchEngine:
         )
 
     def __call__(self, inputs: PersistentBatchInputs) -> PersistentBatchOutputs:
-        from vllm.utils.torch_utils import async_tensor_h2d
-        from vllm.v1.worker.gpu.input_batch import prepare_pos_seq_lens
-
         runner = self._start(inputs)
-        req_states, tables, buffers = runner.req_states, runner.block_tables, runner.input_buffers
-        R, T = inputs.num_reqs, inputs.num_tokens
-        R_pad, T_slots = inputs.num_reqs_padded, inputs.num_slot_tokens
+        tables, buffers = runner.block_tables, runner.input_buffers
         req_ids = [str(rid) for rid in inputs.req_ids]
         with host_memory(inputs.device):
             self._sample_last_step(inputs)
             # execute_model: the request states, then the staged block-table writes.
-            out = _scheduler_output(inputs, set(req_states.req_id_to_index))
+            out = _scheduler_output(inputs, set(runner.req_states.req_id_to_index))
             runner.finish_requests(out)
             runner.add_requests(out)
             runner.update_requests(out)
             tables.apply_staged_writes()
-
-            # prepare_inputs (glue, its lines): idx_mapping as gather_batch_req_state maps
-            # the batch's requests to their rows; query_start_loc padded with the token count.
-            idx_mapping_np = np.fromiter(
-                map(req_states.req_id_to_index.__getitem__, req_ids), dtype=np.intp, count=R
-            )
-            idx_mapping = async_tensor_h2d(idx_mapping_np, device=inputs.device, dtype=torch.int64)
-            query_start_loc_np = np.empty(runner.max_num_reqs + 1, dtype=np.int32)
-            query_start_loc_np[0] = 0
-            np.cumsum(inputs.query_lens, out=query_start_loc_np[1 : R + 1])
-            query_start_loc_np[R + 1 :] = T
-            async_tensor_h2d(query_start_loc_np, out=buffers.query_start_loc)
-            query_start_loc = buffers.query_start_loc[: R_pad + 1]
-            prepare_pos_seq_lens(
-                idx_mapping,
-                query_start_loc,
-                req_states.num_computed_tokens.gpu,
-                buffers.positions,
-                buffers.seq_lens,
-            )
-            seq_lens = buffers.seq_lens[:R_pad]
-
-            # prepare_attn, unchanged.
-            batch = _InputBatch(
-                idx_mapping=idx_mapping,
-                num_reqs_after_padding=R_pad,
-                query_start_loc=query_start_loc,
-                positions=buffers.positions[:T_slots],
-                num_tokens_after_padding=T_slots,
-            )
+            # execute_model: the batch's request state, in the inputs' batch order; the
+            # padded sizes the inputs state; then the inputs and attention's tables.
+            batch_req_state, _ = runner.gather_batch_req_state(out, dummy_run=False)
+            batch_req_state = _in_batch_order(batch_req_state, req_ids)
+            loras = {"num_active_loras": 0} if compat.has(_PREPARE_INPUTS_LORAS) else {}
+            batch = runner.prepare_inputs(out, batch_req_state, _batch_desc(inputs), **loras)
             block_tables, slot_mappings = runner.prepare_attn(batch)
 
         self.last = _Step(
@@ -393,12 +457,12 @@ class PersistentBatchEngine:
             tuple(
                 c + q for c, q in zip(inputs.num_computed_tokens, inputs.query_lens, strict=True)
             ),
-            idx_mapping,
-            query_start_loc,
+            batch.idx_mapping,
+            batch.query_start_loc,
         )
         return PersistentBatchOutputs(
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
             block_table=block_tables[0],
             slot_mapping=slot_mappings[0],
             buffers={
