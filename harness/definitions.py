@@ -15,6 +15,8 @@ import hashlib
 import json
 import re
 import shlex
+import shutil
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -198,10 +200,39 @@ def finding_id(target: str, implementation: str, key: str) -> str:
     return "--".join(fit(parts, room, strip="_.-")) + f"_{digest}"
 
 
-def repro_command(case_path: Path | str, implementation: str) -> str:
+def invoked_as(argv0: str | None = None) -> str:
+    """This process's attnfuzz command as the user can type it again here: ``attnfuzz``
+    where that name on ``PATH`` is the program running (or where attnfuzz runs inside
+    another program, pytest's plugin or the API), else the program's path (relative
+    to the working directory when under it: ``.venv/bin/attnfuzz`` after ``setup.sh``)
+    or ``PYTHON -m attnfuzz``."""
+    argv0 = sys.argv[0] if argv0 is None and sys.argv else (argv0 or "")
+    program = Path(argv0)
+    if program.name == "attnfuzz":
+        on_path = shutil.which("attnfuzz")
+        if on_path is not None and Path(on_path).resolve() == program.resolve():
+            return "attnfuzz"
+        return shlex.quote(_as_typed(program))
+    if program.name == "__main__.py" and program.parent.name == "attnfuzz":
+        return f"{shlex.quote(_as_typed(Path(sys.executable)))} -m attnfuzz"
+    return "attnfuzz"
+
+
+def _as_typed(path: Path) -> str:
+    """``path`` relative to the working directory when under it (``.venv/bin/x``)."""
+    try:
+        relative = path.absolute().relative_to(Path.cwd())
+    except ValueError:
+        return str(path.absolute())
+    return str(relative) if "/" in str(relative) else f"./{relative}"
+
+
+def repro_command(case_path: Path | str, implementation: str, program: str = "attnfuzz") -> str:
     """The command that replays a case file; a user's ``module:attribute`` is named
-    again (``--impl``), since a case file never makes attnfuzz import anything by itself."""
-    cmd = f"attnfuzz repro {shlex.quote(str(case_path))}"
+    again (``--impl``), since a case file never makes attnfuzz import anything by itself.
+    ``program``: how attnfuzz is typed (:func:`invoked_as`, for a line printed to the
+    user who just ran it; documents keep ``attnfuzz``)."""
+    cmd = f"{program} repro {shlex.quote(str(case_path))}"
     return cmd + (f" --impl {shlex.quote(implementation)}" if ":" in implementation else "")
 
 

@@ -218,3 +218,24 @@ def test_list_names_targets_that_could_not_be_built(monkeypatch, capsys):
     rows = {r["target"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["their-target"]["unavailable"] == "ImportError: x"
     assert rows["their-target"]["implementations"] == []
+
+
+def test_the_replay_line_names_the_program_as_it_runs_here(tmp_path, monkeypatch):
+    """``replay: ...`` is typed again as printed: ``attnfuzz`` only where that name on
+    PATH is the program that ran; after ``setup.sh`` without an activated venv it is
+    ``.venv/bin/attnfuzz``; ``python -m attnfuzz`` names the interpreter."""
+    from attnfuzz.harness.definitions import invoked_as
+
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    program = bin_dir / "attnfuzz"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert invoked_as(str(program)) == ".venv/bin/attnfuzz"
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert invoked_as(str(program)) == "attnfuzz"
+    main_py = tmp_path / "attnfuzz" / "__main__.py"
+    assert invoked_as(str(main_py)).endswith(" -m attnfuzz")
+    assert invoked_as("/usr/bin/pytest") == "attnfuzz"  # inside another program

@@ -30,6 +30,7 @@ from attnfuzz.harness.definitions import (
     HARNESS_FAULT_NOTE,
     LATENT,
     finding_id,
+    invoked_as,
     repro_command,
 )
 from attnfuzz.harness.reachability import finding_reachability, is_latent, reachability_lines
@@ -108,7 +109,7 @@ def print_failure(doc: dict, path: Path | None, shrunk: bool = True, word: str =
             print(line)
     if path is not None:
         print(f"written to {path}")
-        print(f"replay: {repro_command(path, doc['implementation'])}")
+        print(f"replay: {repro_command(path, doc['implementation'], invoked_as())}")
 
 
 def save_case(out: Path, name: str, doc: dict) -> Path | None:
