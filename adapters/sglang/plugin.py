@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters import sglang
 from attnfuzz.adapters.sglang import implementation as sglang_impl
+from attnfuzz.adapters.sglang import standalone
 from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS
 from attnfuzz.harness.engines import Engine, Site
 from attnfuzz.harness.target import Implementation
@@ -148,6 +149,7 @@ def _mla_block_table() -> list[Implementation]:
             reach=t.reach_speculative_replay,
             smallest=t.smallest_kv_past_context,
             fixes={"max_model_len": t.SGLANG_CONTEXT_LEN},
+            standalone=standalone.trtllm_mla_context_len,
             **reachable,
         ),
     ]
