@@ -104,6 +104,8 @@ V2_RUNNER_POSTPROCESS = Api(
     "GPUModelRunner.postprocess_sampled",
     keyword="num_rejected",
 )
+V2_RUNNER_GATHER = Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.gather_batch_req_state")
+V2_RUNNER_PREPARE = Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.prepare_inputs")
 V1_BLOCK_TABLE = Api("vllm.v1.worker.block_table", "BlockTable")
 SPLIT = Api("vllm.v1.attention.backends.utils", "split_decodes_and_prefills")
 SPLIT_EXTENDS = Api("vllm.v1.attention.backends.utils", "split_decodes_prefills_and_extends")
@@ -271,6 +273,8 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         POST_UPDATE,
         V2_RUNNER_STEP,
         V2_RUNNER_POSTPROCESS,
+        V2_RUNNER_GATHER,
+        V2_RUNNER_PREPARE,
         H2D_OUT,
     ),
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
