@@ -293,7 +293,12 @@ def export_case(path: Path | str, out: Path | str = DEFAULT_DIR, impl: str | Non
         doc.get("step"),
     )
     out = Path(out)
-    dest = out if out.suffix == ".py" else out / f"{name}.py"
+    return write_script(out if out.suffix == ".py" else out / f"{name}.py", source)
+
+
+def write_script(dest: Path, source: str) -> Path:
+    """Write an exported script, its directories created; a one-line
+    :class:`UsageError` where it cannot be written."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(source, encoding="utf-8")

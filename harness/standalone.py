@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from attnfuzz.harness.casefile.load import resolve_case
 from attnfuzz.harness.errors import UsageError
+from attnfuzz.harness.export import write_script
 from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.reference.batch import DEFAULT_FLOAT_DTYPE, using_float_dtype
 from attnfuzz.reference.trace import Trace
@@ -43,9 +44,4 @@ def export_standalone(
     dest = Path(out) if out is not None else Path(f"repro_{name.replace('-', '_')}.py")
     if dest.is_dir():
         dest = dest / f"repro_{name.replace('-', '_')}.py"
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(source, encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot write {dest}: {err.strerror or err}") from err
-    return dest
+    return write_script(dest, source)
