@@ -40,6 +40,7 @@ def clone(into: Path) -> Path:
 def steps_of(log: str, total: float) -> list[tuple[str, float]]:
     """(command, seconds) for each command ``.ci/run`` announced, to the next one's start."""
     starts = [(int(m[1]), m[2]) for m in map(STEP.match, log.splitlines()) if m]
+    starts = [(t, c) for t, c in starts if not c.startswith("export ")]  # settings, no step
     out = []
     for k, (t, command) in enumerate(starts):
         end = starts[k + 1][0] if k + 1 < len(starts) else total
@@ -96,7 +97,7 @@ def main() -> int:
     lines = [
         title + ":",
         "",
-        *table(["command", "minutes"], rows),
+        table(["command", "minutes"], rows, pad=False),
         "",
         f"Measured by `{command_line('ci', sys.argv[1:])}`.",
     ]

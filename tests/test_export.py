@@ -186,3 +186,16 @@ def test_unknown_impl_on_the_command_line_is_exit_2(mutant_case, tmp_path, capsy
     assert "unknown implementation 'nope'" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "missing.json"), *out]) == 2
     assert "cannot read case file" in capsys.readouterr().err
+
+
+def test_export_standalone_without_a_hook_is_a_one_line_usage_error(tmp_path, capsys):
+    """attnfuzz's own implementation has no standalone reproduction: exit 2, one line."""
+    case = hand_case((2, 2, 2), (5, 9, 3))
+    verdict = Verdict([Mismatch("values", "x[0]", "1", "2")])
+    doc = case_document("indexer-decode", "triton", case, verdict)
+    path = write_case(tmp_path / "case.json", doc)
+    assert main(["export", "--standalone", str(path), "-o", str(tmp_path / "repro.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnfuzz: error: ") and err.count("\n") == 1, err
+    assert "no standalone reproduction" in err, err
+    assert not (tmp_path / "repro.py").exists()

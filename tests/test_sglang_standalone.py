@@ -14,8 +14,9 @@ from attnfuzz.harness.casefile import case_document, write_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.targets import mla_block_table as t
-from attnfuzz.harness.testing import hand_case
 from attnfuzz.reference.batch import Batch
+
+pytestmark = requires_sglang
 
 # Runs the script with attnfuzz unimportable (-I: neither the checkout nor PYTHONPATH
 # on the path). Where no GPU is, SGLang imports torchvision at load, whose only wheel
@@ -71,8 +72,6 @@ def _run_without_attnfuzz(script: Path) -> subprocess.CompletedProcess:
     )
 
 
-@requires_sglang[0]
-@requires_sglang[1]
 @pytest.mark.parametrize(
     ("seq_len", "wrong"),
     [(t.SGLANG_CONTEXT_LEN - 3, True), (100, False)],
@@ -98,16 +97,3 @@ def test_standalone_trtllm_mla_context_len_shows_the_wrong_width(tmp_path, seq_l
     )
     assert line in done.stdout, done.stdout + done.stderr
     assert ("too narrow" in done.stdout) == wrong
-
-
-def test_standalone_without_a_hook_is_a_one_line_usage_error(tmp_path, capsys):
-    """attnfuzz's own implementation has no standalone reproduction: exit 2, one line."""
-    case = hand_case((2, 2, 2), (5, 9, 3))
-    verdict = Verdict([Mismatch("values", "x[0]", "1", "2")])
-    doc = case_document("indexer-decode", "triton", case, verdict)
-    path = write_case(tmp_path / "case.json", doc)
-    assert main(["export", "--standalone", str(path), "-o", str(tmp_path / "repro.py")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("attnfuzz: error: ") and err.count("\n") == 1, err
-    assert "no standalone reproduction" in err, err
-    assert not (tmp_path / "repro.py").exists()

@@ -1,0 +1,114 @@
+"""An implementation of a target: any callable ``fn(inputs) -> outputs``, with what
+the harness needs to know of it (its kind, its engine, the engine values it fixes,
+the cases it declines or that its engine never reaches, and for a mutant what the
+zoo measures it by). Targets hold them (:mod:`attnfuzz.harness.target`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnfuzz.harness.definitions import Kind
+from attnfuzz.harness.errors import UsageError
+from attnfuzz.reference.batch import Case
+from attnfuzz.strategies.batches import fixes_problems
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    fn: Callable[[Any], Any]
+    kind: Kind  # a Kind or its string, made a Kind on construction
+    description: str = ""
+    # Mutants only, for the zoo's scoreboard: ``reach`` says a case runs the
+    # code the bug lives in; ``trigger`` says the case meets the bug's condition.
+    trigger: Callable[[Any], bool] | None = None  # of a Case (a Trace when ``traced``)
+    reach: Callable[[Any], bool] | None = None
+    # The smallest case that triggers the bug, derived by hand (docs/domain.md, section 8,
+    # gives each bug's): what a minimized case is measured against.
+    smallest: Callable[[], Any] | None = None
+    # The engine whose own code this is ("vllm"), None for attnfuzz's own code;
+    # ``unavailable()`` says why it cannot run here (an optional install), or None.
+    engine: str | None = None
+    unavailable: Callable[[], str | None] | None = None
+    # The engine-config fields this implementation requires, e.g. ``{"topk": 512,
+    # "next_n": 1}`` for a kernel built for one top-k and no native MTP (fields:
+    # ``strategies.batches.FIXABLE``). Its cases are drawn with these values at
+    # any scale, and ``Target.judge`` refuses a case that differs (InvalidCase).
+    fixes: Mapping[str, int | str] = field(default_factory=dict, hash=False)
+    # Why the installed engine runs ``case`` through other code than the target's
+    # (one line), else None: such cases are not drawn for it, and are refused.
+    declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
+    # The engine's own limits on what reaches this code, read from the engine's code
+    # (per release where they differ): of the target's inputs (what ``fn`` takes), why
+    # the engine never gives them (one line naming the engine's code), else None. Cases
+    # outside are not drawn for it, shrinking stays inside, and judging one (a replay)
+    # is refused as :class:`Unreachable`: a finding there would be of a state the
+    # engine never reaches.
+    admits: Callable[[Any], str | None] | None = field(default=None, hash=False)
+    # Narrower ranges of the target's own integers (``Target.params``: name ->
+    # inclusive range, inside the target's), where ``admits`` allows only part of
+    # one (a page size): its cases draw each in this range, so that few are rejected.
+    # It only narrows the search; ``admits`` is what refuses.
+    params: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
+    # Engine code only: of the target's inputs (what ``fn`` takes), the text of a
+    # self-contained Python script that imports only the engine and torch, drives
+    # the engine's own code with those values and exits 1 where the defect shows
+    # (``attnfuzz export --standalone``): the reproduction an upstream issue carries.
+    standalone: Callable[[Any], str] | None = field(default=None, hash=False)
+    # It lives across steps: fuzzed with traces (:meth:`Target.traces`); a mutant's
+    # ``reach``, ``trigger`` then read a Trace, and ``smallest`` returns one.
+    traced: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", Kind(self.kind))
+        except ValueError:
+            raise UsageError(
+                f"implementation {self.name!r}: kind {self.kind!r} is none of {', '.join(Kind)}"
+            ) from None
+        problems = fixes_problems(self.fixes)
+        for name, bounds in self.params.items():
+            if not (
+                isinstance(bounds, tuple)
+                and len(bounds) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+                and bounds[0] <= bounds[1]
+            ):
+                problems.append(f"params {name!r} must be a range (lo, hi), lo <= hi")
+        if problems:
+            raise UsageError(f"implementation {self.name!r}: {'; '.join(problems)}")
+        object.__setattr__(self, "fixes", dict(self.fixes))  # a copy the caller cannot change
+        object.__setattr__(self, "params", dict(self.params))
+
+    @classmethod
+    def mutant(
+        cls,
+        name: str,
+        fn: Callable[[Any], Any],
+        description: str,
+        *,
+        reach: Callable[[Any], bool],
+        trigger: Callable[[Any], bool],
+        smallest: Callable[[], Any],
+        **fields: Any,
+    ) -> Implementation:
+        """A mutant as a target declares it: the bug (``fn``, ``description``) with
+        everything the zoo measures it by, none left out: ``reach`` (a case runs
+        the code the bug lives in), ``trigger`` (a case meets its condition) and
+        ``smallest`` (the smallest triggering case, derived by hand); ``fields``:
+        the optional ones (``fixes``, ``declines``, ``admits``, ``params``, ``engine``,
+        ``unavailable``, ``traced``: a bug of the engine's life, whose three read and
+        give traces)."""
+        return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
+
+    def why_unavailable(self) -> str | None:
+        return self.unavailable() if self.unavailable is not None else None
+
+    def prepare(self) -> None:
+        """Import and build what every call shares (an engine's adapter), before a
+        judge forks its child; a no-op for plain callables."""
+        prepare = getattr(self.fn, "prepare", None)
+        if callable(prepare):
+            prepare()
