@@ -30,15 +30,16 @@ def write_section(path: Path, script: str, name: str, lines: Sequence[str]) -> N
     path.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
 
 
-def command_line(script: str, argv: Sequence[str]) -> str:
+def command_line(script: str, argv: Sequence[str], drop: Sequence[str] = ("--markdown",)) -> str:
     """The command that measured a table, as a reader would type it again: the
-    script's arguments without ``--markdown FILE`` (where it was written)."""
+    script's arguments without ``--markdown FILE`` (where it was written) nor the
+    other options ``drop`` names with their values (this machine's paths)."""
     args, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--markdown":
+        elif arg in drop:
             skip = True
-        elif not arg.startswith("--markdown="):
+        elif not arg.startswith(tuple(f"{d}=" for d in drop)):
             args.append(arg)
     return shlex.join(["python", f"benchmarks/{script}.py", *args])

@@ -76,19 +76,6 @@ def run_ci(workdir: Path, fast_tier_only: bool, beside: bool) -> tuple[int, str,
     return proc.returncode, proc.stdout, time.monotonic() - start
 
 
-def _without_log(argv: list[str]) -> list[str]:
-    """The arguments but ``--log FILE``: where the log went is this machine's business."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--log":
-            skip = True
-        elif not arg.startswith("--log="):
-            out.append(arg)
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--beside", action="store_true", help="a second test suite runs beside")
@@ -112,7 +99,7 @@ def main() -> int:
         "",
         table(["command", "minutes"], rows, pad=False),
         "",
-        f"Measured by `{command_line('ci', _without_log(sys.argv[1:]))}`.",
+        f"Measured by `{command_line('ci', sys.argv[1:], drop=('--markdown', '--log'))}`.",
     ]
     print("\n".join(lines))
     if args.markdown is not None:
