@@ -125,6 +125,15 @@ def raises_slowly(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
     return reference_impl(inp)
 
 
+def marks_its_first_call(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
+    """The reference, first touching the file named by ``ATTNFUZZ_TEST_MARKER``: a
+    test sees the search has begun (the command's own signal handling is in place)."""
+    marker = os.environ.get("ATTNFUZZ_TEST_MARKER")
+    if marker:
+        open(marker, "a").close()
+    return reference_impl(inp)
+
+
 def raises_on_padding_requests(inp: ref.IndexerDecodeInputs) -> ref.IndexerDecodeOutputs:
     """Trips on zero-length padding requests, as bug A's write-back does: only steps
     padded for a FULL graph replay have them."""

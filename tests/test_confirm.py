@@ -258,16 +258,32 @@ def test_shrinking_is_held_to_the_example_count(tmp_path, capsys, monkeypatch):
     assert judged <= 24, text
 
 
-@pytest.mark.parametrize("after_s", [0.3, 1.0, 2.0, 4.0, 8.0])
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler of its own for ``signum`` (Linux's SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+@pytest.mark.parametrize("after_s", [0.0, 0.3, 1.0, 2.0, 4.0, 8.0])
 def test_a_signal_while_the_command_loads_ends_it_quietly(tmp_path, after_s):
     """torch and Triton take seconds to load on a loaded machine, and more loads as
     the command starts (the device check imports Triton's C extension): a SIGINT at
     any of these moments, or once the search runs, ends the command with 130, no
     traceback, nothing written, and no half-loaded module left to make a false
-    finding."""
+    finding. The moments count from the command's first line (its handling of
+    SIGTERM in place): before it, Python itself is starting, as for any program."""
     proc = _attnfuzz("run", "--target", TARGET, "--max-examples", "100000", "--seed", "0",
                      "--out", str(tmp_path / "cases"), env={})  # fmt: skip
     try:
+        deadline = time.time() + 120
+        while proc.poll() is None and not _catches(proc.pid, signal.SIGTERM):
+            assert time.time() < deadline, "the command never reached its first line"
+            time.sleep(0.01)
+        if after_s == 0.0:  # the handling is in place before torch loads, not after
+            assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
         time.sleep(after_s)
         proc.send_signal(signal.SIGINT)
         text, _ = proc.communicate(timeout=120)

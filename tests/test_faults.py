@@ -141,10 +141,19 @@ def test_ctrl_c_during_run_writes_what_was_found_and_exits_130(tmp_path):
 
 
 def test_ctrl_c_during_a_run_that_found_nothing_exits_130(tmp_path):
-    proc = _attnfuzz("run", "--target", ID, "--impl", "reference", "--max-examples", "100000",
-                     "--out", str(tmp_path / "cases"), "--db", str(tmp_path / "db"))  # fmt: skip
+    """Once the search runs (its first example judged: a wall-clock wait would land
+    while a loaded machine still loads the command), SIGINT ends it with 130."""
+    marker = tmp_path / "searching"
+    proc = _attnfuzz("run", "--target", ID, "--impl", "campaign_impls:marks_its_first_call",
+                     "--max-examples", "100000", "--out", str(tmp_path / "cases"),
+                     "--db", str(tmp_path / "db"),
+                     env={"ATTNFUZZ_TEST_MARKER": str(marker)})  # fmt: skip
     try:
-        time.sleep(8.0)
+        deadline = time.time() + 120
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "no example judged within two minutes"
+        time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         text, _ = proc.communicate(timeout=60)
     finally:
