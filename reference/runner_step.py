@@ -1,0 +1,197 @@
+"""Properties of an engine runner's step: what must hold with no hand-written expected value.
+
+The runner of a serving engine builds, per step, the tensors its attention
+kernels read, in persistent buffers sized for its largest CUDA graph: the
+step's real rows first, then *padding rows* up to the size of the graph it
+replays. attnfuzz drives the engine's own step (its input preparation, its
+padding and graph dispatch, its capture runs, its draft loop) and records each
+*build* of the step: every field the consumers read, padding rows included.
+Nothing here says what a field's values must be; the properties say which
+builds must agree and what a padding row may hold:
+
+- *padding invariance*: the real rows of a build padded for a graph equal the
+  real rows of the same step built eagerly (``how="eager"``, no padding);
+- *replay equals eager*: what a graph replay leaves in the persistent buffers
+  (``how="replay"``) on the real rows equals the eager build's;
+- *safe padding*: every value of every row, padding rows included, is one the
+  field's consumer accepts (``Field.accepts``, read from the consumer's code:
+  an index inside the allocated pages or slots, a length the block table
+  reaches, the engine's null ids);
+- *history invariance*: the same step after two different histories of the
+  same engine (``how="eager"`` and ``how="fresh"``: the step's requests added to
+  a new engine) gives the same real rows.
+
+A field's rows are indexed by the step's requests (``rows="requests"``), its
+tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
+real entries, as ``query_start_loc``). Only the real rows are compared across
+builds: what padding rows hold differs by design between a padded build and an
+eager one, and is judged by safety alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "BUILDS",
+    "ROWS",
+    "Field",
+    "RunnerStepOutputs",
+    "StepBuild",
+    "Violation",
+    "history_invariance",
+    "padding_invariance",
+    "real_rows",
+    "replay_equals_eager",
+    "safe_padding",
+    "violations",
+]
+
+ROWS = ("requests", "tokens", "offsets")
+# "eager": the step with no graph padding; "padded": the step as the runner pads it
+# for the graph it dispatched to; "replay": the persistent buffers after the
+# runner's replay preparation; "capture": a capture or dummy run (no real rows);
+# "fresh": the eager step on a new engine that never saw the earlier steps.
+BUILDS = ("eager", "padded", "replay", "capture", "fresh")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One tensor a consumer reads: ``values`` as the consumer sees it (the view of
+    the persistent buffer it is handed, padding rows included; 2-D for a block table,
+    whose rows are the first axis)."""
+
+    name: str
+    rows: str  # one of ROWS
+    values: np.ndarray
+    # The inclusive range of values its consumer accepts, read from the consumer's
+    # code (the adapter cites the function); None: any value (a field no index reads).
+    accepts: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class StepBuild:
+    """One build of one step: its real sizes and every field it produced."""
+
+    how: str  # one of BUILDS
+    num_reqs: int
+    num_tokens: int
+    fields: tuple[Field, ...]
+    where: str = ""  # the engine function that built it, for the message
+
+    def field(self, name: str) -> Field | None:
+        return next((f for f in self.fields if f.name == name), None)
+
+
+@dataclass(frozen=True)
+class RunnerStepOutputs:
+    """Every build an engine's step produced, in the order the runner made them."""
+
+    builds: tuple[StepBuild, ...]
+
+    def of(self, how: str) -> Iterator[StepBuild]:
+        return (b for b in self.builds if b.how == how)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A property that does not hold: which, for which field of which build, where."""
+
+    prop: str
+    field: str
+    build: str
+    detail: str
+
+
+def real_rows(build: StepBuild, f: Field) -> np.ndarray:
+    """The rows of ``f`` that belong to the step's real requests or tokens."""
+    n = {"requests": build.num_reqs, "tokens": build.num_tokens, "offsets": build.num_reqs + 1}
+    return f.values[: n[f.rows]]
+
+
+def _agree(prop: str, base: StepBuild, other: StepBuild) -> list[Violation]:
+    """Every field both builds hold agrees on its real rows (same sizes first)."""
+    if (base.num_reqs, base.num_tokens) != (other.num_reqs, other.num_tokens):
+        sizes = f"{other.num_reqs} requests, {other.num_tokens} tokens"
+        return [Violation(prop, "-", other.how, f"{sizes}; {base.how} has "
+                          f"{base.num_reqs} requests, {base.num_tokens} tokens")]  # fmt: skip
+    out = []
+    for f in base.fields:
+        g = other.field(f.name)
+        if g is None:
+            continue
+        want, got = real_rows(base, f), real_rows(other, g)
+        if want.shape[1:] != got.shape[1:] and want.ndim == 2:
+            # A block table is as wide as its build's buffer: compare the columns both hold.
+            width = min(want.shape[1], got.shape[1])
+            want, got = want[:, :width], got[:, :width]
+        if want.shape != got.shape or not np.array_equal(want, got):
+            out.append(Violation(prop, f.name, other.how, _difference(want, got, base.how)))
+    return out
+
+
+def _difference(want: np.ndarray, got: np.ndarray, base: str) -> str:
+    if want.shape != got.shape:
+        return f"shape {tuple(got.shape)}, {base} {tuple(want.shape)}"
+    where = np.argwhere(want != got)
+    first = tuple(int(i) for i in where[0])
+    return (f"{len(where)} of {want.size} real values differ; first at {list(first)}: "
+            f"{got[first].item()} where {base} has {want[first].item()}")  # fmt: skip
+
+
+def padding_invariance(out: RunnerStepOutputs) -> list[Violation]:
+    """The real rows of every padded build equal the eager build's."""
+    eager = next(out.of("eager"), None)
+    if eager is None:
+        return []
+    return [v for b in out.of("padded") for v in _agree("padding invariance", eager, b)]
+
+
+def replay_equals_eager(out: RunnerStepOutputs) -> list[Violation]:
+    """What a replay leaves in the persistent buffers equals the eager build's real rows."""
+    eager = next(out.of("eager"), None)
+    if eager is None:
+        return []
+    return [v for b in out.of("replay") for v in _agree("replay equals eager", eager, b)]
+
+
+def history_invariance(out: RunnerStepOutputs) -> list[Violation]:
+    """The step on an engine that never saw the earlier steps builds the same real rows."""
+    eager = next(out.of("eager"), None)
+    if eager is None:
+        return []
+    return [v for b in out.of("fresh") for v in _agree("history invariance", eager, b)]
+
+
+def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
+    """Every value of every build (padding rows and capture runs included) lies in the
+    range its consumer accepts."""
+    found = []
+    for b in out.builds:
+        for f in b.fields:
+            if f.accepts is None or f.values.size == 0:
+                continue
+            lo, hi = f.accepts
+            bad = np.argwhere((f.values < lo) | (f.values > hi))
+            if len(bad):
+                first = tuple(int(i) for i in bad[0])
+                row = "real" if first[0] < len(real_rows(b, f)) else "padding"
+                detail = (f"{len(bad)} values outside [{lo}, {hi}]; first at {list(first)} "
+                          f"({row} row): {f.values[first].item()}")  # fmt: skip
+                found.append(Violation("safe padding", f.name, b.how, detail))
+    return found
+
+
+PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance, safe_padding)
+
+
+def violations(out: RunnerStepOutputs) -> list[Violation]:
+    """Every property, in the order above."""
+    for b in out.builds:
+        if b.how not in BUILDS or any(f.rows not in ROWS for f in b.fields):
+            raise ValueError(f"a build of kind {b.how!r} or a field's rows is not among "
+                             f"{BUILDS} / {ROWS}")  # fmt: skip
+    return [v for prop in PROPERTIES for v in prop(out)]
