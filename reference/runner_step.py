@@ -34,17 +34,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.persistent_batch import new_to_engine, owned_pages
 
 __all__ = [
     "BUILDS",
     "ROWS",
     "Field",
+    "RunnerStepExpected",
+    "RunnerStepInputs",
     "RunnerStepOutputs",
     "StepBuild",
     "Violation",
     "history_invariance",
+    "make_inputs",
     "padding_invariance",
     "real_rows",
+    "reference",
     "replay_equals_eager",
     "safe_padding",
     "violations",
@@ -56,6 +63,58 @@ ROWS = ("requests", "tokens", "offsets")
 # runner's replay preparation; "capture": a capture or dummy run (no real rows);
 # "fresh": the eager step on a new engine that never saw the earlier steps.
 BUILDS = ("eager", "padded", "replay", "capture", "fresh")
+
+
+@dataclass
+class RunnerStepInputs:
+    """One scheduler output (host data, as vLLM's ``SchedulerOutput``): the runner
+    decides the step's padding and graph itself, from ``config``."""
+
+    config: EngineConfig  # the engine's limits, capture sizes and graph mode
+    req_ids: tuple[int, ...]  # [R], batch order
+    is_new: tuple[bool, ...]  # [R]: new to the engine (arrived, or resumed after preemption)
+    num_computed_tokens: tuple[int, ...]  # [R], the scheduler's (rejected drafts rolled back)
+    query_lens: tuple[int, ...]  # [R]: 1 + the request's drafts for a decode
+    new_block_ids: tuple[tuple[int, ...], ...]  # [R]: the pages each request gained this step
+    device: torch.device  # where the implementation's buffers live
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+@dataclass(frozen=True)
+class RunnerStepExpected:
+    """All the reference states: the step's real sizes, which every build but a
+    capture run must report (its rows past them are padding)."""
+
+    num_reqs: int
+    num_tokens: int
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> RunnerStepInputs:
+    """The scheduler output of ``case``'s step: each request's new pages are the last
+    ``new_pages`` of its pages (all of them for a step on its own)."""
+    config, batch = case.config, case.batch
+    pages = owned_pages(config, batch)
+    gained = batch.new_pages or tuple(len(p) for p in pages)
+    return RunnerStepInputs(
+        config=config,
+        req_ids=batch.request_ids,
+        is_new=new_to_engine(batch),
+        num_computed_tokens=tuple(batch.num_computed_tokens),
+        query_lens=tuple(batch.q_lens),
+        new_block_ids=tuple(p[len(p) - n :] for p, n in zip(pages, gained, strict=True)),
+        device=torch.device(device),
+    )
+
+
+def reference(case: Case, inputs: RunnerStepInputs) -> RunnerStepExpected:
+    return RunnerStepExpected(num_reqs=inputs.num_reqs, num_tokens=inputs.num_tokens)
 
 
 @dataclass(frozen=True)
