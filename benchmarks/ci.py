@@ -1,6 +1,6 @@
 """How long CI takes, step by step: ``.ci/run`` on a fresh clone of this checkout's HEAD.
 
-    python benchmarks/ci.py [--beside] [--fast-tier-only] [--markdown README.md]
+    python benchmarks/ci.py [--beside] [--fast-tier-only] [--markdown FILE] [--readme FILE]
 
 ``.ci/run`` prints each command it starts with the seconds since it began
 (``[ci 123s] COMMAND``); this script clones HEAD into a scratch
@@ -10,7 +10,9 @@ clone) beside it for as long as CI runs, as a shared CI machine may. The
 goals, on a 2-core machine: the README's test command (the fast tier) at most
 10 minutes idle, the whole of ``.ci/run`` at most 45. ``--fast-tier-only``
 times the README's two commands only. ``--markdown FILE`` rewrites the section
-``ci:steps`` of FILE with the table; ``--log FILE`` keeps CI's whole output.
+``ci:steps`` of FILE with the table, ``--readme FILE`` the section ``ci:readme``
+(the README's sentence on how long its two commands took; an idle, green run
+only); ``--log FILE`` keeps CI's whole output.
 Nothing here asserts a time: it is measured.
 """
 
@@ -76,18 +78,33 @@ def run_ci(workdir: Path, fast_tier_only: bool, beside: bool) -> tuple[int, str,
     return proc.returncode, proc.stdout, time.monotonic() - start
 
 
+def readme_figures(steps: list[tuple[str, float]], cores: int) -> str:
+    """The README's sentence on its two commands: the first set-up, the campaign and
+    the test command, in the order ``.ci/run`` ran them."""
+    setup = next(s for c, s in steps if c == "./setup.sh")
+    campaign = next(s for c, s in steps if "attnfuzz campaign" in c)
+    tests = next(s for c, s in steps if c.startswith(".venv/bin/pytest"))
+    return (
+        f"On a fresh clone on a {cores}-core machine, otherwise idle, the campaign took "
+        f"{campaign / 60:.1f} minutes and the tests {tests / 60:.1f} (after {setup / 60:.1f} "
+        "minutes of set-up; measured by `python benchmarks/ci.py`, [CI](docs/performance.md#ci))."
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--beside", action="store_true", help="a second test suite runs beside")
     parser.add_argument("--fast-tier-only", action="store_true", help="the README's commands")
     parser.add_argument("--markdown", type=Path, default=None, help="file to update")
     parser.add_argument("--log", type=Path, default=None, help="write CI's whole output here")
+    parser.add_argument("--readme", type=Path, default=None, help="README whose figures to update")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="attnfuzz-ci-") as scratch:
         code, log, total = run_ci(Path(scratch), args.fast_tier_only, args.beside)
     if args.log is not None:
         args.log.write_text(log)
-    rows = [[command, f"{seconds / 60:.1f}"] for command, seconds in steps_of(log, total)]
+    steps = steps_of(log, total)
+    rows = [[command, f"{seconds / 60:.1f}"] for command, seconds in steps]
     failed = f" (failed: exit {code})" if code else ""
     rows.append([f"**all of it**{failed}", f"{total / 60:.1f}"])
     cores = len(os.sched_getaffinity(0))
@@ -104,6 +121,8 @@ def main() -> int:
     print("\n".join(lines))
     if args.markdown is not None:
         write_section(args.markdown, "ci", "steps", lines)
+    if args.readme is not None and not code and not args.beside:
+        write_section(args.readme, "ci", "readme", [readme_figures(steps, cores)])
     if code:
         print(log[-4000:], file=sys.stderr)
     return code

@@ -402,6 +402,30 @@ def test_live_progress_renders_a_row_per_run():
     assert "triton" in text and "12" in text and "55s" in text
 
 
+def test_progress_past_the_budget_says_what_the_floors_still_need():
+    """Once the budget is spent a run that found nothing goes on to its floor: the
+    progress says so, and how many examples remain, never a bare "0s left"."""
+
+    def running(examples: int) -> dict:
+        record = run_record(ID, "triton", "fixed", examples=examples, seconds=4.0,
+                            status="pass", min_examples=200)  # fmt: skip
+        return record | {"_running": True, "_started": 1.0}
+
+    snap = cp.Snapshot(runs=[running(150), running(200)])
+    assert cp.progress.remaining_text(snap, 12.0) == ", 12s left"
+    assert cp.progress.remaining_text(snap, 0.0) == (
+        ", budget spent: 1 run finishing its floor, 50 examples to go"
+    )
+    lines = StringIO()
+    cp.LineProgress(lines, every=0.0).update(snap, elapsed=70.0, left=0.0)
+    assert "50 examples to go" in lines.getvalue() and "0s left" not in lines.getvalue()
+    live = cp.LiveProgress("campaign")
+    live.console.file, live.console.width = StringIO(), 160
+    with live:
+        live.update(snap, elapsed=70.0, left=0.0)
+    assert "floor: 50 to go" in live.console.file.getvalue()
+
+
 # -- command line: usage errors ------------------------------------------------------
 
 

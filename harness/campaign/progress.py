@@ -55,6 +55,29 @@ def starting_text(startup: StartupState | None) -> str:
     return f"starting: {len(startup.ready)}/{startup.workers} workers ready"
 
 
+def to_floor(run: dict) -> int:
+    """Examples a running run still owes its floor (0 once it reached it, or has none)."""
+    return max(0, (run.get("min_examples") or 0) - run["examples"])
+
+
+def remaining_text(snap: Snapshot, left: float | None) -> str:
+    """What remains: the budget's seconds, or once it is spent, the floors still owed
+    (a run that found nothing goes on to its floor whatever the clock says)."""
+    if left is None:
+        return ""
+    if left > 0:
+        return f", {left:.0f}s left"
+    owing = [r for r in snap.runs if r.get("_running") and to_floor(r)]
+    if not owing:
+        return ", budget spent: finishing"
+    runs = (
+        "1 run finishing its floor"
+        if len(owing) == 1
+        else f"{len(owing)} runs finishing their floors"
+    )
+    return f", budget spent: {runs}, {sum(map(to_floor, owing))} examples to go"
+
+
 class LineProgress:
     """Plain lines: findings as they come, a progress line every ``every`` seconds."""
 
@@ -82,7 +105,7 @@ class LineProgress:
         self.last = time.monotonic()
         examples = sum(r["examples"] for r in snap.runs)
         done = sum(not r["_running"] for r in snap.runs)
-        rest = f", {left:.0f}s left" if left is not None else ""
+        rest = remaining_text(snap, left)
         starting = starting_text(startup)
         starting += ", " if starting else ""
         self.say(
@@ -121,7 +144,7 @@ class LiveProgress:
     ) -> None:
         from rich.table import Table
 
-        rest = f", {left:.0f}s left" if left is not None else ""
+        rest = remaining_text(snap, left)
         table = Table(title=f"{self.title} - {elapsed:.0f}s{rest}", title_justify="left")
         # Under the table: the title is as wide as the table already.
         table.caption, table.caption_justify = starting_text(startup) or None, "left"
@@ -142,6 +165,8 @@ class LiveProgress:
                 when = "waiting"
             elif startup is not None and u in startup.starting:
                 when = "starting"  # no verdict yet: its judging child, the first kernel calls
+            elif left is not None and left <= 0 and to_floor(run):
+                when = f"floor: {to_floor(run)} to go"
             else:
                 when = f"{left:.0f}s" if left is not None else "-"
             failures = str(len(run["findings"]))
