@@ -26,9 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnfuzz.harness.definitions import PROFILE_NAMES
+from attnfuzz.harness.definitions import PROFILE_NAMES, SCALE_NAMES
 from attnfuzz.harness.errors import UsageError
-from attnfuzz.strategies.batches import SCALES
 
 PYPROJECT = "pyproject.toml"
 
@@ -66,7 +65,7 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "profile": (lambda v: v in PROFILE_NAMES, f"one of {', '.join(PROFILE_NAMES)}"),
     "targets": (_texts, "a list of target names"),
     "mutants": (_texts, "a list of MODULE[:ATTRIBUTE] specs"),
-    "scale": (lambda v: v in SCALES, f"one of {', '.join(sorted(SCALES))}"),
+    "scale": (lambda v: v in SCALE_NAMES, f"one of {', '.join(sorted(SCALE_NAMES))}"),
     "workers": (_positive_int, "an integer >= 1"),
 }
 

@@ -66,6 +66,7 @@ DEFAULT_REGRESSIONS = Path("tests") / "regressions"  # `attnfuzz export`'s tests
 
 PROFILE_ENV = "ATTNFUZZ_PROFILE"  # the Hypothesis profile when none is named
 PROFILE_NAMES = ("ci", "fuzz", "dev")  # the campaign profiles (settings.PROFILES)
+SCALE_NAMES = ("small", "production")  # the sizes drawn (strategies.batches.SCALES)
 
 # -- implementation kinds, run statuses and verdict words ---------------------------
 

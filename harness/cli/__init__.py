@@ -28,12 +28,13 @@ from attnfuzz.harness.cli.args import (
 def main(argv: list[str] | None = None) -> int:
     """Run one command (:func:`attnfuzz.harness.cli.dispatch.main`).
 
-    A command loads torch and Triton first and more as it goes (seconds on a
-    loaded machine). Until a command installs its own handling of SIGINT and
-    SIGTERM (``run``, ``campaign`` and ``zoo`` do, before any verdict exists),
-    either signal ends it at once with exit status 128 + the signal: never a
-    traceback, nor a ``KeyboardInterrupt`` raised inside an import (a C
-    extension's aborts the process; one caught there leaves a module half-loaded).
+    A command that reads targets loads torch and Triton first and more as it goes
+    (seconds on a loaded machine); ``--help`` and the parser load neither. Until a
+    command installs its own handling of SIGINT and SIGTERM (``run``, ``campaign``
+    and ``zoo`` do, before any verdict exists), either signal ends it at once with
+    exit status 128 + the signal: never a traceback, nor a ``KeyboardInterrupt``
+    raised inside an import (a C extension's aborts the process; one caught there
+    leaves a module half-loaded).
     """
     with _quiet_until_handled():
         from attnfuzz.harness.cli.dispatch import main as run_command
@@ -61,7 +62,8 @@ def _quit(signum: int, frame: object) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    # The parser and the repro helper load every command (and torch) when first asked for.
+    # Loaded when first asked for: the parser (every command's module, none of them torch)
+    # and the repro helper.
     if name == "build_parser":
         from attnfuzz.harness.cli.dispatch import build_parser
 

@@ -11,6 +11,7 @@ import math
 import os
 import re
 
+from attnfuzz.harness.definitions import SCALE_NAMES
 from attnfuzz.harness.errors import MESSAGE_LIMIT, one_line  # noqa: F401 (for the commands)
 
 DURATION_HELP = "a number of seconds, or with a unit: 90s, 10m, 1h30m"
@@ -139,9 +140,7 @@ def add_device_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_scale_argument(p: argparse.ArgumentParser) -> None:
-    from attnfuzz.strategies.batches import SCALES
-
-    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--scale", choices=sorted(SCALE_NAMES), default="small")
 
 
 def device(name: str | None) -> str:

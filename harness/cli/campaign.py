@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from attnfuzz.harness.campaign.options import Options
 from attnfuzz.harness.cli.args import (
     DURATION_HELP,
     add_mutants_argument,
+    add_scale_argument,
     names,
     non_negative_int,
     parse_duration,
     positive_int,
     workers,
 )
-from attnfuzz.harness.definitions import DEFAULT_DB, DEFAULT_MIN_EXAMPLES, DEFAULT_OUT, PROFILE_ENV
+from attnfuzz.harness.definitions import (
+    DEFAULT_DB,
+    DEFAULT_MIN_EXAMPLES,
+    DEFAULT_OUT,
+    PROFILE_ENV,
+    PROFILE_NAMES,
+)
+
+if TYPE_CHECKING:  # the campaign package loads what it runs: imported when it runs
+    from attnfuzz.harness.campaign.options import Options
 
 HELP = "targets x implementations within a budget, N workers"
 # [tool.attnfuzz] key -> this command's option (its dest): the project's defaults
@@ -34,9 +44,6 @@ CONFIG = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from attnfuzz.harness.settings import PROFILES
-    from attnfuzz.strategies.batches import SCALES
-
     p.description = (
         "Fuzz targets x implementations within a wall-clock budget on N workers; write "
         "campaign.json, one case file per distinct finding, and the reports."
@@ -96,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=non_negative_int, default=None, help="derandomized campaign")
     p.add_argument(
         "--profile",
-        choices=sorted(PROFILES),
+        choices=sorted(PROFILE_NAMES),
         default=None,
         help=f"Hypothesis settings profile (default: ${PROFILE_ENV}, else dev)",
     )
@@ -107,13 +114,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help=f"per example (default: the profile's; {DURATION_HELP})",
     )
-    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    add_scale_argument(p)
     p.add_argument("--device", default=None, help="cpu or cuda (default: where kernels run)")
     p.add_argument("--quiet", action="store_true", help="plain lines: findings and the summary")
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
     """The campaign's :class:`Options` from its parsed command line."""
+    from attnfuzz.harness.campaign.options import Options
+
     return Options(
         targets=names(args.targets),
         impls=names(args.impls),

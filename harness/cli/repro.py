@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnfuzz.harness.cli.args import (
     MESSAGE_LIMIT,
@@ -14,11 +15,10 @@ from attnfuzz.harness.cli.args import (
     one_line,
 )
 from attnfuzz.harness.definitions import EXIT_FOUND, EXIT_LATENT, EXIT_OK, VERSION
-from attnfuzz.harness.reachability import finding_reachability, is_latent
-from attnfuzz.harness.runner import RunResult
-from attnfuzz.harness.target import Implementation
-from attnfuzz.harness.traces import reachable_step
-from attnfuzz.reference.trace import Trace
+
+if TYPE_CHECKING:  # the command imports what it runs when it runs
+    from attnfuzz.harness.target import Implementation
+    from attnfuzz.reference.trace import Trace
 
 HELP = "replay a case file"
 CHECKS_DEVICE = True
@@ -39,7 +39,11 @@ def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.errors import UsageError
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.oracle import Check
+    from attnfuzz.harness.reachability import finding_reachability, is_latent
     from attnfuzz.harness.registry import split_impl_spec
+    from attnfuzz.harness.runner import RunResult
+    from attnfuzz.harness.traces import reachable_step
+    from attnfuzz.reference.trace import Trace
 
     named, spec = split_impl_spec(args.impl) if args.impl else (None, None)
     # A case file is data: it never makes attnfuzz import a module (see resolve_case).

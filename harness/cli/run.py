@@ -33,7 +33,6 @@ from attnfuzz.harness.definitions import (
     invoked_as,
     repro_command,
 )
-from attnfuzz.harness.reachability import finding_reachability, is_latent, reachability_lines
 
 if TYPE_CHECKING:  # the command imports what it runs when it runs
     from attnfuzz.harness.cli.found import Found, HistoryDependent
@@ -73,6 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_failure(doc: dict, path: Path | None, shrunk: bool = True, word: str = "FAIL") -> None:
+    from attnfuzz.harness.reachability import reachability_lines
+
     reach = doc.get("reachability")
     print(f"{word} {doc['target']} / {doc['implementation']}  [{doc['verdict']['key']}]")
     for m in doc["verdict"]["mismatches"][:8]:
@@ -178,6 +179,7 @@ def command(args: argparse.Namespace) -> int:
     )
     from attnfuzz.harness.errors import HarnessError, UsageError
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
+    from attnfuzz.harness.reachability import finding_reachability, is_latent
     from attnfuzz.harness.registry import get_target, split_impl_spec
     from attnfuzz.harness.runner import fuzz
     from attnfuzz.harness.storage import prepare_out, private_hypothesis_home
