@@ -63,9 +63,12 @@ def status() -> str:
     problem = compat.range_problem(version)
     if problem is not None:
         return f"SGLang: {problem}"
+    from attnfuzz.harness.provenance import source_text
+
     return (
-        f"SGLang {version} installed (attnfuzz supports {compat.OLDEST} to {compat.NEWEST}; "
-        "each implementation binds to the APIs this release offers)"
+        f"SGLang {version} installed, from {source_text('sglang')} (attnfuzz supports "
+        f"{compat.OLDEST} to {compat.NEWEST}; each implementation binds to the APIs this "
+        "release offers)"
     )
 
 

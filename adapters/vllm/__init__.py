@@ -65,9 +65,12 @@ def status() -> str:
     problem = compat.range_problem(version)
     if problem is not None:
         return f"vLLM: {problem}"
+    from attnfuzz.harness.provenance import source_text
+
     return (
-        f"vLLM {version} installed (attnfuzz supports {compat.OLDEST} to {compat.NEWEST}; "
-        "each implementation binds to the APIs this release offers)"
+        f"vLLM {version} installed, from {source_text('vllm')} (attnfuzz supports "
+        f"{compat.OLDEST} to {compat.NEWEST}; each implementation binds to the APIs this "
+        "release offers)"
     )
 
 
