@@ -10,6 +10,10 @@ For implementations that must pass:
 - *not rerun*: in the baseline, but the current campaign did not run that pair
   (or the run errored), so nothing is known.
 
+Exit status: 1 on any new finding; else 3 when some run of the current campaign
+has no verdict (it judged nothing, or too little: NOT RUN, INCOMPLETE, ERROR),
+since nothing judged is never "nothing new"; else 0.
+
 Mutants are expected to fail, so their findings are not regressions; what is
 compared is whether each one is still caught. Coverage compares, per target,
 the scenario classes of the runs (target x implementation) that judged examples
@@ -37,9 +41,11 @@ from attnfuzz.harness.definitions import PREVIOUS, REGRESSION_SCHEMA, RunStatus,
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reports.document import (
     CAUGHT,
+    ERROR,
     SURVIVED,
     expected_finding,
     load_campaign,
+    no_verdict,
     run_verdict,
 )
 from attnfuzz.reports.markdown import code, table
@@ -159,7 +165,8 @@ def compare(
     baseline_dir: Path | None = None,
     current_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The regression report as a JSON-able dict; ``exit_status`` 1 on any new finding.
+    """The regression report as a JSON-able dict; ``exit_status`` 1 on any new finding,
+    else 3 when a run of ``current`` has no verdict, else 0.
 
     ``baseline_dir`` and ``current_dir``, the directories of the two campaign.json
     files, locate each finding's case file (see :func:`_summary`); without them the
@@ -202,11 +209,23 @@ def compare(
             for r in current["runs"]
             if r["status"] == RunStatus.ERROR
         ],
+        "no_verdict": [
+            {
+                "target": r["target"],
+                "implementation": r["implementation"],
+                "verdict": run_verdict(r),
+            }
+            for r in current["runs"]
+            if no_verdict(r) or run_verdict(r) == ERROR
+        ],  # fmt: skip
         "mutants": mutants,
+        "mutants_compared": sum(
+            run["kind"] == "mutant" and pair in old_runs for pair, run in _pairs(current).items()
+        ),
         "coverage": _coverage(baseline, current, threshold),
         "share_threshold": threshold,
     }
-    report["exit_status"] = 1 if report["new"] else 0
+    report["exit_status"] = 1 if report["new"] else 3 if report["no_verdict"] else 0
     return report
 
 
@@ -227,7 +246,14 @@ def _finding_rows(items: list[dict[str, Any]]) -> list[str]:
 
 def regression_markdown(report: Mapping[str, Any]) -> str:
     """The report in Markdown, for a terminal or a CI job summary."""
-    verdict = "new findings" if report["new"] else "no new finding"
+    unjudged = report.get("no_verdict", [])
+    verdict = (
+        "new findings"
+        if report["new"]
+        else f"no verdict: {len(unjudged)} of the current runs judged too little"
+        if unjudged
+        else "no new finding"
+    )
     lines = [
         f"## attnfuzz regression report: {verdict}",
         "",
@@ -262,9 +288,17 @@ def regression_markdown(report: Mapping[str, Any]) -> str:
             for e in report["errors"]
         ]
         lines.append("")
+    if unjudged:
+        lines += [f"### Runs without a verdict ({len(unjudged)})", ""]
+        lines += [
+            f"- {code(r['target'])} / {code(r['implementation'])}: {r['verdict']}" for r in unjudged
+        ]
+        lines.append("")
     m = report["mutants"]
     lines += ["### Mutants", ""]
-    if not m["newly_caught"] and not m["no_longer_caught"]:
+    if not report.get("mutants_compared", 1):
+        lines += ["No mutant ran in both campaigns."]
+    elif not m["newly_caught"] and not m["no_longer_caught"]:
         lines += ["Every mutant in both campaigns ended as before."]
     for title, key in (("Newly caught", "newly_caught"), ("No longer caught", "no_longer_caught")):
         if m[key]:

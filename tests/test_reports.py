@@ -614,20 +614,30 @@ def _without(doc: dict, implementation: str) -> dict:
     return check_campaign(doc)
 
 
+def _judged_only(doc: dict) -> dict:
+    """The campaign without its runs that have no verdict (the errored one)."""
+    doc = copy.deepcopy(doc)
+    doc["runs"] = [r for r in doc["runs"] if r["status"] != "error" and r["examples"]]
+    return doc
+
+
 def test_compare_new_fixed_still_failing_and_mutants(campaign):
     doc, _ = campaign
     clean = _without(doc, "my_module:hostile")
     new = compare(clean, doc)
     assert [f["implementation"] for f in new["new"]] == ["my_module:hostile"]
     assert new["exit_status"] == 1 and not new["fixed"]
+    # The campaign's other-target run errored: no verdict on it, so no "nothing new".
     fixed = compare(doc, clean)
     assert [f["implementation"] for f in fixed["fixed"]] == ["my_module:hostile"]
-    assert fixed["exit_status"] == 0 and not fixed["new"]
-    same = compare(doc, doc)
+    assert fixed["exit_status"] == 3 and not fixed["new"]
+    assert [r["verdict"] for r in fixed["no_verdict"]] == ["ERROR"]
+    assert compare(doc, _judged_only(clean))["exit_status"] == 0
+    same = compare(doc, _judged_only(doc))
     assert same["exit_status"] == 0 and len(same["still_failing"]) == 1
-    assert not same["coverage"]
+    assert not compare(doc, doc)["coverage"]
     # A mutant's finding is expected: losing it is reported, not counted as fixed.
-    lost = compare(doc, _without(doc, "pr39542-writeback"))
+    lost = compare(doc, _judged_only(_without(doc, "pr39542-writeback")))
     assert lost["exit_status"] == 0 and not lost["fixed"]
     assert lost["mutants"]["no_longer_caught"][0]["implementation"] == "pr39542-writeback"
     # A finding whose pair did not run again is unknown, not fixed.
@@ -723,7 +733,8 @@ def test_report_replays_a_case_where_the_next_campaign_moved_it(
     moved = runs / PREVIOUS / hostile["case_file"]
     assert moved.is_file() and not (runs / hostile["case_file"]).exists()
 
-    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 0
+    # 3: the current campaign's other-target run errored (no verdict on it).
+    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 3
     printed = capsys.readouterr().out
     assert "### Fixed (1)" in printed
     assert f"`attnfuzz repro {moved} --impl my_module:hostile`" in printed
@@ -733,7 +744,8 @@ def test_report_replays_a_case_where_the_next_campaign_moved_it(
     assert read_case(moved)["case"].to_dict() == hostile["case"]  # what repro replays
 
     moved.unlink()
-    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 0
+    # 3: the current campaign's other-target run errored (no verdict on it).
+    assert main(["report", "--baseline", "runs/previous", "--current", "runs"]) == 3
     printed = capsys.readouterr().out
     row = next(line for line in printed.splitlines() if "my_module:hostile" in line)
     assert "case file not found in" in row and f"`{moved}`" in row, row
@@ -766,12 +778,33 @@ def test_report_command(campaign, tmp_path, capsys):
     assert (tmp_path / "reg" / "regression.md").read_text() in printed
     report = json.loads((tmp_path / "reg" / "regression.json").read_text())
     assert report["schema"] == "attnfuzz.regression/1" and len(report["new"]) == 1
-    # Reversed: the finding is fixed, exit 0; a campaign directory names its campaign.json.
+    # Reversed: the finding is fixed; a campaign directory names its campaign.json. The
+    # errored run of the current campaign leaves it without a verdict: exit 3, said.
     code = main(
         ["report", "--baseline", str(out), "--current", str(base), "--out", str(tmp_path / "reg2")]
     )
-    assert code == 0
-    assert "### Fixed (1)" in capsys.readouterr().out
+    assert code == 3
+    printed = capsys.readouterr().out
+    assert "### Fixed (1)" in printed and "### Runs without a verdict (1)" in printed
+
+
+def test_a_campaign_that_judged_nothing_is_no_verdict_not_nothing_new(campaign):
+    doc, _ = campaign
+    baseline = _judged_only(_without(doc, "my_module:hostile"))
+    nothing = copy.deepcopy(baseline)
+    nothing["findings"] = []
+    for run in nothing["runs"]:
+        run.update(examples=0, status="not run", findings=[])
+    report = compare(baseline, nothing)
+    assert report["exit_status"] == 3 and not report["new"]
+    text = regression_markdown(report)
+    assert "no verdict" in text.splitlines()[0] and "no new finding" not in text
+    assert "NOT RUN" in text.upper()
+    # A baseline without mutants: the report does not claim they "ended as before".
+    plain = _judged_only(_without(doc, "pr39542-writeback"))
+    plain["runs"] = [r for r in plain["runs"] if r["kind"] != "mutant"]
+    plain["findings"] = [f for f in plain["findings"] if f["implementation"] != "pr39542-writeback"]
+    assert "No mutant ran in both campaigns." in regression_markdown(compare(plain, plain))
 
 
 @pytest.mark.parametrize(
