@@ -1,0 +1,773 @@
+"""vLLM's model runner V2 step, whole, as the implementation ``vllm`` of ``runner-step``.
+
+From one scheduler output, vLLM 0.33.0's ``GPUModelRunner.execute_model``
+(``vllm/v1/worker/gpu/model_runner.py``) runs unchanged up to the model forward,
+on a stand-in runner object holding the runner's real objects (as
+:mod:`.persistent_batch` does), and the runner decides the step's padding and graph
+itself. What runs unchanged:
+
+- ``GPUModelRunner``: ``execute_model`` (``update_pp_decode_requests``,
+  ``finish_requests``, ``free_states``, ``add_requests``, ``update_requests``,
+  ``gather_batch_req_state``, ``prepare_inputs``, ``prepare_attn``,
+  ``prepare_dummy_attn``, ``_dummy_run``, ``postprocess_sampled``);
+- ``vllm/v1/worker/gpu/dp_utils.py``: ``dispatch_cg_and_sync_dp`` and
+  ``sync_cudagraph_and_dp_padding`` (the data-parallel padding decision);
+- ``vllm/v1/worker/gpu/cudagraph_utils.py``: ``ModelCudaGraphManager.__init__``
+  (its candidates from the config's capture sizes and mode), ``dispatch``,
+  ``capture`` (with ``prepare_inputs_to_capture``, ``InputBatch.make_dummy``,
+  ``BlockTables.get_dummy_block_tables`` / ``get_dummy_slot_mappings``) and
+  ``run_fullgraph``;
+- ``vllm/v1/worker/gpu/model_states/default.py``: ``DefaultModelState.prepare_attn``
+  and ``attn_utils.build_attn_metadata``, into the Triton attention backend's own
+  ``TritonAttentionMetadataBuilder`` (``build``, ``build_for_cudagraph_capture``:
+  the builder a CPU-only vLLM runs);
+- ``RequestState``, ``BlockTables``, ``InputBuffers`` and their kernels (under the
+  Triton interpreter here); ``set_forward_context``.
+
+Stood in, and only where a model, a GPU graph or a collective is needed:
+
+- the model: a module that records what it is handed (the forward context's
+  attention metadata, the positions) and returns zero hidden states;
+- CUDA graphs: ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` in
+  ``cudagraph_utils``, a graph that remembers what the forward it "captured" read
+  (the capture's metadata: views of the persistent buffers) and whose ``replay``
+  computes nothing, only records those views as the replay leaves them; the graph
+  pool, ``graph_capture`` and the capture stream; ``get_pp_group`` (one rank);
+- the data-parallel all-reduce (``get_dp_group().cpu_all_reduce_``): a second rank
+  whose column is filled by its own ``dispatch_cg_and_sync_dp`` call
+  (:mod:`.runner_modes`); the peer's batch is derived from the step (:func:`_peer`);
+- the sampler: ``postprocess_sampled`` with the rejected drafts the next step's
+  computed tokens say, as :mod:`.persistent_batch` does.
+
+Builds of one step (``reference/runner_step.py``), each from its own engine object:
+
+- ``padded``: the engine of the config's graph mode, with a data-parallel peer,
+  as ``execute_model`` dispatched and padded it (``ExecuteModelState``);
+- ``replay``: on a FULL dispatch, what the replayed graph reads;
+- ``capture``: every forward of ``capture`` (the engine's start, each capture
+  size of the config), and each step a dummy run (``_dummy_run`` as
+  ``Worker.execute_dummy_batch`` calls it) of this rank idle while the peer runs
+  the step;
+- ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
+- ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
+  then the same scheduler output.
+
+Declined: the V1 runner, and varlen decode graphs (adaptive verification needs a
+drafter with a confidence head that the runner would also run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm.slot_mapping import host_memory
+from attnfuzz.reference.batch import Case, EngineConfig, cdiv
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
+
+_LAYER = "model.layers.0.self_attn.attn"  # the one attention layer of the KV-cache group
+PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
+
+
+def prepare() -> None:
+    """Import vLLM's runner before a judge forks."""
+    _engine.prepare()
+    _runner_class()
+    import vllm.v1.attention.backends.triton_attn  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why this adapter does not run ``case``'s engine, else None."""
+    if case.config.runner != "v2":
+        return "the V1 model runner has another execute_model (gpu_model_runner.py)"
+    if case.config.varlen_decode:
+        return (
+            "varlen decode graphs come with adaptive verification, which needs a drafter "
+            "with a confidence head (gpu/spec_decode/adaptive_verification.py)"
+        )
+    return None
+
+
+# -- stand-ins -----------------------------------------------------------------------------
+
+
+class _Standin:
+    """An object of which the runner reads only the attributes set: a read of any other
+    raises here, in attnfuzz (the release reads what the adapter does not model)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"{type(self).__name__} (attnfuzz's stand-in in adapters/vllm/runner_step.py) has "
+            f"no {name!r}: the installed vLLM's runner reads what the adapter does not model"
+        )
+
+
+class _NoState(_Standin):
+    """``lora_state``: no adapters; every call a no-op."""
+
+    def add_request(self, *args: Any) -> None:
+        pass
+
+    def remove_request(self, *args: Any) -> None:
+        pass
+
+
+@dataclass
+class _Seen:
+    """What one forward read: the attention metadata of the layer, the positions,
+    and the runner's input batch where the runner kept it."""
+
+    meta: Any
+    positions: torch.Tensor
+    batch: Any = None
+
+
+@dataclass
+class _Recorder:
+    """Where the model and the graphs report what they read (``kind``: the build it
+    belongs to; None: nobody listens)."""
+
+    kind: str | None = None
+    seen: list[tuple[str, _Seen]] = field(default_factory=list)
+    capturing: Any = None  # the graph being captured, which keeps what the forward read
+
+    def forward(self, positions: torch.Tensor) -> None:
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        metadata = context.attn_metadata
+        seen = _Seen(metadata[_LAYER] if metadata else None, positions)
+        if self.capturing is not None:
+            self.capturing.read = seen
+        if self.kind == "capture":  # a step's own build is its ExecuteModelState
+            self.seen.append((self.kind, seen))
+
+
+class _Model(torch.nn.Module):
+    """The model: reports what it is handed and returns zero hidden states."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
+        self.recorder.forward(positions)
+        return torch.zeros(positions.shape[0], 1)
+
+
+class _Graph:
+    """A CUDA graph whose capture keeps what the captured forward read and whose replay
+    computes nothing: it reports those reads (views of the persistent buffers) as the
+    runner's replay preparation left them."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+        self.read: _Seen | None = None
+
+    def replay(self) -> None:
+        if self.read is None:
+            raise RuntimeError("attnfuzz: a graph replayed that captured no forward")
+        if self.recorder.kind is not None:
+            kind = "replay" if self.recorder.kind == "step" else self.recorder.kind
+            self.recorder.seen.append((kind, self.read))
+
+
+@contextlib.contextmanager
+def _graphs(recorder: _Recorder) -> Iterator[None]:
+    """``cudagraph_utils``' CUDA graphs, pool, streams and capture context, stood in."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cg
+
+    @contextlib.contextmanager
+    def graph(g: _Graph, pool: Any = None, stream: Any = None) -> Iterator[None]:
+        recorder.capturing = g
+        try:
+            yield
+        finally:
+            recorder.capturing = None
+
+    class Breakable:
+        """``BreakableCUDAGraphWrapper``: a piecewise graph whose captured pieces do
+        nothing; the model runs (what its breaks run eagerly, attention, reads)."""
+
+        def __init__(self, model: Any, vllm_config: Any, key_fn: Any = None) -> None:
+            self.model = model
+
+        def __call__(self, **inputs: Any) -> Any:
+            return self.model(**inputs)
+
+    cuda = SimpleNamespace(CUDAGraph=lambda: _Graph(recorder), graph=graph)
+
+    class Torch:
+        """``torch`` as ``cudagraph_utils`` sees it: its ``cuda`` graphs stood in."""
+
+        def __getattr__(self, name: str) -> Any:
+            return cuda if name == "cuda" else getattr(torch, name)
+
+    with mock.patch.multiple(
+        cg,
+        torch=Torch(),
+        graph_capture=lambda device: contextlib.nullcontext(),
+        capture_pool=lambda pool, vllm_config: contextlib.nullcontext(None),
+        current_stream=lambda: None,
+        is_global_first_rank=lambda: False,  # no progress bar
+        BreakableCUDAGraphWrapper=Breakable,
+    ):
+        yield
+
+
+def _one_rank() -> Any:
+    """``get_pp_group()``: a single pipeline stage."""
+    return SimpleNamespace(is_first_rank=True, is_last_rank=True)
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+_METHODS = (
+    "execute_model", "_dummy_run", "update_pp_decode_requests", "finish_requests",
+    "free_states", "_remove_request", "add_requests", "update_requests",
+    "gather_batch_req_state", "prepare_inputs", "prepare_attn", "prepare_dummy_attn",
+    "postprocess_sampled", "_merge_ec_connector_no_forward", "maybe_dummy_run_with_lora",
+    "maybe_setup_dummy_loras", "maybe_select_dummy_loras", "dp_size", "dp_rank",
+)  # fmt: skip
+
+
+@functools.cache
+def _runner_class() -> type:
+    """A class of ``GPUModelRunner``'s own methods (:data:`_METHODS`), unchanged."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    members = {}
+    for name in _METHODS:
+        for klass in GPUModelRunner.__mro__:
+            if name in vars(klass):
+                members[name] = vars(klass)[name]
+                break
+    return type("_Runner", (_Standin,), members)
+
+
+def num_blocks(config: EngineConfig) -> int:
+    """Pages of the engine's KV cache: every sequence at its longest, the null page 0
+    and two spare (the scheduler's pool for the cases, reference.batch)."""
+    return config.max_num_seqs * config.max_blocks_per_seq + 3
+
+
+def _attention(vc: Any, config: EngineConfig, device: torch.device) -> tuple[Any, Any]:
+    """One KV-cache group of one attention layer, the Triton backend's; its
+    ``KVCacheConfig``."""
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.worker.utils import AttentionGroup
+
+    spec = FullAttentionSpec(
+        block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
+    )
+    group = AttentionGroup(
+        backend=TritonAttentionBackend,
+        layer_names=[_LAYER],
+        kv_cache_spec=spec,
+        kv_cache_group_id=0,
+    )
+    group.create_metadata_builders(vc, device)
+    kv = KVCacheConfig(
+        num_blocks=num_blocks(config),
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([_LAYER], spec)],
+    )
+    return [[group]], kv
+
+
+def _vllm_config(config: EngineConfig, mode: str) -> Any:
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+
+    vc = _engine.vllm_config(config)
+    cc = vc.compilation_config
+    # A CUDA engine's compilation (the CPU platform sets neither): VLLM_COMPILE,
+    # attention among the splitting ops (CompilationConfig.set_splitting_ops_for_v1).
+    cc.mode = CompilationMode.VLLM_COMPILE
+    cc.splitting_ops = list(CompilationConfig._attention_ops)
+    cc.cudagraph_mode = CUDAGraphMode[mode]
+    cc.static_forward_context = {}
+    vc.parallel_config = copy.copy(vc.parallel_config)
+    return vc
+
+
+class _Engine:
+    """One runner: its objects made as ``GPUModelRunner.__init__``, ``load_model`` and
+    ``initialize_kv_cache`` make them, and its graphs captured (``capture_model``)."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+        from vllm.config import CUDAGraphMode, set_current_vllm_config
+        from vllm.v1.attention.backend import AttentionCGSupport
+        from vllm.v1.worker.block_table import get_block_table_width
+        from vllm.v1.worker.gpu.async_utils import StepTimingCollector
+        from vllm.v1.worker.gpu.attn_utils import get_attn_cg_support
+        from vllm.v1.worker.gpu.block_table import BlockTables
+        from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+        from vllm.v1.worker.gpu.eplb_utils import EPLBController
+        from vllm.v1.worker.gpu.input_batch import InputBuffers
+        from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
+        from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+        from vllm.v1.worker.gpu.states import RequestState
+
+        self.config, self.device = config, device
+        self.recorder = _Recorder()
+        vc = self.vllm_config = _vllm_config(config, mode)
+        r = self.runner = _runner_class()()
+        r.vllm_config, r.model_config = vc, vc.model_config
+        r.parallel_config, r.compilation_config = vc.parallel_config, vc.compilation_config
+        r.observability_config = vc.observability_config
+        r.device = device
+        r.max_model_len, r.max_num_reqs = config.max_model_len, config.max_num_seqs
+        r.max_num_tokens = config.max_num_batched_tokens
+        r.num_speculative_steps = config.num_spec
+        with host_memory(device), set_current_vllm_config(vc):
+            r.req_states = RequestState(
+                max_num_reqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                num_speculative_steps=config.num_spec,
+                vocab_size=1,  # sizes nothing the metadata reads
+                device=device,
+            )
+            r.input_buffers = InputBuffers(
+                config.max_num_seqs, config.max_num_batched_tokens, device
+            )
+            r.model = _Model(self.recorder)
+            r.model_state = DefaultModelState(vc, r.model, None, device)
+            r.attn_groups, r.kv_cache_config = _attention(vc, config, device)
+            width = get_block_table_width(
+                cdiv(config.max_model_len, config.block_size), config.block_size,
+                token_alignment=128,
+            )  # fmt: skip
+            r.block_tables = BlockTables(
+                block_sizes=[config.block_size],
+                max_num_reqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_blocks_per_group=[width],
+                device=device,
+            )
+            # initialize_kv_cache: the mode the backends keep, then the graph manager.
+            support = get_attn_cg_support(r.attn_groups, vc)
+            r.decode_query_len = config.num_spec + r.model_state.num_new_sampled_tokens_per_step
+            resolved = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
+                support.min_cg_support,
+                support.min_cg_attn_backend,
+                r.decode_query_len,
+                use_v2_model_runner=True,
+                kv_cache_config=r.kv_cache_config,
+                max_num_reqs=config.max_num_seqs,
+                piecewise_capture_available=True,
+            )
+            if (
+                resolved != CUDAGraphMode[mode]
+                or support.min_cg_support != AttentionCGSupport.ALWAYS
+            ):
+                raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
+            import vllm.v1.worker.gpu.cudagraph_utils as cg
+
+            with mock.patch.multiple(
+                cg, get_pp_group=_one_rank, current_platform=SimpleNamespace(
+                    get_global_graph_pool=lambda: None)
+            ):  # fmt: skip
+                r.cudagraph_manager = ModelCudaGraphManager(
+                    vc, device, resolved, decode_query_len=r.decode_query_len,
+                    lora_capture_cases=[0], varlen_decode=False, ubatch_runner=None,
+                )  # fmt: skip
+        # What execute_model also reaches, none of which computes attention metadata.
+        r.kv_connector = NO_OP_KV_CONNECTOR
+        r.eplb = EPLBController(vc.parallel_config, device)
+        r.step_timing = StepTimingCollector()
+        r.lora_state = _NoState()
+        r.lora_config = None
+        r.is_encoder_decoder = False
+        r.is_first_pp_rank = r.is_last_pp_rank = True
+        r.use_pp = False
+        r.dcp_size = 1
+        r.uses_inputs_embeds = False
+        r.use_aux_hidden_state_outputs = False
+        r.intermediate_tensors = None
+        r.execute_model_state = None
+        for name in (
+            "pp_handler", "encoder_cache", "aux_output_connector", "ubatch_runner",
+            "pcp_manager", "pooling_runner", "prompt_logprobs_worker", "adaptive_verification",
+            "sampler", "speculator", "fast_prefill", "kv_block_zeroer",
+        ):  # fmt: skip
+            setattr(r, name, None)
+        self.held: set[str] = set()
+        self.last: tuple[list[str], list[int], torch.Tensor, torch.Tensor] | None = None
+        self.capture()
+
+    def capture(self) -> None:
+        """``capture_model``'s decoder capture: ``ModelCudaGraphManager.capture``."""
+        r = self.runner
+        manager = r.cudagraph_manager
+        if not manager.needs_capture():
+            manager._graphs_captured = True  # nothing to capture: dispatch answers NONE
+            return
+        self.recorder.kind = "capture"
+        try:
+            with host_memory(self.device), _graphs(self.recorder):
+                manager.capture(
+                    r.model, r.model_state, r.input_buffers, None, r.block_tables,
+                    r.attn_groups, r.kv_cache_config,
+                )  # fmt: skip
+        finally:
+            self.recorder.kind = None
+
+
+# -- one step ------------------------------------------------------------------------------
+
+
+def _scheduler_output(
+    inputs: RunnerStepInputs, held: set[str], is_new: tuple[bool, ...] | None = None
+) -> Any:
+    """The step's ``SchedulerOutput``: new requests (all their pages, their tokens known
+    up to the end of the step's query) in ``scheduled_new_reqs``, running ones in
+    ``scheduled_cached_reqs`` (the pages they gained, None for none), the drafts a
+    running request's query carries past its one token (``scheduled_spec_decode_tokens``,
+    as ``Scheduler.schedule`` sends them: at most ``num_spec``; a longer query is a
+    prefill chunk), and the held requests the step has not, finished."""
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    config = inputs.config
+    new, cached = [], CachedRequestData.make_empty()
+    scheduled: dict[str, int] = {}
+    drafts: dict[str, list[int]] = {}
+    steps = zip(
+        inputs.req_ids, is_new or inputs.is_new, inputs.num_computed_tokens, inputs.query_lens,
+        inputs.new_block_ids, strict=True,
+    )  # fmt: skip
+    for rid, fresh, computed, q, pages in steps:
+        req_id = str(rid)
+        scheduled[req_id] = q
+        if fresh:
+            known = min(max(computed + q, 1), config.max_model_len)
+            new.append(
+                NewRequestData(
+                    req_id=req_id, prompt_token_ids=[0] * known, mm_features=[],
+                    sampling_params=None, pooling_params=None, block_ids=(list(pages),),
+                    num_computed_tokens=computed, lora_request=None,
+                    prefill_token_ids=[0] * known,
+                )
+            )  # fmt: skip
+        else:
+            cached.req_ids.append(req_id)
+            cached.new_block_ids.append((list(pages),) if pages else None)
+            cached.num_computed_tokens.append(computed)
+            cached.num_output_tokens.append(0)
+            if 1 < q <= 1 + config.num_spec:
+                drafts[req_id] = [0] * (q - 1)
+    return SchedulerOutput(
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_spec_decode_tokens=drafts,
+        scheduled_encoder_inputs={},
+        finished_req_ids=held - set(scheduled),
+        free_encoder_mm_hashes=[],
+        preempted_req_ids=set(),
+    )
+
+
+@dataclass(frozen=True)
+class _Peer:
+    """The other data-parallel rank's batch: its requests and tokens, its uniform decode
+    count (None: not one) and longest query (None: it has a prefill)."""
+
+    num_reqs: int
+    num_tokens: int
+    uniform: int | None
+    max_query_len: int | None
+
+
+def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
+    """The peer rank of the step, derived from the step's own sizes so that the cases
+    meet each: none (one rank); idle (its ``execute_dummy_batch``: one request of
+    ``decode_query_len`` tokens, ``Worker.execute_dummy_batch`` and ``_dummy_run``); a
+    uniform decode of more requests than this rank's, up to the limits (DP padding pads
+    this step to the peer's graph); a prefill one token longer than this step."""
+    config = inputs.config
+    which = (inputs.num_tokens + sum(inputs.num_computed_tokens) + inputs.num_reqs) % 4
+    if which == 0:
+        return None
+    if which == 1:
+        return _Peer(1, dql, dql, dql)
+    if which == 2:
+        reqs = min(config.max_num_seqs, config.max_num_batched_tokens // dql)
+        reqs = min(reqs, max(inputs.num_reqs + 1, reqs))
+        return _Peer(reqs, reqs * dql, dql, dql)
+    tokens = min(inputs.num_tokens + 1, config.max_num_batched_tokens, config.max_model_len)
+    return _Peer(1, tokens, None, None)
+
+
+@contextlib.contextmanager
+def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
+    """The runner as rank 0 of two, the all-reduce answered with the column ``peer``'s
+    own ``dispatch_cg_and_sync_dp`` fills (as ``execute_model`` calls it: no LoRA, no
+    microbatching); one rank where ``peer`` is None."""
+    from attnfuzz.adapters.vllm.runner_modes import _peer_all_reduce_v2, _peer_column_v2
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+    pc = runner.parallel_config
+    if peer is None:
+        pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+        yield
+        return
+    pc.data_parallel_size, pc.data_parallel_rank = 2, 0
+    with _peer_column_v2() as column:
+        dispatch_cg_and_sync_dp(
+            runner.cudagraph_manager, peer.num_reqs, peer.num_tokens, peer.uniform, 2, 1,
+            max_query_len=peer.max_query_len, num_active_loras=0, parallel_config=pc,
+            allow_ubatching=False, uniform_decode=peer.uniform == runner.decode_query_len,
+        )  # fmt: skip
+    try:
+        with _peer_all_reduce_v2(column):
+            yield
+    finally:
+        pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+
+
+def _sample(engine: _Engine, now: dict[str, int]) -> None:
+    """``sample_tokens`` of the engine's last step, ``postprocess_sampled``: each request's
+    rejected drafts, as the scheduler has since counted them (``now``: its computed
+    tokens; none rejected for a request not in it)."""
+    if engine.last is None:
+        return
+    req_ids, seq_lens, idx_mapping, query_start_loc = engine.last
+    engine.last = None
+    r = engine.runner
+    rejected = [s - now.get(rid, s) for rid, s in zip(req_ids, seq_lens, strict=True)]
+    n = len(req_ids)
+    # The sampler's penalty counts (output_bin_counts) are read on the last pipeline
+    # stage only: no sampler here, so the call runs as another stage's would.
+    r.is_last_pp_rank = False
+    try:
+        with host_memory(engine.device):
+            r.postprocess_sampled(
+                idx_mapping,
+                torch.zeros(n, r.req_states.num_speculative_steps + 1, dtype=torch.int64),
+                torch.zeros(n, dtype=torch.int32),  # num_sampled: no token written
+                torch.tensor(rejected, dtype=torch.int32),
+                query_start_loc,
+            )
+    finally:
+        r.is_last_pp_rank = True
+
+
+def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
+    """``execute_model`` of one scheduler output; its ``ExecuteModelState``."""
+    r = engine.runner
+    engine.recorder.kind = "step"
+    try:
+        with host_memory(engine.device), _graphs(engine.recorder), _data_parallel(r, peer):
+            r.execute_model(out)
+    finally:
+        engine.recorder.kind = None
+    state = r.execute_model_state
+    r.execute_model_state = None
+    batch = state.input_batch
+    engine.held = set(r.req_states.req_id_to_index)
+    seq_lens = [
+        int(r.req_states.num_computed_tokens_np[r.req_states.req_id_to_index[rid]])
+        + out.num_scheduled_tokens[rid]
+        for rid in batch.req_ids
+    ]
+    engine.last = (list(batch.req_ids), seq_lens, batch.idx_mapping, batch.query_start_loc)
+    return state
+
+
+def _dummy(engine: _Engine, peer: _Peer) -> None:
+    """``Worker.execute_dummy_batch``: this rank idle while ``peer`` runs."""
+    r = engine.runner
+    engine.recorder.kind = "capture"
+    try:
+        with host_memory(engine.device), _graphs(engine.recorder), _data_parallel(r, peer):
+            r._dummy_run(1, uniform_decode=True)
+    finally:
+        engine.recorder.kind = None
+
+
+# -- builds --------------------------------------------------------------------------------
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").numpy().copy()
+
+
+def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple[Field, ...]:
+    """Every field a consumer reads of one forward, padding rows included, with the range
+    the consumer accepts. ``history`` False leaves out what the engine's history
+    decides by design (which row of the persistent state a request holds)."""
+    m = seen.meta
+    tokens_pad = int(seen.positions.shape[0])
+    slots = num_blocks(config) * config.block_size
+    out = [
+        # triton_unified_attention.py kernel_unified_attention_*: a sequence's query rows
+        # are q[query_start_loc[i] : query_start_loc[i + 1]] of the padded token rows.
+        Field("query_start_loc", "offsets", _np(m.query_start_loc), (0, tokens_pad)),
+        # ... its keys are the first seq_lens[i] of the sequence, read through its block
+        # table row: no more than the model's length.
+        Field("seq_lens", "requests", _np(m.seq_lens), (0, config.max_model_len)),
+        # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks).
+        Field("block_table", "requests", _np(m.block_table), (0, num_blocks(config) - 1)),
+        # triton_reshape_and_cache_flash.py: a token's slot in the cache; PAD_SLOT_ID
+        # (negative) skips it.
+        Field("slot_mapping", "tokens", _np(m.slot_mapping), (PAD_SLOT_ID, slots - 1)),
+        # rotary_embedding: cos_sin_cache[positions], the model's positions.
+        Field("positions", "tokens", _np(seen.positions), (0, config.max_model_len - 1)),
+    ]
+    batch = seen.batch
+    if batch is not None:
+        # GPUModelRunner.sample: hidden_states[logits_indices], the padded token rows.
+        # One entry per logit, at most one per token: as "tokens" every entry is real.
+        out.append(
+            Field("logits_indices", "tokens", _np(batch.logits_indices), (0, tokens_pad - 1))
+        )
+        # cu_num_logits: each request's logits rows, offsets into logits_indices.
+        n_logits = int(batch.logits_indices.shape[0])
+        out.append(Field("cu_num_logits", "offsets", _np(batch.cu_num_logits), (0, n_logits)))
+        if history:
+            # states.py RequestState: the request's row, idx_mapping[i] < max_num_reqs.
+            out.append(
+                Field(
+                    "idx_mapping", "requests", _np(batch.idx_mapping),
+                    (0, config.max_num_seqs - 1),
+                )
+            )  # fmt: skip
+    return tuple(out)
+
+
+def _step_build(how: str, config: EngineConfig, state: Any, **kw: Any) -> StepBuild:
+    batch = state.input_batch
+    seen = _Seen(state.attn_metadata[_LAYER], batch.positions, batch)
+    return StepBuild(
+        how, batch.num_reqs, batch.num_tokens, _fields(config, seen, **kw),
+        where="vllm/v1/worker/gpu/model_runner.py: GPUModelRunner.execute_model",
+    )  # fmt: skip
+
+
+def _seen_builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
+    """The builds the model and the graphs reported, in order; emptied."""
+    out = []
+    for kind, seen in engine.recorder.seen:
+        sizes = (num_reqs, num_tokens) if kind == "replay" else (0, 0)
+        where = {
+            "replay": "cudagraph_utils.py: CudaGraphManager.run_fullgraph",
+            "capture": "cudagraph_utils.py: CudaGraphManager.capture / GPUModelRunner._dummy_run",
+        }[kind]
+        out.append(StepBuild(kind, *sizes, _fields(engine.config, seen), where=where))
+    engine.recorder.seen.clear()
+    return out
+
+
+# -- the implementation --------------------------------------------------------------------
+
+
+class RunnerStepEngine:
+    """One vLLM engine seen three ways: with the config's graphs and a data-parallel
+    peer, eagerly (cudagraph mode NONE), and afresh each step."""
+
+    def __init__(self) -> None:
+        self.new_engine()
+
+    def new_engine(self) -> None:
+        self.key: tuple[EngineConfig, torch.device] | None = None
+        self.graphs: _Engine | None = None
+        self.eager: _Engine | None = None
+        self.pages: dict[str, tuple[int, ...]] = {}  # the scheduler's: each request's pages
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        self._check(inputs)
+        builds: list[StepBuild] = []
+        if self.key != (inputs.config, inputs.device):
+            self.key = (inputs.config, inputs.device)
+            self.graphs = _Engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
+            self.eager = _Engine(inputs.config, inputs.device, "NONE")
+            builds += _seen_builds(self.graphs, 0, 0)  # the capture runs
+        graphs, eager = self.graphs, self.eager
+        assert graphs is not None and eager is not None
+        now = {
+            str(rid): c
+            for rid, new, c in zip(
+                inputs.req_ids, inputs.is_new, inputs.num_computed_tokens, strict=True
+            )
+            if not new
+        }
+        dql = graphs.runner.decode_query_len
+        _sample(graphs, now)
+        _sample(eager, now)
+        # This rank idle while the peer runs the step (a dummy run between two steps).
+        step_peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
+        _dummy(graphs, step_peer)
+        builds += _seen_builds(graphs, 0, 0)
+
+        state = _execute(eager, _scheduler_output(inputs, eager.held))
+        builds.append(_step_build("eager", inputs.config, state))
+        state = _execute(graphs, _scheduler_output(inputs, graphs.held), _peer(inputs, dql))
+        padded = _step_build("padded", inputs.config, state)
+        builds += [padded, *_seen_builds(graphs, padded.num_reqs, padded.num_tokens)]
+        held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
+        self.pages = {
+            str(rid): (() if new else held[str(rid)]) + tuple(gained)
+            for rid, new, gained in zip(
+                inputs.req_ids, inputs.is_new, inputs.new_block_ids, strict=True
+            )
+        }
+        builds.append(self._fresh(inputs, held))
+        return RunnerStepOutputs(tuple(builds))
+
+    @staticmethod
+    def _check(inputs: RunnerStepInputs) -> None:
+        top = num_blocks(inputs.config) - 1
+        if any(p < 0 or p > top for pages in inputs.new_block_ids for p in pages):
+            raise ValueError(f"attnfuzz: a page id outside the engine's KV cache [0, {top}]")
+
+    @staticmethod
+    def _fresh(inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]) -> StepBuild:
+        """The step on a new engine of mode NONE: its running requests first added as new
+        (one token each, at their computed tokens less one, with the pages they held;
+        as many warm-up steps as the token budget takes), then the step's own output."""
+        config = inputs.config
+        fresh = _Engine(config, inputs.device, "NONE")
+        running = [i for i, new in enumerate(inputs.is_new) if not new]
+        budget = min(config.max_num_batched_tokens, config.max_num_seqs)
+        for start in range(0, len(running), budget):
+            part = running[start : start + budget]
+            warm = RunnerStepInputs(
+                config=config,
+                req_ids=tuple(inputs.req_ids[i] for i in part),
+                is_new=(True,) * len(part),
+                num_computed_tokens=tuple(inputs.num_computed_tokens[i] - 1 for i in part),
+                query_lens=(1,) * len(part),
+                new_block_ids=tuple(held[str(inputs.req_ids[i])] for i in part),
+                device=inputs.device,
+            )
+            _sample(fresh, {})
+            _execute(fresh, _scheduler_output(warm, fresh.held - set(map(str, warm.req_ids))))
+        _sample(fresh, {str(inputs.req_ids[i]): inputs.num_computed_tokens[i] for i in running})
+        state = _execute(fresh, _scheduler_output(inputs, fresh.held))
+        return _step_build("fresh", config, state, history=False)
+
+
+ENGINE = RunnerStepEngine()
+"""The engine of the implementation ``vllm`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm`` of ``runner-step``: the step on :data:`ENGINE`, kept
+    across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]

@@ -1,0 +1,185 @@
+"""vLLM 0.33.0's model runner V2 step, whole, as the implementation ``vllm`` of
+``runner-step``: ``execute_model`` with its own padding, graph dispatch, data-parallel
+padding, capture runs and dummy runs, judged by the step's properties."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.trace import Trace
+from attnfuzz.strategies import batches, traces
+from hypothesis import HealthCheck, given, settings
+
+pytestmark = requires_vllm
+
+
+def adapter():
+    from attnfuzz.adapters.vllm import runner_step
+
+    return runner_step
+
+
+def small_config(**overrides):
+    """next_n = 2, a few capture sizes, FULL_AND_PIECEWISE (vLLM's default)."""
+    base = dict(max_num_seqs=4, max_num_batched_tokens=16, cudagraph_capture_sizes=(2, 4, 8))
+    return spec_config(**{**base, **overrides})
+
+
+def unread_columns_only(out: ref.RunnerStepOutputs, v: ref.Violation, block_size: int) -> bool:
+    """Whether ``v`` is a block table's real rows differing only in columns past each
+    request's pages (``cdiv(seq_len, block_size)``), which no consumer reads:
+    ``_gather_block_tables_kernel`` (vllm/v1/worker/gpu/block_table.py) copies a
+    request's ``num_blocks`` entries and leaves the rest of the forward table's row as
+    the last step that used the row left it; the Triton kernel reads a row's first
+    ``cdiv(seq_len, block_size)``. runner-step's comparison takes every column both
+    builds hold (reference/runner_step.py ``_agree``): see the adapter's report."""
+    if v.field != "block_table" or v.prop == "safe padding":
+        return False
+    eager = next(out.of("eager"))
+    other = next(b for b in out.builds if b.how == v.build)
+    want = ref.real_rows(eager, eager.field("block_table"))
+    got = ref.real_rows(other, other.field("block_table"))
+    width = min(want.shape[1], got.shape[1])
+    seq_lens = ref.real_rows(eager, eager.field("seq_lens"))
+    for row, col in np.argwhere(want[:, :width] != got[:, :width]):
+        if col < -(-int(seq_lens[row]) // block_size):
+            return False
+    return True
+
+
+def run_trace(trace: Trace) -> list[ref.RunnerStepOutputs]:
+    rs = adapter()
+    engine = rs.RunnerStepEngine()
+    outs = []
+    bs = trace.config.block_size
+    for case in trace.cases():
+        out = engine(ref.make_inputs(case))
+        found = [v for v in ref.violations(out) if not unread_columns_only(out, v, bs)]
+        assert found == [], (case, found)
+        outs.append(out)
+    return outs
+
+
+def builds(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
+    return list(out.of(how))
+
+
+def tokens_of(build: ref.StepBuild) -> int:
+    """The build's padded token rows (the positions its forward reads)."""
+    return len(build.field("positions").values)
+
+
+def test_a_decode_below_every_capture_size_is_padded_to_the_graph_and_replayed():
+    """One request prefills 5 tokens, then decodes next_n = 2; capture sizes 4 and 8
+    (decode graphs of 2 and 4 requests): the runner dispatches the decode graph of 4
+    tokens, one padding request, and replays it; capture ran for every size."""
+    config = small_config(cudagraph_capture_sizes=(4, 8))
+    steps = (
+        Batch((0,), (5,), req_ids=(7,), pages=((1, 2),), new_pages=(2,)),
+        Batch((5,), (2,), req_ids=(7,), pages=((1, 2),), new_pages=(0,)),
+    )
+    first, out = run_trace(Trace(config, steps))
+    (eager,) = builds(out, "eager")
+    assert (eager.num_reqs, eager.num_tokens, tokens_of(eager)) == (1, 2, 2)
+    (padded,) = builds(out, "padded")
+    assert (padded.num_reqs, padded.num_tokens) == (1, 2)
+    # The peer rank this step has (derived from its sizes) decides how far it pads.
+    assert tokens_of(padded) >= 4 and len(padded.field("seq_lens").values) >= 2
+    assert padded.field("seq_lens").values[1:].tolist() == [0] * (
+        len(padded.field("seq_lens").values) - 1
+    )
+    assert padded.field("slot_mapping").values[2:].tolist() == [-1] * (tokens_of(padded) - 2)
+    assert len(builds(out, "replay")) == 1 and len(builds(out, "fresh")) == 1
+    captured = {tokens_of(b) for b in builds(first, "capture")}
+    assert set(config.cudagraph_capture_sizes) <= captured
+
+
+def test_capture_runs_cover_every_capture_size_of_each_mode():
+    for mode in ("FULL", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        config = small_config(cudagraph_mode=mode)
+        case = Case(config, Batch((0,), (3,), req_ids=(0,), pages=((1,),), new_pages=(1,)))
+        (out,) = run_trace(Trace.of_case(case))
+        captured = {tokens_of(b) for b in builds(out, "capture")}
+        assert set(config.cudagraph_capture_sizes) <= captured, mode
+
+
+def test_data_parallel_padding_pads_to_the_peers_graph():
+    """A peer decoding more requests (derived from the step: ``_peer``'s third kind):
+    the ranks agree on the larger count and this rank pads its decode (a FULL decode
+    graph) up to the peer's graph, past the graph its own step would take."""
+    rs = adapter()
+    config = small_config()
+    for prompt in range(1, 9):
+        steps = (
+            Batch((0,), (prompt,), req_ids=(0,), pages=((1, 2, 3),), new_pages=(3,)),
+            Batch((prompt,), (2,), req_ids=(0,), pages=((1, 2, 3),), new_pages=(0,)),
+        )
+        trace = Trace(config, steps)
+        peer = rs._peer(ref.make_inputs(trace.case(1)), 2)
+        if peer is not None and peer.uniform == 2 and peer.num_reqs > 1:
+            break
+    else:
+        pytest.fail("no step meets a busier peer")
+    _, out = run_trace(trace)
+    (padded,) = builds(out, "padded")
+    assert tokens_of(padded) == peer.num_tokens > 2  # 2: the graph of this step alone
+    assert len(padded.field("seq_lens").values) == peer.num_reqs
+    assert builds(out, "replay")
+
+
+def test_an_idle_rank_runs_a_dummy_step_padded_to_the_peers_graph():
+    """Each step this rank also runs ``execute_dummy_batch`` while the peer runs the
+    step: a dummy batch of one request, dispatched with the peer's tokens."""
+    config = small_config()
+    step = Batch((4, 4), (2, 2), req_ids=(0, 1), pages=((1, 2), (3, 4)), new_pages=(2, 2))
+    (out,) = run_trace(Trace.of_case(Case(config, step)))
+    dummy = builds(out, "capture")[-1]  # the step's own dummy run, after the capture runs
+    assert dummy.num_reqs == dummy.num_tokens == 0
+    assert tokens_of(dummy) == 4  # the peer's 4 tokens, a decode graph of 4
+
+
+def test_rows_reused_drafts_rejected_and_a_fresh_engine_agree():
+    """persistent-batch's three steps: a finished request's row goes to an arrival, a
+    rejected draft rolls back; every build of every step holds its properties."""
+    steps = (
+        Batch((0, 0), (3, 5), req_ids=(0, 1), pages=((1,), (2, 3)), new_pages=(1, 2)),
+        Batch((5, 0), (2, 4), req_ids=(1, 2), pages=((2, 3), (4,)), new_pages=(0, 1)),
+        Batch((6, 4), (2, 2), req_ids=(1, 2), pages=((2, 3), (4, 5)), new_pages=(0, 1)),
+    )
+    outs = run_trace(Trace(small_config(), steps))
+    last = outs[-1]
+    (fresh,) = builds(last, "fresh")
+    assert fresh.field("idx_mapping") is None  # the rows are the engine's history
+    assert fresh.field("seq_lens").values[:2].tolist() == [8, 6]
+
+
+def test_a_new_engine_drops_the_runners():
+    rs = adapter()
+    case = Case(small_config(), Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,)))
+    rs.run(ref.make_inputs(case))
+    first = rs.ENGINE.graphs
+    rs.run.new_engine()
+    assert rs.ENGINE.graphs is None
+    out = rs.run(ref.make_inputs(case))
+    assert rs.ENGINE.graphs is not first and builds(out, "capture")
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(traces.traces(batches.SMALL, varlen=False, max_steps=3))
+def test_drawn_traces_hold_every_property(trace):
+    rs = adapter()
+    config = dataclasses.replace(trace.config, runner="v2")
+    run_trace(Trace(config, trace.steps))
+    assert rs.declines(Case(config, trace.steps[0])) is None
