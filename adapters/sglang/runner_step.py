@@ -1,0 +1,643 @@
+"""SGLang's decode graph runner step on the Triton attention backend, as the
+implementation ``sglang`` of ``runner-step``.
+
+What runs, unchanged (SGLang 0.5.23):
+
+- ``model_executor/runner/decode_cuda_graph_runner.py``: ``DecodeCudaGraphRunner``
+  whole: ``__init__`` (its capture sizes from ``base_cuda_graph_runner.py``'s
+  ``get_batch_sizes_to_capture``, its buffers ``DecodeInputBuffers.create`` and
+  ``build_decode_registry``, the backend's ``init_cuda_graph_state``), ``capture``
+  (``_capture``, ``_capture_one_stream``, ``capture_one_shape``, ``capture_prepare``:
+  the backend's ``init_forward_metadata_out_graph(in_capture=True)`` for every
+  capture batch size), ``can_run_graph``, and ``load_batch`` (``_pad_to_bucket``,
+  ``CudaGraphBufferRegistry.fill_from``, ``_init_replay_attn_metadata``,
+  ``_init_replay_attn_metadata_from_view``, ``build_replay_fb_view``, the backend's
+  replay ``init_forward_metadata_out_graph``), called by ``execute``;
+- ``layers/attention/triton_backend.py``: ``TritonAttnBackend``, its eager
+  ``init_forward_metadata`` and its graph preparation, over SGLang's
+  ``KVIndexTranslator`` (``mem_cache/kv_index_translator.py``);
+- ``mem_cache/memory_pool.py``: ``ReqToTokenPool``, the engine's request rows
+  (``alloc_rows``, ``free_rows``), kept across the steps of one engine;
+- ``model_executor/forward_batch_info.py``: ``ForwardBatch``, and for a verify
+  step ``speculative/eagle_info.py``'s ``EagleVerifyInput``.
+
+Stand-ins: the model runner (the objects the runner and backend read), a KV
+pool of the right size whose buffers are never read, a model whose forward is
+never called, and the graph: ``resolve_decode_backend``'s backend is
+:class:`_Graph`, whose ``capture_one`` records the tensors the graph would read
+(the backend's metadata at capture) and whose ``replay`` does nothing, and the
+capture stream (``graph_capture``, ``get_or_create_global_graph_capture_stream``)
+is none: there is no CUDA. Those two module names of ``decode_cuda_graph_runner``
+are replaced while the runner is built, and restored after.
+
+A step is a decode (every request 1 token) or, with drafts, a target verify
+(every request ``next_n`` tokens): the steps the decode runner serves. Any other
+step is an extend, which SGLang never replays in the decode graph: its eager
+Triton metadata is built (``ForwardMode.EXTEND``), no graph build.
+
+Builds: ``eager`` (``init_forward_metadata`` of the step, no graph), ``padded``
+(the replay view ``build_replay_fb_view`` hands the backend, and the backend's
+persistent buffers after its replay preparation), ``replay`` (what the graph
+captured for that batch size reads, at replay), ``capture`` (what each capture
+read, snapshot at capture), ``fresh`` (the eager step on a new engine holding
+only the step's requests; without ``req_pool_indices``, a row the history picks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before SGLang is imported)
+import numpy as np
+import torch
+from attnfuzz.adapters.sglang import _engine
+from attnfuzz.adapters.sglang.triton_backend import HEAD_DIM, _KVPool
+from attnfuzz.reference.batch import EngineConfig, cdiv
+from attnfuzz.reference.runner_step import (
+    Field,
+    RunnerStepInputs,
+    RunnerStepOutputs,
+    StepBuild,
+)
+
+EXTRA_CONTEXT = 4
+"""``kv_cache_configurator.py``: ``extra_max_context_len = 4`` (+ the draft tokens):
+the request-to-token table's columns past the model's context."""
+
+
+def prepare() -> None:
+    """Import SGLang's runner and backend before a judge forks its child."""
+    _engine.prepare()
+    from sglang.srt.layers.attention import triton_backend  # noqa: F401
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner  # noqa: F401
+
+
+# -- the graph stand-in -------------------------------------------------------------------------
+
+
+class _Graph:
+    """The decode runner's graph backend, where there is no CUDA: a capture records
+    what the graph would read (the backend's metadata, built by the capture's
+    ``init_forward_metadata_out_graph``); a replay does nothing. The model's forward
+    (``run_once``) is never called."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.graphs: dict[Any, Any] = {}  # shape key -> the metadata the graph reads
+
+    @contextlib.contextmanager
+    def capture_session(self, stream: Any) -> Iterator[None]:
+        yield
+
+    def capture_one(
+        self,
+        shape_key: Any,
+        forward_fn: Any,
+        capture_inputs: Any = None,
+        post_warmup_hook: Any = None,
+    ) -> None:
+        self.graphs[shape_key] = self.runner.attn_backend.forward_metadata
+
+    def can_run(self, forward_batch: Any, shape_key: Any) -> bool:
+        return shape_key in self.graphs
+
+    @contextlib.contextmanager
+    def replay_session(self) -> Iterator[None]:
+        yield
+
+    def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
+        """The graph's output, unwritten: the runner's logits buffer, as the graph hands it."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        return LogitsProcessorOutput(next_token_logits=self.runner.buffers.next_token_logits_buffer)
+
+    def cleanup(self) -> None:
+        self.graphs.clear()
+
+
+@contextlib.contextmanager
+def _no_cuda_graphs(graph: type[_Graph]) -> Iterator[None]:
+    """While the runner is built: its graph backend is :class:`_Graph`, its capture
+    stream none (``decode_cuda_graph_runner``'s own names, restored after)."""
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner as module
+
+    saved = {
+        name: getattr(module, name)
+        for name in (
+            "resolve_decode_backend",
+            "graph_capture",
+            "get_or_create_global_graph_capture_stream",
+        )
+    }
+
+    @contextlib.contextmanager
+    def graph_capture(stream: Any = None) -> Iterator[Any]:
+        yield _engine.StandIn(stream=stream)
+
+    module.resolve_decode_backend = graph
+    module.graph_capture = graph_capture
+    module.get_or_create_global_graph_capture_stream = lambda: None
+    # torch_compile_decoration.patch_model is handed the tensor-parallel group (it
+    # reads it only to compile): the group of one process, never built here.
+    group = _engine.StandIn(ca_comm=None, world_size=1, rank_in_group=0)
+    try:
+        with module.get_parallel().override(tp_group=group):
+            yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+# -- the engine's objects -----------------------------------------------------------------------
+
+
+def pool_pages(config: EngineConfig) -> int:
+    """Pages of the KV pool: every page a case may hand a request (a step on its own
+    draws ``sum(pages) + 2`` ids from 0; a trace's scheduler at most one per page its
+    running requests hold), with SGLang's padding page beside them."""
+    return config.max_num_seqs * cdiv(config.max_model_len, config.block_size) + 3
+
+
+def _server_args(config: EngineConfig) -> Any:
+    from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
+
+    w = config.next_n
+    graphs = default_cuda_graph_config()
+    # The case's capture sizes are tokens; SGLang's decode graphs are keyed by requests.
+    graphs.decode.bs = sorted({s // w for s in config.cudagraph_capture_sizes if s >= w} or {1})
+    spec = {}
+    if config.num_spec:
+        spec = dict(
+            speculative_algorithm="EAGLE",
+            speculative_num_draft_tokens=w,
+            speculative_num_steps=config.num_spec,
+            speculative_eagle_topk=1,
+        )
+    return _engine.server_args(
+        attention_backend="triton",
+        cuda_graph_config=graphs,
+        page_size=config.block_size,
+        max_running_requests=config.max_num_seqs,
+        **spec,
+    )
+
+
+def _model_runner(config: EngineConfig, device: torch.device, args: Any) -> Any:
+    """A stand-in ``ModelRunner``: SGLang's request-to-token pool and translator,
+    a small MHA model whose forward is never called."""
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from transformers import LlamaConfig
+
+    w = config.next_n
+    width = config.max_model_len + EXTRA_CONTEXT + (w if config.num_spec else 0)
+    pool = ReqToTokenPool(
+        size=config.max_num_seqs,
+        max_context_len=width,
+        device=str(device),
+        enable_memory_saver=False,
+    )
+    kv_pool = _KVPool()
+    kv_pool.size = pool_pages(config) * config.block_size  # type: ignore[attr-defined]
+    hf_config = LlamaConfig(
+        num_attention_heads=2, num_key_value_heads=1, hidden_size=2 * HEAD_DIM, num_hidden_layers=1
+    )
+    model_config = _engine.StandIn(
+        attention_arch=AttentionArch.MHA,
+        hf_config=hf_config,
+        hf_text_config=hf_config,
+        context_len=config.max_model_len,
+        head_dim=HEAD_DIM,
+        v_head_dim=HEAD_DIM,
+        swa_v_head_dim=HEAD_DIM,
+        hidden_size=2 * HEAD_DIM,
+        vocab_size=1,
+        dtype=torch.float32,
+        is_encoder_decoder=False,
+        is_draft_model=False,
+        num_attention_heads=2,
+        linear_attn_registry_result=None,
+        get_max_num_attention_heads=lambda: 2,
+        get_num_kv_heads=lambda tp_size, dcp_size=1: 1,
+    )
+    translator = KVIndexTranslator(
+        req_to_token=pool.req_to_token,
+        token_to_kv_pool_allocator=None,
+        token_to_kv_pool=kv_pool,
+        page_size=config.block_size,
+        device=str(device),
+    )
+    algorithm = SpeculativeAlgorithm.EAGLE if config.num_spec else SpeculativeAlgorithm.NONE
+    return _engine.StandIn(
+        req_to_token_pool=pool,
+        token_to_kv_pool=kv_pool,
+        token_to_kv_pool_allocator=None,
+        kv_index_translator=translator,
+        sliding_window_size=None,
+        page_size=config.block_size,
+        model_config=model_config,
+        decode_num_tokens_per_req=lambda num_draft_tokens=None: w,
+        is_draft_worker=False,
+        spec_algorithm=algorithm,
+        device=str(device),
+        gpu_id=0,
+        dtype=torch.float32,
+        kv_cache_dtype=torch.float32,
+        server_args=args,
+        hybrid_gdn_config=None,
+        kimi_linear_config=None,
+        linear_attn_model_spec=None,
+        lora_manager=None,
+        ngram_embedding_manager=_engine.StandIn(enabled=False),
+        hisparse_coordinator=None,
+        device_timer=None,
+        canary_manager=None,
+        capture_head_hooks=[],
+        capture_tail_hooks=[],
+        model=_engine.StandIn(shared_experts_config=None, forward=_never_called),
+        graph_shared_output=_engine.StandIn(
+            get_logits_buffer=lambda vocab_size, rows: torch.zeros((rows, vocab_size))
+        ),
+        attn_tp_sequence_sharded=lambda num_tokens: False,
+        get_pp_proxy_topk_size=lambda: None,
+        get_pp_proxy_residual_num_blocks=lambda: None,
+        get_pp_proxy_dspark_hidden_size=lambda: None,
+        get_aux_hidden_states_width=lambda: None,
+    )
+
+
+def _never_called(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("attnfuzz's stand-in model: the graph stand-in never runs a forward")
+
+
+# -- one engine ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    row: int  # its row of the request-to-token table (ReqToTokenPool.alloc_rows)
+    pages: list[int] = field(default_factory=list)
+
+
+class _Engine:
+    """One SGLang engine: the model runner's pools and backend, its decode graph runner
+    (``graphs``: built with the engine, as ``ModelRunner.init_device_graphs`` builds it),
+    and the running requests' rows and pages."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        self.config, self.device = config, device
+        self.requests: dict[int, _Request] = {}
+        self.captures: list[StepBuild] = []
+        with _server_args(config) as args:
+            self.runner = _model_runner(config, device, args)
+            self.backend = TritonAttnBackend(self.runner)
+            self.runner.attn_backend = self.backend
+            self.graph_runner: Any = None
+            if graphs:
+                self.graph_runner = self._graph_runner()
+
+    def _graph_runner(self) -> Any:
+        """``DecodeCudaGraphRunner(model_runner)``: its buffers, and a capture of every
+        capture batch size, each read by :class:`_Graph` as the graph would read it."""
+        import io
+
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+            DecodeCudaGraphRunner,
+        )
+
+        engine = self
+
+        class _Recording(_Graph):
+            def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
+                super().capture_one(shape_key, *args, **kwargs)
+                # The capture's batch of shape_key.size requests, at the buffers' capture
+                # values: no real rows.
+                build = engine._graph_build(
+                    "capture", self.runner, shape_key.size, 0, 0, self.graphs[shape_key]
+                )
+                engine.captures.append(build)
+
+        # The capture's progress bar (tqdm, on tensor-parallel rank 0) is not attnfuzz's output.
+        with _no_cuda_graphs(_Recording), contextlib.redirect_stderr(io.StringIO()):
+            return DecodeCudaGraphRunner(self.runner)
+
+    # -- the scheduler output -------------------------------------------------------------------
+
+    def admit(self, inputs: RunnerStepInputs) -> None:
+        """The requests of the step: those gone free their rows, new ones take one
+        (``ReqToTokenPool.free_rows`` / ``alloc_rows``), each appends its new pages."""
+        pool = self.runner.req_to_token_pool
+        staying = {i for i, new in zip(inputs.req_ids, inputs.is_new, strict=True) if not new}
+        for i in [i for i in self.requests if i not in staying]:
+            pool.free_rows([self.requests.pop(i).row])
+        for i, new, gained in zip(inputs.req_ids, inputs.is_new, inputs.new_block_ids, strict=True):
+            if new:
+                (row,) = pool.alloc_rows(1)
+                self.requests[i] = _Request(row)
+            self.requests[i].pages += list(gained)
+
+    def slots(self, req_id: int, start: int, stop: int) -> list[int]:
+        bs, pages = self.config.block_size, self.requests[req_id].pages
+        return [pages[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def write_rows(self, inputs: RunnerStepInputs) -> None:
+        """The request-to-token rows the step reads: a new request's whole prefix (a
+        prefix it matched, as the radix cache hands it), and every request's new tokens
+        (the step's ``out_cache_loc``, as ``ScheduleBatch.prepare_for_decode`` writes it)."""
+        table = self.runner.req_to_token_pool.req_to_token
+        for i, new, computed, q in zip(
+            inputs.req_ids,
+            inputs.is_new,
+            inputs.num_computed_tokens,
+            inputs.query_lens,
+            strict=True,
+        ):
+            start = 0 if new else computed
+            row = self.requests[i].row
+            table[row, start : computed + q] = torch.tensor(
+                self.slots(i, start, computed + q), dtype=torch.int32
+            )
+
+    # -- the step's ForwardBatch ----------------------------------------------------------------
+
+    def forward_batch(self, inputs: RunnerStepInputs, mode: str) -> Any:
+        from sglang.srt.model_executor.forward_batch_info import (
+            CaptureHiddenMode,
+            ForwardBatch,
+            ForwardMode,
+        )
+
+        dev = self.device
+        R, T = inputs.num_reqs, inputs.num_tokens
+        rows = [self.requests[i].row for i in inputs.req_ids]
+        computed, q_lens = list(inputs.num_computed_tokens), list(inputs.query_lens)
+        positions = [p for c, q in zip(computed, q_lens, strict=True) for p in range(c, c + q)]
+        out_cache_loc = [
+            s
+            for i, c, q in zip(inputs.req_ids, computed, q_lens, strict=True)
+            for s in self.slots(i, c, c + q)
+        ]
+        # A decode's seq_lens hold its new token; a verify's the committed prefix
+        # (eagle_info.py: EagleVerifyInput.prepare_for_verify keeps batch.seq_lens).
+        seq_lens = (
+            [c + q for c, q in zip(computed, q_lens, strict=True)] if mode != "verify" else computed
+        )
+        seq = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
+        common = dict(
+            batch_size=R,
+            input_ids=torch.zeros(T, dtype=torch.int64, device=dev),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
+            seq_lens=seq,
+            seq_lens_cpu=seq.cpu(),
+            seq_lens_sum=int(sum(seq_lens)),
+            out_cache_loc=torch.tensor(out_cache_loc, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+        )
+        if mode == "decode":
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.DECODE,
+                capture_hidden_mode=CaptureHiddenMode.NULL,
+                **common,
+            )
+        elif mode == "verify":
+            spec_info = self._verify_input(seq)
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.TARGET_VERIFY,
+                spec_info=spec_info,
+                capture_hidden_mode=spec_info.capture_hidden_mode,
+                **common,
+            )
+        else:
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.EXTEND,
+                extend_num_tokens=T,
+                extend_seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev),
+                extend_prefix_lens=torch.tensor(computed, dtype=torch.int32, device=dev),
+                extend_start_loc=torch.tensor(
+                    np.cumsum([0] + q_lens[:-1]), dtype=torch.int32, device=dev
+                ),
+                extend_seq_lens_cpu=q_lens,
+                extend_prefix_lens_cpu=computed,
+                **common,
+            )
+        self.runner.kv_index_translator.bind_own_plan(fb)
+        return fb
+
+    def _verify_input(self, seq_lens: torch.Tensor) -> Any:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+        N = self.config.next_n
+        mask = torch.ones(int((N * (seq_lens + N)).sum()), dtype=torch.bool, device=self.device)
+        return EagleVerifyInput(
+            draft_token=None,
+            custom_mask=mask,
+            positions=None,
+            retrieve_index=None,
+            retrieve_next_token=None,
+            retrieve_next_sibling=None,
+            retrieve_cum_len=None,
+            spec_steps=self.config.num_spec,
+            topk=1,
+            draft_token_num=N,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=int(seq_lens.sum()),
+            seq_lens_cpu=seq_lens.cpu(),
+        )
+
+    # -- builds ---------------------------------------------------------------------------------
+
+    def accepts(self) -> dict[str, tuple[int, int]]:
+        """What each field's consumer accepts, read from its code."""
+        table = self.runner.req_to_token_pool.req_to_token
+        kv_rows = self.runner.token_to_kv_pool.size + self.config.block_size
+        fill = self.backend.get_cuda_graph_seq_len_fill_value()
+        return {
+            # KVIndexTranslator.pack_read_stream (triton_backend.py:_fill_kv_indptr_and_indices)
+            # reads req_to_token[req_pool_indices[i], :seq_lens[i]]: a row of the table...
+            "req_pool_indices": (0, table.shape[0] - 1),
+            # ...and a length at least the padding fill (decode_cuda_graph_runner.py:
+            # seq_len_fill_value, get_cuda_graph_seq_len_fill_value) and at most its width.
+            "seq_lens": (fill, table.shape[1]),
+            # The KV write (triton_backend.py:_set_kv_buffer, set_kv_buffer) and the decode
+            # and extend kernels (decode_attention.py, extend_attention.py: k_buffer[kv_indices])
+            # index the pool's rows: size + page_size (the padding page 0 included).
+            "out_cache_loc": (0, kv_rows - 1),
+            "kv_indices": (0, kv_rows - 1),
+            # RotaryEmbedding.forward reads cos_sin_cache[positions]: the model's context.
+            "positions": (0, self.config.max_model_len - 1),
+        }
+
+    def _fields(
+        self, rows: int, tokens: int, inputs_of: dict[str, torch.Tensor], metadata: Any
+    ) -> tuple[Field, ...]:
+        """The fields of a build of ``rows`` requests and ``tokens`` tokens (padding
+        included), copied now: the step's inputs, and the backend's ``metadata``."""
+
+        def host(t: torch.Tensor) -> np.ndarray:
+            return t.detach().cpu().numpy().astype(np.int64)  # a copy
+
+        acc = self.accepts()
+        indptr, flat = host(metadata.kv_indptr[: rows + 1]), host(metadata.kv_indices)
+        # The decode and extend kernels read kv_indices[kv_indptr[i] : kv_indptr[i + 1]]
+        # for row i: each row's entries, as a table (past a row's length 0, never read).
+        spans = [flat[max(a, 0) : max(b, 0)] for a, b in zip(indptr, indptr[1:], strict=False)]
+        table = np.zeros((rows, max((len(x) for x in spans), default=0)), dtype=np.int64)
+        for r, entries in enumerate(spans):
+            table[r, : len(entries)] = entries
+        out = [
+            Field("seq_lens", "requests", host(inputs_of["seq_lens"][:rows]), acc["seq_lens"]),
+            Field(
+                "out_cache_loc",
+                "tokens",
+                host(inputs_of["out_cache_loc"][:tokens]),
+                acc["out_cache_loc"],
+            ),
+            Field("positions", "tokens", host(inputs_of["positions"][:tokens]), acc["positions"]),
+            # kv_indptr's entries bound the reads of kv_indices (the buffer handed on).
+            Field("kv_indptr", "offsets", indptr, (0, flat.size)),
+            Field("kv_indices", "requests", table, acc["kv_indices"]),
+        ]
+        if "req_pool_indices" in inputs_of:
+            pool_rows = host(inputs_of["req_pool_indices"][:rows])
+            out.append(Field("req_pool_indices", "requests", pool_rows, acc["req_pool_indices"]))
+        if metadata.qo_indptr is not None:  # the extend kernel's query offsets
+            qo = host(metadata.qo_indptr[: rows + 1])
+            out.append(Field("qo_indptr", "offsets", qo, (0, tokens)))
+        return tuple(out)
+
+    def _graph_build(
+        self, how: str, graph_runner: Any, bs: int, num_reqs: int, num_tokens: int, metadata: Any
+    ) -> StepBuild:
+        """A build read from the runner's input buffers and ``metadata`` (copied now)."""
+        b = graph_runner.buffers
+        inputs_of = {
+            "seq_lens": b.seq_lens,
+            "req_pool_indices": b.req_pool_indices,
+            "out_cache_loc": b.out_cache_loc,
+            "positions": b.positions,
+        }
+        fields = self._fields(bs, bs * self.config.next_n, inputs_of, metadata)
+        return StepBuild(how, num_reqs, num_tokens, fields, where=_WHERE[how])
+
+    def eager(self, inputs: RunnerStepInputs, mode: str, how: str = "eager") -> StepBuild:
+        """``init_forward_metadata`` of the step's ForwardBatch, no graph (copied now)."""
+        fb = self.forward_batch(inputs, mode)
+        self.backend.init_forward_metadata(fb)
+        inputs_of = {
+            "seq_lens": fb.seq_lens,
+            "out_cache_loc": fb.out_cache_loc,
+            "positions": fb.positions,
+        }
+        if how != "fresh":  # a new engine's rows are its own: history picks them
+            inputs_of["req_pool_indices"] = fb.req_pool_indices
+        R, T = inputs.num_reqs, inputs.num_tokens
+        fields = self._fields(R, T, inputs_of, self.backend.forward_metadata)
+        return StepBuild(how, R, T, fields, where=_WHERE[how])
+
+
+_WHERE = {
+    "eager": "triton_backend.py:TritonAttnBackend.init_forward_metadata",
+    "fresh": "triton_backend.py:TritonAttnBackend.init_forward_metadata (a new engine)",
+    "padded": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.load_batch (buffers, backend's)",
+    "replay": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.execute (what the graph reads)",
+    "capture": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.capture_one_shape",
+}
+
+
+def step_mode(inputs: RunnerStepInputs) -> str:
+    """What SGLang runs the step as. A request new to the engine (arrived, or resumed)
+    is prefilled first (``Scheduler.get_new_batch_prefill``: ``ForwardMode.EXTEND``,
+    a prefix it matched included), so only a step of running requests, each of a token
+    (``decode``) or of its token and drafts (``verify``: ``next_n``), is a decode
+    batch (``ScheduleBatch.prepare_for_decode``), which the decode graph runner serves;
+    any other is an ``extend``, run eagerly."""
+    config = inputs.config
+    running = inputs.num_reqs and not any(inputs.is_new)
+    if running and all(q == config.next_n for q in inputs.query_lens):
+        return "verify" if config.num_spec else "decode"
+    return "extend"
+
+
+def _fresh(engine: _Engine, inputs: RunnerStepInputs) -> StepBuild:
+    """The step on a new engine (no graph runner) whose requests are the step's, each
+    arriving with every page it holds."""
+    fresh = _Engine(engine.config, engine.device, graphs=False)
+    pages = tuple(tuple(engine.requests[i].pages) for i in inputs.req_ids)
+    arrived = RunnerStepInputs(
+        config=inputs.config,
+        req_ids=inputs.req_ids,
+        is_new=(True,) * inputs.num_reqs,
+        num_computed_tokens=inputs.num_computed_tokens,
+        query_lens=inputs.query_lens,
+        new_block_ids=pages,
+        device=inputs.device,
+    )
+    with _server_args(engine.config):
+        fresh.admit(arrived)
+        fresh.write_rows(arrived)
+        return fresh.eager(arrived, step_mode(inputs), how="fresh")
+
+
+class RunnerStep:
+    """SGLang's engine across the steps of one life: call it with each scheduler output."""
+
+    def __init__(self) -> None:
+        self.new_engine()
+
+    def new_engine(self) -> None:
+        """A new engine: drop the pools, the backend, the graph runner and the requests."""
+        self.key: tuple[EngineConfig, torch.device] | None = None
+        self.engine: _Engine | None = None
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        prepare()
+        if self.engine is None or self.key != (inputs.config, inputs.device):
+            self.key = (inputs.config, inputs.device)  # another config is another engine
+            self.engine = _Engine(inputs.config, inputs.device, graphs=True)
+        engine = self.engine
+        mode = step_mode(inputs)
+        R, T = inputs.num_reqs, inputs.num_tokens
+        # The capture runs, made as the engine started (reported with its first step).
+        builds, engine.captures = engine.captures, []
+        with _server_args(inputs.config):
+            engine.admit(inputs)
+            engine.write_rows(inputs)
+            builds.append(engine.eager(inputs, mode))
+            graphs = engine.graph_runner
+            if mode != "extend":
+                fb = engine.forward_batch(inputs, mode)
+                if graphs.can_run_graph(fb):
+                    graphs.execute(fb)  # load_batch, then the graph stand-in's replay
+                    bs, backend = graphs.bs, engine.backend
+                    persistent = _engine.StandIn(
+                        kv_indptr=backend.kv_indptr,
+                        kv_indices=backend.cuda_graph_kv_indices,
+                        qo_indptr=backend.qo_indptr if mode == "verify" else None,
+                    )
+                    builds.append(engine._graph_build("padded", graphs, bs, R, T, persistent))
+                    baked = graphs.backend.graphs[graphs._replay_graph_key]
+                    builds.append(engine._graph_build("replay", graphs, bs, R, T, baked))
+        builds.append(_fresh(engine, inputs))
+        return RunnerStepOutputs(tuple(builds))
+
+
+ENGINE = RunnerStep()
+"""The engine of the implementation ``sglang`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``sglang`` of ``runner-step``: the step on :data:`ENGINE`, kept
+    across calls; ``run.new_engine()`` (what the harness calls through the engine
+    plugin's ``EngineCall``) drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]

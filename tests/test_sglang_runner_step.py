@@ -1,0 +1,108 @@
+"""SGLang's decode graph runner step (runner-step's ``sglang``): hand traces and drawn ones."""
+
+from __future__ import annotations
+
+from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.trace import Trace
+from attnfuzz.strategies.traces import traces
+from hypothesis import HealthCheck, given, settings
+
+pytestmark = requires_sglang
+
+
+def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
+    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
+
+
+def _life(trace: Trace) -> list[ref.RunnerStepOutputs]:
+    """Every step of ``trace`` on one new SGLang engine."""
+    from attnfuzz.adapters.sglang.runner_step import run
+
+    run.new_engine()
+    return [run(ref.make_inputs(case)) for case in trace.cases()]
+
+
+def _arrive_then_decode(num_spec: int) -> Trace:
+    """Three requests arrive (an extend), then decode (or verify) together: three
+    requests in the graph of four."""
+    config = spec_config(num_spec=num_spec, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8, 16))
+    w = config.next_n
+    pages = ((1, 2), (3, 4), (5,))
+    return Trace(
+        config,
+        (
+            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 1)),
+            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
+        ),
+    )
+
+
+def _build(out: ref.RunnerStepOutputs, how: str) -> ref.StepBuild:
+    (build,) = out.of(how)
+    return build
+
+
+def _values(build: ref.StepBuild, name: str) -> list:
+    f = build.field(name)
+    assert f is not None, name
+    return f.values.tolist()
+
+
+def test_a_decode_of_three_requests_replays_the_graph_of_four():
+    from attnfuzz.adapters.sglang.runner_step import step_mode
+
+    trace = _arrive_then_decode(num_spec=0)
+    first, second = _life(trace)
+    assert step_mode(ref.make_inputs(trace.case(0))) == "extend"  # arrivals are prefilled
+    assert [b.how for b in first.builds if b.how != "capture"] == ["eager", "fresh"]
+    assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
+    for how in ("padded", "replay"):
+        b = _build(second, how)
+        assert (b.num_reqs, b.num_tokens) == (3, 3)
+        # The padding request: SGLang's reserved row 0, the Triton fill length 1.
+        assert _values(b, "seq_lens") == [6, 4, 2, 1], how
+        assert _values(b, "req_pool_indices")[3] == 0, how
+        assert _values(b, "out_cache_loc")[3] == 0, how
+        assert _values(b, "kv_indptr") == [0, 6, 10, 12, 13], how
+    assert _values(_build(second, "eager"), "seq_lens") == [6, 4, 2]
+    assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+def test_every_capture_batch_size_is_captured_once_at_the_engine_start():
+    first, second = _life(_arrive_then_decode(num_spec=0))
+    captures = list(first.of("capture"))
+    # SGLang's decode graphs: the capture sizes over next_n, up to max_running_requests.
+    assert sorted(len(_values(b, "seq_lens")) for b in captures) == [2, 4, 8]
+    for b in captures:
+        assert (b.num_reqs, b.num_tokens) == (0, 0)
+        assert set(_values(b, "seq_lens")) == {1}  # get_cuda_graph_seq_len_fill_value
+        assert set(_values(b, "req_pool_indices")) == {0}
+    assert list(second.of("capture")) == []
+
+
+def test_a_verify_of_three_requests_replays_the_graph_of_four():
+    _, verify = _life(_arrive_then_decode(num_spec=1))
+    b = _build(verify, "replay")
+    assert (b.num_reqs, b.num_tokens) == (3, 6)
+    # A verify's seq_lens are the committed prefix; the padding request's the fill.
+    assert _values(b, "seq_lens") == [5, 3, 1, 1]
+    assert _values(b, "qo_indptr") == [0, 2, 4, 6, 8]
+    assert _values(b, "positions") == [5, 6, 3, 4, 1, 2, 0, 0]
+    assert ref.violations(verify) == []
+
+
+def test_a_step_on_its_own_is_an_extend_with_no_graph():
+    config = spec_config(num_spec=0, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8))
+    (out,) = _life(Trace.of_case(Case(config, Batch((5, 9, 0), (1, 1, 1), seed=3))))
+    assert {b.how for b in out.builds} == {"eager", "capture", "fresh"}
+    assert ref.violations(out) == []
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(traces(max_steps=4))
+def test_drawn_traces_keep_every_property(trace):
+    for k, out in enumerate(_life(trace)):
+        assert ref.violations(out) == [], f"step {k}"
