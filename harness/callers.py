@@ -9,13 +9,18 @@ implementation (:attr:`attnfuzz.harness.engines.Engine.callers`), a
 what the conditions its callers write mean (:class:`Condition`). This module finds
 every call of the function in the installed package (by its syntax tree, no import)
 and tells which calls can pass the case's values, under which configuration and on
-which model runners (:func:`callers_of`). Reachability plans steps only on those
-runners and names the configuration (:mod:`attnfuzz.harness.reachability`).
+which model runners (:func:`callers_of`). What a configuration allows moves between
+releases (the runners it runs on, the cudagraph modes the engine accepts with it,
+whether its FULL steps pad the request count): a condition declares it per range of
+releases (:class:`Releases`), read from each range's source, and the installed
+release's range applies. Reachability plans steps only on those runners and modes and
+names the configuration (:mod:`attnfuzz.harness.reachability`).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +44,38 @@ class Argument:
 
 
 @dataclass(frozen=True)
+class Releases:
+    """What one configuration allows in a range of the engine's releases, read from that
+    range's source (the engine's file and function for each fact in ``source``)."""
+
+    since: str
+    """The first release of the range."""
+    before: str | None = None
+    """The first release after it; None: every later release."""
+    runners: tuple[str, ...] | None = None
+    """The only model runners the configuration runs on; None: all."""
+    modes: tuple[str, ...] | None = None
+    """The only cudagraph modes (``cudagraph_mode``) the engine accepts with it; None: all."""
+    pads_requests: bool = True
+    """Whether a FULL step under it pads the request count (padding requests of query
+    length 0 reach the metadata builders)."""
+    source: str = ""
+
+    def covers(self, version: str) -> bool:
+        from attnfuzz.harness.engines import release_key  # engines imports this module
+
+        key = release_key(version)
+        return release_key(self.since) <= key and (
+            self.before is None or key < release_key(self.before)
+        )
+
+    def span(self) -> str:
+        if self.before is None:
+            return f"{self.since} and later"
+        return f"{self.since} to before {self.before}"
+
+
+@dataclass(frozen=True)
 class Condition:
     """What a caller's expression for a keyword means, read from the engine's code."""
 
@@ -47,9 +84,14 @@ class Condition:
     config: Mapping[bool, str]
     """For each value of the expression, the configuration under which it has it."""
     runners: Mapping[bool, tuple[str, ...]] = field(default_factory=dict)
-    """For a value, the only model runners that configuration runs on (absent: all)."""
+    """For a value, the only model runners that configuration runs on in every release
+    (absent: all); :attr:`releases` replaces it where the limits move between releases."""
     source: str = ""
     """Where the meaning and the runner limit are read (file and function)."""
+    releases: Mapping[bool, tuple[Releases, ...]] = field(default_factory=dict)
+    """For a value, what its configuration allows in each range of releases. A release
+    no range covers has no declared meaning for that value: a call that needs it there is
+    not taken as reaching the case."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +126,14 @@ class Admitting:
     runners: tuple[str, ...] | None  # None: every runner
     sources: tuple[str, ...]
     limited_by: tuple[str, ...] = ()  # the configurations that limit the runners
+    modes: tuple[str, ...] | None = None  # None: every cudagraph mode
+    pads_requests: bool = True  # its FULL steps pad the request count
+    modes_limited_by: tuple[str, ...] = ()  # the configurations that limit the modes
+
+    def allows(self, runner: str, mode: str) -> bool:
+        return (self.runners is None or runner in self.runners) and (
+            self.modes is None or mode in self.modes
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +143,26 @@ class Callers:
     callee: Callee
     admitting: tuple[Admitting, ...]
     refusing: tuple[tuple[Call, str], ...]  # each with why
+    version: str | None = None  # the release whose limits apply
+
+    def allows(self, runner: str, mode: str) -> bool:
+        """Some admitting call runs on ``runner`` under cudagraph mode ``mode``."""
+        return any(a.allows(runner, mode) for a in self.admitting)
+
+    def pads_requests(self, runner: str, mode: str) -> bool:
+        """Some admitting call that runs there pads the request count of a FULL step."""
+        return any(a.allows(runner, mode) and a.pads_requests for a in self.admitting)
+
+    def modes_on(self, runner: str) -> tuple[str, ...] | None:
+        """The modes some admitting call on ``runner`` is accepted under; None: any."""
+        out: list[str] = []
+        for a in self.admitting:
+            if a.runners is not None and runner not in a.runners:
+                continue
+            if a.modes is None:
+                return None
+            out.extend(m for m in a.modes if m not in out)
+        return tuple(out)
 
     def runners(self) -> set[str] | None:
         """The runners some admitting call runs on; None: any."""
@@ -172,10 +242,21 @@ def _calls_in(tree: ast.AST, function: str, rel: str) -> list[Call]:
     return out
 
 
-def callers_of(callee: Callee, params: Mapping[str, Any]) -> Callers:
+def installed_version(package: str) -> str | None:
+    """The installed release of ``package`` (its distribution's metadata, no import)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def callers_of(callee: Callee, params: Mapping[str, Any], version: str | None = None) -> Callers:
     """The calls that can pass ``params`` (the case's parameters), each with the
-    configuration its conditions need; a call that passes another literal, or an
-    expression this module has no meaning for, cannot (with why)."""
+    configuration its conditions need and what that configuration allows in release
+    ``version`` (default: the installed one); a call that passes another literal, or
+    an expression this module has no meaning for (in that release), cannot (with why)."""
+    if version is None:
+        version = installed_version(callee.package)
     conditions = {c.expr: c for c in callee.conditions}
     admitting: list[Admitting] = []
     refusing: list[tuple[Call, str]] = []
@@ -183,8 +264,11 @@ def callers_of(callee: Callee, params: Mapping[str, Any]) -> Callers:
         passed = dict(call.keywords)
         config: list[str] = []
         runners: set[str] | None = None
+        modes: list[str] | None = None
+        pads = True
         sources: list[str] = []
         limited_by: list[str] = []
+        modes_limited_by: list[str] = []
         why = ""
         for arg in callee.arguments:
             if arg.param not in params:
@@ -208,12 +292,29 @@ def callers_of(callee: Callee, params: Mapping[str, Any]) -> Callers:
                 if not values:
                     why = f"{arg.keyword}={expr} never gives {arg.param}={want}"
                     break
-                config.append(cond.config[values[0]])
+                meaning = cond.config[values[0]]
+                config.append(meaning)
+                sources.append(cond.source)
                 limit = cond.runners.get(values[0])
+                ranges = cond.releases.get(values[0], ())
+                if ranges:
+                    held = next((r for r in ranges if version and r.covers(version)), None)
+                    if held is None:
+                        read = ", ".join(r.span() for r in ranges)
+                        why = (
+                            f"{arg.keyword}={expr}: what {meaning} allows is read for "
+                            f"{callee.package} {read}, not {version}"
+                        )
+                        break
+                    limit = held.runners
+                    if held.modes is not None:
+                        modes = [m for m in held.modes if modes is None or m in modes]
+                        modes_limited_by.append(meaning)
+                    pads = pads and held.pads_requests
+                    sources.append(f"{callee.package} {held.span()}: {held.source}")
                 if limit is not None:
                     runners = set(limit) if runners is None else runners & set(limit)
-                    limited_by.append(cond.config[values[0]])
-                sources.append(cond.source)
+                    limited_by.append(meaning)
                 continue
             if arg.to_case(value) != want:
                 why = f"{arg.keyword}={expr}"
@@ -223,9 +324,18 @@ def callers_of(callee: Callee, params: Mapping[str, Any]) -> Callers:
         else:
             limited = None if runners is None else tuple(sorted(runners))
             admitting.append(
-                Admitting(call, tuple(config), limited, tuple(sources), tuple(limited_by))
+                Admitting(
+                    call,
+                    tuple(config),
+                    limited,
+                    tuple(sources),
+                    tuple(limited_by),
+                    None if modes is None else tuple(modes),
+                    pads,
+                    tuple(modes_limited_by),
+                )
             )
-    return Callers(callee, tuple(admitting), tuple(refusing))
+    return Callers(callee, tuple(admitting), tuple(refusing), version)
 
 
 def describe_refusal(found: Callers, params: Mapping[str, Any]) -> str:
@@ -245,6 +355,11 @@ def describe_refusal(found: Callers, params: Mapping[str, Any]) -> str:
 def runner_limits(found: Callers) -> list[str]:
     """The configurations that keep the admitting calls off some runners."""
     return list(dict.fromkeys(c for a in found.admitting for c in a.limited_by))
+
+
+def mode_limits(found: Callers) -> list[str]:
+    """The configurations that keep the admitting calls off some cudagraph modes."""
+    return list(dict.fromkeys(c for a in found.admitting for c in a.modes_limited_by))
 
 
 def admitted_runners(found: Callers, runners: Sequence[str]) -> list[str]:

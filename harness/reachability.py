@@ -33,6 +33,7 @@ from attnfuzz.harness.callers import (
     admitted_runners,
     callers_of,
     describe_refusal,
+    mode_limits,
     package_root,
     runner_limits,
 )
@@ -143,14 +144,17 @@ def reachability(
     refused: Callable[[Case], bool],
     engine: str | None = None,
     callee: Callee | None = None,
+    version: str | None = None,
 ) -> Reachability:
     """The (runner, mode) pairs in which the engine runs the faulting code on this
     step's metadata; ``judge_fails(case)`` judges the implementation, ``refused(case)``
     says a case is not one the target can judge (its invariants, its backends). A pair
     the engine's planner refuses (:class:`PlannerRefuses`) is left out, named in the reason.
-    ``callee``: the engine function whose arguments the case draws; only the runners on
-    which some call in the installed release passes the case's values are planned, and
-    the configuration those calls need is named (:mod:`attnfuzz.harness.callers`)."""
+    ``callee``: the engine function whose arguments the case draws; only the runners and
+    cudagraph modes under which some call in the installed release (``version``, where
+    given) passes the case's values are planned, a FULL step is judged unpadded where
+    that configuration pads no request, and the configuration those calls need is named
+    (:mod:`attnfuzz.harness.callers`)."""
     plan = engine_planner(engine)
     config = case.config
     pairs: list[Pair] = []
@@ -159,7 +163,7 @@ def reachability(
     found = None
     if callee is not None and package_root(callee.package) is not None:
         params = dict(case.params)
-        found = callers_of(callee, params)
+        found = callers_of(callee, params, version)
         if not found.admitting:
             why = describe_refusal(found, params) + ": no configuration reaches this case"
             return Reachability(UNKNOWN, runs_in, (), why, (f"{callee.package} call sites",))
@@ -171,6 +175,7 @@ def reachability(
                     f"{' or '.join(runner_limits(found))}, which runs on "
                     f"{', '.join(runners) or 'no runner'} only)"
                 )
+    refused_modes: dict[str, list[str]] = {}  # per runner, the modes the calls' config refuses
     for runner in runners:
         for mode in allowed_modes(config.cg_support, config.next_n):
             varlen = config.varlen_decode and runner == "v2" and separate_routine(mode)
@@ -180,12 +185,22 @@ def reachability(
             here = dataclasses.replace(case, config=cfg)
             if refused(here):
                 continue
+            if found is not None and not found.allows(runner, mode):
+                refused_modes.setdefault(runner, []).append(mode)
+                continue
             try:
                 step = plan(cfg, case.batch)
             except PlannerRefuses as err:
                 not_run.append(f"{runner} {mode} ({err})")
                 continue
-            if step.mode == "FULL" and runs_in == "forward":
+            if (
+                step.mode == "FULL" and found is not None and not found.pads_requests(runner, mode)
+            ):  # the step runs at the graph's sizes, its request count unpadded
+                unpadded = dataclasses.replace(case.batch, use_cudagraph=False)
+                alone = dataclasses.replace(here, batch=unpadded)
+                note = "the calls' configuration pads no request there"
+                pairs.append(Pair(runner, mode, "FULL unpadded", True, judge_fails(alone), note))
+            elif step.mode == "FULL" and runs_in == "forward":
                 pairs.append(Pair(runner, mode, "FULL replay", False, None, _REPLAY_NOTE))
                 captured = _capture_case(here, step)
                 if captured is not None and not refused(captured):
@@ -201,11 +216,19 @@ def reachability(
                     )
             else:
                 pairs.append(Pair(runner, mode, step.mode, True, judge_fails(here)))
+    for runner, modes in refused_modes.items():
+        not_run.append(f"{runner} {', '.join(modes)} ({_modes_refused(found, runner)})")
     live = [p for p in pairs if p.python_runs and p.fails]
     if live:
         where = ", ".join(f"{p.runner} {p.cudagraph_mode} ({p.step})" for p in live)
         reason = f"the engine runs the faulting {runs_in} code on this step in {where}"
         status = LIVE
+    elif refused_modes and not any(p.step == "FULL replay" for p in pairs):
+        reason = (
+            f"on every step where the engine runs this {runs_in} code with these arguments "
+            "(under the cudagraph modes their configuration is accepted with) it passes"
+        )
+        status = LATENT
     else:
         reason = (
             f"the {runs_in} code fails only on metadata built for a FULL graph replay, where "
@@ -214,9 +237,13 @@ def reachability(
         )
         status = LATENT
     if found is not None:
-        reason += f"; with {' or '.join(found.configurations())}"
+        release = f" ({callee.package} {found.version})" if found.version else ""
+        reason += f"; with {' or '.join(found.configurations())}{release}"
     if not_run:
-        skipped = f"the installed engine does not run {'; '.join(not_run)}"
+        engine_here = "the installed engine"
+        if found is not None and found.version:
+            engine_here = f"{found.callee.package} {found.version}"
+        skipped = f"{engine_here} does not run {'; '.join(not_run)}"
         reason, status = (f"{reason}; {skipped}", status) if pairs else (skipped, UNKNOWN)
     decided = (plan.__module__ + "." + plan.__qualname__,)
     if found is not None:
@@ -225,6 +252,16 @@ def reachability(
     if runs_in == "forward":
         decided += (_WHERE_PYTHON_RUNS,)
     return Reachability(status, runs_in, tuple(pairs), reason, decided)
+
+
+def _modes_refused(found: Any, runner: str) -> str:
+    """Why no call that passes the case's arguments runs under a mode on ``runner``."""
+    kept = found.modes_on(runner)
+    need = " or ".join(mode_limits(found)) or "their configuration"
+    where = f"{found.callee.package} {found.version}" if found.version else "the engine"
+    return f"the calls that pass these arguments need {need}, with which {where} accepts " + (
+        f"cudagraph_mode {', '.join(kept)} only" if kept else "no cudagraph mode"
+    )
 
 
 def site_reachability(

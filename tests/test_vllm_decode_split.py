@@ -59,7 +59,8 @@ def test_three_way_split_returns_its_last_two_counts_as_host_tensors_the_oracle_
 def test_vllm_s_split_with_short_extends_as_prefills_is_live_only_under_pcp_on_v2():
     """The padding-as-prefill defect's case (``require_uniform``, short extends as
     prefills): vLLM's builders pass that only with prefill context parallelism, which
-    runs on the V2 runner only; the V1 runner is never named live."""
+    runs on the V2 runner only, with full graphs of decode-only steps only (0.30.0 on):
+    neither the V1 runner nor cudagraph_mode FULL is named live."""
     from attnfuzz.adapters.vllm.plugin import _padded_single_decode
     from attnfuzz.harness.engines import get
     from attnfuzz.harness.reachability import LIVE, finding_reachability
@@ -71,5 +72,11 @@ def test_vllm_s_split_with_short_extends_as_prefills_is_live_only_under_pcp_on_v
     r = finding_reachability(t, mutant, case, lambda c: t.judge(mutant, c))
     assert r.status == LIVE, r.reason
     assert {p.runner for p in r.pairs} == {"v2"}
+    assert {p.cudagraph_mode for p in r.pairs if p.fails} == {
+        "FULL_DECODE_ONLY",
+        "FULL_AND_PIECEWISE",
+    }
+    assert "FULL" not in {p.cudagraph_mode for p in r.pairs}
     assert "--prefill-context-parallel-size > 1" in r.reason
-    assert any("_get_v1_model_runner_unsupported_features" in d for d in r.decided_by)
+    assert any("VllmConfig._validate_v1_model_runner" in d for d in r.decided_by)
+    assert any("PCPManager.validate_config" in d for d in r.decided_by)

@@ -7,10 +7,12 @@ names the APIs it calls (:data:`REQUIRES`), and each API is found by looking
 takes). Where releases offer one computation in two forms, the adapter asks
 :func:`has` which one it meets, and names both as alternatives here.
 
-The version is read for two things only: the supported range (a release
+The version is read for three things only: the supported range (a release
 outside it is refused, whatever it offers: the adapters were never run on it),
-and the hint that names the first release with a missing API, so that
-``attnfuzz list`` can say which release to install.
+the hint that names the first release with a missing API, so that
+``attnfuzz list`` can say which release to install, and what a configuration
+allows in each range of releases (:data:`PCP_RELEASES`): a validation in the
+engine's config, which no API's presence tells, read from each release's source.
 
 The CPU platform on every release is :mod:`attnfuzz.adapters.vllm_platform`, a
 vLLM platform plugin (its own module: vLLM imports it whenever it starts).
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from attnfuzz.adapters import binding
 from attnfuzz.adapters.binding import Api, _missing, has  # noqa: F401  - compat.Api, as before
+from attnfuzz.harness.callers import Releases
 from attnfuzz.harness.engines import release_key  # noqa: F401  - compat.release_key, as before
 
 OLDEST = "0.21.0"
@@ -246,6 +249,61 @@ V2_DP_LORAS = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="num_active_loras",
 V2_DP_QUERY_LEN = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="max_query_len", since="0.28.0")
 V2_DP_UBATCHING = Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="allow_ubatching", since="0.30.0")
 
+# -- what a configuration allows, per release ----------------------------------------
+
+_PCP_MANAGER = "vllm/v1/worker/gpu/pcp_manager.py"
+_V2_ONLY = (
+    f"PCP's runtime (the batch split across PCP ranks: {_PCP_MANAGER}: "
+    "maybe_build_pcp_manager, PCPManager.partition_batch) is built by the V2 runner only "
+    "(vllm/v1/worker/gpu/model_runner.py: GPUModelRunner); "
+)
+PCP_RELEASES = (
+    Releases(
+        "0.26.0",
+        "0.29.0",
+        runners=("v2",),
+        modes=("NONE", "PIECEWISE"),
+        pads_requests=False,
+        source=_V2_ONLY + "the V1 runner (vllm/v1/worker/gpu_model_runner.py) reads no "
+        "prefill_context_parallel_size and is not refused by the config yet; "
+        f"{_PCP_MANAGER}: PCPManager.validate_config refuses FULL graphs ('MRV2 PCP "
+        "supports PIECEWISE CUDA graphs only', a sparse MLA model NONE only); "
+        "PCPManager.partition_batch pads no request (num_reqs_after_padding = "
+        "num_local_reqs)",
+    ),
+    Releases(
+        "0.29.0",
+        "0.30.0",
+        runners=("v2",),
+        modes=("NONE", "PIECEWISE"),
+        pads_requests=False,
+        source=_V2_ONLY + "vllm/config/vllm.py: VllmConfig._validate_v1_model_runner "
+        "refuses it on V1 (_get_v1_model_runner_unsupported_features: 'prefill context "
+        f"parallel'); {_PCP_MANAGER}: PCPManager.validate_config refuses FULL graphs "
+        "('MRV2 PCP supports PIECEWISE CUDA graphs only', a sparse MLA model NONE only); "
+        "PCPManager.partition_batch pads no request (num_reqs_after_padding = "
+        "num_local_reqs)",
+    ),
+    Releases(
+        "0.30.0",
+        runners=("v2",),
+        modes=("NONE", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
+        pads_requests=True,
+        source=_V2_ONLY + "vllm/config/vllm.py: VllmConfig._validate_v1_model_runner "
+        f"refuses it on V1; {_PCP_MANAGER}: PCPManager.validate_config keeps full graphs "
+        "for decode-only routines only (FULL refused: 'MRV2 PCP supports full CUDA graphs "
+        "for decode-only routines'; a sparse MLA model without DCP: NONE only in 0.30.0 "
+        "to 0.32.0); a FULL step's request count is padded to the graph's "
+        "(padded_num_reqs = batch_desc.num_reqs: maybe_partition_pcp_batch in 0.30.0, "
+        "PCPManager.partition_batch from 0.31.0), PCPManager._resolve_num_reqs_after_padding "
+        "refusing a FULL step with a prefill (read in 0.30.0 to 0.33.0)",
+    ),
+)
+"""What ``--prefill-context-parallel-size > 1`` allows, per range of releases: the
+runner it runs on, the cudagraph modes accepted with it, whether its FULL steps pad the
+request count. Before 0.26.0 no MLA builder passes ``not self.use_pcp`` to
+``split_decodes_and_prefills``; no range is declared there."""
+
 # Adapter module (or "module.function" where one function needs more) -> the APIs it
 # calls. A function's entry adds to its module's.
 REQUIRES: dict[str, tuple[Api, ...]] = {
@@ -276,6 +334,13 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         V2_RUNNER_GATHER,
         V2_RUNNER_PREPARE,
         H2D_OUT,
+    ),
+    # runner_step: execute_model whole, in 0.33.0's forms (the DP vote on skipping drafts).
+    "runner_step": (
+        V2_RUNNER_GATHER,
+        V2_RUNNER_PREPARE,
+        Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="allow_skip_drafts"),
+        Api(_V2_GRAPHS, "ModelCudaGraphManager"),
     ),
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),

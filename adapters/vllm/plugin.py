@@ -15,6 +15,7 @@ function of its adapter module.
 from __future__ import annotations
 
 from attnfuzz.adapters import vllm
+from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
@@ -312,6 +313,22 @@ def _persistent_batch() -> list[Implementation]:
     ]
 
 
+def _runner_step() -> list[Implementation]:
+    return [
+        vllm_impl(
+            "runner_step",
+            "run",
+            description="installed vLLM (V2 runner): vllm/v1/worker/gpu/model_runner.py:"
+            "GPUModelRunner.execute_model up to the forward (dispatch_cg_and_sync_dp with a "
+            "data-parallel peer, ModelCudaGraphManager's capture and dispatch, _dummy_run, "
+            "prepare_inputs, prepare_attn, TritonAttentionMetadataBuilder), kept across the "
+            "steps; eager on a second engine, fresh on a new one",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 def _slot_mapping() -> list[Implementation]:
     t = slot_mapping
     return [
@@ -383,9 +400,12 @@ _SPLIT_CALLEE = Callee(
             "not self.use_pcp",
             {True: "prefill context parallelism off (the default)",
              False: "--prefill-context-parallel-size > 1"},
-            runners={False: ("v2",)},
-            source="vllm/config/vllm.py: VllmConfig._get_v1_model_runner_unsupported_features "
-            "(prefill context parallel runs on the V2 model runner only)",
+            # The callers set use_pcp = prefill_context_parallel_size > 1 (their __init__);
+            # where that runs, which graphs, padded or not: per release (compat).
+            source="vllm/model_executor/layers/attention/mla_attention.py: "
+            "MLACommonMetadataBuilder.__init__ (use_pcp = "
+            "parallel_config.prefill_context_parallel_size > 1)",
+            releases={False: vllm_compat.PCP_RELEASES},
         ),
         Condition(
             "self.query_len_support != QueryLenSupport.VARLEN",
@@ -400,6 +420,13 @@ _SPLIT_CALLEE = Callee(
              False: "a sparse MLA backend with varlen decodes"},
             source="vllm/model_executor/layers/attention/sparse_mla_attention.py",
         ),
+        Condition(  # 0.26.0 and 0.27.x: DeepseekV32IndexerMetadataBuilder.build
+            "not self.use_flattening",
+            {True: "the DeepSeek indexer without flattening",
+             False: "the DeepSeek indexer with flattening"},
+            source="vllm/v1/attention/backends/mla/indexer.py: "
+            "DeepseekV32IndexerMetadataBuilder (0.26.0, 0.27.x)",
+        ),
         Condition(
             "not (self.use_flattening or self.supports_varlen)",
             {True: "the DeepSeek indexer without flattening or varlen paged MQA logits",
@@ -410,9 +437,10 @@ _SPLIT_CALLEE = Callee(
     ),
 )  # fmt: skip
 """Who calls ``split_decodes_and_prefills`` with the arguments ``decode-split`` draws,
-and what their expressions mean: read from vLLM 0.33.0; each release's calls are read
-from its own package (a call whose expression is not declared here is not taken as
-reaching the case)."""
+and what their expressions mean: read from vLLM 0.26.0 to 0.33.0; each release's calls
+are read from its own package (a call whose expression is not declared here is not taken
+as reaching the case), and what prefill context parallelism allows in it from
+:data:`compat.PCP_RELEASES <attnfuzz.adapters.vllm.compat.PCP_RELEASES>`."""
 
 
 def _callers(target: str, impl: str) -> Callee | None:
@@ -506,6 +534,7 @@ VLLM = Engine(
         "max-seq-len": _max_seq_len(),
         "mtp-seq-lens": _mtp_seq_lens(),
         "persistent-batch": _persistent_batch(),
+        "runner-step": _runner_step(),
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
     },
