@@ -11,7 +11,12 @@ time, into cached venvs under DIR (at most ``--keep`` of them on disk), and the
 matching ``--impl vllm*`` runs with seeds 0, 1, 2 and 1000 examples on each
 (kept in ``DIR/bugs.json``: ``--target`` and ``--rerun`` run parts again).
 The table: the release, the fix, the seeds that found it, examples to the
-first failure, the minimized case, and whether the fixed release passes.
+first failure, the minimized case with its reachability, and whether the fixed
+release passes. The reachability is the one ``attnfuzz run`` computed, never the
+script's own: each stored run keeps its case file and a fingerprint of the
+declarations reachability reads (:func:`reach_fingerprint`); where they have
+changed since, the release's ``attnfuzz repro --json`` of that case file computes
+it again (a run stored without its case file is run again).
 ``--engine sglang``: the same for SGLang's shipped bugs (``--impl sglang*``, each
 release installed by ``adapters/sglang/install.sh``; its own markers,
 ``releases:bugs-sglang``); ``sweep`` and ``tests`` are vLLM's only.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import re
@@ -161,10 +167,53 @@ class Run:
     code: int
     examples: int | None  # examples to the first failure
     case: str  # the minimized case, in a line
-    reach: str  # live / latent / unknown, for a finding
+    reach: str  # live / latent / unknown, for a finding: what attnfuzz run computed
     checks: tuple[str, ...]  # the checks the minimized case fails
     detail: str  # the run's last line worth quoting (an unavailable reason, an error)
     seconds: float
+    casefile: dict | None = None  # the finding's case file, as attnfuzz run wrote it
+    reach_by: str = ""  # reach_fingerprint(engine) when reach was computed
+
+
+REACH_SOURCES = ("harness/reachability.py", "harness/callers.py", "harness/engines.py",
+                 "reference/runner.py")  # fmt: skip
+"""What reachability reads besides the engine's own adapters (its sites, callers,
+per-release tables and step planning under ``adapters/<engine>/``)."""
+
+
+def reach_fingerprint(engine: str) -> str:
+    """A digest of the declarations a finding's reachability is computed from: a stored
+    run whose ``reach_by`` differs was judged by other declarations than this checkout's."""
+    digest = hashlib.sha256()
+    paths = [ROOT / p for p in REACH_SOURCES]
+    paths += sorted((ROOT / "adapters" / engine).rglob("*.py"))
+    for path in paths:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def reach_current(stored: dict, engine: str) -> bool:
+    """A stored run that is no finding, or whose reachability this checkout computed."""
+    return stored["code"] not in (FOUND, LATENT) or stored.get("reach_by") == reach_fingerprint(
+        engine
+    )
+
+
+def repro_reach(venv: Path, casefile: dict) -> str | None:
+    """The reachability ``attnfuzz repro --json`` computes for a stored case file in the
+    release's venv (the computation ``attnfuzz run`` uses); None: it did not say."""
+    with tempfile.TemporaryDirectory(prefix="attnfuzz-release-repro-") as out:
+        path = Path(out) / "case.json"
+        path.write_text(json.dumps(casefile))
+        cmd = [str(venv / "bin" / "python"), "-m", "attnfuzz", "repro", str(path), "--json"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
+        try:
+            doc = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            return None
+        if doc.get("ok", True):
+            return None  # it passes on replay: no reachability to table
+        return (doc.get("reachability") or {}).get("status", "")
 
 
 def attnfuzz_run(venv: Path, target: str, impl: str, seed: int, examples: int) -> Run:
@@ -177,18 +226,18 @@ def attnfuzz_run(venv: Path, target: str, impl: str, seed: int, examples: int) -
         seconds = time.monotonic() - started
         text = proc.stdout + proc.stderr
         found = re.search(r"first failure after (\d+) examples", text)
-        case, reach, checks = "", "", ()
+        case, reach, checks, casefile = "", "", (), None
         for path in Path(out).glob("*.json"):
-            doc = json.loads(path.read_text())
-            case = describe_case(doc)
-            reach = (doc.get("reachability") or {}).get("status", "")
-            checks = tuple(m["check"] for m in doc["verdict"].get("mismatches") or ())
+            casefile = json.loads(path.read_text())
+            case = describe_case(casefile)
+            reach = (casefile.get("reachability") or {}).get("status", "")
+            checks = tuple(m["check"] for m in casefile["verdict"].get("mismatches") or ())
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         # The line that says what happened: the verdict, or the refusal or error.
         said = [line for line in lines if line.startswith(("FAIL", "LATENT", "error", "attnfuzz"))]
         detail = "" if proc.returncode == PASS else (said or lines or [""])[0]
         return Run(proc.returncode, int(found.group(1)) if found else None, case, reach,
-                   checks, detail, seconds)  # fmt: skip
+                   checks, detail, seconds, casefile)  # fmt: skip
 
 
 def describe_case(doc: dict) -> str:
@@ -232,19 +281,33 @@ def bugs(args: argparse.Namespace) -> list[str]:
             keys = [f"{fix.ref} {fix.impl} {release} {seed} {args.max_examples}"
                     for seed in args.seeds]  # fmt: skip
             asked = args.target is None or fix.target in args.target
-            if asked and (args.rerun or any(key not in done for key in keys)):
+            # A finding whose reachability other declarations computed: its case file is
+            # replayed for it (attnfuzz repro), or, stored without one, it is run again.
+            stale = [k for k in keys if k in done and not reach_current(done[k], engine)]
+            rerun = [k for k in keys if args.rerun or k not in done
+                     or (k in stale and not done[k].get("casefile"))]  # fmt: skip
+            if asked and (rerun or stale):
                 venv = (
                     release_venv(args.venvs, release, args.keep)
                     if engine == "vllm"
                     else release_venv(args.venvs, release, args.keep, engine)
                 )
                 for key, seed in zip(keys, args.seeds, strict=True):
-                    run = attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
-                    done[key] = {**asdict(run), "checks": list(run.checks)}
+                    if key in rerun:
+                        run = attnfuzz_run(venv, fix.target, fix.impl, seed, args.max_examples)
+                        run.reach_by = reach_fingerprint(engine)
+                        done[key] = {**asdict(run), "checks": list(run.checks)}
+                    elif key in stale:
+                        reach = repro_reach(venv, done[key]["casefile"])
+                        if reach is not None:
+                            done[key] |= {"reach": reach, "reach_by": reach_fingerprint(engine)}
                     store.write_text(json.dumps(done, indent=1, sort_keys=True))
             if any(key not in done for key in keys):
                 break  # not run yet: no row
             runs[release] = [Run(**{**done[k], "checks": tuple(done[k]["checks"])}) for k in keys]
+            for run, key in zip(runs[release], keys, strict=True):
+                if not reach_current(done[key], engine):  # never tabled as if current
+                    run.reach = f"{run.reach or 'unknown'} by earlier declarations"
         if len(runs) < 2:
             continue
         buggy, fixed = runs[fix.last_buggy], runs[fix.first_fixed]

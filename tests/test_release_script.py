@@ -197,3 +197,61 @@ def test_a_fixed_release_without_a_verdict_never_reads_as_passing(releases):
     assert cell.startswith("no verdict: ") and "cannot load sglang" in cell
     assert releases._fixed_cell([0, 1], [passed, other], passes=True).startswith("yes, of this bug")
     assert releases._fixed_cell([0, 1], [passed, passed], passes=True) == "yes"
+
+
+def test_a_bug_row_s_reachability_is_attnfuzz_s_own_computed_by_the_current_declarations(
+    releases, monkeypatch, tmp_path
+):
+    """One source of truth: a stored finding's reachability is what ``attnfuzz run``
+    computed; where the declarations reachability reads have changed since (a site
+    declared after the run), ``attnfuzz repro --json`` of its case file in the release's
+    venv computes it again; stored without its case file it is run again; never asked
+    for, it is tabled as computed by earlier declarations, never as current."""
+    import json
+
+    from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS
+
+    fix = next(f for f in SHIPPED_BUGS if f.ref == "#24401")
+    monkeypatch.setitem(releases.ENGINE_FIXES, "sglang", (fix,))
+    monkeypatch.setattr(releases, "release_venv", lambda root, release, keep, engine: Path(release))
+    seeds, examples = [0, 1], 1000
+    keys = {(r, s): f"{fix.ref} {fix.impl} {r} {s} {examples}"
+            for r in (fix.last_buggy, fix.first_fixed) for s in seeds}  # fmt: skip
+    found = {"code": releases.FOUND, "examples": 3, "case": "q_lens [1, 1]",
+             "reach": "unknown", "checks": ["padding"], "detail": "FAIL", "seconds": 1.0,
+             "reach_by": "earlier"}  # fmt: skip
+    passed = {"code": releases.PASS, "examples": None, "case": "", "reach": "", "checks": [],
+              "detail": "", "seconds": 1.0}  # fmt: skip
+    store = tmp_path / "bugs-sglang.json"
+    stored = {keys[fix.last_buggy, 0]: found | {"casefile": {"case": "the finding"}},
+              keys[fix.last_buggy, 1]: found,  # no case file: run again
+              keys[fix.first_fixed, 0]: passed, keys[fix.first_fixed, 1]: passed}  # fmt: skip
+    store.write_text(json.dumps(stored))
+    replayed, ran = [], []
+
+    def repro_reach(venv, casefile):
+        replayed.append((venv.name, casefile))
+        return "live"
+
+    def run(venv, target, impl, seed, examples):
+        ran.append((venv.name, seed))
+        return releases.Run(releases.FOUND, 3, "q_lens [1, 1]", "live", ("padding",), "", 1.0)
+
+    monkeypatch.setattr(releases, "repro_reach", repro_reach)
+    monkeypatch.setattr(releases, "attnfuzz_run", run)
+    args = argparse.Namespace(venvs=tmp_path, keep=1, seeds=seeds, max_examples=examples,
+                              target=["dsa-metadata"], rerun=False, engine="sglang")  # fmt: skip
+    lines = releases.bugs(args)  # another target asked for: nothing replayed, nothing run
+    row = next(line for line in lines if f"{fix.last_buggy} / {fix.first_fixed}" in line)
+    assert "(unknown by earlier declarations)" in row and not replayed and not ran
+    args.target = None
+    row = next(line for line in releases.bugs(args) if f"{fix.last_buggy} /" in line)
+    assert replayed == [(fix.last_buggy, {"case": "the finding"})]
+    assert ran == [(fix.last_buggy, 1)]
+    assert "q_lens [1, 1] (live)" in row
+    done = json.loads(store.read_text())
+    current = releases.reach_fingerprint("sglang")
+    assert {done[keys[fix.last_buggy, s]]["reach_by"] for s in seeds} == {current}
+    replayed.clear(), ran.clear()
+    releases.bugs(args)  # current now: neither replayed nor run again
+    assert not replayed and not ran
