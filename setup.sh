@@ -29,7 +29,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "$TORCH_SPEC"
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# setuptools warns on every editable install that a folder named like the package
+# could shadow it; none is (the checkout's root is the package), so not a word of it.
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet -e '.[test]'
 
 # Opt-in: vLLM 0.33.0 itself, the engine under test of `--impl vllm` (README,
 # "Fuzzing vLLM itself"). Its wheel declares torch==2.14.0 (the CUDA build here)
