@@ -35,11 +35,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from attnfuzz.reference.batch import Case, EngineConfig
-from attnfuzz.reference.persistent_batch import new_to_engine, owned_pages
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.persistent_batch import (
+    PAD_PAGE,
+    PAD_SLOT_ID,
+    new_to_engine,
+    owned_pages,
+    table_width,
+)
+from attnfuzz.reference.runner import StepPlan, capture_batches, step_plan
 
 __all__ = [
     "BUILDS",
+    "FIELD_ROWS",
     "ROWS",
     "Field",
     "RunnerStepExpected",
@@ -47,12 +55,18 @@ __all__ = [
     "RunnerStepOutputs",
     "StepBuild",
     "Violation",
+    "capture_steps",
+    "consumer_ranges",
+    "dummy_values",
     "history_invariance",
+    "kv_cache_pages",
     "make_inputs",
     "padding_invariance",
     "real_rows",
     "reference",
     "replay_equals_eager",
+    "runner_build",
+    "runner_plan",
     "safe_padding",
     "violations",
 ]
@@ -254,3 +268,97 @@ def violations(out: RunnerStepOutputs) -> list[Violation]:
             raise ValueError(f"a build of kind {b.how!r} or a field's rows is not among "
                              f"{BUILDS} / {ROWS}")  # fmt: skip
     return [v for prop in PROPERTIES for v in prop(out)]
+
+
+# -- what a runner of attnfuzz's own builds from (its own implementation and the
+# reference's): the pages of its KV cache, the ranges its consumers accept, its
+# dispatch and its capture runs. An engine's adapter reads these from the engine.
+
+
+def kv_cache_pages(config: EngineConfig) -> int:
+    """Pages of the KV cache a runner of ``config`` allocates: the null page 0,
+    ``max_blocks_per_seq`` pages for each of ``max_num_seqs`` requests, and a spare one.
+    Every page the scheduler hands out lies below it (a trace's scheduler numbers
+    pages from 1 and reuses freed ones first; a step on its own draws its pages
+    among ``sum(pages) + 2``)."""
+    return 2 + config.max_num_seqs * config.max_blocks_per_seq
+
+
+def consumer_ranges(config: EngineConfig, tokens: int) -> dict[str, tuple[int, int]]:
+    """The values attnfuzz's own consumers of each field accept, for a build that
+    hands ``tokens`` tokens on (padding included): an offset into the step's tokens,
+    a length up to the model's limit, a page or slot of the KV cache (slot -1: not
+    written), a position inside the model's limit."""
+    pages = kv_cache_pages(config)
+    return {
+        "query_start_loc": (0, tokens),
+        "seq_lens": (0, config.max_model_len),
+        "block_table": (0, pages - 1),
+        "slot_mapping": (PAD_SLOT_ID, pages * config.block_size - 1),
+        "positions": (0, config.max_model_len - 1),
+    }
+
+
+FIELD_ROWS = {
+    "query_start_loc": "offsets",
+    "seq_lens": "requests",
+    "block_table": "requests",
+    "slot_mapping": "tokens",
+    "positions": "tokens",
+}
+"""The fields a runner of attnfuzz's own records in each build, and what their rows are."""
+
+
+def runner_build(
+    how: str,
+    config: EngineConfig,
+    sizes: tuple[int, int],
+    values: dict[str, np.ndarray],
+    where: str = "",
+) -> StepBuild:
+    """A build of ``how`` with real sizes ``sizes`` (requests, tokens) from each field's
+    values as its consumer sees them (copies: the buffers change on the next step);
+    each field accepts :func:`consumer_ranges` of the tokens the build hands on (its
+    positions: one per token the model runs, padding included)."""
+    ranges = consumer_ranges(config, len(values["positions"]))
+    fields = tuple(
+        Field(name, FIELD_ROWS[name], np.array(values[name], copy=True), ranges[name])
+        for name in FIELD_ROWS
+    )
+    return StepBuild(how, sizes[0], sizes[1], fields, where)
+
+
+def runner_plan(inputs: RunnerStepInputs) -> StepPlan:
+    """How a runner of ``inputs.config`` runs the step, deciding on its own
+    (:func:`attnfuzz.reference.runner.step_plan`): any step may replay a graph (the
+    scheduler output says nothing of forcing one eager) and there is one
+    data-parallel rank."""
+    batch = Batch(inputs.num_computed_tokens, inputs.query_lens, 0, True)
+    return step_plan(inputs.config, batch)
+
+
+def capture_steps(config: EngineConfig) -> list[tuple[int, tuple[int, ...]]]:
+    """The dummy steps a runner of ``config`` captures its FULL graphs on, in the order
+    it captures them (largest first, as vLLM's runners do): each one's token count and
+    its requests' query lengths (:func:`attnfuzz.reference.runner.capture_batches`)."""
+    steps = [(key.num_tokens, q_lens) for key, q_lens in capture_batches(config)]
+    return steps[::-1]
+
+
+def dummy_values(config: EngineConfig, q_lens: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """A capture run's fields: requests new to the engine (``seq_len = q_len``) that hold
+    no KV (the null page, slot -1), never longer than the model's limit (a dummy of more
+    tokens than ``max_model_len`` has its length and positions capped there)."""
+    limit = config.max_model_len
+    q = np.asarray(q_lens, dtype=np.int64)
+    qsl = np.zeros(len(q) + 1, dtype=np.int32)
+    qsl[1:] = np.cumsum(q)
+    width = table_width(config)
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in q_lens] or [np.zeros(0)])
+    return {
+        "query_start_loc": qsl,
+        "seq_lens": np.minimum(q, limit).astype(np.int32),
+        "block_table": np.full((len(q), width), PAD_PAGE, dtype=np.int32),
+        "slot_mapping": np.full(int(q.sum()), PAD_SLOT_ID, dtype=np.int64),
+        "positions": np.minimum(positions, limit - 1).astype(np.int64),
+    }
