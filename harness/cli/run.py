@@ -170,6 +170,7 @@ class Signals:
 def command(args: argparse.Namespace) -> int:
     from attnfuzz.harness.casefile import case_document
     from attnfuzz.harness.cli.found import Found, HistoryDependent, report_history
+    from attnfuzz.harness.cli.progress import Counted, RunProgress
     from attnfuzz.harness.confirm import Status
     from attnfuzz.harness.database import (
         check_database,
@@ -208,6 +209,7 @@ def command(args: argparse.Namespace) -> int:
     dependent: HistoryDependent | None = None
     # An implementation that lives across steps is judged by traces, asked or not.
     traced = args.trace or impl.traced
+    progress = RunProgress(args.max_examples)  # on stderr, every few seconds
     with IsolatedJudge(target, impl, device, timeout) as isolated, Signals() as signals:
         before: list[Case] = []  # what the child judged up to the first failure
 
@@ -218,6 +220,7 @@ def command(args: argparse.Namespace) -> int:
             return verdict
 
         def search(traced: bool) -> RunResult:
+            progress.search(traced)
             return fuzz(
                 target,
                 impl,
@@ -229,6 +232,7 @@ def command(args: argparse.Namespace) -> int:
                 judge=isolated.judge_trace if traced else judge,
                 stop_requested=signals.received,
                 traced=traced,
+                on_case=progress.judged_one,
             )
 
         found: Found | None = None
@@ -238,7 +242,8 @@ def command(args: argparse.Namespace) -> int:
             if result.failed and not result.interrupted:
                 found = Found(result)
                 phase = "replays"
-                found.confirm(isolated, before)
+                progress.confirming()
+                found.confirm(Counted(isolated, progress), before)
                 if found.confirmation and found.confirmation.status is Status.HISTORY_DEPENDENT:
                     # It fails only after what ran before it in the process: never written
                     # as a case that passes; said so, and searched again as traces.
@@ -248,11 +253,13 @@ def command(args: argparse.Namespace) -> int:
                     found, phase = None, "search"
                     if result.failed and not result.interrupted:
                         found, phase = Found(result), "replays"
-                        found.confirm(isolated, [])
+                        progress.confirming()
+                        found.confirm(Counted(isolated, progress), [])
                 elif found.confirmation is not None:
                     result.verdict = found.confirmation.verdict  # a timeout judged again
                 if found is not None and found.reportable:
                     phase = "reachability"
+                    progress.reachability()
                     found.reach = finding_reachability(
                         target, impl, *reachable_step(result, isolated.judge_trace, isolated.judge)
                     )
