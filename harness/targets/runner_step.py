@@ -1,0 +1,371 @@
+"""Target ``runner-step``: an engine runner's whole step, judged by properties with no
+hand-written expected value (:mod:`attnfuzz.reference.runner_step`).
+
+An implementation is a runner: it takes one scheduler output at a time, decides
+its padding and graph dispatch itself, and returns every *build* of the step it
+made (eager, padded for a graph, what a replay leaves in the graph's buffers, its
+capture runs, the same step on a new engine), each field as its consumer reads it.
+The reference states only the step's real sizes. The oracle checks:
+
+- ``values``: every build but a capture run reports the step's real request and
+  token counts (``<build>.num_reqs``, ``<build>.num_tokens``);
+- ``type``: the outputs are :class:`~attnfuzz.reference.runner_step.RunnerStepOutputs`
+  with an eager build, the one three properties compare with (without it they
+  would hold by having nothing to compare);
+- one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
+  ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
+  ``safe-padding``.
+
+Implementations live across steps (``traced``): history invariance needs earlier
+steps, so a search draws traces (a case on its own is a trace of one step), and
+the mutants' ``reach``, ``trigger`` and ``smallest`` read and give traces.
+
+The ``reference`` implementation is the runner's rules in plain loops over the
+scheduler's view (each request's pages by id, no rows, no buffers): a self-check of
+the harness, and the implementation the generic tests judge guided statistics with.
+The reference itself has no builds to offer, only sizes: a runner that keeps
+nothing across steps has nothing to break, and its builds agree by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import StrEnum
+
+import numpy as np
+from attnfuzz.harness.oracle import Check, Mismatch
+from attnfuzz.harness.target import Implementation, Kind, Target
+from attnfuzz.harness.targets import persistent_batch
+from attnfuzz.reference import persistent_batch as rows
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import (
+    Batch,
+    Case,
+    CommonMetadata,
+    DecodeSplit,
+    EngineConfig,
+    build_common_metadata,
+    split_decodes_and_prefills,
+)
+from attnfuzz.reference.runner import StepPlan
+from attnfuzz.reference.trace import Trace
+
+
+class OwnCheck(StrEnum):
+    """runner-step's own checks: one per property of the step."""
+
+    PADDING_INVARIANCE = "padding-invariance"  # a padded build's real rows are the eager's
+    REPLAY_EQUALS_EAGER = "replay-equals-eager"  # so are a replay's
+    HISTORY_INVARIANCE = "history-invariance"  # so are the step's on a new engine
+    SAFE_PADDING = "safe-padding"  # every value of every build, one its consumer accepts
+
+
+_CHECKS = {
+    "padding invariance": (OwnCheck.PADDING_INVARIANCE, "the eager build's real rows"),
+    "replay equals eager": (OwnCheck.REPLAY_EQUALS_EAGER, "the eager build's real rows"),
+    "history invariance": (OwnCheck.HISTORY_INVARIANCE, "the eager build's real rows"),
+    "safe padding": (OwnCheck.SAFE_PADDING, "values its consumer accepts"),
+}
+
+
+def compare(
+    case: Case,
+    inputs: ref.RunnerStepInputs,
+    expected: ref.RunnerStepExpected,
+    got: ref.RunnerStepOutputs,
+) -> list[Mismatch]:
+    if not isinstance(got, ref.RunnerStepOutputs):
+        return [Mismatch(Check.TYPE, "outputs", "RunnerStepOutputs", type(got).__name__)]
+    out = []
+    if next(got.of("eager"), None) is None:
+        made = ", ".join(b.how for b in got.builds) or "none"
+        out.append(Mismatch(Check.TYPE, "builds", "an eager build", f"builds: {made}"))
+    for b in got.builds:
+        if b.how == "capture":  # a dummy step: no real rows
+            continue
+        for size, what in (("num_reqs", "requests"), ("num_tokens", "tokens")):
+            want, have = getattr(expected, size), getattr(b, size)
+            if have != want:
+                step = f"{want} (the step's {what})"
+                out.append(Mismatch(Check.VALUES, f"{b.how}.{size}", step, str(have)))
+    for v in ref.violations(got):
+        check, wanted = _CHECKS[v.prop]
+        where = v.build if v.field == "-" else f"{v.build}.{v.field}"
+        out.append(Mismatch(check, where, wanted, v.detail))
+    return out
+
+
+def describe(case: Case) -> tuple[CommonMetadata, DecodeSplit]:
+    """The step as the runner runs it: dispatched on its own (a scheduler output says
+    nothing of forcing a step eager, and the runner is one data-parallel rank)."""
+    batch = dataclasses.replace(
+        case.batch, use_cudagraph=True, dp_peer_tokens=0, dp_peer_uniform=False
+    )
+    meta = build_common_metadata(case.config, batch)
+    return meta, split_decodes_and_prefills(meta, case.config.threshold)
+
+
+class ReferenceRunner:
+    """The runner's rules in plain loops, as an implementation: each running request's
+    pages by id, each build from them (its fresh build is the same loops again: it
+    keeps nothing a new engine would not be given)."""
+
+    def __init__(self) -> None:
+        self.new_engine()
+
+    def new_engine(self) -> None:
+        self.engine: tuple | None = None
+        self.pages: dict[int, list[int]] = {}
+
+    def _values(self, inp: ref.RunnerStepInputs) -> dict[str, np.ndarray]:
+        config, bs = inp.config, inp.config.block_size
+        table = np.full((inp.num_reqs, rows.table_width(config)), rows.PAD_PAGE, np.int32)
+        qsl, seq_lens, slots, positions = [0], [], [], []
+        steps = zip(inp.req_ids, inp.num_computed_tokens, inp.query_lens, strict=True)
+        for r, (i, computed, q) in enumerate(steps):
+            pages = self.pages[i]
+            qsl.append(qsl[-1] + q)
+            seq_lens.append(computed + q)
+            table[r, : len(pages)] = pages
+            for pos in range(computed, computed + q):
+                slots.append(pages[pos // bs] * bs + pos % bs)
+                positions.append(pos)
+        return {
+            "query_start_loc": np.array(qsl, np.int32),
+            "seq_lens": np.array(seq_lens, np.int32),
+            "block_table": table,
+            "slot_mapping": np.array(slots, np.int64),
+            "positions": np.array(positions, np.int64),
+        }
+
+    @staticmethod
+    def _padded(values: dict[str, np.ndarray], plan: StepPlan) -> dict[str, np.ndarray]:
+        """Padding requests: empty queries at ``T``, ``seq_len`` 0, the null page (FULL
+        steps); padded tokens: slot -1, position 0."""
+        R, T = plan.num_reqs, plan.num_tokens
+        extra = plan.num_reqs_padded - R if plan.pad_attn else 0
+        width = values["block_table"].shape[1]
+
+        def grow(a: np.ndarray, n: int, pad: int) -> np.ndarray:
+            return np.concatenate([a, np.full((n, *a.shape[1:]), pad, a.dtype)])
+
+        return {
+            "query_start_loc": grow(values["query_start_loc"], extra, T),
+            "seq_lens": grow(values["seq_lens"], extra, 0),
+            "block_table": grow(values["block_table"].reshape(R, width), extra, rows.PAD_PAGE),
+            "slot_mapping": grow(values["slot_mapping"], plan.slot_mapping_tokens - T, -1),
+            "positions": grow(values["positions"], plan.num_tokens_padded - T, 0),
+        }
+
+    def __call__(self, inp: ref.RunnerStepInputs) -> ref.RunnerStepOutputs:
+        config, sizes = inp.config, (inp.num_reqs, inp.num_tokens)
+        builds = []
+        if self.engine != (config, inp.device):
+            self.new_engine()
+            self.engine = (config, inp.device)
+            for _, q_lens in ref.capture_steps(config):
+                builds.append(
+                    ref.runner_build("capture", config, (0, 0), ref.dummy_values(config, q_lens))
+                )
+        staying = {i for i, new in zip(inp.req_ids, inp.is_new, strict=True) if not new}
+        self.pages = {i: p for i, p in self.pages.items() if i in staying}
+        for i, gained in zip(inp.req_ids, inp.new_block_ids, strict=True):
+            self.pages[i] = self.pages.get(i, []) + list(gained)
+        eager = self._values(inp)
+        builds.append(ref.runner_build("eager", config, sizes, eager))
+        plan = ref.runner_plan(inp)
+        if plan.mode == "FULL":
+            builds.append(ref.runner_build("replay", config, sizes, self._padded(eager, plan)))
+        if plan.mode != "NONE":
+            builds.append(ref.runner_build("padded", config, sizes, self._padded(eager, plan)))
+        builds.append(ref.runner_build("fresh", config, sizes, self._values(inp)))
+        return ref.RunnerStepOutputs(tuple(builds))
+
+
+reference_impl = ReferenceRunner()
+
+# -- the zoo's metadata of each mutant, over traces ----------------------------------------------
+#
+# Each takes a trace (a case is a trace of one step) and is exact: it computes from the
+# steps alone whether the mutant's builds break its property.
+
+
+def _trace(x: Trace | Case) -> Trace:
+    return x if isinstance(x, Trace) else Trace.of_case(x)
+
+
+def _plans(trace: Trace) -> list[tuple[ref.RunnerStepInputs, StepPlan]]:
+    """Each step's scheduler output and how the runner runs it."""
+    out = []
+    for case in trace.cases():
+        inp = ref.make_inputs(case)
+        out.append((inp, ref.runner_plan(inp)))
+    return out
+
+
+def reach_full_step(trace: Trace | Case) -> bool:
+    """A step the runner replays as a FULL graph: it pads the attention metadata and
+    prepares the graph's buffers."""
+    return any(plan.mode == "FULL" for _, plan in _plans(_trace(trace)))
+
+
+def trigger_padded_tokens(trace: Trace | Case) -> bool:
+    """A FULL step with padded tokens (``T_pad > T``): the last real offset moves."""
+    return any(
+        plan.mode == "FULL" and plan.num_tokens_padded > plan.num_tokens
+        for _, plan in _plans(_trace(trace))
+    )
+
+
+def trigger_padding_requests(trace: Trace | Case) -> bool:
+    """A FULL step with padding requests (``R_pad > R``): padding block-table rows."""
+    return any(
+        plan.mode == "FULL" and plan.num_reqs_padded > plan.num_reqs
+        for _, plan in _plans(_trace(trace))
+    )
+
+
+def trigger_stale_replay_rows(trace: Trace | Case) -> bool:
+    """Some FULL step has more requests than the graph's buffers were last prepared
+    with (by the last replay, or the last capture run), and a row past those holds a
+    length other than its request's: the graph's ``seq_lens`` followed in plain Python."""
+    trace = _trace(trace)
+    seq_lens = [0] * trace.config.max_num_seqs
+    prepared = 0
+    for _, q_lens in ref.capture_steps(trace.config):
+        dummy = ref.dummy_values(trace.config, q_lens)["seq_lens"]
+        seq_lens[: len(dummy)] = dummy.tolist()
+        prepared = len(dummy)
+    for inp, plan in _plans(trace):
+        if plan.mode != "FULL":
+            continue
+        real = [c + q for c, q in zip(inp.num_computed_tokens, inp.query_lens, strict=True)]
+        R = len(real)
+        copied = min(R, prepared)
+        if seq_lens[copied:R] != real[copied:]:
+            return True
+        seq_lens[:R] = real
+        seq_lens[R : plan.num_reqs_padded] = [0] * (plan.num_reqs_padded - R)
+        prepared = R
+    return False
+
+
+def reach_later_arrival(trace: Trace | Case) -> bool:
+    """A request new to the engine after its first step: it takes a row then."""
+    return any(any(rows.new_to_engine(step)) for step in _trace(trace).steps[1:])
+
+
+def trigger_reused_row(trace: Trace | Case) -> bool:
+    """A new request takes a row an earlier one held: the row's old pages (at least one:
+    every request holds a page) stay before the new ones."""
+    return persistent_batch.reach_row_reuse(_trace(trace))
+
+
+def _step(
+    computed: tuple[int, ...],
+    q_lens: tuple[int, ...],
+    req_ids: tuple[int, ...],
+    pages: tuple[tuple[int, ...], ...],
+) -> Batch:
+    """A step whose requests are all new to the engine (they gain all their pages)."""
+    new = tuple(len(p) for p in pages)
+    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new)
+
+
+def _spec_config(**overrides: object) -> EngineConfig:
+    from attnfuzz.harness.testing import spec_config
+
+    return spec_config(**overrides)
+
+
+def smallest_padded_decode() -> Trace:
+    """next_n = 1 (capture sizes 2, 4, ...): one request decodes one token, replayed in
+    the decode graph of 2 tokens and 2 requests: a padded token and a padding request.
+    One request of one token is the least a step holds, and any graph pads it."""
+    return Trace(_spec_config(num_spec=0), (_step((0,), (1,), (0,), ((1,),)),))
+
+
+def smallest_stale_replay_rows() -> Trace:
+    """next_n = 1, capture sizes 1 and 2: the graphs are captured largest first, so the
+    buffers were last prepared with 1 request; two decodes (seq_len 2 each) replay the
+    graph of 2 and row 1 keeps the capture's length 1. A step needs more requests than
+    the smallest graph holds (2), and a length the capture did not leave (past 1)."""
+    config = _spec_config(num_spec=0, cudagraph_capture_sizes=(1, 2))
+    return Trace(config, (_step((1, 1), (1, 1), (0, 1), ((1,), (2,))),))
+
+
+def smallest_reused_row() -> Trace:
+    """persistent-batch's: request 0 runs a token on page 1 in row 0 and finishes;
+    request 1 arrives, takes row 0 and page 2, appended after page 1. A reused row
+    needs two requests, one after the other: two steps."""
+    return persistent_batch.smallest_row_reuse_page_count()
+
+
+def build() -> Target:
+    from attnfuzz.kernels import runner_step as k
+
+    # Every implementation lives across steps (traced); padded steps are the conditions
+    # of two mutants (padded tokens, padding requests), measured on the step itself.
+    return Target(
+        runs_in="runner",
+        name="runner-step",
+        summary="an engine runner's whole step (padding, graph dispatch, capture, replay, "
+        "history), judged by properties with no hand-written expected value",
+        make_inputs=ref.make_inputs,
+        reference=ref.reference,
+        compare=compare,
+        checks=OwnCheck,
+        describe=describe,
+        guided=("padded_tokens", "padding_requests"),
+        implementations=(
+            Implementation(
+                "triton",
+                k.runner_step,
+                Kind.FIXED,
+                "persistent buffers, persistent-batch's and graph-input-padding's kernels",
+                traced=True,
+            ),
+            Implementation(
+                "reference", reference_impl, Kind.REFERENCE, "pages by id, plain loops", traced=True
+            ),
+            Implementation.mutant(
+                "padded-count-offsets",
+                k.mutant_padded_count_offsets,
+                "query_start_loc padded from the last real entry with T_pad: the last "
+                "request's query spans the padding tokens",
+                reach=reach_full_step,
+                trigger=trigger_padded_tokens,
+                smallest=smallest_padded_decode,
+                traced=True,
+            ),
+            Implementation.mutant(
+                "stale-replay-rows",
+                k.mutant_stale_replay_rows,
+                "replay copies seq_lens for the previous step's request count: a real row "
+                "keeps an earlier length",
+                reach=reach_full_step,
+                trigger=trigger_stale_replay_rows,
+                smallest=smallest_stale_replay_rows,
+                traced=True,
+            ),
+            Implementation.mutant(
+                "reused-row-pages",
+                k.mutant_reused_row_pages,
+                "a reused row keeps its page count: the new request's pages and slots "
+                "follow the old request's pages",
+                reach=reach_later_arrival,
+                trigger=trigger_reused_row,
+                smallest=smallest_reused_row,
+                traced=True,
+            ),
+            Implementation.mutant(
+                "slot-id-as-padding-page",
+                k.mutant_slot_id_as_padding_page,
+                "padding block-table rows hold -1 (the null slot), not the null page",
+                reach=reach_full_step,
+                trigger=trigger_padding_requests,
+                smallest=smallest_padded_decode,
+                traced=True,
+            ),
+        ),
+    )

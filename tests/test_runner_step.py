@@ -1,0 +1,198 @@
+"""runner-step's own semantics: its properties on hand-made builds, its comparison, what
+attnfuzz's own runner builds, and each mutant caught by its own property only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from attnfuzz.harness.oracle import Check
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.targets.runner_step import OwnCheck, compare
+from attnfuzz.harness.testing import judge_example
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.trace import Trace
+from hypothesis import HealthCheck, given, settings
+
+# A step of 2 requests (query lengths 2 and 1, lengths 5 and 3) and 3 tokens, padded
+# for a graph of 4 tokens and 3 requests; pages of 4 tokens, a cache of 10 pages.
+RANGES = {"seq_lens": (0, 8), "block_table": (0, 9), "slot_mapping": (-1, 39)}
+
+
+def build(how: str, pad: bool = False, **changed) -> ref.StepBuild:
+    values = {
+        "query_start_loc": [0, 2, 3],
+        "seq_lens": [5, 3],
+        "block_table": [[4, 7], [2, 0]],
+        "slot_mapping": [19, 28, 10],
+    }
+    if pad:  # a padding request and a padded token
+        values["query_start_loc"] += [3]
+        values["seq_lens"] += [0]
+        values["block_table"] += [[0, 0]]
+        values["slot_mapping"] += [-1]
+    values |= changed
+    tokens = len(values["slot_mapping"])
+    fields = tuple(
+        ref.Field(name, ref.FIELD_ROWS[name], np.array(v), RANGES.get(name, (0, tokens)))
+        for name, v in values.items()
+    )
+    return ref.StepBuild(how, 2, 3, fields)
+
+
+def outputs(*builds: ref.StepBuild) -> ref.RunnerStepOutputs:
+    return ref.RunnerStepOutputs(builds)
+
+
+EXPECTED = ref.RunnerStepExpected(num_reqs=2, num_tokens=3)
+
+
+def mismatches(*builds: ref.StepBuild) -> list[str]:
+    return [str(m) for m in compare(None, None, EXPECTED, outputs(*builds))]
+
+
+def test_builds_that_agree_on_their_real_rows_and_stay_in_range_hold_every_property():
+    """Padding rows differ from the eager build by design (it has none): only real rows
+    are compared, and padding rows are judged by their range alone."""
+    step = outputs(
+        build("eager"), build("padded", pad=True), build("replay", pad=True), build("fresh")
+    )
+    assert ref.violations(step) == []
+    assert compare(None, None, EXPECTED, step) == []
+
+
+@pytest.mark.parametrize(
+    "how, check",
+    [
+        ("padded", OwnCheck.PADDING_INVARIANCE),
+        ("replay", OwnCheck.REPLAY_EQUALS_EAGER),
+        ("fresh", OwnCheck.HISTORY_INVARIANCE),
+    ],
+)
+def test_a_real_row_that_differs_from_the_eager_build_fails_its_property(how, check):
+    wrong = build(how, pad=True, seq_lens=[5, 4, 0])  # request 1's length
+    (message,) = mismatches(build("eager"), wrong)
+    assert message == (
+        f"[{check}] {how}.seq_lens: expected the eager build's real rows, got 1 of 2 real "
+        "values differ; first at [1]: 4 where eager has 3"
+    )
+
+
+def test_a_block_table_row_is_compared_whole_on_the_columns_both_builds_hold():
+    """A column past a request's pages is a real row's too: a stale page there differs
+    (a consumer reads no further than its length, yet another build holds another
+    value); columns past the narrower build's width are not compared."""
+    stale = build("fresh", block_table=[[4, 7], [2, 5]])
+    (message,) = mismatches(build("eager"), stale)
+    assert message.startswith("[history-invariance] fresh.block_table:")
+    assert message.endswith("first at [1, 1]: 5 where eager has 0")
+    assert not mismatches(build("eager"), build("fresh", block_table=[[4, 7, 0], [2, 0, 5]]))
+
+
+def test_a_value_outside_its_consumers_range_fails_safe_padding_and_says_which_row():
+    padding = build("padded", pad=True, block_table=[[4, 7], [2, 0], [-1, -1]])
+    (message,) = mismatches(build("eager"), padding)
+    assert message == (
+        "[safe-padding] padded.block_table: expected values its consumer accepts, got 2 "
+        "values outside [0, 9]; first at [2, 0] (padding row): -1"
+    )
+    real = build("capture", slot_mapping=[19, 28, 40])  # a capture run is judged too
+    (message,) = mismatches(build("eager"), real)
+    assert "capture.slot_mapping" in message and "outside [-1, 39]" in message
+    # A padding row inside the range is never compared with anything: it passes.
+    assert not mismatches(build("eager"), build("padded", pad=True, slot_mapping=[19, 28, 10, 3]))
+
+
+def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
+    short = ref.StepBuild("padded", 3, 3, build("padded", pad=True).fields)
+    found = compare(None, None, EXPECTED, outputs(build("eager"), short))
+    assert str(found[0]) == "[values] padded.num_reqs: expected 2 (the step's requests), got 3"
+    assert found[1].check == OwnCheck.PADDING_INVARIANCE and found[1].where == "padded"
+    capture = ref.StepBuild("capture", 0, 0, build("capture").fields)
+    assert compare(None, None, EXPECTED, outputs(build("eager"), capture)) == []
+
+
+def test_outputs_without_an_eager_build_or_of_another_type_fail():
+    (missing,) = compare(None, None, EXPECTED, outputs(build("padded", pad=True)))
+    assert (missing.check, missing.where) == (Check.TYPE, "builds")
+    assert missing.got == "builds: padded"
+    (wrong,) = compare(None, None, EXPECTED, {"builds": ()})
+    assert (wrong.check, wrong.got) == (Check.TYPE, "dict")
+
+
+# -- attnfuzz's own runner ----------------------------------------------------------------------
+
+
+def _run(impl: str, trace: Trace) -> list[ref.RunnerStepOutputs]:
+    t = get_target("runner-step")
+    fn = t.resolve(impl).fn
+    fn.new_engine()
+    return [fn(ref.make_inputs(case)) for case in trace.cases()]
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_the_runner_pads_a_decode_for_its_graph_and_captures_on_its_first_step_only(impl):
+    """next_n = 1: one decode of one token replays the decode graph of 2 tokens and
+    2 requests. The engine's first step starts with its capture runs (one per FULL
+    graph); padding rows hold empty queries at T, length 0, the null page, slot -1."""
+    t = get_target("runner-step")
+    trace = t.resolve("padded-count-offsets").smallest()
+    trace = Trace(trace.config, trace.steps * 2)  # the same step again, on the same engine
+    first, second = _run(impl, trace)
+    hows = [b.how for b in first.builds]
+    full_graphs = len(ref.capture_steps(trace.config))
+    assert hows == ["capture"] * full_graphs + ["eager", "replay", "padded", "fresh"]
+    assert [b.how for b in second.builds] == ["eager", "replay", "padded", "fresh"]
+    padded = next(first.of("padded"))
+    values = {f.name: f.values.tolist() for f in padded.fields}
+    assert values["query_start_loc"] == [0, 1, 1]
+    assert values["seq_lens"] == [1, 0]
+    assert values["slot_mapping"] == [trace.steps[0].pages[0][0] * 4, -1]
+    assert values["positions"] == [0, 0]
+    assert set(values["block_table"][1]) == {0}
+    assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+# -- the mutants: each caught by its own property, and only by it ---------------------------------
+
+MUTANT_CHECKS = {
+    "padded-count-offsets": OwnCheck.PADDING_INVARIANCE,
+    "stale-replay-rows": OwnCheck.REPLAY_EQUALS_EAGER,
+    "reused-row-pages": OwnCheck.HISTORY_INVARIANCE,
+    "slot-id-as-padding-page": OwnCheck.SAFE_PADDING,
+}
+
+
+def test_every_mutant_has_a_property():
+    assert {m.name for m in get_target("runner-step").mutants} == set(MUTANT_CHECKS)
+
+
+@pytest.mark.parametrize("mutant, check", sorted(MUTANT_CHECKS.items()))
+def test_each_mutant_fails_its_smallest_trace_on_its_own_property_only(mutant, check):
+    t = get_target("runner-step")
+    impl = t.resolve(mutant)
+    trace = impl.smallest()
+    verdict = judge_example(t, impl, trace, "cpu")
+    assert {m.check for m in verdict.mismatches} == {check}, verdict
+    for fixed in ("triton", "reference"):
+        assert judge_example(t, t.resolve(fixed), trace, "cpu").ok, fixed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant, check", sorted(MUTANT_CHECKS.items()))
+def test_each_trigger_is_exact_and_only_its_property_fails(mutant, check):
+    """On drawn traces, a mutant fails exactly where its trigger says, and never on
+    another property's check."""
+    t = get_target("runner-step")
+    impl = t.resolve(mutant)
+
+    @settings(
+        max_examples=12, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(t.traces())
+    def check_trace(trace):
+        verdict = judge_example(t, impl, trace, "cpu")
+        lived = trace.prefix(verdict.step + 1) if verdict.step is not None else trace
+        assert impl.trigger(lived) == (not verdict.ok), (trace, verdict)
+        assert {m.check for m in verdict.mismatches} <= {check}, verdict
+
+    check_trace()
