@@ -155,6 +155,23 @@ def _mla_block_table() -> list[Implementation]:
     ]
 
 
+def _runner_step() -> list[Implementation]:
+    return [
+        sglang_impl(
+            "runner_step",
+            "run",
+            name="sglang",
+            description="installed SGLang: "
+            "runner/decode_cuda_graph_runner.py:DecodeCudaGraphRunner (__init__ "
+            "and capture for every capture size, can_run_graph, execute / load_batch) "
+            "over layers/attention/triton_backend.py:TritonAttnBackend (eager "
+            "init_forward_metadata, graph init_forward_metadata_out_graph), rows kept in "
+            "mem_cache/memory_pool.py:ReqToTokenPool across steps; a graph stand-in",
+            traced=True,
+        )
+    ]
+
+
 def _sites(target: str, impl: str) -> tuple[Site, ...]:
     from attnfuzz.adapters.sglang.sites import sites
 
@@ -165,6 +182,7 @@ IMPLEMENTATIONS: dict[str, list[Implementation]] = {
     "dsa-metadata": _dsa_metadata(),
     "graph-input-padding": _graph_input_padding(),
     "mla-block-table": _mla_block_table(),
+    "runner-step": _runner_step(),
     "spec-indptr": _spec_indptr(),
 }
 
