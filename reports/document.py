@@ -314,6 +314,26 @@ def expected_finding(campaign: Mapping[str, Any], finding: Mapping[str, Any]) ->
     return kind_of(campaign, finding["target"], finding["implementation"]) == "mutant"
 
 
+def outcome_counts(campaign: Mapping[str, Any]) -> tuple[str, bool]:
+    """The one wording of a campaign's counts, shared by the console, summary.md and
+    report.html: ``2 findings`` (failures of what must pass), then, where mutants ran,
+    ``3 of 4 mutants caught`` (runs, not their findings); and whether any mutant ran."""
+    findings = sum(not expected_finding(campaign, f) for f in campaign["findings"])
+    mutants = [r for r in campaign["runs"] if r["kind"] == "mutant"]
+    text = plural(findings, "finding")
+    if mutants:
+        caught = sum(run_verdict(r) == CAUGHT for r in mutants)
+        text += f", {caught} of {plural(len(mutants), 'mutant')} caught"
+    return text, bool(mutants)
+
+
+def no_finding_text(campaign: Mapping[str, Any]) -> str:
+    """What the findings section says when it has none."""
+    if any(r["kind"] == "mutant" for r in campaign["runs"]):
+        return "No implementation other than the mutants failed."
+    return "No implementation failed."
+
+
 def targets(campaign: Mapping[str, Any]) -> list[str]:
     """Targets in the order their first run appears."""
     return list(dict.fromkeys(r["target"] for r in campaign["runs"]))

@@ -35,7 +35,9 @@ from attnfuzz.reports.document import (
     fmt_seconds,
     is_latent,
     is_trace,
+    no_finding_text,
     no_verdict_text,
+    outcome_counts,
     plural,
     printable,
     reachability_text,
@@ -129,9 +131,8 @@ def _tally(campaign: Mapping[str, Any]) -> str:
         verdict = run_verdict(run)
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
     counts = ", ".join(f"{n} {v}" for v, n in verdicts.items())
-    unexpected = sum(not expected_finding(campaign, f) for f in campaign["findings"])
     parts = [plural(len(campaign["runs"]), "run") + (f": {counts}" if counts else "")]
-    parts.append(plural(unexpected, "finding"))
+    parts.append(outcome_counts(campaign)[0])
     when = f"started {campaign['started']}, {fmt_seconds(campaign['seconds'])} s"
     when += f", profile {campaign.get('profile') or '-'}"
     if campaign.get("seed") is not None:
@@ -311,7 +312,7 @@ def report_html(campaign: Mapping[str, Any]) -> str:
     section = _el(main, "section", id="findings")
     _el(section, "h2", f"Findings ({len(unexpected)})")
     if not unexpected:
-        _el(section, "p", "No implementation other than the mutants failed.")
+        _el(section, "p", no_finding_text(campaign))
     for f in unexpected:
         _finding(section, f, expected=False)
 

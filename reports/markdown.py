@@ -28,6 +28,7 @@ from attnfuzz.reports.document import (
     expected_finding,
     fmt_seconds,
     mismatch_line,
+    no_finding_text,
     no_verdict_text,
     one_line,
     plural,
@@ -231,20 +232,19 @@ def incomplete_lines(campaign: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def summary_markdown(campaign: Mapping[str, Any]) -> str:
-    """The campaign summary: verdicts, then findings (unexpected first) with repro commands."""
-    lines = [*header_lines(campaign), "", *verdict_table(campaign), ""]
-    lines += incomplete_lines(campaign)
-    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
+def _mutant_lines(
+    campaign: Mapping[str, Any],
+    mutants: list[Mapping[str, Any]],
+    survived: list[Mapping[str, Any]],
+    short: list[Mapping[str, Any]],
+) -> list[str]:
+    """The mutants' section: how many were caught, which survived, each caught one's case."""
     caught = [f for f in campaign["findings"] if expected_finding(campaign, f)]
-    lines += [f"### Findings ({len(unexpected)})", ""]
-    if not unexpected:
-        lines += ["No implementation other than the mutants failed.", ""]
-    for finding in unexpected:
-        lines += finding_lines(finding)
-    survived = [r for r in campaign["runs"] if run_verdict(r) == SURVIVED]
-    short = [r for r in campaign["runs"] if r["kind"] == "mutant" and run_verdict(r) == INCOMPLETE]
-    heading = f"### Mutants: {len(caught)} finding(s), {len(survived)} survived"
+    lines: list[str] = []
+    heading = (
+        f"### Mutants: {sum(run_verdict(r) == CAUGHT for r in mutants)} of "
+        f"{len(mutants)} caught, {len(survived)} survived"
+    )
     lines += [heading + (f", {len(short)} incomplete" if short else ""), ""]
     if survived:
         names = ", ".join(f"{code(r['target'])} / {code(r['implementation'])}" for r in survived)
@@ -267,6 +267,24 @@ def summary_markdown(campaign: Mapping[str, Any]) -> str:
         ]
         header = ["target", "mutant", "check", "examples", "s", "replay"]
         lines += [*table(header, rows, "lllrrl"), ""]
+    return lines
+
+
+def summary_markdown(campaign: Mapping[str, Any]) -> str:
+    """The campaign summary: verdicts, then findings (unexpected first) with repro commands."""
+    lines = [*header_lines(campaign), "", *verdict_table(campaign), ""]
+    lines += incomplete_lines(campaign)
+    unexpected = [f for f in campaign["findings"] if not expected_finding(campaign, f)]
+    lines += [f"### Findings ({len(unexpected)})", ""]
+    if not unexpected:
+        lines += [no_finding_text(campaign), ""]
+    for finding in unexpected:
+        lines += finding_lines(finding)
+    survived = [r for r in campaign["runs"] if run_verdict(r) == SURVIVED]
+    short = [r for r in campaign["runs"] if r["kind"] == "mutant" and run_verdict(r) == INCOMPLETE]
+    mutants = [r for r in campaign["runs"] if r["kind"] == "mutant"]
+    if mutants:
+        lines += _mutant_lines(campaign, mutants, survived, short)
     events = campaign.get("events") or []
     if events:
         lines += [f"### Harness events ({len(events)})", ""]

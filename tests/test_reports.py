@@ -868,3 +868,25 @@ def test_a_crashed_case_is_not_called_minimized(campaign, tmp_path):
         assert "not shrunk" in text, name
         minimized = text.lower().count("minimized case")
         assert minimized == shrunk[name].lower().count("minimized case") - 1, name
+
+
+def test_console_summary_and_html_count_findings_and_mutants_alike(campaign):
+    """One vocabulary: findings are failures of what must pass; mutants are caught
+    (runs), never "findings"; a campaign without mutants does not mention them."""
+    from attnfuzz.harness.campaign.results import summary_lines
+    from attnfuzz.reports.document import outcome_counts
+    from attnfuzz.reports.html import report_html
+    from attnfuzz.reports.markdown import summary_markdown
+
+    doc, out = campaign
+    words, _ = outcome_counts(doc)
+    assert words == "1 finding, 1 of 2 mutants caught"  # pr39542-overlap survives
+    assert any(line.startswith(words + " in ") for line in summary_lines(doc, out, 1))
+    assert "### Mutants: 1 of 2 caught, 1 survived" in summary_markdown(doc)
+    assert words in report_html(doc)
+    plain = _judged_only(_without(doc, "my_module:hostile"))
+    plain["runs"] = [r for r in plain["runs"] if r["kind"] != "mutant"]
+    plain["findings"] = [f for f in plain["findings"] if f["implementation"] != "pr39542-writeback"]
+    text = summary_markdown(plain)
+    assert "No implementation failed." in text and "Mutants" not in text
+    assert outcome_counts(plain)[0] == "0 findings"

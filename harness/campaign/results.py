@@ -42,6 +42,7 @@ from attnfuzz.reports.document import (
     check_campaign,
     no_verdict,
     no_verdict_text,
+    outcome_counts,
     run_verdict,
 )
 
@@ -246,7 +247,7 @@ def summary_lines(
     else:
         wrote = "; its results are NOT all written: see stderr"
     lines.append(
-        f"{n} finding{'s' if n != 1 else ''} in {campaign['seconds']:.1f}s"
+        f"{outcome_counts(campaign)[0]} in {campaign['seconds']:.1f}s"
         + (" (interrupted)" if campaign["interrupted"] else "")
         + wrote
     )
