@@ -106,3 +106,13 @@ def test_a_step_on_its_own_is_an_extend_with_no_graph():
 def test_drawn_traces_keep_every_property(trace):
     for k, out in enumerate(_life(trace)):
         assert ref.violations(out) == [], f"step {k}"
+
+
+def test_without_cuda_graphs_a_decode_is_eager_only():
+    import dataclasses
+
+    trace = _arrive_then_decode(num_spec=0)
+    config = dataclasses.replace(trace.config, cudagraph_mode="NONE")  # --disable-cuda-graph
+    _, decode = _life(Trace(config, trace.steps))
+    assert [b.how for b in decode.builds] == ["eager", "fresh"]
+    assert ref.violations(decode) == []

@@ -25,22 +25,32 @@ Stand-ins: the model runner (the objects the runner and backend read), a KV
 pool of the right size whose buffers are never read, a model whose forward is
 never called, and the graph: ``resolve_decode_backend``'s backend is
 :class:`_Graph`, whose ``capture_one`` records the tensors the graph would read
-(the backend's metadata at capture) and whose ``replay`` does nothing, and the
-capture stream (``graph_capture``, ``get_or_create_global_graph_capture_stream``)
-is none: there is no CUDA. Those two module names of ``decode_cuda_graph_runner``
-are replaced while the runner is built, and restored after.
+(the backend's metadata at capture; the Triton backend has no in-graph
+metadata step) and whose ``replay`` does nothing, and the capture stream
+(``graph_capture``, ``get_or_create_global_graph_capture_stream``) is none:
+there is no CUDA. Those names of ``decode_cuda_graph_runner`` are replaced while
+the runner is built, and restored after; the tensor-parallel group is a group
+of one (``patch_model`` is handed it, to compile).
 
-A step is a decode (every request 1 token) or, with drafts, a target verify
-(every request ``next_n`` tokens): the steps the decode runner serves. Any other
-step is an extend, which SGLang never replays in the decode graph: its eager
-Triton metadata is built (``ForwardMode.EXTEND``), no graph build.
+A step is a decode or a target verify only when every request runs on (none new
+to the engine: SGLang prefills a new request first) with one token each, or its
+token and drafts (``next_n``): the batches the decode runner serves. Any other
+step is an extend, never replayed in the decode graph: its eager Triton
+metadata is built (``ForwardMode.EXTEND``), no graph build.
 
-Builds: ``eager`` (``init_forward_metadata`` of the step, no graph), ``padded``
-(the replay view ``build_replay_fb_view`` hands the backend, and the backend's
-persistent buffers after its replay preparation), ``replay`` (what the graph
-captured for that batch size reads, at replay), ``capture`` (what each capture
-read, snapshot at capture), ``fresh`` (the eager step on a new engine holding
-only the step's requests; without ``req_pool_indices``, a row the history picks).
+Builds: ``capture`` (each capture batch size's inputs and metadata, snapshot at
+capture, no real rows: with the engine's first step), ``eager``
+(``init_forward_metadata`` of the step, no graph), ``padded`` (the runner's input
+buffers after ``load_batch``, and the backend's persistent buffers after its
+replay preparation), ``replay`` (the same buffers through the tensors the graph
+of that batch size captured), ``fresh`` (the eager step on a new engine holding
+only the step's requests; without ``req_pool_indices``, a row history picks).
+
+Fields: ``seq_lens``, ``req_pool_indices``, ``kv_indices`` (a table: row ``i``
+holds ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``, what the kernels read) by
+request; ``out_cache_loc`` and ``positions`` by token; ``kv_indptr`` and
+``qo_indptr`` (verify and extend) as offsets. Each with the range its consumer
+accepts (:meth:`_Engine.accepts`).
 """
 
 from __future__ import annotations
@@ -601,7 +611,10 @@ class RunnerStep:
         prepare()
         if self.engine is None or self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)  # another config is another engine
-            self.engine = _Engine(inputs.config, inputs.device, graphs=True)
+            # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no decode graph runner
+            # (SGLang's decode graphs are whole: any other mode captures them).
+            with_graphs = inputs.config.cudagraph_mode != "NONE"
+            self.engine = _Engine(inputs.config, inputs.device, graphs=with_graphs)
         engine = self.engine
         mode = step_mode(inputs)
         R, T = inputs.num_reqs, inputs.num_tokens
@@ -612,7 +625,7 @@ class RunnerStep:
             engine.write_rows(inputs)
             builds.append(engine.eager(inputs, mode))
             graphs = engine.graph_runner
-            if mode != "extend":
+            if mode != "extend" and graphs is not None:
                 fb = engine.forward_batch(inputs, mode)
                 if graphs.can_run_graph(fb):
                     graphs.execute(fb)  # load_batch, then the graph stand-in's replay
