@@ -131,6 +131,12 @@ class _Seen:
     positions: torch.Tensor
     batch: Any = None
 
+    def frozen(self) -> _Seen:
+        """What the forward reads now: the persistent buffers change after it."""
+        names = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+        meta = SimpleNamespace(**{n: getattr(self.meta, n).clone() for n in names})
+        return _Seen(meta, self.positions.clone())
+
 
 @dataclass
 class _Recorder:
@@ -150,7 +156,7 @@ class _Recorder:
         if self.capturing is not None:
             self.capturing.read = seen
         if self.kind == "capture":  # a step's own build is its ExecuteModelState
-            self.seen.append((self.kind, seen))
+            self.seen.append((self.kind, seen.frozen()))
 
 
 class _Model(torch.nn.Module):
@@ -179,7 +185,7 @@ class _Graph:
             raise RuntimeError("attnfuzz: a graph replayed that captured no forward")
         if self.recorder.kind is not None:
             kind = "replay" if self.recorder.kind == "step" else self.recorder.kind
-            self.recorder.seen.append((kind, self.read))
+            self.recorder.seen.append((kind, self.read.frozen()))
 
 
 @contextlib.contextmanager
@@ -495,8 +501,8 @@ def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
     """The peer rank of the step, derived from the step's own sizes so that the cases
     meet each: none (one rank); idle (its ``execute_dummy_batch``: one request of
     ``decode_query_len`` tokens, ``Worker.execute_dummy_batch`` and ``_dummy_run``); a
-    uniform decode of more requests than this rank's, up to the limits (DP padding pads
-    this step to the peer's graph); a prefill one token longer than this step."""
+    uniform decode of as many requests as the limits allow (DP padding pads this step to
+    the peer's graph); a prefill one token longer than this step."""
     config = inputs.config
     which = (inputs.num_tokens + sum(inputs.num_computed_tokens) + inputs.num_reqs) % 4
     if which == 0:
@@ -505,7 +511,6 @@ def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
         return _Peer(1, dql, dql, dql)
     if which == 2:
         reqs = min(config.max_num_seqs, config.max_num_batched_tokens // dql)
-        reqs = min(reqs, max(inputs.num_reqs + 1, reqs))
         return _Peer(reqs, reqs * dql, dql, dql)
     tokens = min(inputs.num_tokens + 1, config.max_num_batched_tokens, config.max_model_len)
     return _Peer(1, tokens, None, None)
