@@ -20,11 +20,15 @@ Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
 the mutants' ``reach``, ``trigger`` and ``smallest`` read and give traces.
 
-The ``reference`` implementation is the runner's rules in plain loops over the
-scheduler's view (each request's pages by id, no rows, no buffers): a self-check of
-the harness, and the implementation the generic tests judge guided statistics with.
-The reference itself has no builds to offer, only sizes: a runner that keeps
-nothing across steps has nothing to break, and its builds agree by construction.
+The reference states the step's real sizes only. The ``reference`` implementation
+is the runner's rules in plain loops over the scheduler's view (each request's pages
+by id, no rows, no buffers): its builds agree by construction, so it is a
+self-check that a correct runner holds every property (and the implementation the
+generic tests judge the guided statistics with), not a reference of values.
+
+The step is the model runner's own preparation (``runs_in="runner"``), done before a
+graph replays and allocating as it likes (a new engine for the fresh build): it is
+not ``graph_safe``.
 """
 
 from __future__ import annotations
