@@ -183,3 +183,25 @@ def test_drawn_traces_hold_every_property(trace):
     config = dataclasses.replace(trace.config, runner="v2")
     run_trace(Trace(config, trace.steps))
     assert rs.declines(Case(config, trace.steps[0])) is None
+
+
+def test_an_idle_ranks_dummy_request_outgrows_the_model():
+    """Engine finding (vLLM 0.33.0): a rank with nothing to run (``execute_dummy_batch``:
+    ``_dummy_run(1, uniform_decode=True)``) while its peer runs two prefills of 6 tokens
+    agrees on the peer's 12 tokens, dispatched to the PIECEWISE graph of 16, whose
+    descriptor has no request count; ``execute_model``'s dummy branch then takes
+    ``batch_desc.num_reqs or num_reqs`` = 1 request and ``InputBatch.make_dummy(1, 16)``
+    gives it all 16 tokens: ``seq_lens`` 16 past ``max_model_len`` 8, the bound
+    ``make_dummy``'s own comment keeps a dummy request within. The same engine's capture
+    of 16 spreads them over 2 requests of 8."""
+    config = small_config(
+        max_model_len=8, max_num_seqs=2, num_spec=0, cudagraph_capture_sizes=(2, 16)
+    )
+    step = Batch((0, 0), (6, 6), req_ids=(0, 1), pages=((1, 2), (3, 4)), new_pages=(2, 2))
+    out = adapter().RunnerStepEngine()(ref.make_inputs(Case(config, step)))
+    (found,) = ref.violations(out)
+    assert (found.prop, found.field, found.build) == ("safe padding", "seq_lens", "capture")
+    dummy = builds(out, "capture")[-1]
+    assert "_dummy_run" in dummy.where and dummy.field("seq_lens").values.tolist() == [16]
+    captured = [b for b in builds(out, "capture") if tokens_of(b) == 16 and b is not dummy]
+    assert captured and all(b.field("seq_lens").values.tolist() == [8, 8] for b in captured)

@@ -144,7 +144,8 @@ class _Recorder:
     belongs to; None: nobody listens)."""
 
     kind: str | None = None
-    seen: list[tuple[str, _Seen]] = field(default_factory=list)
+    where: str = ""  # the engine function whose forward it is
+    seen: list[tuple[str, str, _Seen]] = field(default_factory=list)
     capturing: Any = None  # the graph being captured, which keeps what the forward read
 
     def forward(self, positions: torch.Tensor) -> None:
@@ -156,7 +157,7 @@ class _Recorder:
         if self.capturing is not None:
             self.capturing.read = seen
         if self.kind == "capture":  # a step's own build is its ExecuteModelState
-            self.seen.append((self.kind, seen.frozen()))
+            self.seen.append((self.kind, self.where, seen.frozen()))
 
 
 class _Model(torch.nn.Module):
@@ -185,7 +186,8 @@ class _Graph:
             raise RuntimeError("attnfuzz: a graph replayed that captured no forward")
         if self.recorder.kind is not None:
             kind = "replay" if self.recorder.kind == "step" else self.recorder.kind
-            self.recorder.seen.append((kind, self.read.frozen()))
+            where = f"cudagraph_utils.py: CudaGraphManager.run_fullgraph ({self.recorder.where})"
+            self.recorder.seen.append((kind, where, self.read.frozen()))
 
 
 @contextlib.contextmanager
@@ -421,6 +423,7 @@ class _Engine:
             manager._graphs_captured = True  # nothing to capture: dispatch answers NONE
             return
         self.recorder.kind = "capture"
+        self.recorder.where = "cudagraph_utils.py: ModelCudaGraphManager.capture"
         try:
             with host_memory(self.device), _graphs(self.recorder):
                 manager.capture(
@@ -574,6 +577,7 @@ def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
     """``execute_model`` of one scheduler output; its ``ExecuteModelState``."""
     r = engine.runner
     engine.recorder.kind = "step"
+    engine.recorder.where = "model_runner.py: GPUModelRunner.execute_model"
     try:
         with host_memory(engine.device), _graphs(engine.recorder), _data_parallel(r, peer):
             r.execute_model(out)
@@ -596,6 +600,7 @@ def _dummy(engine: _Engine, peer: _Peer) -> None:
     """``Worker.execute_dummy_batch``: this rank idle while ``peer`` runs."""
     r = engine.runner
     engine.recorder.kind = "capture"
+    engine.recorder.where = "model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
     try:
         with host_memory(engine.device), _graphs(engine.recorder), _data_parallel(r, peer):
             r._dummy_run(1, uniform_decode=True)
@@ -665,12 +670,8 @@ def _step_build(how: str, config: EngineConfig, state: Any, **kw: Any) -> StepBu
 def _seen_builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     """The builds the model and the graphs reported, in order; emptied."""
     out = []
-    for kind, seen in engine.recorder.seen:
+    for kind, where, seen in engine.recorder.seen:
         sizes = (num_reqs, num_tokens) if kind == "replay" else (0, 0)
-        where = {
-            "replay": "cudagraph_utils.py: CudaGraphManager.run_fullgraph",
-            "capture": "cudagraph_utils.py: CudaGraphManager.capture / GPUModelRunner._dummy_run",
-        }[kind]
         out.append(StepBuild(kind, *sizes, _fields(engine.config, seen), where=where))
     engine.recorder.seen.clear()
     return out
