@@ -52,6 +52,16 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
 - ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
   then the same scheduler output.
 
+The engine's attention backend is Triton's, whose builder runs on the CPU: its
+``AttentionCGSupport`` (ALWAYS, ``get_attn_cg_support``) and
+``CompilationConfig.resolve_cudagraph_mode_and_sizes`` decide the mode as
+``initialize_kv_cache`` does (the case's ``cg_support`` names another backend's, and is
+not this engine's); the tiny DeepSeek-V3.2 model makes vLLM turn breakable piecewise
+graphs on (``VllmConfig._maybe_enable_breakable_cudagraph``). A running request's query
+past its one token is its drafts (``scheduled_spec_decode_tokens``) up to ``num_spec``,
+else a prefill chunk; its prompt is what it knew on arrival (the scheduler output alone
+does not say more).
+
 Declined: the V1 runner, and varlen decode graphs (adaptive verification needs a
 drafter with a confidence head that the runner would also run).
 """
