@@ -17,6 +17,7 @@ from __future__ import annotations
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
+from attnfuzz.adapters.vllm import standalone
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
@@ -181,6 +182,7 @@ def _indexer_decode() -> list[Implementation]:
             description="installed vLLM: v1/attention/ops/rocm_aiter_mla_sparse.py:"
             "rocm_aiter_sparse_attn_indexer (AITER kernels stood in); still has #39542's "
             "write-back of buffer[:N_d]",
+            standalone=standalone.rocm_writeback,
             **bug_a,
         ),
         vllm_impl(
@@ -204,6 +206,7 @@ def _indexer_decode() -> list[Implementation]:
             "gfx942_sparse_attn_indexer (--monokernel on gfx942; gfx942 top-512, AITER and "
             "torch.ops._C kernels stood in); its _decode_step still has #39542's write-back "
             "of buffer[:N_d]",
+            standalone=standalone.deepseek_v41_amd_writeback,
             **bug_a,
         ),
         vllm_impl(
