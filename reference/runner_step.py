@@ -143,6 +143,11 @@ class Field:
     # The inclusive range of values its consumer accepts, read from the consumer's
     # code (the adapter cites the function); None: any value (a field no index reads).
     accepts: tuple[int, int] | None = None
+    # For a 2-D field: how many leading entries of each row its consumer reads (a
+    # block-table row: the request's ``cdiv(seq_len, block_size)`` pages), read from the
+    # consumer's code; None: the whole row. Builds agree on those entries only: what a
+    # row holds past them no consumer reads. Safety still holds every entry to accepts.
+    row_lengths: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -201,8 +206,22 @@ def _agree(prop: str, base: StepBuild, other: StepBuild) -> list[Violation]:
             # A block table is as wide as its build's buffer: compare the columns both hold.
             width = min(want.shape[1], got.shape[1])
             want, got = want[:, :width], got[:, :width]
+        if want.ndim == 2 and want.shape == got.shape:
+            want, got = _read_entries(want, f, base), _read_entries(got, g, other)
         if want.shape != got.shape or not np.array_equal(want, got):
             out.append(Violation(prop, f.name, other.how, _difference(want, got, base.how)))
+    return out
+
+
+def _read_entries(values: np.ndarray, f: Field, build: StepBuild) -> np.ndarray:
+    """``values`` (a 2-D field's real rows) with every entry its consumer does not
+    read set to -2**31: a value no field holds, so two builds differ on an entry only
+    where a consumer of one of them reads it."""
+    if f.row_lengths is None:
+        return values
+    lengths = real_rows(build, Field(f.name, f.rows, f.row_lengths))
+    out = values.astype(np.int64, copy=True)
+    out[np.arange(out.shape[1])[None, :] >= lengths[:, None]] = -(2**31)
     return out
 
 
@@ -211,6 +230,13 @@ def _difference(want: np.ndarray, got: np.ndarray, base: str) -> str:
         return f"shape {tuple(got.shape)}, {base} {tuple(want.shape)}"
     where = np.argwhere(want != got)
     first = tuple(int(i) for i in where[0])
+    if -(2**31) in (want[first], got[first]):  # one build's consumer reads it, the other's not
+
+        def shown(v: np.ndarray) -> str:
+            return "no read entry" if v.item() == -(2**31) else str(v.item())
+
+        return (f"{len(where)} of {want.size} real values differ; first at {list(first)}: "
+                f"{shown(got[first])} where {base} has {shown(want[first])}")  # fmt: skip
     return (f"{len(where)} of {want.size} real values differ; first at {list(first)}: "
             f"{got[first].item()} where {base} has {want[first].item()}")  # fmt: skip
 
@@ -321,8 +347,12 @@ def runner_build(
     each field accepts :func:`consumer_ranges` of the tokens the build hands on (its
     positions: one per token the model runs, padding included)."""
     ranges = consumer_ranges(config, len(values["positions"]))
+    # A block-table row's consumer reads the request's pages: cdiv(seq_len, block_size).
+    read = {"block_table": -(-np.asarray(values["seq_lens"], np.int64) // config.block_size)}
     fields = tuple(
-        Field(name, FIELD_ROWS[name], np.array(values[name], copy=True), ranges[name])
+        Field(
+            name, FIELD_ROWS[name], np.array(values[name], copy=True), ranges[name], read.get(name)
+        )  # fmt: skip
         for name in FIELD_ROWS
     )
     return StepBuild(how, sizes[0], sizes[1], fields, where)

@@ -3,6 +3,8 @@ attnfuzz's own runner builds, and each mutant caught by its own property only.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from attnfuzz.harness.oracle import Check
@@ -78,14 +80,35 @@ def test_a_real_row_that_differs_from_the_eager_build_fails_its_property(how, ch
 
 
 def test_a_block_table_row_is_compared_whole_on_the_columns_both_builds_hold():
-    """A column past a request's pages is a real row's too: a stale page there differs
-    (a consumer reads no further than its length, yet another build holds another
-    value); columns past the narrower build's width are not compared."""
+    """Without the entries its consumer reads, a row is compared on every column both
+    builds hold (columns past the narrower build's width are not compared)."""
     stale = build("fresh", block_table=[[4, 7], [2, 5]])
     (message,) = mismatches(build("eager"), stale)
     assert message.startswith("[history-invariance] fresh.block_table:")
     assert message.endswith("first at [1, 1]: 5 where eager has 0")
     assert not mismatches(build("eager"), build("fresh", block_table=[[4, 7, 0], [2, 0, 5]]))
+
+
+def with_reads(b: ref.StepBuild, lengths: list[int]) -> ref.StepBuild:
+    """``b`` with its block table's consumer reading each row's first ``lengths``."""
+    fields = tuple(
+        dataclasses.replace(f, row_lengths=np.array(lengths)) if f.name == "block_table" else f
+        for f in b.fields
+    )
+    return dataclasses.replace(b, fields=fields)
+
+
+def test_a_block_table_row_is_compared_on_the_entries_its_consumer_reads():
+    """vLLM's rows keep an earlier request's pages past the current one's
+    (``_gather_block_tables_kernel`` copies a request's own pages only), and its
+    kernel reads a row's first ``cdiv(seq_len, block_size)``: builds agree on those."""
+    eager = with_reads(build("eager"), [2, 1])
+    assert not mismatches(eager, with_reads(build("fresh", block_table=[[4, 7], [2, 5]]), [2, 1]))
+    (message,) = mismatches(eager, with_reads(build("fresh", block_table=[[4, 7], [3, 5]]), [2, 1]))
+    assert message.endswith("first at [1, 0]: 3 where eager has 2")
+    # A build whose consumer reads an entry the other's does not: they differ there.
+    (message,) = mismatches(eager, with_reads(build("fresh", block_table=[[4, 7], [2, 5]]), [2, 2]))
+    assert message.endswith("first at [1, 1]: 5 where eager has no read entry")
 
 
 def test_a_value_outside_its_consumers_range_fails_safe_padding_and_says_which_row():

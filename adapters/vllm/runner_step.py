@@ -639,8 +639,17 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
         # ... its keys are the first seq_lens[i] of the sequence, read through its block
         # table row: no more than the model's length.
         Field("seq_lens", "requests", _np(m.seq_lens), (0, config.max_model_len)),
-        # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks).
-        Field("block_table", "requests", _np(m.block_table), (0, num_blocks(config) - 1)),
+        # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks);
+        # the kernel reads a row's first cdiv(seq_lens[i], block_size) pages, its loads
+        # masked by seq_len (_gather_block_tables_kernel copies only those; the rest of
+        # the row keeps what an earlier step left).
+        Field(
+            "block_table",
+            "requests",
+            _np(m.block_table),
+            (0, num_blocks(config) - 1),
+            row_lengths=-(-_np(m.seq_lens).astype(np.int64) // config.block_size),
+        ),  # fmt: skip
         # triton_reshape_and_cache_flash.py: a token's slot in the cache; PAD_SLOT_ID
         # (negative) skips it.
         Field("slot_mapping", "tokens", _np(m.slot_mapping), (PAD_SLOT_ID, slots - 1)),
