@@ -68,6 +68,7 @@ def range_problem(version: str) -> str | None:
 
 # -- what the adapters call ----------------------------------------------------------
 # adapter module, or "module.function" -> the APIs it calls. Filled by each adapter.
+_DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "graph_runner": (
         Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
@@ -82,6 +83,16 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
             "build_replay_fb_view",
             keyword="seq_len_fill_value",
         ),
+    ),
+    "runner_step": (
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+        Api(
+            "sglang.srt.layers.attention.triton_backend",
+            "TritonAttnBackend.init_forward_metadata_out_graph",
+        ),
+        Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }
 
