@@ -80,3 +80,23 @@ def raises_and_replays_slowly(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     if pids and pids[0] != str(os.getpid()):
         time.sleep(2.0)
     raise RuntimeError("always")
+
+
+_engines = 0  # new engines started in this process (new_engine calls)
+
+
+def fails_on_every_7th_new_engine(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """Fails on the 7th, 14th, ... new engine of a process: a case on its own starts one
+    (as each example of a single-step search does), a trace one for all its steps. Its
+    history brings it back; no trace of one engine does."""
+    if _engines and _engines % 7 == 0:
+        raise RuntimeError("the 7th new engine of a process")
+    return max_seq_len_metadata(inputs)
+
+
+def _new_engine() -> None:
+    global _engines
+    _engines += 1
+
+
+fails_on_every_7th_new_engine.new_engine = _new_engine  # type: ignore[attr-defined]

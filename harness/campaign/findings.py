@@ -14,15 +14,24 @@ ItemLog = Any  # harness.campaign.worker.ItemLog (which imports this module)
 
 
 def confirm_findings(
-    log: ItemLog, isolated: Any, histories: dict[str, list[Any]], deadline: float | None
+    log: ItemLog,
+    isolated: Any,
+    histories: dict[str, list[Any]],
+    deadline: float | None,
+    target: Any = None,
+    max_judgements: int = 0,
 ) -> None:
     """Replay each finding in new processes (:func:`~attnfuzz.harness.confirm.confirm`),
-    as ``attnfuzz run`` does: one that fails only after what ran before it is marked
-    ``history_dependent``, one that comes and goes ``flaky`` (how often it failed), a
+    as ``attnfuzz run`` does: one that fails only after what ran before it becomes the
+    trace its history is, cut down within ``max_judgements`` traces judged
+    (:func:`~attnfuzz.harness.history_trace.trace_after_history`; ``from_history``: the
+    steps of that history), else is marked ``history_dependent``; one that comes
+    and goes ``flaky`` (how often it failed), a
     timeout that a longer limit passes is no finding (``slow``: the run is
     incomplete), and a timeout that a longer limit turns into another failure is
     that failure. A budget that ends first leaves a finding as it was found."""
     from attnfuzz.harness.confirm import Status, confirm
+    from attnfuzz.harness.history_trace import trace_after_history
     from attnfuzz.harness.isolation import OutOfTime
     from attnfuzz.harness.oracle import Mismatch
 
@@ -41,6 +50,22 @@ def confirm_findings(
                 del findings[key]
                 log.state["unconfirmed"] = log.state.get("unconfirmed", 0) + 1
             continue
+        if c.status is Status.HISTORY_DEPENDENT and target is not None:
+            try:
+                replayed = trace_after_history(
+                    target, isolated, histories[key], verdict, max_judgements, deadline
+                )
+            except OutOfTime:  # the budget ended first: history-dependent, as confirmed
+                replayed = None
+            if replayed is not None:
+                lived, c = replayed
+                entry["case"] = lived.trace.to_dict()
+                entry["step"] = failing_step(entry["case"], lived.verdict)
+                entry["verdict"] = {
+                    "key": lived.verdict.key,
+                    "mismatches": [m.to_dict() for m in lived.verdict.mismatches],
+                }
+                entry["from_history"] = lived.lived
         entry["confirmed"] = c.status.value
         if c.status is Status.SLOW:
             del findings[key]

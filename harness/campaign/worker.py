@@ -345,7 +345,9 @@ def _run_rounds(
                 break  # --max-examples: one Hypothesis run, as `attnfuzz run`
             if impl.kind == "mutant" and len(log.state["findings"]) > before:
                 break  # the zoo asks whether a mutant is caught: it is
-        confirm_findings(log, isolated, histories, hard_deadline)
+        # A history-dependent finding's history as a trace: cut within this count.
+        history_cap = cap if cap is not None else profile.round_examples
+        confirm_findings(log, isolated, histories, hard_deadline, target, history_cap)
         place_findings(
             log,
             target,

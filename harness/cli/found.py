@@ -125,5 +125,4 @@ def report_history(target: str, impl: str, found: HistoryDependent, out: Path) -
         path = None
     if path is not None:
         print(f"  written to {path}")
-    print("searching again as traces of one engine (--trace):")
     return path

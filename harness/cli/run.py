@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -179,6 +180,7 @@ def command(args: argparse.Namespace) -> int:
         split_github,
     )
     from attnfuzz.harness.errors import HarnessError, UsageError
+    from attnfuzz.harness.history_trace import trace_after_history
     from attnfuzz.harness.isolation import DEFAULT_TIMEOUT_S, IsolatedJudge
     from attnfuzz.harness.reachability import finding_reachability, is_latent
     from attnfuzz.harness.registry import get_target, split_impl_spec
@@ -246,15 +248,33 @@ def command(args: argparse.Namespace) -> int:
                 found.confirm(Counted(isolated, progress), before)
                 if found.confirmation and found.confirmation.status is Status.HISTORY_DEPENDENT:
                     # It fails only after what ran before it in the process: never written
-                    # as a case that passes; said so, and searched again as traces.
+                    # as a case that passes; said so, and made a trace of one engine.
                     dependent = HistoryDependent(result, before)
                     report_history(target.name, impl.name, dependent, out)
-                    result = search(True)
-                    found, phase = None, "search"
-                    if result.failed and not result.interrupted:
-                        found, phase = Found(result), "replays"
-                        progress.confirming()
-                        found.confirm(Counted(isolated, progress), [])
+                    # Its history as one engine's trace first, cut down within
+                    # --max-examples judgements (harness.history_trace); else a search.
+                    phase = "history"
+                    replayed = trace_after_history(
+                        target, Counted(isolated, progress), before, result.verdict,
+                        args.max_examples,
+                    )  # fmt: skip
+                    if replayed is not None:
+                        phase = "replays"
+                        print("  " + replayed[0].summary())
+                        result = dataclasses.replace(
+                            result, case=replayed[0].trace, verdict=replayed[0].verdict,
+                            traced=True, shrunk=True, shrink_cut=False, flaky=False,
+                        )  # fmt: skip
+                        found = Found(result)
+                        found.confirmation = replayed[1]
+                    else:
+                        print("searching again as traces of one engine (--trace):")
+                        result = search(True)
+                        found, phase = None, "search"
+                        if result.failed and not result.interrupted:
+                            found, phase = Found(result), "replays"
+                            progress.confirming()
+                            found.confirm(Counted(isolated, progress), [])
                 elif found.confirmation is not None:
                     result.verdict = found.confirmation.verdict  # a timeout judged again
                 if found is not None and found.reportable:
@@ -270,6 +290,8 @@ def command(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         except KeyboardInterrupt:  # while a failure was replayed: kept as it was found
             result.interrupted = True
+            if phase == "history":  # its history as a trace: the history file holds it
+                result = dataclasses.replace(result, case=None, verdict=None)
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} "
