@@ -34,6 +34,7 @@ from attnfuzz.harness.targets import (
     unpadding,
 )
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.trace import Trace
 
 
 def reach_native_table(case: Case) -> bool:
@@ -316,6 +317,39 @@ def _persistent_batch() -> list[Implementation]:
     ]
 
 
+def capture_past_row(config: EngineConfig) -> bool:
+    """Whether a capture size of ``config`` is longer than a block-table row reaches
+    (``runner_table_width(max_model_len, block_size) * block_size``). vLLM 0.33.0 runs
+    dummy requests of such a PIECEWISE size whose ``seq_len`` the attention kernel reads
+    through a row holding fewer pages: the capture's (``min(num_tokens, max_num_seqs)``
+    requests: one with ``max_num_seqs`` 1) and an idle data-parallel rank's
+    (``execute_model``'s dummy branch: ``batch_desc.num_reqs or num_reqs`` = 1 request
+    of all the tokens). ``--cuda-graph-sizes`` accepts such sizes
+    (``VllmConfig._set_cudagraph_sizes`` caps them by ``max_num_batched_tokens`` only)."""
+    from attnfuzz.reference.batch import runner_table_width
+
+    reach = runner_table_width(config.max_model_len, config.block_size) * config.block_size
+    return max(config.cudagraph_capture_sizes, default=0) > reach
+
+
+def _trigger_dummy_past_row(trace: Trace) -> bool:
+    return trace.config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE") and (
+        capture_past_row(trace.config)
+    )
+
+
+def _smallest_dummy_past_row() -> Trace:
+    """Seed 0's minimized witness: one request of one token on an engine of
+    ``max_model_len`` 8 (a row of 128 pages of one token) with a capture size of 132."""
+    config = EngineConfig(
+        max_model_len=8, max_num_seqs=1, max_num_batched_tokens=164, block_size=1,
+        num_spec=3, cudagraph_capture_sizes=(4, 132), cudagraph_mode="FULL_AND_PIECEWISE",
+        cg_support="UNIFORM_BATCH", runner="v2",
+    )  # fmt: skip
+    step = Batch((0,), (1,), 0, True, req_ids=(0,), pages=((1,),), new_pages=(1,))
+    return Trace(config, (step,))
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -325,8 +359,23 @@ def _runner_step() -> list[Implementation]:
             "GPUModelRunner.execute_model up to the forward (dispatch_cg_and_sync_dp with a "
             "data-parallel peer, ModelCudaGraphManager's capture and dispatch, _dummy_run, "
             "prepare_inputs, prepare_attn, TritonAttentionMetadataBuilder), kept across the "
-            "steps; eager on a second engine, fresh on a new one",
+            "steps; eager on a second engine, fresh on a new one (the dummy-past-row "
+            "finding kept apart)",
             declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step",
+            "run",
+            name="vllm-dummy-past-row",
+            kind="mutant",
+            description="installed vLLM (V2 runner) with a capture size past a block-table "
+            "row's reach: the capture's dummy request is longer than its row (a difference "
+            "of vLLM's own, docs/findings.md)",
+            declines="declines_engine",
+            trigger=_trigger_dummy_past_row,
+            reach=lambda trace: trace.config.runner == "v2",
+            smallest=_smallest_dummy_past_row,
             traced=True,
         ),
     ]

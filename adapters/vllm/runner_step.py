@@ -97,7 +97,20 @@ def prepare() -> None:
 
 
 def declines(case: Case) -> str | None:
-    """Why this adapter does not run ``case``'s engine, else None."""
+    """Why this adapter does not run ``case``'s engine, else None; a capture size past a
+    block-table row's reach is ``vllm-dummy-past-row``'s (a finding kept apart)."""
+    from attnfuzz.adapters.vllm.plugin import capture_past_row
+
+    if capture_past_row(case.config):
+        return (
+            "a capture size past a block-table row's reach: the capture's dummy request "
+            "outgrows its row (kept apart as vllm-dummy-past-row)"
+        )
+    return declines_engine(case)
+
+
+def declines_engine(case: Case) -> str | None:
+    """Why the installed engine runs ``case`` through other code than this adapter's."""
     if case.config.runner != "v2":
         return "the V1 model runner has another execute_model (gpu_model_runner.py)"
     if case.config.varlen_decode:
@@ -637,8 +650,14 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
         # are q[query_start_loc[i] : query_start_loc[i + 1]] of the padded token rows.
         Field("query_start_loc", "offsets", _np(m.query_start_loc), (0, tokens_pad)),
         # ... its keys are the first seq_lens[i] of the sequence, read through its block
-        # table row: no more than the model's length.
-        Field("seq_lens", "requests", _np(m.seq_lens), (0, config.max_model_len)),
+        # table row: no more than the row reaches (its width in pages x block_size; a
+        # dummy run's request may be longer than max_model_len, within the row).
+        Field(
+            "seq_lens",
+            "requests",
+            _np(m.seq_lens),
+            (0, int(m.block_table.shape[1]) * config.block_size),
+        ),  # fmt: skip
         # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks);
         # the kernel reads a row's first cdiv(seq_lens[i], block_size) pages, its loads
         # masked by seq_len (_gather_block_tables_kernel copies only those; the rest of
