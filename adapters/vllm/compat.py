@@ -257,6 +257,11 @@ _V2_ONLY = (
     "maybe_build_pcp_manager, PCPManager.partition_batch) is built by the V2 runner only "
     "(vllm/v1/worker/gpu/model_runner.py: GPUModelRunner); "
 )
+_PIECEWISE_ONLY = (
+    f"{_PCP_MANAGER}: PCPManager.validate_config refuses FULL graphs ('MRV2 PCP supports "
+    "PIECEWISE CUDA graphs only', a sparse MLA model NONE only); "
+    "PCPManager.partition_batch pads no request (num_reqs_after_padding = num_local_reqs)"
+)
 PCP_RELEASES = (
     Releases(
         "0.26.0",
@@ -265,11 +270,7 @@ PCP_RELEASES = (
         modes=("NONE", "PIECEWISE"),
         pads_requests=False,
         source=_V2_ONLY + "the V1 runner (vllm/v1/worker/gpu_model_runner.py) reads no "
-        "prefill_context_parallel_size and is not refused by the config yet; "
-        f"{_PCP_MANAGER}: PCPManager.validate_config refuses FULL graphs ('MRV2 PCP "
-        "supports PIECEWISE CUDA graphs only', a sparse MLA model NONE only); "
-        "PCPManager.partition_batch pads no request (num_reqs_after_padding = "
-        "num_local_reqs)",
+        "prefill_context_parallel_size and is not refused by the config yet; " + _PIECEWISE_ONLY,
     ),
     Releases(
         "0.29.0",
@@ -279,10 +280,7 @@ PCP_RELEASES = (
         pads_requests=False,
         source=_V2_ONLY + "vllm/config/vllm.py: VllmConfig._validate_v1_model_runner "
         "refuses it on V1 (_get_v1_model_runner_unsupported_features: 'prefill context "
-        f"parallel'); {_PCP_MANAGER}: PCPManager.validate_config refuses FULL graphs "
-        "('MRV2 PCP supports PIECEWISE CUDA graphs only', a sparse MLA model NONE only); "
-        "PCPManager.partition_batch pads no request (num_reqs_after_padding = "
-        "num_local_reqs)",
+        "parallel'); " + _PIECEWISE_ONLY,
     ),
     Releases(
         "0.30.0",
