@@ -17,7 +17,7 @@ import pytest
 from attnfuzz.adapters.vllm.testing import requires_vllm
 
 pytestmark = [
-    requires_vllm,
+    *requires_vllm,
     pytest.mark.skipif(shutil.which("cp") is None, reason="links the tree with cp -rs"),
 ]
 
