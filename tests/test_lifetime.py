@@ -107,7 +107,7 @@ PARENT = textwrap.dedent(
     else:  # the parent asks for it, between fork and exec: any program
         cmd = ["sh", "-c", "echo ready; exec sleep 600"]
         child = subprocess.Popen(cmd, preexec_fn=dies_with_this_process())
-    print(child.pid, flush=True)
+    os.write(1, f"{child.pid}\\n".encode())  # one write: the child writes to this pipe too
     time.sleep(600)
     """
 )
