@@ -332,10 +332,14 @@ def capture_past_row(config: EngineConfig) -> bool:
     return max(config.cudagraph_capture_sizes, default=0) > reach
 
 
+def _reach_piecewise_capture(trace: Trace) -> bool:
+    """The V2 runner captures PIECEWISE sizes (its dummy runs of every size)."""
+    config = trace.config
+    return config.runner == "v2" and config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE")
+
+
 def _trigger_dummy_past_row(trace: Trace) -> bool:
-    return trace.config.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE") and (
-        capture_past_row(trace.config)
-    )
+    return _reach_piecewise_capture(trace) and capture_past_row(trace.config)
 
 
 def _smallest_dummy_past_row() -> Trace:
@@ -374,7 +378,7 @@ def _runner_step() -> list[Implementation]:
             "of vLLM's own, docs/findings.md)",
             declines="declines_engine",
             trigger=_trigger_dummy_past_row,
-            reach=lambda trace: trace.config.runner == "v2",
+            reach=_reach_piecewise_capture,
             smallest=_smallest_dummy_past_row,
             traced=True,
         ),
