@@ -68,6 +68,12 @@ PASSING_TRACES = 10
 """Generated traces (several steps of one engine each) an implementation that runs
 one step at a time must pass too, whatever its kind."""
 
+PASSING_ENGINE_TRACES = 50
+"""Generated traces an engine implementation that lives across steps is judged on (in
+place of its kind's :data:`PASSING_EXAMPLES`): each trace is several whole steps of
+the engine's own Python (a runner step: seconds each on a 2-core machine), so the
+suite's search is sized by this count; a campaign or a nightly run searches longer."""
+
 DETECTING_EXAMPLES = 1000
 """Generated cases a mutant must be found within (the slow tier, ``-m slow``)."""
 
@@ -199,8 +205,11 @@ def assert_passes(
     process (see :func:`_once`)."""
     t = get_target(target)
     i = t.resolve(impl)
-    budget = max_examples if max_examples is not None else PASSING_EXAMPLES[kind_of(i)]
     traced = i.traced if traced is None else traced
+    default = PASSING_EXAMPLES[kind_of(i)]
+    if traced and i.traced and kind_of(i) == "engine":
+        default = PASSING_ENGINE_TRACES
+    budget = max_examples if max_examples is not None else default
     explicit = smallest_cases(t, i) if traced == i.traced else []
 
     def run() -> RunResult:
