@@ -204,3 +204,20 @@ def test_a_capture_size_past_a_rows_reach_is_kept_apart_and_fails_safe_padding()
         (m.check, m.where) == ("safe-padding", "capture.seq_lens") and ": 132" in m.got
         for m in verdict.mismatches
     )
+
+
+def test_a_stand_in_s_error_is_attnfuzz_s_and_the_engine_s_is_a_finding():
+    """Blame on both sides of the runner-step adapter: a read of what a stand-in does not
+    model fails in attnfuzz (never a finding against vLLM); an error raised inside
+    vLLM's own code is the engine's."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
+    rs = adapter()
+    with pytest.raises(AttributeError) as standin:
+        rs._NoState().attribute_the_adapter_does_not_model  # noqa: B018
+    assert attnfuzz_fault(standin.value, standin.tb) is not None
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+    with pytest.raises(AttributeError) as engine:
+        split_decodes_and_prefills(None)
+    assert attnfuzz_fault(engine.value, engine.tb) is None
