@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from attnfuzz.harness.oracle import Check
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.targets.runner_step import OwnCheck, compare
+from attnfuzz.harness.targets import persistent_batch
+from attnfuzz.harness.targets.runner_step import OwnCheck, compare, trigger_reused_row
 from attnfuzz.harness.testing import judge_example
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
@@ -216,6 +217,62 @@ def test_each_trigger_is_exact_and_only_its_property_fails(mutant, check):
         verdict = judge_example(t, impl, trace, "cpu")
         lived = trace.prefix(verdict.step + 1) if verdict.step is not None else trace
         assert impl.trigger(lived) == (not verdict.ok), (trace, verdict)
-        assert {m.check for m in verdict.mismatches} <= {check}, verdict
+        # A mutant's own bounds check may raise first: reused-row-pages' append past the
+        # table's width (a numpy row append past its end raises too).
+        raised = {Check.EXCEPTION} if overflows(impl, lived) else set()
+        assert {m.check for m in verdict.mismatches} <= {check} | raised, verdict
 
     check_trace()
+
+
+def overflows(impl, trace) -> bool:
+    """Whether the mutant's table row overflows on ``trace`` (reused-row-pages only)."""
+    return impl.name == "reused-row-pages" and persistent_batch.overflows_row(trace)
+
+
+def _reuse_trace(
+    old_pages: tuple[int, ...], new_pages: tuple[int, ...], block_size: int, max_model_len: int
+):
+    """Request 0 prefills on row 0 into ``old_pages`` and finishes; request 1 arrives
+    with ``new_pages`` and takes row 0."""
+    from attnfuzz.harness.testing import spec_config
+    from attnfuzz.reference.batch import Batch
+
+    prefill = (len(old_pages) - 1) * block_size + 1
+    config = spec_config(
+        num_spec=0,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=1,
+        max_num_batched_tokens=prefill,
+        cudagraph_capture_sizes=(1,),
+    )
+    old = Batch(
+        (0,), (prefill,), 0, True, req_ids=(0,), pages=(old_pages,), new_pages=(len(old_pages),)
+    )
+    new = Batch((0,), (1,), 0, True, req_ids=(1,), pages=(new_pages,), new_pages=(1,))
+    return Trace(config, (old, new))
+
+
+@pytest.mark.parametrize(
+    "old_pages, new_pages, block_size, max_model_len, expected",
+    [
+        ((1, 2, 3), (1,), 1, 8, set()),  # the reused row's front page is the new one's own
+        ((1, 2, 3), (4,), 1, 8, {OwnCheck.HISTORY_INVARIANCE}),
+        ((1, 2), (3,), 64, 128, {Check.EXCEPTION}),  # the kept count overflows a row of 2
+    ],
+)
+def test_reused_row_pages_fails_where_its_consumers_read(
+    old_pages, new_pages, block_size, max_model_len, expected
+):
+    """reused-row-pages' trigger and verdict on a row reuse: the old pages kept in front
+    are wrong only where they differ from the new request's own (found by CI: a trigger
+    that said every reuse fails), and an overflow raises (found by CI too)."""
+    t = get_target("runner-step")
+    impl = t.resolve("reused-row-pages")
+    trace = _reuse_trace(old_pages, new_pages, block_size, max_model_len)
+    verdict = judge_example(t, impl, trace, "cpu")
+    assert {m.check for m in verdict.mismatches} == expected, verdict
+    assert trigger_reused_row(trace) == bool(expected)
+    assert persistent_batch.overflows_row(trace) == (expected == {Check.EXCEPTION})
+    assert judge_example(t, t.resolve("triton"), trace, "cpu").ok

@@ -17,12 +17,14 @@ finds them: judged as steps on their own, each by a new engine, they pass.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from attnfuzz.harness.oracle import Check, Mismatch, expect_equal, expect_meta, expect_view_of
 from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import persistent_batch as ref
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
 from attnfuzz.reference.trace import Trace
 
 DTYPES = {
@@ -177,10 +179,16 @@ def trigger_stale_padding_rows(trace: Trace | Case) -> bool:
     return False
 
 
-def _rows(trace: Trace, reset_page_count: bool) -> tuple[bool, bool]:
+class _RowsSeen(NamedTuple):
+    reused: bool  # a new request took a row an earlier request held
+    wrong: bool  # some request's row disagrees with its pages, or overflows
+    overflow: bool  # some row overflows the table: the append raises
+
+
+def _rows(trace: Trace, reset_page_count: bool, read: bool = False) -> _RowsSeen:
     """The engine's rows in plain Python, with or without a new request's page count
-    reset: ``(reused, wrong)``, whether a new request took a row an earlier request held,
-    and whether some request's row disagrees with its pages (or overflows the table)."""
+    reset. With ``read``, a row is compared only on the pages its consumers read, the
+    first ``cdiv(seq_len, block_size)`` (a step's slots lie in them too)."""
     config = trace.config
     W = ref.table_width(config)
     rows: dict[int, int] = {}  # req_id -> row
@@ -199,26 +207,29 @@ def _rows(trace: Trace, reset_page_count: bool) -> tuple[bool, bool]:
                     count[rows[i]] = 0
             row = rows[i]
             start = count.get(row, 0)
-            if start + len(gained) > W:  # the row overflows: the append raises
-                return reused, True
+            if start + len(gained) > W:
+                return _RowsSeen(reused, True, True)
             entries = table.setdefault(row, [0] * W)
             entries[start : start + len(gained)] = gained
             count[row] = start + len(gained)
-        for i, pages in zip(inp.req_ids, ref.owned_pages(config, batch), strict=True):
-            wrong |= tuple(table[rows[i]][: len(pages)]) != pages
-    return reused, wrong
+        for i, pages, seq_len in zip(
+            inp.req_ids, ref.owned_pages(config, batch), batch.seq_lens, strict=True
+        ):
+            n = min(len(pages), cdiv(seq_len, config.block_size)) if read else len(pages)
+            wrong |= tuple(table[rows[i]][:n]) != pages[:n]
+    return _RowsSeen(reused, wrong, False)
 
 
 def reach_row_reuse(trace: Trace | Case) -> bool:
     """A new request takes a row an earlier request held (lowest free row first)."""
-    return _rows(_trace(trace), reset_page_count=True)[0]
+    return _rows(_trace(trace), reset_page_count=True).reused
 
 
 def trigger_row_reuse_page_count(trace: Trace | Case) -> bool:
     """With the old page count kept, some request's row disagrees with its pages: its
     first pages are the previous occupant's (unless the scheduler gave it the very
     pages the occupant held, in order), or the row overflows."""
-    return _rows(_trace(trace), reset_page_count=False)[1]
+    return _rows(_trace(trace), reset_page_count=False).wrong
 
 
 def _continuing(trace: Trace) -> list[tuple[int, int]]:
@@ -233,6 +244,17 @@ def _continuing(trace: Trace) -> list[tuple[int, int]]:
             if not new and i in before:
                 out.append((computed, before[i]))
     return out
+
+
+def overflows_row(trace: Trace | Case) -> bool:
+    """With the old page count kept, some row overflows the table: the append raises."""
+    return _rows(_trace(trace), reset_page_count=False).overflow
+
+
+def trigger_row_reuse_read(trace: Trace | Case) -> bool:
+    """With the old page count kept, some request's row disagrees with its pages where
+    its consumers read them (or overflows)."""
+    return _rows(_trace(trace), reset_page_count=False, read=True).wrong
 
 
 def reach_running_request(trace: Trace | Case) -> bool:

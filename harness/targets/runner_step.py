@@ -260,9 +260,12 @@ def reach_later_arrival(trace: Trace | Case) -> bool:
 
 
 def trigger_reused_row(trace: Trace | Case) -> bool:
-    """A new request takes a row an earlier one held: the row's old pages (at least one:
-    every request holds a page) stay before the new ones."""
-    return persistent_batch.reach_row_reuse(_trace(trace))
+    """A new request takes a row an earlier one held, and the row's old pages, kept
+    before the new ones, differ from its own where its consumers read them (the first
+    ``cdiv(seq_len, block_size)``); or the row overflows the table (the append raises).
+    A new request the scheduler gave the very pages the old one held in front reads
+    nothing wrong."""
+    return persistent_batch.trigger_row_reuse_read(_trace(trace))
 
 
 def _step(
