@@ -23,7 +23,9 @@ computed from the step alone (:func:`~attnfuzz.reference.batch.build_common_meta
 padding rows have ``seq_len`` 0, ``query_start_loc`` repeating ``T`` and
 ``PAD_PAGE`` in every column of the block table; slots from ``T`` to
 ``T_slots`` are ``-1`` (``T_slots``: the slot mapping's padded length,
-``CommonMetadata.slot_mapping_tokens``, as in :mod:`attnfuzz.reference.slot_mapping`).
+``CommonMetadata.slot_mapping_tokens``, as in :mod:`attnfuzz.reference.slot_mapping`),
+and so is the rest of the slot buffer, to its end (a kernel bounded by the buffer,
+not by the step, reads there).
 Of a real request's block-table row only its own pages are compared: the
 columns past them hold whatever the row held before.
 

@@ -158,6 +158,29 @@ def test_stale_columns_past_a_requests_pages_are_not_compared():
     assert [m.where for m in verdict.mismatches] == ["block_table[1, 1]"]
 
 
+def test_the_slot_buffer_past_the_steps_slots_is_compared_to_its_end():
+    """A slot an earlier, longer step left past ``T_slots`` fails (a kernel bounded by
+    the buffer writes keys there); the reference and the Triton runner pad to the end."""
+    from attnfuzz.harness.target import Implementation
+
+    t = target()
+    fixed = t.implementations["triton"].fn
+    case = hand_case((2, 2, 2), (1, 3, 5))
+    T_slots = ref.make_inputs(case, device()).num_slot_tokens
+
+    def stale_slot(inputs):
+        out = fixed(inputs)
+        out.buffers["slot_mapping"][T_slots + 1] = 7  # a slot an earlier step left
+        return out
+
+    verdict = t.judge(Implementation("stale-slot", stale_slot, "user"), case)
+    assert [(m.check, m.where) for m in verdict.mismatches] == [
+        ("values", f"buffers.slot_mapping[{T_slots + 1}]")
+    ], verdict
+    for name in ("triton", "reference"):
+        assert t.judge(t.implementations[name], case).ok
+
+
 # -- the mutants: bugs of the engine's life ------------------------------------------------------
 
 

@@ -70,7 +70,20 @@ def compare(
             out.append(Mismatch(Check.VIEW, f"buffers.{field}", "the persistent buffer", "none"))
         else:  # a graph replays on fixed addresses: every step's fields start the buffers
             out += expect_view_of(field, getattr(got, field), buffer)
+    out += _expect_slot_tail(buffers.get("slot_mapping"), inputs.num_slot_tokens)
     return out
+
+
+def _expect_slot_tail(buffer: object, T_slots: int) -> list[Mismatch]:
+    """The slot buffer past ``T_slots`` holds -1 to its end: a graph of a larger size,
+    or a kernel bounded by the buffer, reads past the step's slots and must write
+    nothing there (vLLM's ``_compute_slot_mappings_kernel`` pads to ``max_num_tokens``
+    for that reason)."""
+    if not isinstance(buffer, torch.Tensor) or buffer.ndim != 1 or buffer.shape[0] < T_slots:
+        return []  # a missing or short buffer is the view check's
+    at = np.s_[T_slots:]
+    tail = np.full(buffer.shape[0] - T_slots, ref.PAD_SLOT_ID, dtype=np.int64)
+    return expect_equal("buffers.slot_mapping", buffer[at], tail, at=at)
 
 
 class ReferenceEngine:
