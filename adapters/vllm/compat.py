@@ -340,6 +340,17 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="allow_skip_drafts"),
         Api(_V2_GRAPHS, "ModelCudaGraphManager"),
     ),
+    # runner_step_v1: the V1 execute_model whole, its capture and its model's graph
+    # wrapper, in 0.33.0's forms (the slot mappings built apart from the metadata).
+    "runner_step_v1": (
+        V1_DISPATCHER,
+        V1_BATCH_DECISION,
+        Api(_V1_RUNNER, "GPUModelRunner._get_slot_mappings"),
+        Api(_V1_RUNNER, "GPUModelRunner._capture_cudagraphs"),
+        Api("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher.get_capture_descs"),
+        Api("vllm.v1.worker.utils", "prepare_kernel_block_sizes"),
+        Api("vllm.compilation.cuda_graph", "CUDAGraphWrapper"),
+    ),
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),

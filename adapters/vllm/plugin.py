@@ -369,6 +369,20 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         vllm_impl(
+            "runner_step_v1",
+            "run",
+            name="vllm-v1",
+            description="installed vLLM (V1 runner): vllm/v1/worker/gpu_model_runner.py:"
+            "GPUModelRunner.execute_model through the forward (_update_states, "
+            "_prepare_inputs, _determine_batch_execution_and_padding with a data-parallel "
+            "peer, CudagraphDispatcher.dispatch, _get_slot_mappings, "
+            "_build_attention_metadata, TritonAttentionMetadataBuilder, CUDAGraphWrapper), "
+            "_capture_cudagraphs and _dummy_run, kept across the steps; eager on a second "
+            "engine, fresh on a new one",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
             "runner_step",
             "run",
             name="vllm-dummy-past-row",

@@ -1,0 +1,652 @@
+"""vLLM's model runner V1 step, whole, as the implementation ``vllm-v1`` of ``runner-step``.
+
+From one scheduler output, vLLM 0.33.0's V1 ``GPUModelRunner.execute_model``
+(``vllm/v1/worker/gpu_model_runner.py``) runs unchanged up to and through the model
+forward, on a runner made by its own constructor, and the runner decides the step's
+padding and graph itself. What runs unchanged:
+
+- ``GPUModelRunner``: ``__init__``, ``initialize_metadata_builders``,
+  ``may_reinitialize_input_batch``, ``_check_and_update_cudagraph_mode`` (the mode the
+  Triton backend's ``AttentionCGSupport`` keeps, and the dispatcher's keys);
+  ``execute_model`` (``_update_states``, ``_prepare_inputs``,
+  ``_determine_batch_execution_and_padding``, ``_get_slot_mappings``,
+  ``_build_attention_metadata``, ``_preprocess``, ``_model_forward``); the capture as
+  ``capture_model`` runs it (``CudagraphDispatcher.get_capture_descs``,
+  ``_capture_cudagraphs``, ``_warmup_and_capture``, ``_dummy_run``); ``_dummy_run`` as
+  ``Worker.execute_dummy_batch`` calls it;
+- ``vllm/v1/cudagraph_dispatcher.py``: ``CudagraphDispatcher`` (its keys and ``dispatch``);
+- ``vllm/v1/worker/dp_utils.py``: ``coordinate_batch_across_dp`` (the data-parallel
+  padding decision);
+- ``vllm/compilation/cuda_graph.py``: ``CUDAGraphWrapper`` (FULL graphs: capture on a
+  new batch descriptor, replay after), wrapped around the model as ``load_model`` does;
+- ``InputBatch``, ``BlockTable`` and the Triton attention backend's own
+  ``TritonAttentionMetadataBuilder`` (``build``, ``build_for_cudagraph_capture``);
+  ``set_forward_context``.
+
+Stood in, and only where a model, a GPU graph or a collective is needed:
+
+- the model: a module that records what the runner hands it (the forward context's
+  attention metadata and slot mapping, the positions) and returns zero hidden states
+  and logits; the drafter (a model too: ``EagleProposer``), whose ``dummy_run`` runs
+  nothing;
+- CUDA graphs: ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` in ``cuda_graph``, a graph
+  that remembers what the forward it "captured" read (views of the persistent buffers)
+  and whose ``replay`` computes nothing, only records those views as the runner's
+  preparation left them; the graph pool, ``weak_ref_tensors``, the capture stream and
+  the runner's copy streams; ``get_pp_group`` (one rank); piecewise graphs are inside
+  the compiled model, and the stand-in model is not compiled;
+- the data-parallel all-reduce (``dp_utils.dist.all_reduce``): a second rank whose column
+  is filled by its own ``_determine_batch_execution_and_padding`` (the peer's batch
+  derived from the step, as the V2 adapter's :func:`.runner_step._peer`);
+- the sampler: ``sample_tokens`` is not run; the step's ``execute_model_state`` is
+  dropped (the next scheduler output carries each request's computed tokens, which is
+  all ``_update_states`` takes of it without async scheduling).
+
+Builds of one step (``reference/runner_step.py``), each from its own engine object:
+
+- ``padded``: the engine of the config's graph mode, with a data-parallel peer, what
+  ``execute_model`` handed the model (graph or not);
+- ``replay``: on a FULL dispatch, what the replayed graph reads;
+- ``capture``: every forward of the capture (warm-ups and captures, each capture size of
+  each mode), and each step a dummy run of this rank idle while the peer runs the step;
+- ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
+- ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
+  then the same scheduler output.
+
+Declined: the V2 runner's cases (``config.runner``), and varlen decode graphs (a V2
+runner's adaptive verification).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm.runner_step import (
+    _LAYER,
+    PAD_SLOT_ID,
+    _Peer,
+    _peer,
+    _scheduler_output,
+    _vllm_config,
+    num_blocks,
+)
+from attnfuzz.adapters.vllm.slot_mapping import host_memory
+from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
+
+_WHERE = "vllm/v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model"
+
+
+def prepare() -> None:
+    """Import vLLM's V1 runner before a judge forks."""
+    _engine.prepare()
+    import vllm.compilation.cuda_graph  # noqa: F401
+    import vllm.v1.attention.backends.triton_attn  # noqa: F401
+    import vllm.v1.worker.gpu_model_runner  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why the V1 runner does not run ``case``'s engine, else None."""
+    if case.config.runner != "v1":
+        return "the V2 model runner has another execute_model (gpu/model_runner.py)"
+    if case.config.varlen_decode:
+        return (
+            "varlen decode graphs are the V2 runner's adaptive verification "
+            "(gpu/spec_decode/adaptive_verification.py); V1 has none"
+        )
+    if not _triton_backend().supports_block_size(case.config.block_size):
+        # initialize_kv_cache: prepare_kernel_block_sizes finds no kernel block size
+        # for the Triton backend's (select_common_block_size raises).
+        return (
+            f"block_size {case.config.block_size}: the Triton attention backend's kernel "
+            "block sizes are multiples of 16 (triton_attn.py get_supported_kernel_block_sizes)"
+        )
+    return None
+
+
+# -- stand-ins -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    """What one forward read: the attention metadata of the layer (None: a forward that
+    builds none, as a PIECEWISE capture), its slot mapping and the positions."""
+
+    meta: Any
+    slot_mapping: torch.Tensor | None
+    positions: torch.Tensor
+
+    def frozen(self) -> _Seen:
+        """What the forward reads now: the persistent buffers change after it."""
+        meta = None
+        if self.meta is not None:
+            names = ("query_start_loc", "seq_lens", "block_table")
+            meta = SimpleNamespace(**{n: getattr(self.meta, n).clone() for n in names})
+        slots = None if self.slot_mapping is None else self.slot_mapping.clone()
+        return _Seen(meta, slots, self.positions.clone())
+
+
+@dataclass
+class _Recorder:
+    """Where the model and the graphs report what they read (``kind``: the build it
+    belongs to; None: nobody listens)."""
+
+    kind: str | None = None
+    where: str = ""
+    seen: list[tuple[str, str, _Seen]] = field(default_factory=list)
+    capturing: Any = None  # the graph being captured, which keeps what the forward read
+
+    def handed(self, positions: torch.Tensor) -> _Seen:
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        metadata = context.attn_metadata
+        slots = context.slot_mapping
+        return _Seen(
+            metadata[_LAYER] if metadata else None,
+            slots.get(_LAYER) if isinstance(slots, dict) else None,
+            positions,
+        )
+
+
+class _Model(torch.nn.Module):
+    """The model: returns zero hidden states; inside a graph capture, the graph keeps
+    what the forward read."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
+        if self.recorder.capturing is not None:
+            self.recorder.capturing.read = self.recorder.handed(positions)
+        return torch.zeros(positions.shape[0], 1)
+
+
+class _Handed(torch.nn.Module):
+    """What the runner calls as ``self.model`` (the graph wrapper or the model): records
+    what it is handed, the step's own build, then runs it; its logits are zeros."""
+
+    def __init__(self, inner: Any, recorder: _Recorder) -> None:
+        super().__init__()
+        self.inner = inner
+        self.recorder = recorder
+
+    def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        r = self.recorder
+        if r.kind is not None:
+            kind = "padded" if r.kind == "step" else r.kind
+            r.seen.append((kind, r.where, r.handed(positions).frozen()))
+        return self.inner(input_ids=input_ids, positions=positions, **kwargs)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden_states.shape[0], 1)
+
+
+class _Graph:
+    """A CUDA graph whose capture keeps what the captured forward read and whose replay
+    computes nothing: it reports those reads (views of the persistent buffers) as the
+    runner's preparation left them."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+        self.read: _Seen | None = None
+
+    def replay(self) -> None:
+        if self.read is None:
+            raise RuntimeError("attnfuzz: a graph replayed that captured no forward")
+        r = self.recorder
+        if r.kind is not None:
+            kind = "replay" if r.kind == "step" else r.kind
+            where = f"compilation/cuda_graph.py: CUDAGraphWrapper.__call__ ({r.where})"
+            r.seen.append((kind, where, self.read.frozen()))
+
+
+@functools.cache
+def _drafter_class() -> type:
+    """The drafter (``EagleProposer``, a model), as a subclass the runner's
+    ``isinstance`` checks accept: it is made without loading a draft model and runs
+    nothing."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    class Drafter(EagleProposer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # initialize_attn_backend: the draft layer's KV-cache group, the one group.
+            self.kv_cache_gid = 0
+
+        def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def initialize_cudagraph_keys(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def initialize_attn_backend(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return Drafter
+
+
+def _one_rank() -> Any:
+    """``get_pp_group()``: a single pipeline stage."""
+    return SimpleNamespace(is_first_rank=True, is_last_rank=True, ranks=[0], world_size=1)
+
+
+@contextlib.contextmanager
+def _graphs(recorder: _Recorder) -> Iterator[None]:
+    """``cuda_graph``'s CUDA graphs, pool and stream, and the runner's pipeline group and
+    progress bar, stood in."""
+    import vllm.compilation.cuda_graph as cg
+    import vllm.v1.worker.gpu_model_runner as gmr
+
+    @contextlib.contextmanager
+    def graph(g: _Graph, pool: Any = None, stream: Any = None) -> Iterator[None]:
+        recorder.capturing = g
+        try:
+            yield
+        finally:
+            recorder.capturing = None
+
+    cuda = SimpleNamespace(CUDAGraph=lambda: _Graph(recorder), graph=graph)
+
+    class Torch:
+        """``torch`` as ``cuda_graph`` sees it: its ``cuda`` graphs stood in."""
+
+        def __getattr__(self, name: str) -> Any:
+            return cuda if name == "cuda" else getattr(torch, name)
+
+    with (
+        mock.patch.multiple(
+            cg,
+            torch=Torch(),
+            capture_pool=lambda pool, vllm_config: contextlib.nullcontext(None),
+            current_stream=lambda: None,
+            weak_ref_tensors=lambda t: t,
+        ),
+        mock.patch.multiple(gmr, get_pp_group=_one_rank, is_global_first_rank=lambda: False),
+    ):
+        yield
+
+
+# -- the runner ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _triton_backend() -> type:
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    return TritonAttentionBackend
+
+
+class _Engine:
+    """One V1 runner: made by its constructor, given the KV-cache group and attention
+    group ``initialize_kv_cache`` would give it (it also allocates the cache and binds the
+    layers, of which there are none here), its model wrapped as ``load_model`` does, and
+    its graphs captured as ``capture_model`` does."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+        import vllm.compilation.cuda_graph as cg
+        import vllm.v1.worker.gpu_model_runner as gmr
+        from vllm.config import CUDAGraphMode, set_current_vllm_config
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
+
+        self.config, self.device = config, device
+        self.recorder = _Recorder()
+        vc = self.vllm_config = _vllm_config(config, mode)
+        with (
+            host_memory(device),
+            set_current_vllm_config(vc),
+            mock.patch.object(gmr, "get_pp_group", _one_rank),
+            mock.patch.object(gmr, "EagleProposer", _drafter_class()),
+            # The copy streams of drafted tokens: a CUDA stream, which no CPU has.
+            mock.patch("torch.cuda.Stream", lambda *a, **k: None),
+        ):
+            r = self.runner = gmr.GPUModelRunner(vc, device)
+            spec = FullAttentionSpec(
+                block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
+            )
+            kv = KVCacheConfig(
+                num_blocks=num_blocks(config),
+                kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec([_LAYER], spec)],
+            )
+            r.kv_cache_config = kv
+            # initialize_attn_backend: the mode the backends keep, then the groups.
+            r._check_and_update_cudagraph_mode([{_triton_backend()}], kv.kv_cache_groups)
+            resolved = vc.compilation_config.cudagraph_mode
+            if resolved != CUDAGraphMode[mode]:
+                raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
+            r.attn_groups = [[AttentionGroup(_triton_backend(), [_LAYER], spec, 0)]]
+            r.initialize_metadata_builders(kv, prepare_kernel_block_sizes(kv, r.attn_groups))
+            r.may_reinitialize_input_batch(kv)
+            # load_model: a FULL graph wrapper around the model where the mode has FULL
+            # graphs (no microbatching).
+            model: Any = _Model(self.recorder)
+            if resolved.has_full_cudagraphs():
+                with mock.patch.object(
+                    cg, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None)
+                ):
+                    model = cg.CUDAGraphWrapper(model, vc, runtime_mode=CUDAGraphMode.FULL)
+            r.model = _Handed(model, self.recorder)
+        self.held: set[str] = set()
+        self.capture()
+
+    def capture(self) -> None:
+        """``capture_model``'s captures: each mode's batch descriptors of the dispatcher,
+        largest first, ``_capture_cudagraphs``."""
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+        from vllm.config import CUDAGraphMode
+
+        r = self.runner
+        if r.compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
+            return
+        self.recorder.kind = "capture"
+        self.recorder.where = "gpu_model_runner.py: GPUModelRunner._capture_cudagraphs"
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with (
+                host_memory(self.device),
+                _graphs(self.recorder),
+                self._context(),
+                # The device synchronizations between captures: no device here.
+                mock.patch("torch.accelerator.synchronize", lambda *a, **k: None),
+            ):
+                for mode, descs in r.cudagraph_dispatcher.get_capture_descs():
+                    r._capture_cudagraphs(batch_descriptors=descs, cudagraph_runtime_mode=mode)
+        finally:
+            set_cudagraph_capturing_enabled(False)
+            self.recorder.kind = None
+
+    def _context(self) -> Any:
+        from vllm.config import set_current_vllm_config
+
+        return set_current_vllm_config(self.vllm_config)
+
+
+# -- one step ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
+    """The runner as rank 0 of two, the all-reduce answered with the column the peer's
+    own ``_determine_batch_execution_and_padding`` fills (as ``execute_model`` calls it:
+    no microbatching); one rank where ``peer`` is None."""
+    import vllm.v1.worker.dp_utils as dp_utils
+
+    pc = runner.parallel_config
+    if peer is None:
+        pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+        yield
+        return
+    group = SimpleNamespace(device="cpu", device_group=None, cpu_group=None)
+    column: list[torch.Tensor] = []
+
+    class Collected(Exception):
+        pass
+
+    def collect(tensor: torch.Tensor, group: Any = None) -> None:
+        column.append(tensor[:, 1].clone())
+        raise Collected
+
+    def answer(tensor: torch.Tensor, group: Any = None) -> None:
+        tensor[:, 1] += column[0]
+
+    q = np.full(peer.num_reqs, peer.num_tokens // peer.num_reqs, np.int32)
+    q[-1] += peer.num_tokens - int(q.sum())
+    try:
+        pc.data_parallel_size, pc.data_parallel_rank = 2, 1
+        with mock.patch.multiple(
+            dp_utils, get_dp_group=lambda: group, dist=SimpleNamespace(all_reduce=collect)
+        ):
+            try:
+                runner._determine_batch_execution_and_padding(
+                    num_tokens=peer.num_tokens, num_reqs=peer.num_reqs,
+                    num_scheduled_tokens_np=q, max_num_scheduled_tokens=int(q.max()),
+                    allow_microbatching=False,
+                )  # fmt: skip
+            except Collected:
+                pass
+        if not column:
+            raise RuntimeError("attnfuzz: the peer rank's dispatch reached no all-reduce")
+        pc.data_parallel_rank = 0
+        with mock.patch.multiple(
+            dp_utils, get_dp_group=lambda: group, dist=SimpleNamespace(all_reduce=answer)
+        ):
+            yield
+    finally:
+        pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+
+
+def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
+    """The step's ``SchedulerOutput`` (:func:`.runner_step._scheduler_output`), each new
+    request a greedy generation (V1's ``InputBatch.add_request`` takes a request with
+    sampling or pooling parameters)."""
+    from vllm.sampling_params import SamplingParams
+
+    out = _scheduler_output(inputs, held)
+    for new in out.scheduled_new_reqs:
+        new.sampling_params = SamplingParams(temperature=0.0)
+    return out
+
+
+def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
+    """``execute_model`` of one scheduler output; the runner's input batch after it."""
+    r = engine.runner
+    engine.recorder.kind = "step"
+    engine.recorder.where = "gpu_model_runner.py: GPUModelRunner.execute_model"
+    try:
+        with (
+            host_memory(engine.device),
+            _graphs(engine.recorder),
+            engine._context(),
+            _data_parallel(r, peer),
+        ):
+            r.execute_model(out)
+    finally:
+        engine.recorder.kind = None
+    # sample_tokens is not run: the next step's scheduler output says what it decided.
+    r.execute_model_state = None
+    engine.held = set(r.requests)
+    return r.input_batch
+
+
+def _dummy(engine: _Engine, peer: _Peer) -> None:
+    """``Worker.execute_dummy_batch``: this rank idle while ``peer`` runs."""
+    r = engine.runner
+    engine.recorder.kind = "capture"
+    engine.recorder.where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
+    try:
+        with (
+            host_memory(engine.device),
+            _graphs(engine.recorder),
+            engine._context(),
+            _data_parallel(r, peer),
+        ):
+            r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
+    finally:
+        engine.recorder.kind = None
+
+
+# -- builds --------------------------------------------------------------------------------
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").numpy().copy()
+
+
+def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
+    """Every field a consumer reads of one forward, padding rows included, with the range
+    the consumer accepts (a forward with no attention metadata: its slot mapping and
+    positions)."""
+    m = seen.meta
+    tokens_pad = int(seen.positions.shape[0])
+    slots = num_blocks(config) * config.block_size
+    out = []
+    if m is not None:
+        out += [
+            # triton_unified_attention.py kernel_unified_attention_*: a sequence's query
+            # rows are q[query_start_loc[i] : query_start_loc[i + 1]] of the token rows.
+            Field("query_start_loc", "offsets", _np(m.query_start_loc), (0, tokens_pad)),
+            # ... its keys are the first seq_lens[i] of the sequence, read through its
+            # block-table row: no more than the row reaches.
+            Field(
+                "seq_lens",
+                "requests",
+                _np(m.seq_lens),
+                (0, int(m.block_table.shape[1]) * config.block_size),
+            ),
+            # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks);
+            # the kernel reads a row's first cdiv(seq_lens[i], block_size) pages.
+            Field(
+                "block_table",
+                "requests",
+                _np(m.block_table),
+                (0, num_blocks(config) - 1),
+                row_lengths=-(-_np(m.seq_lens).astype(np.int64) // config.block_size),
+            ),
+        ]
+    if seen.slot_mapping is not None:
+        # attention.py unified_kv_cache_update -> TritonAttentionImpl.do_kv_cache_update
+        # (the Triton backend writes the cache outside forward): the forward context's
+        # slot mapping; PAD_SLOT_ID (negative) skips a token.
+        out.append(
+            Field("slot_mapping", "tokens", _np(seen.slot_mapping), (PAD_SLOT_ID, slots - 1))
+        )
+    # rotary_embedding: cos_sin_cache[positions], the model's positions.
+    out.append(Field("positions", "tokens", _np(seen.positions), (0, config.max_model_len - 1)))
+    return tuple(out)
+
+
+def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
+    """The builds the model and the graphs reported, in order; emptied. A step's own
+    builds have its real sizes, a capture run none."""
+    out = []
+    for kind, where, seen in engine.recorder.seen:
+        sizes = (0, 0) if kind == "capture" else (num_reqs, num_tokens)
+        out.append(StepBuild(kind, *sizes, _fields(engine.config, seen), where=where))
+    engine.recorder.seen.clear()
+    return out
+
+
+def _step(engine: _Engine, out: Any, how: str, peer: _Peer | None = None) -> list[StepBuild]:
+    """The builds of one ``execute_model``: what it handed the model (as ``how``), and a
+    graph replay's."""
+    batch = _execute(engine, out, peer)
+    builds = _builds(engine, batch.num_reqs, out.total_num_scheduled_tokens)
+    handed = [b for b in builds if b.how == "padded"]
+    if len(handed) != 1:
+        raise RuntimeError(f"attnfuzz: execute_model handed the model {len(handed)} forwards")
+    return [
+        StepBuild(how, b.num_reqs, b.num_tokens, b.fields, _WHERE) if b.how == "padded" else b
+        for b in builds
+    ]
+
+
+# -- the implementation --------------------------------------------------------------------
+
+
+class RunnerStepEngine:
+    """One vLLM V1 engine seen three ways: with the config's graphs and a data-parallel
+    peer, eagerly (cudagraph mode NONE), and afresh each step."""
+
+    def __init__(self) -> None:
+        self.new_engine()
+
+    def new_engine(self) -> None:
+        self.key: tuple[EngineConfig, torch.device] | None = None
+        self.graphs: _Engine | None = None
+        self.eager: _Engine | None = None
+        self.pages: dict[str, tuple[int, ...]] = {}  # the scheduler's: each request's pages
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        self._check(inputs)
+        builds: list[StepBuild] = []
+        if self.key != (inputs.config, inputs.device):
+            self.key = (inputs.config, inputs.device)
+            self.graphs = _Engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
+            self.eager = _Engine(inputs.config, inputs.device, "NONE")
+            builds += _builds(self.graphs, 0, 0)  # the capture runs
+        graphs, eager = self.graphs, self.eager
+        assert graphs is not None and eager is not None
+        # This rank idle while the peer runs the step (a dummy run between two steps).
+        _dummy(graphs, _Peer(inputs.num_reqs, inputs.num_tokens, None, None))
+        builds += _builds(graphs, 0, 0)
+        builds += _step(eager, _output(inputs, eager.held), "eager")
+        rows = list(eager.runner.input_batch.req_ids)
+        peer = _peer(inputs, graphs.runner.uniform_decode_query_len)
+        builds += _step(graphs, _output(inputs, graphs.held), "padded", peer)
+        held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
+        self.pages = {
+            str(rid): (() if new else held[str(rid)]) + tuple(gained)
+            for rid, new, gained in zip(
+                inputs.req_ids, inputs.is_new, inputs.new_block_ids, strict=True
+            )
+        }
+        builds += self._fresh(inputs, held, rows)
+        return RunnerStepOutputs(tuple(builds))
+
+    @staticmethod
+    def _check(inputs: RunnerStepInputs) -> None:
+        top = num_blocks(inputs.config) - 1
+        if any(p < 0 or p > top for pages in inputs.new_block_ids for p in pages):
+            raise ValueError(f"attnfuzz: a page id outside the engine's KV cache [0, {top}]")
+
+    @staticmethod
+    def _fresh(
+        inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]], rows: list[str]
+    ) -> list[StepBuild]:
+        """The step on a new engine of mode NONE, its requests in the rows ``rows`` (the
+        eager engine's, after the step): V1's persistent batch keeps a request in its row
+        across steps, so which row a request holds is the engine's history by design.
+        One warm-up step adds, in those rows, each running request as new (one token, at
+        its computed tokens less one, with the pages it held) and a placeholder where a
+        request new to the step sits; the step's own output then finishes the
+        placeholders, and ``_update_states`` gives their rows, lowest first, to the new
+        requests (as it gave the eager engine's, whose new requests also take rows in
+        their order: holes lowest first, then appended)."""
+        config = inputs.config
+        fresh = _Engine(config, inputs.device, "NONE")
+        index = {str(rid): i for i, rid in enumerate(inputs.req_ids)}
+        if not all(inputs.is_new):
+            warm = []
+            for row, rid in enumerate(rows):
+                i = index[rid]
+                if inputs.is_new[i]:
+                    warm.append((-1 - row, 0, ()))  # a placeholder: no step's id is negative
+                else:
+                    warm.append((int(rid), inputs.num_computed_tokens[i] - 1, held[rid]))
+            step = RunnerStepInputs(
+                config=config,
+                req_ids=tuple(w[0] for w in warm),
+                is_new=(True,) * len(warm),
+                num_computed_tokens=tuple(w[1] for w in warm),
+                query_lens=(1,) * len(warm),
+                new_block_ids=tuple(w[2] for w in warm),
+                device=inputs.device,
+            )
+            _execute(fresh, _output(step, set()))
+            fresh.recorder.seen.clear()
+        return _step(fresh, _output(inputs, fresh.held), "fresh")
+
+
+ENGINE = RunnerStepEngine()
+"""The engine of the implementation ``vllm-v1`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1`` of ``runner-step``: the step on :data:`ENGINE`, kept
+    across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]

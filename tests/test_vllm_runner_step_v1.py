@@ -1,0 +1,224 @@
+"""vLLM 0.33.0's model runner V1 step, whole, as the implementation ``vllm-v1`` of
+``runner-step``: ``execute_model`` with its own padding, graph dispatch, data-parallel
+padding, capture runs and dummy runs, judged by the step's properties."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.trace import Trace
+from attnfuzz.strategies import batches, traces
+from hypothesis import HealthCheck, given, settings
+
+pytestmark = [*requires_vllm]
+
+
+def adapter():
+    from attnfuzz.adapters.vllm import runner_step_v1
+
+    return runner_step_v1
+
+
+def small_config(**overrides):
+    """next_n = 2, a few capture sizes, FULL_AND_PIECEWISE (vLLM's default), pages of
+    16 tokens (the Triton backend's kernel block size)."""
+    base = dict(
+        max_num_seqs=4, max_num_batched_tokens=16, block_size=16, max_model_len=64,
+        cudagraph_capture_sizes=(2, 4, 8), runner="v1",
+    )  # fmt: skip
+    return spec_config(**{**base, **overrides})
+
+
+def run_trace(trace: Trace, *, holds: bool = True) -> list[ref.RunnerStepOutputs]:
+    engine = adapter().RunnerStepEngine()
+    outs = []
+    for case in trace.cases():
+        out = engine(ref.make_inputs(case))
+        if holds:
+            assert ref.violations(out) == [], case
+        outs.append(out)
+    return outs
+
+
+def builds(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
+    return list(out.of(how))
+
+
+def tokens_of(build: ref.StepBuild) -> int:
+    """The build's padded token rows (the positions its forward reads)."""
+    return len(build.field("positions").values)
+
+
+PREFILL_THEN_DECODE = (
+    Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+    Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+)
+"""One request prefills 5 tokens, then decodes next_n = 2 (a uniform decode)."""
+
+
+def test_a_decode_below_every_capture_size_is_padded_to_the_graph_and_replayed():
+    """Capture sizes 4 and 8 (FULL decode graphs of 2 and 4 requests of 2 tokens): the
+    decode is dispatched to a FULL graph, its padding request holds seq_len 0 and its
+    padded tokens slot -1; the replay reads what the padded build holds."""
+    config = small_config(cudagraph_capture_sizes=(4, 8))
+    first, out = run_trace(Trace(config, PREFILL_THEN_DECODE))
+    (eager,) = builds(out, "eager")
+    assert (eager.num_reqs, eager.num_tokens, tokens_of(eager)) == (1, 2, 2)
+    (padded,) = builds(out, "padded")
+    assert (padded.num_reqs, padded.num_tokens) == (1, 2)
+    assert tokens_of(padded) >= 4 and len(padded.field("seq_lens").values) >= 2
+    assert padded.field("seq_lens").values[1:].tolist() == [0] * (
+        len(padded.field("seq_lens").values) - 1
+    )
+    assert padded.field("slot_mapping").values[2:].tolist() == [-1] * (tokens_of(padded) - 2)
+    (replay,) = builds(out, "replay")
+    assert "CUDAGraphWrapper" in replay.where
+    assert len(builds(out, "fresh")) == 1
+    captured = {tokens_of(b) for b in builds(first, "capture")}
+    assert set(config.cudagraph_capture_sizes) <= captured
+
+
+def test_capture_runs_cover_every_capture_size_of_each_mode():
+    for mode in ("FULL", "PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        config = small_config(cudagraph_mode=mode)
+        case = Case(config, Batch((0,), (3,), req_ids=(0,), pages=((1,),), new_pages=(1,)))
+        (out,) = run_trace(Trace.of_case(case))
+        captured = {tokens_of(b) for b in builds(out, "capture")}
+        assert set(config.cudagraph_capture_sizes) <= captured, mode
+
+
+def test_the_v1_runner_s_own_functions_compute_every_build(monkeypatch):
+    """The metadata comes from the engine's own code: each function named here ran."""
+    import vllm.v1.worker.gpu_model_runner as gmr
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(owner: object, name: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    runner = gmr.GPUModelRunner
+    for name in (
+        "_update_states", "_prepare_inputs", "_determine_batch_execution_and_padding",
+        "_get_slot_mappings", "_build_attention_metadata", "_dummy_run",
+        "_capture_cudagraphs",
+    ):  # fmt: skip
+        count(runner, name)
+    count(CudagraphDispatcher, "dispatch")
+    count(TritonAttentionMetadataBuilder, "build")
+    count(gmr, "coordinate_batch_across_dp")
+    run_trace(Trace(small_config(cudagraph_capture_sizes=(4, 8)), PREFILL_THEN_DECODE))
+    for name in (
+        "_update_states", "_prepare_inputs", "_determine_batch_execution_and_padding",
+        "_get_slot_mappings", "_build_attention_metadata", "_dummy_run",
+        "_capture_cudagraphs", "dispatch", "build", "coordinate_batch_across_dp",
+    ):  # fmt: skip
+        assert calls[name] > 0, name
+
+
+def test_a_wrong_padded_offset_in_vllm_s_buffer_is_caught(monkeypatch):
+    """A mutant of the engine, as ``padded-count-offsets``: after a FULL step's metadata
+    is built, the last real offset of ``query_start_loc`` moved to the padded token
+    count. The padded build and the replay disagree with the eager build."""
+    import vllm.v1.worker.gpu_model_runner as gmr
+
+    original = gmr.GPUModelRunner._build_attention_metadata
+
+    def padded_count_offsets(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        R, R_pad = kwargs["num_reqs"], kwargs.get("num_reqs_padded")
+        T_pad = kwargs.get("num_tokens_padded")
+        if R_pad is not None and R_pad > R and T_pad is not None:
+            self.query_start_loc.gpu[R] = T_pad
+        return out
+
+    monkeypatch.setattr(gmr.GPUModelRunner, "_build_attention_metadata", padded_count_offsets)
+    _, out = run_trace(
+        Trace(small_config(cudagraph_capture_sizes=(4, 8)), PREFILL_THEN_DECODE), holds=False
+    )
+    found = {(v.prop, v.field, v.build) for v in ref.violations(out)}
+    assert ("padding invariance", "query_start_loc", "padded") in found
+    assert ("replay equals eager", "query_start_loc", "replay") in found
+
+
+def test_a_stand_in_s_error_is_attnfuzz_s_and_the_engine_s_is_a_finding():
+    """Blame on both sides of the V1 adapter: a graph stand-in replayed with nothing
+    captured fails in attnfuzz (never a finding against vLLM); an error raised inside
+    vLLM's own V1 input batch is the engine's."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    rs = adapter()
+    with pytest.raises(RuntimeError) as standin:
+        rs._Graph(rs._Recorder()).replay()
+    assert attnfuzz_fault(standin.value, standin.tb) is not None
+    with pytest.raises(AttributeError) as engine:
+        InputBatch._register_add_request(object.__new__(InputBatch), None)
+    assert attnfuzz_fault(engine.value, engine.tb) is None
+
+
+def test_the_v1_runner_declines_what_it_cannot_run():
+    rs = adapter()
+    step = Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    assert rs.declines(Case(small_config(), step)) is None
+    assert "V2" in rs.declines(Case(small_config(runner="v2"), step))
+    assert "multiples of 16" in rs.declines(Case(small_config(block_size=4), step))
+
+
+def test_rows_reused_and_a_fresh_engine_in_the_same_rows_agree():
+    """A finished request's row goes to an arrival; the running request keeps its row.
+    The fresh engine holds the step's requests in the eager engine's rows (V1's
+    persistent batch keeps a request in its row: the order is the engine's history)."""
+    steps = (
+        Batch((0, 0), (3, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((5, 0), (2, 4), req_ids=(1, 2), pages=((2,), (4,)), new_pages=(0, 1)),
+        Batch((6, 4), (2, 2), req_ids=(1, 2), pages=((2,), (4,)), new_pages=(0, 0)),
+    )
+    outs = run_trace(Trace(small_config(), steps))
+    (eager,) = builds(outs[1], "eager")
+    # Request 2 took request 0's row 0; request 1 kept row 1.
+    assert eager.field("seq_lens").values.tolist() == [4, 7]
+    (fresh,) = builds(outs[-1], "fresh")
+    assert fresh.field("seq_lens").values.tolist() == [6, 8]
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(traces.traces(batches.SMALL, fixes={"block_size": 16}, varlen=False, max_steps=2))
+def test_drawn_traces_hold_every_property(trace):
+    rs = adapter()
+    config = dataclasses.replace(trace.config, runner="v1")
+    assert rs.declines(Case(config, trace.steps[0])) is None
+    run_trace(Trace(config, trace.steps))
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(traces.traces(batches.SMALL, fixes={"block_size": 32}, varlen=False, max_steps=3))
+def test_longer_drawn_traces_hold_every_property(trace):
+    config = dataclasses.replace(trace.config, runner="v1")
+    run_trace(Trace(config, trace.steps))
