@@ -69,6 +69,7 @@ def range_problem(version: str) -> str | None:
 # -- what the adapters call ----------------------------------------------------------
 # adapter module, or "module.function" -> the APIs it calls. Filled by each adapter.
 _DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+_EAGLE_DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "graph_runner": (
         Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
@@ -92,6 +93,22 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
             "TritonAttnBackend.init_forward_metadata_out_graph",
         ),
         Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
+    "runner_step_draft": (
+        Api(_EAGLE_DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.capture_one_shape"),
+        Api(_EAGLE_DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.execute"),
+        Api(_EAGLE_DRAFT_RUNNER, "resolve_decode_backend"),
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._capture"),
+        Api(
+            "sglang.srt.layers.attention.triton_backend",
+            "TritonMultiStepDraftBackend.init_forward_metadata_out_graph",
+        ),
+        Api(
+            "sglang.kernels.ops.speculative.cache_locs",
+            "assign_draft_cache_locs_contiguous_func",
+        ),
+        Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }

@@ -168,7 +168,21 @@ def _runner_step() -> list[Implementation]:
             "init_forward_metadata, graph init_forward_metadata_out_graph), rows kept in "
             "mem_cache/memory_pool.py:ReqToTokenPool across steps; a graph stand-in",
             traced=True,
-        )
+        ),
+        sglang_impl(
+            "runner_step_draft",
+            "run",
+            name="sglang-eagle-draft",
+            description="installed SGLang: the EAGLE draft after each target step: "
+            "speculative/eagle_draft_cuda_graph_runner.py:EAGLEDraftCudaGraphRunner "
+            "(__init__ and capture for every capture size, can_run_graph, execute) over "
+            "layers/attention/triton_backend.py:TritonMultiStepDraftBackend (eager "
+            "init_forward_metadata, graph init_forward_metadata_out_graph, one "
+            "TritonAttnBackend a draft step), the draft model's extend after an extend; "
+            "rows kept in ReqToTokenPool; a graph and draft-model stand-in",
+            declines=sglang.EngineCall("runner_step_draft", "declines"),
+            traced=True,
+        ),
     ]
 
 

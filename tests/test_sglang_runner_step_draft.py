@@ -1,0 +1,210 @@
+"""SGLang's EAGLE draft graph runner (runner-step's ``sglang-eagle-draft``): hand traces
+and drawn ones."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.trace import Trace
+
+pytestmark = requires_sglang
+
+
+def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
+    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
+
+
+def _life(trace: Trace) -> list[ref.RunnerStepOutputs]:
+    """Every step of ``trace`` on one new SGLang engine's draft."""
+    from attnfuzz.adapters.sglang.runner_step_draft import run
+
+    run.new_engine()
+    return [run(ref.make_inputs(case)) for case in trace.cases()]
+
+
+def _arrive_then_verify(num_spec: int = 2) -> Trace:
+    """Three requests arrive (an extend), then verify together: the draft of the next
+    round, three requests in the draft graph of four."""
+    config = spec_config(num_spec=num_spec, max_num_seqs=4, cudagraph_capture_sizes=(3, 6, 12))
+    w = config.next_n
+    pages = ((1, 2), (3, 4), (5, 6))
+    return Trace(
+        config,
+        (
+            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 2)),
+            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
+        ),
+    )
+
+
+def _build(out: ref.RunnerStepOutputs, how: str) -> ref.StepBuild:
+    (build,) = out.of(how)
+    return build
+
+
+def _values(build: ref.StepBuild, name: str) -> list:
+    f = build.field(name)
+    assert f is not None, name
+    return f.values.tolist()
+
+
+def test_the_draft_after_a_verify_of_three_requests_replays_the_graph_of_four():
+    first, second = _life(_arrive_then_verify())
+    assert [b.how for b in first.builds if b.how != "capture"] == ["eager", "fresh"]
+    assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
+    for how in ("padded", "replay"):
+        b = _build(second, how)
+        assert (b.num_reqs, b.num_tokens) == (3, 9)
+        # The committed prefix num_computed + 1; the padding request: row 0, length 1.
+        assert _values(b, "seq_lens") == [6, 4, 2, 1], how
+        assert _values(b, "req_pool_indices")[3] == 0, how
+        # Page size 4: the draft's two slots follow each request's prefix.
+        assert _values(b, "out_cache_loc") == [[10, 11], [16, 17], [22, 23], [0, 0]], how
+        # Draft step 0 reads the prefix and its own token; the padding row's offset
+        # follows its position 0 (generate_draft_decode_kv_indices: kv_indptr from
+        # positions).
+        assert _values(b, "kv_indptr.0") == [0, 7, 12, 15, 16], how
+        assert _values(b, "kv_indices.0")[0] == [4, 5, 6, 7, 8, 9, 10], how
+    assert _build(second, "eager").field("kv_indptr.1") is None  # the last step reads none
+    assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+def test_every_capture_batch_size_is_captured_once_at_the_engine_start():
+    first, second = _life(_arrive_then_verify())
+    captures = list(first.of("capture"))
+    # The draft's graphs: the decode batch sizes (capture sizes over next_n).
+    assert sorted(len(_values(b, "seq_lens")) for b in captures) == [1, 2, 4]
+    for b in captures:
+        assert (b.num_reqs, b.num_tokens) == (0, 0)
+        assert set(_values(b, "seq_lens")) == {1}  # get_cuda_graph_seq_len_fill_value
+    assert list(second.of("capture")) == []
+
+
+def test_the_draft_runner_s_functions_run():
+    """The draft runner's __init__, capture, can_run_graph and execute, and the
+    multi-step backend's metadata functions, each run by a trace."""
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    calls: dict[str, int] = {}
+    watched = [
+        (EAGLEDraftCudaGraphRunner, "__init__"),
+        (EAGLEDraftCudaGraphRunner, "capture"),
+        (EAGLEDraftCudaGraphRunner, "capture_one_shape"),
+        (EAGLEDraftCudaGraphRunner, "can_run_graph"),
+        (EAGLEDraftCudaGraphRunner, "execute"),
+        (TritonMultiStepDraftBackend, "init_forward_metadata"),
+        (TritonMultiStepDraftBackend, "init_cuda_graph_state"),
+        (TritonMultiStepDraftBackend, "init_forward_metadata_out_graph"),
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, name in watched:
+            own = getattr(owner, name)
+
+            def counted(*args, _own=own, _name=f"{owner.__name__}.{name}", **kwargs):
+                calls[_name] = calls.get(_name, 0) + 1
+                return _own(*args, **kwargs)
+
+            mp.setattr(owner, name, counted)
+        _life(_arrive_then_verify())
+    assert set(calls) == {f"{o.__name__}.{n}" for o, n in watched}
+    # A capture for each of the 3 batch sizes, and the replay's.
+    assert calls["TritonMultiStepDraftBackend.init_forward_metadata_out_graph"] == 4
+
+
+def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
+    """A slot planted in draft step 0's persistent kv_indices after SGLang's replay
+    preparation: the replay and the padded build differ from the eager one there."""
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+
+    own = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
+
+    def planted(self, forward_batch, in_capture=False):
+        own(self, forward_batch, in_capture=in_capture)
+        if not in_capture:
+            self.cuda_graph_kv_indices[0, 1] += 1  # request 0's second prefix slot
+
+    monkeypatch.setattr(TritonMultiStepDraftBackend, "init_forward_metadata_out_graph", planted)
+    _, second = _life(_arrive_then_verify())
+    found = {(v.prop, v.field, v.build) for v in ref.violations(second)}
+    assert found == {
+        ("padding invariance", "kv_indices.0", "padded"),
+        ("replay equals eager", "kv_indices.0", "replay"),
+    }
+
+
+def test_an_offset_past_the_buffer_in_a_padding_row_is_caught(monkeypatch):
+    """A padding row's kv_indptr planted past draft step 0's kv_indices row: safe padding."""
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+
+    own = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
+
+    def planted(self, forward_batch, in_capture=False):
+        own(self, forward_batch, in_capture=in_capture)
+        if not in_capture:
+            self.kv_indptr[0, 4] = self.cuda_graph_kv_indices.shape[1] + 1  # the padding row's
+
+    monkeypatch.setattr(TritonMultiStepDraftBackend, "init_forward_metadata_out_graph", planted)
+    _, second = _life(_arrive_then_verify())
+    found = {(v.prop, v.field, v.build) for v in ref.violations(second)}
+    assert ("safe padding", "kv_indptr.0", "padded") in found
+    assert ("safe padding", "kv_indptr.0", "replay") in found
+    assert all(v.prop == "safe padding" for v in ref.violations(second))
+
+
+def test_a_stand_in_s_error_is_attnfuzz_s_and_the_engine_s_is_a_finding():
+    """Blame on both sides: a read of what the worker stand-in does not model fails in
+    attnfuzz (never a finding against SGLang); an error raised inside SGLang's own draft
+    runner is the engine's."""
+    from attnfuzz.adapters.sglang import runner_step_draft as rs
+    from attnfuzz.harness.blame import attnfuzz_fault
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    inputs = ref.make_inputs(_arrive_then_verify().case(0))
+    worker = rs._DraftEngine(inputs.config, inputs.device, graphs=False)._worker()
+    with pytest.raises(AttributeError) as standin:
+        worker.a_read_the_stand_in_does_not_model  # noqa: B018
+    assert attnfuzz_fault(standin.value, standin.tb) is not None
+    with pytest.raises(AttributeError) as engine:
+        EAGLEDraftCudaGraphRunner.execute(None, None)
+    assert attnfuzz_fault(engine.value, engine.tb) is None
+
+
+def test_a_config_of_one_draft_step_is_declined():
+    from attnfuzz.adapters.sglang.runner_step_draft import declines
+
+    config = spec_config(num_spec=1, max_num_seqs=8, cudagraph_capture_sizes=(2, 4))
+    why = declines(Case(config, Batch((5,), (2,), seed=1)))
+    assert why is not None and "speculative_num_steps <= 1" in why
+    assert declines(Case(_arrive_then_verify().config, Batch((5,), (3,), seed=1))) is None
+
+
+def test_without_cuda_graphs_the_draft_is_eager_only():
+    trace = _arrive_then_verify()
+    config = dataclasses.replace(trace.config, cudagraph_mode="NONE")  # --disable-cuda-graph
+    _, draft = _life(Trace(config, trace.steps))
+    assert [b.how for b in draft.builds] == ["eager", "fresh"]
+    assert ref.violations(draft) == []
+
+
+@pytest.mark.slow
+def test_a_derandomized_search_passes():
+    from attnfuzz.harness.registry import get_target
+
+    target = get_target("runner-step")
+    impl = target.resolve("sglang-eagle-draft")
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=5, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(target.traces(impl=impl))
+    def search(trace: Trace) -> None:
+        verdict = target.judge_trace(impl, trace)
+        assert verdict.ok, verdict
+
+    search()
