@@ -93,6 +93,18 @@ def test_capture_runs_cover_every_capture_size_of_each_mode():
         assert set(config.cudagraph_capture_sizes) <= captured, mode
 
 
+def test_an_idle_rank_runs_a_dummy_step_padded_to_the_peers_graph():
+    """Each step this rank also runs ``execute_dummy_batch`` (``_dummy_run`` of one
+    decode of next_n = 2 tokens) while the peer runs the step, two decodes of 2 tokens:
+    ``coordinate_batch_across_dp`` agrees on the peer's 4 tokens, the decode graph of 4."""
+    config = small_config()
+    step = Batch((4, 4), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1))
+    (out,) = run_trace(Trace.of_case(Case(config, step)))
+    dummy = builds(out, "capture")[-1]  # the step's own dummy run, after the capture runs
+    assert dummy.num_reqs == dummy.num_tokens == 0
+    assert tokens_of(dummy) == 4
+
+
 def test_the_v1_runner_s_own_functions_compute_every_build(monkeypatch):
     """The metadata comes from the engine's own code: each function named here ran."""
     import vllm.v1.worker.gpu_model_runner as gmr

@@ -37,7 +37,8 @@ Stood in, and only where a model, a GPU graph or a collective is needed:
   the compiled model, and the stand-in model is not compiled;
 - the data-parallel all-reduce (``dp_utils.dist.all_reduce``): a second rank whose column
   is filled by its own ``_determine_batch_execution_and_padding`` (the peer's batch
-  derived from the step, as the V2 adapter's :func:`.runner_step._peer`);
+  derived from the step, as the V2 adapter's :func:`.runner_step._peer`; for the idle
+  rank's dummy run, the step itself);
 - the sampler: ``sample_tokens`` is not run; the step's ``execute_model_state`` is
   dropped (the next scheduler output carries each request's computed tokens, which is
   all ``_update_states`` takes of it without async scheduling).
@@ -50,11 +51,16 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
 - ``capture``: every forward of the capture (warm-ups and captures, each capture size of
   each mode), and each step a dummy run of this rank idle while the peer runs the step;
 - ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
-- ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
-  then the same scheduler output.
+- ``fresh``: a new engine of mode NONE, its requests added as new in one warm-up step
+  in the rows the eager engine holds them in (V1's persistent batch keeps a request in
+  its row: which row is the engine's history), then the same scheduler output.
 
-Declined: the V2 runner's cases (``config.runner``), and varlen decode graphs (a V2
-runner's adaptive verification).
+A request the trace preempts is finished and, back, new (as the V2 adapter's scheduler
+output has it); the runner's resumed path (``resumed_req_ids``) is not driven.
+
+Declined: the V2 runner's cases (``config.runner``), varlen decode graphs (a V2
+runner's adaptive verification), and block sizes the Triton backend has no kernel
+block size for (not a multiple of 16: ``prepare_kernel_block_sizes`` raises).
 """
 
 from __future__ import annotations
@@ -377,10 +383,13 @@ class _Engine:
 
 
 @contextlib.contextmanager
-def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
+def _data_parallel(
+    runner: Any, peer: _Peer | None, q_lens: tuple[int, ...] | None = None
+) -> Iterator[None]:
     """The runner as rank 0 of two, the all-reduce answered with the column the peer's
     own ``_determine_batch_execution_and_padding`` fills (as ``execute_model`` calls it:
-    no microbatching); one rank where ``peer`` is None."""
+    no microbatching), its requests' query lengths ``q_lens`` (None: the peer's tokens
+    spread evenly, the last request taking the rest); one rank where ``peer`` is None."""
     import vllm.v1.worker.dp_utils as dp_utils
 
     pc = runner.parallel_config
@@ -401,8 +410,11 @@ def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
     def answer(tensor: torch.Tensor, group: Any = None) -> None:
         tensor[:, 1] += column[0]
 
-    q = np.full(peer.num_reqs, peer.num_tokens // peer.num_reqs, np.int32)
-    q[-1] += peer.num_tokens - int(q.sum())
+    if q_lens is None:
+        q = np.full(peer.num_reqs, peer.num_tokens // peer.num_reqs, np.int32)
+        q[-1] += peer.num_tokens - int(q.sum())
+    else:
+        q = np.asarray(q_lens, np.int32)
     try:
         pc.data_parallel_size, pc.data_parallel_rank = 2, 1
         with mock.patch.multiple(
@@ -460,9 +472,10 @@ def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
     return r.input_batch
 
 
-def _dummy(engine: _Engine, peer: _Peer) -> None:
-    """``Worker.execute_dummy_batch``: this rank idle while ``peer`` runs."""
+def _dummy(engine: _Engine, inputs: RunnerStepInputs) -> None:
+    """``Worker.execute_dummy_batch``: this rank idle while the peer runs the step."""
     r = engine.runner
+    peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
     engine.recorder.kind = "capture"
     engine.recorder.where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
     try:
@@ -470,7 +483,7 @@ def _dummy(engine: _Engine, peer: _Peer) -> None:
             host_memory(engine.device),
             _graphs(engine.recorder),
             engine._context(),
-            _data_parallel(r, peer),
+            _data_parallel(r, peer, inputs.query_lens),
         ):
             r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
     finally:
@@ -579,7 +592,7 @@ class RunnerStepEngine:
         graphs, eager = self.graphs, self.eager
         assert graphs is not None and eager is not None
         # This rank idle while the peer runs the step (a dummy run between two steps).
-        _dummy(graphs, _Peer(inputs.num_reqs, inputs.num_tokens, None, None))
+        _dummy(graphs, inputs)
         builds += _builds(graphs, 0, 0)
         builds += _step(eager, _output(inputs, eager.held), "eager")
         rows = list(eager.runner.input_batch.req_ids)
