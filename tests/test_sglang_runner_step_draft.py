@@ -74,6 +74,28 @@ def test_the_draft_after_a_verify_of_three_requests_replays_the_graph_of_four():
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 
+def test_the_draft_after_a_reused_row_keeps_every_property():
+    """Request 1 finishes after the first verify; request 3 arrives in its row (the
+    pool's freed row), and the next verify's draft reads that row's new slots: the
+    eager, replayed and fresh builds agree."""
+    trace = _arrive_then_verify()
+    w = trace.config.next_n
+    later = (
+        # Requests 0 and 2 decode on (no draft accepted: num_computed + 1); 3 arrives.
+        _step((6, 2, 0), (w, w, 4), (0, 2, 3), ((1, 2, 7), (5, 6), (3,)), (1, 0, 1)),
+        _step((7, 3, 4), (w, w, w), (0, 2, 3), ((1, 2, 7), (5, 6), (3, 4)), (0, 0, 1)),
+    )
+    outs = _life(Trace(trace.config, trace.steps + later))
+    rows = _values(_build(outs[1], "eager"), "req_pool_indices")
+    assert [b.how for b in outs[3].builds] == ["eager", "padded", "replay", "fresh"]
+    replay = _build(outs[3], "replay")
+    assert _values(replay, "req_pool_indices")[:3] == [rows[0], rows[2], rows[1]]
+    # Request 3's prefix of 5 (page 3, then page 4's first slot) and its draft token.
+    assert _values(replay, "kv_indices.0")[2][:6] == [12, 13, 14, 15, 16, 17]
+    for k, out in enumerate(outs):
+        assert ref.violations(out) == [], f"step {k}"
+
+
 def test_every_capture_batch_size_is_captured_once_at_the_engine_start():
     first, second = _life(_arrive_then_verify())
     captures = list(first.of("capture"))
