@@ -207,6 +207,35 @@ def test_rows_reused_and_a_fresh_engine_in_the_same_rows_agree():
     assert fresh.field("seq_lens").values.tolist() == [6, 8]
 
 
+def test_a_preempted_request_is_resumed_with_its_new_pages(monkeypatch):
+    """Request 1 is left out of step 1 (preempted: unscheduled, its state kept) and
+    comes back at step 2 with other pages (``resumed_req_ids``: its block ids replaced),
+    recomputing from 0; an arrival takes a row first. The fresh engine agrees."""
+    from attnfuzz.adapters.vllm import runner_step_v1
+
+    steps = (
+        Batch((0, 0), (3, 4), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((3,), (1,), req_ids=(0,), pages=((1,),), new_pages=(0,)),
+        Batch((4, 0, 0), (1, 5, 2), req_ids=(0, 1, 2), pages=((1,), (3,), (4,)),
+              new_pages=(0, 1, 1)),
+    )  # fmt: skip
+    resumed = []
+    original = runner_step_v1._output
+
+    def spy(inputs, held):
+        out = original(inputs, held)
+        resumed.append(set(out.scheduled_cached_reqs.resumed_req_ids))
+        return out
+
+    monkeypatch.setattr(runner_step_v1, "_output", spy)
+    outs = run_trace(Trace(small_config(num_spec=0), steps))
+    assert {"1"} in resumed
+    (eager,) = builds(outs[-1], "eager")
+    assert sorted(eager.field("seq_lens").values.tolist()) == [2, 5, 5]
+    (fresh,) = builds(outs[-1], "fresh")
+    assert fresh.field("seq_lens").values.tolist() == eager.field("seq_lens").values.tolist()
+
+
 @settings(
     max_examples=6,
     deadline=None,

@@ -55,8 +55,8 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
   in the rows the eager engine holds them in (V1's persistent batch keeps a request in
   its row: which row is the engine's history), then the same scheduler output.
 
-A request the trace preempts is finished and, back, new (as the V2 adapter's scheduler
-output has it); the runner's resumed path (``resumed_req_ids``) is not driven.
+No request is finished: one a step leaves out is unscheduled (a preempted one comes
+back resumed, ``resumed_req_ids``), as the scheduler tells a V1 runner.
 
 Declined: the V2 runner's cases (``config.runner``), varlen decode graphs (a V2
 runner's adaptive verification), and block sizes the Triton backend has no kernel
@@ -440,14 +440,29 @@ def _data_parallel(
 
 
 def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
-    """The step's ``SchedulerOutput`` (:func:`.runner_step._scheduler_output`), each new
-    request a greedy generation (V1's ``InputBatch.add_request`` takes a request with
-    sampling or pooling parameters)."""
+    """The step's ``SchedulerOutput`` (:func:`.runner_step._scheduler_output`) as the
+    scheduler sends it to a V1 runner that holds the requests ``held``: a request not in
+    the step is left unscheduled, not finished (the scheduler preempts without telling
+    the runner; a finished request's state alone lingers); a request new to the step
+    that the runner holds was preempted and is resumed (``resumed_req_ids``, all its
+    pages, as ``Scheduler._make_cached_request_data``); each arriving request a greedy
+    generation (V1's ``InputBatch.add_request`` takes sampling or pooling parameters)."""
     from vllm.sampling_params import SamplingParams
 
-    out = _scheduler_output(inputs, held)
+    out = _scheduler_output(inputs, set())
+    cached = out.scheduled_cached_reqs
+    arriving = []
     for new in out.scheduled_new_reqs:
-        new.sampling_params = SamplingParams(temperature=0.0)
+        if new.req_id in held:
+            cached.req_ids.append(new.req_id)
+            cached.resumed_req_ids.add(new.req_id)
+            cached.new_block_ids.append(new.block_ids)
+            cached.num_computed_tokens.append(new.num_computed_tokens)
+            cached.num_output_tokens.append(0)
+        else:
+            new.sampling_params = SamplingParams(temperature=0.0)
+            arriving.append(new)
+    out.scheduled_new_reqs = arriving
     return out
 
 
@@ -626,7 +641,7 @@ class RunnerStepEngine:
         request new to the step sits; the step's own output then finishes the
         placeholders, and ``_update_states`` gives their rows, lowest first, to the new
         requests (as it gave the eager engine's, whose new requests also take rows in
-        their order: holes lowest first, then appended)."""
+        the order it adds them: holes lowest first, then appended)."""
         config = inputs.config
         fresh = _Engine(config, inputs.device, "NONE")
         index = {str(rid): i for i, rid in enumerate(inputs.req_ids)}
@@ -649,7 +664,11 @@ class RunnerStepEngine:
             )
             _execute(fresh, _output(step, set()))
             fresh.recorder.seen.clear()
-        return _step(fresh, _output(inputs, fresh.held), "fresh")
+        out = _output(inputs, fresh.held)
+        # The eager engine added the step's arrivals, then its resumed requests: listed
+        # in the order of their rows, the fresh engine's arrivals take the same rows.
+        out.scheduled_new_reqs.sort(key=lambda new: rows.index(new.req_id))
+        return _step(fresh, out, "fresh")
 
 
 ENGINE = RunnerStepEngine()
