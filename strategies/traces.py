@@ -11,11 +11,17 @@ engine config, the padding mode (forced eager or not) and the data seed of
 each step are drawn as single steps draw them
 (:mod:`attnfuzz.strategies.batches`).
 
+Some later steps are steady (:data:`CHANGES`): the same requests as the step
+before, one quantity changed (the decode length, the order of the same decode
+lengths, the real token count under the same padded size), as a scheduler's
+steady state runs them; a defect that needs an earlier step of another shape on
+the same engine meets it there.
+
 Every choice shrinks towards the simpler life: fewer steps first (the step
-count is drawn first), no request leaving, no arrivals past the first step,
-full decodes (``next_n`` tokens: the steps graphs pad), no draft rejected,
-whole prefills. A failure that needs an earlier step to happen shrinks to the
-few steps it needs.
+count is drawn first), no steady step, no request leaving, no arrivals past the
+first step, full decodes (``next_n`` tokens: the steps graphs pad), no draft
+rejected, whole prefills. A failure that needs an earlier step to happen shrinks
+to the few steps it needs.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
+from attnfuzz.reference.runner import step_plan
 from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies.batches import SMALL, SUPPORT_CHOICES, Scale, engine_configs
 from hypothesis import strategies as st
@@ -31,6 +38,33 @@ from hypothesis import strategies as st
 MAX_STEPS = 6
 """Steps of a drawn trace, at most: a life's bugs need a step to set the state and
 one to meet it; six leave room for a request to finish and its row to be reused."""
+
+
+# One quantity a steady step changes from the step before it, on the same requests
+# in the same rows (see ``_Scheduler.step``), as a scheduler's steady state does:
+# - "length": the longest decodes take another length (the decode length L);
+# - "order": the same decode lengths, rotated over the rows;
+# - "tokens": one decode a token more or fewer, the step's padded size the same.
+CHANGES = ("length", "order", "tokens")
+STEADY_ODDS = 3  # one later step in three is steady
+
+
+def step_change(config: EngineConfig, prev: Batch, step: Batch) -> str | None:
+    """Which one of :data:`CHANGES` ``step`` makes from ``prev``, if it changes exactly
+    one quantity of the same requests in the same rows (None otherwise, or if none)."""
+    if not step.req_ids or prev.req_ids != step.req_ids or prev.q_lens == step.q_lens:
+        return None
+    if sorted(prev.q_lens) == sorted(step.q_lens):
+        return "order"
+    changed = [(a, b) for a, b in zip(prev.q_lens, step.q_lens, strict=True) if a != b]
+    if len(set(changed)) != 1:
+        return None  # rows changed in more ways than one
+    (a, b), tokens = changed[0], (sum(prev.q_lens), sum(step.q_lens))
+    if len(changed) == 1 and abs(a - b) == 1:
+        pads = [step_plan(config, s).num_tokens_padded for s in (prev, step)]
+        if pads[0] == pads[1] and pads[0] > max(tokens):
+            return "tokens"
+    return "length" if max(a, b) <= config.threshold else None
 
 
 @dataclass
@@ -57,6 +91,8 @@ class _Scheduler:
         self.waiting: list[_Request] = []  # preempted before the coming step: not in it
         self.rejected: dict[int, int] = {}  # drafts of the last step to roll back, by request
         self.last_ids: set[int] = set()  # the last step's requests
+        self.last_q: dict[int, int] = {}  # the last step's query lengths, by request
+        self.last_cudagraph = True  # whether the last step ran in a graph
         self.free_pages: list[int] = []
         self.next_page = 1  # page 0 is the null page of padding rows
         self.next_id = 0
@@ -72,6 +108,52 @@ class _Scheduler:
                 self.next_page += 1
             gained += 1
         return gained
+
+    def _changed(self, draw: st.DrawFn, change: str) -> dict[int, int]:
+        """The last step's lengths of the running requests, ``change`` made to its
+        decodes (those now decoding that decoded then; prefill chunks stay as they were).
+        Where the change cannot be made (one decode length, no two lengths to rotate, no
+        token to move under the same padded size), the lengths are the last step's."""
+        config, next_n = self.config, self.config.next_n
+        wanted = {r.req_id: self.last_q[r.req_id] for r in self.running}
+        decodes = [r.req_id for r in self.running if not r.prefilling]
+        lens = [wanted[i] for i in decodes]
+        if not lens:
+            return wanted
+        if change == "order" and len(set(lens)) == 1:
+            change = "length"  # one length: no order to change
+        if change == "length" and next_n > 1:
+            longest = max(lens)
+            other = 1 + (longest + draw(st.integers(0, next_n - 2))) % next_n  # != longest
+            new = [other if q == longest else q for q in lens]
+        elif change == "order":
+            new = lens[1:] + lens[:1]
+        elif change == "tokens":
+            new = lens
+            computed = [r.computed for r in self.running]
+            base = [wanted[r.req_id] for r in self.running]
+            pad = self._padded(computed, base)
+            for delta in (-1, 1):  # the last decode a token fewer, else one more
+                q = lens[-1] + delta
+                if not 1 <= q <= min(next_n, config.threshold):
+                    continue
+                trial = [q if r.req_id == decodes[-1] else wanted[r.req_id] for r in self.running]
+                if pad is not None and self._padded(computed, trial) == pad:
+                    new = lens[:-1] + [q]
+                    break
+        else:
+            new = lens
+        wanted.update(zip(decodes, new, strict=True))
+        return wanted
+
+    def _padded(self, computed: list[int], q_lens: list[int]) -> int | None:
+        """The padded token count of a step of these lengths in a graph, if it pads."""
+        if sum(q_lens) > self.config.max_num_batched_tokens:
+            return None
+        if any(c + q > self.config.max_model_len for c, q in zip(computed, q_lens, strict=True)):
+            return None
+        plan = step_plan(self.config, Batch(tuple(computed), tuple(q_lens)))
+        return plan.num_tokens_padded if plan.num_tokens_padded > plan.num_tokens else None
 
     def release(self, req: _Request) -> None:
         self.free_pages.extend(reversed(req.pages))
@@ -105,22 +187,52 @@ class _Scheduler:
             self.running.append(_Request(self.next_id, prompt_len))
             self.next_id += 1
 
-    def step(self, draw: st.DrawFn) -> Batch:
+    def steady(self) -> bool:
+        """Whether the coming step can be a steady one: every running request ran last,
+        as a decode that decodes again or a prefill that goes on."""
+        config, last = self.config, self.last_q
+        limit = min(config.next_n, config.threshold)
+
+        def keeps(r: _Request) -> bool:  # its length of the last step fits it again
+            if r.req_id not in last:
+                return False
+            if r.prefilling:
+                return last[r.req_id] <= r.prompt_len - r.computed
+            return last[r.req_id] <= limit
+
+        return all(keeps(r) for r in self.running) and any(not r.prefilling for r in self.running)
+
+    def step(self, draw: st.DrawFn, change: str | None = None, settle: bool = False) -> Batch:
         """Schedule every running request (decodes and short chunks first, a token each
         at least): a prefill chunk (the whole rest, shrunk) or the real token and drafts
-        (all ``num_spec``, shrunk); then draw how many drafts are rejected."""
+        (all ``num_spec``, shrunk); then draw how many drafts are rejected.
+
+        ``change`` (one of :data:`CHANGES`, for a step whose requests all ran in the
+        last one): the step repeats the last one's lengths (prefill chunks and decodes
+        alike, in the same padding mode) but for that one quantity. ``settle``: the step
+        before such a one; prefill chunks take at most half their rest."""
         config, max_len = self.config, self.config.max_model_len
         self.preempted += self.waiting  # preempted before this step: back at a later one
         self.waiting = []
         budget = config.max_num_batched_tokens
         wanted: dict[int, int] = {}
         drafts: dict[int, int] = {}
+        if change is not None:
+            wanted = self._changed(draw, change)
         for i, req in enumerate(self.running):
             later = len(self.running) - i - 1
             top = min(budget - later, max_len - req.computed)
-            if req.prefilling:
+            if req.req_id in wanted:
+                q = max(1, min(top, wanted[req.req_id]))
+                if req.prefilling:
+                    q = min(q, req.prompt_len - req.computed)
+                drafts[req.req_id] = 0 if req.prefilling else q - 1
+            elif req.prefilling:
                 left = req.prompt_len - req.computed
-                q = max(1, min(top, left - draw(st.integers(0, left - 1))))  # whole, shrunk
+                # Settling: a chunk of at most half the rest, so that the next step
+                # can take the same chunk again.
+                most = left // 2 if settle and left > 1 else left
+                q = max(1, min(top, most - draw(st.integers(0, most - 1))))  # whole, shrunk
                 drafts[req.req_id] = 0
             else:
                 d = config.num_spec - draw(st.integers(0, config.num_spec))  # full, shrunk
@@ -140,7 +252,11 @@ class _Scheduler:
             pages.append(tuple(req.pages))
             new_pages.append(gained if req.req_id in self.last_ids else len(req.pages))
         seed = draw(st.integers(0, 2**32 - 1))
-        use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
+        if change is None:
+            use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
+        else:
+            use_cudagraph = self.last_cudagraph
+        self.last_q, self.last_cudagraph = dict(wanted), use_cudagraph
         batch = Batch(
             tuple(computed),
             tuple(q_lens),
@@ -177,13 +293,35 @@ def traces(
     sched = _Scheduler(config)
     max_len = config.max_model_len
     steps: list[Batch] = []
+    pending: str | None = None  # the change a settling step left to the next
     for k in range(num_steps):
         # Between steps: rejected drafts roll back; requests finish (those at the
         # model's length always) or are preempted; new ones arrive, or preempted return.
         sched.roll_back()
+        # A steady step (one later step in STEADY_ODDS; shrinks to 0, not steady): the
+        # same requests as the last step, one quantity changed (see CHANGES). Where
+        # the requests are not yet steady (prefills in the last step), this step
+        # settles them (no one leaves or arrives) and the next one makes the change.
+        change, settle = None, False
+        if any(req.computed >= max_len for req in sched.running):
+            pending = None  # a request finishes: not the same requests
+        elif pending is not None:
+            change, pending = (pending, None) if sched.steady() else (None, None)
+        elif k > 0 and sched.running and draw(st.integers(0, STEADY_ODDS - 1)) == STEADY_ODDS - 1:
+            wanted = draw(st.sampled_from(CHANGES))
+            if sched.steady():
+                change = wanted
+            else:
+                pending, settle = wanted, True
+        if change is not None:
+            steps.append(sched.step(draw, change))
+            continue
         for req in list(sched.running):
-            if req.computed >= max_len or (k > 0 and draw(st.integers(0, 3)) == 3):
+            if req.computed >= max_len or (k > 0 and not settle and draw(st.integers(0, 3)) == 3):
                 sched.leave(req, preempted=req.computed < max_len and draw(st.booleans()))
+        if settle:
+            steps.append(sched.step(draw, settle=True))
+            continue
         least = 0 if sched.running else 1
         room = sched.room
         arrivals = draw(st.integers(least, max(least, room))) if k == 0 or room else least

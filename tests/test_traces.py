@@ -5,6 +5,7 @@ single-step run says of an implementation whose answer depends on what ran befor
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -105,6 +106,68 @@ def test_drawn_traces_are_lives_an_engine_can_have(trace):
     for k, step in enumerate(trace.steps):
         assert batch_violations(trace.config, step) == [], (k, step)
         assert step_summary(trace.steps[k - 1] if k else None, step)
+
+
+def test_traces_hold_steps_that_change_one_quantity():
+    """Steady steps (issue 40): consecutive steps on the same requests in the same rows
+    that differ in one quantity only, the decode length or the real token count under
+    the same padded size (``step_change``), are drawn in a share of the traces."""
+    from collections import Counter
+
+    from attnfuzz.strategies.traces import CHANGES, step_change, traces
+
+    kinds: Counter = Counter()
+    drawn = 0
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(traces())
+    def draw(trace):
+        nonlocal drawn
+        drawn += 1
+        assert trace_violations(trace) == []
+        changes = [step_change(trace.config, a, b) for a, b in itertools.pairwise(trace.steps)]
+        kinds.update(c for c in changes if c is not None)
+        assert set(kinds) <= set(CHANGES)
+
+    draw()
+    assert drawn == 300
+    # Measured 4 and 6 of 300 (benchmarks/strategies.py measures the shares).
+    assert kinds["length"] >= 2 and kinds["tokens"] >= 2, kinds
+    assert sum(kinds.values()) >= drawn // 50, kinds
+
+
+def test_step_change_names_the_one_quantity_changed():
+    config = spec_config(num_spec=3, cudagraph_mode="FULL", cudagraph_capture_sizes=(4, 16))
+
+    def step(*q_lens: int) -> Batch:
+        return Batch((8,) * len(q_lens), q_lens, req_ids=tuple(range(len(q_lens))))
+
+    from attnfuzz.strategies.traces import step_change
+
+    assert step_change(config, step(4, 4, 4), step(2, 2, 2)) == "length"
+    assert step_change(config, step(1, 4, 2), step(4, 2, 1)) == "order"
+    assert step_change(config, step(4, 4, 4), step(4, 4, 3)) == "tokens"  # 12, 11: pad 16
+    assert step_change(config, step(4, 4, 4), step(4, 4, 4)) is None
+    assert step_change(config, step(4, 4, 4), step(3, 4, 2)) is None  # two quantities
+    other = dataclasses.replace(step(4, 4, 4), req_ids=(0, 1, 5))
+    assert step_change(config, step(4, 4, 4), other) is None  # other requests
+
+
+@pytest.mark.slow  # 40 s to 2 minutes a seed on the 2-core machine, shrinking included
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_defect_after_a_step_of_another_decode_length_is_found(monkeypatch, seed):
+    """A user's implementation wrong only after an earlier step of the same shape with
+    another decode length (tests/boundary_impls.py) is found by a derandomized trace
+    search of 1000 traces at seeds 0-2, minimized to a trace of 2 or 3 steps."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    target = get_target("max-seq-len")
+    impl = target.resolve("boundary_impls:decode_len_cache")
+    result = fuzz(target, impl, max_examples=1000, rng_seed=seed, database=None, traced=True)
+    assert result.failed, f"survived {result.examples} traces"
+    trace = result.case
+    assert isinstance(trace, Trace) and 2 <= len(trace.steps) <= 3, trace
+    verdict = target.judge_trace(impl, trace)
+    assert not verdict.ok and verdict.step == len(trace.steps) - 1
 
 
 # -- judging ---------------------------------------------------------------------------
