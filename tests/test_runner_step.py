@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 from attnfuzz.harness.oracle import Check
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.targets import persistent_batch
-from attnfuzz.harness.targets.runner_step import OwnCheck, compare, trigger_reused_row
+from attnfuzz.harness.targets.runner_step import (
+    OwnCheck,
+    compare,
+    overflows_row,
+    trigger_reused_row,
+)
 from attnfuzz.harness.testing import judge_example
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
@@ -227,7 +231,7 @@ def test_each_trigger_is_exact_and_only_its_property_fails(mutant, check):
 
 def overflows(impl, trace) -> bool:
     """Whether the mutant's table row overflows on ``trace`` (reused-row-pages only)."""
-    return impl.name == "reused-row-pages" and persistent_batch.overflows_row(trace)
+    return impl.name == "reused-row-pages" and overflows_row(trace)
 
 
 def _reuse_trace(
@@ -274,5 +278,5 @@ def test_reused_row_pages_fails_where_its_consumers_read(
     verdict = judge_example(t, impl, trace, "cpu")
     assert {m.check for m in verdict.mismatches} == expected, verdict
     assert trigger_reused_row(trace) == bool(expected)
-    assert persistent_batch.overflows_row(trace) == (expected == {Check.EXCEPTION})
+    assert overflows_row(trace) == (expected == {Check.EXCEPTION})
     assert judge_example(t, t.resolve("triton"), trace, "cpu").ok

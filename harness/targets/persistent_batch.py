@@ -75,10 +75,8 @@ def compare(
 
 
 def _expect_slot_tail(buffer: object, T_slots: int) -> list[Mismatch]:
-    """The slot buffer past ``T_slots`` holds -1 to its end: a graph of a larger size,
-    or a kernel bounded by the buffer, reads past the step's slots and must write
-    nothing there (vLLM's ``_compute_slot_mappings_kernel`` pads to ``max_num_tokens``
-    for that reason)."""
+    """The slot buffer past ``T_slots`` holds -1 to its end: a kernel bounded by the
+    buffer reads there (vLLM's ``_compute_slot_mappings_kernel`` pads it so)."""
     if not isinstance(buffer, torch.Tensor) or buffer.ndim != 1 or buffer.shape[0] < T_slots:
         return []  # a missing or short buffer is the view check's
     at = np.s_[T_slots:]
@@ -198,7 +196,7 @@ class _RowsSeen(NamedTuple):
     overflow: bool  # some row overflows the table: the append raises
 
 
-def _rows(trace: Trace, reset_page_count: bool, read: bool = False) -> _RowsSeen:
+def rows_seen(trace: Trace, reset_page_count: bool, read: bool = False) -> _RowsSeen:
     """The engine's rows in plain Python, with or without a new request's page count
     reset. With ``read``, a row is compared only on the pages its consumers read, the
     first ``cdiv(seq_len, block_size)`` (a step's slots lie in them too)."""
@@ -235,14 +233,14 @@ def _rows(trace: Trace, reset_page_count: bool, read: bool = False) -> _RowsSeen
 
 def reach_row_reuse(trace: Trace | Case) -> bool:
     """A new request takes a row an earlier request held (lowest free row first)."""
-    return _rows(_trace(trace), reset_page_count=True).reused
+    return rows_seen(_trace(trace), reset_page_count=True).reused
 
 
 def trigger_row_reuse_page_count(trace: Trace | Case) -> bool:
     """With the old page count kept, some request's row disagrees with its pages: its
     first pages are the previous occupant's (unless the scheduler gave it the very
     pages the occupant held, in order), or the row overflows."""
-    return _rows(_trace(trace), reset_page_count=False).wrong
+    return rows_seen(_trace(trace), reset_page_count=False).wrong
 
 
 def _continuing(trace: Trace) -> list[tuple[int, int]]:
@@ -257,17 +255,6 @@ def _continuing(trace: Trace) -> list[tuple[int, int]]:
             if not new and i in before:
                 out.append((computed, before[i]))
     return out
-
-
-def overflows_row(trace: Trace | Case) -> bool:
-    """With the old page count kept, some row overflows the table: the append raises."""
-    return _rows(_trace(trace), reset_page_count=False).overflow
-
-
-def trigger_row_reuse_read(trace: Trace | Case) -> bool:
-    """With the old page count kept, some request's row disagrees with its pages where
-    its consumers read them (or overflows)."""
-    return _rows(_trace(trace), reset_page_count=False, read=True).wrong
 
 
 def reach_running_request(trace: Trace | Case) -> bool:

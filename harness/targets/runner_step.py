@@ -265,7 +265,12 @@ def trigger_reused_row(trace: Trace | Case) -> bool:
     ``cdiv(seq_len, block_size)``); or the row overflows the table (the append raises).
     A new request the scheduler gave the very pages the old one held in front reads
     nothing wrong."""
-    return persistent_batch.trigger_row_reuse_read(_trace(trace))
+    return persistent_batch.rows_seen(_trace(trace), reset_page_count=False, read=True).wrong
+
+
+def overflows_row(trace: Trace | Case) -> bool:
+    """With a reused row's page count kept, some row overflows the table."""
+    return persistent_batch.rows_seen(_trace(trace), reset_page_count=False).overflow
 
 
 def _step(
