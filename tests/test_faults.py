@@ -204,18 +204,22 @@ def test_a_campaign_keeps_every_fault_as_a_finding_that_replays(tmp_path, impls,
 
 @pytest.mark.slow
 def test_a_hang_or_an_interrupt_does_not_stretch_the_budget(tmp_path, impls):
-    """Units after a hanging call still run, and the campaign ends near its budget."""
+    """Units after a hanging call still run, and the campaign ends near its budget.
+    The budget holds the workers' start-up (27 s of 30 on a loaded 2-core machine
+    left 2 examples a run, no verdict): 60 s leaves room to judge after it."""
     out = tmp_path / "out"
+    budget = 60
     start = time.time()
     code = main([
         "campaign", "--targets", ID, "--impls", "campaign_impls:hangs",
-        "campaign_impls:interrupts", "reference", "--budget", "30s", "--example-timeout", "5",
-        "-n", "2", "--out", str(out), "--db", str(tmp_path / "db"), "--quiet",
+        "campaign_impls:interrupts", "reference", "--budget", f"{budget}s",
+        "--example-timeout", "5", "-n", "2", "--out", str(out), "--db", str(tmp_path / "db"),
+        "--quiet",
     ])  # fmt: skip
     wall = time.time() - start
     doc = json.loads((out / "campaign.json").read_text())
-    assert code == 1
-    assert doc["seconds"] < 30 + 6 and wall < 30 + 10
+    assert code == 1, doc["runs"]
+    assert doc["seconds"] < budget + 6 and wall < budget + 10
     runs = {r["implementation"]: r for r in doc["runs"]}
     assert runs["reference"]["status"] == "pass" and runs["reference"]["examples"] > 0
     assert runs["campaign_impls:interrupts"]["status"] == "fail"
