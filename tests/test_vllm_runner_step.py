@@ -13,7 +13,7 @@ from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.trace import Trace
 from attnfuzz.strategies import batches, traces
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 pytestmark = requires_vllm
 
@@ -154,10 +154,12 @@ def test_a_new_engine_drops_the_runners():
 )
 @given(traces.traces(batches.SMALL, varlen=False, max_steps=3))
 def test_drawn_traces_hold_every_property(trace):
+    """On the traces the implementation takes: a capture size past a row's reach is
+    declined, kept apart as vllm-dummy-past-row (its own tests below)."""
     rs = adapter()
     config = dataclasses.replace(trace.config, runner="v2")
+    assume(rs.declines(Case(config, trace.steps[0])) is None)
     run_trace(Trace(config, trace.steps))
-    assert rs.declines(Case(config, trace.steps[0])) is None
 
 
 def test_an_idle_ranks_dummy_request_outgrows_the_model_within_its_row():
