@@ -466,21 +466,24 @@ def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
     return out
 
 
+@contextlib.contextmanager
+def _running(engine: _Engine, kind: str, where: str, data_parallel: Any) -> Iterator[None]:
+    """The runner's call in host memory, graph stand-ins, the engine's context and the
+    data-parallel peer, what the model sees recorded as ``kind`` at ``where``."""
+    engine.recorder.kind, engine.recorder.where = kind, where
+    try:
+        with host_memory(engine.device), _graphs(engine.recorder), engine._context(), data_parallel:
+            yield
+    finally:
+        engine.recorder.kind = None
+
+
 def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
     """``execute_model`` of one scheduler output; the runner's input batch after it."""
     r = engine.runner
-    engine.recorder.kind = "step"
-    engine.recorder.where = "gpu_model_runner.py: GPUModelRunner.execute_model"
-    try:
-        with (
-            host_memory(engine.device),
-            _graphs(engine.recorder),
-            engine._context(),
-            _data_parallel(r, peer),
-        ):
-            r.execute_model(out)
-    finally:
-        engine.recorder.kind = None
+    where = "gpu_model_runner.py: GPUModelRunner.execute_model"
+    with _running(engine, "step", where, _data_parallel(r, peer)):
+        r.execute_model(out)
     # sample_tokens is not run: the next step's scheduler output says what it decided.
     r.execute_model_state = None
     engine.held = set(r.requests)
@@ -491,18 +494,9 @@ def _dummy(engine: _Engine, inputs: RunnerStepInputs) -> None:
     """``Worker.execute_dummy_batch``: this rank idle while the peer runs the step."""
     r = engine.runner
     peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
-    engine.recorder.kind = "capture"
-    engine.recorder.where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
-    try:
-        with (
-            host_memory(engine.device),
-            _graphs(engine.recorder),
-            engine._context(),
-            _data_parallel(r, peer, inputs.query_lens),
-        ):
-            r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
-    finally:
-        engine.recorder.kind = None
+    where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
+    with _running(engine, "capture", where, _data_parallel(r, peer, inputs.query_lens)):
+        r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
 
 
 # -- builds --------------------------------------------------------------------------------
