@@ -25,7 +25,8 @@ A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
 real entries, as ``query_start_loc``). Only the real rows are compared across
 builds: what padding rows hold differs by design between a padded build and an
-eager one, and is judged by safety alone.
+eager one, and is judged by safety alone. A drafter's forwards are builds of the
+step too (``draft``: the sub-step), each compared with the eager one of its sub-step.
 """
 
 from __future__ import annotations
@@ -159,6 +160,13 @@ class StepBuild:
     num_tokens: int
     fields: tuple[Field, ...]
     where: str = ""  # the engine function that built it, for the message
+    # The drafter's sub-step the build is of (0: its first pass), None: the step's own
+    # forward. A build agrees with the eager build of its own sub-step.
+    draft: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.how if self.draft is None else f"{self.how}.draft{self.draft}"
 
     def field(self, name: str) -> Field | None:
         return next((f for f in self.fields if f.name == name), None)
@@ -194,7 +202,7 @@ def _agree(prop: str, base: StepBuild, other: StepBuild) -> list[Violation]:
     """Every field both builds hold agrees on its real rows (same sizes first)."""
     if (base.num_reqs, base.num_tokens) != (other.num_reqs, other.num_tokens):
         sizes = f"{other.num_reqs} requests, {other.num_tokens} tokens"
-        return [Violation(prop, "-", other.how, f"{sizes}; {base.how} has "
+        return [Violation(prop, "-", other.name, f"{sizes}; {base.name} has "
                           f"{base.num_reqs} requests, {base.num_tokens} tokens")]  # fmt: skip
     out = []
     for f in base.fields:
@@ -209,7 +217,7 @@ def _agree(prop: str, base: StepBuild, other: StepBuild) -> list[Violation]:
         if want.ndim == 2 and want.shape == got.shape:
             want, got = _read_entries(want, f, base), _read_entries(got, g, other)
         if want.shape != got.shape or not np.array_equal(want, got):
-            out.append(Violation(prop, f.name, other.how, _difference(want, got, base.how)))
+            out.append(Violation(prop, f.name, other.name, _difference(want, got, base.name)))
     return out
 
 
@@ -241,28 +249,25 @@ def _difference(want: np.ndarray, got: np.ndarray, base: str) -> str:
             f"{got[first].item()} where {base} has {want[first].item()}")  # fmt: skip
 
 
+def _against_eager(prop: str, how: str, out: RunnerStepOutputs) -> list[Violation]:
+    """Each build of ``how`` agrees with the first eager build of its own sub-step."""
+    eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
+    return [v for b in out.of(how) if b.draft in eager for v in _agree(prop, eager[b.draft], b)]
+
+
 def padding_invariance(out: RunnerStepOutputs) -> list[Violation]:
     """The real rows of every padded build equal the eager build's."""
-    eager = next(out.of("eager"), None)
-    if eager is None:
-        return []
-    return [v for b in out.of("padded") for v in _agree("padding invariance", eager, b)]
+    return _against_eager("padding invariance", "padded", out)
 
 
 def replay_equals_eager(out: RunnerStepOutputs) -> list[Violation]:
     """What a replay leaves in the persistent buffers equals the eager build's real rows."""
-    eager = next(out.of("eager"), None)
-    if eager is None:
-        return []
-    return [v for b in out.of("replay") for v in _agree("replay equals eager", eager, b)]
+    return _against_eager("replay equals eager", "replay", out)
 
 
 def history_invariance(out: RunnerStepOutputs) -> list[Violation]:
     """The step on an engine that never saw the earlier steps builds the same real rows."""
-    eager = next(out.of("eager"), None)
-    if eager is None:
-        return []
-    return [v for b in out.of("fresh") for v in _agree("history invariance", eager, b)]
+    return _against_eager("history invariance", "fresh", out)
 
 
 def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
@@ -280,7 +285,7 @@ def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
                 row = "real" if first[0] < len(real_rows(b, f)) else "padding"
                 detail = (f"{len(bad)} values outside [{lo}, {hi}]; first at {list(first)} "
                           f"({row} row): {f.values[first].item()}")  # fmt: skip
-                found.append(Violation("safe padding", f.name, b.how, detail))
+                found.append(Violation("safe padding", f.name, b.name, detail))
     return found
 
 

@@ -147,6 +147,40 @@ def test_outputs_without_an_eager_build_or_of_another_type_fail():
     assert (wrong.check, wrong.got) == (Check.TYPE, "dict")
 
 
+def drafted(b: ref.StepBuild, draft: int, num_tokens: int) -> ref.StepBuild:
+    """``b`` as the drafter's sub-step ``draft`` of ``num_tokens`` real tokens."""
+    return dataclasses.replace(b, draft=draft, num_tokens=num_tokens)
+
+
+def test_a_draft_sub_step_is_compared_with_the_eager_build_of_its_own_sub_step():
+    """A drafter's sub-step (one token per request after its first pass) holds its own
+    real tokens: its builds agree with the eager one of the same sub-step, not with the
+    step's, and report the step's requests."""
+    loop = dict(query_start_loc=[0, 1, 2], seq_lens=[6, 4], slot_mapping=[20, 29])
+    padded_loop = dict(query_start_loc=[0, 1, 2, 2], seq_lens=[6, 4, 0])
+    eager, eager_loop = build("eager"), drafted(build("eager", **loop), 1, 2)
+    padded_loop = drafted(
+        build("padded", **loop | padded_loop | {"slot_mapping": [20, 29, -1]}), 1, 2
+    )
+    holds = (eager, eager_loop, build("padded", pad=True), padded_loop)
+    assert mismatches(*holds) == []
+    # The loop's padded build off by one on a real row (a rejected draft kept).
+    wrong = drafted(build("padded", **loop | {"seq_lens": [7, 4]}), 1, 2)
+    (message,) = mismatches(eager, eager_loop, wrong)
+    assert message.startswith("[padding-invariance] padded.draft1.seq_lens:")
+    assert message.endswith("first at [0]: 7 where eager.draft1 has 6")
+    found = mismatches(eager, eager_loop, drafted(build("fresh", **loop), 1, 2), wrong)
+    assert [m.split(":")[0] for m in found] == ["[padding-invariance] padded.draft1.seq_lens"]
+    # A sub-step no eager build holds is compared with nothing: the outputs are wrong.
+    (missing,) = mismatches(eager, padded_loop)
+    assert missing == (
+        "[type] builds: expected an eager build of each draft sub-step, got none of [1]"
+    )
+    # A sub-step's requests are still the step's.
+    short = mismatches(eager, eager_loop, dataclasses.replace(padded_loop, num_reqs=1))[0]
+    assert short.startswith("[values] padded.draft1.num_reqs: expected 2")
+
+
 # -- attnfuzz's own runner ----------------------------------------------------------------------
 
 

@@ -47,7 +47,13 @@ def run_trace(trace: Trace, *, holds: bool = True) -> list[ref.RunnerStepOutputs
 
 
 def builds(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
-    return list(out.of(how))
+    """The step's own builds of ``how`` (not the drafter's)."""
+    return [b for b in out.of(how) if b.draft is None]
+
+
+def drafts(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
+    """The drafter's builds of ``how``, in the order it made them."""
+    return [b for b in out.of(how) if b.draft is not None]
 
 
 def tokens_of(build: ref.StepBuild) -> int:
@@ -100,7 +106,8 @@ def test_an_idle_rank_runs_a_dummy_step_padded_to_the_peers_graph():
     config = small_config()
     step = Batch((4, 4), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1))
     (out,) = run_trace(Trace.of_case(Case(config, step)))
-    dummy = builds(out, "capture")[-1]  # the step's own dummy run, after the capture runs
+    # The step's own dummy run, after the capture runs (then its drafter's dummy run).
+    dummy = [b for b in builds(out, "capture") if "execute_dummy_batch" in b.where][-1]
     assert dummy.num_reqs == dummy.num_tokens == 0
     assert tokens_of(dummy) == 4
 

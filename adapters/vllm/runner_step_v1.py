@@ -21,14 +21,16 @@ padding and graph itself. What runs unchanged:
   new batch descriptor, replay after), wrapped around the model as ``load_model`` does;
 - ``InputBatch``, ``BlockTable`` and the Triton attention backend's own
   ``TritonAttentionMetadataBuilder`` (``build``, ``build_for_cudagraph_capture``);
-  ``set_forward_context``.
+  ``set_forward_context``;
+- the drafter, ``EagleProposer``, made by the runner, its proposal after each step as
+  ``sample_tokens`` makes it (``propose_draft_token_ids``) and its dummy runs
+  (:mod:`.runner_step_drafter` says what of it runs and what is stood in).
 
 Stood in, and only where a model, a GPU graph or a collective is needed:
 
 - the model: a module that records what the runner hands it (the forward context's
   attention metadata and slot mapping, the positions) and returns zero hidden states
-  and logits; the drafter (a model too: ``EagleProposer``), whose ``dummy_run`` runs
-  nothing;
+  and logits; the draft model (:mod:`.runner_step_drafter`);
 - CUDA graphs: ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` in ``cuda_graph``, a graph
   that remembers what the forward it "captured" read (views of the persistent buffers)
   and whose ``replay`` computes nothing, only records those views as the runner's
@@ -39,9 +41,10 @@ Stood in, and only where a model, a GPU graph or a collective is needed:
   is filled by its own ``_determine_batch_execution_and_padding`` (the peer's batch
   derived from the step, as the V2 adapter's :func:`.runner_step._peer`; for the idle
   rank's dummy run, the step itself);
-- the sampler: ``sample_tokens`` is not run; the step's ``execute_model_state`` is
-  dropped (the next scheduler output carries each request's computed tokens, which is
-  all ``_update_states`` takes of it without async scheduling).
+- the sampler: ``sample_tokens`` is not run, only its draft proposal, on sampled tokens
+  drawn from the step; the step's ``execute_model_state`` is then dropped (the next
+  scheduler output carries each request's computed tokens, which is all
+  ``_update_states`` takes of it without async scheduling).
 
 Builds of one step (``reference/runner_step.py``), each from its own engine object:
 
@@ -53,7 +56,10 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
 - ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
 - ``fresh``: a new engine of mode NONE, its requests added as new in one warm-up step
   in the rows the eager engine holds them in (V1's persistent batch keeps a request in
-  its row: which row is the engine's history), then the same scheduler output.
+  its row: which row is the engine's history), then the same scheduler output;
+- each engine's drafter's sub-steps of the proposal after the step, as the step's
+  build (``eager``, ``padded``, ``fresh``) with ``draft`` its sub-step; its dummy runs'
+  forwards as ``capture``.
 
 No request is finished: one a step leaves out is unscheduled (a preempted one comes
 back resumed, ``resumed_req_ids``), as the scheduler tells a V1 runner.
@@ -77,6 +83,7 @@ import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's k
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm.runner_step import (
     _LAYER,
     PAD_SLOT_ID,
@@ -151,18 +158,34 @@ class _Recorder:
     where: str = ""
     seen: list[tuple[str, str, _Seen]] = field(default_factory=list)
     capturing: Any = None  # the graph being captured, which keeps what the forward read
+    # The drafter's forwards of a proposal: (kind, draft sub-step, what it read).
+    drafted: list[tuple[str, int, _Seen]] = field(default_factory=list)
+    draft: int | None = None  # the next draft sub-step while the drafter proposes
+    drafting: bool = False  # the drafter runs (its all-reduces are its peer's drafter's)
 
-    def handed(self, positions: torch.Tensor) -> _Seen:
+    def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
 
         context = get_forward_context()
         metadata = context.attn_metadata
         slots = context.slot_mapping
         return _Seen(
-            metadata[_LAYER] if metadata else None,
-            slots.get(_LAYER) if isinstance(slots, dict) else None,
+            metadata[layer] if metadata else None,
+            slots.get(layer) if isinstance(slots, dict) else None,
             positions,
         )
+
+    def draft_forward(self, positions: torch.Tensor) -> None:
+        """What a draft forward read: a sub-step of a proposal, else a dummy run's."""
+        if self.kind is None:
+            return
+        seen = self.handed(positions, drafting.DRAFT_LAYER).frozen()
+        if self.draft is None:
+            where = "llm_base_proposer.py: SpecDecodeBaseProposer.dummy_run"
+            self.seen.append(("capture", where, seen))
+        else:
+            self.drafted.append((self.kind, self.draft, seen))
+            self.draft += 1
 
 
 class _Model(torch.nn.Module):
@@ -216,30 +239,6 @@ class _Graph:
             kind = "replay" if r.kind == "step" else r.kind
             where = f"compilation/cuda_graph.py: CUDAGraphWrapper.__call__ ({r.where})"
             r.seen.append((kind, where, self.read.frozen()))
-
-
-@functools.cache
-def _drafter_class() -> type:
-    """The drafter (``EagleProposer``, a model), as a subclass the runner's
-    ``isinstance`` checks accept: it is made without loading a draft model and runs
-    nothing."""
-    from vllm.v1.spec_decode.eagle import EagleProposer
-
-    class Drafter(EagleProposer):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            # initialize_attn_backend: the draft layer's KV-cache group, the one group.
-            self.kv_cache_gid = 0
-
-        def dummy_run(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def initialize_cudagraph_keys(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def initialize_attn_backend(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-    return Drafter
 
 
 def _one_rank() -> Any:
@@ -313,18 +312,22 @@ class _Engine:
             host_memory(device),
             set_current_vllm_config(vc),
             mock.patch.object(gmr, "get_pp_group", _one_rank),
-            mock.patch.object(gmr, "EagleProposer", _drafter_class()),
             # The copy streams of drafted tokens: a CUDA stream, which no CPU has.
             mock.patch("torch.cuda.Stream", lambda *a, **k: None),
         ):
             r = self.runner = gmr.GPUModelRunner(vc, device)
+            layers = [_LAYER]
+            if r.speculative_config is not None:
+                # load_model: the drafter's model and its layer, in the target's group.
+                drafting.install(r, self.recorder)
+                layers.append(drafting.DRAFT_LAYER)
             spec = FullAttentionSpec(
                 block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
             )
             kv = KVCacheConfig(
                 num_blocks=num_blocks(config),
                 kv_cache_tensors=[],
-                kv_cache_groups=[KVCacheGroupSpec([_LAYER], spec)],
+                kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
             )
             r.kv_cache_config = kv
             # initialize_attn_backend: the mode the backends keep, then the groups.
@@ -384,12 +387,18 @@ class _Engine:
 
 @contextlib.contextmanager
 def _data_parallel(
-    runner: Any, peer: _Peer | None, q_lens: tuple[int, ...] | None = None
+    runner: Any,
+    recorder: _Recorder,
+    peer: _Peer | None,
+    q_lens: tuple[int, ...] | None = None,
 ) -> Iterator[None]:
     """The runner as rank 0 of two, the all-reduce answered with the column the peer's
     own ``_determine_batch_execution_and_padding`` fills (as ``execute_model`` calls it:
     no microbatching), its requests' query lengths ``q_lens`` (None: the peer's tokens
-    spread evenly, the last request taking the rest); one rank where ``peer`` is None."""
+    spread evenly, the last request taking the rest); one rank where ``peer`` is None.
+    While the drafter runs (``recorder.drafting``), each all-reduce is answered with the
+    next column the peer's drafter fills proposing for its step (a first pass of its
+    tokens, then, with more than one draft, a draft loop of its requests)."""
     import vllm.v1.worker.dp_utils as dp_utils
 
     pc = runner.parallel_config
@@ -407,8 +416,15 @@ def _data_parallel(
         column.append(tensor[:, 1].clone())
         raise Collected
 
+    collect.stop = Collected  # type: ignore[attr-defined]
+
     def answer(tensor: torch.Tensor, group: Any = None) -> None:
-        tensor[:, 1] += column[0]
+        if not recorder.drafting:
+            tensor[:, 1] += column[0]
+        elif len(column) > 1:
+            tensor[:, 1] += column.pop(1)
+        else:
+            raise RuntimeError("attnfuzz: the drafter reached more all-reduces than the peer's")
 
     if q_lens is None:
         q = np.full(peer.num_reqs, peer.num_tokens // peer.num_reqs, np.int32)
@@ -428,8 +444,11 @@ def _data_parallel(
                 )  # fmt: skip
             except Collected:
                 pass
-        if not column:
-            raise RuntimeError("attnfuzz: the peer rank's dispatch reached no all-reduce")
+            if not column:
+                raise RuntimeError("attnfuzz: the peer rank's dispatch reached no all-reduce")
+            if runner.speculative_config is not None:
+                loop = (peer.num_reqs,) if runner.num_spec_tokens > 1 else ()
+                drafting.peer_columns(runner, collect, (peer.num_tokens, *loop))
         pc.data_parallel_rank = 0
         with mock.patch.multiple(
             dp_utils, get_dp_group=lambda: group, dist=SimpleNamespace(all_reduce=answer)
@@ -463,6 +482,8 @@ def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
             new.sampling_params = SamplingParams(temperature=0.0)
             arriving.append(new)
     out.scheduled_new_reqs = arriving
+    # Scheduler.schedule: the drafts to propose, the config's (no dynamic speculation).
+    out.num_spec_tokens_to_schedule = inputs.config.num_spec
     return out
 
 
@@ -478,12 +499,20 @@ def _running(engine: _Engine, kind: str, where: str, data_parallel: Any) -> Iter
         engine.recorder.kind = None
 
 
-def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
-    """``execute_model`` of one scheduler output; the runner's input batch after it."""
+def _execute(engine: _Engine, out: Any, taken: dict[str, int], peer: _Peer | None = None) -> Any:
+    """``execute_model`` of one scheduler output, then the drafter's proposal as
+    ``sample_tokens`` makes it, its requests accepting ``taken`` drafts; the runner's
+    input batch after it."""
     r = engine.runner
     where = "gpu_model_runner.py: GPUModelRunner.execute_model"
-    with _running(engine, "step", where, _data_parallel(r, peer)):
+    rec = engine.recorder
+    with _running(engine, "step", where, _data_parallel(r, rec, peer)):
         r.execute_model(out)
+        rec.draft, rec.drafting = 0, True
+        try:
+            drafting.propose(r, out, taken)
+        finally:
+            rec.draft, rec.drafting = None, False
     # sample_tokens is not run: the next step's scheduler output says what it decided.
     r.execute_model_state = None
     engine.held = set(r.requests)
@@ -495,7 +524,8 @@ def _dummy(engine: _Engine, inputs: RunnerStepInputs) -> None:
     r = engine.runner
     peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
     where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
-    with _running(engine, "capture", where, _data_parallel(r, peer, inputs.query_lens)):
+    data_parallel = _data_parallel(r, engine.recorder, peer, inputs.query_lens)
+    with _running(engine, "capture", where, data_parallel):
         r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
 
 
@@ -560,18 +590,35 @@ def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     return out
 
 
-def _step(engine: _Engine, out: Any, how: str, peer: _Peer | None = None) -> list[StepBuild]:
-    """The builds of one ``execute_model``: what it handed the model (as ``how``), and a
-    graph replay's."""
-    batch = _execute(engine, out, peer)
+def _drafts(engine: _Engine, how: str, num_reqs: int, num_tokens: int) -> list[StepBuild]:
+    """The drafter's builds of the step's proposal, as ``how``; emptied. The first pass
+    runs every token of the step (the padded drafter batch keeps a rejected draft's
+    token as a row), each later sub-step one token per request."""
+    out = []
+    for _, draft, seen in engine.recorder.drafted:
+        tokens = num_tokens if draft == 0 else num_reqs
+        fields = _fields(engine.config, seen)
+        out.append(StepBuild(how, num_reqs, tokens, fields, drafting.WHERE, draft=draft))
+    engine.recorder.drafted.clear()
+    return out
+
+
+def _step(
+    engine: _Engine, inputs: RunnerStepInputs, out: Any, how: str, peer: _Peer | None = None
+) -> list[StepBuild]:
+    """The builds of one ``execute_model``: what it handed the model (as ``how``), a
+    graph replay's, and the drafter's sub-steps (as ``how``) of the proposal after it."""
+    taken = drafting.accepted(inputs, out.scheduled_spec_decode_tokens)
+    batch = _execute(engine, out, taken, peer)
     builds = _builds(engine, batch.num_reqs, out.total_num_scheduled_tokens)
     handed = [b for b in builds if b.how == "padded"]
     if len(handed) != 1:
         raise RuntimeError(f"attnfuzz: execute_model handed the model {len(handed)} forwards")
-    return [
+    builds = [
         StepBuild(how, b.num_reqs, b.num_tokens, b.fields, _WHERE) if b.how == "padded" else b
         for b in builds
     ]
+    return builds + _drafts(engine, how, batch.num_reqs, out.total_num_scheduled_tokens)
 
 
 # -- the implementation --------------------------------------------------------------------
@@ -603,10 +650,10 @@ class RunnerStepEngine:
         # This rank idle while the peer runs the step (a dummy run between two steps).
         _dummy(graphs, inputs)
         builds += _builds(graphs, 0, 0)
-        builds += _step(eager, _output(inputs, eager.held), "eager")
+        builds += _step(eager, inputs, _output(inputs, eager.held), "eager")
         rows = list(eager.runner.input_batch.req_ids)
         peer = _peer(inputs, graphs.runner.uniform_decode_query_len)
-        builds += _step(graphs, _output(inputs, graphs.held), "padded", peer)
+        builds += _step(graphs, inputs, _output(inputs, graphs.held), "padded", peer)
         held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
         self.pages = {
             str(rid): (() if new else held[str(rid)]) + tuple(gained)
@@ -656,13 +703,15 @@ class RunnerStepEngine:
                 new_block_ids=tuple(w[2] for w in warm),
                 device=inputs.device,
             )
-            _execute(fresh, _output(step, set()))
+            warm = _output(step, set())
+            _execute(fresh, warm, drafting.accepted(step, warm.scheduled_spec_decode_tokens))
             fresh.recorder.seen.clear()
+            fresh.recorder.drafted.clear()
         out = _output(inputs, fresh.held)
         # The eager engine added the step's arrivals, then its resumed requests: listed
         # in the order of their rows, the fresh engine's arrivals take the same rows.
         out.scheduled_new_reqs.sort(key=lambda new: rows.index(new.req_id))
-        return _step(fresh, out, "fresh")
+        return _step(fresh, inputs, out, "fresh")
 
 
 ENGINE = RunnerStepEngine()

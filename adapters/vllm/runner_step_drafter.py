@@ -1,0 +1,187 @@
+"""vLLM's V1 drafter run whole after the target step, for the implementation ``vllm-v1`` of
+``runner-step`` (:mod:`.runner_step_v1`).
+
+After ``execute_model``, vLLM 0.33.0's V1 runner proposes the next step's drafts in
+``sample_tokens``: with an EAGLE/MTP drafter and the padded drafter batch (the
+``SpeculativeConfig`` default, ``disable_padded_drafter_batch=False``), if the step fits
+in the drafter (``GPUModelRunner._input_fits_in_drafter``) it calls
+``GPUModelRunner.propose_draft_token_ids`` on the GPU sampled tokens. What runs
+unchanged, on the runner's own ``EagleProposer`` (``vllm/v1/spec_decode/eagle.py``,
+``llm_base_proposer.py``) made by the runner's constructor:
+
+- ``GPUModelRunner.propose_draft_token_ids`` and ``_input_fits_in_drafter``;
+- ``SpecDecodeBaseProposer``: ``__init__``, ``initialize_cudagraph_keys``,
+  ``initialize_attn_backend`` (its own ``TritonAttentionMetadataBuilder`` for the draft
+  layer), ``prepare_next_token_ids_padded``, ``prepare_inputs_padded``, ``propose`` (the
+  first pass, ``set_inputs_first_pass``, the draft loop,
+  ``_update_positions_dependent_metadata``, ``build_per_group_and_layer_attn_metadata``
+  for each draft sub-step, ``_determine_batch_execution_and_padding`` with the
+  data-parallel all-reduce, ``_get_slot_mapping``, greedy sampling) and ``dummy_run``
+  (in the runner's capture and dummy runs); their Triton kernels
+  (``vllm/v1/spec_decode/utils.py``) under the Triton interpreter.
+
+Stood in, as ``load_model`` would make them:
+
+- the draft model: a module that records what each draft forward reads (the forward
+  context's attention metadata and slot mapping of the draft layer, the positions) and
+  returns zero hidden states (a pair for the MTP models that return one,
+  ``model_returns_tuple``) and zero logits; its attention layer (``_DraftLayer``, in
+  the static forward context, one more layer of the target's KV-cache group as an MTP
+  layer is) names the Triton backend;
+- the sampler: the sampled tokens of each request, its accepted drafts then a bonus
+  token, -1 for each rejected draft (as the rejection sampler returns them); how many a
+  request accepts is drawn from the step (:func:`accepted`), the same on every engine;
+- the data-parallel peer's drafter: its dispatch (``_determine_batch_execution_and_padding``
+  of its own drafter, as rank 1) on the peer's step sizes (first pass: its tokens;
+  draft sub-steps: its requests), as :func:`.runner_step._peer` derives the peer.
+
+Each draft forward is a build of the step with ``draft`` its sub-step (0: the first
+pass over the step's tokens; ``k >= 1``: one token per request); its real sizes are
+the step's requests and the sub-step's tokens (the padded drafter batch keeps a
+rejected draft's token as a row of the first pass). The draft model's graphs are
+piecewise (``initialize_cudagraph_keys``): attention runs outside them, so a draft
+sub-step has no replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from attnfuzz.reference.runner_step import RunnerStepInputs
+
+DRAFT_LAYER = "model.layers.2.self_attn.attn"
+"""The MTP draft layer's name: the layer after the tiny model's two (``num_hidden_layers``)."""
+
+WHERE = "v1/spec_decode/llm_base_proposer.py: SpecDecodeBaseProposer.propose"
+
+
+def _draft_layer(vllm_config: Any) -> Any:
+    """The draft model's attention layer, as the static forward context holds it: its
+    backend is the target's (Triton), its heads the model's."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    class DraftLayer(AttentionLayerBase):
+        num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+
+        def get_attn_backend(self) -> type:
+            return TritonAttentionBackend
+
+        def get_kv_cache_spec(self, vllm_config: Any) -> None:
+            return None  # the target's KV-cache group holds the layer (initialize_kv_cache)
+
+    return DraftLayer()
+
+
+class DraftModel(torch.nn.Module):
+    """The draft model: reports each forward to ``seen`` (the recorder's hook) and returns
+    zero hidden states (two of them where the MTP model returns a pair)."""
+
+    def __init__(self, seen: Any, hidden_size: int, returns_pair: bool) -> None:
+        super().__init__()
+        self.seen = seen
+        self.hidden_size = hidden_size
+        self.returns_pair = returns_pair
+
+    def forward(
+        self,
+        input_ids: Any = None,
+        positions: Any = None,
+        hidden_states: Any = None,
+        inputs_embeds: Any = None,
+    ) -> Any:
+        self.seen(positions)
+        out = torch.zeros(positions.shape[0], self.hidden_size)
+        return (out, out.clone()) if self.returns_pair else out
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden_states.shape[0], 1)
+
+
+def install(runner: Any, recorder: Any) -> None:
+    """What ``load_model`` gives the runner's drafter, before ``initialize_kv_cache``: the
+    draft model (reporting to ``recorder.draft_forward``) and its attention layer. Its
+    dummy runs tell ``recorder`` they run (``drafting``: their all-reduces meet the peer's
+    drafter)."""
+    drafter = runner.drafter
+    layers = drafter.vllm_config.compilation_config.static_forward_context
+    layers[DRAFT_LAYER] = _draft_layer(drafter.vllm_config)
+    drafter._draft_attn_layer_names = {DRAFT_LAYER}
+    drafter.model = DraftModel(recorder.draft_forward, drafter.hidden_size, False)
+    drafter.model.returns_pair = drafter.model_returns_tuple()
+    dummy_run = drafter.dummy_run
+
+    def reported(*args: Any, **kwargs: Any) -> None:
+        recorder.drafting = True
+        try:
+            dummy_run(*args, **kwargs)
+        finally:
+            recorder.drafting = False
+
+    drafter.dummy_run = reported
+
+
+def accepted(inputs: RunnerStepInputs, drafts: dict[str, list[int]]) -> dict[str, int]:
+    """How many of its drafts each request of the step accepts: drawn from the step (its
+    id and computed tokens), so that every engine of the step samples alike."""
+    out = {}
+    for rid, computed in zip(inputs.req_ids, inputs.num_computed_tokens, strict=True):
+        d = len(drafts.get(str(rid), ()))
+        out[str(rid)] = (rid + computed) % (d + 1)
+    return out
+
+
+def sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> torch.Tensor:
+    """The rejection sampler's output for the step: per row of the runner's batch, the
+    accepted drafts and a bonus token, -1 past them; as wide as the step's most drafts
+    plus one."""
+    drafts = out.scheduled_spec_decode_tokens
+    width = 1 + max((len(d) for d in drafts.values()), default=0)
+    req_ids = runner.input_batch.req_ids
+    sampled = torch.full((len(req_ids), width), -1, dtype=torch.int32)
+    for row, rid in enumerate(req_ids):
+        sampled[row, : taken[rid] + 1] = 1  # any id the vocabulary holds
+    return sampled.to(runner.device)
+
+
+def propose(runner: Any, out: Any, taken: dict[str, int]) -> bool:
+    """``sample_tokens``' draft proposal for an EAGLE drafter with the padded drafter
+    batch, on the state ``execute_model`` left: whether the drafter ran."""
+    state = runner.execute_model_state
+    if state is None or runner.speculative_config is None:
+        return False
+    (_, _, spec_decode_metadata, spec_cm, hidden_states, sample_hidden_states,
+     aux_hidden_states, _, _, slot_mappings) = state  # fmt: skip
+    if runner.speculative_config.disable_padded_drafter_batch:
+        raise RuntimeError("attnfuzz: the runner's config selects the unpadded drafter batch")
+    if not runner._input_fits_in_drafter(spec_cm):
+        return False
+    runner.propose_draft_token_ids(
+        out,
+        sampled_token_ids(runner, out, taken),
+        runner.input_batch.sampling_metadata,
+        hidden_states,
+        sample_hidden_states,
+        aux_hidden_states,
+        spec_decode_metadata,
+        spec_cm,
+        slot_mappings,
+    )
+    return True
+
+
+def peer_columns(runner: Any, collect: Any, sizes: tuple[int, ...]) -> None:
+    """Run the peer's drafter dispatch (its own ``_determine_batch_execution_and_padding``,
+    as rank 1 of two, the runner's parallel config already so) once for each of ``sizes``
+    tokens, its all-reduce answered by ``collect``, which keeps the peer's column and
+    raises ``stop``."""
+    drafter = runner.drafter
+    rank, drafter.dp_rank = drafter.dp_rank, 1
+    try:
+        for n in sizes:
+            with contextlib.suppress(collect.stop):
+                drafter._determine_batch_execution_and_padding(n)
+    finally:
+        drafter.dp_rank = rank

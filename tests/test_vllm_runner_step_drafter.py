@@ -1,0 +1,155 @@
+"""vLLM 0.33.0's V1 drafter (``EagleProposer``) run whole after the runner's step, in the
+implementation ``vllm-v1`` of ``runner-step``: each draft sub-step's metadata is a build
+of the step, judged by the step's properties, and a mutant of a draft build is caught."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.trace import Trace
+
+pytestmark = [*requires_vllm]
+
+
+def config(num_spec: int, **overrides):
+    """next_n = num_spec + 1, capture sizes 2, 4 and 8, FULL_AND_PIECEWISE (vLLM's
+    default), pages of 16 tokens (the Triton backend's kernel block size)."""
+    base = dict(
+        max_num_seqs=4, max_num_batched_tokens=16, block_size=16, max_model_len=64,
+        cudagraph_capture_sizes=(2, 4, 8), runner="v1", num_spec=num_spec,
+    )  # fmt: skip
+    return spec_config(**{**base, **overrides})
+
+
+def decodes(num_spec: int) -> tuple[Batch, ...]:
+    """Two requests prefill (5 and 3 tokens), decode with every draft, then one decodes
+    with its drafts and the other with none. Request 7 accepts (7 + 5) % (num_spec + 1)
+    = 0 of its drafts in step 2 (``runner_step_drafter.accepted``): the padded drafter batch keeps
+    the rejected ones as rows."""
+    q = 1 + num_spec
+    return (
+        Batch((0, 0), (5, 3), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((5, 3), (q, q), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0)),
+        Batch((5 + q, 3 + q), (q, 1), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0)),
+    )
+
+
+def adapter():
+    """The adapter, imported before vLLM (it sets what vLLM reads at import)."""
+    from attnfuzz.adapters.vllm import runner_step_v1
+
+    return runner_step_v1
+
+
+def run(trace: Trace) -> list[ref.RunnerStepOutputs]:
+    engine = adapter().RunnerStepEngine()
+    return [engine(ref.make_inputs(case)) for case in trace.cases()]
+
+
+@pytest.mark.parametrize("num_spec", [2, 3])
+def test_the_drafter_s_own_code_builds_each_draft_sub_step_and_every_property_holds(
+    monkeypatch, num_spec
+):
+    """Each step, every engine's drafter proposes: its first pass over the step's tokens
+    and ``num_spec - 1`` draft sub-steps of one token per request, each built by the
+    drafter's own Triton builder; the graph engine pads the draft sub-steps to its
+    piecewise graphs (slot -1). Every property holds on every build."""
+    adapter()  # before vLLM
+    import vllm.v1.spec_decode.llm_base_proposer as base
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
+
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(owner: object, name: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    proposer = base.SpecDecodeBaseProposer
+    for name in (
+        "propose", "prepare_inputs_padded", "prepare_next_token_ids_padded",
+        "build_per_group_and_layer_attn_metadata", "_update_positions_dependent_metadata",
+        "_determine_batch_execution_and_padding", "dummy_run",
+    ):  # fmt: skip
+        count(proposer, name)
+    count(TritonAttentionMetadataBuilder, "build_for_drafting")
+    count(base, "eagle_step_update_slot_mapping_and_metadata")
+    outs = run(Trace(config(num_spec), decodes(num_spec)))
+    for out in outs:
+        assert ref.violations(out) == []
+        for how in ("eager", "padded", "fresh"):
+            subs = [b.draft for b in out.of(how) if b.draft is not None]
+            assert subs == list(range(num_spec)), how
+    # Step 2: request 7 rejected every draft: its first draft sub-step's length is its
+    # computed tokens and the bonus one (5 + 1), plus the one it drafts.
+    (loop,) = [b for b in outs[1].of("eager") if b.draft == 1]
+    assert loop.field("seq_lens").values.tolist()[0] == 5 + 1 + 1
+    padded = [b for b in outs[1].of("padded") if b.draft == 1][0]
+    slots = padded.field("slot_mapping").values
+    assert len(slots) > 2 and slots[2:].tolist() == [-1] * (len(slots) - 2)
+    steps = len(outs) * 3  # eager, padded and fresh engines; the fresh warm-ups too
+    assert calls["propose"] >= steps and calls["prepare_inputs_padded"] >= 3
+    assert calls["_update_positions_dependent_metadata"] >= steps * (num_spec - 1)
+    for name in (
+        "prepare_next_token_ids_padded", "build_per_group_and_layer_attn_metadata",
+        "_determine_batch_execution_and_padding", "dummy_run", "build_for_drafting",
+        "eagle_step_update_slot_mapping_and_metadata",
+    ):  # fmt: skip
+        assert calls[name] > 0, name
+
+
+def test_a_wrong_padding_slot_of_a_draft_sub_step_is_caught(monkeypatch):
+    """A mutant of the drafter: the draft step's padding rows (the piecewise graph's)
+    write a slot past the KV cache, not ``PADDING_SLOT_ID``. Only the graph
+    engine pads the draft batch: its draft sub-steps fail safe padding, and so does its
+    drafter's next dummy run (the idle rank's), whose slot mapping is what the buffer
+    holds (``_get_slot_mapping``); nothing else fails."""
+    adapter()  # before vLLM
+    import vllm.v1.spec_decode.llm_base_proposer as base
+
+    original = base.eagle_step_update_slot_mapping_and_metadata
+
+    def past_the_cache(*args, **kwargs):
+        original(*args, **kwargs)
+        batch, padded = kwargs["positions_1d"].shape[0], kwargs["input_batch_size"]
+        kwargs["out_slot_mapping"][batch:padded] = 1 << 30
+
+    monkeypatch.setattr(base, "eagle_step_update_slot_mapping_and_metadata", past_the_cache)
+    outs = run(Trace(config(2), decodes(2)))
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert found == {
+        ("safe padding", "slot_mapping", "padded.draft1"),
+        ("safe padding", "slot_mapping", "capture"),
+    }
+
+
+def test_rejected_drafts_kept_in_a_padded_drafter_loop_are_caught(monkeypatch):
+    """A mutant of the drafter: where it dispatches graphs, ``prepare_inputs_padded``
+    counts no rejected draft, so the draft loop's lengths keep the rejected tokens.
+    The graph engine's draft sub-steps disagree with the eager engine's on real rows."""
+    adapter()  # before vLLM
+    import vllm.v1.spec_decode.llm_base_proposer as base
+    from vllm.config import CUDAGraphMode
+
+    original = base.SpecDecodeBaseProposer.prepare_inputs_padded
+
+    def none_rejected(self, *args, **kwargs):
+        cm, to_sample, rejected = original(self, *args, **kwargs)
+        if self.cudagraph_dispatcher.cudagraph_mode != CUDAGraphMode.NONE:
+            rejected.zero_()
+        return cm, to_sample, rejected
+
+    monkeypatch.setattr(base.SpecDecodeBaseProposer, "prepare_inputs_padded", none_rejected)
+    outs = run(Trace(config(2), decodes(2)))
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert ("padding invariance", "seq_lens", "padded.draft1") in found
+    assert {build for _, _, build in found} == {"padded.draft1"}
