@@ -4,8 +4,10 @@
 After ``execute_model``, vLLM 0.33.0's V1 runner proposes the next step's drafts in
 ``sample_tokens``: with an EAGLE/MTP drafter and the padded drafter batch (the
 ``SpeculativeConfig`` default, ``disable_padded_drafter_batch=False``), if the step fits
-in the drafter (``GPUModelRunner._input_fits_in_drafter``) it calls
-``GPUModelRunner.propose_draft_token_ids`` on the GPU sampled tokens. What runs
+in the drafter (``GPUModelRunner._input_fits_in_drafter``, against the draft model's
+length limit, the case's as ``SpeculativeConfig`` derives it) it calls
+``GPUModelRunner.propose_draft_token_ids`` on the GPU sampled tokens; else one of
+several data-parallel ranks runs the drafter's dummy run. What runs
 unchanged, on the runner's own ``EagleProposer`` (``vllm/v1/spec_decode/eagle.py``,
 ``llm_base_proposer.py``) made by the runner's constructor:
 
@@ -46,9 +48,11 @@ sub-step has no replay.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import torch
+from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs
 
 DRAFT_LAYER = "model.layers.2.self_attn.attn"
@@ -100,6 +104,21 @@ class DraftModel(torch.nn.Module):
         return torch.zeros(hidden_states.shape[0], 1)
 
 
+def speculative_config(base: Any, config: EngineConfig) -> Any:
+    """A copy of the cached ``SpeculativeConfig`` for ``config``'s engine: its draft
+    model's length limit derived from the case's (as ``SpeculativeConfig`` derives it
+    from the target's, ``_maybe_override_draft_max_model_len``), which the runner's
+    ``_input_fits_in_drafter`` reads."""
+    from vllm.config import SpeculativeConfig
+
+    out = copy.copy(base)
+    draft = out.draft_model_config = copy.copy(base.draft_model_config)
+    draft.max_model_len = SpeculativeConfig._maybe_override_draft_max_model_len(
+        None, draft.max_model_len, config.max_model_len
+    )
+    return out
+
+
 def install(runner: Any, recorder: Any) -> None:
     """What ``load_model`` gives the runner's drafter, before ``initialize_kv_cache``: the
     draft model (reporting to ``recorder.draft_forward``) and its attention layer. Its
@@ -146,9 +165,10 @@ def sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> torch.Ten
     return sampled.to(runner.device)
 
 
-def propose(runner: Any, out: Any, taken: dict[str, int]) -> bool:
+def propose(runner: Any, recorder: Any, out: Any, taken: dict[str, int]) -> bool:
     """``sample_tokens``' draft proposal for an EAGLE drafter with the padded drafter
-    batch, on the state ``execute_model`` left: whether the drafter ran."""
+    batch, on the state ``execute_model`` left, each draft forward reported to
+    ``recorder`` as its sub-step: whether the drafter proposed."""
     state = runner.execute_model_state
     if state is None or runner.speculative_config is None:
         return False
@@ -157,18 +177,25 @@ def propose(runner: Any, out: Any, taken: dict[str, int]) -> bool:
     if runner.speculative_config.disable_padded_drafter_batch:
         raise RuntimeError("attnfuzz: the runner's config selects the unpadded drafter batch")
     if not runner._input_fits_in_drafter(spec_cm):
+        if runner.parallel_config.data_parallel_size > 1:
+            # sample_tokens: a dummy run keeps the ranks' collectives paired.
+            runner.drafter.dummy_run(num_tokens=1)
         return False
-    runner.propose_draft_token_ids(
-        out,
-        sampled_token_ids(runner, out, taken),
-        runner.input_batch.sampling_metadata,
-        hidden_states,
-        sample_hidden_states,
-        aux_hidden_states,
-        spec_decode_metadata,
-        spec_cm,
-        slot_mappings,
-    )
+    recorder.draft = 0
+    try:
+        runner.propose_draft_token_ids(
+            out,
+            sampled_token_ids(runner, out, taken),
+            runner.input_batch.sampling_metadata,
+            hidden_states,
+            sample_hidden_states,
+            aux_hidden_states,
+            spec_decode_metadata,
+            spec_cm,
+            slot_mappings,
+        )
+    finally:
+        recorder.draft = None
     return True
 
 

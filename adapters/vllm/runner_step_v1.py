@@ -308,6 +308,8 @@ class _Engine:
         self.config, self.device = config, device
         self.recorder = _Recorder()
         vc = self.vllm_config = _vllm_config(config, mode)
+        if vc.speculative_config is not None:
+            vc.speculative_config = drafting.speculative_config(vc.speculative_config, config)
         with (
             host_memory(device),
             set_current_vllm_config(vc),
@@ -508,11 +510,11 @@ def _execute(engine: _Engine, out: Any, taken: dict[str, int], peer: _Peer | Non
     rec = engine.recorder
     with _running(engine, "step", where, _data_parallel(r, rec, peer)):
         r.execute_model(out)
-        rec.draft, rec.drafting = 0, True
+        rec.drafting = True
         try:
-            drafting.propose(r, out, taken)
+            drafting.propose(r, rec, out, taken)
         finally:
-            rec.draft, rec.drafting = None, False
+            rec.drafting = False
     # sample_tokens is not run: the next step's scheduler output says what it decided.
     r.execute_model_state = None
     engine.held = set(r.requests)
