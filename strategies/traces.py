@@ -17,11 +17,18 @@ lengths, the real token count under the same padded size), as a scheduler's
 steady state runs them; a defect that needs an earlier step of another shape on
 the same engine meets it there.
 
+Most lives of two steps or more settle into decode steps (:data:`DECODE_ODDS`):
+from a drawn step on, no request arrives or leaves by chance, every prefill
+takes its whole rest and every decode its full ``next_n`` (the step before
+settles: its prefills whole), as a scheduler runs its running requests once
+their prefills are done. These are the steps every engine replays in its decode
+graph; SGLang's runners (decode, EAGLE draft and draft extend) replay only them.
+
 Every choice shrinks towards the simpler life: fewer steps first (the step
-count is drawn first), no steady step, no request leaving, no arrivals past the
-first step, full decodes (``next_n`` tokens: the steps graphs pad), no draft
-rejected, whole prefills. A failure that needs an earlier step to happen shrinks
-to the few steps it needs.
+count is drawn first), decode steps from the second step, no steady step, no
+request leaving, no arrivals past the first step, full decodes (``next_n``
+tokens: the steps graphs pad), no draft rejected, whole prefills. A failure that
+needs an earlier step to happen shrinks to the few steps it needs.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ one to meet it; six leave room for a request to finish and its row to be reused.
 # - "tokens": one decode a token more or fewer, the step's padded size the same.
 CHANGES = ("length", "order", "tokens")
 STEADY_ODDS = 3  # one later step in three is steady
+DECODE_ODDS = 4  # three lives in four (of two steps or more) settle into decode steps
 
 
 def step_change(config: EngineConfig, prev: Batch, step: Batch) -> str | None:
@@ -179,6 +187,23 @@ class _Scheduler:
             req.prompt_len, req.computed = req.computed, 0
             self.waiting.append(req)
 
+    @property
+    def tokens_wanted(self) -> int:
+        """The tokens of a step of the running requests' whole prefills and full decodes."""
+        n = self.config.next_n
+        return sum(r.prompt_len - r.computed if r.prefilling else n for r in self.running)
+
+    def make_room_to_decode(self) -> None:
+        """Before a decode step: a decode that cannot take its full ``next_n`` within the
+        model's length finishes; past the token budget, the last requests are preempted
+        (SGLang's ``retract_decode``), so that every prefill is whole and every decode full."""
+        config, n = self.config, self.config.next_n
+        for req in list(self.running):
+            if not req.prefilling and req.computed + n > config.max_model_len:
+                self.leave(req, preempted=False)
+        while self.running and self.tokens_wanted > config.max_num_batched_tokens:
+            self.leave(self.running[-1], preempted=True)
+
     def arrive(self, prompt_len: int, resume: bool) -> None:
         """A new request (or the longest-waiting preempted one) joins the running ones."""
         if resume and self.preempted:
@@ -202,7 +227,14 @@ class _Scheduler:
 
         return all(keeps(r) for r in self.running) and any(not r.prefilling for r in self.running)
 
-    def step(self, draw: st.DrawFn, change: str | None = None, settle: bool = False) -> Batch:
+    def step(
+        self,
+        draw: st.DrawFn,
+        change: str | None = None,
+        settle: bool = False,
+        whole: bool = False,
+        full: bool = False,
+    ) -> Batch:
         """Schedule every running request (decodes and short chunks first, a token each
         at least): a prefill chunk (the whole rest, shrunk) or the real token and drafts
         (all ``num_spec``, shrunk); then draw how many drafts are rejected.
@@ -210,7 +242,9 @@ class _Scheduler:
         ``change`` (one of :data:`CHANGES`, for a step whose requests all ran in the
         last one): the step repeats the last one's lengths (prefill chunks and decodes
         alike, in the same padding mode) but for that one quantity. ``settle``: the step
-        before such a one; prefill chunks take at most half their rest."""
+        before such a one; prefill chunks take at most half their rest. ``whole``: every
+        prefill chunk takes its whole rest (the budget permitting); ``full`` too, and every
+        decode its full ``next_n`` (a decode step)."""
         config, max_len = self.config, self.config.max_model_len
         self.preempted += self.waiting  # preempted before this step: back at a later one
         self.waiting = []
@@ -232,8 +266,13 @@ class _Scheduler:
                 # Settling: a chunk of at most half the rest, so that the next step
                 # can take the same chunk again.
                 most = left // 2 if settle and left > 1 else left
-                q = max(1, min(top, most - draw(st.integers(0, most - 1))))  # whole, shrunk
+                if not (whole or full):
+                    most -= draw(st.integers(0, most - 1))  # whole, shrunk
+                q = max(1, min(top, most))
                 drafts[req.req_id] = 0
+            elif full:
+                q = max(1, min(top, config.next_n))
+                drafts[req.req_id] = q - 1
             else:
                 d = config.num_spec - draw(st.integers(0, config.num_spec))  # full, shrunk
                 q = max(1, min(top, 1 + d))
@@ -294,10 +333,17 @@ def traces(
     max_len = config.max_model_len
     steps: list[Batch] = []
     pending: str | None = None  # the change a settling step left to the next
+    # The first decode step (shrinks to one, the earliest; one life in DECODE_ODDS has
+    # none): from it on, the running requests decode (see make_room_to_decode), the
+    # step before it settles. Decode steps are what the other choices shrink to too.
+    decode_from = num_steps
+    if num_steps > 1 and draw(st.integers(0, DECODE_ODDS - 1)) != DECODE_ODDS - 1:
+        decode_from = draw(st.integers(1, num_steps - 1))
     for k in range(num_steps):
         # Between steps: rejected drafts roll back; requests finish (those at the
         # model's length always) or are preempted; new ones arrive, or preempted return.
         sched.roll_back()
+        decoding, whole = k >= decode_from, k == decode_from - 1
         # A steady step (one later step in STEADY_ODDS; shrinks to 0, not steady): the
         # same requests as the last step, one quantity changed (see CHANGES). Where
         # the requests are not yet steady (prefills in the last step), this step
@@ -307,7 +353,12 @@ def traces(
             pending = None  # a request finishes: not the same requests
         elif pending is not None:
             change, pending = (pending, None) if sched.steady() else (None, None)
-        elif k > 0 and sched.running and draw(st.integers(0, STEADY_ODDS - 1)) == STEADY_ODDS - 1:
+        elif (
+            k > 0
+            and k not in (decode_from - 1, decode_from)  # settles, or the first decode step
+            and sched.running
+            and draw(st.integers(0, STEADY_ODDS - 1)) == STEADY_ODDS - 1
+        ):
             wanted = draw(st.sampled_from(CHANGES))
             if sched.steady():
                 change = wanted
@@ -316,19 +367,35 @@ def traces(
         if change is not None:
             steps.append(sched.step(draw, change))
             continue
+        if decoding:
+            sched.make_room_to_decode()
+            if sched.running:  # else every request finished: new ones arrive
+                steps.append(sched.step(draw, full=True))
+                continue
         for req in list(sched.running):
             if req.computed >= max_len or (k > 0 and not settle and draw(st.integers(0, 3)) == 3):
                 sched.leave(req, preempted=req.computed < max_len and draw(st.booleans()))
         if settle:
             steps.append(sched.step(draw, settle=True))
             continue
+        if whole:  # the step before the decode steps: its prefills whole
+            sched.make_room_to_decode()
         least = 0 if sched.running else 1
         room = sched.room
         arrivals = draw(st.integers(least, max(least, room))) if k == 0 or room else least
-        for _ in range(min(arrivals, room)):
-            resume = bool(sched.preempted) and draw(st.booleans())
-            prompt = 1 if resume or max_len == 1 else draw(st.integers(1, max_len - 1))
+        for i in range(min(arrivals, room)):
+            # Before the decode steps, every prompt fits the budget whole (one token
+            # left to each arrival after it).
+            most = max_len - 1
+            if whole:
+                left = config.max_num_batched_tokens - sched.tokens_wanted
+                most = min(most, left - (min(arrivals, room) - i - 1))
+                if most < 1:
+                    break
+            back = sched.preempted and (not whole or sched.preempted[0].prompt_len <= most)
+            resume = bool(back) and draw(st.booleans())
+            prompt = 1 if resume or most < 1 else draw(st.integers(1, most))
             sched.arrive(prompt, resume)
-        steps.append(sched.step(draw))
+        steps.append(sched.step(draw, whole=whole))
     drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))
     return Trace(config, tuple(steps), drawn)
