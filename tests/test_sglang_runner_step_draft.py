@@ -214,12 +214,80 @@ def test_without_cuda_graphs_the_draft_is_eager_only():
     assert ref.violations(draft) == []
 
 
+# -- the draft extend (sglang-eagle-draft-extend) ----------------------------------------------
+
+
+def _extend_life(trace: Trace) -> list[ref.RunnerStepOutputs]:
+    """Every step of ``trace`` on one new SGLang engine's draft extend."""
+    from attnfuzz.adapters.sglang.runner_step_draft_extend import run
+
+    run.new_engine()
+    return [run(ref.make_inputs(case)) for case in trace.cases()]
+
+
+@pytest.mark.parametrize("num_spec", [1, 2])
+def test_the_draft_extend_after_a_verify_of_three_requests_replays_the_graph_of_four(num_spec):
+    """The draft extend over the verify's window: prefix num_computed, num_draft_tokens
+    queries a request; three requests in the draft-extend graph of four."""
+    trace = _arrive_then_verify(num_spec)
+    w = trace.config.next_n
+    config = dataclasses.replace(trace.config, cudagraph_capture_sizes=(w, 2 * w, 4 * w))
+    first, second = _extend_life(Trace(config, trace.steps))
+    # The capture sizes in tokens, over next_n: the decode batch sizes 1, 2 and 4.
+    assert sorted(len(_values(b, "seq_lens")) for b in first.of("capture")) == [1, 2, 4]
+    assert [b.how for b in first.builds if b.how != "capture"] == ["eager", "fresh"]
+    assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
+    for how in ("padded", "replay"):
+        b = _build(second, how)
+        assert (b.num_reqs, b.num_tokens) == (3, 3 * w)
+        # The post-write length num_computed + next_n; the padding request: row 0,
+        # the fill 1 (resolve_draft_extend_seq_len_fill_value), no prefix read.
+        assert _values(b, "seq_lens") == [5 + w, 3 + w, 1 + w, 1], how
+        assert _values(b, "req_pool_indices")[3] == 0, how
+        assert _values(b, "qo_indptr") == [0, w, 2 * w, 3 * w, 4 * w], how
+        assert _values(b, "kv_indptr") == [0, 5, 8, 9, 9], how
+        assert _values(b, "kv_indices")[0] == [4, 5, 6, 7, 8], how
+        assert _values(b, "positions")[:w] == list(range(5, 5 + w)), how
+    assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+def test_a_wrong_slot_in_the_draft_extend_replay_is_caught(monkeypatch):
+    """A slot planted in the persistent kv_indices after SGLang's draft-extend replay
+    preparation: the replay and the padded build differ from the eager one there."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    own = TritonAttnBackend.init_forward_metadata_out_graph
+
+    def planted(self, forward_batch, in_capture=False):
+        own(self, forward_batch, in_capture=in_capture)
+        if not in_capture and forward_batch.forward_mode.is_draft_extend_v2():
+            self.cuda_graph_kv_indices[1] += 1  # request 0's second prefix slot
+
+    monkeypatch.setattr(TritonAttnBackend, "init_forward_metadata_out_graph", planted)
+    _, second = _extend_life(_arrive_then_verify())
+    found = {(v.prop, v.field, v.build) for v in ref.violations(second)}
+    assert found == {
+        ("padding invariance", "kv_indices", "padded"),
+        ("replay equals eager", "kv_indices", "replay"),
+    }
+
+
+def test_a_config_without_drafts_has_no_draft_extend():
+    from attnfuzz.adapters.sglang.runner_step_draft_extend import declines
+
+    config = spec_config(num_spec=0, max_num_seqs=8, cudagraph_capture_sizes=(2, 4))
+    why = declines(Case(config, Batch((5,), (1,), seed=1)))
+    assert why is not None and "no draft extend" in why
+    assert declines(Case(_arrive_then_verify(num_spec=1).config, Batch((5,), (2,), seed=1))) is None
+
+
 @pytest.mark.slow
-def test_a_derandomized_search_passes():
+@pytest.mark.parametrize("name", ["sglang-eagle-draft", "sglang-eagle-draft-extend"])
+def test_a_derandomized_search_passes(name):
     from attnfuzz.harness.registry import get_target
 
     target = get_target("runner-step")
-    impl = target.resolve("sglang-eagle-draft")
+    impl = target.resolve(name)
     from hypothesis import HealthCheck, given, settings
 
     @settings(max_examples=5, deadline=None, derandomize=True,

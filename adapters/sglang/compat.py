@@ -70,6 +70,7 @@ def range_problem(version: str) -> str | None:
 # adapter module, or "module.function" -> the APIs it calls. Filled by each adapter.
 _DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 _EAGLE_DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
+_EAGLE_DRAFT_EXTEND_RUNNER = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "graph_runner": (
         Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
@@ -109,6 +110,15 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
             "assign_draft_cache_locs_contiguous_func",
         ),
         Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
+    "runner_step_draft_extend": (
+        Api(_EAGLE_DRAFT_EXTEND_RUNNER, "EAGLEDraftExtendCudaGraphRunner.execute"),
+        Api(_EAGLE_DRAFT_EXTEND_RUNNER, "resolve_decode_backend"),
+        Api(
+            "sglang.srt.layers.attention.triton_backend",
+            "TritonAttnBackend._update_draft_extend_buffers",
+        ),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }

@@ -183,6 +183,21 @@ def _runner_step() -> list[Implementation]:
             declines=sglang.EngineCall("runner_step_draft", "declines"),
             traced=True,
         ),
+        sglang_impl(
+            "runner_step_draft_extend",
+            "run",
+            name="sglang-eagle-draft-extend",
+            description="installed SGLang: the EAGLE draft extend after each verify: "
+            "speculative/eagle_draft_extend_cuda_graph_runner.py:"
+            "EAGLEDraftExtendCudaGraphRunner (__init__ and capture for every capture size, "
+            "can_run_graph, execute) over the draft model's "
+            "layers/attention/triton_backend.py:TritonAttnBackend (eager "
+            "init_forward_metadata of DRAFT_EXTEND_V2, graph init_forward_metadata_out_graph), "
+            "the draft model's extend after an extend; rows kept in ReqToTokenPool; a graph "
+            "and draft-worker stand-in",
+            declines=sglang.EngineCall("runner_step_draft_extend", "declines"),
+            traced=True,
+        ),
     ]
 
 
