@@ -130,11 +130,13 @@ def test_repro_refuses_a_witness_sglang_never_reaches(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.nightly) for s in (1, 2))])
 def test_context_len_finding_minimizes_inside_sglangs_limits(seed, tmp_path, capsys):
     """``attnfuzz run`` finds the live context-len defect at each seed, and its
     minimized witness is a step SGLang reaches: read with SGLang's limits themselves,
-    so a strategy that drew (or a shrinker that walked) outside them fails here."""
+    so a strategy that drew (or a shrinker that walked) outside them fails here. CI
+    runs seed 0 (test_entries.py's derandomized search finds the mutant too); seeds
+    1 and 2, the same search on other draws, run nightly."""
     from attnfuzz.adapters.sglang.limits import trtllm_mla_admits
     from attnfuzz.harness.casefile import read_case
     from attnfuzz.harness.cli import main

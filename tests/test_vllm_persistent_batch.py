@@ -92,7 +92,11 @@ def test_the_engine_keeps_its_objects_across_steps_and_a_new_engine_drops_them()
         assert view.data_ptr() == buffer.data_ptr() != getattr(first, field).data_ptr()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# CI searches at seed 0; seeds 1 and 2 repeat the same search on other draws, nightly.
+NIGHTLY_SEEDS = [pytest.param(s, marks=[pytest.mark.slow, pytest.mark.nightly]) for s in (1, 2)]
+
+
+@pytest.mark.parametrize("seed", [0, *NIGHTLY_SEEDS])
 def test_derandomized_trace_fuzzing_passes(seed):
     t = target()
     result = fuzz(t, t.resolve("vllm"), max_examples=30, rng_seed=seed, database=None, traced=True)
