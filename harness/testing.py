@@ -68,11 +68,12 @@ PASSING_TRACES = 10
 """Generated traces (several steps of one engine each) an implementation that runs
 one step at a time must pass too, whatever its kind."""
 
-PASSING_ENGINE_TRACES = 50
+PASSING_ENGINE_TRACES = 25
 """Generated traces an engine implementation that lives across steps is judged on (in
 place of its kind's :data:`PASSING_EXAMPLES`): each trace is several whole steps of
 the engine's own Python (a runner step: seconds each on a 2-core machine), so the
-suite's search is sized by this count; a campaign or a nightly run searches longer."""
+suite's search is sized by this count; a campaign, ``benchmarks/surface.py`` (200
+per implementation) or a nightly run searches longer."""
 
 DETECTING_EXAMPLES = 1000
 """Generated cases a mutant must be found within (the slow tier, ``-m slow``)."""

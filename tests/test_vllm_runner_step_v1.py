@@ -259,6 +259,7 @@ def test_drawn_traces_hold_every_property(trace):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # the suite's own search of vllm-v1 (tests/test_entries.py) runs in CI
 @settings(
     max_examples=30,
     deadline=None,
