@@ -1,4 +1,4 @@
-"""How often the trace strategy draws the steady steps of issue 40, measured on its draws.
+"""What the trace strategy draws for an engine's life, measured on its draws.
 
     python benchmarks/strategies.py [--examples 1000] [--seeds 0 1 2] [--markdown FILE]
 
@@ -6,7 +6,12 @@ For each seed, ``--examples`` draws of ``traces()`` (SMALL, no target's paramete
 no fixes; nothing judged): the share of traces, and of their consecutive step pairs,
 that change one quantity only (``strategies.traces.step_change``: the decode length,
 the order of the same decode lengths, the real token count under the same padded
-size).
+size); and the share of traces that hold a step of each kind a runner-step
+implementation drives differently: a step padded for a graph, a graph config (the
+runners capture every size before the first step), a decode step with drafts (the
+drafters' first pass) and with two or more (their draft loop), decode steps only
+after the first (the scheduler's steady state, the steps SGLang's graph runners
+replay), a request preempted and resumed, a rollback of rejected drafts.
 ``--markdown FILE`` rewrites the section ``strategies:shares`` of FILE.
 """
 
@@ -20,6 +25,8 @@ from pathlib import Path
 
 from _common import table
 from _markdown import command_line, write_section
+from attnfuzz.reference.batch import Case
+from attnfuzz.strategies.batches import scenario_labels
 from attnfuzz.strategies.traces import CHANGES, step_change, traces
 from hypothesis import HealthCheck, given, seed, settings
 
@@ -46,6 +53,49 @@ def percent(count: int, of: int) -> str:
     return f"{100 * count / of:.1f}%" if of else "-"
 
 
+# What a runner-step implementation drives differently, by the trace's steps.
+REACH = (
+    "a step padded for a graph",
+    "graphs to capture",
+    "a decode step with drafts",
+    "a decode step with 2+ drafts",
+    "decode steps only after the first",
+    "a preempted request resumed",
+    "drafts rolled back",
+)
+
+
+def kinds_of(trace) -> list[str]:  # noqa: ANN001
+    """The :data:`REACH` kinds ``trace`` holds a step of."""
+    config, out = trace.config, []
+    labels = [set(scenario_labels(Case(config, step))) for step in trace.steps]
+    if any(any(x.startswith("padded") or x == "requires_padding" for x in ls) for ls in labels):
+        out.append("a step padded for a graph")
+    if config.cudagraph_mode != "NONE" and config.cudagraph_capture_sizes:
+        out.append("graphs to capture")
+    decodes = [sum(q <= config.threshold for q in step.q_lens) for step in trace.steps]
+    if config.num_spec >= 1 and any(decodes):
+        out.append("a decode step with drafts")
+    if config.num_spec >= 2 and any(decodes):
+        out.append("a decode step with 2+ drafts")
+    later = list(zip(decodes[1:], trace.steps[1:], strict=True))
+    if later and all(d == step.num_reqs for d, step in later):
+        out.append("decode steps only after the first")
+    seen: set[int] = set()
+    for prev, step in itertools.pairwise(trace.steps):
+        seen |= set(prev.req_ids)
+        if any(r in seen and r not in prev.req_ids for r in step.req_ids):
+            out.append("a preempted request resumed")
+            break
+    for prev, step in itertools.pairwise(trace.steps):
+        was = dict(zip(prev.req_ids, prev.seq_lens, strict=True))
+        now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
+        if any(r in was and now[r] < was[r] for r in now):
+            out.append("drafts rolled back")
+            break
+    return out
+
+
 def measure(examples: int, at: int) -> dict[str, str]:
     lives = drawn(traces(), examples, at)
     kinds: Counter = Counter()
@@ -55,7 +105,11 @@ def measure(examples: int, at: int) -> dict[str, str]:
         pairs += len(changes)
         kinds.update(c for c in changes if c is not None)
         with_change += any(c is not None for c in changes)
+    reach = Counter()
+    for trace in lives:
+        reach.update(set(kinds_of(trace)))
     return {
+        **{f"traces with {k}": percent(reach[k], len(lives)) for k in REACH},
         "traces with a one-quantity change": percent(with_change, len(lives)),
         "step pairs with a one-quantity change": percent(sum(kinds.values()), pairs),
         **{f"step pairs changing {k}": percent(kinds[k], pairs) for k in CHANGES},
