@@ -22,7 +22,10 @@ itself. What runs unchanged:
   ``TritonAttentionMetadataBuilder`` (``build``, ``build_for_cudagraph_capture``:
   the builder a CPU-only vLLM runs);
 - ``RequestState``, ``BlockTables``, ``InputBuffers`` and their kernels (under the
-  Triton interpreter here); ``set_forward_context``.
+  Triton interpreter here); ``set_forward_context``;
+- the speculator (next_n > 1, pages a multiple of 16): ``MTPSpeculator`` made, attached,
+  captured and proposing after each step as the runner does (:mod:`.runner_step_speculator`
+  says what of it runs and what is stood in).
 
 Stood in, and only where a model, a GPU graph or a collective is needed:
 
@@ -36,8 +39,10 @@ Stood in, and only where a model, a GPU graph or a collective is needed:
 - the data-parallel all-reduce (``get_dp_group().cpu_all_reduce_``): a second rank
   whose column is filled by its own ``dispatch_cg_and_sync_dp`` call
   (:mod:`.runner_modes`); the peer's batch is derived from the step (:func:`_peer`);
-- the sampler: ``postprocess_sampled`` with the rejected drafts the next step's
-  computed tokens say, as :mod:`.persistent_batch` does.
+- the sampler: ``sample_tokens`` runs between two steps, so it runs before the next
+  one: ``postprocess_sampled`` with the rejected drafts the next step's computed tokens
+  say (as :mod:`.persistent_batch` does), the accepted ones and a bonus token sampled
+  (token 0), then the speculator's proposal (:func:`_sample`).
 
 Builds of one step (``reference/runner_step.py``), each from its own engine object:
 
@@ -50,7 +55,11 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
   the step;
 - ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
 - ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
-  then the same scheduler output.
+  then the same scheduler output;
+- each engine's speculator's sub-steps of the proposal after the last step (the draft
+  prefill, ``draft`` 0, then each draft decode), as that engine's build (``eager``,
+  ``padded``, ``fresh``) with ``draft`` set, a replayed draft graph's as ``replay``;
+  the draft forwards of its capture and of its dummy runs as ``capture``.
 
 The engine's attention backend is Triton's, whose builder runs on the CPU: its
 ``AttentionCGSupport`` (ALWAYS, ``get_attn_cg_support``) and
@@ -81,6 +90,7 @@ import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's k
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
+from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
 from attnfuzz.reference.batch import Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
@@ -94,6 +104,7 @@ def prepare() -> None:
     _engine.prepare()
     _runner_class()
     import vllm.v1.attention.backends.triton_attn  # noqa: F401
+    import vllm.v1.worker.gpu.spec_decode.mtp.speculator  # noqa: F401
 
 
 def declines(case: Case) -> str | None:
@@ -170,17 +181,37 @@ class _Recorder:
     where: str = ""  # the engine function whose forward it is
     seen: list[tuple[str, str, _Seen]] = field(default_factory=list)
     capturing: Any = None  # the graph being captured, which keeps what the forward read
+    # The speculator's forwards of a proposal: (build, draft sub-step, what it read).
+    drafted: list[tuple[str, int, _Seen]] = field(default_factory=list)
+    draft: int | None = None  # the next draft sub-step while the speculator proposes
+    replaying: bool = False  # a draft graph replays (its forwards are the replay's)
 
-    def forward(self, positions: torch.Tensor) -> None:
+    @staticmethod
+    def handed(positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
 
-        context = get_forward_context()
-        metadata = context.attn_metadata
-        seen = _Seen(metadata[_LAYER] if metadata else None, positions)
+        metadata = get_forward_context().attn_metadata
+        return _Seen(metadata[layer] if metadata else None, positions)
+
+    def forward(self, positions: torch.Tensor) -> None:
+        seen = self.handed(positions)
         if self.capturing is not None:
             self.capturing.read = seen
         if self.kind == "capture":  # a step's own build is its ExecuteModelState
             self.seen.append((self.kind, self.where, seen.frozen()))
+
+    def draft_forward(self, positions: torch.Tensor) -> None:
+        """What a draft forward read: a sub-step of a proposal, else a capture's or a
+        dummy run's."""
+        if self.kind is None:
+            return
+        seen = self.handed(positions, speculating.DRAFT_LAYER).frozen()
+        if self.draft is None:
+            if self.kind == "capture":
+                self.seen.append((self.kind, f"{speculating.WHERE} ({self.where})", seen))
+            return
+        self.drafted.append(("replay" if self.replaying else self.kind, self.draft, seen))
+        self.draft += 1
 
 
 class _Model(torch.nn.Module):
@@ -203,8 +234,17 @@ class _Graph:
     def __init__(self, recorder: _Recorder) -> None:
         self.recorder = recorder
         self.read: _Seen | None = None
+        self.rerun: Any = None  # a draft graph's captured speculator function
 
     def replay(self) -> None:
+        if self.rerun is not None:
+            # A draft graph holds the metadata updates of its loop: run them again.
+            self.recorder.replaying = True
+            try:
+                self.rerun()
+            finally:
+                self.recorder.replaying = False
+            return
         if self.read is None:
             raise RuntimeError("attnfuzz: a graph replayed that captured no forward")
         if self.recorder.kind is not None:
@@ -292,9 +332,13 @@ def num_blocks(config: EngineConfig) -> int:
     return config.max_num_seqs * config.max_blocks_per_seq + 3
 
 
-def _attention(vc: Any, config: EngineConfig, device: torch.device) -> tuple[Any, Any]:
+def _attention(
+    vc: Any, config: EngineConfig, device: torch.device, *, draft: bool
+) -> tuple[Any, Any]:
     """One KV-cache group of one attention layer, the Triton backend's; its
-    ``KVCacheConfig``."""
+    ``KVCacheConfig``. With a speculator, the draft layer is in the group too (as
+    ``initialize_kv_cache`` finds it), and the target's metadata holds it (the draft
+    prefill reads the target's)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.worker.utils import AttentionGroup
@@ -302,9 +346,10 @@ def _attention(vc: Any, config: EngineConfig, device: torch.device) -> tuple[Any
     spec = FullAttentionSpec(
         block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
     )
+    layers = [_LAYER] + ([speculating.DRAFT_LAYER] if draft else [])
     group = AttentionGroup(
         backend=TritonAttentionBackend,
-        layer_names=[_LAYER],
+        layer_names=list(layers),
         kv_cache_spec=spec,
         kv_cache_group_id=0,
     )
@@ -312,7 +357,7 @@ def _attention(vc: Any, config: EngineConfig, device: torch.device) -> tuple[Any
     kv = KVCacheConfig(
         num_blocks=num_blocks(config),
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([_LAYER], spec)],
+        kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
     )
     return [[group]], kv
 
@@ -375,7 +420,13 @@ class _Engine:
             )
             r.model = _Model(self.recorder)
             r.model_state = DefaultModelState(vc, r.model, None, device)
-            r.attn_groups, r.kv_cache_config = _attention(vc, config, device)
+            # __init__'s speculator (MTP for next_n > 1), loaded as load_model loads it.
+            r.speculator = r.sampler = None
+            if speculating.runs(config, vc):
+                r.speculator = speculating.make(r, self.recorder)
+            r.attn_groups, r.kv_cache_config = _attention(
+                vc, config, device, draft=r.speculator is not None
+            )
             width = get_block_table_width(
                 cdiv(config.max_model_len, config.block_size), config.block_size,
                 token_alignment=128,
@@ -414,6 +465,8 @@ class _Engine:
                     vc, device, resolved, decode_query_len=r.decode_query_len,
                     lora_capture_cases=[0], varlen_decode=False, ubatch_runner=None,
                 )  # fmt: skip
+                if r.speculator is not None:
+                    speculating.attach(r, resolved)
         # What execute_model also reaches, none of which computes attention metadata.
         r.kv_connector = NO_OP_KV_CONNECTOR
         r.eplb = EPLBController(vc.parallel_config, device)
@@ -431,11 +484,11 @@ class _Engine:
         for name in (
             "pp_handler", "encoder_cache", "aux_output_connector", "ubatch_runner",
             "pcp_manager", "pooling_runner", "prompt_logprobs_worker", "adaptive_verification",
-            "sampler", "speculator", "fast_prefill", "kv_block_zeroer",
+            "fast_prefill", "kv_block_zeroer",
         ):  # fmt: skip
             setattr(r, name, None)
         self.held: set[str] = set()
-        self.last: tuple[list[str], list[int], torch.Tensor, torch.Tensor] | None = None
+        self.last: _Last | None = None
         self.capture()
 
     def capture(self) -> None:
@@ -453,6 +506,9 @@ class _Engine:
                     r.model, r.model_state, r.input_buffers, None, r.block_tables,
                     r.attn_groups, r.kv_cache_config,
                 )  # fmt: skip
+                if r.speculator is not None:  # capture_model: the speculator's after
+                    self.recorder.where = "SpeculatorCudaGraphManager.capture"
+                    r.speculator.capture()
         finally:
             self.recorder.kind = None
 
@@ -509,6 +565,7 @@ def _scheduler_output(
         finished_req_ids=held - set(scheduled),
         free_encoder_mm_hashes=[],
         preempted_req_ids=set(),
+        num_spec_tokens_to_schedule=config.num_spec,  # Scheduler.schedule: no dynamic SD
     )
 
 
@@ -551,11 +608,17 @@ def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
     from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
 
     pc = runner.parallel_config
+    # The speculator reads the group's size where the runner does (its own copies).
+    ranks = [runner.speculator] if runner.speculator is not None else []
     if peer is None:
         pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+        for s in ranks:
+            s.dp_size, s.dp_rank = 1, 0
         yield
         return
     pc.data_parallel_size, pc.data_parallel_rank = 2, 0
+    for s in ranks:
+        s.dp_size, s.dp_rank = 2, 0
     with _peer_column_v2() as column:
         dispatch_cg_and_sync_dp(
             runner.cudagraph_manager, peer.num_reqs, peer.num_tokens, peer.uniform, 2, 1,
@@ -567,33 +630,104 @@ def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
             yield
     finally:
         pc.data_parallel_size, pc.data_parallel_rank = 1, 0
+        for s in ranks:
+            s.dp_size, s.dp_rank = 1, 0
 
 
-def _sample(engine: _Engine, now: dict[str, int]) -> None:
-    """``sample_tokens`` of the engine's last step, ``postprocess_sampled``: each request's
-    rejected drafts, as the scheduler has since counted them (``now``: its computed
-    tokens; none rejected for a request not in it)."""
-    if engine.last is None:
-        return
-    req_ids, seq_lens, idx_mapping, query_start_loc = engine.last
+@dataclass
+class _Last:
+    """What ``sample_tokens`` takes of an engine's last step: its ``ExecuteModelState``,
+    each request's length after it and drafts in it, and the step's data-parallel peer."""
+
+    state: Any
+    seq_lens: list[int]
+    drafts: list[int]
+    peer: _Peer | None
+
+
+def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> list[StepBuild]:
+    """``sample_tokens`` of the engine's last step: ``postprocess_sampled`` with each
+    request's rejected tokens as the scheduler has since counted them (``now``: its
+    computed tokens; none rejected for a request not in it), so that the runner's count
+    follows the scheduler's, and the accepted drafts and a bonus token sampled (none
+    past the request's row of ``max_model_len`` tokens, where the scheduler finishes
+    it); then the speculator's proposal on the sampler's verdict (which rejects among
+    the step's drafts only: a trace may move a request on past its step, or back), its
+    forwards the draft builds of ``how`` (None: not recorded), which it returns."""
+    last = engine.last
+    if last is None:
+        return []
     engine.last = None
     r = engine.runner
-    rejected = [s - now.get(rid, s) for rid, s in zip(req_ids, seq_lens, strict=True)]
-    n = len(req_ids)
+    batch = last.state.input_batch
+    counted = [s - now.get(rid, s) for rid, s in zip(batch.req_ids, last.seq_lens, strict=True)]
+    rejected = [min(max(x, 0), d) for x, d in zip(counted, last.drafts, strict=True)]
+    room = engine.config.max_model_len - r.req_states.total_len.gpu[batch.idx_mapping]
+    wanted = torch.tensor([1 + d - x for d, x in zip(last.drafts, rejected, strict=True)])
+    num_sampled = torch.minimum(wanted, room).to(torch.int32)
+    num_rejected = torch.tensor(rejected, dtype=torch.int32)
+    n = batch.num_reqs
     # The sampler's penalty counts (output_bin_counts) are read on the last pipeline
     # stage only: no sampler here, so the call runs as another stage's would.
     r.is_last_pp_rank = False
     try:
         with host_memory(engine.device):
             r.postprocess_sampled(
-                idx_mapping,
+                batch.idx_mapping,
                 torch.zeros(n, r.req_states.num_speculative_steps + 1, dtype=torch.int64),
-                torch.zeros(n, dtype=torch.int32),  # num_sampled: no token written
-                torch.tensor(rejected, dtype=torch.int32),
-                query_start_loc,
+                num_sampled,
+                torch.tensor(counted, dtype=torch.int32),
+                batch.query_start_loc,
             )
     finally:
         r.is_last_pp_rank = True
+    if r.speculator is None:
+        return []
+    recorder = engine.recorder
+    recorder.kind, recorder.draft = how, 0
+    try:
+        with host_memory(engine.device), _graphs(recorder), _data_parallel(r, last.peer):
+            speculating.propose(r, last.state, num_sampled, num_rejected)
+    finally:
+        recorder.kind = recorder.draft = None
+    out = []
+    for kind, draft, seen in recorder.drafted:
+        # The draft prefill runs the step's tokens; each draft decode one per request.
+        tokens = batch.num_tokens if draft == 0 else n
+        fields = _fields(engine.config, seen)
+        if draft == 0:
+            fields = _draft_prefill_positions(engine.config, seen, fields, rejected)
+        out.append(StepBuild(kind, n, tokens, fields, speculating.WHERE, draft=draft))
+    recorder.drafted.clear()
+    return out
+
+
+def _draft_prefill_positions(
+    config: EngineConfig, seen: _Seen, fields: tuple[Field, ...], rejected: list[int]
+) -> tuple[Field, ...]:
+    """The draft prefill's positions, per request: its query rows (``query_start_loc``),
+    of which the first ``query_len - rejected`` are real. The speculator pads each
+    request's query to include its rejected drafts, keeping the target's batch shape
+    (``TargetDependentARSpeculator.propose``), and ``prepare_prefill_inputs`` writes no
+    position for those rows: what an earlier step left there is read, by the draft
+    model alone, for a token past the request's accepted length (its draft KV is written
+    again, by the next step's draft prefill or the draft loop, before a forward's length
+    reaches it) and whose output nobody samples. Every entry is still held to the
+    model's positions."""
+    qsl = _np(seen.meta.query_start_loc).astype(np.int64)
+    positions = _np(seen.positions)
+    lens = qsl[1:] - qsl[:-1]
+    width = max(int(lens.max(initial=0)), 1)
+    per_request = np.zeros((len(lens), width), dtype=positions.dtype)  # 0: past a query
+    for i, (start, n) in enumerate(zip(qsl[:-1], lens, strict=True)):
+        per_request[i, :n] = positions[start : start + n]
+    real = lens.copy()
+    real[: len(rejected)] -= np.asarray(rejected, dtype=np.int64)
+    field = Field(
+        "positions", "requests", per_request, (0, config.max_model_len - 1),
+        row_lengths=real,
+    )  # fmt: skip
+    return tuple(field if f.name == "positions" else f for f in fields)
 
 
 def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
@@ -615,7 +749,8 @@ def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
         + out.num_scheduled_tokens[rid]
         for rid in batch.req_ids
     ]
-    engine.last = (list(batch.req_ids), seq_lens, batch.idx_mapping, batch.query_start_loc)
+    drafts = [len(out.scheduled_spec_decode_tokens.get(rid, ())) for rid in batch.req_ids]
+    engine.last = _Last(state, seq_lens, drafts, peer)
     return state
 
 
@@ -729,6 +864,7 @@ class RunnerStepEngine:
         self.key: tuple[EngineConfig, torch.device] | None = None
         self.graphs: _Engine | None = None
         self.eager: _Engine | None = None
+        self.fresh: _Engine | None = None  # the last step's, which proposes after it
         self.pages: dict[str, tuple[int, ...]] = {}  # the scheduler's: each request's pages
 
     def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -738,6 +874,7 @@ class RunnerStepEngine:
             self.key = (inputs.config, inputs.device)
             self.graphs = _Engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
             self.eager = _Engine(inputs.config, inputs.device, "NONE")
+            self.fresh = None
             builds += _seen_builds(self.graphs, 0, 0)  # the capture runs
         graphs, eager = self.graphs, self.eager
         assert graphs is not None and eager is not None
@@ -749,8 +886,10 @@ class RunnerStepEngine:
             if not new
         }
         dql = graphs.runner.decode_query_len
-        _sample(graphs, now)
-        _sample(eager, now)
+        # sample_tokens of the last step, each engine's speculator proposing after it.
+        builds += _sample(eager, now, "eager") + _sample(graphs, now, "padded")
+        if self.fresh is not None:
+            builds += _sample(self.fresh, now, "fresh")
         # This rank idle while the peer runs the step (a dummy run between two steps).
         step_peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
         _dummy(graphs, step_peer)
@@ -768,7 +907,8 @@ class RunnerStepEngine:
                 inputs.req_ids, inputs.is_new, inputs.new_block_ids, strict=True
             )
         }
-        builds.append(self._fresh(inputs, held))
+        fresh, self.fresh = self._fresh(inputs, held)
+        builds.append(fresh)
         return RunnerStepOutputs(tuple(builds))
 
     @staticmethod
@@ -778,10 +918,13 @@ class RunnerStepEngine:
             raise ValueError(f"attnfuzz: a page id outside the engine's KV cache [0, {top}]")
 
     @staticmethod
-    def _fresh(inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]) -> StepBuild:
+    def _fresh(
+        inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]
+    ) -> tuple[StepBuild, _Engine]:
         """The step on a new engine of mode NONE: its running requests first added as new
         (one token each, at their computed tokens less one, with the pages they held;
-        as many warm-up steps as the token budget takes), then the step's own output."""
+        as many warm-up steps as the token budget takes), then the step's own output;
+        the engine, whose speculator proposes after the step."""
         config = inputs.config
         fresh = _Engine(config, inputs.device, "NONE")
         running = [i for i, new in enumerate(inputs.is_new) if not new]
@@ -801,7 +944,7 @@ class RunnerStepEngine:
             _execute(fresh, _scheduler_output(warm, fresh.held - set(map(str, warm.req_ids))))
         _sample(fresh, {str(inputs.req_ids[i]): inputs.num_computed_tokens[i] for i in running})
         state = _execute(fresh, _scheduler_output(inputs, fresh.held))
-        return _step_build("fresh", config, state, history=False)
+        return _step_build("fresh", config, state, history=False), fresh
 
 
 ENGINE = RunnerStepEngine()

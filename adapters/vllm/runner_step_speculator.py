@@ -1,0 +1,184 @@
+"""vLLM's V2 speculator run whole after the target step, for the implementation ``vllm`` of
+``runner-step`` (:mod:`.runner_step`).
+
+vLLM 0.33.0's V2 ``GPUModelRunner`` makes its speculator in ``__init__``
+(``init_speculator``: the tiny DeepSeek model's MTP config makes an ``MTPSpeculator``,
+a ``TargetDependentARSpeculator``), loads it in ``load_model``, gives it the target's
+attention state in ``initialize_kv_cache`` (``set_attn``, then
+``init_cudagraph_manager`` with the resolved cudagraph mode), captures its graphs in
+``capture_model`` after the target's, and calls its ``propose`` in ``sample_tokens``
+after ``postprocess_sampled`` (and in ``_dummy_run``, ``dummy_run=True``). What runs
+unchanged (``vllm/v1/worker/gpu/spec_decode/``):
+
+- ``DraftModelSpeculator``: ``__init__``, ``load_model``, ``set_attn`` (its own
+  ``init_attn_backend`` for the draft layer: a ``TritonAttentionMetadataBuilder``),
+  ``_configure_decode_metadata_update``, ``_copy_request_inputs``,
+  ``_build_attn_metadata``, ``_build_uniform_attn_metadata``,
+  ``_build_uniform_batch_dp_sync``, ``_update_draft_decode_metadata``, ``sample_draft``
+  (greedy, the config's ``draft_sample_method``);
+- ``TargetDependentARSpeculator``: ``init_cudagraph_manager``, ``capture``, ``propose``
+  (the draft prefill on the target's metadata or its FULL graph, the multi-step draft
+  decode, fused or not, each with ``dispatch_cg_and_sync_dp`` reusing the target's
+  data-parallel agreement), ``_prefill``, ``_generate_fused_drafts``, ``_generate_draft``,
+  ``_run_model``; the Triton kernels ``prepare_prefill_inputs``,
+  ``prepare_decode_inputs``, ``update_draft_inputs`` and ``BlockTables.compute_slot_mappings``
+  (under the Triton interpreter);
+- ``SpeculatorCudaGraphManager`` (``target_dependent_ar/cudagraph_utils.py``): its
+  ``capture`` (fresh dummy metadata per capture, ``prepare_inputs_to_capture``),
+  ``specialize_spec_tokens``, and the base manager's ``dispatch`` and ``run_fullgraph``.
+
+Stood in, as ``load_model`` would make them:
+
+- the draft model (``load_draft_model``): the V1 drafter's stand-in
+  (:class:`.runner_step_drafter.DraftModel`), recording each forward's attention
+  metadata of the draft layer and positions and returning zero hidden states and
+  logits; its attention layer, one more layer of the target's KV-cache group as an
+  MTP layer is (``load_model`` finds it in the static forward context);
+- the sampler's states the proposal reads (temperature 0 and seeds of every row);
+- CUDA graphs (:func:`.runner_step._graphs`): a draft graph keeps the speculator
+  function its capture ran, with the capture's arguments, and its replay runs that
+  function again (what a replay does: the captured kernels on the same buffers, the
+  capture's sizes), the draft model reporting each forward as a replay.
+
+The accepted drafts are the scheduler's: ``sample_tokens`` runs between two steps, so
+the proposal after a step runs before the next one, each request's rejected drafts
+those the next step's computed tokens say (:func:`.runner_step._sample`).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from attnfuzz.adapters.vllm import runner_step_drafter as drafting
+
+DRAFT_LAYER = drafting.DRAFT_LAYER
+WHERE = "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py: TargetDependentARSpeculator"
+
+# The speculator functions a draft graph captures (``capture``): a replay runs them again.
+_CAPTURED = ("_prefill", "_generate_fused_drafts", "_generate_draft")
+
+
+def runs(config: Any, vc: Any) -> bool:
+    """Whether the runner has a speculator (next_n > 1) that ``initialize_kv_cache`` can
+    give attention: its ``set_attn`` picks a kernel block size as the runner does, and
+    Triton's are multiples of 16 (another block size raises there, as it would for the
+    target's layers, which this adapter builds without that check)."""
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    return vc.speculative_config is not None and TritonAttentionBackend.supports_block_size(
+        config.block_size
+    )
+
+
+def make(runner: Any, recorder: Any) -> Any:
+    """The runner's speculator as ``__init__`` and ``load_model`` make it (the draft model
+    stood in, reporting to ``recorder.draft_forward``), its graph functions noting the
+    graph that captures them; the sampler states ``propose`` reads."""
+    from vllm.v1.worker.gpu.spec_decode import init_speculator
+
+    vc = runner.vllm_config
+    speculator = init_speculator(vc, runner.device, runner.req_states)
+
+    def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
+        # What load_eagle_model leaves: the draft layer registered, the model loaded.
+        vc.compilation_config.static_forward_context[DRAFT_LAYER] = drafting._draft_layer(vc)
+        return drafting.DraftModel(recorder.draft_forward, speculator.hidden_size, False)
+
+    speculator.load_draft_model = load_draft_model
+    speculator.load_model(runner.model)
+    for name in _CAPTURED:
+        setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
+    runner.sampler = _Sampler(runner.max_num_reqs)
+    runner._draft_workspace_lane = 0  # GPUModelRunner.__init__: not a DSpark drafter
+    return speculator
+
+
+class _Sampler:
+    """The sampler, of which the runner reads here only the sampling states the proposal
+    takes (greedy: temperature 0) and its staged writes (none: no request has sampling
+    parameters); a read of anything else raises."""
+
+    def __init__(self, max_num_reqs: int) -> None:
+        self.sampling_states = SimpleNamespace(
+            temperature=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.float32)),
+            seeds=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.int64)),
+        )
+
+    def apply_staged_writes(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"attnfuzz's stand-in sampler (adapters/vllm/runner_step_speculator.py) has no "
+            f"{name!r}: the installed vLLM's runner reads what the adapter does not model"
+        )
+
+
+def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
+    """``fn``, which tells the graph being captured (the outermost call) to replay it:
+    again with the capture's arguments, under the capture's data-parallel size (a
+    replay runs no host code, so no collective of ``set_forward_context``)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        graph = recorder.capturing
+        if graph is not None and graph.rerun is None:
+            pc, size = vc.parallel_config, vc.parallel_config.data_parallel_size
+
+            def rerun() -> None:
+                now, pc.data_parallel_size = pc.data_parallel_size, size
+                try:
+                    fn(*args, **kwargs)
+                finally:
+                    pc.data_parallel_size = now
+
+            graph.rerun = rerun
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def attach(runner: Any, resolved_mode: Any) -> None:
+    """``initialize_kv_cache``: the speculator's attention state, then its graph managers
+    for the resolved mode."""
+    speculator = runner.speculator
+    speculator.set_attn(
+        runner.model_state, runner.kv_cache_config, runner.block_tables,
+        runner.input_buffers, runner.attn_groups,
+    )  # fmt: skip
+    speculator.init_cudagraph_manager(resolved_mode)
+
+
+def propose(runner: Any, state: Any, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> Any:
+    """``sample_tokens``' proposal on the state ``execute_model`` left, after
+    ``postprocess_sampled``: the speculator's ``propose`` as it is called there, its
+    drafts kept in the request states."""
+    from vllm.v1.worker.gpu.spec_decode.utils import get_drafter_hidden_states
+
+    speculator = runner.speculator
+    batch = state.input_batch
+    speculator.observe_verification(batch.idx_mapping, num_sampled, num_rejected)
+    num_spec_tokens = state.num_spec_tokens_to_schedule
+    draft_tokens = speculator.propose(
+        batch,
+        state.attn_metadata,
+        state.slot_mappings_by_layer,
+        get_drafter_hidden_states(runner.model, state.hidden_states),
+        state.aux_hidden_states,
+        num_sampled,
+        num_rejected,
+        runner.req_states.last_sampled_tokens,
+        runner.req_states.next_prefill_tokens,
+        runner.sampler.sampling_states.temperature.gpu,
+        runner.sampler.sampling_states.seeds.gpu,
+        num_speculative_tokens=num_spec_tokens,
+        dp_sync_state=state.dp_sync_state,
+        mm_inputs=None,
+    )
+    if num_spec_tokens < runner.num_speculative_steps:
+        draft_tokens[:, num_spec_tokens:] = -1
+    runner.req_states.draft_tokens[batch.idx_mapping] = draft_tokens
+    return draft_tokens
