@@ -99,6 +99,9 @@ def main() -> int:
     parser.add_argument("--log", type=Path, default=None, help="write CI's whole output here")
     parser.add_argument("--readme", type=Path, default=None, help="README whose figures to update")
     args = parser.parse_args()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()  # the commit the clone measures
     with tempfile.TemporaryDirectory(prefix="attnfuzz-ci-") as scratch:
         code, log, total = run_ci(Path(scratch), args.fast_tier_only, args.beside)
     if args.log is not None:
@@ -116,7 +119,8 @@ def main() -> int:
         "",
         table(["command", "minutes"], rows, pad=False),
         "",
-        f"Measured by `{command_line('ci', sys.argv[1:], drop=('--markdown', '--log'))}`.",
+        f"Measured by `{command_line('ci', sys.argv[1:], drop=('--markdown', '--log'))}`"
+        f" (commit {head}).",
     ]
     print("\n".join(lines))
     if args.markdown is not None:
