@@ -339,6 +339,9 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         V2_RUNNER_PREPARE,
         Api(_V2_DP, "dispatch_cg_and_sync_dp", keyword="allow_skip_drafts"),
         Api(_V2_GRAPHS, "ModelCudaGraphManager"),
+        # its speculator, made and run as the runner does
+        Api("vllm.v1.worker.gpu.spec_decode", "init_speculator"),
+        Api("vllm.v1.worker.gpu.spec_decode.utils", "get_drafter_hidden_states"),
     ),
     # runner_step_v1: the V1 execute_model whole, its capture and its model's graph
     # wrapper, in 0.33.0's forms (the slot mappings built apart from the metadata).
@@ -350,6 +353,10 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher.get_capture_descs"),
         Api("vllm.v1.worker.utils", "prepare_kernel_block_sizes"),
         Api("vllm.compilation.cuda_graph", "CUDAGraphWrapper"),
+        # its drafter's propose, on the padded drafter batch
+        Api("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
+        Api("vllm.v1.spec_decode.eagle", "EagleProposer"),
+        Api("vllm.config", "SpeculativeConfig._maybe_override_draft_max_model_len"),
     ),
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),
