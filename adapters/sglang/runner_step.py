@@ -576,73 +576,97 @@ def step_mode(inputs: RunnerStepInputs) -> str:
     return "extend"
 
 
-def _fresh(engine: _Engine, inputs: RunnerStepInputs) -> StepBuild:
-    """The step on a new engine (no graph runner) whose requests are the step's, each
-    arriving with every page it holds."""
-    fresh = _Engine(engine.config, engine.device, graphs=False)
-    pages = tuple(tuple(engine.requests[i].pages) for i in inputs.req_ids)
-    arrived = RunnerStepInputs(
+def arrived_anew(requests: dict[int, Any], inputs: RunnerStepInputs) -> RunnerStepInputs:
+    """The step's requests as a new engine meets them: each arriving with every page it
+    holds in ``requests`` (the engine's own, by request id)."""
+    return RunnerStepInputs(
         config=inputs.config,
         req_ids=inputs.req_ids,
         is_new=(True,) * inputs.num_reqs,
         num_computed_tokens=inputs.num_computed_tokens,
         query_lens=inputs.query_lens,
-        new_block_ids=pages,
+        new_block_ids=tuple(tuple(requests[i].pages) for i in inputs.req_ids),
         device=inputs.device,
     )
-    with _server_args(engine.config):
-        fresh.admit(arrived)
-        fresh.write_rows(arrived)
-        return fresh.eager(arrived, step_mode(inputs), how="fresh")
 
 
-class RunnerStep:
-    """SGLang's engine across the steps of one life: call it with each scheduler output."""
+class EngineLife:
+    """One SGLang engine across the steps of one life, made anew for another config:
+    the driver every SGLang implementation of ``runner-step`` shares. Per step, the
+    capture runs made as the engine started (reported with its first step), the
+    eager build, what the runner's graph builds where it runs the step, and the step
+    on a new engine (no graph runner) whose requests are the step's, each arriving
+    with every page it holds. A subclass says what its engine is and builds."""
 
     def __init__(self) -> None:
         self.new_engine()
 
     def new_engine(self) -> None:
-        """A new engine: drop the pools, the backend, the graph runner and the requests."""
+        """A new engine: drop the pools, the backends, the graph runner, the requests."""
         self.key: tuple[EngineConfig, torch.device] | None = None
-        self.engine: _Engine | None = None
+        self.engine: Any = None
+
+    def prepare(self) -> None:
+        prepare()
+
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
+        """A new engine; ``graphs``: with its graph runner, captured."""
+        return _Engine(config, device, graphs=graphs)
+
+    def core(self, engine: Any) -> _Engine:
+        """The target model's engine of ``engine`` (its requests, pools and rows)."""
+        return engine
+
+    def eager(self, engine: Any, inputs: RunnerStepInputs, mode: str, how: str) -> StepBuild:
+        return engine.eager(inputs, mode, how=how)
+
+    def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
+        """What the runner's graph builds for the step, where it runs it."""
+        graphs = engine.graph_runner
+        if mode == "extend" or graphs is None:
+            return []
+        fb = engine.forward_batch(inputs, mode)
+        if not graphs.can_run_graph(fb):
+            return []
+        graphs.execute(fb)  # load_batch, then the graph stand-in's replay
+        R, T = inputs.num_reqs, inputs.num_tokens
+        bs, backend = graphs.bs, engine.backend
+        persistent = _engine.StandIn(
+            kv_indptr=backend.kv_indptr,
+            kv_indices=backend.cuda_graph_kv_indices,
+            qo_indptr=backend.qo_indptr if mode == "verify" else None,
+        )
+        baked = graphs.backend.graphs[graphs._replay_graph_key]
+        return [
+            engine._graph_build("padded", graphs, bs, R, T, persistent),
+            engine._graph_build("replay", graphs, bs, R, T, baked),
+        ]
 
     def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        prepare()
+        self.prepare()
         if self.engine is None or self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)  # another config is another engine
-            # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no decode graph runner
-            # (SGLang's decode graphs are whole: any other mode captures them).
+            # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no graph runner
+            # (SGLang's graphs are whole: any other mode captures them).
             with_graphs = inputs.config.cudagraph_mode != "NONE"
-            self.engine = _Engine(inputs.config, inputs.device, graphs=with_graphs)
-        engine = self.engine
-        mode = step_mode(inputs)
-        R, T = inputs.num_reqs, inputs.num_tokens
-        # The capture runs, made as the engine started (reported with its first step).
+            self.engine = self.make(inputs.config, inputs.device, with_graphs)
+        engine, mode = self.engine, step_mode(inputs)
         builds, engine.captures = engine.captures, []
         with _server_args(inputs.config):
-            engine.admit(inputs)
-            engine.write_rows(inputs)
-            builds.append(engine.eager(inputs, mode))
-            graphs = engine.graph_runner
-            if mode != "extend" and graphs is not None:
-                fb = engine.forward_batch(inputs, mode)
-                if graphs.can_run_graph(fb):
-                    graphs.execute(fb)  # load_batch, then the graph stand-in's replay
-                    bs, backend = graphs.bs, engine.backend
-                    persistent = _engine.StandIn(
-                        kv_indptr=backend.kv_indptr,
-                        kv_indices=backend.cuda_graph_kv_indices,
-                        qo_indptr=backend.qo_indptr if mode == "verify" else None,
-                    )
-                    builds.append(engine._graph_build("padded", graphs, bs, R, T, persistent))
-                    baked = graphs.backend.graphs[graphs._replay_graph_key]
-                    builds.append(engine._graph_build("replay", graphs, bs, R, T, baked))
-        builds.append(_fresh(engine, inputs))
+            self.core(engine).admit(inputs)
+            self.core(engine).write_rows(inputs)
+            builds.append(self.eager(engine, inputs, mode, "eager"))
+            builds += self.graph_builds(engine, inputs, mode)
+        fresh = self.make(engine.config, engine.device, False)
+        arrived = arrived_anew(self.core(engine).requests, inputs)
+        with _server_args(engine.config):
+            self.core(fresh).admit(arrived)
+            self.core(fresh).write_rows(arrived)
+            builds.append(self.eager(fresh, arrived, mode, "fresh"))
         return RunnerStepOutputs(tuple(builds))
 
 
-ENGINE = RunnerStep()
+ENGINE = EngineLife()
 """The engine of the implementation ``sglang`` of ``runner-step``."""
 
 

@@ -273,80 +273,53 @@ def _at(build: StepBuild) -> StepBuild:
     return dataclasses.replace(build, where=_WHERE[build.how])
 
 
-def _fresh(engine: _ExtendEngine, inputs: RunnerStepInputs, mode: str) -> StepBuild:
-    """The step's draft extend on a new engine (no graph runner) whose requests are the
-    step's, each arriving with every page it holds."""
-    fresh = _ExtendEngine(engine.config, engine.device, graphs=False)
-    pages = tuple(tuple(engine.engine.requests[i].pages) for i in inputs.req_ids)
-    arrived = RunnerStepInputs(
-        config=inputs.config,
-        req_ids=inputs.req_ids,
-        is_new=(True,) * inputs.num_reqs,
-        num_computed_tokens=inputs.num_computed_tokens,
-        query_lens=inputs.query_lens,
-        new_block_ids=pages,
-        device=inputs.device,
-    )
-    with decode._server_args(engine.config):
-        fresh.engine.admit(arrived)
-        fresh.engine.write_rows(arrived)
-        if mode == "verify":
-            return fresh.eager(arrived, how="fresh")
-        return fresh.engine.eager(arrived, mode, how="fresh")
+class DraftExtendLife(decode.EngineLife):
+    """SGLang's EAGLE draft extend across the steps of one engine: called with each
+    scheduler output of the target. A verify is followed by the draft extend over its
+    window; any other step (an extend, ``decode.step_mode``) by the draft model's
+    extend, eagerly."""
 
-
-class DraftExtendRunnerStep:
-    """SGLang's EAGLE draft extend across the steps of one engine: call it with each
-    scheduler output of the target."""
-
-    def __init__(self) -> None:
-        self.new_engine()
-
-    def new_engine(self) -> None:
-        """A new engine: drop the pools, the backend, the draft-extend runner, the requests."""
-        self.key: tuple[EngineConfig, torch.device] | None = None
-        self.engine: _ExtendEngine | None = None
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    def prepare(self) -> None:
         prepare()
-        if self.engine is None or self.key != (inputs.config, inputs.device):
-            self.key = (inputs.config, inputs.device)  # another config is another engine
-            # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no draft-extend runner.
-            with_graphs = inputs.config.cudagraph_mode != "NONE"
-            self.engine = _ExtendEngine(inputs.config, inputs.device, graphs=with_graphs)
-        engine = self.engine
-        # A verify is followed by the draft extend over its window; any other step
-        # (an extend, decode.step_mode) by the draft model's extend, eagerly.
-        mode = decode.step_mode(inputs)
+
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> _ExtendEngine:
+        return _ExtendEngine(config, device, graphs=graphs)
+
+    def core(self, engine: _ExtendEngine) -> Any:
+        return engine.engine
+
+    def eager(
+        self, engine: _ExtendEngine, inputs: RunnerStepInputs, mode: str, how: str
+    ) -> StepBuild:
+        if mode == "verify":
+            return engine.eager(inputs, how=how)
+        return engine.engine.eager(inputs, mode, how=how)
+
+    def graph_builds(
+        self, engine: _ExtendEngine, inputs: RunnerStepInputs, mode: str
+    ) -> list[StepBuild]:
+        graphs = engine.graph_runner
+        if mode != "verify" or graphs is None:
+            return []
+        fb, select_index = engine.extend_batch(inputs)
+        if not graphs.can_run_graph(fb):
+            return []
+        graphs.execute(fb, select_index)  # padding, buffers, replay metadata
         R, T = inputs.num_reqs, inputs.num_tokens
-        builds, engine.captures = engine.captures, []
-        with decode._server_args(inputs.config):
-            engine.engine.admit(inputs)
-            engine.engine.write_rows(inputs)
-            if mode != "verify":
-                builds.append(engine.engine.eager(inputs, mode))
-            else:
-                builds.append(engine.eager(inputs))
-                graphs = engine.graph_runner
-                fb, select_index = engine.extend_batch(inputs)
-                if graphs is not None and graphs.can_run_graph(fb):
-                    graphs.execute(fb, select_index)  # padding, buffers, replay metadata
-                    bs, backend = graphs.bs, engine.backend
-                    persistent = decode._engine.StandIn(
-                        kv_indptr=backend.kv_indptr,
-                        kv_indices=backend.cuda_graph_kv_indices,
-                        qo_indptr=backend.qo_indptr,
-                    )
-                    padded = engine.engine._graph_build("padded", graphs, bs, R, T, persistent)
-                    builds.append(_at(padded))
-                    baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
-                    replay = engine.engine._graph_build("replay", graphs, bs, R, T, baked)
-                    builds.append(_at(replay))
-        builds.append(_fresh(engine, inputs, mode))
-        return RunnerStepOutputs(tuple(builds))
+        bs, backend = graphs.bs, engine.backend
+        persistent = decode._engine.StandIn(
+            kv_indptr=backend.kv_indptr,
+            kv_indices=backend.cuda_graph_kv_indices,
+            qo_indptr=backend.qo_indptr,
+        )
+        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
+        return [
+            _at(engine.engine._graph_build("padded", graphs, bs, R, T, persistent)),
+            _at(engine.engine._graph_build("replay", graphs, bs, R, T, baked)),
+        ]
 
 
-ENGINE = DraftExtendRunnerStep()
+ENGINE = DraftExtendLife()
 """The engine of the implementation ``sglang-eagle-draft-extend`` of ``runner-step``."""
 
 
