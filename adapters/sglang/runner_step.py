@@ -59,6 +59,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before SGLang is imported)
 import numpy as np
@@ -129,10 +130,17 @@ class _Graph:
 
 
 @contextlib.contextmanager
-def _no_cuda_graphs(graph: type[_Graph]) -> Iterator[None]:
+def _no_cuda_graphs(graph: type[_Graph], also: Any = None) -> Iterator[None]:
     """While the runner is built: its graph backend is :class:`_Graph`, its capture
-    stream none (``decode_cuda_graph_runner``'s own names, restored after)."""
+    stream none (``decode_cuda_graph_runner``'s own names, restored after); ``also``:
+    a draft runner's module, whose own name ``resolve_decode_backend`` is the graph
+    backend too."""
     from sglang.srt.model_executor.runner import decode_cuda_graph_runner as module
+
+    if also is not None:
+        with mock.patch.object(also, "resolve_decode_backend", graph), _no_cuda_graphs(graph):
+            yield
+        return
 
     saved = {
         name: getattr(module, name)

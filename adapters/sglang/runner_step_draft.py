@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -103,21 +102,6 @@ def declines(case: Case) -> str | None:
 
 
 # -- the graph and worker stand-ins --------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _no_cuda_graphs(graph: type[decode._Graph]) -> Iterator[None]:
-    """:func:`runner_step._no_cuda_graphs`, and the draft runner's own name of the
-    graph backend (``eagle_draft_cuda_graph_runner.resolve_decode_backend``)."""
-    from sglang.srt.speculative import eagle_draft_cuda_graph_runner as module
-
-    saved = module.resolve_decode_backend
-    module.resolve_decode_backend = graph
-    try:
-        with decode._no_cuda_graphs(graph):
-            yield
-    finally:
-        module.resolve_decode_backend = saved
 
 
 def _draft_output(bs: int, num_steps: int, num_draft_tokens: int) -> tuple:
@@ -230,7 +214,9 @@ class _DraftEngine:
 
         worker = self._worker()
         # The capture's progress bar (tqdm, on rank 0) is not attnfuzz's output.
-        with _no_cuda_graphs(_Recording), contextlib.redirect_stderr(io.StringIO()):
+        from sglang.srt.speculative import eagle_draft_cuda_graph_runner as module
+
+        with decode._no_cuda_graphs(_Recording, module), contextlib.redirect_stderr(io.StringIO()):
             runner = EAGLEDraftCudaGraphRunner(worker)
         worker.runner = runner
         return runner

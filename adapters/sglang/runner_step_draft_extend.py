@@ -59,7 +59,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -88,21 +87,6 @@ def declines(case: Case) -> str | None:
 
 
 # -- the graph and worker stand-ins --------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _no_cuda_graphs(graph: type[decode._Graph]) -> Iterator[None]:
-    """:func:`runner_step._no_cuda_graphs`, and the draft-extend runner's own name of the
-    graph backend (``eagle_draft_extend_cuda_graph_runner.resolve_decode_backend``)."""
-    from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as module
-
-    saved = module.resolve_decode_backend
-    module.resolve_decode_backend = graph
-    try:
-        with decode._no_cuda_graphs(graph):
-            yield
-    finally:
-        module.resolve_decode_backend = saved
 
 
 class _ExtendGraph(decode._Graph):
@@ -179,7 +163,9 @@ class _ExtendEngine:
                 engine.captures.append(_at(build))
 
         # The capture's progress bar (tqdm, on rank 0) is not attnfuzz's output.
-        with _no_cuda_graphs(_Recording), contextlib.redirect_stderr(io.StringIO()):
+        from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as module
+
+        with decode._no_cuda_graphs(_Recording, module), contextlib.redirect_stderr(io.StringIO()):
             return EAGLEDraftExtendCudaGraphRunner(self._worker())
 
     # -- the draft extend's ForwardBatch --------------------------------------------------------
