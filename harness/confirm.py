@@ -17,15 +17,17 @@ minimized case (or trace) in new processes:
   ``replays``);
 - failing none: the examples the judging process ran up to the failure (its
   history) are replayed, in order, in one new process, :data:`HISTORY_REPLAYS`
-  times. When the case that failed fails again each time, with the same
-  check, the failure is ``HISTORY_DEPENDENT``: what ran before it in the
-  process decides. Otherwise it is ``FLAKY`` with 0 failed replays: it failed
-  in the search only.
+  times. When each replay fails at the same place, the case that failed and
+  none before it, with the same check, the failure is ``HISTORY_DEPENDENT``:
+  what ran before it in the process decides. Otherwise it is ``FLAKY`` with 0
+  failed replays: it failed in the search only.
 
 Replays are a count, never a time. A failure of a user's code that comes and
-goes at random can still fail :data:`CONFIRMING` replays in a row, or fail at
-the same place of two history replays: the chance is the product of its
-failure rates (below 1e-4 for a failure rate of 15%).
+goes at random (or with the wall clock, or a loaded machine's pace), failing a
+fraction ``p`` of calls, can still fail :data:`CONFIRMING` replays in a row
+(``p**5``: below 1e-4 for ``p`` up to 15%), or pass :data:`REPLAYS` replays and
+then fail at the same place of every history replay (at most
+``(1 - p)**10 * p**5``, below 1e-4 whatever ``p``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 RECHECK_FACTOR = 10  # a timeout is judged again under this many times the timeout
 CONFIRMING = 5  # replays that all fail confirm a failure
 REPLAYS = 10  # replays that count how often a failure that comes and goes fails
-HISTORY_REPLAYS = 2  # replays of the history that must each fail where it failed
+HISTORY_REPLAYS = 5  # replays of the history that must each fail where it failed
 
 
 class Status(enum.Enum):
@@ -135,13 +137,16 @@ def _history_reproduces(
     isolated: IsolatedJudge, history: Sequence[Case], key: str, deadline: float | None
 ) -> bool:
     """Whether the case that failed (the history's last) fails again, with the same
-    check, each time its history is replayed in order in a new process."""
+    check and at the same place, each time its history is replayed in order in a
+    new process: a case before it that fails alike is a fault of when it ran."""
     if len(history) < 2:
         return False  # nothing ran before it in its process: no history to depend on
     for _ in range(HISTORY_REPLAYS):
-        last = isolated.judge_fresh(history[0], deadline=deadline)
-        for case in history[1:]:
-            last = isolated.judge(case, deadline=deadline)
-        if not _fails_alike(last, key):
+        if _fails_alike(isolated.judge_fresh(history[0], deadline=deadline), key):
+            return False
+        for case in history[1:-1]:
+            if _fails_alike(isolated.judge(case, deadline=deadline), key):
+                return False
+        if not _fails_alike(isolated.judge(history[-1], deadline=deadline), key):
             return False
     return True

@@ -21,7 +21,14 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness.casefile import read_case
 from attnfuzz.harness.cli import main
-from attnfuzz.harness.confirm import CONFIRMING, RECHECK_FACTOR, REPLAYS, Status, confirm
+from attnfuzz.harness.confirm import (
+    CONFIRMING,
+    HISTORY_REPLAYS,
+    RECHECK_FACTOR,
+    REPLAYS,
+    Status,
+    confirm,
+)
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
 
 TESTS = Path(__file__).parent
@@ -188,18 +195,30 @@ def test_an_interrupt_during_the_trace_search_keeps_the_history_dependent_findin
 
 
 class _Scripted:
-    """A stand-in for the isolated judge that answers fresh replays from a script."""
+    """A stand-in for the isolated judge that answers fresh replays from a script and
+    fails, in a history replay, the cases ``history_fails`` names (every replay), or
+    each replay's cases in turn from ``history_script``."""
 
-    def __init__(self, fresh: list[bool], history_fails: bool = False):
-        self.fresh, self.history_fails = list(fresh), history_fails
+    def __init__(self, fresh: list[bool], history_fails: bool | set[str] = False,
+                 history_script: list[set[str]] | None = None):  # fmt: skip
+        self.fresh = list(fresh)
+        if history_fails is True:
+            history_fails = {"case"}
+        self.history_fails = history_fails or set()
+        self.history_script = history_script
+        self.history_replays = 0
         self.timeout_s = 1.0
 
     def judge_fresh(self, case, deadline=None):
-        fails = self.fresh.pop(0) if case == "case" else False
-        return _verdict(fails)
+        if case == "case":
+            return _verdict(self.fresh.pop(0))
+        self.history_replays += 1  # a history replay starts with a fresh judge
+        return self.judge(case, deadline)
 
     def judge(self, case, deadline=None):
-        return _verdict(case == "case" and self.history_fails)
+        if self.history_script is not None:
+            return _verdict(case in self.history_script[self.history_replays - 1])
+        return _verdict(case in self.history_fails)
 
 
 def _verdict(fails: bool) -> Verdict:
@@ -220,6 +239,27 @@ def test_confirm_counts_replays():
     assert got.status is Status.HISTORY_DEPENDENT
     got = confirm(_Scripted([False] * REPLAYS, False), "case", failing, history)  # type: ignore[arg-type]
     assert got.status is Status.FLAKY and got.failed == 0
+
+
+def test_a_history_that_fails_elsewhere_or_not_every_time_is_not_history_dependent():
+    """A fault of when a call runs (the wall clock, a loaded machine) fails some history
+    replays, or fails at a case before the one that failed: flaky. Only a failure at
+    the same case, in every one of HISTORY_REPLAYS replays, depends on the history."""
+    failing = _verdict(True)
+    history = ["first", "before", "case"]
+    judge = _Scripted([False] * REPLAYS, history_script=[{"case"}] * HISTORY_REPLAYS)
+    got = confirm(judge, "case", failing, history)  # type: ignore[arg-type]
+    assert got.status is Status.HISTORY_DEPENDENT and judge.history_replays == HISTORY_REPLAYS
+    # It fails where it failed in all but the last replay.
+    script = [{"case"}] * (HISTORY_REPLAYS - 1) + [set()]
+    got = confirm(_Scripted([False] * REPLAYS, history_script=script), "case", failing, history)  # type: ignore[arg-type]
+    assert got.status is Status.FLAKY and got.failed == 0
+    # Each replay fails at the case, but one also fails before it: not the same place.
+    for where in history[:-1]:
+        script = [{"case"}] * (HISTORY_REPLAYS - 1) + [{where, "case"}]
+        judge = _Scripted([False] * REPLAYS, history_script=script)
+        got = confirm(judge, "case", failing, history)  # type: ignore[arg-type]
+        assert got.status is Status.FLAKY, where
 
 
 @pytest.mark.slow
