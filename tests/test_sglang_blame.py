@@ -67,3 +67,33 @@ def test_sglang_s_own_code_stays_a_finding():
         dsa_metadata.smallest_context_len_table(),
     )  # fmt: skip
     assert not verdict.ok and verdict.key == "shape"
+
+
+def test_a_fault_of_the_draft_extend_worker_stand_in_is_an_attnfuzz_error(monkeypatch):
+    """The EAGLE worker that SGLang's draft-extend graph runner reads is attnfuzz's: a
+    field it lacks (a release reading another name) fails in attnfuzz, though SGLang's
+    runner is the code that read it, never as a finding on SGLang."""
+    from attnfuzz.adapters.sglang import runner_step_draft_extend
+    from attnfuzz.harness.testing import spec_config
+    from attnfuzz.reference.batch import Batch
+    from attnfuzz.reference.trace import Trace
+
+    worker = runner_step_draft_extend._ExtendEngine._worker
+
+    def without_backend(self):
+        stand_in = worker(self)
+        del stand_in.draft_extend_attn_backend
+        return stand_in
+
+    monkeypatch.setattr(runner_step_draft_extend._ExtendEngine, "_worker", without_backend)
+    config = spec_config(num_spec=2, max_num_seqs=4, cudagraph_capture_sizes=(3, 6, 12))
+    pages = ((1, 2), (3, 4))
+    steps = (
+        Batch((0, 0), (5, 4), 0, True, req_ids=(0, 1), pages=pages, new_pages=(2, 2)),
+        Batch((5, 4), (3, 3), 0, True, req_ids=(0, 1), pages=pages, new_pages=(0, 0)),
+    )
+    t = get_target("runner-step")
+    with pytest.raises(HarnessError) as err:
+        t.judge_trace(t.resolve("sglang-eagle-draft-extend"), Trace(config, steps), "cpu")
+    message = str(err.value)
+    assert "draft_extend_attn_backend" in message and "attnfuzz error" in message, message

@@ -8,6 +8,8 @@ stand-in that calls what is not callable, and vLLM's own code raising (the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from attnfuzz.adapters.vllm import mtp_seq_lens as mtp_adapter
 from attnfuzz.adapters.vllm import vendor_ops
@@ -68,3 +70,67 @@ def test_a_stand_ins_own_fault_is_an_attnfuzz_error(monkeypatch):
 def test_vllms_own_exception_stays_a_finding():
     verdict = judge("indexer-decode", "upstream-pr39542-decode", smallest_writeback())
     assert verdict.key == "exception:RuntimeError"
+
+
+# -- the runner step's drafters: their stand-ins' faults are attnfuzz's --------------------
+
+
+def _draft_trace(runner: str):
+    """Two requests prefill, then decode with both drafts: the drafter runs in step 1."""
+    from attnfuzz.harness.testing import spec_config
+    from attnfuzz.reference.batch import Batch
+    from attnfuzz.reference.trace import Trace
+
+    config = spec_config(
+        max_num_seqs=4, max_num_batched_tokens=16, block_size=16, max_model_len=64,
+        cudagraph_capture_sizes=(3, 6, 12), runner=runner, num_spec=2,
+    )  # fmt: skip
+    pages = ((1,), (2,))
+    return Trace(
+        config,
+        (
+            Batch((0, 0), (5, 4), req_ids=(7, 8), pages=pages, new_pages=(1, 1)),
+            Batch((5, 4), (3, 3), req_ids=(7, 8), pages=pages, new_pages=(0, 0)),
+        ),
+    )
+
+
+def judge_trace(impl: str, trace):
+    t = get_target("runner-step")
+    return t.judge_trace(t.resolve(impl), trace, "cpu")
+
+
+def test_a_fault_of_the_v1_draft_model_stand_in_is_an_attnfuzz_error(monkeypatch):
+    """The draft model the V1 EagleProposer runs is attnfuzz's: a hook it calls that a
+    release would not give (here none) fails in attnfuzz, never as a finding on vLLM."""
+    from attnfuzz.adapters.vllm import runner_step_drafter
+
+    built = runner_step_drafter.DraftModel.__init__
+
+    def without_hook(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        self.seen = None
+
+    monkeypatch.setattr(runner_step_drafter.DraftModel, "__init__", without_hook)
+    with pytest.raises(HarnessError) as err:
+        judge_trace("vllm-v1", _draft_trace("v1"))
+    assert re.search(r"adapters/vllm/runner_step_drafter\.py:\d+ in forward", str(err.value))
+
+
+def test_a_fault_of_the_v2_speculator_s_sampler_stand_in_is_an_attnfuzz_error(monkeypatch):
+    """The V2 runner's MTP speculator reads the sampler's states from attnfuzz's stand-in:
+    one it lacks fails in attnfuzz (the read in vLLM's frame notwithstanding)."""
+    from attnfuzz.adapters.vllm import runner_step_speculator
+
+    built = runner_step_speculator._Sampler.__init__
+
+    def without_states(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        del self.sampling_states
+
+    monkeypatch.setattr(runner_step_speculator._Sampler, "__init__", without_states)
+    with pytest.raises(HarnessError) as err:
+        judge_trace("vllm", _draft_trace("v2"))
+    message = str(err.value)
+    assert "adapters/vllm/runner_step_speculator.py" in message, message
+    assert "sampling_states" in message
