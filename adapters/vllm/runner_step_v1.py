@@ -138,6 +138,9 @@ class _Seen:
     meta: Any
     slot_mapping: torch.Tensor | None
     positions: torch.Tensor
+    # A second KV-cache group's layer's metadata (a hybrid model's linear attention),
+    # None where the engine has none or the forward built none.
+    linear: Any = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -146,7 +149,14 @@ class _Seen:
             names = ("query_start_loc", "seq_lens", "block_table")
             meta = SimpleNamespace(**{n: getattr(self.meta, n).clone() for n in names})
         slots = None if self.slot_mapping is None else self.slot_mapping.clone()
-        return _Seen(meta, slots, self.positions.clone())
+        linear = None
+        if self.linear is not None:
+            # Every tensor the metadata holds, as it is now (None where it holds none).
+            linear = SimpleNamespace(**{
+                n: v.clone() if isinstance(v, torch.Tensor) else v
+                for n, v in vars(self.linear).items()
+            })  # fmt: skip
+        return _Seen(meta, slots, self.positions.clone(), linear)
 
 
 @dataclass
@@ -162,6 +172,7 @@ class _Recorder:
     drafted: list[tuple[str, int, _Seen]] = field(default_factory=list)
     draft: int | None = None  # the next draft sub-step while the drafter proposes
     drafting: bool = False  # the drafter runs (its all-reduces are its peer's drafter's)
+    linear_layer: str | None = None  # a second KV-cache group's layer, if the model has one
 
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
@@ -169,10 +180,14 @@ class _Recorder:
         context = get_forward_context()
         metadata = context.attn_metadata
         slots = context.slot_mapping
+        linear = None
+        if metadata and layer == _LAYER and self.linear_layer is not None:
+            linear = metadata.get(self.linear_layer)
         return _Seen(
             metadata[layer] if metadata else None,
             slots.get(layer) if isinstance(slots, dict) else None,
             positions,
+            linear,
         )
 
     def draft_forward(self, positions: torch.Tensor) -> None:
@@ -326,18 +341,23 @@ class _Engine:
             spec = FullAttentionSpec(
                 block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
             )
+            groups = [KVCacheGroupSpec(layers, spec)]
+            backends: list[type] = [_triton_backend()]
+            attn_groups = [[AttentionGroup(_triton_backend(), [_LAYER], spec, 0)]]
+            for backend, layer, other in self.more_groups():
+                attn_groups.append([AttentionGroup(backend, [layer], other, len(groups))])
+                groups.append(KVCacheGroupSpec([layer], other))
+                backends.append(backend)
             kv = KVCacheConfig(
-                num_blocks=num_blocks(config),
-                kv_cache_tensors=[],
-                kv_cache_groups=[KVCacheGroupSpec(layers, spec)],
+                num_blocks=self.pool_size(), kv_cache_tensors=[], kv_cache_groups=groups
             )
             r.kv_cache_config = kv
             # initialize_attn_backend: the mode the backends keep, then the groups.
-            r._check_and_update_cudagraph_mode([{_triton_backend()}], kv.kv_cache_groups)
+            r._check_and_update_cudagraph_mode([{b} for b in backends], kv.kv_cache_groups)
             resolved = vc.compilation_config.cudagraph_mode
-            if resolved != CUDAGraphMode[mode]:
+            if resolved != self.resolves_to(CUDAGraphMode[mode]):
                 raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
-            r.attn_groups = [[AttentionGroup(_triton_backend(), [_LAYER], spec, 0)]]
+            r.attn_groups = attn_groups
             r.initialize_metadata_builders(kv, prepare_kernel_block_sizes(kv, r.attn_groups))
             r.may_reinitialize_input_batch(kv)
             # load_model: a FULL graph wrapper around the model where the mode has FULL
@@ -351,6 +371,29 @@ class _Engine:
             r.model = _Handed(model, self.recorder)
         self.held: set[str] = set()
         self.capture()
+
+    # What a hybrid model's engine adds (:mod:`.runner_step_hybrid`); one group here.
+
+    def more_groups(self) -> list[tuple[type, str, Any]]:
+        """The KV-cache groups past the attention one: (backend, layer, spec) each."""
+        return []
+
+    def pool_size(self) -> int:
+        """``KVCacheConfig.num_blocks``: the one block pool every group takes from."""
+        return num_blocks(self.config)
+
+    def resolves_to(self, mode: Any) -> Any:
+        """The cudagraph mode ``initialize_attn_backend`` keeps of ``mode``: the Triton
+        backend supports every graph (``AttentionCGSupport.ALWAYS``)."""
+        return mode
+
+    def output(self, inputs: RunnerStepInputs) -> Any:
+        """The step's scheduler output to this engine (:func:`_output`)."""
+        return _output(inputs, self.held)
+
+    def fields(self, seen: _Seen) -> tuple[Field, ...]:
+        """Every field a consumer reads of one forward (:func:`_fields`)."""
+        return _fields(self.config, seen)
 
     def capture(self) -> None:
         """``capture_model``'s captures: each mode's batch descriptors of the dispatcher,
@@ -587,7 +630,7 @@ def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     out = []
     for kind, where, seen in engine.recorder.seen:
         sizes = (0, 0) if kind == "capture" else (num_reqs, num_tokens)
-        out.append(StepBuild(kind, *sizes, _fields(engine.config, seen), where=where))
+        out.append(StepBuild(kind, *sizes, engine.fields(seen), where=where))
     engine.recorder.seen.clear()
     return out
 
@@ -599,7 +642,7 @@ def _drafts(engine: _Engine, how: str, num_reqs: int, num_tokens: int) -> list[S
     out = []
     for _, draft, seen in engine.recorder.drafted:
         tokens = num_tokens if draft == 0 else num_reqs
-        fields = _fields(engine.config, seen)
+        fields = engine.fields(seen)
         out.append(StepBuild(how, num_reqs, tokens, fields, drafting.WHERE, draft=draft))
     engine.recorder.drafted.clear()
     return out
@@ -630,6 +673,8 @@ class RunnerStepEngine:
     """One vLLM V1 engine seen three ways: with the config's graphs and a data-parallel
     peer, eagerly (cudagraph mode NONE), and afresh each step."""
 
+    engine_type: type[_Engine] = _Engine
+
     def __init__(self) -> None:
         self.new_engine()
 
@@ -644,18 +689,18 @@ class RunnerStepEngine:
         builds: list[StepBuild] = []
         if self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)
-            self.graphs = _Engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
-            self.eager = _Engine(inputs.config, inputs.device, "NONE")
+            self.graphs = self.engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
+            self.eager = self.engine(inputs.config, inputs.device, "NONE")
             builds += _builds(self.graphs, 0, 0)  # the capture runs
         graphs, eager = self.graphs, self.eager
         assert graphs is not None and eager is not None
         # This rank idle while the peer runs the step (a dummy run between two steps).
         _dummy(graphs, inputs)
         builds += _builds(graphs, 0, 0)
-        builds += _step(eager, inputs, _output(inputs, eager.held), "eager")
+        builds += _step(eager, inputs, eager.output(inputs), "eager")
         rows = list(eager.runner.input_batch.req_ids)
         peer = _peer(inputs, graphs.runner.uniform_decode_query_len)
-        builds += _step(graphs, inputs, _output(inputs, graphs.held), "padded", peer)
+        builds += _step(graphs, inputs, graphs.output(inputs), "padded", peer)
         held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
         self.pages = {
             str(rid): (() if new else held[str(rid)]) + tuple(gained)
@@ -666,15 +711,18 @@ class RunnerStepEngine:
         builds += self._fresh(inputs, held, rows)
         return RunnerStepOutputs(tuple(builds))
 
+    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> _Engine:
+        """A new engine of cudagraph mode ``mode``."""
+        return self.engine_type(config, device, mode)
+
     @staticmethod
     def _check(inputs: RunnerStepInputs) -> None:
         top = num_blocks(inputs.config) - 1
         if any(p < 0 or p > top for pages in inputs.new_block_ids for p in pages):
             raise ValueError(f"attnfuzz: a page id outside the engine's KV cache [0, {top}]")
 
-    @staticmethod
     def _fresh(
-        inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]], rows: list[str]
+        self, inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]], rows: list[str]
     ) -> list[StepBuild]:
         """The step on a new engine of mode NONE, its requests in the rows ``rows`` (the
         eager engine's, after the step): V1's persistent batch keeps a request in its row
@@ -686,7 +734,7 @@ class RunnerStepEngine:
         requests (as it gave the eager engine's, whose new requests also take rows in
         the order it adds them: holes lowest first, then appended)."""
         config = inputs.config
-        fresh = _Engine(config, inputs.device, "NONE")
+        fresh = self.engine(config, inputs.device, "NONE")
         index = {str(rid): i for i, rid in enumerate(inputs.req_ids)}
         if not all(inputs.is_new):
             warm = []
@@ -705,11 +753,11 @@ class RunnerStepEngine:
                 new_block_ids=tuple(w[2] for w in warm),
                 device=inputs.device,
             )
-            warm = _output(step, set())
+            warm = fresh.output(step)
             _execute(fresh, warm, drafting.accepted(step, warm.scheduled_spec_decode_tokens))
             fresh.recorder.seen.clear()
             fresh.recorder.drafted.clear()
-        out = _output(inputs, fresh.held)
+        out = fresh.output(inputs)
         # The eager engine added the step's arrivals, then its resumed requests: listed
         # in the order of their rows, the fresh engine's arrivals take the same rows.
         out.scheduled_new_reqs.sort(key=lambda new: rows.index(new.req_id))
