@@ -179,7 +179,7 @@ def pool_pages(config: EngineConfig) -> int:
     return config.max_num_seqs * cdiv(config.max_model_len, config.block_size) + 3
 
 
-def _server_args(config: EngineConfig) -> Any:
+def _server_args(config: EngineConfig, attention_backend: str = "triton") -> Any:
     from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
 
     w = config.next_n
@@ -195,7 +195,7 @@ def _server_args(config: EngineConfig) -> Any:
             speculative_eagle_topk=1,
         )
     return _engine.server_args(
-        attention_backend="triton",
+        attention_backend=attention_backend,
         cuda_graph_config=graphs,
         page_size=config.block_size,
         max_running_requests=config.max_num_seqs,
@@ -296,6 +296,21 @@ def _never_called(*args: Any, **kwargs: Any) -> Any:
 # -- one engine ---------------------------------------------------------------------------------
 
 
+def host(t: torch.Tensor) -> np.ndarray:
+    """``t`` as int64 on the host: a copy (the buffers change on the next step)."""
+    return t.detach().cpu().numpy().astype(np.int64)
+
+
+_WHERE = {
+    "eager": "triton_backend.py:TritonAttnBackend.init_forward_metadata",
+    "fresh": "triton_backend.py:TritonAttnBackend.init_forward_metadata (a new engine)",
+    "padded": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.load_batch (buffers, backend's)",
+    "replay": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.execute (what the graph reads)",
+    "capture": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.capture_one_shape",
+}
+"""Where each build of :class:`_Engine` is made (``how``), for the message."""
+
+
 @dataclass
 class _Request:
     row: int  # its row of the request-to-token table (ReqToTokenPool.alloc_rows)
@@ -305,21 +320,41 @@ class _Request:
 class _Engine:
     """One SGLang engine: the model runner's pools and backend, its decode graph runner
     (``graphs``: built with the engine, as ``ModelRunner.init_device_graphs`` builds it),
-    and the running requests' rows and pages."""
+    and the running requests' rows and pages. A subclass names another attention
+    backend (:attr:`ATTENTION_BACKEND`, :meth:`make_backend`) and reads its metadata
+    (:meth:`metadata_fields`, :meth:`persistent_metadata`)."""
+
+    ATTENTION_BACKEND = "triton"
+    """``--attention-backend``: the server argument the engine runs with."""
+    WHERE = _WHERE
+    """The engine function that made each build (``how``), for the message."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
         self.config, self.device = config, device
         self.requests: dict[int, _Request] = {}
         self.captures: list[StepBuild] = []
-        with _server_args(config) as args:
+        with _server_args(config, self.ATTENTION_BACKEND) as args:
             self.runner = _model_runner(config, device, args)
-            self.backend = TritonAttnBackend(self.runner)
+            self.backend = self.make_backend()
             self.runner.attn_backend = self.backend
             self.graph_runner: Any = None
             if graphs:
                 self.graph_runner = self._graph_runner()
+
+    def make_backend(self) -> Any:
+        """The model runner's attention backend: ``TritonAttnBackend(model_runner)``."""
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        return TritonAttnBackend(self.runner)
+
+    def persistent_metadata(self, mode: str) -> Any:
+        """The backend's persistent buffers after the runner's replay preparation."""
+        backend = self.backend
+        return _engine.StandIn(
+            kv_indptr=backend.kv_indptr,
+            kv_indices=backend.cuda_graph_kv_indices,
+            qo_indptr=backend.qo_indptr if mode == "verify" else None,
+        )
 
     def _graph_runner(self) -> Any:
         """``DecodeCudaGraphRunner(model_runner)``: its buffers, and a capture of every
@@ -498,18 +533,7 @@ class _Engine:
     ) -> tuple[Field, ...]:
         """The fields of a build of ``rows`` requests and ``tokens`` tokens (padding
         included), copied now: the step's inputs, and the backend's ``metadata``."""
-
-        def host(t: torch.Tensor) -> np.ndarray:
-            return t.detach().cpu().numpy().astype(np.int64)  # a copy
-
         acc = self.accepts()
-        indptr, flat = host(metadata.kv_indptr[: rows + 1]), host(metadata.kv_indices)
-        # The decode and extend kernels read kv_indices[kv_indptr[i] : kv_indptr[i + 1]]
-        # for row i: each row's entries, as a table (past a row's length 0, never read).
-        spans = [flat[max(a, 0) : max(b, 0)] for a, b in zip(indptr, indptr[1:], strict=False)]
-        table = np.zeros((rows, max((len(x) for x in spans), default=0)), dtype=np.int64)
-        for r, entries in enumerate(spans):
-            table[r, : len(entries)] = entries
         out = [
             Field("seq_lens", "requests", host(inputs_of["seq_lens"][:rows]), acc["seq_lens"]),
             Field(
@@ -519,13 +543,28 @@ class _Engine:
                 acc["out_cache_loc"],
             ),
             Field("positions", "tokens", host(inputs_of["positions"][:tokens]), acc["positions"]),
-            # kv_indptr's entries bound the reads of kv_indices (the buffer handed on).
-            Field("kv_indptr", "offsets", indptr, (0, flat.size)),
-            Field("kv_indices", "requests", table, acc["kv_indices"]),
         ]
         if "req_pool_indices" in inputs_of:
             pool_rows = host(inputs_of["req_pool_indices"][:rows])
             out.append(Field("req_pool_indices", "requests", pool_rows, acc["req_pool_indices"]))
+        return tuple(out) + self.metadata_fields(rows, tokens, metadata)
+
+    def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
+        """The fields of the Triton backend's ``metadata`` for ``rows`` requests and
+        ``tokens`` tokens (padding included), copied now."""
+        acc = self.accepts()
+        indptr, flat = host(metadata.kv_indptr[: rows + 1]), host(metadata.kv_indices)
+        # The decode and extend kernels read kv_indices[kv_indptr[i] : kv_indptr[i + 1]]
+        # for row i: each row's entries, as a table (past a row's length 0, never read).
+        spans = [flat[max(a, 0) : max(b, 0)] for a, b in zip(indptr, indptr[1:], strict=False)]
+        table = np.zeros((rows, max((len(x) for x in spans), default=0)), dtype=np.int64)
+        for r, entries in enumerate(spans):
+            table[r, : len(entries)] = entries
+        out = [
+            # kv_indptr's entries bound the reads of kv_indices (the buffer handed on).
+            Field("kv_indptr", "offsets", indptr, (0, flat.size)),
+            Field("kv_indices", "requests", table, acc["kv_indices"]),
+        ]
         if metadata.qo_indptr is not None:  # the extend kernel's query offsets
             qo = host(metadata.qo_indptr[: rows + 1])
             out.append(Field("qo_indptr", "offsets", qo, (0, tokens)))
@@ -543,7 +582,7 @@ class _Engine:
             "positions": b.positions,
         }
         fields = self._fields(bs, bs * self.config.next_n, inputs_of, metadata)
-        return StepBuild(how, num_reqs, num_tokens, fields, where=_WHERE[how])
+        return StepBuild(how, num_reqs, num_tokens, fields, where=self.WHERE[how])
 
     def eager(self, inputs: RunnerStepInputs, mode: str, how: str = "eager") -> StepBuild:
         """``init_forward_metadata`` of the step's ForwardBatch, no graph (copied now)."""
@@ -558,16 +597,7 @@ class _Engine:
             inputs_of["req_pool_indices"] = fb.req_pool_indices
         R, T = inputs.num_reqs, inputs.num_tokens
         fields = self._fields(R, T, inputs_of, self.backend.forward_metadata)
-        return StepBuild(how, R, T, fields, where=_WHERE[how])
-
-
-_WHERE = {
-    "eager": "triton_backend.py:TritonAttnBackend.init_forward_metadata",
-    "fresh": "triton_backend.py:TritonAttnBackend.init_forward_metadata (a new engine)",
-    "padded": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.load_batch (buffers, backend's)",
-    "replay": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.execute (what the graph reads)",
-    "capture": "decode_cuda_graph_runner.py:DecodeCudaGraphRunner.capture_one_shape",
-}
+        return StepBuild(how, R, T, fields, where=self.WHERE[how])
 
 
 def step_mode(inputs: RunnerStepInputs) -> str:
@@ -638,12 +668,7 @@ class EngineLife:
             return []
         graphs.execute(fb)  # load_batch, then the graph stand-in's replay
         R, T = inputs.num_reqs, inputs.num_tokens
-        bs, backend = graphs.bs, engine.backend
-        persistent = _engine.StandIn(
-            kv_indptr=backend.kv_indptr,
-            kv_indices=backend.cuda_graph_kv_indices,
-            qo_indptr=backend.qo_indptr if mode == "verify" else None,
-        )
+        bs, persistent = graphs.bs, engine.persistent_metadata(mode)
         baked = graphs.backend.graphs[graphs._replay_graph_key]
         return [
             engine._graph_build("padded", graphs, bs, R, T, persistent),
@@ -660,14 +685,15 @@ class EngineLife:
             self.engine = self.make(inputs.config, inputs.device, with_graphs)
         engine, mode = self.engine, step_mode(inputs)
         builds, engine.captures = engine.captures, []
-        with _server_args(inputs.config):
+        backend = self.core(engine).ATTENTION_BACKEND
+        with _server_args(inputs.config, backend):
             self.core(engine).admit(inputs)
             self.core(engine).write_rows(inputs)
             builds.append(self.eager(engine, inputs, mode, "eager"))
             builds += self.graph_builds(engine, inputs, mode)
         fresh = self.make(engine.config, engine.device, False)
         arrived = arrived_anew(self.core(engine).requests, inputs)
-        with _server_args(engine.config):
+        with _server_args(engine.config, backend):
             self.core(fresh).admit(arrived)
             self.core(fresh).write_rows(arrived)
             builds.append(self.eager(fresh, arrived, mode, "fresh"))
