@@ -71,6 +71,7 @@ def range_problem(version: str) -> str | None:
 _DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 _EAGLE_DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
 _EAGLE_DRAFT_EXTEND_RUNNER = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
+_FA3 = "sglang.srt.layers.attention.flashattention_backend"
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "graph_runner": (
         Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
@@ -93,6 +94,17 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
             "sglang.srt.layers.attention.triton_backend",
             "TritonAttnBackend.init_forward_metadata_out_graph",
         ),
+        Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
+    "runner_step_fa3": (
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+        Api(_FA3, "FlashAttentionBackend.init_forward_metadata"),
+        Api(_FA3, "FlashAttentionBackend.init_cuda_graph_state"),
+        Api(_FA3, "FlashAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+        Api(_FA3, "FlashAttentionBackend._apply_cuda_graph_metadata"),
+        Api(_FA3, "FlashAttentionBackend._compute_scheduler_metadata"),
         Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),

@@ -7,12 +7,17 @@ SGLang, which a plugin must not do when it loads.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from attnfuzz.adapters import sglang
 from attnfuzz.adapters.sglang import implementation as sglang_impl
 from attnfuzz.adapters.sglang import standalone
 from attnfuzz.adapters.sglang.shipped import SHIPPED_BUGS
 from attnfuzz.harness.engines import Engine, Site
 from attnfuzz.harness.target import Implementation
+
+if TYPE_CHECKING:
+    from attnfuzz.reference.trace import Trace
 
 
 def _dsa_metadata() -> list[Implementation]:
@@ -155,6 +160,78 @@ def _mla_block_table() -> list[Implementation]:
     ]
 
 
+def _fa3() -> Any:
+    """The FA3 runner-step adapter, imported when a mutant's case is judged (it imports
+    torch, never when the plugin loads)."""
+    from attnfuzz.adapters.sglang import runner_step_fa3
+
+    return runner_step_fa3
+
+
+def _reach_fa3_verify_replay(trace: Trace) -> bool:
+    return _fa3().reach_verify_replay(trace)
+
+
+def _reach_fa3_graph(trace: Trace) -> bool:
+    return _fa3().reach_graph(trace)
+
+
+def _trigger_fa3_table_short_of_window(trace: Trace) -> bool:
+    return _fa3().trigger_table_short_of_window(trace)
+
+
+def _smallest_fa3_window_forgotten() -> Trace:
+    return _fa3().smallest_window_forgotten()
+
+
+def _smallest_fa3_table_short_of_window() -> Trace:
+    return _fa3().smallest_table_short_of_window()
+
+
+def _runner_step_fa3() -> list[Implementation]:
+    """SGLang's decode graph runner step on the FlashAttention 3 backend, and two of its
+    graph metadata's defects re-created."""
+    backend = "layers/attention/flashattention_backend.py:FlashAttentionBackend"
+    return [
+        sglang_impl(
+            "runner_step_fa3",
+            "run",
+            name="sglang-fa3",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (eager "
+            "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay); sgl_kernel.flash_attn's get_scheduler_metadata by its "
+            "contract where the kernels are not built; a graph stand-in",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3",
+            "run_window_forgotten",
+            name="sglang-fa3-verify-window-forgotten",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph verify metadata drops "
+            "the draft window (_spec_read_seq_len_delta 0): cache_seqlens of the committed "
+            "prefix alone",
+            trigger=_reach_fa3_verify_replay,
+            reach=_reach_fa3_verify_replay,
+            smallest=_smallest_fa3_window_forgotten,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3",
+            "run_table_short_of_window",
+            name="sglang-fa3-table-short-of-window",
+            kind="mutant",
+            description=f"installed SGLang's {backend} with its graph page table sized "
+            "next_n tokens short of the model's context: a KV at the limit reads past it",
+            trigger=_trigger_fa3_table_short_of_window,
+            reach=_reach_fa3_graph,
+            smallest=_smallest_fa3_table_short_of_window,
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         sglang_impl(
@@ -169,6 +246,7 @@ def _runner_step() -> list[Implementation]:
             "mem_cache/memory_pool.py:ReqToTokenPool across steps; a graph stand-in",
             traced=True,
         ),
+        *_runner_step_fa3(),
         sglang_impl(
             "runner_step_draft",
             "run",
