@@ -14,6 +14,8 @@ function of its adapter module.
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
@@ -354,6 +356,18 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
+def _hybrid_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_hybrid`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_hybrid
+
+        return getattr(runner_step_hybrid, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -382,6 +396,61 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
+        vllm_impl(
+            "runner_step_hybrid",
+            "run",
+            name="vllm-v1-hybrid",
+            description="installed vLLM (V1 runner) of a hybrid model: vllm-v1's step with a "
+            "second KV-cache group of a GDN linear-attention layer "
+            "(vllm/v1/attention/backends/gdn_attn.py: GDNAttentionMetadataBuilder.build, "
+            "build_for_cudagraph_capture, a MambaSpec group of mamba_cache_mode none), every "
+            "field of its metadata judged beside the attention layer's",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_hybrid",
+            "run",
+            name="vllm-v1-hybrid-prefill-in-decode-graph",
+            kind="mutant",
+            description="installed vLLM (V1 runner, hybrid) on a uniform batch holding a "
+            "first chunk: the runner replays a FULL decode graph, GDNAttentionMetadataBuilder"
+            ".build builds the chunk as a prefill and stages nothing in the graph's buffers, "
+            "the replay reads stale state indices (a finding of vLLM's own, kept apart)",
+            declines="declines_engine",
+            trigger=_hybrid_hook("trigger_prefill_in_decode_graph"),
+            reach=_hybrid_hook("reach_full_graphs"),
+            smallest=_hybrid_hook("smallest_prefill_in_decode_graph"),
+            traced=True,
+        ),
+        *(
+            vllm_impl(
+                "runner_step_hybrid",
+                attr,
+                name=name,
+                kind="mutant",
+                description=f"installed vLLM (V1 runner, hybrid) with {what}",
+                declines="declines",
+                trigger=_hybrid_hook("trigger_full_spec_decode"),
+                reach=_hybrid_hook("reach_full_spec_decode"),
+                smallest=_hybrid_hook("smallest_full_spec_decode"),
+                traced=True,
+            )
+            for attr, name, what in (
+                (
+                    "pad_slot_padding",
+                    "vllm-v1-hybrid-pad-slot-states",
+                    "GDNAttentionMetadataBuilder.build's FULL-graph padding rows of "
+                    "spec_state_indices_tensor filled with PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
+                ),
+                (
+                    "last_state_nulled",
+                    "vllm-v1-hybrid-last-state-nulled",
+                    "GDNAttentionMetadataBuilder.build's null fill of spec_state_indices_tensor "
+                    "starting one row early (the last real request's state indices nulled)",
+                ),
+            )
+        ),  # fmt: skip
         vllm_impl(
             "runner_step",
             "run",

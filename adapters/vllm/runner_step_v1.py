@@ -716,6 +716,12 @@ class RunnerStepEngine:
         return self.engine_type(config, device, mode)
 
     @staticmethod
+    def warm_computed(computed: int) -> int:
+        """The computed tokens a running request of ``computed`` tokens is added with in
+        the fresh engine's warm-up step (of one token): all but one."""
+        return computed - 1
+
+    @staticmethod
     def _check(inputs: RunnerStepInputs) -> None:
         top = num_blocks(inputs.config) - 1
         if any(p < 0 or p > top for pages in inputs.new_block_ids for p in pages):
@@ -743,7 +749,9 @@ class RunnerStepEngine:
                 if inputs.is_new[i]:
                     warm.append((-1 - row, 0, ()))  # a placeholder: no step's id is negative
                 else:
-                    warm.append((int(rid), inputs.num_computed_tokens[i] - 1, held[rid]))
+                    warm.append(
+                        (int(rid), self.warm_computed(inputs.num_computed_tokens[i]), held[rid])
+                    )
             step = RunnerStepInputs(
                 config=config,
                 req_ids=tuple(w[0] for w in warm),
