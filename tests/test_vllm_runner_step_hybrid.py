@@ -152,3 +152,28 @@ def test_the_finding_is_declined_only_where_the_graph_replays_a_prefill():
     assert not h.prefill_in_decode_graph(config, chunk)  # not uniform: piecewise
     eager = dataclasses.replace(config, cudagraph_mode="PIECEWISE")
     assert not h.prefill_in_decode_graph(eager, arriving)  # no FULL graph
+
+
+@pytest.mark.parametrize("one_token_short", [False, True])
+def test_the_fresh_engine_keeps_the_eager_rows_through_gdn_s_reorder(one_token_short):
+    """GDN's ``reorder_batch_threshold`` makes the runner reorder its batch (extends
+    first, first chunks last). A warm-up adding request 0 (one computed token: a first
+    chunk) and request 1 (four: an extend) one token short of their computed tokens
+    would swap their rows, and the fresh build would disagree with the eager one; the
+    hybrid's warm-up adds both as first chunks, in their rows."""
+    h = hybrid()
+    engine = h.HybridRunnerStepEngine()
+    if one_token_short:  # vllm-v1's warm-up
+        engine.warm_computed = lambda computed: computed - 1
+    config = h.smallest_full_spec_decode().config
+    steps = (
+        Batch((0, 0), (1, 4), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((1, 4), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(0, 0)),
+    )
+    *_, out = [engine(ref.make_inputs(case)) for case in Trace(config, steps).cases()]
+    (eager,) = own(out, "eager")
+    (fresh,) = own(out, "fresh")
+    assert eager.field("seq_lens").values.tolist() == [3, 6]
+    swapped = fresh.field("seq_lens").values.tolist() == [6, 3]
+    assert swapped == one_token_short
+    assert (ref.history_invariance(out) != []) == one_token_short
