@@ -31,6 +31,12 @@ Fields: the runner's ``seq_lens``, ``req_pool_indices``, ``out_cache_loc`` and
 request (a page-table row: the pages its ``cache_seqlens`` reach, what the kernel
 reads), ``cu_seqlens_q`` and ``cu_seqlens_k`` as offsets. Each with the range its
 consumer accepts (:meth:`FA3Engine.accepts`).
+
+Mutants (re-created defects of the graph metadata, each caught by its property):
+``sglang-fa3-verify-window-forgotten`` (the graph's verify lengths without the
+draft window: padding invariance, replay equals eager) and
+``sglang-fa3-table-short-of-window`` (the graph's page table ``next_n`` tokens
+short of the context: safe padding, at a replay or a verify's capture).
 """
 
 from __future__ import annotations
