@@ -117,7 +117,10 @@ def test_each_mutant_fails_its_property_on_its_smallest_trace(mutant, found):
     "mutant", ["vllm-v1-hybrid-pad-slot-states", "vllm-v1-hybrid-last-state-nulled"]
 )
 def test_the_derandomized_search_finds_each_mutant(mutant):
-    assert_detected("runner-step", mutant, seed=0, max_examples=200)
+    """The generic test's search (tests/test_entries.py: the same run, made once per
+    process), found within 200 examples at seed 0."""
+    result = assert_detected("runner-step", mutant)
+    assert result.examples <= 200
 
 
 def test_a_first_chunk_in_a_full_decode_graph_replays_stale_state_indices():
