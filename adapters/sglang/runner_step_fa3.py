@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from attnfuzz.adapters.sglang import fa3_backend
 from attnfuzz.adapters.sglang import runner_step as decode
-from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, make_inputs
 from attnfuzz.reference.trace import Trace
 
@@ -235,9 +235,11 @@ def graph_batch_sizes(config: Any) -> list[int]:
     return sorted(s for s in sizes if s <= config.max_num_seqs)
 
 
-def replayed(trace: Trace) -> list[RunnerStepInputs]:
-    """The steps of ``trace`` the decode graph replays: decodes or verifies of running
-    requests (``runner_step.step_mode``) of at most the largest graph's batch size."""
+def replayed(trace: Trace | Case) -> list[RunnerStepInputs]:
+    """The steps of ``trace`` (a case: a trace of one step) the decode graph replays:
+    decodes or verifies of running requests (``runner_step.step_mode``) of at most the
+    largest graph's batch size."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
     sizes = graph_batch_sizes(trace.config)
     steps = [make_inputs(case) for case in trace.cases()]
     return [
@@ -245,17 +247,17 @@ def replayed(trace: Trace) -> list[RunnerStepInputs]:
     ]
 
 
-def reach_verify_replay(trace: Trace) -> bool:
+def reach_verify_replay(trace: Trace | Case) -> bool:
     """A target verify (``num_spec`` >= 1) the decode graph replays."""
     return trace.config.num_spec >= 1 and bool(replayed(trace))
 
 
-def reach_graph(trace: Trace) -> bool:
+def reach_graph(trace: Trace | Case) -> bool:
     """The engine captures decode graphs (each capture builds the graph's metadata)."""
     return bool(graph_batch_sizes(trace.config))
 
 
-def trigger_table_short_of_window(trace: Trace) -> bool:
+def trigger_table_short_of_window(trace: Trace | Case) -> bool:
     """A KV (``cache_seqlens``: the prefix and the step's tokens) past
     ``cdiv(max_model_len - next_n, page_size)`` pages in a graph build: a replayed
     request's, or a captured verify's (the fill length 1 and its ``next_n`` drafts)."""
