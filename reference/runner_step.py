@@ -25,8 +25,8 @@ A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
 real entries, as ``query_start_loc``). Only the real rows are compared across
 builds: what padding rows hold differs by design between a padded build and an
-eager one, and is judged by safety alone. A drafter's forwards are builds of the
-step too (``draft``: the sub-step), each compared with the eager one of its sub-step.
+eager one, and is judged by safety alone. A drafter's forwards are builds too
+(``draft``), each compared with the eager one of its sub-step.
 """
 
 from __future__ import annotations
@@ -134,9 +134,8 @@ def reference(case: Case, inputs: RunnerStepInputs) -> RunnerStepExpected:
 
 @dataclass(frozen=True)
 class Field:
-    """One tensor a consumer reads: ``values`` as the consumer sees it (the view of
-    the persistent buffer it is handed, padding rows included; 2-D for a block table,
-    whose rows are the first axis)."""
+    """One tensor a consumer reads: ``values`` as the consumer sees it (the view of the
+    persistent buffer it is handed, padding rows included; 2-D for a block table)."""
 
     name: str
     rows: str  # one of ROWS
@@ -160,9 +159,11 @@ class StepBuild:
     num_tokens: int
     fields: tuple[Field, ...]
     where: str = ""  # the engine function that built it, for the message
-    # The drafter's sub-step the build is of (0: its first pass), None: the step's own
-    # forward. A build agrees with the eager build of its own sub-step.
+    # The drafter's sub-step (0: its first pass; None: the step's own forward), agreeing
+    # with the eager build of its sub-step; ``proposed_before``: of the proposal after
+    # the previous step (made once this step told the sampler's verdict), of its requests.
     draft: int | None = None
+    proposed_before: bool = False
 
     @property
     def name(self) -> str:

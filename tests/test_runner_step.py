@@ -181,6 +181,27 @@ def test_a_draft_sub_step_is_compared_with_the_eager_build_of_its_own_sub_step()
     assert short.startswith("[values] padded.draft1.num_reqs: expected 2")
 
 
+def test_a_proposal_after_the_previous_step_holds_that_steps_requests():
+    """A proposal made after the previous step (reported once this step came, as vLLM's
+    V2 runner's sampler verdict needs) holds the previous step's requests, which may
+    outnumber this step's: each of its builds must hold as many as its eager build."""
+    three = dict(query_start_loc=[0, 1, 2, 3], seq_lens=[6, 4, 2], slot_mapping=[20, 29, 7])
+    three |= {"block_table": [[4, 7], [2, 0], [3, 0]]}
+    proposal = dataclasses.replace(drafted(build("eager", **three), 1, 3), num_reqs=3)
+    before = dataclasses.replace(proposal, proposed_before=True)
+    padded = dataclasses.replace(before, how="padded")
+    assert mismatches(build("eager"), before, padded) == []
+    # Made within the step, three requests where the step has two is wrong.
+    (wrong,) = mismatches(build("eager"), proposal)
+    assert wrong.startswith("[values] eager.draft1.num_reqs: expected 2 (the step's requests)")
+    # A build of the earlier proposal that holds fewer requests than its eager build.
+    short = dataclasses.replace(padded, num_reqs=2)
+    assert (
+        "[values] padded.draft1.num_reqs: expected 3 (eager.draft1's requests: the "
+        "proposal's), got 2"
+    ) in mismatches(build("eager"), before, short)
+
+
 # -- attnfuzz's own runner ----------------------------------------------------------------------
 
 

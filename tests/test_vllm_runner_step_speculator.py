@@ -197,3 +197,26 @@ def test_a_draft_position_past_the_model_s_length_is_caught(monkeypatch):
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert {prop for prop, _, _ in found} == {"safe padding"}
     assert {("safe padding", "positions", f"{how}.draft1") for how in ("eager", "fresh")} <= found
+
+
+def test_the_proposal_after_a_step_of_more_requests_holds_that_step_s_requests():
+    """Three requests decode with their drafts; the next step schedules only one of them.
+    The proposal after the three-request step runs once that step came (the sampler's
+    verdict is the scheduler's count), over the three requests' rows: its builds hold
+    three requests where the step has one, as they should, and every property holds
+    (it was once judged against the step's one request: a false failure)."""
+    from attnfuzz.harness.registry import get_target
+
+    q = 3
+    pages = ((1,), (2,), (3,))
+    steps = (
+        Batch((0, 0, 0), (5, 4, 6), req_ids=(7, 8, 9), pages=pages, new_pages=(1, 1, 1)),
+        Batch((5, 4, 6), (q, q, q), req_ids=(7, 8, 9), pages=pages, new_pages=(0, 0, 0)),
+        Batch((5 + q,), (q,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+    )
+    trace = Trace(config(2, cudagraph_capture_sizes=(3, 6, 12)), steps)
+    last = run(trace)[-1]
+    drafts = [b for b in last.builds if b.draft is not None and b.how != "capture"]
+    assert drafts and all(b.proposed_before and b.num_reqs == 3 for b in drafts)
+    t = get_target("runner-step")
+    assert t.judge_trace(t.resolve("vllm"), trace, "cpu").ok

@@ -697,7 +697,10 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         fields = _fields(engine.config, seen)
         if draft == 0:
             fields = _draft_prefill_positions(engine.config, seen, fields, rejected)
-        out.append(StepBuild(kind, n, tokens, fields, speculating.WHERE, draft=draft))
+        # Made after the last step, for its requests (``n``), once this step came.
+        build = StepBuild(kind, n, tokens, fields, speculating.WHERE, draft=draft,
+                          proposed_before=True)  # fmt: skip
+        out.append(build)
     recorder.drafted.clear()
     return out
 
