@@ -96,21 +96,19 @@ def compare(
         if b.how == "capture":  # a dummy step: no real rows
             continue
         for size, what in (("num_reqs", "requests"), ("num_tokens", "tokens")):
-            # A draft sub-step's tokens are its own (judged against its eager build).
-            if b.draft is not None and size == "num_tokens":
-                continue
             want, label = getattr(expected, size), f"the step's {what}"
+            if b.draft is not None and size == "num_tokens":
+                continue  # a draft sub-step's tokens are its own (judged as its eager's)
             if b.draft is not None and b.proposed_before:
-                # The proposal after the previous step holds that step's requests, which
-                # this step's reference does not know: every build of the sub-step must
-                # hold as many as its eager build (the properties compare their rows).
-                eager = first.get(b.draft)
-                if eager is None or eager is b:
+                # The previous step's proposal holds that step's requests (unknown here):
+                # each build of the sub-step holds as many as its eager build does.
+                if first.get(b.draft) is None or first[b.draft] is b:
                     continue
-                want, label = eager.num_reqs, f"{eager.name}'s requests: the proposal's"
-            if getattr(b, size) != want:
-                have = str(getattr(b, size))
-                out.append(Mismatch(Check.VALUES, f"{b.name}.{size}", f"{want} ({label})", have))
+                want, label = first[b.draft].num_reqs, f"{first[b.draft].name}'s requests"
+            if (have := getattr(b, size)) != want:
+                out.append(
+                    Mismatch(Check.VALUES, f"{b.name}.{size}", f"{want} ({label})", str(have))
+                )
     for v in ref.violations(got):
         check, wanted = _CHECKS[v.prop]
         where = v.build if v.field == "-" else f"{v.build}.{v.field}"
