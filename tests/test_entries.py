@@ -53,6 +53,22 @@ ONE_STEP = entry_params(
 )
 """As SEARCHED, those that run one step at a time: they must pass traces too."""
 MUTANTS = entry_params(lambda impl: kind_of(impl) == "mutant")
+
+
+def _nightly_search(param):
+    """``param`` with the ``nightly`` mark where its search runs an engine's whole step
+    on every trace (an engine's mutant of a target that lives across steps): seconds a
+    trace, tens to hundreds of traces to a finding. The nightly workflow searches for
+    those; CI judges each on its smallest trace (below), where its check must fail."""
+
+    target, name = param.values
+    impl = get_target(target).implementations[name]
+    slow = impl.engine is not None and impl.traced
+    marks = [*param.marks, *([pytest.mark.nightly] if slow else [])]
+    return pytest.param(*param.values, marks=marks, id=param.id)
+
+
+SEARCHED_MUTANTS = [_nightly_search(p) for p in MUTANTS]
 ENGINE = entry_params(lambda impl: impl.engine is not None)
 
 
@@ -133,7 +149,7 @@ def test_mutant_declares_reach_trigger_and_a_smallest_case_that_fails(target, mu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, mutant", MUTANTS)
+@pytest.mark.parametrize("target, mutant", SEARCHED_MUTANTS)
 def test_mutant_is_detected(target, mutant):
     assert_detected(target, mutant)
 

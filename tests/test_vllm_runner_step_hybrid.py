@@ -113,12 +113,13 @@ def test_each_mutant_fails_its_property_on_its_smallest_trace(mutant, found):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize(
     "mutant", ["vllm-v1-hybrid-pad-slot-states", "vllm-v1-hybrid-last-state-nulled"]
 )
 def test_the_derandomized_search_finds_each_mutant(mutant):
     """The generic test's search (tests/test_entries.py: the same run, made once per
-    process), found within 200 examples at seed 0."""
+    process; both nightly), found within 200 examples at seed 0."""
     result = assert_detected("runner-step", mutant)
     assert result.examples <= 200
 
