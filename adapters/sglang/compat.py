@@ -72,6 +72,7 @@ _DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 _EAGLE_DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
 _EAGLE_DRAFT_EXTEND_RUNNER = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
 _FA3 = "sglang.srt.layers.attention.flashattention_backend"
+_FLASHINFER = "sglang.srt.layers.attention.flashinfer_backend"
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "graph_runner": (
         Api("sglang.srt.model_executor.runner_utils.buffers", "DecodeInputBuffers.create"),
@@ -105,6 +106,22 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api(_FA3, "FlashAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
         Api(_FA3, "FlashAttentionBackend._apply_cuda_graph_metadata"),
         Api(_FA3, "FlashAttentionBackend._compute_scheduler_metadata"),
+        Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
+    "runner_step_flashinfer": (
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+        Api(_FLASHINFER, "FlashInferAttnBackend.init_forward_metadata"),
+        Api(_FLASHINFER, "FlashInferAttnBackend.init_cuda_graph_state"),
+        Api(
+            _FLASHINFER,
+            "FlashInferAttnBackend.init_forward_metadata_out_graph",
+            keyword="in_capture",
+        ),
+        Api(_FLASHINFER, "FlashInferAttnBackend._create_decode_wrappers"),
+        Api(_FLASHINFER, "FlashInferIndicesUpdaterDecode.call_begin_forward", keyword="plan"),
+        Api(_FLASHINFER, "FlashInferIndicesUpdaterPrefill.call_begin_forward", keyword="plan"),
         Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),

@@ -232,6 +232,76 @@ def _runner_step_fa3() -> list[Implementation]:
     ]
 
 
+def _flashinfer() -> Any:
+    """The FlashInfer runner-step adapter, imported when a mutant's case is judged (it
+    imports torch, never when the plugin loads)."""
+    from attnfuzz.adapters.sglang import runner_step_flashinfer
+
+    return runner_step_flashinfer
+
+
+def _reach_flashinfer_decode_replay(trace: Trace) -> bool:
+    return _flashinfer().reach_decode_replay(trace)
+
+
+def _reach_flashinfer_verify_replay(trace: Trace) -> bool:
+    return _flashinfer().reach_verify_replay(trace)
+
+
+def _smallest_flashinfer_indptr_off_buffer() -> Trace:
+    return _flashinfer().smallest_indptr_off_buffer()
+
+
+def _smallest_flashinfer_window_forgotten() -> Trace:
+    return _flashinfer().smallest_window_forgotten()
+
+
+def _runner_step_flashinfer() -> list[Implementation]:
+    """SGLang's decode graph runner step on the FlashInfer backend, and two of its graph
+    metadata's defects re-created."""
+    backend = "layers/attention/flashinfer_backend.py:FlashInferAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_flashinfer",
+            "run",
+            name="sglang-flashinfer",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (eager "
+            "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay; FlashInferIndicesUpdaterDecode/Prefill); flashinfer's "
+            "wrappers and fast_decode_plan by their contract where flashinfer is not "
+            "built (a recording plan); a graph stand-in",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_flashinfer",
+            "run_indptr_off_buffer",
+            name="sglang-flashinfer-indptr-off-buffer",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose decode updater computes a "
+            "graph wrapper's kv_indptr off the wrapper's buffer: fast_decode_plan copies "
+            "nothing, the replay reads the capture's offsets",
+            trigger=_reach_flashinfer_decode_replay,
+            reach=_reach_flashinfer_decode_replay,
+            smallest=_smallest_flashinfer_indptr_off_buffer,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_flashinfer",
+            "run_window_forgotten",
+            name="sglang-flashinfer-verify-window-forgotten",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph verify plans the "
+            "committed prefix without the draft window (generate_attn_arg_prefill's kv "
+            "lengths short by next_n)",
+            trigger=_reach_flashinfer_verify_replay,
+            reach=_reach_flashinfer_verify_replay,
+            smallest=_smallest_flashinfer_window_forgotten,
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         sglang_impl(
@@ -247,6 +317,7 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         *_runner_step_fa3(),
+        *_runner_step_flashinfer(),
         sglang_impl(
             "runner_step_draft",
             "run",
