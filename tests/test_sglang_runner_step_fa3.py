@@ -67,6 +67,16 @@ def test_the_scheduler_refuses_what_flash_attention_3_refuses(overrides, why):
         _schedule(**overrides)
 
 
+def test_a_refusal_of_the_scheduler_is_the_engine_s_finding_not_attnfuzz_s_error():
+    """The stand-in refuses what FlashAttention 3 refuses: the engine misused the
+    vendor's contract, a finding, though attnfuzz's frame raised it (harness/blame.py)."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
+    with pytest.raises(fa3_backend.VendorContractError) as refused:
+        _schedule(qkv_dtype=torch.float32)
+    assert attnfuzz_fault(refused.value, refused.tb) is None
+
+
 def test_the_stand_in_module_is_there_only_while_the_backend_is_built():
     before = sys.modules.get(fa3_backend.MODULE)
     with fa3_backend.flash_attn_module():

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from attnfuzz.harness.errors import ContractError
 
 MODULE = "sgl_kernel.flash_attn"
 """The module SGLang's FA3 backend imports its kernels from."""
@@ -46,8 +47,9 @@ QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 """The dtypes FlashAttention 3 runs (``TORCH_CHECK`` in ``mha_fwd_get_scheduler_metadata``)."""
 
 
-class VendorContractError(ValueError):
-    """A call the vendor's function refuses (its ``TORCH_CHECK``)."""
+class VendorContractError(ContractError):
+    """A call the vendor's function refuses (its ``TORCH_CHECK``): the engine's misuse of
+    the vendor's contract, a finding wherever it is raised (harness/blame.py)."""
 
 
 def get_scheduler_metadata(
