@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from attnfuzz.adapters.sglang.testing import requires_sglang
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
@@ -69,6 +71,41 @@ def test_a_decode_of_three_requests_replays_the_graph_of_four():
         assert _values(b, "kv_indptr") == [0, 6, 10, 12, 13], how
     assert _values(_build(second, "eager"), "seq_lens") == [6, 4, 2]
     assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+def _replay_writes_nothing(monkeypatch):
+    """SGLang's Triton backend as a release whose replay metadata writes nothing: the
+    graph reads what its buffers held before the step."""
+    from attnfuzz.adapters.sglang import runner_step
+
+    runner_step.prepare()  # SGLang imported as the adapter imports it
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    real = TritonAttnBackend._init_forward_metadata_out_graph
+
+    def out_graph(self, forward_batch, in_capture):
+        if in_capture:
+            real(self, forward_batch, in_capture)
+
+    monkeypatch.setattr(TritonAttnBackend, "_init_forward_metadata_out_graph", out_graph)
+
+
+def test_a_replay_that_writes_nothing_is_caught_though_the_eager_build_ran_first(monkeypatch):
+    """The eager build writes the backend's kv_indptr, the buffer the graph reads; a step
+    SGLang replays runs no eager build, so the driver puts those buffers back before the
+    replay. A replay that writes nothing then shows what the step before left."""
+    from attnfuzz.adapters.sglang import runner_step
+
+    _replay_writes_nothing(monkeypatch)
+    _, second = _life(_arrive_then_decode(num_spec=0))
+    found = {(v.prop, v.field, v.build) for v in ref.violations(second)}
+    assert ("padding invariance", "kv_indptr", "padded") in found
+    # Left as the eager build wrote them, the buffers hid it.
+    monkeypatch.setattr(runner_step, "_as_left", lambda *b: contextlib.nullcontext())
+    _, second = _life(_arrive_then_decode(num_spec=0))
+    assert ("padding invariance", "kv_indptr", "padded") not in {
+        (v.prop, v.field, v.build) for v in ref.violations(second)
+    }
 
 
 def test_every_capture_batch_size_is_captured_once_at_the_engine_start():

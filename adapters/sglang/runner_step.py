@@ -628,6 +628,30 @@ def arrived_anew(requests: dict[int, Any], inputs: RunnerStepInputs) -> RunnerSt
     )
 
 
+@contextlib.contextmanager
+def _as_left(*backends: Any) -> Iterator[None]:
+    """The backends' own tensors (their persistent buffers: ``kv_indptr``, ``qo_indptr``,
+    ...) put back, after the block, to what they held before it. A step SGLang replays
+    runs no eager ``init_forward_metadata`` (``EagerRunner`` does; the decode graph
+    runner's ``execute`` replays instead), and the eager path writes buffers the graph
+    reads (``triton_backend.py``: ``init_forward_metadata`` fills ``self.kv_indptr``,
+    which the graph's metadata is built over): the eager build, made first for the
+    comparison, must not write for the replay what the replay alone must write."""
+    held = [
+        t
+        for backend in backends
+        for v in vars(backend).values()
+        for t in (v if isinstance(v, (list, tuple)) else [v])
+        if torch.is_tensor(t)
+    ]
+    before = [(t, t.clone()) for t in held]
+    try:
+        yield
+    finally:
+        for t, saved in before:
+            t.copy_(saved)
+
+
 class EngineLife:
     """One SGLang engine across the steps of one life, made anew for another config:
     the driver every SGLang implementation of ``runner-step`` shares. Per step, the
@@ -657,6 +681,10 @@ class EngineLife:
 
     def eager(self, engine: Any, inputs: RunnerStepInputs, mode: str, how: str) -> StepBuild:
         return engine.eager(inputs, mode, how=how)
+
+    def graph_read(self, engine: Any) -> list[Any]:
+        """The backends whose buffers both the eager build writes and the graph reads."""
+        return [engine.backend]
 
     def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
         """What the runner's graph builds for the step, where it runs it."""
@@ -689,8 +717,12 @@ class EngineLife:
         with _server_args(inputs.config, backend):
             self.core(engine).admit(inputs)
             self.core(engine).write_rows(inputs)
-            builds.append(self.eager(engine, inputs, mode, "eager"))
-            builds += self.graph_builds(engine, inputs, mode)
+            if mode == "extend" or engine.graph_runner is None:
+                builds.append(self.eager(engine, inputs, mode, "eager"))
+            else:
+                with _as_left(*self.graph_read(engine)):
+                    builds.append(self.eager(engine, inputs, mode, "eager"))
+                builds += self.graph_builds(engine, inputs, mode)
         fresh = self.make(engine.config, engine.device, False)
         arrived = arrived_anew(self.core(engine).requests, inputs)
         with _server_args(engine.config, backend):

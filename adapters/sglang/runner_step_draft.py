@@ -412,6 +412,9 @@ class DraftLife(decode.EngineLife):
             return engine.eager(inputs, how=how)
         return engine.engine.eager(inputs, mode, how=how)
 
+    def graph_read(self, engine: _DraftEngine) -> list[Any]:
+        return [engine.draft_backend, *engine.draft_backend.attn_backends]
+
     def graph_builds(
         self, engine: _DraftEngine, inputs: RunnerStepInputs, mode: str
     ) -> list[StepBuild]:

@@ -235,21 +235,6 @@ class FlashInferLife(decode.EngineLife):
     def make(self, config: Any, device: torch.device, graphs: bool) -> FlashInferEngine:
         return self.engine_class(config, device, graphs=graphs)
 
-    def eager(self, engine: Any, inputs: RunnerStepInputs, mode: str, how: str) -> StepBuild:
-        """The eager build, after which the backend's persistent offsets hold what the
-        previous step left: the eager updaters write ``kv_indptr[0]`` and ``qo_indptr[0]``,
-        the very buffers the graph's wrappers are built over, and a step SGLang replays
-        runs no eager ``init_forward_metadata`` first (``runner/eager_runner.py``:
-        ``EagerRunner`` calls it; ``DecodeCudaGraphRunner.execute`` replays instead), so
-        the replay alone must write them."""
-        backend = engine.backend
-        shared = [*backend.kv_indptr, *getattr(backend, "qo_indptr", [])]
-        before = [t.clone() for t in shared]
-        build = engine.eager(inputs, mode, how=how)
-        for t, saved in zip(shared, before, strict=True):
-            t.copy_(saved)
-        return build
-
     def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
         with engine.planning():
             return super().graph_builds(engine, inputs, mode)
