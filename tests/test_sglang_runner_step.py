@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
+from attnfuzz.adapters.sglang.testing import life, requires_sglang
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case
@@ -15,31 +16,11 @@ from hypothesis import HealthCheck, given, settings
 pytestmark = requires_sglang
 
 
-def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
-    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
-
-
 def _life(trace: Trace) -> list[ref.RunnerStepOutputs]:
     """Every step of ``trace`` on one new SGLang engine."""
     from attnfuzz.adapters.sglang.runner_step import run
 
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def _arrive_then_decode(num_spec: int) -> Trace:
-    """Three requests arrive (an extend), then decode (or verify) together: three
-    requests in the graph of four."""
-    config = spec_config(num_spec=num_spec, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8, 16))
-    w = config.next_n
-    pages = ((1, 2), (3, 4), (5,))
-    return Trace(
-        config,
-        (
-            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 1)),
-            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
-        ),
-    )
+    return life(run, trace)
 
 
 def _build(out: ref.RunnerStepOutputs, how: str) -> ref.StepBuild:

@@ -9,10 +9,9 @@ import sys
 import pytest
 import torch
 from attnfuzz.adapters.sglang import fa3_backend
-from attnfuzz.adapters.sglang.testing import requires_sglang
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
+from attnfuzz.adapters.sglang.testing import life, requires_sglang
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
 
 # -- the stand-in for sgl_kernel.flash_attn: FlashAttention 3's contract ------------------------
@@ -100,32 +99,12 @@ def _sglang(test):
     return test
 
 
-def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
-    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
-
-
 def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     """Every step of ``trace`` on one new engine of ``runner_step_fa3.<name>``."""
     from attnfuzz.adapters.sglang import runner_step_fa3
 
     run = getattr(runner_step_fa3, name)
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def _arrive_then_decode(num_spec: int) -> Trace:
-    """Three requests arrive (an extend), then decode (or verify) together: three
-    requests in the graph of four."""
-    config = spec_config(num_spec=num_spec, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8, 16))
-    w = config.next_n
-    pages = ((1, 2), (3, 4), (5,))
-    return Trace(
-        config,
-        (
-            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 1)),
-            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
-        ),
-    )
+    return life(run, trace)
 
 
 def _values(out: ref.RunnerStepOutputs, how: str, name: str) -> list:

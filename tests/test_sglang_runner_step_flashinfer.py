@@ -9,11 +9,10 @@ import types
 import pytest
 import torch
 from attnfuzz.adapters.sglang import flashinfer_stand_in as fi
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
+from attnfuzz.adapters.sglang.testing import life, requires_sglang
 from attnfuzz.harness.errors import ContractError
-from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
 
 # -- the stand-in for flashinfer's wrappers: FlashInfer's contract ------------------------------
@@ -140,32 +139,12 @@ def _sglang(test):
     return test
 
 
-def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
-    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
-
-
 def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     """Every step of ``trace`` on one new engine of ``runner_step_flashinfer.<name>``."""
     from attnfuzz.adapters.sglang import runner_step_flashinfer
 
     run = getattr(runner_step_flashinfer, name)
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def _arrive_then_decode(num_spec: int) -> Trace:
-    """Three requests arrive (an extend), then decode (or verify) together: three
-    requests in the graph of four."""
-    config = spec_config(num_spec=num_spec, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8, 16))
-    w = config.next_n
-    pages = ((1, 2), (3, 4), (5,))
-    return Trace(
-        config,
-        (
-            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 1)),
-            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
-        ),
-    )
+    return life(run, trace)
 
 
 def _values(out: ref.RunnerStepOutputs, how: str, name: str) -> list:

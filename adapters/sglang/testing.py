@@ -7,10 +7,14 @@ CI installs SGLang (``ATTNFUZZ_SGLANG=1 ./setup.sh``) and sets
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from attnfuzz.adapters.sglang import ENGINE, unavailable
-from attnfuzz.harness.testing import require_variable
+from attnfuzz.harness.testing import require_variable, spec_config
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.runner_step import RunnerStepOutputs, make_inputs
+from attnfuzz.reference.trace import Trace
 
 _REASON = unavailable()
 if _REASON is not None and os.environ.get(require_variable(ENGINE)) == "1":
@@ -22,3 +26,34 @@ requires_sglang = [
 ]
 """``pytestmark`` of a module that runs SGLang's own code: marked ``sglang`` (``-m sglang``
 selects it), skipped where SGLang is not installed."""
+
+
+# -- traces the runner-step tests of every SGLang backend share ----------------------------
+
+
+def scheduled(computed, q_lens, req_ids, pages, new_pages) -> Batch:
+    """A step of a trace: the requests' computed tokens and query lengths, ids, pages,
+    and the pages each gained this step."""
+    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
+
+
+def life(run: Any, trace: Trace) -> list[RunnerStepOutputs]:
+    """Every step of ``trace`` on one new engine of ``run`` (an implementation of
+    ``runner-step``, with its ``new_engine``)."""
+    run.new_engine()
+    return [run(make_inputs(case)) for case in trace.cases()]
+
+
+def arrive_then_decode(num_spec: int) -> Trace:
+    """Three requests arrive (an extend), then decode (or verify) together: three
+    requests in the graph of four."""
+    config = spec_config(num_spec=num_spec, max_num_seqs=8, cudagraph_capture_sizes=(2, 4, 8, 16))
+    w = config.next_n
+    pages = ((1, 2), (3, 4), (5,))
+    return Trace(
+        config,
+        (
+            scheduled((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 1)),
+            scheduled((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
+        ),
+    )
