@@ -66,13 +66,15 @@ import numpy as np
 import torch
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang.triton_backend import HEAD_DIM, _KVPool
-from attnfuzz.reference.batch import EngineConfig, cdiv
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import (
     Field,
     RunnerStepInputs,
     RunnerStepOutputs,
     StepBuild,
+    make_inputs,
 )
+from attnfuzz.reference.trace import Trace
 
 EXTRA_CONTEXT = 4
 """``kv_cache_configurator.py``: ``extra_max_context_len = 4`` (+ the draft tokens):
@@ -730,6 +732,51 @@ class EngineLife:
             self.core(fresh).write_rows(arrived)
             builds.append(self.eager(fresh, arrived, mode, "fresh"))
         return RunnerStepOutputs(tuple(builds))
+
+
+# -- where a mutant of a backend lives: the steps the decode graph replays -----------------
+
+
+def graph_batch_sizes(config: Any) -> list[int]:
+    """The decode graphs' batch sizes: the capture sizes over ``next_n``
+    (``runner_step._server_args``) as ``base_cuda_graph_runner.py:
+    get_batch_sizes_to_capture`` clamps them to ``max_running_requests``; none
+    without CUDA graphs (``--disable-cuda-graph``)."""
+    if config.cudagraph_mode == "NONE":
+        return []
+    w = config.next_n
+    sizes = {s // w for s in config.cudagraph_capture_sizes if s >= w} or {1}
+    if max(sizes) > config.max_num_seqs:
+        sizes.add(config.max_num_seqs)
+    return sorted(s for s in sizes if s <= config.max_num_seqs)
+
+
+def replayed(trace: Trace | Case) -> list[RunnerStepInputs]:
+    """The steps of ``trace`` (a case: a trace of one step) the decode graph replays:
+    decodes or verifies of running requests (``runner_step.step_mode``) of at most the
+    largest graph's batch size."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    sizes = graph_batch_sizes(trace.config)
+    steps = [make_inputs(case) for case in trace.cases()]
+    return [s for s in steps if sizes and step_mode(s) != "extend" and s.num_reqs <= sizes[-1]]
+
+
+def reach_verify_replay(trace: Trace | Case) -> bool:
+    """A target verify (``num_spec`` >= 1) the decode graph replays."""
+    return trace.config.num_spec >= 1 and bool(replayed(trace))
+
+
+def arrive_then_step(config: EngineConfig, computed: int) -> Trace:
+    """One request arrives with ``computed`` tokens (an extend), then decodes (or
+    verifies) alone: the graph of one request."""
+    w, bs = config.next_n, config.block_size
+    held, after = cdiv(computed, bs), cdiv(computed + w, bs)
+    pages = tuple(range(1, after + 1))
+    arrive = Batch((0,), (computed,), 0, True, req_ids=(0,), pages=(pages[:held],),
+                   new_pages=(held,))  # fmt: skip
+    step = Batch((computed,), (w,), 0, True, req_ids=(0,), pages=(pages,),
+                 new_pages=(after - held,))  # fmt: skip
+    return Trace(config, (arrive, step))
 
 
 ENGINE = EngineLife()

@@ -46,8 +46,14 @@ from typing import Any
 import torch
 from attnfuzz.adapters.sglang import fa3_backend
 from attnfuzz.adapters.sglang import runner_step as decode
-from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
-from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, make_inputs
+from attnfuzz.adapters.sglang.runner_step import (
+    arrive_then_step,
+    graph_batch_sizes,
+    replayed,
+)
+from attnfuzz.adapters.sglang.runner_step import reach_verify_replay as reach_verify_replay
+from attnfuzz.reference.batch import Case, EngineConfig, cdiv
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
 
 KV_CACHE_DTYPE = torch.bfloat16
@@ -221,37 +227,6 @@ run_table_short_of_window.new_engine = TABLE_SHORT_OF_WINDOW.new_engine  # type:
 # -- where the mutants live: the steps SGLang's decode graph replays --------------------------
 
 
-def graph_batch_sizes(config: Any) -> list[int]:
-    """The decode graphs' batch sizes: the capture sizes over ``next_n``
-    (``runner_step._server_args``) as ``base_cuda_graph_runner.py:
-    get_batch_sizes_to_capture`` clamps them to ``max_running_requests``; none
-    without CUDA graphs (``--disable-cuda-graph``)."""
-    if config.cudagraph_mode == "NONE":
-        return []
-    w = config.next_n
-    sizes = {s // w for s in config.cudagraph_capture_sizes if s >= w} or {1}
-    if max(sizes) > config.max_num_seqs:
-        sizes.add(config.max_num_seqs)
-    return sorted(s for s in sizes if s <= config.max_num_seqs)
-
-
-def replayed(trace: Trace | Case) -> list[RunnerStepInputs]:
-    """The steps of ``trace`` (a case: a trace of one step) the decode graph replays:
-    decodes or verifies of running requests (``runner_step.step_mode``) of at most the
-    largest graph's batch size."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
-    sizes = graph_batch_sizes(trace.config)
-    steps = [make_inputs(case) for case in trace.cases()]
-    return [
-        s for s in steps if sizes and decode.step_mode(s) != "extend" and s.num_reqs <= sizes[-1]
-    ]
-
-
-def reach_verify_replay(trace: Trace | Case) -> bool:
-    """A target verify (``num_spec`` >= 1) the decode graph replays."""
-    return trace.config.num_spec >= 1 and bool(replayed(trace))
-
-
 def reach_graph(trace: Trace | Case) -> bool:
     """The engine captures decode graphs (each capture builds the graph's metadata)."""
     return bool(graph_batch_sizes(trace.config))
@@ -275,24 +250,11 @@ def trigger_table_short_of_window(trace: Trace | Case) -> bool:
     )
 
 
-def _arrive_then_step(config: EngineConfig, computed: int) -> Trace:
-    """One request arrives with ``computed`` tokens (an extend), then decodes (or
-    verifies) alone: the graph of one request."""
-    w, bs = config.next_n, config.block_size
-    held, after = cdiv(computed, bs), cdiv(computed + w, bs)
-    pages = tuple(range(1, after + 1))
-    arrive = Batch((0,), (computed,), 0, True, req_ids=(0,), pages=(pages[:held],),
-                   new_pages=(held,))  # fmt: skip
-    step = Batch((computed,), (w,), 0, True, req_ids=(0,), pages=(pages,),
-                 new_pages=(after - held,))  # fmt: skip
-    return Trace(config, (arrive, step))
-
-
 def smallest_window_forgotten() -> Trace:
     """One request of one token, then its verify of ``next_n`` 2 in the graph of one."""
     config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8,
                           block_size=1, num_spec=1, cudagraph_capture_sizes=(2,))  # fmt: skip
-    return _arrive_then_step(config, 1)
+    return arrive_then_step(config, 1)
 
 
 def smallest_table_short_of_window() -> Trace:
@@ -300,4 +262,4 @@ def smallest_table_short_of_window() -> Trace:
     of one: its 8 tokens reach past a table of 7 pages of one token."""
     config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8,
                           block_size=1, num_spec=0, cudagraph_capture_sizes=(1,))  # fmt: skip
-    return _arrive_then_step(config, 7)
+    return arrive_then_step(config, 7)

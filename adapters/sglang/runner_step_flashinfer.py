@@ -58,8 +58,12 @@ from typing import Any
 import torch
 from attnfuzz.adapters.sglang import _engine, flashinfer_stand_in
 from attnfuzz.adapters.sglang import runner_step as decode
-from attnfuzz.adapters.sglang.runner_step_fa3 import replayed
-from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
+from attnfuzz.adapters.sglang.runner_step import (
+    arrive_then_step,
+    replayed,
+)
+from attnfuzz.adapters.sglang.runner_step import reach_verify_replay as reach_verify_replay
+from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace
 
@@ -331,33 +335,15 @@ def reach_decode_replay(trace: Trace) -> bool:
     return trace.config.num_spec == 0 and bool(replayed(trace))
 
 
-def reach_verify_replay(trace: Trace) -> bool:
-    """A target verify (``num_spec`` >= 1) the decode graph replays."""
-    return trace.config.num_spec >= 1 and bool(replayed(trace))
-
-
-def _arrive_then_step(config: EngineConfig, computed: int) -> Trace:
-    """One request arrives with ``computed`` tokens (an extend), then decodes (or
-    verifies) alone: the graph of one request."""
-    w, bs = config.next_n, config.block_size
-    held, after = cdiv(computed, bs), cdiv(computed + w, bs)
-    pages = tuple(range(1, after + 1))
-    arrive = Batch((0,), (computed,), 0, True, req_ids=(0,), pages=(pages[:held],),
-                   new_pages=(held,))  # fmt: skip
-    step = Batch((computed,), (w,), 0, True, req_ids=(0,), pages=(pages,),
-                 new_pages=(after - held,))  # fmt: skip
-    return Trace(config, (arrive, step))
-
-
 def smallest_indptr_off_buffer() -> Trace:
     """One request of one token, then its decode in the graph of one."""
     config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8,
                           block_size=1, num_spec=0, cudagraph_capture_sizes=(1,))  # fmt: skip
-    return _arrive_then_step(config, 1)
+    return arrive_then_step(config, 1)
 
 
 def smallest_window_forgotten() -> Trace:
     """One request of one token, then its verify of ``next_n`` 2 in the graph of one."""
     config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=8,
                           block_size=1, num_spec=1, cudagraph_capture_sizes=(2,))  # fmt: skip
-    return _arrive_then_step(config, 1)
+    return arrive_then_step(config, 1)
