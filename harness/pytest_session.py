@@ -84,6 +84,9 @@ class SessionState:
         self.device: str | None = None  # where the kernels run, for case files
         self._resolved: dict[tuple[str, str], tuple[Target, Implementation]] = {}
         self._judges: dict[tuple[str, str, float], IsolatedJudge] = {}
+        # What each child judged up to the first failure of each check (a search's
+        # shrinking judges failing cases after it): the history confirm() replays.
+        self._histories: dict[tuple[str, str, str], list[Case]] = {}
 
     def check(self) -> None:
         """Register the mutants and resolve every name given, at start-up: a
@@ -148,16 +151,19 @@ class SessionState:
             from attnfuzz.harness.isolation import IsolatedJudge
 
             judge = self._judges[key] = IsolatedJudge(target, impl, timeout_s=timeout)
-        return judge.judge_trace(case) if traced else judge.judge(case)
+        verdict = judge.judge_trace(case) if traced else judge.judge(case)
+        if not traced and not verdict.ok:
+            self._histories.setdefault((target.name, impl.name, verdict.key), judge.history[:])
+        return verdict
 
     def confirmation(
         self, target: Target, impl: Implementation, case: Case | Trace, verdict: Verdict
     ) -> Confirmation | None:
         """What replays of a failing ``case`` in new processes make of it
         (:func:`~attnfuzz.harness.confirm.confirm`, as ``attnfuzz run`` does): its
-        history is what the implementation's long-lived child judged up to it (the
-        search's minimal example, judged last). None in process, where no new
-        process judges it."""
+        history is what the implementation's long-lived child judged up to the first
+        failure of its check, as ``attnfuzz run`` keeps it. None in process, where no
+        new process judges it."""
         from attnfuzz.harness.confirm import confirm
         from attnfuzz.reference.trace import Trace
 
@@ -165,7 +171,8 @@ class SessionState:
             target.name, impl.name)), None)  # fmt: skip
         if judge is None:
             return None
-        history = [] if isinstance(case, Trace) else list(judge.history)
+        first = self._histories.pop((target.name, impl.name, verdict.key), None)
+        history = [] if isinstance(case, Trace) else (first or list(judge.history))
         return confirm(judge, case, verdict, history)
 
     def save(self, failure: Judged) -> None:

@@ -309,24 +309,37 @@ def _mutated(change: Callable[[Any], None]) -> Iterator[None]:
         yield
 
 
-def _mutant(change: Callable[[Any], None]) -> Callable[[RunnerStepInputs], RunnerStepOutputs]:
-    engine = HybridRunnerStepEngine()
+class _Mutated:
+    """A hybrid engine whose GDN builder's metadata ``change`` alters after each build."""
 
-    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with _mutated(change):
-            return engine(inputs)
+    def __init__(self, change: Callable[[Any], None]) -> None:
+        self.change, self.engine = change, HybridRunnerStepEngine()
 
-    run.new_engine = engine.new_engine  # type: ignore[attr-defined]
-    return run
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        with _mutated(self.change):
+            return self.engine(inputs)
 
 
-pad_slot_padding = _mutant(_pad_slot_padding)
-"""``vllm-v1-hybrid-pad-slot-states``: padding rows of a FULL decode's GDN state indices
-hold -1 (safe padding)."""
+_PAD_SLOT = _Mutated(_pad_slot_padding)
+_LAST_STATE = _Mutated(_last_state_nulled)
 
-last_state_nulled = _mutant(_last_state_nulled)
-"""``vllm-v1-hybrid-last-state-nulled``: a FULL decode's last real request's GDN state
-indices are the null block (padding invariance, replay equals eager)."""
+
+def pad_slot_padding(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-hybrid-pad-slot-states``: padding rows of a FULL decode's GDN state
+    indices hold -1 (safe padding)."""
+    return _PAD_SLOT(inputs)
+
+
+pad_slot_padding.new_engine = _PAD_SLOT.engine.new_engine  # type: ignore[attr-defined]
+
+
+def last_state_nulled(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-hybrid-last-state-nulled``: a FULL decode's last real request's GDN
+    state indices are the null block (padding invariance, replay equals eager)."""
+    return _LAST_STATE(inputs)
+
+
+last_state_nulled.new_engine = _LAST_STATE.engine.new_engine  # type: ignore[attr-defined]
 
 
 def reach_full_spec_decode(trace: Trace | Case) -> bool:
