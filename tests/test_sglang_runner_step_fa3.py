@@ -10,7 +10,9 @@ import pytest
 import torch
 from attnfuzz.adapters.sglang import fa3_backend
 from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
-from attnfuzz.adapters.sglang.testing import life, requires_sglang
+from attnfuzz.adapters.sglang.testing import field_values as _values
+from attnfuzz.adapters.sglang.testing import life
+from attnfuzz.adapters.sglang.testing import sglang_test as _sglang
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
 
@@ -91,27 +93,12 @@ def test_the_stand_in_module_is_there_only_while_the_backend_is_built():
 # -- the engine's step -----------------------------------------------------------------------
 
 
-def _sglang(test):
-    """A test of SGLang's own code: marked ``sglang``, skipped where it is not installed
-    (the stand-in's tests above run without it)."""
-    for mark in requires_sglang:
-        test = mark(test)
-    return test
-
-
 def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     """Every step of ``trace`` on one new engine of ``runner_step_fa3.<name>``."""
     from attnfuzz.adapters.sglang import runner_step_fa3
 
     run = getattr(runner_step_fa3, name)
     return life(run, trace)
-
-
-def _values(out: ref.RunnerStepOutputs, how: str, name: str) -> list:
-    (build,) = out.of(how)
-    f = build.field(name)
-    assert f is not None, name
-    return f.values.tolist()
 
 
 @_sglang

@@ -10,7 +10,9 @@ import pytest
 import torch
 from attnfuzz.adapters.sglang import flashinfer_stand_in as fi
 from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
-from attnfuzz.adapters.sglang.testing import life, requires_sglang
+from attnfuzz.adapters.sglang.testing import field_values as _values
+from attnfuzz.adapters.sglang.testing import life
+from attnfuzz.adapters.sglang.testing import sglang_test as _sglang
 from attnfuzz.harness.errors import ContractError
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
@@ -131,27 +133,12 @@ def test_the_stand_in_is_bound_only_while_the_backend_plans():
 # -- the engine's step -----------------------------------------------------------------------
 
 
-def _sglang(test):
-    """A test of SGLang's own code: marked ``sglang``, skipped where it is not installed
-    (the stand-in's tests above run without it)."""
-    for mark in requires_sglang:
-        test = mark(test)
-    return test
-
-
 def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     """Every step of ``trace`` on one new engine of ``runner_step_flashinfer.<name>``."""
     from attnfuzz.adapters.sglang import runner_step_flashinfer
 
     run = getattr(runner_step_flashinfer, name)
     return life(run, trace)
-
-
-def _values(out: ref.RunnerStepOutputs, how: str, name: str) -> list:
-    (build,) = out.of(how)
-    f = build.field(name)
-    assert f is not None, name
-    return f.values.tolist()
 
 
 @_sglang

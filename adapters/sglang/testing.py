@@ -57,3 +57,19 @@ def arrive_then_decode(num_spec: int) -> Trace:
             scheduled((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
         ),
     )
+
+
+def sglang_test(test: Any) -> Any:
+    """A test of SGLang's own code in a module whose other tests run without it (a
+    stand-in's contract): marked ``sglang``, skipped where SGLang is not installed."""
+    for mark in requires_sglang:
+        test = mark(test)
+    return test
+
+
+def field_values(out: RunnerStepOutputs, how: str, name: str) -> list:
+    """The values of field ``name`` of ``out``'s one build ``how``."""
+    (build,) = out.of(how)
+    f = build.field(name)
+    assert f is not None, name
+    return f.values.tolist()
