@@ -19,7 +19,11 @@ builds must agree and what a padding row may hold:
   reaches, the engine's null ids);
 - *history invariance*: the same step after two different histories of the
   same engine (``how="eager"`` and ``how="fresh"``: the step's requests added to
-  a new engine) gives the same real rows.
+  a new engine) gives the same real rows;
+- *agreement across backends*: the step's eager build by another attention backend
+  of the same engine (``how="backend"``, its ``where`` naming it) has the eager
+  build's real rows on every field both hold: what each backend derives from the
+  step (a request's KV length, the KV slots it reads) is the same in all.
 
 A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
@@ -56,6 +60,7 @@ __all__ = [
     "RunnerStepOutputs",
     "StepBuild",
     "Violation",
+    "agreement_across_backends",
     "capture_steps",
     "consumer_ranges",
     "dummy_values",
@@ -76,8 +81,9 @@ ROWS = ("requests", "tokens", "offsets")
 # "eager": the step with no graph padding; "padded": the step as the runner pads it
 # for the graph it dispatched to; "replay": the persistent buffers after the
 # runner's replay preparation; "capture": a capture or dummy run (no real rows);
-# "fresh": the eager step on a new engine that never saw the earlier steps.
-BUILDS = ("eager", "padded", "replay", "capture", "fresh")
+# "fresh": the eager step on a new engine that never saw the earlier steps; "backend":
+# the eager step on another attention backend of the same engine.
+BUILDS = ("eager", "padded", "replay", "capture", "fresh", "backend")
 
 
 @dataclass
@@ -104,8 +110,7 @@ class RunnerStepInputs:
 
 @dataclass(frozen=True)
 class RunnerStepExpected:
-    """All the reference states: the step's real sizes, which every build but a
-    capture run must report (its rows past them are padding)."""
+    """All the reference states: the step's real sizes, every build's but a capture run's."""
 
     num_reqs: int
     num_tokens: int
@@ -239,15 +244,13 @@ def _difference(want: np.ndarray, got: np.ndarray, base: str) -> str:
         return f"shape {tuple(got.shape)}, {base} {tuple(want.shape)}"
     where = np.argwhere(want != got)
     first = tuple(int(i) for i in where[0])
-    if -(2**31) in (want[first], got[first]):  # one build's consumer reads it, the other's not
-
-        def shown(v: np.ndarray) -> str:
-            return "no read entry" if v.item() == -(2**31) else str(v.item())
-
-        return (f"{len(where)} of {want.size} real values differ; first at {list(first)}: "
-                f"{shown(got[first])} where {base} has {shown(want[first])}")  # fmt: skip
     return (f"{len(where)} of {want.size} real values differ; first at {list(first)}: "
-            f"{got[first].item()} where {base} has {want[first].item()}")  # fmt: skip
+            f"{_shown(got[first])} where {base} has {_shown(want[first])}")  # fmt: skip
+
+
+def _shown(v: np.ndarray) -> str:
+    """An entry as a message shows it: -2**31 is one its build's consumer does not read."""
+    return "no read entry" if v.item() == -(2**31) else str(v.item())
 
 
 def _against_eager(prop: str, how: str, out: RunnerStepOutputs) -> list[Violation]:
@@ -271,6 +274,11 @@ def history_invariance(out: RunnerStepOutputs) -> list[Violation]:
     return _against_eager("history invariance", "fresh", out)
 
 
+def agreement_across_backends(out: RunnerStepOutputs) -> list[Violation]:
+    """Another backend's eager build of the step agrees on every field both builds hold."""
+    return _against_eager("agreement across backends", "backend", out)
+
+
 def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
     """Every value of every build (padding rows and capture runs included) lies in the
     range its consumer accepts."""
@@ -290,7 +298,8 @@ def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
-PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance, safe_padding)
+PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
+              agreement_across_backends, safe_padding)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:
@@ -309,10 +318,9 @@ def violations(out: RunnerStepOutputs) -> list[Violation]:
 
 def kv_cache_pages(config: EngineConfig) -> int:
     """Pages of the KV cache a runner of ``config`` allocates: the null page 0,
-    ``max_blocks_per_seq`` pages for each of ``max_num_seqs`` requests, and a spare one.
-    Every page the scheduler hands out lies below it (a trace's scheduler numbers
-    pages from 1 and reuses freed ones first; a step on its own draws its pages
-    among ``sum(pages) + 2``)."""
+    ``max_blocks_per_seq`` pages for each of ``max_num_seqs`` requests, and a spare one;
+    every page the scheduler hands out lies below (a trace's numbers pages from 1,
+    freed ones reused first; a step on its own draws among ``sum(pages) + 2``)."""
     return 2 + config.max_num_seqs * config.max_blocks_per_seq
 
 
@@ -355,28 +363,22 @@ def runner_build(
     ranges = consumer_ranges(config, len(values["positions"]))
     # A block-table row's consumer reads the request's pages: cdiv(seq_len, block_size).
     read = {"block_table": -(-np.asarray(values["seq_lens"], np.int64) // config.block_size)}
-    fields = tuple(
-        Field(
-            name, FIELD_ROWS[name], np.array(values[name], copy=True), ranges[name], read.get(name)
-        )  # fmt: skip
-        for name in FIELD_ROWS
-    )
+    fields = tuple(Field(n, rows, np.array(values[n], copy=True), ranges[n], read.get(n))
+                   for n, rows in FIELD_ROWS.items())  # fmt: skip
     return StepBuild(how, sizes[0], sizes[1], fields, where)
 
 
 def runner_plan(inputs: RunnerStepInputs) -> StepPlan:
     """How a runner of ``inputs.config`` runs the step, deciding on its own
-    (:func:`attnfuzz.reference.runner.step_plan`): any step may replay a graph (the
-    scheduler output says nothing of forcing one eager) and there is one
-    data-parallel rank."""
+    (:func:`attnfuzz.reference.runner.step_plan`): any step may replay a graph (a
+    scheduler output forces none eager), and there is one data-parallel rank."""
     batch = Batch(inputs.num_computed_tokens, inputs.query_lens, 0, True)
     return step_plan(inputs.config, batch)
 
 
 def capture_steps(config: EngineConfig) -> list[tuple[int, tuple[int, ...]]]:
-    """The dummy steps a runner of ``config`` captures its FULL graphs on, in the order
-    it captures them (largest first, as vLLM's runners do): each one's token count and
-    its requests' query lengths (:func:`attnfuzz.reference.runner.capture_batches`)."""
+    """The dummy steps a runner of ``config`` captures its FULL graphs on, largest first
+    (as vLLM's runners): each one's token count and its requests' query lengths."""
     steps = [(key.num_tokens, q_lens) for key, q_lens in capture_batches(config)]
     return steps[::-1]
 
@@ -387,14 +389,12 @@ def dummy_values(config: EngineConfig, q_lens: tuple[int, ...]) -> dict[str, np.
     tokens than ``max_model_len`` has its length and positions capped there)."""
     limit = config.max_model_len
     q = np.asarray(q_lens, dtype=np.int64)
-    qsl = np.zeros(len(q) + 1, dtype=np.int32)
-    qsl[1:] = np.cumsum(q)
-    width = table_width(config)
+    qsl = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in q_lens] or [np.zeros(0)])
     return {
         "query_start_loc": qsl,
         "seq_lens": np.minimum(q, limit).astype(np.int32),
-        "block_table": np.full((len(q), width), PAD_PAGE, dtype=np.int32),
+        "block_table": np.full((len(q), table_width(config)), PAD_PAGE, dtype=np.int32),
         "slot_mapping": np.full(int(q.sum()), PAD_SLOT_ID, dtype=np.int64),
         "positions": np.minimum(positions, limit - 1).astype(np.int64),
     }

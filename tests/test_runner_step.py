@@ -73,6 +73,7 @@ def test_builds_that_agree_on_their_real_rows_and_stay_in_range_hold_every_prope
         ("padded", OwnCheck.PADDING_INVARIANCE),
         ("replay", OwnCheck.REPLAY_EQUALS_EAGER),
         ("fresh", OwnCheck.HISTORY_INVARIANCE),
+        ("backend", OwnCheck.AGREEMENT),
     ],
 )
 def test_a_real_row_that_differs_from_the_eager_build_fails_its_property(how, check):
@@ -114,6 +115,33 @@ def test_a_block_table_row_is_compared_on_the_entries_its_consumer_reads():
     # A build whose consumer reads an entry the other's does not: they differ there.
     (message,) = mismatches(eager, with_reads(build("fresh", block_table=[[4, 7], [2, 5]]), [2, 2]))
     assert message.endswith("first at [1, 1]: 5 where eager has no read entry")
+
+
+def on_backend(**values: list) -> ref.StepBuild:
+    """The step's eager build by another backend, holding ``values`` (fields by request)."""
+    fields = tuple(ref.Field(name, "requests", np.array(v)) for name, v in values.items())
+    return ref.StepBuild("backend", 2, 3, fields, where="another backend")
+
+
+def test_another_backends_build_agrees_with_the_eager_build_on_the_fields_both_hold():
+    """Each backend names its metadata its own way: the fields both builds hold (what
+    every backend derives from the step) must agree; the others are compared with nothing."""
+    eager = build("eager")
+    assert mismatches(eager, on_backend(seq_lens=[5, 3], cache_seqlens=[9, 9])) == []
+    (message,) = mismatches(eager, on_backend(seq_lens=[5, 2], cache_seqlens=[9, 9]))
+    assert message == (
+        "[agreement-across-backends] backend.seq_lens: expected the eager build's real rows, "
+        "got 1 of 2 real values differ; first at [1]: 2 where eager has 3"
+    )
+    # It alone fails: the other properties do not compare another backend's build.
+    (v,) = ref.violations(outputs(eager, build("padded", pad=True), on_backend(seq_lens=[4, 3])))
+    assert (v.prop, v.build, v.field) == ("agreement across backends", "backend", "seq_lens")
+    assert ref.agreement_across_backends(outputs(eager, build("fresh", seq_lens=[5, 4]))) == []
+    # Its real sizes are the step's.
+    short = dataclasses.replace(on_backend(seq_lens=[5, 3]), num_reqs=1)
+    found = mismatches(eager, short)
+    assert found[0] == "[values] backend.num_reqs: expected 2 (the step's requests), got 1"
+    assert found[1].startswith("[agreement-across-backends] backend: expected the eager")
 
 
 def test_a_value_outside_its_consumers_range_fails_safe_padding_and_says_which_row():

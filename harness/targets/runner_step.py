@@ -7,15 +7,15 @@ made (eager, padded for a graph, what a replay leaves in the graph's buffers, it
 capture runs, the same step on a new engine), each field as its consumer reads it.
 The reference states only the step's real sizes. The oracle checks:
 
-- ``values``: every build but a capture run reports the step's real request and
-  token counts (``<build>.num_reqs``, ``<build>.num_tokens``; a drafter's sub-step,
-  ``<build>.draft<k>``, its requests);
+- ``values``: every build but a capture run (another backend's too) reports the
+  step's real request and token counts (``<build>.num_reqs``, ``<build>.num_tokens``;
+  a drafter's sub-step, ``<build>.draft<k>``, its requests);
 - ``type``: the outputs are :class:`~attnfuzz.reference.runner_step.RunnerStepOutputs`
-  with an eager build, the one three properties compare with (without it they
+  with an eager build, the one four properties compare with (without it they
   would hold by having nothing to compare), and one of each draft sub-step built;
 - one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
   ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
-  ``safe-padding``.
+  ``agreement-across-backends``, ``safe-padding``.
 
 Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
@@ -62,6 +62,7 @@ class OwnCheck(StrEnum):
     PADDING_INVARIANCE = "padding-invariance"  # a padded build's real rows are the eager's
     REPLAY_EQUALS_EAGER = "replay-equals-eager"  # so are a replay's
     HISTORY_INVARIANCE = "history-invariance"  # so are the step's on a new engine
+    AGREEMENT = "agreement-across-backends"  # so are the step's on another backend
     SAFE_PADDING = "safe-padding"  # every value of every build, one its consumer accepts
 
 
@@ -69,6 +70,7 @@ _CHECKS = {
     "padding invariance": (OwnCheck.PADDING_INVARIANCE, "the eager build's real rows"),
     "replay equals eager": (OwnCheck.REPLAY_EQUALS_EAGER, "the eager build's real rows"),
     "history invariance": (OwnCheck.HISTORY_INVARIANCE, "the eager build's real rows"),
+    "agreement across backends": (OwnCheck.AGREEMENT, "the eager build's real rows"),
     "safe padding": (OwnCheck.SAFE_PADDING, "values its consumer accepts"),
 }
 
@@ -232,18 +234,14 @@ def reach_full_step(trace: Trace | Case) -> bool:
 
 def trigger_padded_tokens(trace: Trace | Case) -> bool:
     """A FULL step with padded tokens (``T_pad > T``): the last real offset moves."""
-    return any(
-        plan.mode == "FULL" and plan.num_tokens_padded > plan.num_tokens
-        for _, plan in _plans(_trace(trace))
-    )
+    plans = _plans(_trace(trace))
+    return any(p.mode == "FULL" and p.num_tokens_padded > p.num_tokens for _, p in plans)
 
 
 def trigger_padding_requests(trace: Trace | Case) -> bool:
     """A FULL step with padding requests (``R_pad > R``): padding block-table rows."""
-    return any(
-        plan.mode == "FULL" and plan.num_reqs_padded > plan.num_reqs
-        for _, plan in _plans(_trace(trace))
-    )
+    plans = _plans(_trace(trace))
+    return any(p.mode == "FULL" and p.num_reqs_padded > p.num_reqs for _, p in plans)
 
 
 def trigger_stale_replay_rows(trace: Trace | Case) -> bool:
