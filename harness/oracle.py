@@ -97,9 +97,10 @@ class Check(StrEnum, metaclass=_CheckType):
     CRASH = "crash"
 
 
-UNSHRUNK_CHECKS = frozenset({Check.CRASH, Check.TIMEOUT})
-"""Checks of a call whose process died or hung: its case is the one that was
-running, never shrunk (shrinking would re-run what kills or hangs)."""
+UNSHRUNK_CHECKS = frozenset({Check.TIMEOUT})
+"""Checks that end a search with the case that was running, never shrunk: each
+shrinking step of a hang would cost a whole timeout. A crash is shrunk (each
+case is judged in a child, and a new child is cheap)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 from attnfuzz.harness.definitions import DEFAULT_DB
 from attnfuzz.harness.engine import Finding, fuzz_settings, fuzz_test
 from attnfuzz.harness.errors import HarnessError
-from attnfuzz.harness.oracle import Check, Verdict
+from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.traces import lived
 from attnfuzz.reference.batch import Case
@@ -44,9 +44,8 @@ class _NotShrunk(BaseException):
     so the case that hung is kept as it ran."""
 
 
-# A hang ends the run with its case as it ran: each shrinking step would cost a
-# whole timeout. A crash is shrunk (a new judging child per case is cheap).
-ENDS_RUN_UNSHRUNK = frozenset({Check.TIMEOUT})
+# A hang ends the run with its case as it ran (every front-end alike: the oracle's).
+ENDS_RUN_UNSHRUNK = UNSHRUNK_CHECKS
 
 Judge = Callable[[Any, Counter], Verdict]  # a Case, or a Trace in a traced run
 

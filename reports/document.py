@@ -70,10 +70,10 @@ def mismatch_line(m: Mapping[str, Any]) -> str:
 
 
 def case_label(finding: Mapping[str, Any]) -> str:
-    """How a report names a finding's case: minimized, unless the process died with it."""
+    """How a report names a finding's case: minimized, unless it hung (never shrunk)."""
     what = "trace" if is_trace(finding) else "case"
     if finding.get("check") in UNSHRUNK_CHECKS:
-        return f"{what} as it ran (not shrunk: the process died or hung)"
+        return f"{what} as it ran (not shrunk: it hung)"
     return f"minimized {what}"
 
 

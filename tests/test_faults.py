@@ -186,6 +186,8 @@ def test_a_campaign_keeps_every_fault_as_a_finding_that_replays(tmp_path, impls,
         assert list(found) == [key], (name, found)
         assert found[key]["verdict"]["mismatches"][0]["got"].startswith(got)
         assert runs[impl]["status"] == "fail" and runs[impl]["examples"] > 0
+        # A hang ends its unit with the case that hung, as `run` does: nothing shrinks it.
+        assert (runs[impl]["timing"]["shrinking"] == 0) == (key == "timeout"), runs[impl]
         path = out / found[key]["case_file"]
         case = read_case(path)["case"]
         assert impls.misbehaves(case), f"{name}: the case does not trigger it: {case}"

@@ -850,7 +850,7 @@ def test_report_bad_input_exits_2_with_one_line(campaign, tmp_path, capsys, text
     assert not (tmp_path / "reg").exists()
 
 
-def test_a_crashed_case_is_not_called_minimized(campaign, tmp_path):
+def test_a_hung_case_is_not_called_minimized(campaign, tmp_path):
     import copy
 
     from attnfuzz.reports import write_reports
@@ -861,8 +861,11 @@ def test_a_crashed_case_is_not_called_minimized(campaign, tmp_path):
     paths = {p.name: p for p in write_reports(doc, tmp_path / "shrunk")}
     shrunk = {name: path.read_text() for name, path in paths.items()}
     assert all("not shrunk" not in text for text in shrunk.values())
-    finding["check"] = "crash"  # the worker died with this case: nothing shrank it
-    paths = {p.name: p for p in write_reports(doc, tmp_path / "crashed")}
+    finding["check"] = "crash"  # a crash is shrunk (each case in a judging child)
+    crashed = {p.name: p.read_text() for p in write_reports(doc, tmp_path / "crashed")}
+    assert all("not shrunk" not in text for text in crashed.values())
+    finding["check"] = "timeout"  # the search ended with the case that hung: unshrunk
+    paths = {p.name: p for p in write_reports(doc, tmp_path / "hung")}
     for name in ("summary.md", "junit.xml", "report.html"):
         text = paths[name].read_text()
         assert "not shrunk" in text, name

@@ -48,7 +48,7 @@ from attnfuzz.harness.definitions import case_size
 from attnfuzz.harness.engine import Finding, fuzz_test
 from attnfuzz.harness.errors import HarnessError
 from attnfuzz.harness.isolation import IsolatedJudge, OutOfTime
-from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
 from attnfuzz.harness.runner import HarnessFailed
 from attnfuzz.harness.settings import PROFILES, fuzz_settings
 from attnfuzz.harness.traces import lived
@@ -297,6 +297,8 @@ def _run_rounds(
             if not traced:
                 histories.setdefault(verdict.key, list(isolated.history))
             log.found(lived(case, verdict).to_dict(), verdict)
+            if verdict.key in UNSHRUNK_CHECKS:
+                raise _Stop  # a hang ends the unit as it ends `attnfuzz run`: unshrunk
 
     profile = PROFILES[plan["profile"]]
     cap: int | None = item["max_examples"]
