@@ -59,12 +59,15 @@ def test_run_finds_a_mutant_writes_the_case_and_repro_replays_it(tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_a_found_failure_is_retried_first_from_the_database(tmp_path):
-    # Random draws (a database is read): a budget the search cannot run out of first.
-    args = ["--target", "indexer-decode", "--impl", "pr39542-overlap", "--max-examples", "3000"]
+def test_a_found_failure_is_retried_first_from_the_database(tmp_path, capsys):
+    # Random draws (a database is read): a budget the search cannot run out of first, on
+    # a mutant of plain torch glue that a search meets after some dozen examples.
+    args = ["--target", "unpadding", "--impl", "stale-slots", "--max-examples", "3000"]
     assert run(tmp_path, *args) == 1
     assert any((tmp_path / "db").rglob("*")), "the failure was not saved"
+    capsys.readouterr()
     assert run(tmp_path, *args) == 1
+    assert "first failure after 1 examples" in capsys.readouterr().out  # the saved one
 
 
 @pytest.mark.parametrize(

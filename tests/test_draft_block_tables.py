@@ -243,8 +243,10 @@ def test_unpadded_steps_do_not_trigger_the_mutant(q_lens, computed, use_cudagrap
     assert judge(impl, case).ok
 
 
+# A derandomized search draws the same cases for each of attnfuzz's implementations that
+# pass it (same seed, same guiding statistics): the reference's (NumPy) in CI, Triton's nightly.
 @pytest.mark.slow
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.nightly), "reference"])
 def test_the_search_draws_padded_and_mixed_steps(impl):
     """The generic search (tests/test_entries.py, the same run) covers the bug's steps."""
     result = assert_passes(TARGET, impl)
