@@ -253,7 +253,8 @@ def test_the_draft_extend_after_a_verify_of_three_requests_replays_the_graph_of_
 
 def test_a_wrong_slot_in_the_draft_extend_replay_is_caught(monkeypatch):
     """A slot planted in the persistent kv_indices after SGLang's draft-extend replay
-    preparation: the replay and the padded build differ from the eager one there."""
+    preparation: the replay and the padded build differ from the eager one there, and
+    so do the KV slots the kernel reads (``kv_slots``, derived from them)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     own = TritonAttnBackend.init_forward_metadata_out_graph
@@ -269,6 +270,8 @@ def test_a_wrong_slot_in_the_draft_extend_replay_is_caught(monkeypatch):
     assert found == {
         ("padding invariance", "kv_indices", "padded"),
         ("replay equals eager", "kv_indices", "replay"),
+        ("padding invariance", "kv_slots", "padded"),
+        ("replay equals eager", "kv_slots", "replay"),
     }
 
 

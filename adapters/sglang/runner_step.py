@@ -50,7 +50,10 @@ Fields: ``seq_lens``, ``req_pool_indices``, ``kv_indices`` (a table: row ``i``
 holds ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``, what the kernels read) by
 request; ``out_cache_loc`` and ``positions`` by token; ``kv_indptr`` and
 ``qo_indptr`` (verify and extend) as offsets. Each with the range its consumer
-accepts (:meth:`_Engine.accepts`).
+accepts (:meth:`_Engine.accepts`). And what every backend states alike, each
+derived from its own fields as its kernels read them (:meth:`_Engine.kv_read`):
+``kv_len`` (the keys a request's attention reads) and ``kv_slots`` (the KV slot of
+each, a row's first ``kv_len`` read), by request.
 """
 
 from __future__ import annotations
@@ -549,7 +552,24 @@ class _Engine:
         if "req_pool_indices" in inputs_of:
             pool_rows = host(inputs_of["req_pool_indices"][:rows])
             out.append(Field("req_pool_indices", "requests", pool_rows, acc["req_pool_indices"]))
-        return tuple(out) + self.metadata_fields(rows, tokens, metadata)
+        fields = tuple(out) + self.metadata_fields(rows, tokens, metadata)
+        return fields + self.kv_fields(fields, metadata)
+
+    def kv_fields(self, fields: tuple[Field, ...], metadata: Any) -> tuple[Field, Field]:
+        """``kv_len`` and ``kv_slots`` by request, derived from the build's own ``fields``
+        (:meth:`kv_read`): what every backend states alike. No range: each is a function
+        of fields whose ranges are judged. A row of slots is as wide as the
+        request-to-token table (the furthest a request's KV reaches), in every build."""
+        lengths, slots = self.kv_read({f.name: f.values for f in fields}, metadata)
+        table = np.zeros((len(lengths), self.runner.req_to_token_pool.req_to_token.shape[1]),
+                         dtype=np.int64)  # fmt: skip
+        for r, row in enumerate(slots):
+            row = row[: table.shape[1]]
+            table[r, : len(row)] = row
+        return (
+            Field("kv_len", "requests", lengths),
+            Field("kv_slots", "requests", table, row_lengths=lengths),
+        )
 
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """The fields of the Triton backend's ``metadata`` for ``rows`` requests and
@@ -571,6 +591,20 @@ class _Engine:
             qo = host(metadata.qo_indptr[: rows + 1])
             out.append(Field("qo_indptr", "offsets", qo, (0, tokens)))
         return tuple(out)
+
+    def kv_read(
+        self, values: dict[str, np.ndarray], metadata: Any
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots, as the Triton kernels read them:
+        ``decode_attention.py:decode_attention_fwd`` the ``kv_indices[kv_indptr[i] :
+        kv_indptr[i + 1]]`` of row ``i``; ``extend_attention.py:extend_attention_fwd``
+        (a verify, an extend: ``qo_indptr``) those (the prefix), then the step's own keys
+        ``k_extend[qo_indptr[i] : qo_indptr[i + 1]]`` (:func:`with_step_keys`)."""
+        cached = np.diff(values["kv_indptr"])
+        slots = [values["kv_indices"][r, : max(n, 0)] for r, n in enumerate(cached)]
+        if "qo_indptr" not in values:
+            return cached, slots
+        return with_step_keys(cached, slots, values["qo_indptr"], values["out_cache_loc"])
 
     def _graph_build(
         self, how: str, graph_runner: Any, bs: int, num_reqs: int, num_tokens: int, metadata: Any
@@ -600,6 +634,29 @@ class _Engine:
         R, T = inputs.num_reqs, inputs.num_tokens
         fields = self._fields(R, T, inputs_of, self.backend.forward_metadata)
         return StepBuild(how, R, T, fields, where=self.WHERE[how])
+
+
+def with_step_keys(
+    cached: np.ndarray, slots: list[np.ndarray], qo_indptr: np.ndarray, out_cache_loc: np.ndarray
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A request's keys read from the KV cache (``cached`` of them, at ``slots``), then the
+    step's own keys, which a kernel takes from the forward's ``k`` (its tokens
+    ``qo_indptr[i] : qo_indptr[i + 1]``): the keys ``set_kv_buffer`` wrote, before the
+    attention, at those tokens' ``out_cache_loc``."""
+    own = [
+        out_cache_loc[max(a, 0) : max(b, 0)]
+        for a, b in zip(qo_indptr[:-1], qo_indptr[1:], strict=True)
+    ]
+    rows = [np.concatenate([s, o]) for s, o in zip(slots, own, strict=True)]
+    return cached + np.diff(qo_indptr), rows
+
+
+def page_slots(pages: np.ndarray, length: int, page_size: int) -> np.ndarray:
+    """The KV slots of a request's first ``length`` keys on its row of ``pages`` (page
+    ids): key ``j`` at ``pages[j // page_size] * page_size + j % page_size``, as far as
+    the row reaches."""
+    j = np.arange(max(0, min(int(length), pages.size * page_size)))
+    return pages[j // page_size] * page_size + j % page_size
 
 
 def step_mode(inputs: RunnerStepInputs) -> str:

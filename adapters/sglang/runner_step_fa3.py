@@ -30,7 +30,9 @@ Fields: the runner's ``seq_lens``, ``req_pool_indices``, ``out_cache_loc`` and
 ``positions``, and the metadata's ``cache_seqlens_int32`` and ``page_table`` by
 request (a page-table row: the pages its ``cache_seqlens`` reach, what the kernel
 reads), ``cu_seqlens_q`` and ``cu_seqlens_k`` as offsets. Each with the range its
-consumer accepts (:meth:`FA3Engine.accepts`).
+consumer accepts (:meth:`FA3Engine.accepts`). And ``kv_len`` and ``kv_slots``, what
+every backend states alike, from ``cache_seqlens_int32`` and ``page_table``
+(:meth:`FA3Engine.kv_read`).
 
 Mutants (re-created defects of the graph metadata, each caught by its property):
 ``sglang-fa3-verify-window-forgotten`` (the graph's verify lengths without the
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from attnfuzz.adapters.sglang import fa3_backend
 from attnfuzz.adapters.sglang import runner_step as decode
@@ -138,6 +141,17 @@ class FA3Engine(decode._Engine):
             # (set_kv_buffer) and hands none, so no range binds it.
             Field("cu_seqlens_k", "offsets", decode.host(metadata.cu_seqlens_k[: rows + 1])),
         )
+
+    def kv_read(
+        self, values: dict[str, np.ndarray], metadata: Any
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots, as ``flash_attn_with_kvcache`` reads
+        them (``forward_decode``, ``forward_extend``: every key from the paged cache,
+        the step's own written first): ``cache_seqlens[b]`` keys, key ``j`` in page
+        ``page_table[b, j // page_size]`` at ``j % page_size`` (``mha_fwd``'s paged KV)."""
+        lens, table = values["cache_seqlens_int32"], values["page_table"]
+        page = self.config.block_size
+        return lens, [decode.page_slots(table[b], lens[b], page) for b in range(len(lens))]
 
 
 class FA3Life(decode.EngineLife):

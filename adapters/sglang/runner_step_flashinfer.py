@@ -39,6 +39,8 @@ Fields: the runner's ``seq_lens``, ``req_pool_indices``, ``out_cache_loc`` and
 (row ``i``: ``kv_indices[kv_indptr[i] : kv_indptr[i + 1]]``, pages of one token),
 ``kv_last_page_len`` by request, ``kv_indptr`` and ``qo_indptr`` (verify, extend) as
 offsets. Each with the range its consumer accepts (:meth:`FlashInferEngine.accepts`).
+And ``kv_len`` and ``kv_slots``, what every backend states alike, from the paged
+wrapper's arrays and, for an extend, the ragged one's (:meth:`FlashInferEngine.kv_read`).
 
 Mutants (re-created defects of the graph metadata, each caught by its properties):
 ``sglang-flashinfer-indptr-off-buffer`` (the decode graph's ``kv_indptr`` computed off
@@ -55,6 +57,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from attnfuzz.adapters.sglang import _engine, flashinfer_stand_in
 from attnfuzz.adapters.sglang import runner_step as decode
@@ -215,6 +218,23 @@ class FlashInferEngine(decode._Engine):
         # documented contract): SGLang's page size 1.
         last = decode.host(arrays.kv_last_page_len[:rows])
         return (*fields, Field("kv_last_page_len", "requests", last, (1, PAGE_SIZE)))
+
+    def kv_read(
+        self, values: dict[str, np.ndarray], metadata: Any
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots, as FlashInfer's kernels read them: the
+        paged wrapper's ``paged_kv_t::get_length`` keys of row ``i`` (0 for an empty row,
+        else ``(kv_indptr[i + 1] - kv_indptr[i] - 1) * page_size + kv_last_page_len[i]``),
+        key ``j`` in page ``kv_indices[kv_indptr[i] + j // page_size]``; where the
+        extend runs the ragged wrapper too (``PrefillMetadata.use_ragged``:
+        ``forward_extend``), then the step's own keys, ragged over ``qo_indptr``."""
+        pages = np.diff(values["kv_indptr"])
+        cached = np.where(pages == 0, 0, (pages - 1) * PAGE_SIZE + values["kv_last_page_len"])
+        table = values["kv_indices"]
+        slots = [decode.page_slots(table[i], n, PAGE_SIZE) for i, n in enumerate(cached)]
+        if not getattr(metadata, "use_ragged", False):  # a decode, a verify: paged only
+            return cached, slots
+        return decode.with_step_keys(cached, slots, values["qo_indptr"], values["out_cache_loc"])
 
 
 @contextlib.contextmanager
