@@ -86,9 +86,15 @@ def accepts(target, impl, case) -> bool:
 # -- implementations that must pass ----------------------------------------------------------
 
 
+SIDE_BY_SIDE_TRACES = {("runner-step", "sglang-backends"): 8}
+"""Generated traces for an implementation that runs each step on several engines
+(SGLang's three attention backends side by side), in place of its kind's budget: the
+engine tier stays small; a campaign or a nightly run searches longer."""
+
+
 @pytest.mark.parametrize("target, impl", SEARCHED)
 def test_passes_a_derandomized_search(target, impl):
-    assert_passes(target, impl)
+    assert_passes(target, impl, max_examples=SIDE_BY_SIDE_TRACES.get((target, impl)))
 
 
 @pytest.mark.parametrize("target, impl", ONE_STEP)

@@ -151,6 +151,10 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }
+# runner_step_backends.py runs the Triton, FA3 and FlashInfer runner steps side by side.
+REQUIRES["runner_step_backends"] = (
+    REQUIRES["runner_step"] + REQUIRES["runner_step_fa3"] + REQUIRES["runner_step_flashinfer"]
+)
 
 # adapters/sglang/triton_backend.py
 _TRITON = "sglang.srt.layers.attention.triton_backend"

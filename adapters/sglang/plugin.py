@@ -302,6 +302,53 @@ def _runner_step_flashinfer() -> list[Implementation]:
     ]
 
 
+def _backends() -> Any:
+    """The side-by-side runner-step adapter, imported when a mutant's case is judged."""
+    from attnfuzz.adapters.sglang import runner_step_backends
+
+    return runner_step_backends
+
+
+def _reach_backends_decode(trace: Trace) -> bool:
+    return _backends().reach_decode(trace)
+
+
+def _smallest_backends_flashinfer_decode_kv_short() -> Trace:
+    return _backends().smallest_flashinfer_decode_kv_short()
+
+
+def _runner_step_backends() -> list[Implementation]:
+    """SGLang's decode graph runner step on its Triton backend, with the step's eager
+    build by its FA3 and FlashInfer backends beside it, and a defect only their
+    agreement catches."""
+    return [
+        sglang_impl(
+            "runner_step_backends",
+            "run",
+            name="sglang-backends",
+            description="installed SGLang: each step as sglang runs it (Triton), and the "
+            "step's eager init_forward_metadata on FlashAttentionBackend and "
+            "FlashInferAttnBackend engines beside it (as sglang-fa3, sglang-flashinfer; no "
+            "graph runner): each backend's kv_len and kv_slots, derived from its own "
+            "metadata as its kernels read it, against Triton's",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_backends",
+            "run_flashinfer_decode_kv_short",
+            name="sglang-backends-flashinfer-decode-kv-short",
+            kind="mutant",
+            description="installed SGLang's FlashInferAttnBackend whose decode updater "
+            "plans each request's KV one key short (seq_lens - 1) in every build, eager "
+            "and graph alike: only another backend's KV length tells",
+            trigger=_reach_backends_decode,
+            reach=_reach_backends_decode,
+            smallest=_smallest_backends_flashinfer_decode_kv_short,
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         sglang_impl(
@@ -318,6 +365,7 @@ def _runner_step() -> list[Implementation]:
         ),
         *_runner_step_fa3(),
         *_runner_step_flashinfer(),
+        *_runner_step_backends(),
         sglang_impl(
             "runner_step_draft",
             "run",
