@@ -304,6 +304,27 @@ request count. Before 0.26.0 no MLA builder passes ``not self.use_pcp`` to
 
 # Adapter module (or "module.function" where one function needs more) -> the APIs it
 # calls. A function's entry adds to its module's.
+# runner_step_linear's builders besides runner_step_hybrid's engine (its "runner_step_hybrid"
+# entry, less GDN's): the mamba builders' staging and the runner's spec-decode arguments.
+_LINEAR = (
+    Api("vllm.v1.attention.backends.mamba_attn", "BaseMambaAttentionMetadataBuilder"
+        "._update_metadata_for_cudagraph_capture"),
+    Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
+)  # fmt: skip
+_LINEAR_MAMBA2 = (
+    *_LINEAR,
+    Api("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionMetadataBuilder"),
+    Api("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionBackend"),
+    Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.MAMBA2"),
+)
+_LINEAR_PLE = (
+    *_LINEAR,
+    Api("vllm.v1.attention.backends.short_conv_attn", "PleShortConvAttentionMetadataBuilder"),
+    Api("vllm.v1.attention.backends.short_conv_attn", "PleShortConvAttentionBackend"),
+    Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.SHORT_CONV"),
+)
+
+
 REQUIRES: dict[str, tuple[Api, ...]] = {
     "decode_split": (SPLIT, SPLIT_EXTENDS),
     "draft_block_tables": (GEMMA4_PROPOSER, V1_BLOCK_TABLE),
@@ -375,6 +396,12 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
         Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
     ),
+    # runner_step_linear: runner_step_hybrid's engine (its entry, below) with a Mamba2 or
+    # PLE short-conv layer.
+    "runner_step_linear.run_mamba2": _LINEAR_MAMBA2,
+    "runner_step_linear.mamba2_pad_slot_states": _LINEAR_MAMBA2,
+    "runner_step_linear.run_ple_short_conv": _LINEAR_PLE,
+    "runner_step_linear.ple_short_conv_pad_slot_states": _LINEAR_PLE,
     "runner_modes": (RESOLVE_MODE, V1_DISPATCHER, V1_BATCH_DECISION, V2_GRAPHS, V2_DP_SYNC),
     "slot_mapping.run": (GPU_BLOCK_TABLES,),
     "slot_mapping.run_v1": (V1_BLOCK_TABLE,),
@@ -387,6 +414,7 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         UNPADDED,
     ),
 }
+REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
 
 
 def requirements(module: str, attr: str) -> tuple[Api, ...]:

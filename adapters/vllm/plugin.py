@@ -368,6 +368,83 @@ def _hybrid_hook(name: str) -> Any:
     return call
 
 
+def _linear_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_linear`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_linear
+
+        return getattr(runner_step_linear, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_linear() -> list[Implementation]:
+    """``vllm-v1-hybrid``'s step with its linear layer on Mamba2 or PLE short-conv, and
+    a mutant of each builder's FULL-graph staging."""
+    engines = (
+        (
+            "run_mamba2",
+            "vllm-v1-mamba2",
+            "a Mamba2 layer (vllm/v1/attention/backends/"
+            "mamba2_attn.py: Mamba2AttentionMetadataBuilder.build through mamba_attn.py's "
+            "BaseMambaAttentionMetadataBuilder, build_for_cudagraph_capture)",
+        ),
+        (
+            "run_ple_short_conv",
+            "vllm-v1-ple-short-conv",
+            "a PLE short-conv layer "
+            "(vllm/v1/attention/backends/short_conv_attn.py: "
+            "PleShortConvAttentionMetadataBuilder.build, build_for_cudagraph_capture)",
+        ),
+    )
+    mutants = (
+        (
+            "mamba2_pad_slot_states",
+            "vllm-v1-mamba2-pad-slot-states",
+            "trigger_full_decode",
+            "hybrid.reach_full_graphs",
+            "smallest_full_decode",
+            "Mamba2AttentionMetadataBuilder.build staging a FULL decode's padding requests' "
+            "state indices as PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
+        ),
+        (
+            "ple_short_conv_pad_slot_states",
+            "vllm-v1-ple-short-conv-pad-slot-states",
+            "hybrid.trigger_full_spec_decode",
+            "hybrid.reach_full_spec_decode",
+            "hybrid.smallest_full_spec_decode",
+            "PleShortConvAttentionMetadataBuilder.build staging a FULL speculative decode's "
+            "padding rows of spec_state_indices_tensor as PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
+        ),
+    )
+
+    def hook(name: str) -> Any:
+        return (
+            _hybrid_hook(name[len("hybrid.") :])
+            if name.startswith("hybrid.")
+            else (_linear_hook(name))
+        )
+
+    return [
+        *(
+            vllm_impl("runner_step_linear", attr, name=name, declines="declines",
+                      description=f"installed vLLM (V1 runner) of a hybrid model: "
+                      f"vllm-v1-hybrid's step with its linear layer {what}, every field of "
+                      f"its metadata a kernel reads judged", traced=True)
+            for attr, name, what in engines
+        ),
+        *(
+            vllm_impl("runner_step_linear", attr, name=name, kind="mutant",
+                      declines="declines", description=f"installed vLLM (V1 runner, "
+                      f"hybrid) with {what}", trigger=hook(trigger), reach=hook(reach),
+                      smallest=hook(smallest), traced=True)
+            for attr, name, trigger, reach, smallest, what in mutants
+        ),
+    ]  # fmt: skip
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -673,7 +750,7 @@ VLLM = Engine(
         "max-seq-len": _max_seq_len(),
         "mtp-seq-lens": _mtp_seq_lens(),
         "persistent-batch": _persistent_batch(),
-        "runner-step": _runner_step(),
+        "runner-step": [*_runner_step(), *_runner_step_linear()],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
     },

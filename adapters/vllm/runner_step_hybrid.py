@@ -115,11 +115,16 @@ class _HybridEngine(v1._Engine):
         super().__init__(config, device, mode)
 
     def more_groups(self) -> list[tuple[type, str, Any]]:
+        self.recorder.linear_layer = LINEAR_LAYER
+        backend, spec = self.linear_group()
+        return [(backend, LINEAR_LAYER, spec)]
+
+    def linear_group(self) -> tuple[type, Any]:
+        """The linear-attention layer's backend and ``MambaSpec``: GDN's."""
         from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
         from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
         from vllm.v1.kv_cache_interface import MambaSpec
 
-        self.recorder.linear_layer = LINEAR_LAYER
         # A GDN layer's states: the conv state (width - 1 + num_spec rows; width 4)
         # and the recurrent state; their sizes reach no metadata.
         spec = MambaSpec(
@@ -130,7 +135,7 @@ class _HybridEngine(v1._Engine):
             mamba_cache_mode="none",
             num_speculative_blocks=self.config.num_spec,
         )
-        return [(GDNAttentionBackend, LINEAR_LAYER, spec)]
+        return GDNAttentionBackend, spec
 
     def pool_size(self) -> int:
         return num_blocks(self.config) + self.config.max_num_seqs * (1 + self.config.num_spec)
@@ -163,7 +168,11 @@ class _HybridEngine(v1._Engine):
         return out
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
-        return super().fields(seen) + _linear_fields(self.config, seen, self.pool_size())
+        return super().fields(seen) + self.linear_fields(seen)
+
+    def linear_fields(self, seen: v1._Seen) -> tuple[Field, ...]:
+        """Every field of the linear layer's metadata a kernel reads: GDN's."""
+        return _linear_fields(self.config, seen, self.pool_size())
 
 
 def _linear_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Field, ...]:
