@@ -68,6 +68,13 @@ PASSING_TRACES = 10
 """Generated traces (several steps of one engine each) an implementation that runs
 one step at a time must pass too, whatever its kind."""
 
+PASSING_OWN_TRACES = 120
+"""Generated traces one of attnfuzz's own implementations that lives across steps (a
+runner of its own kernels, its reference) is judged on, in place of its kind's
+:data:`PASSING_EXAMPLES`: a trace holds 1 to 6 steps (2.6 on average in runner-step's
+search at seed 0), so 120 judge about as many steps as the 300 cases of a one-step
+search."""
+
 PASSING_ENGINE_TRACES = 25
 """Generated traces an engine implementation that lives across steps is judged on (in
 place of its kind's :data:`PASSING_EXAMPLES`): each trace is several whole steps of
@@ -208,8 +215,8 @@ def assert_passes(
     i = t.resolve(impl)
     traced = i.traced if traced is None else traced
     default = PASSING_EXAMPLES[kind_of(i)]
-    if traced and i.traced and kind_of(i) == "engine":
-        default = PASSING_ENGINE_TRACES
+    if traced and i.traced:
+        default = PASSING_ENGINE_TRACES if kind_of(i) == "engine" else PASSING_OWN_TRACES
     budget = max_examples if max_examples is not None else default
     explicit = smallest_cases(t, i) if traced == i.traced else []
 

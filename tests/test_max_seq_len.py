@@ -369,7 +369,11 @@ def test_a_non_integer_bound_is_a_type_mismatch():
     assert [(m.check, m.where) for m in found] == [("max_seq_len", "draft_max_seq_len")]
 
 
-@pytest.mark.parametrize("impl", ["triton", "reference"])
+# A derandomized search draws the same cases for each of attnfuzz's implementations that
+# pass it (same seed, same guiding statistics): the reference's (NumPy) in CI, Triton's nightly.
+@pytest.mark.parametrize(
+    "impl", [pytest.param("triton", marks=[pytest.mark.slow, pytest.mark.nightly]), "reference"]
+)
 def test_the_search_draws_padded_and_speculative_steps(impl):
     result = assert_passes(TARGET, impl)  # the generic test's run (tests/test_entries.py)
     assert result.labels["padding_requests"] > 0 and result.labels["next_n>1"] > 0
