@@ -13,6 +13,19 @@ from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang
+TRITON = "sglang.srt.layers.attention.triton_backend"
+DRAFT_RUNNER = "sglang.srt.speculative.eagle_draft_cuda_graph_runner"
+
+
+def _sglang(module: str):
+    """SGLang's ``module``, imported once the adapters set SGLang up (its stand-ins for
+    what a CPU lacks): a test run alone must not import SGLang before them."""
+    import importlib
+
+    from attnfuzz.adapters.sglang.runner_step_draft import prepare
+
+    prepare()
+    return importlib.import_module(module)
 
 
 def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
@@ -110,8 +123,8 @@ def test_every_capture_batch_size_is_captured_once_at_the_engine_start():
 def test_the_draft_runner_s_functions_run():
     """The draft runner's __init__, capture, can_run_graph and execute, and the
     multi-step backend's metadata functions, each run by a trace."""
-    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+    TritonMultiStepDraftBackend = _sglang(TRITON).TritonMultiStepDraftBackend
+    EAGLEDraftCudaGraphRunner = _sglang(DRAFT_RUNNER).EAGLEDraftCudaGraphRunner
 
     calls: dict[str, int] = {}
     watched = [
@@ -142,7 +155,7 @@ def test_the_draft_runner_s_functions_run():
 def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
     """A slot planted in draft step 0's persistent kv_indices after SGLang's replay
     preparation: the replay and the padded build differ from the eager one there."""
-    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+    TritonMultiStepDraftBackend = _sglang(TRITON).TritonMultiStepDraftBackend
 
     own = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
 
@@ -162,7 +175,7 @@ def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
 
 def test_an_offset_past_the_buffer_in_a_padding_row_is_caught(monkeypatch):
     """A padding row's kv_indptr planted past draft step 0's kv_indices row: safe padding."""
-    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+    TritonMultiStepDraftBackend = _sglang(TRITON).TritonMultiStepDraftBackend
 
     own = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
 
@@ -185,7 +198,8 @@ def test_a_stand_in_s_error_is_attnfuzz_s_and_the_engine_s_is_a_finding():
     runner is the engine's."""
     from attnfuzz.adapters.sglang import runner_step_draft as rs
     from attnfuzz.harness.blame import attnfuzz_fault
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    EAGLEDraftCudaGraphRunner = _sglang(DRAFT_RUNNER).EAGLEDraftCudaGraphRunner
 
     inputs = ref.make_inputs(_arrive_then_verify().case(0))
     worker = rs._DraftEngine(inputs.config, inputs.device, graphs=False)._worker()
@@ -255,7 +269,7 @@ def test_a_wrong_slot_in_the_draft_extend_replay_is_caught(monkeypatch):
     """A slot planted in the persistent kv_indices after SGLang's draft-extend replay
     preparation: the replay and the padded build differ from the eager one there, and
     so do the KV slots the kernel reads (``kv_slots``, derived from them)."""
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    TritonAttnBackend = _sglang(TRITON).TritonAttnBackend
 
     own = TritonAttnBackend.init_forward_metadata_out_graph
 
