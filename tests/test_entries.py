@@ -105,7 +105,18 @@ def test_passes_a_derandomized_trace_search(target, impl):
     assert_passes(target, impl, max_examples=PASSING_TRACES, traced=True)
 
 
-@pytest.mark.parametrize("target, impl", PASSING)
+def _judged_by_its_search(param):
+    """``param`` with the ``slow`` and ``nightly`` marks where the implementation is an
+    engine's that lives across steps: its derandomized search above judges each of these
+    traces first (explicit examples; it stops at the first failing one), each a whole
+    engine life of seconds; this test's use, naming every failing one, is nightly's."""
+    target, name = param.values
+    impl = get_target(target).implementations[name]
+    late = [pytest.mark.slow, pytest.mark.nightly] if impl.engine and impl.traced else []
+    return pytest.param(*param.values, marks=[*param.marks, *late], id=param.id)
+
+
+@pytest.mark.parametrize("target, impl", [_judged_by_its_search(p) for p in PASSING])
 def test_passes_each_mutants_smallest_case(target, impl):
     """Each mutant's smallest case the implementation accepts, judged alone: a
     failure names every mutant whose case it fails (the search above judges
