@@ -762,15 +762,20 @@ class EngineLife:
             engine._graph_build("replay", graphs, bs, R, T, baked),
         ]
 
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    def engine_for(self, inputs: RunnerStepInputs, graphs: bool) -> Any:
+        """The life's engine for ``inputs``' config: another config is another engine
+        (``graphs``: with its graph runner, captured)."""
         self.prepare()
         if self.engine is None or self.key != (inputs.config, inputs.device):
-            self.key = (inputs.config, inputs.device)  # another config is another engine
-            # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no graph runner
-            # (SGLang's graphs are whole: any other mode captures them).
-            with_graphs = inputs.config.cudagraph_mode != "NONE"
-            self.engine = self.make(inputs.config, inputs.device, with_graphs)
-        engine, mode = self.engine, step_mode(inputs)
+            self.key = (inputs.config, inputs.device)
+            self.engine = self.make(inputs.config, inputs.device, graphs)
+        return self.engine
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        # cudagraph_mode NONE: SGLang's --disable-cuda-graph, no graph runner (SGLang's
+        # graphs are whole: any other mode captures them).
+        engine = self.engine_for(inputs, inputs.config.cudagraph_mode != "NONE")
+        mode = step_mode(inputs)
         builds, engine.captures = engine.captures, []
         backend = self.core(engine).ATTENTION_BACKEND
         with _server_args(inputs.config, backend):

@@ -70,15 +70,12 @@ class EagerLife:
 
     def __call__(self, inputs: RunnerStepInputs) -> StepBuild:
         life = self.life
-        life.prepare()
-        if life.engine is None or life.key != (inputs.config, inputs.device):
-            life.key = (inputs.config, inputs.device)
-            life.engine = life.make(inputs.config, inputs.device, False)
-        engine = life.core(life.engine)
-        with decode._server_args(inputs.config, engine.ATTENTION_BACKEND):
-            engine.admit(inputs)
-            engine.write_rows(inputs)
-            return life.eager(life.engine, inputs, step_mode(inputs), "eager")
+        engine = life.engine_for(inputs, graphs=False)
+        core = life.core(engine)
+        with decode._server_args(inputs.config, core.ATTENTION_BACKEND):
+            core.admit(inputs)
+            core.write_rows(inputs)
+            return life.eager(engine, inputs, step_mode(inputs), "eager")
 
 
 class BackendsLife:
