@@ -445,6 +445,51 @@ def _runner_step_linear() -> list[Implementation]:
     ]  # fmt: skip
 
 
+def _mla_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_mla`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_mla
+
+        return getattr(runner_step_mla, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_mla() -> list[Implementation]:
+    """``vllm-v1``'s step of an MLA model on the Triton MLA backend, and a mutant of its
+    builder's decode metadata."""
+    return [
+        vllm_impl(
+            "runner_step_mla",
+            "run",
+            name="vllm-v1-mla",
+            description="installed vLLM (V1 runner) of an MLA model: vllm-v1's step with "
+            "its attention layer on the Triton MLA backend (vllm/model_executor/layers/"
+            "attention/mla_attention.py: MLACommonMetadataBuilder.build, _build_decode, "
+            "build_mla_chunked_context_metadata, build_for_cudagraph_capture), every field "
+            "of its metadata a kernel reads judged",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_mla",
+            "decode_seq_lens_copied",
+            name="vllm-v1-mla-decode-seq-lens-copied",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, MLA) with "
+            "MLACommonMetadataBuilder._build_decode handing the decode kernel a copy of "
+            "the decodes' seq_lens, not the view of the runner's persistent buffer",
+            trigger=_mla_hook("trigger_full_decode"),
+            reach=_hybrid_hook("reach_full_graphs"),
+            smallest=_mla_hook("smallest_full_decode"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -750,7 +795,7 @@ VLLM = Engine(
         "max-seq-len": _max_seq_len(),
         "mtp-seq-lens": _mtp_seq_lens(),
         "persistent-batch": _persistent_batch(),
-        "runner-step": [*_runner_step(), *_runner_step_linear()],
+        "runner-step": [*_runner_step(), *_runner_step_linear(), *_runner_step_mla()],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
     },

@@ -141,11 +141,15 @@ class _Seen:
     # A second KV-cache group's layer's metadata (a hybrid model's linear attention),
     # None where the engine has none or the forward built none.
     linear: Any = None
+    # The engine's copy of the attention metadata's fields (None: the Triton backend's).
+    freeze: Any = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
         meta = None
-        if self.meta is not None:
+        if self.meta is not None and self.freeze is not None:
+            meta = self.freeze(self.meta)
+        elif self.meta is not None:
             names = ("query_start_loc", "seq_lens", "block_table")
             meta = SimpleNamespace(**{n: getattr(self.meta, n).clone() for n in names})
         slots = None if self.slot_mapping is None else self.slot_mapping.clone()
@@ -156,7 +160,7 @@ class _Seen:
                 n: v.clone() if isinstance(v, torch.Tensor) else v
                 for n, v in vars(self.linear).items()
             })  # fmt: skip
-        return _Seen(meta, slots, self.positions.clone(), linear)
+        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze)
 
 
 @dataclass
@@ -173,6 +177,7 @@ class _Recorder:
     draft: int | None = None  # the next draft sub-step while the drafter proposes
     drafting: bool = False  # the drafter runs (its all-reduces are its peer's drafter's)
     linear_layer: str | None = None  # a second KV-cache group's layer, if the model has one
+    freeze: Any = None  # the engine's copy of its attention metadata (_Seen.freeze)
 
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
@@ -188,6 +193,7 @@ class _Recorder:
             slots.get(layer) if isinstance(slots, dict) else None,
             positions,
             linear,
+            self.freeze,
         )
 
     def draft_forward(self, positions: torch.Tensor) -> None:
@@ -317,7 +323,7 @@ class _Engine:
         import vllm.compilation.cuda_graph as cg
         import vllm.v1.worker.gpu_model_runner as gmr
         from vllm.config import CUDAGraphMode, set_current_vllm_config
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
 
         self.config, self.device = config, device
@@ -338,12 +344,10 @@ class _Engine:
                 # load_model: the drafter's model and its layer, in the target's group.
                 drafting.install(r, self.recorder)
                 layers.append(drafting.DRAFT_LAYER)
-            spec = FullAttentionSpec(
-                block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
-            )
+            attention, spec = self.attention_group()
             groups = [KVCacheGroupSpec(layers, spec)]
-            backends: list[type] = [_triton_backend()]
-            attn_groups = [[AttentionGroup(_triton_backend(), [_LAYER], spec, 0)]]
+            backends: list[type] = [attention]
+            attn_groups = [[AttentionGroup(attention, [_LAYER], spec, 0)]]
             for backend, layer, other in self.more_groups():
                 attn_groups.append([AttentionGroup(backend, [layer], other, len(groups))])
                 groups.append(KVCacheGroupSpec([layer], other))
@@ -371,6 +375,17 @@ class _Engine:
             r.model = _Handed(model, self.recorder)
         self.held: set[str] = set()
         self.capture()
+
+    def attention_group(self) -> tuple[type, Any]:
+        """The attention layer's backend and KV-cache spec, as ``load_model`` and
+        ``initialize_kv_cache`` find them: the Triton backend's (an MLA engine's differ,
+        :mod:`.runner_step_mla`)."""
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        spec = FullAttentionSpec(
+            block_size=self.config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
+        )
+        return _triton_backend(), spec
 
     # What a hybrid model's engine adds (:mod:`.runner_step_hybrid`); one group here.
 
