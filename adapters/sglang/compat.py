@@ -151,6 +151,22 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }
+_TRTLLM_MHA = "sglang.srt.layers.attention.trtllm_mha_backend"
+REQUIRES["runner_step_trtllm_mha"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._run_in_graph_metadata_prep"),
+    Api(_TRTLLM_MHA, "TRTLLMHAAttnBackend.init_forward_metadata"),
+    Api(_TRTLLM_MHA, "TRTLLMHAAttnBackend.init_cuda_graph_state"),
+    Api(_TRTLLM_MHA, "TRTLLMHAAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_TRTLLM_MHA, "TRTLLMHAAttnBackend._apply_cuda_graph_metadata"),
+    Api(
+        "sglang.kernels.ops.attention.trtllm_mha_graph_metadata",
+        "update_trtllm_mha_graph_metadata",
+    ),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 # runner_step_backends.py runs the Triton, FA3 and FlashInfer runner steps side by side.
 REQUIRES["runner_step_backends"] = (
     REQUIRES["runner_step"] + REQUIRES["runner_step_fa3"] + REQUIRES["runner_step_flashinfer"]

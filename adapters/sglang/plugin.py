@@ -232,6 +232,59 @@ def _runner_step_fa3() -> list[Implementation]:
     ]
 
 
+def _trtllm_mha() -> Any:
+    """The TRT-LLM MHA runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_trtllm_mha
+
+    return runner_step_trtllm_mha
+
+
+def _reach_trtllm_mha_verify_replay(trace: Trace) -> bool:
+    return _trtllm_mha().reach_verify_replay(trace)
+
+
+def _smallest_trtllm_mha_verify_offset_forgotten() -> Trace:
+    return _trtllm_mha().smallest_verify_offset_forgotten()
+
+
+def _runner_step_trtllm_mha() -> list[Implementation]:
+    """SGLang's decode graph runner step on the TRT-LLM MHA backend, and a defect of its
+    graph metadata re-created."""
+    backend = "layers/attention/trtllm_mha_backend.py:TRTLLMHAAttnBackend"
+    # Pages of 16, 32, 64 or 128 tokens only (arg_groups/overrides.py).
+    declines = sglang.EngineCall("runner_step_trtllm_mha", "declines")
+    return [
+        sglang_impl(
+            "runner_step_trtllm_mha",
+            "run",
+            name="sglang-trtllm-mha",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (eager "
+            "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay, init_forward_metadata_in_graph run by the graph "
+            "stand-in at capture and at each replay; its Triton kernels interpreted); "
+            "flashinfer's wrappers and device queries stood in where flashinfer is not "
+            "built",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_trtllm_mha",
+            "run_verify_offset_forgotten",
+            name="sglang-trtllm-mha-verify-offset-forgotten",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph verify metadata takes "
+            "seqlen_offset 0 (_apply_cuda_graph_metadata): cache_seqlens and cu_seqlens_k "
+            "of the committed prefix alone",
+            trigger=_reach_trtllm_mha_verify_replay,
+            reach=_reach_trtllm_mha_verify_replay,
+            smallest=_smallest_trtllm_mha_verify_offset_forgotten,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _flashinfer() -> Any:
     """The FlashInfer runner-step adapter, imported when a mutant's case is judged (it
     imports torch, never when the plugin loads)."""
@@ -365,6 +418,7 @@ def _runner_step() -> list[Implementation]:
         ),
         *_runner_step_fa3(),
         *_runner_step_flashinfer(),
+        *_runner_step_trtllm_mha(),
         *_runner_step_backends(),
         sglang_impl(
             "runner_step_draft",

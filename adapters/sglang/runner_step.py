@@ -333,6 +333,8 @@ class _Engine:
     """``--attention-backend``: the server argument the engine runs with."""
     WHERE = _WHERE
     """The engine function that made each build (``how``), for the message."""
+    GRAPH: type[_Graph] = _Graph
+    """The graph stand-in the decode graph runner captures into and replays."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         self.config, self.device = config, device
@@ -372,7 +374,7 @@ class _Engine:
 
         engine = self
 
-        class _Recording(_Graph):
+        class _Recording(self.GRAPH):  # type: ignore[name-defined,misc]
             def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
                 super().capture_one(shape_key, *args, **kwargs)
                 # The capture's batch of shape_key.size requests, at the buffers' capture
