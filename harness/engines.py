@@ -27,18 +27,20 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness import entry_points
 from attnfuzz.harness.callers import Callee
-from attnfuzz.harness.target import Implementation
-from attnfuzz.reference.batch import Batch, Case
-from attnfuzz.reference.runner import StepPlan
+
+if TYPE_CHECKING:  # torch: the engines' answers to ``attnfuzz list`` are asked without it
+    from attnfuzz.harness.target import Implementation
+    from attnfuzz.reference.batch import Batch, Case
+    from attnfuzz.reference.runner import StepPlan
 
 ENTRY_POINT_GROUP = "attnfuzz.engines"
 _NAME = re.compile(r"[a-z][a-z0-9_]*")  # a pytest marker and ATTNFUZZ_REQUIRE_<NAME>
 
-StepPlanner = Callable[[Any, Batch], StepPlan]
+StepPlanner = Callable[[Any, "Batch"], "StepPlan"]
 """``planner(config, batch) -> StepPlan``, as :func:`attnfuzz.reference.runner.step_plan`."""
 
 
@@ -162,6 +164,8 @@ def release_key(version: str) -> tuple[int, int, int]:
 
 def _as_engine(value: object, name: str) -> Engine:
     """``value`` checked as the engine named ``name`` (:class:`entry_points.Refused` if not)."""
+    from attnfuzz.harness.implementation import Implementation
+
     if not isinstance(value, Engine):
         raise entry_points.Refused(f"is a {type(value).__name__}, not an attnfuzz Engine")
     if value.name != name:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnfuzz.adapters import binding
-from attnfuzz.harness.target import Implementation
+
+if TYPE_CHECKING:  # torch: ``attnfuzz list`` asks unavailable() and status() without it
+    from attnfuzz.harness.target import Implementation
 
 ENGINE = "sglang"
 VERSION = "0.5.23"
@@ -100,6 +102,8 @@ def implementation(
     """An implementation of a target by SGLang's code (``kind="mutant"`` for an
     upstream mutant, with ``trigger``, ``reach`` and ``smallest`` as for a
     re-created one)."""
+    from attnfuzz.harness.target import Implementation
+
     call = EngineCall(module, attr)
     return Implementation(
         name, call, kind, description, engine=ENGINE, unavailable=call.unavailable, **mutant

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnfuzz.adapters import binding
-from attnfuzz.harness.target import Implementation
+
+if TYPE_CHECKING:  # torch: ``attnfuzz list`` asks unavailable() and status() without it
+    from attnfuzz.harness.target import Implementation
 
 ENGINE = "vllm"
 VERSION = "0.33.0"
@@ -115,6 +117,8 @@ def implementation(
     mutant, with ``trigger``, ``reach`` and ``smallest`` as for a re-created one).
     ``declines``: the module's function that says which cases the installed release
     runs through other code (:attr:`Implementation.declines`)."""
+    from attnfuzz.harness.target import Implementation
+
     call = EngineCall(module, attr)
     declined = EngineCall(module, declines) if declines is not None else None
     return Implementation(

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command (:func:`attnfuzz.harness.cli.dispatch.main`).
 
     A command that reads targets loads torch and Triton first and more as it goes
-    (seconds on a loaded machine); ``--help`` and the parser load neither. Until a
+    (seconds on a loaded machine); ``--help``, the parser, and ``list`` and ``describe``
+    of attnfuzz's own targets (:mod:`attnfuzz.harness.catalogue`) load neither. Until a
     command installs its own handling of SIGINT and SIGTERM (``run``, ``campaign``
     and ``zoo`` do, before any verdict exists), either signal ends it at once with
     exit status 128 + the signal: never a traceback, nor a ``KeyboardInterrupt``

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from attnfuzz.harness.catalogue import Listed, target_row
 from attnfuzz.harness.definitions import EXIT_OK
 
 if TYPE_CHECKING:  # rich is imported by the text output only: --json, which CI reads, skips it
@@ -45,36 +46,11 @@ def show(*renderables: RenderableType) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from attnfuzz.harness import registry
-    from attnfuzz.harness.registry import get_target, target_names
+    from attnfuzz.harness import catalogue
 
-    rows = []
-    for name in target_names():
-        target = get_target(name)
-        rows.append(
-            {
-                "target": name,
-                "summary": target.summary,
-                "implementations": [
-                    {
-                        "name": i.name,
-                        "kind": i.kind,
-                        "description": i.description,
-                        "engine": i.engine,
-                        # It lives across steps: fuzzed with traces of one engine's steps.
-                        "traced": i.traced,
-                        # Why it cannot run here (an engine not installed), or null.
-                        "unavailable": i.why_unavailable(),
-                    }
-                    for i in target.implementations.values()
-                ],
-            }
-        )
-    # Targets of other distributions (entry points) that could not be built, with why.
-    broken = registry.unavailable_targets()
-    # Engine plugins, or implementations of theirs, that were left out, with why.
-    problems = registry.engine_problems()
-    engines = _engines(rows)
+    # attnfuzz's own targets and engines as the catalogue keeps them (no torch), else built.
+    listed = catalogue.listed()
+    rows, broken, problems, engines = listed if listed is not None else _live()
     for row in rows:
         for impl in row["implementations"]:
             if impl["engine"] is not None:
@@ -90,6 +66,26 @@ def command(args: argparse.Namespace) -> int:
         return EXIT_OK
     _print_table(rows, broken, [line for _, line in engines.values()], problems)
     return EXIT_OK
+
+
+def _live() -> Listed:
+    """What ``list`` prints, from the targets built (torch, Triton and every plugin)."""
+    from attnfuzz.harness import registry
+    from attnfuzz.harness.registry import get_target, target_names
+
+    rows = []
+    for name in target_names():
+        target = get_target(name)
+        row = target_row(target)
+        for impl, i in zip(row["implementations"], target.implementations.values(), strict=True):
+            # Why it cannot run here (an engine not installed), or null.
+            impl["unavailable"] = i.why_unavailable()
+        rows.append(row)
+    # Targets of other distributions (entry points) that could not be built, with why.
+    broken = registry.unavailable_targets()
+    # Engine plugins, or implementations of theirs, that were left out, with why.
+    problems = registry.engine_problems()
+    return rows, broken, problems, _engines(rows)
 
 
 def _engines(rows: list[dict[str, Any]]) -> dict[str, tuple[str | None, str]]:
