@@ -490,6 +490,51 @@ def _runner_step_mla() -> list[Implementation]:
     ]
 
 
+def _flash_attn_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_flash_attn`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_flash_attn
+
+        return getattr(runner_step_flash_attn, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_flash_attn() -> list[Implementation]:
+    """``vllm-v1``'s step on the FlashAttention backend (FA3), and a mutant of its
+    builder's graph buffer of scheduler metadata."""
+    return [
+        vllm_impl(
+            "runner_step_flash_attn",
+            "run",
+            name="vllm-v1-flash-attn",
+            description="installed vLLM (V1 runner) on the FlashAttention backend as on an "
+            "sm90 GPU (FA3): vllm-v1's step with its attention layer on FLASH_ATTN "
+            "(vllm/v1/attention/backends/flash_attn.py: FlashAttentionMetadataBuilder.build, "
+            "_get_scheduler_metadata, _store_scheduler_metadata, build_for_cudagraph_capture), "
+            "every field of its metadata a kernel reads judged",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_flash_attn",
+            "scheduler_tail_kept",
+            name="vllm-v1-flash-attn-scheduler-tail-kept",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, FlashAttention) with "
+            "FlashAttentionMetadataBuilder._store_scheduler_metadata copying the step's "
+            "scheduler metadata into the graph buffer without zeroing the rest",
+            trigger=_flash_attn_hook("trigger_tail"),
+            reach=_hybrid_hook("reach_full_graphs"),
+            smallest=_flash_attn_hook("smallest_tail"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -795,7 +840,12 @@ VLLM = Engine(
         "max-seq-len": _max_seq_len(),
         "mtp-seq-lens": _mtp_seq_lens(),
         "persistent-batch": _persistent_batch(),
-        "runner-step": [*_runner_step(), *_runner_step_linear(), *_runner_step_mla()],
+        "runner-step": [
+            *_runner_step(),
+            *_runner_step_linear(),
+            *_runner_step_mla(),
+            *_runner_step_flash_attn(),
+        ],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
     },
