@@ -86,5 +86,17 @@ def test_the_mutant_fails_padding_invariance_and_replay_on_its_smallest_trace():
             assert (prop, build, field) in found
 
 
+def test_beside_triton_in_sglang_backends_its_keys_agree():
+    """``sglang-backends`` runs the step's eager build on TRT-LLM MHA too, on pages it
+    runs (on pages of 4, tests/test_sglang_runner_step_backends.py: three backends):
+    its ``kv_len`` and ``kv_slots``, read through its ``page_table``, agree with Triton's."""
+    from attnfuzz.adapters.sglang import runner_step_backends
+
+    for out in life(runner_step_backends.run, _paged(_arrive_then_decode(num_spec=1))):
+        (trtllm,) = [b for b in out.of("backend") if "trtllm_mha_backend" in b.where]
+        assert trtllm.field("kv_len") is not None and trtllm.field("kv_slots") is not None
+        assert ref.violations(out) == []
+
+
 # The derandomized search (the engine passing it, the mutant's smallest trace judged
 # first) is test_entries.py's, over every implementation of runner-step: not repeated here.

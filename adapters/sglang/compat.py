@@ -167,9 +167,13 @@ REQUIRES["runner_step_trtllm_mha"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
-# runner_step_backends.py runs the Triton, FA3 and FlashInfer runner steps side by side.
+# runner_step_backends.py runs the Triton, FA3, FlashInfer and TRT-LLM MHA runner steps
+# side by side.
 REQUIRES["runner_step_backends"] = (
-    REQUIRES["runner_step"] + REQUIRES["runner_step_fa3"] + REQUIRES["runner_step_flashinfer"]
+    REQUIRES["runner_step"]
+    + REQUIRES["runner_step_fa3"]
+    + REQUIRES["runner_step_flashinfer"]
+    + REQUIRES["runner_step_trtllm_mha"]
 )
 
 # adapters/sglang/triton_backend.py

@@ -372,16 +372,17 @@ def _smallest_backends_flashinfer_decode_kv_short() -> Trace:
 
 def _runner_step_backends() -> list[Implementation]:
     """SGLang's decode graph runner step on its Triton backend, with the step's eager
-    build by its FA3 and FlashInfer backends beside it, and a defect only their
-    agreement catches."""
+    build by its FA3, FlashInfer and TRT-LLM MHA backends beside it, and a defect only
+    their agreement catches."""
     return [
         sglang_impl(
             "runner_step_backends",
             "run",
             name="sglang-backends",
             description="installed SGLang: each step as sglang runs it (Triton), and the "
-            "step's eager init_forward_metadata on FlashAttentionBackend and "
-            "FlashInferAttnBackend engines beside it (as sglang-fa3, sglang-flashinfer; no "
+            "step's eager init_forward_metadata on FlashAttentionBackend, "
+            "FlashInferAttnBackend and (pages of 16 tokens or more) TRTLLMHAAttnBackend "
+            "engines beside it (as sglang-fa3, sglang-flashinfer, sglang-trtllm-mha; no "
             "graph runner): each backend's kv_len and kv_slots, derived from its own "
             "metadata as its kernels read it, against Triton's",
             traced=True,

@@ -1,11 +1,13 @@
-"""SGLang's decode graph runner step on its three attention backends side by side, as
+"""SGLang's decode graph runner step on its attention backends side by side, as
 the implementation ``sglang-backends`` of ``runner-step``.
 
 Each step of a trace runs on the Triton engine of ``sglang``
 (:class:`~attnfuzz.adapters.sglang.runner_step.EngineLife`: its capture, eager,
 padded, replay and fresh builds, all reported) and on an engine of each other
-backend of SGLang 0.5.23, FlashAttention 3 (``sglang-fa3``'s) and FlashInfer
-(``sglang-flashinfer``'s), each keeping its own requests' rows across the trace.
+backend of SGLang 0.5.23, FlashAttention 3 (``sglang-fa3``'s), FlashInfer
+(``sglang-flashinfer``'s) and, on pages of 16 tokens or more, TRT-LLM MHA
+(``sglang-trtllm-mha``'s; SGLang runs it on no smaller page), each keeping its own
+requests' rows across the trace.
 Of those, the step's eager build alone is reported, as a ``backend`` build (its
 ``where`` naming the backend's function): their engines run no graph (the graph
 builds of each backend are its own implementation's to judge) and make no fresh
@@ -14,7 +16,8 @@ engine. A ``backend`` build holds what every backend states alike
 backend's engine derives from its own metadata as its kernels read it
 (``kv_read`` of :class:`~attnfuzz.adapters.sglang.runner_step._Engine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_fa3.FA3Engine`, of
-:class:`~attnfuzz.adapters.sglang.runner_step_flashinfer.FlashInferEngine`). The
+:class:`~attnfuzz.adapters.sglang.runner_step_flashinfer.FlashInferEngine`, of
+:class:`~attnfuzz.adapters.sglang.runner_step_trtllm_mha.TRTLLMMHAEngine`). The
 property *agreement across backends* holds them to the Triton eager build's; a
 field one backend names its own way (``kv_indptr`` is the prefix for Triton's
 verify, the prefix and its window for FlashInfer's) is left out.
@@ -29,10 +32,15 @@ what FlashInfer accepts; only another backend's KV length tells.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from attnfuzz.adapters.sglang import runner_step as decode
-from attnfuzz.adapters.sglang import runner_step_fa3, runner_step_flashinfer
+from attnfuzz.adapters.sglang import (
+    runner_step_fa3,
+    runner_step_flashinfer,
+    runner_step_trtllm_mha,
+)
 from attnfuzz.adapters.sglang.runner_step import EngineLife, arrive_then_step, step_mode
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import (
@@ -59,16 +67,22 @@ def prepare() -> None:
     """Import SGLang's runner and its three backends before a judge forks its child."""
     runner_step_fa3.prepare()
     runner_step_flashinfer.prepare()
+    runner_step_trtllm_mha.prepare()
 
 
 class EagerLife:
     """Another backend's engine across a life's steps (``life``'s engine, made anew for
-    another config, with no graph runner), for the eager build of each step."""
+    another config, with no graph runner), for the eager build of each step; none for a
+    config SGLang never runs the backend with (``declines``: why, else None)."""
 
-    def __init__(self, life: EngineLife) -> None:
-        self.life = life
+    def __init__(
+        self, life: EngineLife, declines: Callable[[EngineConfig], str | None] | None = None
+    ) -> None:
+        self.life, self.declines = life, declines
 
-    def __call__(self, inputs: RunnerStepInputs) -> StepBuild:
+    def __call__(self, inputs: RunnerStepInputs) -> StepBuild | None:
+        if self.declines is not None and self.declines(inputs.config) is not None:
+            return None
         life = self.life
         engine = life.engine_for(inputs, graphs=False)
         core = life.core(engine)
@@ -81,8 +95,9 @@ class EagerLife:
 class BackendsLife:
     """The Triton engine's life, and beside it each of ``others``' eager builds."""
 
-    def __init__(self, triton: EngineLife, *others: EngineLife) -> None:
-        self.triton, self.others = triton, [EagerLife(o) for o in others]
+    def __init__(self, triton: EngineLife, *others: EngineLife | EagerLife) -> None:
+        self.triton = triton
+        self.others = [o if isinstance(o, EagerLife) else EagerLife(o) for o in others]
 
     def new_engine(self) -> None:
         self.triton.new_engine()
@@ -94,13 +109,18 @@ class BackendsLife:
         backends = []
         for other in self.others:
             b = other(inputs)
+            if b is None:
+                continue
             shared = tuple(f for f in b.fields if f.name in SHARED)
             backends.append(dataclasses.replace(b, how="backend", fields=shared))
         return RunnerStepOutputs(out.builds + tuple(backends))
 
 
 ENGINES = BackendsLife(
-    decode.EngineLife(), runner_step_fa3.FA3Life(), runner_step_flashinfer.FlashInferLife()
+    decode.EngineLife(),
+    runner_step_fa3.FA3Life(),
+    runner_step_flashinfer.FlashInferLife(),
+    EagerLife(runner_step_trtllm_mha.TRTLLMMHALife(), runner_step_trtllm_mha.declines_config),
 )
 """The engines of the implementation ``sglang-backends`` of ``runner-step``."""
 

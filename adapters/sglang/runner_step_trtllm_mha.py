@@ -55,8 +55,8 @@ Mutant (a re-created defect of the graph metadata):
 in ``_apply_cuda_graph_metadata``: ``cache_seqlens`` of the committed prefix alone;
 padding invariance, replay equals eager).
 
-Not in ``sglang-backends``: its engines run every drawn page size, which TRT-LLM MHA
-declines but for 16, 32 and 64.
+In ``sglang-backends`` too, beside the Triton engine, for the configs it does not
+decline (:func:`declines_config`).
 """
 
 from __future__ import annotations
@@ -91,12 +91,18 @@ def prepare() -> None:
 
 
 def declines(case: Case) -> str | None:
-    """Why SGLang never runs TRT-LLM MHA on ``case``'s config, else None. Its other
+    """Why SGLang never runs TRT-LLM MHA on ``case``'s config, else None
+    (:func:`declines_config`)."""
+    return declines_config(case.config)
+
+
+def declines_config(config: EngineConfig) -> str | None:
+    """Why SGLang never runs TRT-LLM MHA on ``config``, else None. Its other
     refusals no case meets: an EAGLE ``topk`` above 1 (``arg_groups/speculative_hook.py``:
     "trtllm_mha backend only supports topk = 1"; the step's engine runs topk 1), pages
     of 128 without GQA (``TRTLLMHAAttnBackend.__init__``; no case draws 128, the model
     is GQA), and a KV cache dtype other than bf16, fp16 or fp8 (the engine's is bf16)."""
-    page = case.config.block_size
+    page = config.block_size
     if page not in PAGE_SIZES:
         return (
             f"page size {page}: SGLang runs TRT-LLM MHA with pages of 16, 32, 64 or 128 "
