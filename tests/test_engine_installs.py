@@ -323,6 +323,26 @@ def test_an_engine_that_does_not_import_is_one_line_in_list(engines_that_do_not_
     assert all("ModuleNotFoundError: No module named 'idna'" in i["unavailable"] for i in impls)
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_engine_implementation_declares_the_engine_apis_it_calls(engine):
+    """An implementation's availability is its adapter's declared APIs (``compat.REQUIRES``):
+    one that declares none is listed as runnable however the engine is installed, and its
+    engine's broken import stops being one line (the test above)."""
+    plugin = pytest.importorskip(f"attnfuzz.adapters.{engine}")
+    compat = importlib.import_module(f"{plugin.__name__}.compat")
+    undeclared = []
+    for name in registry.target_names():
+        for impl in registry.get_target(name).implementations.values():
+            call = impl.fn
+            if impl.engine == plugin.ENGINE and isinstance(call, binding.EngineCall):
+                keys = (call.module, f"{call.module}.{call.attr}")
+                declared = any(key in compat.REQUIRES for key in keys)
+                forms = getattr(compat, "ALTERNATIVES", {}).get(call.module)  # one of several
+                if not declared and not forms:
+                    undeclared.append(f"{name}/{impl.name} ({call.module}.{call.attr})")
+    assert not undeclared, f"no entry in {compat.__name__}.REQUIRES or ALTERNATIVES: {undeclared}"
+
+
 def test_an_engine_that_does_not_import_breaks_no_other_command(
     engines_that_do_not_import, tmp_path, capsys
 ):

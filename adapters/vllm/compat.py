@@ -415,6 +415,26 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
+# runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
+# Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
+# vLLM's own choice for the platform.
+REQUIRES["runner_step_mla"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.mla.triton_mla", "TritonMLABackend"),
+    Api("vllm.model_executor.layers.attention.mla_attention", "MLACommonMetadataBuilder"
+        "._build_decode"),
+    Api("vllm.v1.attention.backends.mla.prefill.selector", "get_mla_prefill_backend"),
+    Api("vllm.v1.kv_cache_interface", "MLAAttentionSpec"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
+# runner_step_flash_attn: runner_step_v1's engine on the FlashAttention backend, its
+# version and ahead-of-time scheduler metadata looked up in flash_attn.py.
+REQUIRES["runner_step_flash_attn"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.flash_attn", "FlashAttentionBackend"),
+    Api("vllm.v1.attention.backends.flash_attn", "FlashAttentionMetadataBuilder"),
+    Api("vllm.v1.attention.backends.flash_attn", "get_flash_attn_version"),
+    Api("vllm.v1.attention.backend", "AttentionCGSupport"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
 
 
 def requirements(module: str, attr: str) -> tuple[Api, ...]:
