@@ -92,9 +92,17 @@ SIDE_BY_SIDE_TRACES = {("runner-step", "sglang-backends"): 8}
 engine tier stays small; a campaign or a nightly run searches longer."""
 
 
+INTERPRETED_GRAPH_TRACES = {("runner-step", "sglang-trtllm-mha"): 15}
+"""Generated traces for an engine implementation whose graph metadata is written by a
+Triton kernel the graph stand-in runs, interpreted, at every capture and replay
+(SGLang's TRT-LLM MHA), in place of its kind's budget: the engine tier stays small; a
+campaign or a nightly run searches longer."""
+
+
 @pytest.mark.parametrize("target, impl", SEARCHED)
 def test_passes_a_derandomized_search(target, impl):
-    assert_passes(target, impl, max_examples=SIDE_BY_SIDE_TRACES.get((target, impl)))
+    budget = SIDE_BY_SIDE_TRACES.get((target, impl), INTERPRETED_GRAPH_TRACES.get((target, impl)))
+    assert_passes(target, impl, max_examples=budget)
 
 
 @pytest.mark.parametrize("target, impl", ONE_STEP)
