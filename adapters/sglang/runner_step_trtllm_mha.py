@@ -101,7 +101,9 @@ def declines_config(config: EngineConfig) -> str | None:
     refusals no case meets: an EAGLE ``topk`` above 1 (``arg_groups/speculative_hook.py``:
     "trtllm_mha backend only supports topk = 1"; the step's engine runs topk 1), pages
     of 128 without GQA (``TRTLLMHAAttnBackend.__init__``; no case draws 128, the model
-    is GQA), and a KV cache dtype other than bf16, fp16 or fp8 (the engine's is bf16)."""
+    is GQA), and a KV cache method whose attention access is neither plain nor native
+    FP4 (``_check_decode_kv_access``, ``_check_prefill_kv_access``; the engine's KV cache
+    is plain bf16)."""
     page = config.block_size
     if page not in PAGE_SIZES:
         return (
