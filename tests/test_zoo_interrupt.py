@@ -48,7 +48,7 @@ def test_a_signal_stops_the_zoo_and_what_ran_is_written_marked(tmp_path, signum)
     out = tmp_path / "zoo"
     proc = subprocess.Popen(
         [sys.executable, "-m", "attnfuzz.harness.cli", "zoo", "--targets", "mtp-seq-lens",
-         "--mutants", "zoo_probe", "--seeds", "3", "--budget", "300", "--out", str(out)],
+         "--mutants", "zoo_probe", "--seeds", "1", "--budget", "300", "--out", str(out)],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
