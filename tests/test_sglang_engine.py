@@ -256,6 +256,36 @@ def test_the_kernel_stand_in_goes_in_only_where_the_kernels_do_not_import(monkey
         _engine.stand_in_kernels.cache_clear()
 
 
+def test_an_sglang_module_s_unguarded_server_import_is_stood_in(monkeypatch, tmp_path):
+    """0.5.23's model runner module imports uvicorn at load (distributed/gated_launch.py):
+    the server's stand-in answers that import only, as the kernels' does."""
+    monkeypatch.setattr(_engine, "SERVER_PACKAGES", (KERNELS,))
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, _engine._ServerStandInFinder()])
+    try:
+        with pytest.raises(ModuleNotFoundError):  # nobody else's import (first: uncached)
+            _load(tmp_path, "not_sglang")
+        loaded = _load(tmp_path, "sglang.srt.attnfuzz_fake")
+        assert loaded["unguarded"].__name__ == f"{KERNELS}.kvcacheio"
+        assert loaded["guarded"] is None
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == KERNELS]:
+            del sys.modules[name]
+
+
+def test_the_server_stand_in_goes_in_only_where_the_server_does_not_import(monkeypatch):
+    monkeypatch.setattr(_engine, "SERVER_PACKAGES", ("torch",))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    _engine.stand_in_server.cache_clear()
+    try:
+        assert _engine.stand_in_server() is False
+        monkeypatch.setattr(_engine, "SERVER_PACKAGES", (KERNELS,))
+        _engine.stand_in_server.cache_clear()
+        assert _engine.stand_in_server() is True
+        assert isinstance(sys.meta_path[-1], _engine._ServerStandInFinder)
+    finally:
+        _engine.stand_in_server.cache_clear()
+
+
 @needs_sglang
 def test_vllm_still_finds_its_device_after_sglang_was_set_up_first(tmp_path):
     """SGLang imports some of vLLM's modules at load: set up first in a process, it

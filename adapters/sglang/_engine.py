@@ -10,6 +10,9 @@ Facts this relies on (SGLang 0.5.23, torch 2.13.0 CPU, Triton 3.9.0):
   answers those imports (:func:`stand_in_torchvision`). It is installed after
   ``transformers`` has looked for the real one, so that ``transformers`` still
   records it as absent and takes none of its vision paths.
+- SGLang's model runner module imports ``uvicorn`` at load (``distributed/gated_launch.py``)
+  and never calls it here; where it is absent, a stand-in answers that import only
+  (:func:`stand_in_server`).
 - The DSA backend asks for the GPU's compute capability when it is built
   (:func:`device_capability`).
 - SGLang's Triton wrappers open with ``assert x.is_cuda``; the rest of each
@@ -216,6 +219,36 @@ def stand_in_kernels() -> bool:
     return True
 
 
+SERVER_PACKAGES = ("uvicorn",)
+"""The HTTP server SGLang 0.5.23 imports at load, unguarded, in
+``distributed/gated_launch.py`` (reached from ``model_executor/model_runner.py``, which
+``layers/attention/hybrid_linear_attn_backend.py`` imports): a server's dependency,
+never called by the metadata code driven here, absent from the CPU install."""
+
+
+class _ServerStandInFinder(_KernelStandInFinder):
+    """:class:`_KernelStandInFinder` for :data:`SERVER_PACKAGES`: only an SGLang module's
+    own unguarded import at load is answered, and only where the package is absent (the
+    finder goes last: a real install is found first)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] not in SERVER_PACKAGES:
+            return None
+        if _unguarded_sglang_import(_importer(sys._getframe(1))):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+
+@cache
+def stand_in_server() -> bool:
+    """Install the server's stand-in finder where the server does not import; returns
+    whether it was installed."""
+    if all(importlib.util.find_spec(name) is not None for name in SERVER_PACKAGES):
+        return False
+    sys.meta_path.append(_ServerStandInFinder())
+    return True
+
+
 @cache
 def interpreter_bool_masks() -> bool:
     """Under the Triton interpreter, give masked loads and stores a boolean mask.
@@ -259,6 +292,7 @@ def configure_environment() -> None:
     vllm_first()
     stand_in_torchvision()
     stand_in_kernels()
+    stand_in_server()
     interpreter_bool_masks()
     quiet_cpu_notices()
 

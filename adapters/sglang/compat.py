@@ -167,6 +167,18 @@ REQUIRES["runner_step_trtllm_mha"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_HYBRID_LINEAR = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+REQUIRES["runner_step_hybrid"] = REQUIRES["runner_step"] + (
+    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+    Api("sglang.srt.layers.attention.linear.gdn_backend", "GDNAttnBackend.init_cuda_graph_state"),
+    Api(
+        "sglang.srt.layers.attention.linear.utils",
+        "select_verify_intermediate_state_indices",
+    ),
+    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
+)
 # runner_step_backends.py runs the Triton, FA3, FlashInfer and TRT-LLM MHA runner steps
 # side by side.
 REQUIRES["runner_step_backends"] = (

@@ -285,6 +285,61 @@ def _runner_step_trtllm_mha() -> list[Implementation]:
     ]
 
 
+def _hybrid() -> Any:
+    """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_hybrid
+
+    return runner_step_hybrid
+
+
+def _trigger_hybrid_padding_by_fill(trace: Trace) -> bool:
+    return _hybrid().trigger_padding_by_fill(trace)
+
+
+def _reach_hybrid_verify_replay(trace: Trace) -> bool:
+    return _hybrid().reach_verify_replay(trace)
+
+
+def _smallest_hybrid_padding_by_fill() -> Trace:
+    return _hybrid().smallest_padding_by_fill()
+
+
+def _runner_step_hybrid() -> list[Implementation]:
+    """SGLang's decode graph runner step of a hybrid GDN model, and a defect of its
+    linear backend's graph metadata re-created."""
+    backend = "layers/attention/hybrid_linear_attn_backend.py:HybridLinearAttnBackend"
+    # Pages of one token only (arg_groups/mamba_hook.py: validate_mamba_no_buffer).
+    declines = sglang.EngineCall("runner_step_hybrid", "declines")
+    return [
+        sglang_impl(
+            "runner_step_hybrid",
+            "run",
+            name="sglang-hybrid-gdn",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (Triton full attention, "
+            "linear/gdn_backend.py:GDNAttnBackend: eager _forward_metadata, "
+            "init_cuda_graph_state, _replay_metadata at capture and replay), rows and "
+            "state slots in mem_cache/memory_pool.py:HybridReqToTokenPool across steps",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_hybrid",
+            "run_padding_by_fill",
+            name="sglang-hybrid-gdn-padding-by-fill",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose GDN replay counts padding rows "
+            "by the seq_lens fill value (_replay_metadata without the runner's "
+            "num_padding): a verify's request of one committed token loses its state slot",
+            trigger=_trigger_hybrid_padding_by_fill,
+            reach=_reach_hybrid_verify_replay,
+            smallest=_smallest_hybrid_padding_by_fill,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _flashinfer() -> Any:
     """The FlashInfer runner-step adapter, imported when a mutant's case is judged (it
     imports torch, never when the plugin loads)."""
@@ -420,6 +475,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
+        *_runner_step_hybrid(),
         *_runner_step_backends(),
         sglang_impl(
             "runner_step_draft",
