@@ -75,12 +75,18 @@ runner of its own kernels, its reference) is judged on, in place of its kind's
 search at seed 0), so 120 judge about as many steps as the 300 cases of a one-step
 search."""
 
-PASSING_ENGINE_TRACES = 25
+PASSING_ENGINE_TRACES = 15
 """Generated traces an engine implementation that lives across steps is judged on (in
-place of its kind's :data:`PASSING_EXAMPLES`): each trace is several whole steps of
-the engine's own Python (a runner step: seconds each on a 2-core machine), so the
-suite's search is sized by this count; a campaign, ``benchmarks/surface.py`` (200
-per implementation) or a nightly run searches longer."""
+place of its kind's :data:`PASSING_EXAMPLES`), after every mutant's smallest trace:
+each trace is several whole steps of the engine's own Python (a runner step: seconds
+each on a 2-core machine, for more than a dozen implementations), so the suite's
+search is sized by this count; the nightly run judges :data:`NIGHTLY_ENGINE_TRACES`
+at another seed, and a campaign or ``benchmarks/surface.py`` (200 per implementation)
+searches longer."""
+
+NIGHTLY_ENGINE_TRACES = 40
+"""Generated traces the nightly run judges an engine implementation that lives across
+steps on, at a seed CI's search does not draw."""
 
 DETECTING_EXAMPLES = 1000
 """Generated cases a mutant must be found within (the slow tier, ``-m slow``)."""
