@@ -122,14 +122,17 @@ def test_a_speculative_decode_is_one_multi_token_decode_in_a_full_graph():
 
 def test_the_mutant_fails_replay_equals_eager_on_its_smallest_trace():
     """The correct engine holds every property on the trace; the mutant's decode
-    seq_lens, a copy, leave the FULL graph replaying the capture's lengths."""
+    seq_lens, a copy, leave the FULL graph replaying the capture's lengths (and the
+    keys derived from them, ``kv_len`` and ``kv_slots``)."""
     m = mla()
     trace = m.smallest_full_decode
     assert all(ref.violations(out) == [] for out in run_trace(trace(), m.MLARunnerStepEngine()))
     *_, out = run_trace(trace(), m.decode_seq_lens_copied)
     found = ref.violations(out)
     assert {(v.prop, v.field, v.build) for v in found} == {
-        ("replay equals eager", "mla.decode.seq_lens", "replay")
+        ("replay equals eager", "mla.decode.seq_lens", "replay"),
+        ("replay equals eager", "kv_len", "replay"),
+        ("replay equals eager", "kv_slots", "replay"),
     }
 
 

@@ -535,6 +535,51 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
+def _backends_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_backends`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_backends
+
+        return getattr(runner_step_backends, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_backends() -> list[Implementation]:
+    """``vllm-v1``'s step beside FlashAttention's and Triton MLA's eager builds, and a
+    mutant of FlashAttention's builder that only another backend's KV read shows."""
+    return [
+        vllm_impl(
+            "runner_step_backends",
+            "run",
+            name="vllm-v1-backends",
+            description="installed vLLM (V1 runner): each step as vllm-v1 runs it (Triton), "
+            "and the step's eager build on FlashAttention (FA3, as vllm-v1-flash-attn) and "
+            "Triton MLA (as vllm-v1-mla) engines beside it: each backend's kv_len and "
+            "kv_slots, derived from its own metadata as its kernels read it, against "
+            "Triton's",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_backends",
+            "run_flash_attn_kv_short",
+            name="vllm-v1-backends-flash-attn-kv-short",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner) with FlashAttentionMetadataBuilder.build "
+            "handing FA3 each request's seq_lens one key short, from a buffer of its own, "
+            "in every build, eager and graph alike: only another backend's KV length tells",
+            trigger=_backends_hook("reach_flash_attn"),
+            reach=_backends_hook("reach_flash_attn"),
+            smallest=_backends_hook("smallest_flash_attn_kv_short"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         vllm_impl(
@@ -845,6 +890,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
+            *_runner_step_backends(),
         ],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),

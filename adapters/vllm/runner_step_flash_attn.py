@@ -49,8 +49,9 @@ compatible"), judged by safety alone (an eager build has neither); beside
 ``vllm-v1``'s fields of the step (the forward context's slot mapping, which
 ``do_kv_cache_update`` writes the cache by, and the positions). The metadata's own
 ``slot_mapping`` is read by no kernel here (``forward_includes_kv_cache_update`` is
-False), and there is no cascade attention in this backend. The runner-step target
-has no KV-length derivation for vLLM: none here.
+False), and there is no cascade attention in this backend. Every build also states
+``kv_len`` and ``kv_slots`` by request, the keys FA3 reads of the cache
+(:meth:`_FlashAttnEngine.kv_read`), which ``vllm-v1-backends`` holds to ``vllm-v1``'s.
 
 Declined: ``vllm-v1``'s cases, the block sizes the backend has no kernel block size for
 (``FlashAttentionBackend.get_supported_kernel_block_sizes``: multiples of 16 on sm90
@@ -325,7 +326,17 @@ class _FlashAttnEngine(v1._Engine):
         if seen.meta is not None:
             cap = self.vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph
             fa = _fa_fields(self.config, seen, cap)
-        return v1._fields(self.config, no_meta) + tuple(fa)
+        return v1._fields(self.config, no_meta) + tuple(fa) + self.kv_fields(seen)
+
+    def kv_read(self, seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots as FA3 reads them:
+        ``FlashAttentionImpl.forward`` hands ``flash_attn_varlen_func`` the paged cache
+        with ``seqused_k=seq_lens`` and ``block_table`` (no cascade here), so request
+        ``i`` reads its first ``fa.seq_lens[i]`` keys (the step's own included:
+        ``do_kv_cache_update`` writes them first), key ``j`` in page
+        ``fa.block_table[i, j // block_size]`` at ``j % block_size``."""
+        m = seen.meta
+        return v1.paged_keys(v1._np(m.seq_lens), v1._np(m.block_table), self.kernel_block_size())
 
 
 class FlashAttnRunnerStepEngine(v1.RunnerStepEngine):

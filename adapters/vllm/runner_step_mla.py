@@ -32,7 +32,9 @@ seq_lens and block table, the prefills' query offsets, context lengths and block
 each context chunk's workspace offsets, starts, token-to-request map and query
 offsets) with the range its kernel accepts, beside ``vllm-v1``'s fields of the step
 (the forward context's slot mapping, the positions), and judged by the step's
-properties. The scalars of the split (``num_decodes``, ``num_decode_tokens``) are the
+properties; and ``kv_len`` and ``kv_slots`` by request, the keys those kernels read
+(:meth:`_MLAEngine.kv_read`), which ``vllm-v1-backends`` holds to ``vllm-v1``'s. The
+scalars of the split (``num_decodes``, ``num_decode_tokens``) are the
 decode fields' lengths: a padded FULL decode counts its padding requests as decodes
 (``split_decodes_and_prefills`` with ``require_uniform``), their rows judged by safety.
 
@@ -152,6 +154,7 @@ def _freeze(meta: Any) -> SimpleNamespace:
             workspace=0 if chunked is None else int(chunked.workspace.shape[0]),
             chunks=[
                 SimpleNamespace(
+                    request_start=c.request_slice.start,
                     cu_seq_lens=c.cu_seq_lens.clone(),
                     starts=c.starts.clone(),
                     token_to_seq=c.token_to_seq.clone(),
@@ -273,7 +276,54 @@ class _MLAEngine(v1._Engine):
         # positions, as vllm-v1's; the MLA metadata's own fields.
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
         mla = _mla_fields(self.config, seen) if seen.meta is not None else []
-        return v1._fields(self.config, no_meta) + tuple(mla)
+        return v1._fields(self.config, no_meta) + tuple(mla) + self.kv_fields(seen)
+
+    def kv_read(self, seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their latent-cache slots as the MLA layer's kernels
+        read them (``MLAAttention.forward_impl``), decodes first (the rows the split
+        puts first), then prefills:
+
+        - a decode: ``TritonMLAImpl.forward_mqa`` -> ``decode_attention_fwd`` reads the
+          first ``decode.seq_lens[i]`` keys of the cache (the step's own included,
+          written before), through ``decode.block_table[i]``;
+        - a prefill: ``_forward_prefill`` reads its context from the cache chunk by
+          chunk (``_compute_prefill_context``: each chunk gathers, for prefill
+          ``request_slice.start + r``, the context keys ``starts[r]`` to
+          ``starts[r] + cu_seq_lens[r + 1] - cu_seq_lens[r]`` through
+          ``prefill.block_table``), then the step's own keys, which
+          ``run_prefill_new_tokens`` takes from the forward's input (rows
+          ``prefill.query_start_loc``, after the decode tokens), at the slots the
+          forward context's slot mapping writes them to."""
+        m = seen.meta
+        bs = self.kernel_block_size()
+        lengths: list[int] = []
+        slots: list[np.ndarray] = []
+        if m.decode is not None:
+            d_lens, d_slots = v1.paged_keys(
+                v1._np(m.decode.seq_lens), v1._np(m.decode.block_table), bs
+            )
+            lengths += d_lens.tolist()
+            slots += d_slots
+        if m.prefill is not None:
+            p = m.prefill
+            if seen.slot_mapping is None:
+                raise RuntimeError("attnfuzz: an MLA prefill forward with no slot mapping")
+            table = v1._np(p.block_table)
+            context: list[list[np.ndarray]] = [[] for _ in range(table.shape[0])]
+            for c in p.chunks:
+                cu, starts = v1._np(c.cu_seq_lens), v1._np(c.starts)
+                for r, start in enumerate(starts.tolist()):
+                    stop = start + int(cu[r + 1] - cu[r])
+                    context[c.request_start + r].append(
+                        v1.page_slots(table[c.request_start + r], stop, bs, start)
+                    )
+            query = v1._np(p.query_start_loc).astype(np.int64) + m.num_decode_tokens
+            written = v1._np(seen.slot_mapping).astype(np.int64)
+            for i, parts in enumerate(context):
+                keys = np.concatenate([*parts, written[query[i] : query[i + 1]]])
+                lengths.append(len(keys))
+                slots.append(keys)
+        return np.array(lengths, dtype=np.int64), slots
 
 
 class MLARunnerStepEngine(v1.RunnerStepEngine):

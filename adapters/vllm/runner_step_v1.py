@@ -61,6 +61,12 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
   build (``eager``, ``padded``, ``fresh``) with ``draft`` its sub-step; its dummy runs'
   forwards as ``capture``.
 
+Every build of a forward with attention metadata also states ``kv_len`` and
+``kv_slots`` by request, the keys the backend's kernels read and the KV slot of each,
+derived from its own metadata (:meth:`_Engine.kv_fields`, :meth:`_Engine.kv_read`,
+which each backend's engine reads its own way): ``vllm-v1-backends`` holds them across
+backends, the step's other properties across its builds.
+
 No request is finished: one a step leaves out is unscheduled (a preempted one comes
 back resumed, ``resumed_req_ids``), as the scheduler tells a V1 runner.
 
@@ -407,8 +413,43 @@ class _Engine:
         return _output(inputs, self.held)
 
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
-        """Every field a consumer reads of one forward (:func:`_fields`)."""
-        return _fields(self.config, seen)
+        """Every field a consumer reads of one forward (:func:`_fields`), and what the
+        backend's kernels read of the KV cache (:meth:`kv_fields`)."""
+        return _fields(self.config, seen) + self.kv_fields(seen)
+
+    def kernel_block_size(self) -> int:
+        """The attention group's kernel block size: the unit of its block table
+        (``prepare_kernel_block_sizes``), of its slot mapping too."""
+        return int(self.runner.input_batch.block_table[0].block_size)
+
+    def kv_fields(self, seen: _Seen) -> tuple[Field, ...]:
+        """``kv_len`` and ``kv_slots`` by request, derived from the forward's attention
+        metadata as the backend's kernels read it (:meth:`kv_read`): what every backend
+        states alike, whatever its fields are named (none for a forward with no
+        metadata). No range: each is a function of fields whose ranges are judged. A
+        row of slots is as wide as a block-table row reaches (at least
+        ``cdiv(max_model_len, block_size)`` pages), in every build."""
+        if seen.meta is None:
+            return ()
+        lengths, slots = self.kv_read(seen)
+        bs = self.kernel_block_size()
+        width = max([-(-self.config.max_model_len // bs) * bs] + [len(s) for s in slots])
+        table = np.zeros((len(lengths), width), dtype=np.int64)
+        for r, row in enumerate(slots):
+            table[r, : len(row)] = row
+        return (
+            Field("kv_len", "requests", lengths),
+            Field("kv_slots", "requests", table, row_lengths=lengths),
+        )
+
+    def kv_read(self, seen: _Seen) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots, as the Triton backend's kernel reads
+        them: ``triton_unified_attention.py kernel_unified_attention_*`` reads the
+        first ``seq_lens[i]`` keys of sequence ``i`` (the step's own included: the
+        cache is written before the forward), key ``j`` in page
+        ``block_table[i, j // block_size]`` at ``j % block_size``."""
+        m = seen.meta
+        return paged_keys(_np(m.seq_lens), _np(m.block_table), self.kernel_block_size())
 
     def capture(self) -> None:
         """``capture_model``'s captures: each mode's batch descriptors of the dispatcher,
@@ -637,6 +678,25 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
     # rotary_embedding: cos_sin_cache[positions], the model's positions.
     out.append(Field("positions", "tokens", _np(seen.positions), (0, config.max_model_len - 1)))
     return tuple(out)
+
+
+def page_slots(pages: np.ndarray, stop: int, block_size: int, start: int = 0) -> np.ndarray:
+    """The KV slots of keys ``start`` to ``stop`` of a request whose block-table row is
+    ``pages``: key ``j`` in page ``pages[j // block_size]`` at ``j % block_size``
+    (``page * block_size + offset``, as the slot mapping counts), none past what the row
+    reaches (its range is judged on the table)."""
+    keys = np.arange(max(start, 0), max(min(stop, len(pages) * block_size), 0))
+    return pages[keys // block_size].astype(np.int64) * block_size + keys % block_size
+
+
+def paged_keys(
+    seq_lens: np.ndarray, block_table: np.ndarray, block_size: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each request's ``seq_lens[i]`` keys read through its block-table row: lengths
+    and slots by request (:func:`page_slots`)."""
+    lengths = seq_lens.astype(np.int64)
+    slots = [page_slots(block_table[i], int(n), block_size) for i, n in enumerate(lengths)]
+    return lengths, slots
 
 
 def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
