@@ -416,3 +416,35 @@ def smallest_full_spec_decode() -> Trace:
             Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
         ),
     )
+
+
+def trigger_full_decode(trace: Trace | Case) -> bool:
+    """A step every request of which decodes (``next_n`` tokens, none new to the
+    engine) that a FULL graph holds: the graph replays its decode metadata (a linear
+    builder stages it in the graph's buffers first)."""
+    from attnfuzz.reference.persistent_batch import new_to_engine
+
+    c = trace.config
+    largest = max(c.cudagraph_capture_sizes, default=0)
+    return reach_full_graphs(trace) and any(
+        all(q == c.next_n for q in b.q_lens) and sum(b.q_lens) <= largest
+        and not any(new_to_engine(b))
+        for b in _batches(trace)
+    )  # fmt: skip
+
+
+def smallest_full_decode() -> Trace:
+    """One request prefills 3 tokens, then decodes one, padded to the FULL decode graph
+    of 2 tokens (2 requests)."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v1",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((3,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )

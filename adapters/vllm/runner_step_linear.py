@@ -45,9 +45,8 @@ import torch
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import PAD_SLOT_ID
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
 
 NULL_BLOCK_ID = hybrid.NULL_BLOCK_ID
 CHUNK_SIZE = 8  # the Mamba2 model's chunk size (hf config chunk_size): chunks of a prompt
@@ -410,32 +409,6 @@ for _run, _name in ((mamba2_pad_slot_states, "mamba2"),
     _run.new_engine = _MUTANTS[_name].engine.new_engine  # type: ignore[attr-defined]
 
 
-def trigger_full_decode(trace: Trace | Case) -> bool:
-    """A step every request of which decodes (``next_n`` tokens, none new to the
-    engine) that a FULL graph holds: the builder stages it in the graph's buffers."""
-    from attnfuzz.reference.persistent_batch import new_to_engine
-
-    c = trace.config
-    largest = max(c.cudagraph_capture_sizes, default=0)
-    return hybrid.reach_full_graphs(trace) and any(
-        all(q == c.next_n for q in b.q_lens) and sum(b.q_lens) <= largest
-        and not any(new_to_engine(b))
-        for b in hybrid._batches(trace)
-    )  # fmt: skip
-
-
-def smallest_full_decode() -> Trace:
-    """One request prefills 3 tokens, then decodes one, padded to the FULL decode graph
-    of 2 tokens (2 requests)."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
-        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v1",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((3,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+# The mutants' trace: a FULL decode the graph replays (shared with runner_step_mla's).
+trigger_full_decode = hybrid.trigger_full_decode
+smallest_full_decode = hybrid.smallest_full_decode
