@@ -151,6 +151,22 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }
+_MULTI_LAYER_EAGLE_RUNNER = (
+    "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"
+)
+REQUIRES["runner_step_multi_layer_eagle"] = (
+    Api(_MULTI_LAYER_EAGLE_RUNNER, "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner.prepare"),
+    Api(_MULTI_LAYER_EAGLE_RUNNER, "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner.replay"),
+    Api(_MULTI_LAYER_EAGLE_RUNNER, "MultiLayerEagleDraftExtendCudaGraphRunner.capture_one_shape"),
+    Api(_MULTI_LAYER_EAGLE_RUNNER, "resolve_decode_backend"),
+    Api(_MULTI_LAYER_EAGLE_RUNNER, "get_available_gpu_memory"),
+    Api("sglang.srt.speculative.multi_layer_eagle_utils", "rotate_input_ids"),
+    Api(
+        "sglang.srt.layers.attention.triton_backend",
+        "TritonAttnBackend._update_draft_extend_buffers",
+    ),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _TRTLLM_MHA = "sglang.srt.layers.attention.trtllm_mha_backend"
 REQUIRES["runner_step_trtllm_mha"] = (
     Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),

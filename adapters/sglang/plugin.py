@@ -506,6 +506,68 @@ def _runner_step() -> list[Implementation]:
             declines=sglang.EngineCall("runner_step_draft_extend", "declines"),
             traced=True,
         ),
+        *_runner_step_multi_layer_eagle(),
+    ]
+
+
+def _multi_layer_eagle() -> Any:
+    """The multi-layer EAGLE runner-step adapter, imported when a mutant's case is
+    judged (it imports torch, never when the plugin loads)."""
+    from attnfuzz.adapters.sglang import runner_step_multi_layer_eagle
+
+    return runner_step_multi_layer_eagle
+
+
+def _trigger_multi_layer_eagle_accept_length_layout(trace: Trace) -> bool:
+    return _multi_layer_eagle().trigger_accept_length_layout(trace)
+
+
+def _reach_multi_layer_eagle_replay(trace: Trace) -> bool:
+    return _multi_layer_eagle().reach_verify_replay(trace)
+
+
+def _smallest_multi_layer_eagle_accept_length_layout() -> Trace:
+    return _multi_layer_eagle().smallest_accept_length_layout()
+
+
+def _runner_step_multi_layer_eagle() -> list[Implementation]:
+    """SGLang's multi-layer EAGLE draft extend after each verify, and a defect of its
+    padded replay re-created."""
+    runner = (
+        "speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py:"
+        "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner"
+    )
+    declines = sglang.EngineCall("runner_step_multi_layer_eagle", "declines")
+    return [
+        sglang_impl(
+            "runner_step_multi_layer_eagle",
+            "run",
+            name="sglang-multi-layer-eagle",
+            description=f"installed SGLang: the multi-layer EAGLE (MTP) draft extend after "
+            f"each verify: {runner} (__init__ and each draft layer's capture for every "
+            "capture size, can_run_graph, prepare with fill_draft_extend_prepare_buffers, "
+            "each layer's replay, rotate_input_ids between layers) over one "
+            "layers/attention/triton_backend.py:TritonAttnBackend a draft layer (eager "
+            "init_forward_metadata of DRAFT_EXTEND_V2, graph init_forward_metadata_out_graph); "
+            "rows kept in ReqToTokenPool; a graph and draft-worker stand-in",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_multi_layer_eagle",
+            "run_accept_length_layout",
+            name="sglang-multi-layer-eagle-accept-length-layout",
+            kind="mutant",
+            description=f"installed SGLang's {runner} whose prepare hands every draft "
+            "layer's replay the verify's accept counts as the window (pr21987's kind): the "
+            "Triton backend's replay reads a prefix of seq_lens - accepted keys, the "
+            "unaccepted drafts' slots too",
+            trigger=_trigger_multi_layer_eagle_accept_length_layout,
+            reach=_reach_multi_layer_eagle_replay,
+            smallest=_smallest_multi_layer_eagle_accept_length_layout,
+            declines=declines,
+            traced=True,
+        ),
     ]
 
 

@@ -184,7 +184,7 @@ def pool_pages(config: EngineConfig) -> int:
     return config.max_num_seqs * cdiv(config.max_model_len, config.block_size) + 3
 
 
-def _server_args(config: EngineConfig, attention_backend: str = "triton") -> Any:
+def _server_args(config: EngineConfig, attention_backend: str = "triton", **extra: Any) -> Any:
     from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
 
     w = config.next_n
@@ -205,6 +205,7 @@ def _server_args(config: EngineConfig, attention_backend: str = "triton") -> Any
         page_size=config.block_size,
         max_running_requests=config.max_num_seqs,
         **spec,
+        **extra,
     )
 
 
@@ -740,8 +741,15 @@ class EngineLife:
         """The target model's engine of ``engine`` (its requests, pools and rows)."""
         return engine
 
-    def eager(self, engine: Any, inputs: RunnerStepInputs, mode: str, how: str) -> StepBuild:
+    def eager(
+        self, engine: Any, inputs: RunnerStepInputs, mode: str, how: str
+    ) -> StepBuild | list[StepBuild]:
+        """The step's eager build; a drafter of several layers: one a layer (``draft``)."""
         return engine.eager(inputs, mode, how=how)
+
+    def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
+        """The server arguments a step runs under (a subclass adds its own)."""
+        return _server_args(config, attention_backend)
 
     def graph_read(self, engine: Any) -> list[Any]:
         """The backends whose buffers both the eager build writes and the graph reads."""
@@ -780,22 +788,26 @@ class EngineLife:
         mode = step_mode(inputs)
         builds, engine.captures = engine.captures, []
         backend = self.core(engine).ATTENTION_BACKEND
-        with _server_args(inputs.config, backend):
+        with self.server_args(inputs.config, backend):
             self.core(engine).admit(inputs)
             self.core(engine).write_rows(inputs)
             if mode == "extend" or engine.graph_runner is None:
-                builds.append(self.eager(engine, inputs, mode, "eager"))
+                builds += _listed(self.eager(engine, inputs, mode, "eager"))
             else:
                 with _as_left(*self.graph_read(engine)):
-                    builds.append(self.eager(engine, inputs, mode, "eager"))
+                    builds += _listed(self.eager(engine, inputs, mode, "eager"))
                 builds += self.graph_builds(engine, inputs, mode)
         fresh = self.make(engine.config, engine.device, False)
         arrived = arrived_anew(self.core(engine).requests, inputs)
-        with _server_args(engine.config, backend):
+        with self.server_args(engine.config, backend):
             self.core(fresh).admit(arrived)
             self.core(fresh).write_rows(arrived)
-            builds.append(self.eager(fresh, arrived, mode, "fresh"))
+            builds += _listed(self.eager(fresh, arrived, mode, "fresh"))
         return RunnerStepOutputs(tuple(builds))
+
+
+def _listed(built: StepBuild | list[StepBuild]) -> list[StepBuild]:
+    return built if isinstance(built, list) else [built]
 
 
 # -- where a mutant of a backend lives: the steps the decode graph replays -----------------
