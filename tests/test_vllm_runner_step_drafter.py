@@ -172,3 +172,25 @@ def test_a_step_past_the_drafter_s_length_limit_proposes_nothing():
     dummies = [b for b in out.of("capture") if "SpecDecodeBaseProposer.dummy_run" in b.where]
     # A forward per draft (2) of each dummy run: the idle rank's, then sample_tokens'.
     assert len(dummies) == 2 * 2
+
+
+def test_the_unpadded_drafter_batch_drops_each_rejected_draft_and_every_property_holds():
+    """``vllm-v1-unpadded-drafts``: the runner proposes on the valid sampled tokens and
+    ``prepare_inputs`` drops each request's rejected drafts from the first pass. In
+    step 2 request 7 accepts none of its 2 drafts and request 8 both ((8 + 3) % 3): the
+    first pass keeps 1 + 3 tokens, its offsets [0, 1, 4], its sequence lengths the
+    upper bound less the rejected (8 - 2, 6), the positions of the kept tokens."""
+    from attnfuzz.adapters.vllm import runner_step_unpadded_drafts as unpadded
+
+    engine = unpadded.UnpaddedRunnerStepEngine()
+    outs = [engine(ref.make_inputs(case)) for case in Trace(config(2), decodes(2)).cases()]
+    for out in outs:
+        assert ref.violations(out) == []
+    first = {b.how: b for b in outs[1].builds if b.draft == 0}
+    assert set(first) == {"eager", "padded", "fresh"}
+    eager = first["eager"]
+    assert eager.num_tokens == 4
+    assert eager.field("query_start_loc").values[:3].tolist() == [0, 1, 4]
+    assert eager.field("seq_lens").values[:2].tolist() == [6, 6]
+    assert eager.field("positions").values[:4].tolist() == [5, 3, 4, 5]
+    assert unpadded.declines(Trace(config(0), decodes(0)).cases()[0]) is not None

@@ -379,6 +379,25 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.spec_decode.eagle", "EagleProposer"),
         Api("vllm.config", "SpeculativeConfig._maybe_override_draft_max_model_len"),
     ),
+    # runner_step_unpadded_drafts: runner_step_v1's engine, its drafter batch unpadded.
+    "runner_step_unpadded_drafts": (
+        V1_DISPATCHER,
+        V1_BATCH_DECISION,
+        Api(_V1_RUNNER, "GPUModelRunner._get_slot_mappings"),
+        Api(_V1_RUNNER, "GPUModelRunner._capture_cudagraphs"),
+        Api("vllm.v1.cudagraph_dispatcher", "CudagraphDispatcher.get_capture_descs"),
+        Api("vllm.v1.worker.utils", "prepare_kernel_block_sizes"),
+        Api("vllm.compilation.cuda_graph", "CUDAGraphWrapper"),
+        Api("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.propose"),
+        Api("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.prepare_inputs"),
+        Api(
+            "vllm.v1.spec_decode.llm_base_proposer",
+            "SpecDecodeBaseProposer.prepare_next_token_ids_cpu",
+        ),
+        Api("vllm.v1.spec_decode.eagle", "EagleProposer"),
+        Api("vllm.config", "SpeculativeConfig", keyword="disable_padded_drafter_batch"),
+        Api("vllm.config", "SpeculativeConfig._maybe_override_draft_max_model_len"),
+    ),
     # runner_step_hybrid: runner_step_v1's engine with a GDN layer's KV-cache group.
     "runner_step_hybrid": (
         V1_DISPATCHER,

@@ -547,6 +547,24 @@ def _backends_hook(name: str) -> Any:
     return call
 
 
+def _runner_step_unpadded_drafts() -> list[Implementation]:
+    """``vllm-v1``'s step with the unpadded drafter batch."""
+    return [
+        vllm_impl(
+            "runner_step_unpadded_drafts",
+            "run",
+            name="vllm-v1-unpadded-drafts",
+            description="installed vLLM (V1 runner) with disable_padded_drafter_batch: "
+            "vllm-v1's step, its drafter proposing on the valid sampled tokens "
+            "(GPUModelRunner.propose_draft_token_ids' unpadded path, "
+            "vllm/v1/spec_decode/llm_base_proposer.py: prepare_next_token_ids_cpu, "
+            "prepare_inputs, propose), every draft sub-step judged",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_backends() -> list[Implementation]:
     """``vllm-v1``'s step beside FlashAttention's and Triton MLA's eager builds, and a
     mutant of FlashAttention's builder that only another backend's KV read shows."""
@@ -891,6 +909,7 @@ VLLM = Engine(
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_backends(),
+            *_runner_step_unpadded_drafts(),
         ],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),

@@ -104,14 +104,16 @@ class DraftModel(torch.nn.Module):
         return torch.zeros(hidden_states.shape[0], 1)
 
 
-def speculative_config(base: Any, config: EngineConfig) -> Any:
+def speculative_config(base: Any, config: EngineConfig, padded: bool = True) -> Any:
     """A copy of the cached ``SpeculativeConfig`` for ``config``'s engine: its draft
     model's length limit derived from the case's (as ``SpeculativeConfig`` derives it
     from the target's, ``_maybe_override_draft_max_model_len``), which the runner's
-    ``_input_fits_in_drafter`` reads."""
+    ``_input_fits_in_drafter`` reads; ``padded`` False sets
+    ``disable_padded_drafter_batch`` (the unpadded drafter batch)."""
     from vllm.config import SpeculativeConfig
 
     out = copy.copy(base)
+    out.disable_padded_drafter_batch = not padded
     draft = out.draft_model_config = copy.copy(base.draft_model_config)
     draft.max_model_len = SpeculativeConfig._maybe_override_draft_max_model_len(
         None, draft.max_model_len, config.max_model_len
@@ -165,27 +167,55 @@ def sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> torch.Ten
     return sampled.to(runner.device)
 
 
+def valid_sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> list[list[int]]:
+    """What ``_bookkeeping_sync`` hands an unpadded drafter batch: per row of the
+    runner's batch, the accepted drafts and a bonus token, none for a request whose
+    step samples nothing (``discard_request_mask``: a partial prefill)."""
+    discard = runner.discard_request_mask.np
+    return [
+        [] if discard[row] else [1] * (taken[rid] + 1)
+        for row, rid in enumerate(runner.input_batch.req_ids)
+    ]
+
+
+def first_pass_tokens(out: Any, taken: dict[str, int], padded: bool) -> int:
+    """The real tokens of the first draft pass: the step's; in an unpadded drafter batch
+    less each request's rejected drafts (``prepare_inputs``)."""
+    total = out.total_num_scheduled_tokens
+    if padded:
+        return total
+    drafts = out.scheduled_spec_decode_tokens
+    return total - sum(len(d) - taken[rid] for rid, d in drafts.items() if d)
+
+
 def propose(runner: Any, recorder: Any, out: Any, taken: dict[str, int]) -> bool:
-    """``sample_tokens``' draft proposal for an EAGLE drafter with the padded drafter
-    batch, on the state ``execute_model`` left, each draft forward reported to
-    ``recorder`` as its sub-step: whether the drafter proposed."""
+    """``sample_tokens``' draft proposal for an EAGLE drafter, on the state
+    ``execute_model`` left, each draft forward reported to ``recorder`` as its
+    sub-step: whether the drafter proposed. The padded drafter batch takes the GPU
+    sampled tokens; the unpadded one (``disable_padded_drafter_batch``) proposes after
+    bookkeeping, on each request's valid sampled tokens."""
     state = runner.execute_model_state
     if state is None or runner.speculative_config is None:
         return False
     (_, _, spec_decode_metadata, spec_cm, hidden_states, sample_hidden_states,
      aux_hidden_states, _, _, slot_mappings) = state  # fmt: skip
-    if runner.speculative_config.disable_padded_drafter_batch:
-        raise RuntimeError("attnfuzz: the runner's config selects the unpadded drafter batch")
+    padded = not runner.speculative_config.disable_padded_drafter_batch
+    sampled: Any
+    if padded:
+        sampled = sampled_token_ids(runner, out, taken)
+    else:
+        sampled = valid_sampled_token_ids(runner, out, taken)
     if not runner._input_fits_in_drafter(spec_cm):
         if runner.parallel_config.data_parallel_size > 1:
             # sample_tokens: a dummy run keeps the ranks' collectives paired.
             runner.drafter.dummy_run(num_tokens=1)
         return False
     recorder.draft = 0
+    recorder.first_pass = first_pass_tokens(out, taken, padded)
     try:
         runner.propose_draft_token_ids(
             out,
-            sampled_token_ids(runner, out, taken),
+            sampled,
             runner.input_batch.sampling_metadata,
             hidden_states,
             sample_hidden_states,

@@ -181,6 +181,7 @@ class _Recorder:
     # The drafter's forwards of a proposal: (kind, draft sub-step, what it read).
     drafted: list[tuple[str, int, _Seen]] = field(default_factory=list)
     draft: int | None = None  # the next draft sub-step while the drafter proposes
+    first_pass: int = 0  # the real tokens of the proposal's first pass
     drafting: bool = False  # the drafter runs (its all-reduces are its peer's drafter's)
     linear_layer: str | None = None  # a second KV-cache group's layer, if the model has one
     freeze: Any = None  # the engine's copy of its attention metadata (_Seen.freeze)
@@ -325,6 +326,8 @@ class _Engine:
     layers, of which there are none here), its model wrapped as ``load_model`` does, and
     its graphs captured as ``capture_model`` does."""
 
+    padded_drafts = True  # the speculative config's drafter batch (disable_padded_drafter_batch)
+
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         import vllm.compilation.cuda_graph as cg
         import vllm.v1.worker.gpu_model_runner as gmr
@@ -336,7 +339,9 @@ class _Engine:
         self.recorder = _Recorder()
         vc = self.vllm_config = _vllm_config(config, mode)
         if vc.speculative_config is not None:
-            vc.speculative_config = drafting.speculative_config(vc.speculative_config, config)
+            vc.speculative_config = drafting.speculative_config(
+                vc.speculative_config, config, self.padded_drafts
+            )
         with (
             host_memory(device),
             set_current_vllm_config(vc),
@@ -713,10 +718,11 @@ def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
 def _drafts(engine: _Engine, how: str, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     """The drafter's builds of the step's proposal, as ``how``; emptied. The first pass
     runs every token of the step (the padded drafter batch keeps a rejected draft's
-    token as a row), each later sub-step one token per request."""
+    token as a row; the unpadded one drops it: ``_Recorder.first_pass``), each later
+    sub-step one token per request."""
     out = []
     for _, draft, seen in engine.recorder.drafted:
-        tokens = num_tokens if draft == 0 else num_reqs
+        tokens = engine.recorder.first_pass if draft == 0 else num_reqs
         fields = engine.fields(seen)
         out.append(StepBuild(how, num_reqs, tokens, fields, drafting.WHERE, draft=draft))
     engine.recorder.drafted.clear()
