@@ -195,6 +195,24 @@ REQUIRES["runner_step_hybrid"] = REQUIRES["runner_step"] + (
     ),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
+_PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
+REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
+    Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.load_batch"),
+    Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.can_run_graph"),
+    Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner._prepare_forward_metadata_for_replay"),
+    Api(_PREFILL_RUNNER, "resolve_prefill_backend"),
+    Api(_PREFILL_RUNNER, "graph_capture"),
+    Api(_PREFILL_RUNNER, "get_or_create_global_graph_capture_stream"),
+    Api(
+        "sglang.srt.model_executor.cuda_graph_buffer_registry",
+        "CudaGraphBufferRegistry.fill_from",
+        keyword="padded_num_tokens",
+    ),
+    Api(
+        "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend",
+        "BreakableCudaGraphBackend",
+    ),
+)
 # runner_step_backends.py runs the Triton, FA3, FlashInfer and TRT-LLM MHA runner steps
 # side by side.
 REQUIRES["runner_step_backends"] = (

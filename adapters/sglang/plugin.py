@@ -340,6 +340,57 @@ def _runner_step_hybrid() -> list[Implementation]:
     ]
 
 
+def _prefill_graph() -> Any:
+    """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_prefill_graph
+
+    return runner_step_prefill_graph
+
+
+def _reach_padded_prefill(trace: Trace) -> bool:
+    return _prefill_graph().reach_padded_prefill(trace)
+
+
+def _smallest_prefill_padding_slot_sentinel() -> Trace:
+    return _prefill_graph().smallest_padding_slot_sentinel()
+
+
+def _runner_step_prefill_graph() -> list[Implementation]:
+    """SGLang's step with its prefill CUDA-graph runner on, and a defect of its padding
+    re-created."""
+    runner = "runner/prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
+    # No speculative decoding (can_replay_locally refuses a target verify).
+    declines = sglang.EngineCall("runner_step_prefill_graph", "declines")
+    return [
+        sglang_impl(
+            "runner_step_prefill_graph",
+            "run",
+            name="sglang-prefill-graph",
+            description=f"installed SGLang: {runner} (__init__ and capture for every "
+            "capture size, can_run_graph, load_batch: the token count padded to a capture "
+            "size by CudaGraphBufferRegistry.fill_from, the Triton backend's "
+            "init_forward_metadata of the step) for the extends it covers, the decode "
+            "steps as sglang; a breakable graph stand-in",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_prefill_graph",
+            "run_padding_slot_sentinel",
+            name="sglang-prefill-graph-padding-slot-sentinel",
+            kind="mutant",
+            description=f"installed SGLang's {runner} whose buffer registry pads the "
+            "padding tokens' out_cache_loc with -1 (vLLM's PAD_SLOT_ID) instead of slot 0: "
+            "SGLang's KV write takes no sentinel, a padding token's key lands on a live slot",
+            trigger=_reach_padded_prefill,
+            reach=_reach_padded_prefill,
+            smallest=_smallest_prefill_padding_slot_sentinel,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _flashinfer() -> Any:
     """The FlashInfer runner-step adapter, imported when a mutant's case is judged (it
     imports torch, never when the plugin loads)."""
@@ -476,6 +527,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
+        *_runner_step_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(
             "runner_step_draft",

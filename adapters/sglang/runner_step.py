@@ -751,6 +751,11 @@ class EngineLife:
         """The server arguments a step runs under (a subclass adds its own)."""
         return _server_args(config, attention_backend)
 
+    def graph_serves(self, engine: Any, mode: str) -> bool:
+        """Whether a graph runner of ``engine`` may run a step of ``mode`` (an extend: none,
+        SGLang prefills eagerly; a subclass with prefill graphs says otherwise)."""
+        return mode != "extend" and engine.graph_runner is not None
+
     def graph_read(self, engine: Any) -> list[Any]:
         """The backends whose buffers both the eager build writes and the graph reads."""
         return [engine.backend]
@@ -791,7 +796,7 @@ class EngineLife:
         with self.server_args(inputs.config, backend):
             self.core(engine).admit(inputs)
             self.core(engine).write_rows(inputs)
-            if mode == "extend" or engine.graph_runner is None:
+            if not self.graph_serves(engine, mode):
                 builds += _listed(self.eager(engine, inputs, mode, "eager"))
             else:
                 with _as_left(*self.graph_read(engine)):
