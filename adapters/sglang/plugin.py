@@ -381,7 +381,7 @@ def _runner_step_prefill_graph() -> list[Implementation]:
             kind="mutant",
             description=f"installed SGLang's {runner} whose buffer registry pads the "
             "padding tokens' out_cache_loc with -1 (vLLM's PAD_SLOT_ID) instead of slot 0: "
-            "SGLang's KV write takes no sentinel, a padding token's key lands on a live slot",
+            "SGLang's KV write takes no sentinel, a padding token's key is stored off the pool",
             trigger=_reach_padded_prefill,
             reach=_reach_padded_prefill,
             smallest=_smallest_prefill_padding_slot_sentinel,

@@ -312,15 +312,16 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 
 
-# -- mutant: the padded tokens' KV slot a sentinel SGLang's KV write does not skip ---------------
+# -- mutant: the padded tokens' KV slot a sentinel SGLang's KV write does not skip --------------
 
 
 class _PaddingSlotSentinel(PrefillGraphEngine):
     """The prefill registry's ``out_cache_loc`` slot padded with -1 (``FILL_SENTINEL``,
     vLLM's ``PAD_SLOT_ID``) instead of SGLang's ``ZERO`` (``cuda_graph_buffer_registry.py``:
     ``build_prefill_registry``, the padding slot 0): SGLang's KV write takes no sentinel
-    (``memory_pool.py:MHATokenToKVPool.set_kv_buffer``: ``k_buffer[loc] = k``), so a
-    padding token's key lands on the pool's last slot, a live one."""
+    (``memory_pool.py:MHATokenToKVPool.set_kv_buffer`` stores every token's key at its
+    ``loc``, which its ``maybe_detect_oob`` bounds to ``[0, size + page_size)``), so a
+    padding token's key is stored outside the pool."""
 
     def _prefill_runner(self) -> Any:
         from sglang.srt.model_executor.cuda_graph_buffer_registry import PaddingPolicy
