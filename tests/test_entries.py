@@ -92,10 +92,14 @@ def accepts(target, impl, case) -> bool:
 # -- implementations that must pass ----------------------------------------------------------
 
 
-SIDE_BY_SIDE_TRACES = {("runner-step", "sglang-backends"): 8}
-"""Generated traces for an implementation that runs each step on several engines
-(SGLang's three attention backends side by side), in place of its kind's budget: the
-engine tier stays small; a campaign or a nightly run searches longer."""
+SIDE_BY_SIDE_TRACES = {
+    ("runner-step", "sglang-backends"): 8,
+    ("runner-step", "sglang-multi-layer-eagle"): 8,
+}
+"""Generated traces for an implementation that runs each step on several engines or
+graph runners (SGLang's attention backends side by side; a graph runner per draft
+layer), in place of its kind's budget: the engine tier stays small; a campaign or a
+nightly run searches longer."""
 
 
 @pytest.mark.parametrize("target, impl", SEARCHED)
