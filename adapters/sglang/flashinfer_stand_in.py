@@ -74,15 +74,19 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def _indptr(name: str, t: torch.Tensor, batch_size: int, reach: int | None) -> None:
+def _indptr(
+    name: str, t: torch.Tensor, batch_size: int, reach: int | None, from_zero: bool = True
+) -> None:
     """An indptr as FlashInfer's kernels read it: int32, ``batch_size + 1`` entries from
-    0, monotone, its last at most ``reach`` (the entries it indexes)."""
+    0 (or, not ``from_zero``, from any entry of what it indexes), monotone, its last at
+    most ``reach`` (the entries it indexes)."""
     if t.dtype != torch.int32 or tuple(t.shape) != (batch_size + 1,):
         raise PlanContractError(
             f"{name} must be int32 of shape ({batch_size + 1},), got {t.dtype} {tuple(t.shape)}"
         )
     host = t.cpu()
-    if int(host[0]) != 0 or bool((host[1:] < host[:-1]).any()):
+    start_wrong = int(host[0]) != 0 if from_zero else int(host[0]) < 0
+    if start_wrong or bool((host[1:] < host[:-1]).any()):
         raise PlanContractError(f"{name} must rise from 0, got {host.tolist()}")
     if reach is not None and int(host[-1]) > reach:
         raise PlanContractError(f"{name} reaches {int(host[-1])}, past the {reach} entries given")
@@ -91,6 +95,13 @@ def _indptr(name: str, t: torch.Tensor, batch_size: int, reach: int | None) -> N
 class _Wrapper:
     """What the paged wrappers share: the graph buffers' checks, ``plan``'s checks and
     copies, the record."""
+
+    empty_rows_read_no_last_page = False
+    """vLLM's use (:mod:`attnfuzz.adapters.vllm.flashinfer_stand_in`): a row of no pages
+    may have any ``last_page_len`` in ``[0, page_size]`` (the kernels read no key of it),
+    and the paged indptr may start past 0 into the indices handed (a prefill after the
+    decodes reads the step's indices from its first page); SGLang's rows each hold a
+    page and its indptrs start at 0, so not there."""
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD") -> None:
         if kv_layout not in ("NHD", "HND"):
@@ -147,9 +158,15 @@ class _Wrapper:
                 )
         if kv_indices.dtype != torch.int32:
             raise PlanContractError(f"indices must be int32, got {kv_indices.dtype}")
-        _indptr("indptr", kv_indptr, batch_size, len(kv_indices))
+        from_zero = not self.empty_rows_read_no_last_page
+        _indptr("indptr", kv_indptr, batch_size, len(kv_indices), from_zero)
         lens = last_page_len.cpu()
-        if last_page_len.dtype != torch.int32 or bool(((lens < 1) | (lens > page_size)).any()):
+        wrong = (lens < 1) | (lens > page_size)
+        if self.empty_rows_read_no_last_page:
+            # paged_kv_t::get_length: a row of no pages has no keys, its last_page_len unread.
+            pages = kv_indptr.cpu()[1:] - kv_indptr.cpu()[:-1]
+            wrong &= ~((pages == 0) & (lens >= 0) & (lens <= page_size))
+        if last_page_len.dtype != torch.int32 or bool(wrong.any()):
             raise PlanContractError(
                 f"1 <= kv_last_page_len <= page_size ({page_size}), got {last_page_len.dtype} "
                 f"{lens.tolist()}"

@@ -454,6 +454,21 @@ REQUIRES["runner_step_flash_attn"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backend", "AttentionCGSupport"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+# runner_step_flashinfer: runner_step_v1's engine on the FlashInfer backend, the platform
+# and TRT-LLM queries looked up in flashinfer.py and vllm.utils.flashinfer. flashinfer.py
+# imports the flashinfer package at load, which a probe here does not stand in for: the
+# backend is probed by the registry's name of it (the adapter imports it under its
+# stand-in, where its builder's methods are looked up).
+REQUIRES["runner_step_flashinfer"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.registry", "AttentionBackendEnum.FLASHINFER"),
+    Api("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout"),
+    Api("vllm.v1.attention.backends.utils", "get_per_layer_parameters"),
+    Api("vllm.utils.flashinfer", "current_platform"),
+    Api("vllm.utils.flashinfer", "has_nvidia_artifactory"),
+    Api("vllm.utils.flashinfer", "can_use_trtllm_attention"),
+    Api("vllm.platforms.interface", "DeviceCapability"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
 
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's and
 # runner_step_mla's (their entries: every API each calls), the MLA engine's rows put back

@@ -535,6 +535,53 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
+def _flashinfer_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_flashinfer`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_flashinfer
+
+        return getattr(runner_step_flashinfer, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_flashinfer() -> list[Implementation]:
+    """``vllm-v1``'s step on the FlashInfer backend (native wrappers, as on sm80), and a
+    mutant of its builder's device buffer of last page lengths."""
+    return [
+        vllm_impl(
+            "runner_step_flashinfer",
+            "run",
+            name="vllm-v1-flashinfer",
+            description="installed vLLM (V1 runner) on the FlashInfer backend as on an "
+            "sm80 GPU (native FlashInfer wrappers, TRT-LLM off): vllm-v1's step with its "
+            "attention layer on FLASHINFER (vllm/v1/attention/backends/flashinfer.py: "
+            "FlashInferMetadataBuilder.__init__, build, _compute_flashinfer_kv_metadata, "
+            "fast_plan_decode, a decode wrapper per graph batch size), the arrays each "
+            "wrapper's plan receives and its graph buffers judged",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_flashinfer",
+            "last_page_len_on_host",
+            name="vllm-v1-flashinfer-last-page-len-on-host",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, FlashInfer) with "
+            "FlashInferMetadataBuilder._compute_flashinfer_kv_metadata leaving "
+            "paged_kv_last_page_len on the host: a FULL decode graph's wrapper reads the "
+            "capture's last page lengths",
+            trigger=_flashinfer_hook("trigger_stale_last_page"),
+            reach=_hybrid_hook("reach_full_graphs"),
+            smallest=_flashinfer_hook("smallest_stale_last_page"),
+            traced=True,
+        ),
+    ]
+
+
 def _backends_hook(name: str) -> Any:
     """A function of :mod:`.runner_step_backends`, imported (with vLLM) when called."""
 
@@ -908,6 +955,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
+            *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
         ],

@@ -1,0 +1,145 @@
+"""vLLM 0.33.0's model runner V1 step on the FlashInfer backend as on an sm80 GPU (native
+FlashInfer wrappers), as the implementation ``vllm-v1-flashinfer`` of ``runner-step``:
+``FlashInferMetadataBuilder`` builds every step and plans its wrappers, a decode wrapper
+for each FULL graph, judged by the step's properties."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.trace import Trace
+
+pytestmark = [*requires_vllm]
+
+
+def fi():
+    from attnfuzz.adapters.vllm import runner_step_flashinfer
+
+    return runner_step_flashinfer
+
+
+def smallest_full_decode() -> Trace:
+    from attnfuzz.adapters.vllm import runner_step_hybrid
+
+    return runner_step_hybrid.smallest_full_decode()
+
+
+def smallest_full_spec_decode() -> Trace:
+    from attnfuzz.adapters.vllm import runner_step_hybrid
+
+    return runner_step_hybrid.smallest_full_spec_decode()
+
+
+def run_trace(trace: Trace, run) -> list[ref.RunnerStepOutputs]:
+    run.new_engine()
+    return [run(ref.make_inputs(case)) for case in trace.cases()]
+
+
+def own(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
+    return [b for b in out.of(how) if b.draft is None]
+
+
+def values(build: ref.StepBuild, name: str) -> list:
+    return build.field(name).values.tolist()
+
+
+def test_the_flashinfer_builder_plans_a_decode_padded_for_a_full_graph(monkeypatch):
+    """The runner's ``_build_attention_metadata`` calls ``FlashInferMetadataBuilder`` on
+    every step and in the capture runs: a prefill on the prefill wrapper, then a
+    one-token decode padded to the FULL graph of 2 requests on that graph's decode
+    wrapper (the padding row of no pages, its last page length 0), replayed; built
+    afresh; the correct engine holds every property."""
+    m = fi()
+    m.prepare()
+    from vllm.v1.attention.backends.flashinfer import FlashInferMetadataBuilder
+
+    calls: collections.Counter[str] = collections.Counter()
+    for name in ("build", "build_for_cudagraph_capture", "_compute_flashinfer_kv_metadata"):
+        original = getattr(FlashInferMetadataBuilder, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(FlashInferMetadataBuilder, name, counted)
+    engine = m.FlashInferRunnerStepEngine()
+    first, second = run_trace(smallest_full_decode(), engine)
+    assert min(calls.values()) > 0 and len(calls) == 3
+    builder = engine.graphs.runner.attn_groups[0][0].get_metadata_builder()
+    assert isinstance(builder, FlashInferMetadataBuilder)
+    assert builder.enable_cuda_graph and not builder.use_trtllm_decode_attention
+    assert builder.use_fa2_native_decode
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    (prefill,) = own(first, "eager")
+    assert values(prefill, "fi.decode") == [0]
+    assert values(prefill, "fi.query_len") == [3]
+    assert values(prefill, "kv_len") == [3]
+    (eager,) = own(second, "eager")
+    (padded,) = own(second, "padded")
+    (replay,) = own(second, "replay")
+    (fresh,) = own(second, "fresh")
+    assert values(eager, "kv_len") == values(fresh, "kv_len") == [4]
+    assert values(padded, "fi.paged_kv_indptr") == values(replay, "fi.paged_kv_indptr") == [0, 1, 1]
+    assert values(replay, "fi.paged_kv_last_page_len") == [4, 0]
+    assert values(replay, "fi.decode") == [1, 1]
+    assert values(replay, "kv_len") == [4, 0]
+    assert (2, 1) in builder._decode_wrappers_cudagraph
+
+
+def test_a_mixed_step_plans_both_wrappers():
+    """A decode beside a 12-token chunk of a prompt: the decode on the decode wrapper,
+    the chunk on the prefill wrapper, whose paged indptr continues the decode's into
+    the indices both read."""
+    m = fi()
+    config = dataclasses.replace(smallest_full_spec_decode().config, num_spec=0)
+    steps = (
+        Batch((0, 0), (3, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((3, 5), (1, 12), req_ids=(0, 1), pages=((1,), (2, 3)), new_pages=(0, 1)),
+    )
+    first, second = run_trace(Trace(config, steps), m.run)
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    (eager,) = own(second, "eager")
+    assert values(eager, "fi.decode") == [1, 0]
+    assert values(eager, "fi.query_len") == [1, 12]
+    assert values(eager, "fi.paged_kv_indptr") == [0, 1, 3]
+    assert values(eager, "kv_len") == [4, 17]
+
+
+def test_a_speculative_step_plans_the_decode_per_request():
+    """fa2 native decode takes a uniform speculative decode (``q_len_per_req``); the
+    drafter's builds are FlashInfer's too; every property holds."""
+    m = fi()
+    trace = smallest_full_spec_decode()
+    outs = run_trace(trace, m.run)
+    assert all(ref.violations(out) == [] for out in outs)
+    last = outs[-1]
+    (eager,) = own(last, "eager")
+    assert set(values(eager, "fi.query_len")) == {1 + trace.config.num_spec}
+    assert any(b.draft is not None and b.field("fi.paged_kv_indptr") for b in last.builds)
+
+
+@pytest.mark.parametrize("block_size", [8, 24])
+def test_declines_block_sizes_without_a_kernel(block_size):
+    """``get_supported_kernel_block_sizes``: 16, 32 and 64 off the trtllm-gen path (a
+    block of a multiple of one is split into kernel blocks)."""
+    m = fi()
+    case = smallest_full_decode().cases()[0]
+    case = dataclasses.replace(case, config=dataclasses.replace(case.config, block_size=block_size))
+    assert "get_supported_kernel_block_sizes" in (m.declines(case) or "")
+
+
+def test_the_mutant_fails_its_smallest_trace():
+    """``vllm-v1-flashinfer-last-page-len-on-host``: the FULL graph's decode wrapper reads
+    the capture's last page lengths; padding invariance and replay equals eager catch it."""
+    m = fi()
+    trace = m.smallest_stale_last_page()
+    assert m.trigger_stale_last_page(trace)
+    outs = run_trace(trace, m.last_page_len_on_host)
+    found = {(v.prop, v.field) for out in outs for v in ref.violations(out)}
+    assert ("replay equals eager", "kv_len") in found
+    assert ("padding invariance", "fi.paged_kv_last_page_len") in found
