@@ -333,6 +333,7 @@ def _last_page_len_on_host() -> Iterator[None]:
     and never copies it to the device buffer: an eager wrapper is planned with the host
     array (right), a graph wrapper's kernels read the device buffer, which holds what
     its first plan (the capture's) copied."""
+    _backend()  # vLLM's module imports flashinfer: the stand-in's, where it is not installed
     from vllm.v1.attention.backends.flashinfer import FlashInferMetadataBuilder
 
     original = FlashInferMetadataBuilder._compute_flashinfer_kv_metadata
