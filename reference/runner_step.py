@@ -23,7 +23,17 @@ builds must agree and what a padding row may hold:
 - *agreement across backends*: the step's eager build by another attention backend
   of the same engine (``how="backend"``, its ``where`` naming it) has the eager
   build's real rows on every field both hold: what each backend derives from the
-  step (a request's KV length, the KV slots it reads) is the same in all.
+  step (a request's KV length, the KV slots it reads) is the same in all;
+- *padding writes no real KV*: in every build with padding tokens, no padding row
+  of a field that names where a token's key and value are written
+  (``Field.writes_kv``: vLLM's ``slot_mapping``, SGLang's ``out_cache_loc``) holds a
+  KV slot a real request of the same step reads (the read entries of the real rows
+  of the build's own ``kv_slots``, or, where it has none, of the first eager build
+  of its sub-step; where neither has ``kv_slots`` the property says nothing; a
+  capture run, of no step's requests, is not judged). A negative slot (vLLM's
+  ``PAD_SLOT_ID``: write nothing) is never a real one. A slot in range passes safe
+  padding, yet the padded forward writes the padding token's key over a live
+  request's cached one.
 
 A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
@@ -68,6 +78,7 @@ __all__ = [
     "kv_cache_pages",
     "make_inputs",
     "padding_invariance",
+    "padding_writes_no_real_kv",
     "real_rows",
     "reference",
     "replay_equals_eager",
@@ -153,6 +164,10 @@ class Field:
     # consumer's code; None: the whole row. Builds agree on those entries only: what a
     # row holds past them no consumer reads. Safety still holds every entry to accepts.
     row_lengths: np.ndarray | None = None
+    # Whether the field names the KV slot each of its entries' key and value is written
+    # to (the forward's KV write reads it, padding rows included), read from the
+    # consumer's code: its padding rows must name no slot a real request reads.
+    writes_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -298,8 +313,52 @@ def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
+def _real_reads(build: StepBuild, eager: dict[int | None, StepBuild]) -> tuple[np.ndarray, str]:
+    """The KV slots the real requests of ``build``'s step read, each with the request
+    (row) that reads it: the read entries of the real rows of the build's own
+    ``kv_slots``, else of the first eager build of its sub-step; the build named."""
+    source = build if build.field("kv_slots") is not None else eager.get(build.draft)
+    f = source.field("kv_slots") if source is not None else None
+    if f is None or f.values.ndim != 2:
+        return np.zeros((0, 2), dtype=np.int64), ""
+    read = _read_entries(real_rows(source, f), f, source)
+    rows, cols = np.nonzero(read >= 0)  # -2**31: not read; negative: no slot
+    return np.stack([read[rows, cols], rows]).T.astype(np.int64), source.name
+
+
+def padding_writes_no_real_kv(out: RunnerStepOutputs) -> list[Violation]:
+    """No padding row of a field that names where a token's KV is written
+    (``Field.writes_kv``) holds a KV slot a real request of the same step reads."""
+    eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
+    found = []
+    # A capture run is a dummy forward of no step's requests (an engine captures before
+    # it serves any): no request of it reads the KV its tokens write.
+    for b in (b for b in out.builds if b.how != "capture"):
+        writes = [f for f in b.fields if f.writes_kv and len(f.values) > len(real_rows(b, f))]
+        if not writes:
+            continue
+        reads, source = _real_reads(b, eager)
+        if not len(reads):
+            continue
+        reader: dict[int, int] = {}  # each slot's first reader
+        for slot, row in reads.tolist():
+            reader.setdefault(slot, row)
+        for f in writes:
+            padding = f.values[len(real_rows(b, f)) :]
+            bad = np.argwhere(np.isin(padding, reads[:, 0]))
+            if len(bad):
+                first = tuple(int(i) for i in bad[0])
+                slot = int(padding[first])
+                at = [first[0] + len(real_rows(b, f)), *first[1:]]
+                detail = (f"{len(bad)} padding values name a KV slot a real request reads; "
+                          f"first at {at}: slot {slot}, read by request {reader[slot]} "
+                          f"(kv_slots of {source})")  # fmt: skip
+                found.append(Violation("padding writes no real KV", f.name, b.name, detail))
+    return found
+
+
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
-              agreement_across_backends, safe_padding)  # fmt: skip
+              agreement_across_backends, safe_padding, padding_writes_no_real_kv)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:
@@ -363,7 +422,9 @@ def runner_build(
     ranges = consumer_ranges(config, len(values["positions"]))
     # A block-table row's consumer reads the request's pages: cdiv(seq_len, block_size).
     read = {"block_table": -(-np.asarray(values["seq_lens"], np.int64) // config.block_size)}
-    fields = tuple(Field(n, rows, np.array(values[n], copy=True), ranges[n], read.get(n))
+    # The KV write (reshape_and_cache) stores each token's key at its slot_mapping entry.
+    fields = tuple(Field(n, rows, np.array(values[n], copy=True), ranges[n], read.get(n),
+                         writes_kv=n == "slot_mapping")
                    for n, rows in FIELD_ROWS.items())  # fmt: skip
     return StepBuild(how, sizes[0], sizes[1], fields, where)
 

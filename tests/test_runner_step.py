@@ -158,6 +158,53 @@ def test_a_value_outside_its_consumers_range_fails_safe_padding_and_says_which_r
     assert not mismatches(build("eager"), build("padded", pad=True, slot_mapping=[19, 28, 10, 3]))
 
 
+def with_kv(b: ref.StepBuild, kv_slots: bool = True) -> ref.StepBuild:
+    """``b`` with its slot mapping marked as the KV write's, and (``kv_slots``) each
+    request's read KV slots: request 0 keys 0-4 on pages 4 and 7, request 1 keys 0-2
+    on page 2."""
+    fields = tuple(
+        dataclasses.replace(f, writes_kv=True) if f.name == "slot_mapping" else f for f in b.fields
+    )
+    if kv_slots:
+        slots = np.array([[16, 17, 18, 19, 28], [8, 9, 10, 0, 0]])
+        lengths = np.array([5, 3])
+        if b.how == "padded":  # a padding request, reading nothing
+            slots, lengths = np.vstack([slots, np.zeros((1, 5), int)]), np.append(lengths, 0)
+        fields += (ref.Field("kv_slots", "requests", slots, row_lengths=lengths),)
+    return dataclasses.replace(b, fields=fields)
+
+
+def test_a_padding_token_that_writes_a_real_requests_kv_slot_fails_padding_writes():
+    """A padding token's slot in range (it passes safe padding) that a real request of
+    the step reads: the padded forward writes its key over that request's. With the
+    property returning nothing this test fails."""
+    eager = with_kv(build("eager"))
+    padded = build("padded", pad=True, slot_mapping=[19, 28, 10, 18])
+    stale = with_kv(padded)
+    (message,) = mismatches(eager, stale)
+    assert message == (
+        "[padding-writes-no-real-kv] padded.slot_mapping: expected no real request's read "
+        "slots, got 1 padding values name a KV slot a real request reads; first at [3]: "
+        "slot 18, read by request 0 (kv_slots of padded)"
+    )
+    # A build without kv_slots is judged on the eager build's of its sub-step.
+    (v,) = ref.padding_writes_no_real_kv(outputs(eager, with_kv(padded, kv_slots=False)))
+    assert (v.field, v.build) == ("slot_mapping", "padded") and "kv_slots of eager" in v.detail
+    # PAD_SLOT_ID writes nothing; a slot no real request reads (page 0, or a key past a
+    # request's length) is harmless; neither build holding kv_slots: nothing to say.
+    for padding in (-1, 0, 11):
+        fine = with_kv(build("padded", pad=True, slot_mapping=[19, 28, 10, padding]))
+        assert not mismatches(eager, fine), padding
+    plain = with_kv(build("eager"), kv_slots=False)
+    assert not ref.padding_writes_no_real_kv(outputs(plain, with_kv(padded, kv_slots=False)))
+    # A capture run (a dummy forward before any request is served) is of no step's
+    # requests: nothing its tokens write is read.
+    capture = dataclasses.replace(stale, how="capture", num_reqs=0, num_tokens=0)
+    assert not ref.padding_writes_no_real_kv(outputs(eager, capture))
+    # A field not marked as the KV write is never judged by it.
+    assert not ref.padding_writes_no_real_kv(outputs(build("eager"), padded))
+
+
 def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
     short = ref.StepBuild("padded", 3, 3, build("padded", pad=True).fields)
     found = compare(None, None, EXPECTED, outputs(build("eager"), short))

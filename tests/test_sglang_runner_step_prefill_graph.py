@@ -1,7 +1,7 @@
 """SGLang's step with its prefill CUDA-graph runner on (runner-step's
 ``sglang-prefill-graph``): an extend padded to a captured token count, one past every
 capture size run eagerly, a decode after them in the decode graph, the declines, and
-the mutant."""
+the mutants."""
 
 from __future__ import annotations
 
@@ -106,6 +106,25 @@ def test_the_mutant_fails_safe_padding_on_its_smallest_trace():
         assert ("safe padding", build, "out_cache_loc") in found
     (sound,) = _life(trace)
     assert ref.violations(sound) == []
+
+
+def test_the_stale_slots_mutant_fails_padding_writes_no_real_kv_alone():
+    """The padding tokens keep the first replay's slots 3 and 4, keys the extending
+    request reads: in range (safe padding holds), yet the padded forward writes over
+    them. Only *padding writes no real KV* fails; with it returning nothing this test
+    fails."""
+    from attnfuzz.adapters.sglang import runner_step_prefill_graph as prefill
+
+    trace = prefill.smallest_stale_padding_slots()
+    assert prefill.trigger_stale_padding_slots(trace)
+    arrive, extend = _life(trace, "run_stale_padding_slots")
+    assert ref.violations(arrive) == []
+    found = {(v.prop, v.build, v.field) for v in ref.violations(extend)}
+    assert found == {
+        ("padding writes no real KV", build, "out_cache_loc") for build in ("padded", "replay")
+    }
+    assert _values(extend, "padded", "out_cache_loc")[2:] == [3, 4]
+    assert all(ref.violations(out) == [] for out in _life(trace))
 
 
 # The derandomized search (the engine passing it, the mutant's smallest trace judged

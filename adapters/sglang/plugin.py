@@ -355,6 +355,18 @@ def _smallest_prefill_padding_slot_sentinel() -> Trace:
     return _prefill_graph().smallest_padding_slot_sentinel()
 
 
+def _trigger_stale_padding_slots(trace: Trace) -> bool:
+    return _prefill_graph().trigger_stale_padding_slots(trace)
+
+
+def _reach_stale_padding_slots(trace: Trace) -> bool:
+    return _prefill_graph().reach_stale_padding_slots(trace)
+
+
+def _smallest_stale_padding_slots() -> Trace:
+    return _prefill_graph().smallest_stale_padding_slots()
+
+
 def _runner_step_prefill_graph() -> list[Implementation]:
     """SGLang's step with its prefill CUDA-graph runner on, and a defect of its padding
     re-created."""
@@ -385,6 +397,21 @@ def _runner_step_prefill_graph() -> list[Implementation]:
             trigger=_reach_padded_prefill,
             reach=_reach_padded_prefill,
             smallest=_smallest_prefill_padding_slot_sentinel,
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_prefill_graph",
+            "run_stale_padding_slots",
+            name="sglang-prefill-graph-stale-padding-slots",
+            kind="mutant",
+            description=f"installed SGLang's {runner} whose buffer registry copies the "
+            "out_cache_loc of the real tokens only, the padding tokens keeping the previous "
+            "replay's slots (FOREACH_COPY instead of ZERO): the padded forward writes a "
+            "padding token's key over a live request's cached one (vLLM #36580's class)",
+            trigger=_trigger_stale_padding_slots,
+            reach=_reach_stale_padding_slots,
+            smallest=_smallest_stale_padding_slots,
             declines=declines,
             traced=True,
         ),

@@ -544,11 +544,14 @@ class _Engine:
         acc = self.accepts()
         out = [
             Field("seq_lens", "requests", host(inputs_of["seq_lens"][:rows]), acc["seq_lens"]),
+            # The forward's KV write (set_kv_buffer) stores every token's key at its
+            # out_cache_loc, padding tokens' included: no slot skips it.
             Field(
                 "out_cache_loc",
                 "tokens",
                 host(inputs_of["out_cache_loc"][:tokens]),
                 acc["out_cache_loc"],
+                writes_kv=True,
             ),
             Field("positions", "tokens", host(inputs_of["positions"][:tokens]), acc["positions"]),
         ]

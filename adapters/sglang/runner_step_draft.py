@@ -317,6 +317,7 @@ class _DraftEngine:
                 "requests",
                 host(inputs_of["out_cache_loc"][: rows * per_req]).reshape(rows, per_req),
                 acc["out_cache_loc"],
+                writes_kv=True,
             ),
         ]
         if "req_pool_indices" in inputs_of:

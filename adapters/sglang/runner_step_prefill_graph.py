@@ -376,3 +376,104 @@ def smallest_padding_slot_sentinel() -> Trace:
                           block_size=1, cudagraph_capture_sizes=(4,))  # fmt: skip
     arrive = Batch((0,), (3,), 0, True, req_ids=(0,), pages=((1, 2, 3),), new_pages=(3,))
     return Trace(config, (arrive,))
+
+
+# -- mutant: the padded tokens' KV slots kept from the previous replay -----------------------
+
+
+class _StalePaddingSlots(PrefillGraphEngine):
+    """The prefill registry's ``out_cache_loc`` slot copied head only, its padded tail
+    kept from the previous replay (``PaddingPolicy.FOREACH_COPY``) instead of reset to
+    SGLang's padding slot 0 (``ZERO``, ``cuda_graph_buffer_registry.py``:
+    ``build_prefill_registry``): a padding token's slot is a real token's of an earlier
+    extend, in range, and the padded forward's KV write (``set_kv_buffer``, which skips
+    no token) stores the padding token's key over that request's cached one."""
+
+    def _prefill_runner(self) -> Any:
+        from sglang.srt.model_executor.cuda_graph_buffer_registry import PaddingPolicy
+
+        runner = super()._prefill_runner()
+        runner.buffer_registry.get_slot("out_cache_loc").padding_policy = PaddingPolicy.FOREACH_COPY
+        return runner
+
+
+STALE_PADDING_SLOTS = _MutantLife(_StalePaddingSlots)
+
+
+def run_stale_padding_slots(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``sglang-prefill-graph-stale-padding-slots``: :class:`_StalePaddingSlots`."""
+    return STALE_PADDING_SLOTS(inputs)
+
+
+run_stale_padding_slots.new_engine = STALE_PADDING_SLOTS.new_engine  # type: ignore[attr-defined]
+
+
+def replays_prefill(inputs: RunnerStepInputs) -> int:
+    """The capture size the prefill graph replays the step at (``_pad_to_bucket``), else 0:
+    an extend of no more tokens than the largest capture size, padded at most twofold
+    (``can_replay_locally``)."""
+    sizes, T = prefill_sizes(inputs.config), inputs.num_tokens
+    if inputs.config.num_spec or decode.step_mode(inputs) != "extend" or not T:
+        return 0
+    bucket = min((s for s in sizes if s >= T), default=0)
+    return bucket if bucket <= 2 * T else 0
+
+
+def trigger_stale_padding_slots(trace: Trace | Case) -> bool:
+    """A padded prefill replay of ``trace`` whose padding tokens' slots, as the earlier
+    prefill replays left the buffer (slot 0 before any), include one a real request of
+    the step reads: a key of its own (SGLang's pages: a request's pages kept while it
+    runs, new ones when it arrives or resumes)."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    pages: dict[int, list[int]] = {}
+    left: list[int] = []  # the prefill buffer's out_cache_loc, as the last replay left it
+    for case in trace.cases():
+        inputs = decode.make_inputs(case)
+        bs = inputs.config.block_size
+        for r, new, gained in zip(inputs.req_ids, inputs.is_new, inputs.new_block_ids,
+                                  strict=True):  # fmt: skip
+            pages[r] = [*([] if new else pages.get(r, [])), *gained]
+        bucket = replays_prefill(inputs)
+        if not bucket:
+            continue
+        step = list(zip(inputs.req_ids, inputs.num_computed_tokens, inputs.query_lens,
+                        strict=True))  # fmt: skip
+        T = inputs.num_tokens
+        read = {s for r, c, q in step for s in _slots(pages[r], bs, 0, c + q)}
+        if T < bucket and read & set(left[T:bucket]):
+            return True
+        left = [s for r, c, q in step for s in _slots(pages[r], bs, c, c + q)] + left[T:]
+    return False
+
+
+def _slots(pages: list[int], block_size: int, start: int, stop: int) -> list[int]:
+    """The KV slots of keys ``start`` to ``stop`` of a request of ``pages``
+    (:meth:`~attnfuzz.adapters.sglang.runner_step._Engine.slots`)."""
+    return [pages[p // block_size] * block_size + p % block_size for p in range(start, stop)]
+
+
+def reach_stale_padding_slots(trace: Trace | Case) -> bool:
+    """A padded prefill replay after an earlier one of more tokens (whose slots the
+    padding tokens could keep)."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    most = 0
+    for case in trace.cases():
+        inputs = decode.make_inputs(case)
+        bucket = replays_prefill(inputs)
+        if bucket and inputs.num_tokens < bucket and most > inputs.num_tokens:
+            return True
+        if bucket:
+            most = max(most, inputs.num_tokens)
+    return False
+
+
+def smallest_stale_padding_slots() -> Trace:
+    """One request arrives with 4 tokens (the graph of 4, no padding), then extends by 2
+    more: the graph of 4 again, its 2 padding tokens keeping the first replay's slots 3
+    and 4, keys the request reads."""
+    config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=4,
+                          block_size=1, cudagraph_capture_sizes=(4,))  # fmt: skip
+    arrive = Batch((0,), (4,), 0, True, req_ids=(0,), pages=((1, 2, 3, 4),), new_pages=(4,))
+    extend = Batch((4,), (2,), 0, True, req_ids=(0,), pages=((1, 2, 3, 4, 5, 6),),
+                   new_pages=(2,))  # fmt: skip
+    return Trace(config, (arrive, extend))

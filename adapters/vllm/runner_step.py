@@ -809,7 +809,9 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
         ),  # fmt: skip
         # triton_reshape_and_cache_flash.py: a token's slot in the cache; PAD_SLOT_ID
         # (negative) skips it.
-        Field("slot_mapping", "tokens", _np(m.slot_mapping), (PAD_SLOT_ID, slots - 1)),
+        Field(
+            "slot_mapping", "tokens", _np(m.slot_mapping), (PAD_SLOT_ID, slots - 1), writes_kv=True
+        ),
         # rotary_embedding: cos_sin_cache[positions], the model's positions.
         Field("positions", "tokens", _np(seen.positions), (0, config.max_model_len - 1)),
     ]

@@ -678,7 +678,13 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
         # (the Triton backend writes the cache outside forward): the forward context's
         # slot mapping; PAD_SLOT_ID (negative) skips a token.
         out.append(
-            Field("slot_mapping", "tokens", _np(seen.slot_mapping), (PAD_SLOT_ID, slots - 1))
+            Field(
+                "slot_mapping",
+                "tokens",
+                _np(seen.slot_mapping),
+                (PAD_SLOT_ID, slots - 1),
+                writes_kv=True,
+            )
         )
     # rotary_embedding: cos_sin_cache[positions], the model's positions.
     out.append(Field("positions", "tokens", _np(seen.positions), (0, config.max_model_len - 1)))

@@ -15,7 +15,7 @@ The reference states only the step's real sizes. The oracle checks:
   would hold by having nothing to compare), and one of each draft sub-step built;
 - one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
   ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
-  ``agreement-across-backends``, ``safe-padding``.
+  ``agreement-across-backends``, ``safe-padding``, ``padding-writes-no-real-kv``.
 
 Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
@@ -64,6 +64,7 @@ class OwnCheck(StrEnum):
     HISTORY_INVARIANCE = "history-invariance"  # so are the step's on a new engine
     AGREEMENT = "agreement-across-backends"  # so are the step's on another backend
     SAFE_PADDING = "safe-padding"  # every value of every build, one its consumer accepts
+    PADDING_WRITES = "padding-writes-no-real-kv"  # no padding token writes a real read slot
 
 
 _CHECKS = {
@@ -72,6 +73,7 @@ _CHECKS = {
     "history invariance": (OwnCheck.HISTORY_INVARIANCE, "the eager build's real rows"),
     "agreement across backends": (OwnCheck.AGREEMENT, "the eager build's real rows"),
     "safe padding": (OwnCheck.SAFE_PADDING, "values its consumer accepts"),
+    "padding writes no real KV": (OwnCheck.PADDING_WRITES, "no real request's read slots"),
 }
 
 
