@@ -320,7 +320,8 @@ MUTANT_CHECKS = {
 
 
 def test_every_mutant_has_a_property():
-    assert {m.name for m in get_target("runner-step").mutants} == set(MUTANT_CHECKS)
+    own = {m.name for m in get_target("runner-step").mutants if m.engine is None}
+    assert own == set(MUTANT_CHECKS)  # an engine's mutants are the engine's tests
 
 
 @pytest.mark.parametrize("mutant, check", sorted(MUTANT_CHECKS.items()))
