@@ -346,18 +346,7 @@ def _last_page_len_on_host() -> Iterator[None]:
         yield
 
 
-class _Mutated:
-    """A FlashInfer engine whose builder leaves the device's last page lengths stale."""
-
-    def __init__(self) -> None:
-        self.engine = FlashInferRunnerStepEngine()
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with _last_page_len_on_host():
-            return self.engine(inputs)
-
-
-_MUTANT = _Mutated()
+_MUTANT = v1.Mutated(FlashInferRunnerStepEngine(), _last_page_len_on_host)
 
 
 def last_page_len_on_host(inputs: RunnerStepInputs) -> RunnerStepOutputs:

@@ -370,18 +370,7 @@ def _seq_lens_copied() -> Iterator[None]:
         yield
 
 
-class _Mutated:
-    """An MLA engine whose builder's ``_build_decode`` copies the decode seq_lens."""
-
-    def __init__(self) -> None:
-        self.engine = MLARunnerStepEngine()
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with _seq_lens_copied():
-            return self.engine(inputs)
-
-
-_MUTANT = _Mutated()
+_MUTANT = v1.Mutated(MLARunnerStepEngine(), _seq_lens_copied)
 
 
 def decode_seq_lens_copied(inputs: RunnerStepInputs) -> RunnerStepOutputs:

@@ -870,3 +870,15 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+class Mutated:
+    """An implementation's engine run with ``patch()`` (a re-created defect of the
+    engine's code, a context manager) in force during each step."""
+
+    def __init__(self, engine: Any, patch: Any) -> None:
+        self.engine, self.patch = engine, patch
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        with self.patch():
+            return self.engine(inputs)
