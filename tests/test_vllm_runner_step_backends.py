@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's model runner V1 step on three attention backends side by side
+"""vLLM 0.33.0's model runner V1 step on four attention backends side by side
 (runner-step's ``vllm-v1-backends``): the keys each backend's kernels read, derived from
 its own metadata, and the mutant that agreement across backends alone catches."""
 
@@ -69,13 +69,14 @@ def test_a_requests_slots_on_its_pages_stop_where_its_row_reaches():
 
 def test_a_decode_padded_for_a_full_graph_reads_the_same_keys_in_every_build():
     """A prefill of 3 tokens, then a decode padded to the FULL graph of 2 requests: the
-    Triton engine's eager, padded, replayed and fresh builds, FlashAttention's and MLA's
-    eager builds all read keys 0..3 on page 1; the graph's padding row reads none."""
+    Triton engine's eager, padded, replayed and fresh builds, FlashAttention's,
+    FlashInfer's and MLA's eager builds all read keys 0..3 on page 1; the graph's padding
+    row reads none."""
     rb = _backends()
     _, out = run_trace(_mla().smallest_full_decode(), rb.run)
     assert ref.violations(out) == []
     builds = by_backend(out)
-    assert sorted(builds) == ["flash_attn", "gpu_model_runner", "mla_attention"]
+    assert sorted(builds) == ["flash_attn", "flashinfer", "gpu_model_runner", "mla_attention"]
     for name, b in builds.items():
         assert keys(b) == [[16, 17, 18, 19]], name
     (padded,) = [b for b in out.of("padded") if b.draft is None]
@@ -93,8 +94,9 @@ def test_a_chunked_prefill_reads_its_cached_context_then_its_own_keys():
     request 1 decodes 2 (with one draft): MLA puts the decode first
     (``reorder_batch_to_split_decodes_and_prefills``), gathers request 0's context from
     the cache through the prefill block table and takes its 12 new keys from the
-    forward, at the slots the slot mapping writes them to; Triton and FlashAttention
-    read all 17 through the block table. In the Triton engine's rows, all agree."""
+    forward, at the slots the slot mapping writes them to; Triton, FlashAttention and
+    FlashInfer (its paged KV indices) read all 17 through the block table. In the Triton
+    engine's rows, all agree."""
     rb = _backends()
     config = _hybrid().smallest_full_spec_decode().config
     steps = (
@@ -103,7 +105,7 @@ def test_a_chunked_prefill_reads_its_cached_context_then_its_own_keys():
     )
     _, out = run_trace(Trace(config, steps), rb.run)
     assert ref.violations(out) == []
-    triton, _, mla_engine = (rb.ENGINES.triton.eager, *[o.engine for o in rb.ENGINES.others])
+    triton, mla_engine = rb.ENGINES.triton.eager, rb.ENGINES.others[-1].engine
     assert triton.runner.input_batch.req_ids == ["0", "1"]
     assert mla_engine.runner.input_batch.req_ids == ["1", "0"]  # decodes first
     prefill = [*range(32, 48), 48]  # page 2, then page 3's first key

@@ -5,7 +5,8 @@ Each step of a trace runs on the engines of ``vllm-v1`` (the Triton backend,
 :class:`~attnfuzz.adapters.vllm.runner_step_v1.RunnerStepEngine`: its capture, eager,
 padded, replay, fresh and draft builds, all reported) and, beside them, on an engine of
 cudagraph mode NONE of each other backend of vLLM 0.33.0's V1 runner that attnfuzz
-drives: FlashAttention as FA3 runs it (``vllm-v1-flash-attn``'s engine) and the Triton
+drives: FlashAttention as FA3 runs it (``vllm-v1-flash-attn``'s engine), FlashInfer's
+native wrappers as an sm80 GPU runs them (``vllm-v1-flashinfer``'s) and the Triton
 MLA backend of an MLA model (``vllm-v1-mla``'s), each keeping its own requests' rows
 across the trace. Of those, the step's own eager build alone is reported, as a
 ``backend`` build (its ``where`` naming the backend's builder): their graphs, fresh
@@ -15,9 +16,10 @@ the model (the forward context's slot mapping, the positions), and ``kv_len`` an
 ``kv_slots``, which each backend's engine derives from its own metadata as its kernels
 read it (``kv_read`` of :class:`~attnfuzz.adapters.vllm.runner_step_v1._Engine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_flash_attn._FlashAttnEngine`, of
+:class:`~attnfuzz.adapters.vllm.runner_step_flashinfer._FlashInferEngine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_mla._MLAEngine`). The property *agreement
 across backends* holds them to the Triton eager build's; the backends' metadata fields
-themselves (``fa.*``, ``mla.*``) differ in name and meaning and are left out.
+themselves (``fa.*``, ``fi.*``, ``mla.*``) differ in name and meaning and are left out.
 
 The MLA builder reorders the persistent batch, decodes first
 (``reorder_batch_to_split_decodes_and_prefills``), so its rows are not the Triton
@@ -51,6 +53,7 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step_flash_attn as flash_attn
+from attnfuzz.adapters.vllm import runner_step_flashinfer as flashinfer
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
@@ -67,8 +70,9 @@ what each backend derives from its own metadata."""
 
 
 def prepare() -> None:
-    """Import vLLM's V1 runner and the three backends before a judge forks its child."""
+    """Import vLLM's V1 runner and the other backends before a judge forks its child."""
     flash_attn.prepare()
+    flashinfer.prepare()
     mla.prepare()
 
 
@@ -161,12 +165,14 @@ class BackendsLife:
 
 _FA_WHERE = "vllm/v1/attention/backends/flash_attn.py: FlashAttentionMetadataBuilder.build"
 _MLA_WHERE = f"{mla._MLA}: MLACommonMetadataBuilder.build (triton_mla.py)"
+_FI_WHERE = f"{flashinfer._FI}: FlashInferMetadataBuilder.build"
 
 
 def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
     return BackendsLife(
         v1.RunnerStepEngine(),
         EagerBackend(fa, flash_attn.declines, _FA_WHERE),
+        EagerBackend(flashinfer.FlashInferRunnerStepEngine(), flashinfer.declines, _FI_WHERE),
         EagerBackend(mla.MLARunnerStepEngine(), mla.declines, _MLA_WHERE),
     )
 
