@@ -11,7 +11,10 @@ implementation drives differently: a step padded for a graph, a graph config (th
 runners capture every size before the first step), a decode step with drafts (the
 drafters' first pass) and with two or more (their draft loop), decode steps only
 after the first (the scheduler's steady state, the steps SGLang's graph runners
-replay), a request preempted and resumed, a rollback of rejected drafts.
+replay), a request preempted and resumed, a request that leaves (finished, or
+preempted), a rollback of rejected drafts; and the share of steps each data-parallel
+peer of a vLLM runner step meets (``strategies.traces.data_parallel_peer``: not
+drawn, chosen from the step's sizes).
 ``--markdown FILE`` rewrites the section ``strategies:shares`` of FILE.
 """
 
@@ -27,7 +30,7 @@ from _common import table
 from _markdown import command_line, write_section
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import scenario_labels
-from attnfuzz.strategies.traces import CHANGES, step_change, traces
+from attnfuzz.strategies.traces import CHANGES, PEERS, data_parallel_peer, step_change, traces
 from hypothesis import HealthCheck, given, seed, settings
 
 
@@ -61,6 +64,7 @@ REACH = (
     "a decode step with 2+ drafts",
     "decode steps only after the first",
     "a preempted request resumed",
+    "a request that leaves",
     "drafts rolled back",
 )
 
@@ -87,6 +91,8 @@ def kinds_of(trace) -> list[str]:  # noqa: ANN001
         if any(r in seen and r not in prev.req_ids for r in step.req_ids):
             out.append("a preempted request resumed")
             break
+    if any(set(prev.req_ids) - set(step.req_ids) for prev, step in itertools.pairwise(trace.steps)):
+        out.append("a request that leaves")
     for prev, step in itertools.pairwise(trace.steps):
         was = dict(zip(prev.req_ids, prev.seq_lens, strict=True))
         now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
@@ -108,11 +114,14 @@ def measure(examples: int, at: int) -> dict[str, str]:
     reach = Counter()
     for trace in lives:
         reach.update(set(kinds_of(trace)))
+    steps = [step for trace in lives for step in trace.steps]
+    peers = Counter(data_parallel_peer(s.q_lens, s.num_computed_tokens) for s in steps)
     return {
         **{f"traces with {k}": percent(reach[k], len(lives)) for k in REACH},
         "traces with a one-quantity change": percent(with_change, len(lives)),
         "step pairs with a one-quantity change": percent(sum(kinds.values()), pairs),
         **{f"step pairs changing {k}": percent(kinds[k], pairs) for k in CHANGES},
+        **{f"steps beside a data-parallel peer: {k}": percent(peers[k], len(steps)) for k in PEERS},
     }
 
 

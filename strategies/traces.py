@@ -33,7 +33,7 @@ needs an earlier step to happen shrinks to the few steps it needs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
@@ -55,6 +55,22 @@ one to meet it; six leave room for a request to finish and its row to be reused.
 CHANGES = ("length", "order", "tokens")
 STEADY_ODDS = 3  # one later step in three is steady
 DECODE_ODDS = 4  # three lives in four (of two steps or more) settle into decode steps
+
+
+# The other data-parallel rank a vLLM runner step runs beside (``runner-step``'s ``vllm``
+# and ``vllm-v1``): not drawn, but chosen from the step's own sizes, so that steps meet
+# each about equally often, and a shrunk step keeps the peer its failure needed only
+# where its sizes do:
+# - "none": one rank;
+# - "idle": a rank with nothing to run that still joins the step (its dummy batch);
+# - "uniform decode": a full uniform decode, which pads this step to the peer's graph;
+# - "prefill": a prefill one token longer than this step, so neither rank runs a graph.
+PEERS = ("none", "idle", "uniform decode", "prefill")
+
+
+def data_parallel_peer(query_lens: Sequence[int], num_computed_tokens: Sequence[int]) -> str:
+    """Which of :data:`PEERS` a step of these requests runs beside."""
+    return PEERS[(sum(query_lens) + sum(num_computed_tokens) + len(query_lens)) % 4]
 
 
 def step_change(config: EngineConfig, prev: Batch, step: Batch) -> str | None:
