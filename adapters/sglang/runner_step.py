@@ -184,7 +184,9 @@ def pool_pages(config: EngineConfig) -> int:
     return config.max_num_seqs * cdiv(config.max_model_len, config.block_size) + 3
 
 
-def _server_args(config: EngineConfig, attention_backend: str = "triton", **extra: Any) -> Any:
+def _server_args(
+    config: EngineConfig, attention_backend: str = "triton", eagle_topk: int = 1, **extra: Any
+) -> Any:
     from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
 
     w = config.next_n
@@ -197,7 +199,7 @@ def _server_args(config: EngineConfig, attention_backend: str = "triton", **extr
             speculative_algorithm="EAGLE",
             speculative_num_draft_tokens=w,
             speculative_num_steps=config.num_spec,
-            speculative_eagle_topk=1,
+            speculative_eagle_topk=eagle_topk,
         )
     return _engine.server_args(
         attention_backend=attention_backend,
@@ -336,12 +338,14 @@ class _Engine:
     """The engine function that made each build (``how``), for the message."""
     GRAPH: type[_Graph] = _Graph
     """The graph stand-in the decode graph runner captures into and replays."""
+    EAGLE_TOPK = 1
+    """``--speculative-eagle-topk`` of a speculative engine: 1, the chain draft."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         self.config, self.device = config, device
         self.requests: dict[int, _Request] = {}
         self.captures: list[StepBuild] = []
-        with _server_args(config, self.ATTENTION_BACKEND) as args:
+        with _server_args(config, self.ATTENTION_BACKEND, self.EAGLE_TOPK) as args:
             self.runner = _model_runner(config, device, args)
             self.backend = self.make_backend()
             self.runner.attn_backend = self.backend
