@@ -109,6 +109,15 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
+    "runner_step_fa3_tree": (
+        Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+        Api(_FA3, "FlashAttentionBackend.init_forward_metadata"),
+        Api(_FA3, "FlashAttentionBackend.init_cuda_graph_state"),
+        Api(_FA3, "FlashAttentionBackend._apply_cuda_graph_metadata"),
+        Api(_FA3, "FlashAttentionBackend._bind_metadata_buffers"),
+        Api("sglang.srt.speculative.eagle_info", "EagleVerifyInput"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
     "runner_step_flashinfer": (
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),

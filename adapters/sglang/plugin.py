@@ -232,6 +232,59 @@ def _runner_step_fa3() -> list[Implementation]:
     ]
 
 
+def _fa3_tree() -> Any:
+    """The FA3 tree-verify runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_fa3_tree
+
+    return runner_step_fa3_tree
+
+
+def _trigger_fa3_tree_mask_unsorted(trace: Trace) -> bool:
+    return _fa3_tree().trigger_mask_unsorted(trace)
+
+
+def _reach_fa3_tree_verify_replay(trace: Trace) -> bool:
+    return _fa3_tree().reach_tree_verify_replay(trace)
+
+
+def _smallest_fa3_tree_mask_unsorted() -> Trace:
+    return _fa3_tree().smallest_mask_unsorted()
+
+
+def _runner_step_fa3_tree() -> list[Implementation]:
+    """SGLang's decode graph runner step on the FlashAttention 3 backend under EAGLE's
+    tree draft (topk > 1), and a defect of its graph's expanded page table re-created."""
+    backend = "layers/attention/flashattention_backend.py:FlashAttentionBackend"
+    declines = sglang.EngineCall("runner_step_fa3_tree", "declines")
+    return [
+        sglang_impl(
+            "runner_step_fa3_tree",
+            "run",
+            name="sglang-fa3-tree",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner over {backend} with --speculative-eagle-topk = the "
+            "config's topk (> 1): the target verify of a draft tree (its custom mask), "
+            "eager, captured and replayed, the prefix's and the expanded metadata",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3_tree",
+            "run_mask_unsorted",
+            name="sglang-fa3-tree-mask-unsorted",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph replay of a tree verify "
+            "leaves the expanded page table in the draft columns' order (the mask's sort "
+            "forgotten): a token reads its sibling's key",
+            trigger=_trigger_fa3_tree_mask_unsorted,
+            reach=_reach_fa3_tree_verify_replay,
+            smallest=_smallest_fa3_tree_mask_unsorted,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _trtllm_mha() -> Any:
     """The TRT-LLM MHA runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_trtllm_mha
@@ -551,6 +604,7 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         *_runner_step_fa3(),
+        *_runner_step_fa3_tree(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
