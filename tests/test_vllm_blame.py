@@ -117,20 +117,16 @@ def test_a_fault_of_the_v1_draft_model_stand_in_is_an_attnfuzz_error(monkeypatch
     assert re.search(r"adapters/vllm/runner_step_drafter\.py:\d+ in forward", str(err.value))
 
 
-def test_a_fault_of_the_v2_speculator_s_sampler_stand_in_is_an_attnfuzz_error(monkeypatch):
-    """The V2 runner's MTP speculator reads the sampler's states from attnfuzz's stand-in:
-    one it lacks fails in attnfuzz (the read in vLLM's frame notwithstanding)."""
-    from attnfuzz.adapters.vllm import runner_step_speculator
+def test_a_fault_of_the_v2_target_model_s_logits_stand_in_is_an_attnfuzz_error(monkeypatch):
+    """The V2 runner's sampler reads the target's logits from attnfuzz's model stand-in:
+    logits it did not choose for the step's rows fail in attnfuzz (the call in vLLM's
+    ``sample`` notwithstanding)."""
+    from attnfuzz.adapters.vllm import runner_step
 
-    built = runner_step_speculator._Sampler.__init__
-
-    def without_states(self, *args, **kwargs):
-        built(self, *args, **kwargs)
-        del self.sampling_states
-
-    monkeypatch.setattr(runner_step_speculator._Sampler, "__init__", without_states)
+    chosen = runner_step._verdict
+    monkeypatch.setattr(runner_step, "_verdict", lambda *args: chosen(*args)[1:])
     with pytest.raises(HarnessError) as err:
         judge_trace("vllm", _draft_trace("v2"))
     message = str(err.value)
-    assert "adapters/vllm/runner_step_speculator.py" in message, message
-    assert "sampling_states" in message
+    assert "adapters/vllm/runner_step.py" in message, message
+    assert "chose no logits" in message

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+import torch
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
@@ -189,7 +190,7 @@ def test_a_draft_position_past_the_model_s_length_is_caught(monkeypatch):
     monkeypatch.setattr(tdar, "prepare_decode_inputs", one_past)
     pages = ((1, 2, 3, 4),)
     steps = (
-        Batch((0,), (16,), req_ids=(3,), pages=pages, new_pages=(4,)),
+        Batch((45,), (16,), req_ids=(3,), pages=pages, new_pages=(4,)),
         Batch((61,), (3,), req_ids=(3,), pages=pages, new_pages=(0,)),
         Batch((0,), (1,), req_ids=(5,), pages=((5,),), new_pages=(1,)),
     )
@@ -220,3 +221,54 @@ def test_the_proposal_after_a_step_of_more_requests_holds_that_step_s_requests()
     assert drafts and all(b.proposed_before and b.num_reqs == 3 for b in drafts)
     t = get_target("runner-step")
     assert t.judge_trace(t.resolve("vllm"), trace, "cpu").ok
+
+
+def _spy_rejections(monkeypatch) -> list[tuple[list[int], list[int]]]:
+    """Each ``RejectionSampler`` call's verdict: (num_sampled, num_rejected) per request."""
+    adapter()  # before vLLM
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    verdicts: list[tuple[list[int], list[int]]] = []
+    original = RejectionSampler.__call__
+
+    def noting(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        verdicts.append((out.num_sampled.tolist(), out.num_rejected.tolist()))
+        return out
+
+    monkeypatch.setattr(RejectionSampler, "__call__", noting)
+    return verdicts
+
+
+def test_the_runner_s_rejection_sampler_accepts_the_drafts_the_scheduler_counted(monkeypatch):
+    """``sample_tokens`` runs after each step: its rejection sampler verifies the step's
+    drafts on the target's logits (each engine: the graph engine, the eager one and the
+    fresh one), and its verdict is the next step's: request 7 rejects both drafts
+    (sampled 1, rejected 2), request 8 accepts both (sampled 3)."""
+    verdicts = _spy_rejections(monkeypatch)
+    outs = run(Trace(config(2), decodes(2)))
+    assert all(ref.violations(out) == [] for out in outs)
+    # The step of two decodes is sampled once by each of its three engines.
+    assert verdicts == [([1, 3], [2, 0])] * 3
+
+
+def test_a_sampler_counting_one_rejected_draft_too_few_is_caught(monkeypatch):
+    """A mutant of the V2 rejection sampler: its rejected count leaves out one rejected
+    draft (``get_num_sampled_and_rejected``'s count one short where a draft is
+    rejected; the sampled tokens are right). The runner then rolls request 7 back one
+    token less than the scheduler did: the next step's positions and seq_lens disagree
+    with the fresh engine's, which was told the scheduler's count."""
+    adapter()  # before vLLM
+    import vllm.v1.worker.gpu.spec_decode.rejection_sampler as rejection
+
+    original = rejection.get_num_sampled_and_rejected
+
+    def one_short(*args, **kwargs):
+        num_sampled, num_rejected = original(*args, **kwargs)
+        return num_sampled, torch.clamp(num_rejected - 1, min=0)
+
+    monkeypatch.setattr(rejection, "get_num_sampled_and_rejected", one_short)
+    outs = run(Trace(config(2), decodes(2)))
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert ("history invariance", "seq_lens", "fresh") in found, found
+    assert ("history invariance", "positions", "fresh") in found, found

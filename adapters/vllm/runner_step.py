@@ -9,7 +9,13 @@ itself. What runs unchanged:
 - ``GPUModelRunner``: ``execute_model`` (``update_pp_decode_requests``,
   ``finish_requests``, ``free_states``, ``add_requests``, ``update_requests``,
   ``gather_batch_req_state``, ``prepare_inputs``, ``prepare_attn``,
-  ``prepare_dummy_attn``, ``_dummy_run``, ``postprocess_sampled``);
+  ``prepare_dummy_attn``, ``_dummy_run``), then ``sample_tokens(None)`` between two
+  steps (``sample``, ``postprocess_sampled``, the speculator's ``propose``);
+- the samplers ``load_model`` makes (``vllm/v1/worker/gpu/sample/``,
+  ``spec_decode/rejection_sampler.py``): the ``Sampler`` (every request greedy:
+  ``SamplingParams(temperature=0)``), the ``RejectionSampler`` verifying the step's
+  drafts (``gather_draft_sampled``, ``rejection_sample`` and its Triton kernels,
+  ``get_num_sampled_and_rejected``), the prompt logprobs worker;
 - ``vllm/v1/worker/gpu/dp_utils.py``: ``dispatch_cg_and_sync_dp`` and
   ``sync_cudagraph_and_dp_padding`` (the data-parallel padding decision);
 - ``vllm/v1/worker/gpu/cudagraph_utils.py``: ``ModelCudaGraphManager.__init__``
@@ -39,10 +45,17 @@ Stood in, and only where a model, a GPU graph or a collective is needed:
 - the data-parallel all-reduce (``get_dp_group().cpu_all_reduce_``): a second rank
   whose column is filled by its own ``dispatch_cg_and_sync_dp`` call
   (:mod:`.runner_modes`); the peer's batch is derived from the step (:func:`_peer`);
-- the sampler: ``sample_tokens`` runs between two steps, so it runs before the next
-  one: ``postprocess_sampled`` with the rejected drafts the next step's computed tokens
-  say (as :mod:`.persistent_batch` does), the accepted ones and a bonus token sampled
-  (token 0), then the speculator's proposal (:func:`_sample`).
+- the target's logits (``compute_logits``): ``sample_tokens`` runs between two steps,
+  so it runs before the next one, and the logits are chosen (:func:`_verdict`, a
+  vocabulary of two tokens) so that the greedy rejection sampler accepts exactly the
+  drafts the next step's computed tokens say were accepted (the trace's scheduler
+  decides; a count no sampler could give is refused); ``AsyncOutput`` (the copy of the
+  sampled tokens to the host on a CUDA stream) and the draft tokens handler's copy
+  stream. A request's row of tokens holds ``next_n`` more than ``max_model_len``: the
+  trace's scheduler runs a request up to the model's length, vLLM's one token short
+  of it (room for the token sampled after), so the tokens sampled then land in the row.
+  Where the speculator is not made (a block size Triton's drafter kernels do not take,
+  which vLLM would refuse), a stand-in proposing token 0 (:class:`_HeldDrafts`).
 
 Builds of one step (``reference/runner_step.py``), each from its own engine object:
 
@@ -220,10 +233,18 @@ class _Model(torch.nn.Module):
     def __init__(self, recorder: _Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        self.logits: torch.Tensor | None = None  # the next sample's, set by _sample
 
     def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
         self.recorder.forward(positions)
         return torch.zeros(positions.shape[0], 1)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The logits :func:`_sample` chose for the step's logits rows, once."""
+        logits, self.logits = self.logits, None
+        if logits is None or logits.shape[0] != hidden_states.shape[0]:
+            raise RuntimeError("attnfuzz: the runner sampled rows the adapter chose no logits for")
+        return logits
 
 
 class _Graph:
@@ -307,7 +328,8 @@ _METHODS = (
     "execute_model", "_dummy_run", "update_pp_decode_requests", "finish_requests",
     "free_states", "_remove_request", "add_requests", "update_requests",
     "gather_batch_req_state", "prepare_inputs", "prepare_attn", "prepare_dummy_attn",
-    "postprocess_sampled", "_merge_ec_connector_no_forward", "maybe_dummy_run_with_lora",
+    "postprocess_sampled", "sample_tokens", "sample", "_merge_ec_connector_no_forward",
+    "maybe_dummy_run_with_lora",
     "maybe_setup_dummy_loras", "maybe_select_dummy_loras", "dp_size", "dp_rank",
 )  # fmt: skip
 
@@ -407,12 +429,16 @@ class _Engine:
         r.max_num_tokens = config.max_num_batched_tokens
         r.num_speculative_steps = config.num_spec
         with host_memory(device), set_current_vllm_config(vc):
+            r.vocab_size = VOCAB
             r.req_states = RequestState(
                 max_num_reqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
+                # A row's tokens: the trace's scheduler runs a request up to
+                # max_model_len, one token past vLLM's (which keeps room for the token
+                # sampled after it), and the tokens sampled then would land past the row.
+                max_model_len=config.max_model_len + config.next_n,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 num_speculative_steps=config.num_spec,
-                vocab_size=1,  # sizes nothing the metadata reads
+                vocab_size=VOCAB,
                 device=device,
             )
             r.input_buffers = InputBuffers(
@@ -421,9 +447,10 @@ class _Engine:
             r.model = _Model(self.recorder)
             r.model_state = DefaultModelState(vc, r.model, None, device)
             # __init__'s speculator (MTP for next_n > 1), loaded as load_model loads it.
-            r.speculator = r.sampler = None
+            r.speculator = None
             if speculating.runs(config, vc):
                 r.speculator = speculating.make(r, self.recorder)
+            _samplers(r, vc)
             r.attn_groups, r.kv_cache_config = _attention(
                 vc, config, device, draft=r.speculator is not None
             )
@@ -481,10 +508,13 @@ class _Engine:
         r.use_aux_hidden_state_outputs = False
         r.intermediate_tensors = None
         r.execute_model_state = None
+        r.main_stream = r.output_copy_stream = None  # AsyncOutput's, stood in (_sampling)
+        r.check_ep_fault = False
+        r._draft_workspace_lane = 0  # GPUModelRunner.__init__: not a DSpark drafter
         for name in (
             "pp_handler", "encoder_cache", "aux_output_connector", "ubatch_runner",
-            "pcp_manager", "pooling_runner", "prompt_logprobs_worker", "adaptive_verification",
-            "fast_prefill", "kv_block_zeroer",
+            "pcp_manager", "pooling_runner", "adaptive_verification", "fast_prefill",
+            "kv_block_zeroer", "batch_sharder", "structured_outputs_worker",
         ):  # fmt: skip
             setattr(r, name, None)
         self.held: set[str] = set()
@@ -513,6 +543,41 @@ class _Engine:
             self.recorder.kind = None
 
 
+VOCAB = 2
+"""The vocabulary the sampler draws from: the drafts (the draft model's argmax, token 0)
+and one other token, for the target to reject a draft with."""
+
+
+def _samplers(r: Any, vc: Any) -> None:
+    """``load_model``'s samplers, as it makes them: the ``Sampler``, the
+    ``RejectionSampler`` over it where a speculator verifies drafts, the prompt logprobs
+    worker; no structured outputs (``sample_tokens`` is called with no grammar)."""
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+    from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
+
+    mc = vc.model_config
+    decode_query_len = r.num_speculative_steps + r.model_state.num_new_sampled_tokens_per_step
+    r.sampler = Sampler(
+        vllm_config=vc, max_num_reqs=r.max_num_reqs, vocab_size=VOCAB, device=r.device,
+        req_states=r.req_states, logprobs_mode=mc.logprobs_mode,
+        num_speculative_tokens=decode_query_len,
+    )  # fmt: skip
+    r.rejection_sampler = None
+    if vc.speculative_config is not None:
+        r.rejection_sampler = RejectionSampler(r.sampler, vc.speculative_config, r.device)
+    r.prompt_logprobs_worker = PromptLogprobsWorker(
+        r.max_num_reqs, r.device, logprobs_mode=mc.logprobs_mode
+    )
+    # __init__'s handler, its copy stream stood in: no request has structured outputs,
+    # so set_draft_tokens copies nothing.
+    handler = DraftTokensHandler.__new__(DraftTokensHandler)
+    handler.device, handler.req_ids = r.device, []
+    handler.draft_tokens_np, handler.num_draft_tokens = None, 0
+    r.draft_tokens_handler = handler
+
+
 # -- one step ------------------------------------------------------------------------------
 
 
@@ -525,9 +590,11 @@ def _scheduler_output(
     running request's query carries past its one token (``scheduled_spec_decode_tokens``,
     as ``Scheduler.schedule`` sends them: at most ``num_spec``; a longer query is a
     prefill chunk), and the held requests the step has not, finished."""
+    from vllm import SamplingParams
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
     config = inputs.config
+    greedy = SamplingParams(temperature=0.0)  # the sampler's argmax: the logits decide
     new, cached = [], CachedRequestData.make_empty()
     scheduled: dict[str, int] = {}
     drafts: dict[str, list[int]] = {}
@@ -543,7 +610,7 @@ def _scheduler_output(
             new.append(
                 NewRequestData(
                     req_id=req_id, prompt_token_ids=[0] * known, mm_features=[],
-                    sampling_params=None, pooling_params=None, block_ids=(list(pages),),
+                    sampling_params=greedy, pooling_params=None, block_ids=(list(pages),),
                     num_computed_tokens=computed, lora_request=None,
                     prefill_token_ids=[0] * known,
                 )
@@ -646,63 +713,112 @@ class _Last:
 
 
 def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> list[StepBuild]:
-    """``sample_tokens`` of the engine's last step: ``postprocess_sampled`` with each
-    request's rejected tokens as the scheduler has since counted them (``now``: its
-    computed tokens; none rejected for a request not in it), so that the runner's count
-    follows the scheduler's, and the accepted drafts and a bonus token sampled (none
-    past the request's row of ``max_model_len`` tokens, where the scheduler finishes
-    it); then the speculator's proposal on the sampler's verdict (which rejects among
-    the step's drafts only: a trace may move a request on past its step, or back), its
-    forwards the draft builds of ``how`` (None: not recorded), which it returns."""
+    """``sample_tokens`` of the engine's last step, as ``execute_model``'s caller calls it
+    (no grammar), on the ``ExecuteModelState`` the step left: the runner's sampler, its
+    rejection sampler verifying the step's drafts, ``postprocess_sampled``, then the
+    speculator's proposal, its forwards the draft builds of ``how`` (None: not
+    recorded), which it returns. The target's logits (:func:`_verdict`) make the greedy
+    sampler accept the drafts the scheduler has since counted computed (``now``: each
+    request's computed tokens; every draft accepted for a request not in it)."""
     last = engine.last
     if last is None:
         return []
     engine.last = None
     r = engine.runner
     batch = last.state.input_batch
-    counted = [s - now.get(rid, s) for rid, s in zip(batch.req_ids, last.seq_lens, strict=True)]
-    rejected = [min(max(x, 0), d) for x, d in zip(counted, last.drafts, strict=True)]
-    room = engine.config.max_model_len - r.req_states.total_len.gpu[batch.idx_mapping]
-    wanted = torch.tensor([1 + d - x for d, x in zip(last.drafts, rejected, strict=True)])
-    num_sampled = torch.minimum(wanted, room).to(torch.int32)
-    num_rejected = torch.tensor(rejected, dtype=torch.int32)
-    n = batch.num_reqs
-    # The sampler's penalty counts (output_bin_counts) are read on the last pipeline
-    # stage only: no sampler here, so the call runs as another stage's would.
-    r.is_last_pp_rank = False
-    try:
-        with host_memory(engine.device):
-            r.postprocess_sampled(
-                batch.idx_mapping,
-                torch.zeros(n, r.req_states.num_speculative_steps + 1, dtype=torch.int64),
-                num_sampled,
-                torch.tensor(counted, dtype=torch.int32),
-                batch.query_start_loc,
+    rejected = [s - now.get(rid, s) for rid, s in zip(batch.req_ids, last.seq_lens, strict=True)]
+    for rid, s, x, d in zip(batch.req_ids, last.seq_lens, rejected, last.drafts, strict=True):
+        # The runner counts a request's tokens itself (postprocess_sampled): only
+        # rejected drafts roll its count back, as the scheduler's does.
+        if not 0 <= x <= d:
+            raise ValueError(
+                f"attnfuzz: request {rid} runs on from {s - x} computed tokens after a step "
+                f"to {s} with {d} drafts: a sampler's count is {s - d} to {s}"
             )
-    finally:
-        r.is_last_pp_rank = True
-    if r.speculator is None:
-        return []
+    r.model.logits = _verdict(batch, rejected)
+    r.execute_model_state = last.state
+    held = r.speculator
+    if held is None and r.rejection_sampler is not None:
+        r.speculator = _HeldDrafts(r.num_speculative_steps)
     recorder = engine.recorder
     recorder.kind, recorder.draft = how, 0
     try:
-        with host_memory(engine.device), _graphs(recorder), _data_parallel(r, last.peer):
-            speculating.propose(r, last.state, num_sampled, num_rejected)
+        with (
+            host_memory(engine.device),
+            _graphs(recorder),
+            _data_parallel(r, last.peer),
+            _sampling(),
+        ):
+            r.sample_tokens(None)
     finally:
         recorder.kind = recorder.draft = None
+        r.execute_model_state = None
+        r.speculator = held
     out = []
     for kind, draft, seen in recorder.drafted:
         # The draft prefill runs the step's tokens; each draft decode one per request.
-        tokens = batch.num_tokens if draft == 0 else n
+        tokens = batch.num_tokens if draft == 0 else batch.num_reqs
         fields = _fields(engine.config, seen)
         if draft == 0:
             fields = _draft_prefill_positions(engine.config, seen, fields, rejected)
-        # Made after the last step, for its requests (``n``), once this step came.
-        build = StepBuild(kind, n, tokens, fields, speculating.WHERE, draft=draft,
-                          proposed_before=True)  # fmt: skip
+        # Made after the last step, for its requests, once this step came.
+        build = StepBuild(kind, batch.num_reqs, tokens, fields, speculating.WHERE,
+                          draft=draft, proposed_before=True)  # fmt: skip
         out.append(build)
     recorder.drafted.clear()
     return out
+
+
+class _HeldDrafts(_Standin):
+    """The speculator where the adapter has none (:func:`.runner_step_speculator.runs`:
+    the drafter's attention needs a block size Triton's kernels take, which vLLM's
+    ``initialize_kv_cache`` would refuse): greedy (no draft logits), proposing token 0,
+    the draft model's argmax."""
+
+    draft_logits = None
+    supports_mm_inputs = False
+
+    def __init__(self, num_speculative_steps: int) -> None:
+        self.num_speculative_steps = num_speculative_steps
+
+    def propose(self, input_batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(
+            input_batch.num_reqs, self.num_speculative_steps, dtype=torch.int64,
+            device=input_batch.input_ids.device,
+        )  # fmt: skip
+
+
+def _verdict(batch: Any, rejected: list[int]) -> torch.Tensor:
+    """The target's logits of the step's logits rows, for a greedy sampler: request
+    ``i``'s row ``j`` verifies the draft its row ``j + 1`` holds (``_rejection_kernel``);
+    its argmax is that draft for the accepted ones, another token at the first rejected,
+    token 0 after (the bonus token, or a row past the rejection nobody samples)."""
+    cu = batch.cu_num_logits_np
+    drafts = batch.input_ids[batch.logits_indices].to("cpu").to(torch.int64)
+    argmax = torch.zeros(int(cu[-1]), dtype=torch.int64)
+    for i, r in enumerate(rejected):
+        start, end = int(cu[i]), int(cu[i + 1])
+        accepted = end - start - 1 - r
+        for j in range(end - start - 1):
+            draft = int(drafts[start + j + 1])
+            if j < accepted:
+                argmax[start + j] = max(draft, 0)
+            elif j == accepted:
+                argmax[start + j] = (max(draft, 0) + 1) % VOCAB
+                break
+    logits = torch.zeros(len(argmax), VOCAB)
+    logits[torch.arange(len(argmax)), argmax] = 1.0
+    return logits.to(batch.input_ids.device)
+
+
+@contextlib.contextmanager
+def _sampling() -> Iterator[None]:
+    """``AsyncOutput``: the copy of the sampled tokens to the host on a CUDA copy stream,
+    stood in (the engine's caller reads it; no kernel of the next step does)."""
+    import vllm.v1.worker.gpu.model_runner as model_runner
+
+    with mock.patch.object(model_runner, "AsyncOutput", SimpleNamespace):
+        yield
 
 
 def _draft_prefill_positions(

@@ -34,24 +34,22 @@ Stood in, as ``load_model`` would make them:
   metadata of the draft layer and positions and returning zero hidden states and
   logits; its attention layer, one more layer of the target's KV-cache group as an
   MTP layer is (``load_model`` finds it in the static forward context);
-- the sampler's states the proposal reads (temperature 0 and seeds of every row);
 - CUDA graphs (:func:`.runner_step._graphs`): a draft graph keeps the speculator
   function its capture ran, with the capture's arguments, and its replay runs that
   function again (what a replay does: the captured kernels on the same buffers, the
   capture's sizes), the draft model reporting each forward as a replay.
 
-The accepted drafts are the scheduler's: ``sample_tokens`` runs between two steps, so
-the proposal after a step runs before the next one, each request's rejected drafts
-those the next step's computed tokens say (:func:`.runner_step._sample`).
+The runner's own ``sample_tokens`` calls ``propose`` (:func:`.runner_step._sample`), on
+its real samplers' verdict: the proposal after a step runs before the next one, and
+the target's logits make the rejection sampler reject the drafts the next step's
+computed tokens say were rejected.
 """
 
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 from typing import Any
 
-import torch
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 
 DRAFT_LAYER = drafting.DRAFT_LAYER
@@ -76,7 +74,7 @@ def runs(config: Any, vc: Any) -> bool:
 def make(runner: Any, recorder: Any) -> Any:
     """The runner's speculator as ``__init__`` and ``load_model`` make it (the draft model
     stood in, reporting to ``recorder.draft_forward``), its graph functions noting the
-    graph that captures them; the sampler states ``propose`` reads."""
+    graph that captures them."""
     from vllm.v1.worker.gpu.spec_decode import init_speculator
 
     vc = runner.vllm_config
@@ -91,30 +89,7 @@ def make(runner: Any, recorder: Any) -> Any:
     speculator.load_model(runner.model)
     for name in _CAPTURED:
         setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
-    runner.sampler = _Sampler(runner.max_num_reqs)
-    runner._draft_workspace_lane = 0  # GPUModelRunner.__init__: not a DSpark drafter
     return speculator
-
-
-class _Sampler:
-    """The sampler, of which the runner reads here only the sampling states the proposal
-    takes (greedy: temperature 0) and its staged writes (none: no request has sampling
-    parameters); a read of anything else raises."""
-
-    def __init__(self, max_num_reqs: int) -> None:
-        self.sampling_states = SimpleNamespace(
-            temperature=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.float32)),
-            seeds=SimpleNamespace(gpu=torch.zeros(max_num_reqs, dtype=torch.int64)),
-        )
-
-    def apply_staged_writes(self) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
-            f"attnfuzz's stand-in sampler (adapters/vllm/runner_step_speculator.py) has no "
-            f"{name!r}: the installed vLLM's runner reads what the adapter does not model"
-        )
 
 
 def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
@@ -150,35 +125,3 @@ def attach(runner: Any, resolved_mode: Any) -> None:
         runner.input_buffers, runner.attn_groups,
     )  # fmt: skip
     speculator.init_cudagraph_manager(resolved_mode)
-
-
-def propose(runner: Any, state: Any, num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> Any:
-    """``sample_tokens``' proposal on the state ``execute_model`` left, after
-    ``postprocess_sampled``: the speculator's ``propose`` as it is called there, its
-    drafts kept in the request states."""
-    from vllm.v1.worker.gpu.spec_decode.utils import get_drafter_hidden_states
-
-    speculator = runner.speculator
-    batch = state.input_batch
-    speculator.observe_verification(batch.idx_mapping, num_sampled, num_rejected)
-    num_spec_tokens = state.num_spec_tokens_to_schedule
-    draft_tokens = speculator.propose(
-        batch,
-        state.attn_metadata,
-        state.slot_mappings_by_layer,
-        get_drafter_hidden_states(runner.model, state.hidden_states),
-        state.aux_hidden_states,
-        num_sampled,
-        num_rejected,
-        runner.req_states.last_sampled_tokens,
-        runner.req_states.next_prefill_tokens,
-        runner.sampler.sampling_states.temperature.gpu,
-        runner.sampler.sampling_states.seeds.gpu,
-        num_speculative_tokens=num_spec_tokens,
-        dp_sync_state=state.dp_sync_state,
-        mm_inputs=None,
-    )
-    if num_spec_tokens < runner.num_speculative_steps:
-        draft_tokens[:, num_spec_tokens:] = -1
-    runner.req_states.draft_tokens[batch.idx_mapping] = draft_tokens
-    return draft_tokens
