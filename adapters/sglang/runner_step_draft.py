@@ -154,13 +154,15 @@ class _DraftEngine:
     decode graph runner: its draft model runner), the multi-step draft backend and the
     draft graph runner, built with the engine."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
-        from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+    GRAPH: type[_DraftGraph] = _DraftGraph
+    """The graph stand-in the draft graph runner captures into and replays."""
+    WHERE = None  # the module's _WHERE; a draft on another backend names its own
 
+    def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         self.config, self.device = config, device
         self.num_steps = config.num_spec
         self.captures: list[StepBuild] = []
-        self.engine = decode._Engine(config, device, graphs=False)
+        self.engine = self.make_target(config, device)
         self.runner = self.engine.runner
         self.runner.is_draft_worker = True
         self.runner.model_config.is_draft_model = True
@@ -168,12 +170,21 @@ class _DraftEngine:
         # get_draft_recurrent_hidden_state_spec): the draft model's hidden size.
         self.runner.model_config.spec_hidden_size = self.runner.model_config.hidden_size
         self.runner.model_config.model_is_mrope = False  # a text model's positions
-        with decode._server_args(config):
-            self.draft_backend = TritonMultiStepDraftBackend(
-                self.runner, EAGLE_TOPK, self.num_steps
-            )
+        with decode._server_args(config, self.engine.ATTENTION_BACKEND):
+            self.draft_backend = self.make_draft_backend()
             self.runner.draft_attn_backend = self.draft_backend
             self.graph_runner: Any = self._graph_runner() if graphs else None
+
+    def make_target(self, config: EngineConfig, device: torch.device) -> Any:
+        """The engine whose model runner the draft's is (its attention backend: the
+        draft model's extend's), no decode graph runner."""
+        return decode._Engine(config, device, graphs=False)
+
+    def make_draft_backend(self) -> Any:
+        """``TritonMultiStepDraftBackend(model_runner, topk, num_steps)``."""
+        from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend
+
+        return TritonMultiStepDraftBackend(self.runner, EAGLE_TOPK, self.num_steps)
 
     def _worker(self) -> Any:
         """The EAGLE worker the draft runner reads: its draft model runner, steps, and a
@@ -202,7 +213,7 @@ class _DraftEngine:
 
         engine = self
 
-        class _Recording(_DraftGraph):
+        class _Recording(self.GRAPH):  # type: ignore[name-defined,misc]
             def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
                 super().capture_one(shape_key, *args, **kwargs)
                 # The capture's batch of shape_key.size requests, at the buffers'
@@ -345,7 +356,8 @@ class _DraftEngine:
             "out_cache_loc": b.out_cache_loc,
             "positions": b.positions,
         }
-        return StepBuild(how, num_reqs, num_tokens, self._fields(bs, inputs_of, steps), _WHERE[how])
+        fields = self._fields(bs, inputs_of, steps)
+        return StepBuild(how, num_reqs, num_tokens, fields, (self.WHERE or _WHERE)[how])
 
     def eager(self, inputs: RunnerStepInputs, how: str = "eager") -> StepBuild:
         """``TritonMultiStepDraftBackend.init_forward_metadata`` of the draft, no graph:
@@ -377,7 +389,7 @@ class _DraftEngine:
         if how != "fresh":  # a new engine's rows are its own: history picks them
             inputs_of["req_pool_indices"] = fb.req_pool_indices
         R, T = inputs.num_reqs, inputs.num_tokens
-        return StepBuild(how, R, T, self._fields(R, inputs_of, steps), _WHERE[how])
+        return StepBuild(how, R, T, self._fields(R, inputs_of, steps), (self.WHERE or _WHERE)[how])
 
 
 _WHERE = {
