@@ -1,0 +1,674 @@
+"""SGLang's EAGLE v2 worker's own step (draft, verify, draft extend), as the
+implementation ``sglang-eagle-worker`` of ``runner-step`` (not yet declared in
+``plugin.py`` and ``compat.py``: its tests and a mutant come first).
+
+``sglang-eagle-draft`` and ``sglang-eagle-draft-extend`` drive the draft's graph
+runners with the worker stood in; here the worker itself runs, as
+``eagle_worker_v2.py:EAGLEWorkerV2.forward_batch_generation`` runs it for a decode
+batch: the draft, the target verify, then the draft extend; after an extend (a
+prefill) the target's extend, then ``_draft_extend_for_prefill``.
+
+What runs, unchanged (SGLang 0.5.23):
+
+- ``speculative/eagle_worker_v2.py``: ``EagleDraftWorker.draft`` (the draft's
+  batch by ``eagle_worker_common.py:prepare_for_draft``, the graph's ``execute`` or
+  the multi-step backend's eager ``init_forward_metadata``, the verify input by
+  ``build_eagle_verify_input``), ``draft_forward`` (``per_step_draft_out_cache_loc``,
+  ``spec_utils.py:select_top_k_tokens``, each draft step's forward with its slots
+  and positions), ``_draft_extend_for_decode`` (``prepare_for_draft_extend``, the
+  draft-extend graph's ``execute`` or the eager backend, the selected rows' top-1)
+  and ``_draft_extend_for_prefill``; ``_rebuild_topk1_chain_buffers``;
+- ``speculative/eagle_worker_common.py``: ``run_eagle_verify``
+  (``eagle_utils.py:eagle_prepare_for_verify``, with the target decode graph
+  runner's ``load_batch`` where it serves the verify; ``eagle_sample``'s greedy
+  verification; the accepted lengths, bonus tokens and next draft input);
+- the graph runners ``DecodeCudaGraphRunner`` (the target verify),
+  ``EAGLEDraftCudaGraphRunner`` and ``EAGLEDraftExtendCudaGraphRunner``, and the
+  Triton backends, as :mod:`~attnfuzz.adapters.sglang.runner_step`,
+  :mod:`~attnfuzz.adapters.sglang.runner_step_draft` and
+  :mod:`~attnfuzz.adapters.sglang.runner_step_draft_extend` build them, here built
+  with the worker; a draft graph's replay runs the function it captured
+  (``run_once``: the worker's ``draft_forward`` over the runner's buffers);
+- ``managers/schedule_batch.py``: ``ScheduleBatch`` (the fields the worker reads)
+  and ``ForwardBatch.init_new`` of every sub-step.
+
+SGLang's vendor kernels without a path here are taken by the Triton fallbacks
+SGLang itself ships: ``spec_tree.py``'s ``sgl_build_tree_kernel_triton`` and
+``verify_tree_greedy_triton`` and ``cache_locs.py``'s Triton
+``assign_extend_cache_locs_uniform`` (the XPU path: the module's ``_is_xpu`` is
+set for the step).
+
+Stand-ins: the models (the target's forward returns logits whose argmax accepts
+the drafts chosen below; the draft model's returns logits and hidden states of
+their shapes, and records what each draft step's attention reads), the graphs
+(:class:`runner_step._Graph`'s; a draft graph's replay re-runs what it captured),
+the tensor-parallel group and the plan stream (none). The draft and draft-extend
+model runners hold their own ``ReqToTokenPool``, written row for row as the
+target's (SGLang shares one).
+
+The verify accepts, of request ``i``'s ``num_spec`` drafts, ``(req_id + computed)
+% next_n``: the runner is handed one scheduler output, never the next (which says
+what the scheduler committed), so the accepted count is a function of the step,
+the same on every engine that runs it (history invariance judges the rest).
+
+Builds (each of a sub-step, ``StepBuild.draft``): ``None`` the target verify (or
+the target's extend), ``0`` the draft (each draft step's metadata, and the slots
+and positions each draft step's forward is handed: ``out_cache_loc.s``,
+``positions.s``), ``1`` the draft extend (for decode, or for prefill). ``eager``:
+the worker without graph runners (``--disable-cuda-graph``); ``padded`` and
+``replay``: with them, where a graph runs the sub-step; ``fresh``: the eager
+worker on a new engine holding only the step's requests; ``capture``: each
+runner's capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from attnfuzz.adapters.sglang import runner_step as decode
+from attnfuzz.adapters.sglang import runner_step_draft as draft_mod
+from attnfuzz.adapters.sglang import runner_step_draft_extend as extend_mod
+from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.runner_step import (
+    Field,
+    RunnerStepInputs,
+    RunnerStepOutputs,
+    StepBuild,
+)
+
+VOCAB = 2
+"""The stand-in models' vocabulary: two tokens, enough for a verify to reject."""
+
+DRAFT, EXTEND = 0, 1
+"""The sub-steps of ``StepBuild.draft``: the draft, the draft extend."""
+
+
+def prepare() -> None:
+    """Import SGLang's worker, runners and backends before a judge forks its child."""
+    draft_mod.prepare()
+    extend_mod.prepare()
+    from sglang.srt.speculative import eagle_worker_v2  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why SGLang runs no EAGLE v2 worker's draft loop for ``case``'s config, else None."""
+    return draft_mod.declines(case)
+
+
+def accepted_drafts(req_id: int, computed: int, next_n: int) -> int:
+    """The drafts request ``req_id``'s verify at ``computed`` accepts (see the module)."""
+    return (req_id + computed) % next_n
+
+
+# -- the graph stand-ins ---------------------------------------------------------------------
+
+
+class _ReplayingDraftGraph(draft_mod._DraftGraph):
+    """The draft graph: a capture records each draft step's metadata and the function
+    it captured; a replay re-runs that function over the runner's buffers."""
+
+    def capture_one(self, shape_key: Any, forward_fn: Any = None, *args: Any, **kw: Any) -> None:
+        super().capture_one(shape_key, forward_fn, *args, **kw)
+        self.captured = getattr(self, "captured", {})
+        self.captured[shape_key] = forward_fn
+
+    def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
+        return self.captured[shape_key]()
+
+
+# -- the models -------------------------------------------------------------------------------
+
+
+class _DraftModel:
+    """The draft model runner's forward: logits and hidden states of their shapes; each
+    draft step's call records what its attention reads (the forward context's
+    backend's metadata) and its inputs (slots, positions), copied now."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.calls: list[dict[str, Any]] = []
+        self.batches: list[Any] = []
+
+    def forward(self, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        fb = forward_batch
+        if not fb.forward_mode.is_decode():  # an extend, a draft extend
+            # ModelRunner.forward_extend: the plan, where none was made before.
+            if not fb.forward_metadata_ready:
+                self.runner.attn_backend.init_forward_metadata(fb)
+            self.batches.append(fb)
+            rows = int(fb.input_ids.shape[0])
+        else:
+            rows = fb.batch_size
+            self.calls.append(
+                dict(
+                    out_cache_loc=decode.host(fb.out_cache_loc), positions=decode.host(fb.positions)
+                )
+            )
+        if fb.capture_hidden_mode == CaptureHiddenMode.LAST:
+            rows = fb.batch_size  # the last token's logits and hidden state a request
+        return decode._engine.StandIn(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=torch.zeros((rows, VOCAB)),
+                hidden_states=torch.zeros((rows, self.runner.model_config.hidden_size)),
+            ),
+            can_run_graph=False,
+        )
+
+
+class _TargetWorker:
+    """The target ``TpModelWorker`` the verify reads: its model runner (the target
+    engine's), and a forward whose logits accept ``accepted_drafts`` of each
+    request's drafts; it records the verify's attention metadata as the model's
+    attention would read it (built now where no graph's ``load_batch`` built it)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.model_runner = engine.runner
+        self.accepted: list[int] = []
+        self.forward_batch: Any = None
+
+    def forward_batch_generation(
+        self, batch: Any = None, forward_batch: Any = None, **kwargs: Any
+    ) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        if not forward_batch.forward_metadata_ready:  # ModelRunner.forward_extend's plan
+            self.engine.backend.init_forward_metadata(forward_batch)
+        self.forward_batch = forward_batch
+        spec = forward_batch.spec_info
+        N = spec.draft_token_num
+        drafts = spec.draft_token.reshape(-1, N)
+        # Row j of a request predicts the token after its j-th: the next draft where
+        # accepted, another token at the first rejected one.
+        predict = torch.zeros_like(drafts)
+        for r, a in enumerate(self.accepted):
+            predict[r, :a] = drafts[r, 1 : a + 1]
+            predict[r, a:] = (drafts[r, a + 1] + 1) % VOCAB if a + 1 < N else 0
+        logits = torch.nn.functional.one_hot(predict.reshape(-1), VOCAB).float()
+        hidden = torch.zeros((logits.shape[0], self.model_runner.model_config.hidden_size))
+        return decode._engine.StandIn(
+            logits_output=LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden),
+            routed_experts_output=None,
+            indexer_topk_output=None,
+            can_run_cuda_graph=False,
+        )
+
+
+# -- one engine -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _triton_fallbacks() -> Iterator[None]:
+    """SGLang's Triton paths of its speculative kernels (those it takes on XPU): the
+    tree build and greedy verify (``spec_tree.py``) and the verify's write slots
+    (``cache_locs.py:assign_extend_cache_locs_uniform_func``); no CUDA op runs here."""
+    from sglang.kernels.ops.speculative import cache_locs, spec_tree
+
+    with (
+        mock.patch.object(spec_tree, "_is_xpu", True),
+        mock.patch.object(cache_locs, "_is_xpu", True),
+    ):
+        yield
+
+
+class _WorkerEngine:
+    """One EAGLE engine: the target (``runner_step._Engine``, its decode graph runner
+    serving the verify), the draft model runner with its multi-step draft backend and
+    draft-extend backend, and SGLang's ``EagleDraftWorker`` over them with its two graph
+    runners, built with the engine."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+        from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.config, self.device = config, device
+        self.num_steps = config.num_spec
+        self.captures: list[StepBuild] = []
+        self.target = decode._Engine(config, device, graphs)
+        self.captures += self.target.captures
+        self.target.captures = []
+        self.draft = draft_mod._DraftEngine(config, device, graphs=False)
+        runner = self.draft.runner
+        self.model = _DraftModel(runner)
+        runner.forward = self.model.forward
+        for model_config in (runner.model_config, self.target.runner.model_config):
+            model_config.requires_mm_token_modalities = False  # a text model
+            model_config.model_is_mrope = False
+        for r in (runner, self.target.runner):
+            r.prefill_attention_backend_str = "triton"
+            r.watermark_state = None  # no watermarking
+        runner.model_config.hf_config.architectures = ["LlamaForCausalLMEagle"]
+        with decode._server_args(config):
+            # DraftBackendFactory._create_triton_prefill_backend: the draft extend's.
+            self.extend_backend = TritonAttnBackend(runner, skip_prefill=False)
+        runner.attn_backend = self.extend_backend
+        self.draft.engine.backend = self.extend_backend
+        self.target.runner.decode_cuda_graph_runner = self.target.graph_runner
+        self.target_worker = _TargetWorker(self.target)
+        w = EagleDraftWorker.__new__(EagleDraftWorker)
+        w.server_args = None
+        w.topk, w.device = draft_mod.EAGLE_TOPK, str(device)
+        w.speculative_num_steps = self.num_steps
+        w.speculative_num_draft_tokens = config.next_n
+        w.speculative_algorithm = SpeculativeAlgorithm.EAGLE
+        w.target_worker = self.target_worker
+        w.draft_runner = w.model_runner = runner
+        w.req_to_token_pool = runner.req_to_token_pool
+        w.token_to_kv_pool_allocator = _engine_allocator(config)
+        w.draft_attn_backend = self.draft.draft_backend
+        w.draft_extend_attn_backend = self.extend_backend
+        w.hot_token_id = None
+        w.tree_mask_mode = default_tree_mask_mode()
+        w.plan_stream, w.plan_stream_ctx = None, contextlib.nullcontext()
+        w.seed_dsa_topk_from_draft_extend = False
+        w.index_share_for_mtp_iteration = False
+        w.dsa_seed_topk_width = None
+        w.dsa_extend_topk_buf = None
+        w.cuda_graph_runner = w.cuda_graph_runner_for_draft_extend = None
+        self.worker = w
+        with decode._server_args(config):
+            w._rebuild_topk1_chain_buffers()
+            if graphs:
+                w.cuda_graph_runner = self._draft_graph_runner()
+                w.cuda_graph_runner_for_draft_extend = self._extend_graph_runner()
+        self.draft.graph_runner = w.cuda_graph_runner
+        self.graph_runners = (
+            self.target.graph_runner,
+            w.cuda_graph_runner,
+            w.cuda_graph_runner_for_draft_extend,
+        )
+
+    def _draft_graph_runner(self) -> Any:
+        from sglang.srt.speculative import eagle_draft_cuda_graph_runner as module
+
+        engine = self
+
+        class _Recording(_ReplayingDraftGraph):
+            def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
+                super().capture_one(shape_key, *args, **kwargs)
+                build = engine.draft._graph_build(
+                    "capture", self.runner, shape_key.size, 0, 0, self.graphs[shape_key]
+                )
+                engine.captures.append(dataclasses.replace(build, draft=DRAFT))
+
+        with decode._no_cuda_graphs(_Recording, module), contextlib.redirect_stderr(io.StringIO()):
+            return module.EAGLEDraftCudaGraphRunner(self.worker)
+
+    def _extend_graph_runner(self) -> Any:
+        from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as module
+
+        engine = self
+
+        class _Recording(extend_mod._ExtendGraph):
+            def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
+                super().capture_one(shape_key, *args, **kwargs)
+                build = engine.draft.engine._graph_build(
+                    "capture", self.runner, shape_key.size, 0, 0, self.graphs[shape_key]
+                )
+                engine.captures.append(_named(build, EXTEND))
+
+        with decode._no_cuda_graphs(_Recording, module), contextlib.redirect_stderr(io.StringIO()):
+            return module.EAGLEDraftExtendCudaGraphRunner(self.worker)
+
+    # -- the scheduler output -----------------------------------------------------------------
+
+    def admit(self, inputs: RunnerStepInputs) -> None:
+        """The step's requests on the target's rows, and on the draft's, alike."""
+        for engine in (self.target, self.draft.engine):
+            engine.admit(inputs)
+            engine.write_rows(inputs)
+
+    @contextlib.contextmanager
+    def graphs_off(self) -> Iterator[None]:
+        """The worker and the target without graph runners (``--disable-cuda-graph``)."""
+        w, t = self.worker, self.target
+        saved = t.graph_runner, w.cuda_graph_runner, w.cuda_graph_runner_for_draft_extend
+        t.runner.decode_cuda_graph_runner = None
+        w.cuda_graph_runner = w.cuda_graph_runner_for_draft_extend = None
+        try:
+            yield
+        finally:
+            t.runner.decode_cuda_graph_runner = saved[0]
+            w.cuda_graph_runner, w.cuda_graph_runner_for_draft_extend = saved[1:]
+
+    def schedule_batch(self, inputs: RunnerStepInputs, mode: str) -> Any:
+        """The scheduler's batch of the step, as the worker reads it: a decode batch of
+        the committed prefixes (spec v2: ``seq_lens`` before the step's tokens) with the
+        previous round's draft input, or an extend batch."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+        from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        dev, R = self.device, inputs.num_reqs
+        requests = self.target.requests
+        rows = torch.tensor([requests[i].row for i in inputs.req_ids], dtype=torch.int64)
+        computed = list(inputs.num_computed_tokens)
+        q = list(inputs.query_lens)
+        hidden = self.draft.runner.model_config.hidden_size
+        reqs = [
+            decode._engine.StandIn(
+                rid=str(i),
+                token_type_ids=None,
+                lora_id=None,
+                grammar=None,
+                bootstrap_room=None,
+                extend_end=c + n,
+                full_untruncated_fill_ids=range(c + n),
+            )
+            for i, c, n in zip(inputs.req_ids, computed, q, strict=True)
+        ]
+        b = ScheduleBatch(reqs=reqs)
+        b.req_to_token_pool = self.target.runner.req_to_token_pool
+        b.token_to_kv_pool_allocator = self.worker.token_to_kv_pool_allocator
+        b.model_config = decode._engine.StandIn(vocab_size=VOCAB)
+        b.spec_algorithm = SpeculativeAlgorithm.EAGLE
+        b.device = str(dev)
+        b.req_pool_indices = rows
+        b.sampling_info = SamplingBatchInfo(
+            temperatures=torch.ones((R, 1)),
+            top_ps=torch.ones(R),
+            top_ks=torch.ones(R, dtype=torch.int32),
+            min_ps=torch.zeros(R),
+            is_all_greedy=True,
+            is_any_greedy=True,
+            need_top_p_sampling=False,
+            need_top_k_sampling=False,
+            need_min_p_sampling=False,
+            vocab_size=VOCAB,
+        )
+        if mode == "verify":
+            seq = torch.tensor(computed, dtype=torch.int64)
+            b.forward_mode = ForwardMode.DECODE
+            b.spec_info = EagleDraftInput(
+                topk_p=torch.ones((R, 1)),
+                topk_index=torch.zeros((R, 1), dtype=torch.int64),
+                hidden_states=torch.zeros((R, hidden)),
+                bonus_tokens=torch.zeros(R, dtype=torch.int64),
+                capture_hidden_mode=CaptureHiddenMode.LAST,
+            )
+        else:
+            seq = torch.tensor([c + n for c, n in zip(computed, q, strict=True)])
+            b.forward_mode = ForwardMode.EXTEND
+            b.input_ids = torch.zeros(sum(q), dtype=torch.int64)
+            b.prefix_lens, b.extend_lens = computed, q
+            b.extend_num_tokens = sum(q)
+            b.extend_logprob_start_lens = [0] * R
+            b.out_cache_loc = torch.tensor(
+                [
+                    s
+                    for i, c, n in zip(inputs.req_ids, computed, q, strict=True)
+                    for s in self.target.slots(i, c, c + n)
+                ],
+                dtype=torch.int64,
+            )
+        b.seq_lens, b.seq_lens_cpu = seq, seq.clone()
+        b.orig_seq_lens = seq.to(torch.int32)
+        b.seq_lens_sum = int(seq.sum())
+        return b
+
+
+def _engine_allocator(config: EngineConfig) -> Any:
+    """The KV allocator the worker reads: its page size and a KV cache with no
+    ``clear_unaccepted_c128_draft_states`` (an MHA cache's)."""
+    return decode._engine.StandIn(page_size=config.block_size, get_kvcache=lambda: object())
+
+
+def _named(build: StepBuild, sub: int | None) -> StepBuild:
+    where = {DRAFT: draft_mod._WHERE, EXTEND: extend_mod._WHERE}.get(sub, decode._WHERE)
+    return dataclasses.replace(build, where=where.get(build.how, build.where), draft=sub)
+
+
+# -- the worker's step ------------------------------------------------------------------------
+
+
+def _draft_step_fields(calls: list[dict[str, Any]], rows: int, acc: dict) -> list[Field]:
+    """What each draft step's forward is handed (``draft_forward``: the step's column of
+    ``per_step_draft_out_cache_loc``, the positions it advances), by request."""
+    out = []
+    for s, call in enumerate(calls):
+        out.append(
+            Field(
+                f"out_cache_loc.step{s}",
+                "requests",
+                call["out_cache_loc"][:rows],
+                acc["out_cache_loc"],
+                writes_kv=True,
+            )
+        )
+        out.append(
+            Field(f"positions.step{s}", "requests", call["positions"][:rows], acc["positions"])
+        )
+    return out
+
+
+def _batch_inputs(fb: Any, how: str) -> dict[str, torch.Tensor]:
+    inputs_of = {
+        "seq_lens": fb.seq_lens,
+        "out_cache_loc": fb.out_cache_loc,
+        "positions": fb.positions,
+    }
+    if how != "fresh":  # a new engine's rows are its own: history picks them
+        inputs_of["req_pool_indices"] = fb.req_pool_indices
+    return inputs_of
+
+
+def verify_round(
+    engine: _WorkerEngine, inputs: RunnerStepInputs, how: str, graphs: bool
+) -> list[StepBuild]:
+    """``EAGLEWorkerV2.forward_batch_generation`` of a decode batch: ``draft``,
+    ``run_eagle_verify``, ``_draft_extend_for_decode``; its builds (``how``: the eager
+    pass's name; ``graphs``: where a graph runs a sub-step, its padded and replay)."""
+    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+
+    w, R, T = engine.worker, inputs.num_reqs, inputs.num_tokens
+    N = engine.config.next_n
+    builds: list[StepBuild] = []
+    batch = engine.schedule_batch(inputs, "verify")
+    # The draft: the multi-step backend's metadata of each draft step, as built.
+    steps: list[Any] = []
+    seen: dict[str, Any] = {}
+    backends = engine.draft.draft_backend.attn_backends
+    outer = engine.draft.draft_backend.init_forward_metadata
+
+    def planned(fb: Any) -> None:
+        seen["fb"] = {k: v.clone() for k, v in _batch_inputs(fb, how).items()}
+        outer(fb)
+
+    for backend in backends:
+        own = backend.init_forward_metadata
+
+        def recorded(fb: Any, own: Any = own, backend: Any = backend) -> None:
+            own(fb)
+            m = backend.forward_metadata
+            steps.append(
+                decode._engine.StandIn(
+                    kv_indptr=m.kv_indptr.clone(), kv_indices=m.kv_indices.clone()
+                )
+            )
+
+        backend.init_forward_metadata = recorded
+    engine.draft.draft_backend.init_forward_metadata = planned
+    engine.model.calls = []
+    try:
+        verify_input = w.draft(batch)
+    finally:
+        for backend in backends:
+            del backend.init_forward_metadata
+        del engine.draft.draft_backend.init_forward_metadata
+    acc = engine.draft.accepts()
+    if "fb" in seen:  # the eager draft
+        fields = engine.draft._fields(R, seen["fb"], steps)
+        fields += tuple(_draft_step_fields(engine.model.calls, R, acc))
+        builds.append(_named(StepBuild(how, R, T, fields), DRAFT))
+    elif graphs and w.cuda_graph_runner is not None:
+        g = w.cuda_graph_runner
+        bs, backend = g.bs, engine.draft.draft_backend
+        persistent = [
+            decode._engine.StandIn(
+                kv_indptr=backend.kv_indptr[s], kv_indices=backend.cuda_graph_kv_indices[s]
+            )
+            for s in range(len(backend.attn_backends))
+        ]
+        baked = g.backend.graphs[g._make_graph_key(bs)]
+        replay = engine.draft._graph_build("replay", g, bs, R, T, baked)
+        replay = dataclasses.replace(
+            replay, fields=replay.fields + tuple(_draft_step_fields(engine.model.calls, bs, acc))
+        )
+        builds += [
+            _named(engine.draft._graph_build("padded", g, bs, R, T, persistent), DRAFT),
+            _named(replay, DRAFT),
+        ]
+    batch.spec_info = verify_input  # forward_batch_generation: the verify's input
+    # The verify: the target's forward accepts the drafts the step says.
+    engine.target_worker.accepted = [
+        accepted_drafts(i, c, N)
+        for i, c in zip(inputs.req_ids, inputs.num_computed_tokens, strict=True)
+    ]
+    target = engine.target
+    result = run_eagle_verify(
+        batch,
+        target_worker=engine.target_worker,
+        req_to_token_pool=target.runner.req_to_token_pool,
+        token_to_kv_pool_allocator=w.token_to_kv_pool_allocator,
+        plan_stream=None,
+        plan_stream_ctx=contextlib.nullcontext(),
+        topk=w.topk,
+        num_draft_tokens=N,
+        device=w.device,
+        metadata_ready_pre_pad=False,
+        finalize_tree_path=True,
+    )
+    fb = engine.target_worker.forward_batch
+    g = target.runner.decode_cuda_graph_runner
+    if result.can_run_cuda_graph:
+        bs = g.bs
+        baked = g.backend.graphs[g._replay_graph_key]
+        builds += [
+            target._graph_build("padded", g, bs, R, T, target.persistent_metadata("verify")),
+            target._graph_build("replay", g, bs, R, T, baked),
+        ]
+    else:
+        metadata = target.backend.forward_metadata
+        builds.append(
+            StepBuild(
+                how,
+                R,
+                T,
+                target._fields(R, T, _batch_inputs(fb, how), metadata),
+                where=decode._WHERE[how],
+            )
+        )
+    # The draft extend over the verify's window.
+    engine.model.calls, engine.model.batches = [], []
+    w._draft_extend_for_decode(batch, result)
+    g = w.cuda_graph_runner_for_draft_extend
+    if engine.model.batches:  # eager: the draft model's forward ran
+        fb = engine.model.batches[-1]
+        fields = engine.draft.engine._fields(
+            R, T, _batch_inputs(fb, how), engine.extend_backend.forward_metadata
+        )
+        builds.append(_named(StepBuild(how, R, T, fields), EXTEND))
+    elif g is not None:
+        bs, backend = g.bs, engine.extend_backend
+        persistent = decode._engine.StandIn(
+            kv_indptr=backend.kv_indptr,
+            kv_indices=backend.cuda_graph_kv_indices,
+            qo_indptr=backend.qo_indptr,
+        )
+        baked = g.backend.graphs[g._make_graph_key(bs)]
+        builds += [
+            _named(engine.draft.engine._graph_build("padded", g, bs, R, T, persistent), EXTEND),
+            _named(engine.draft.engine._graph_build("replay", g, bs, R, T, baked), EXTEND),
+        ]
+    return builds
+
+
+def prefill_round(engine: _WorkerEngine, inputs: RunnerStepInputs, how: str) -> list[StepBuild]:
+    """``EAGLEWorkerV2._forward_prefill_batch``: the target's extend (eager), then
+    ``_draft_extend_for_prefill`` with the target's hidden states and next tokens."""
+    R, T = inputs.num_reqs, inputs.num_tokens
+    builds = [engine.target.eager(inputs, "extend", how=how)]
+    batch = engine.schedule_batch(inputs, "extend")
+    hidden = torch.zeros((T, engine.target.runner.model_config.hidden_size))
+    engine.model.calls, engine.model.batches = [], []
+    engine.worker._draft_extend_for_prefill(batch, hidden, torch.zeros(R, dtype=torch.int64))
+    fb = engine.model.batches[-1]
+    fields = engine.draft.engine._fields(
+        R, T, _batch_inputs(fb, how), engine.extend_backend.forward_metadata
+    )
+    builds.append(_named(StepBuild(how, R, T, fields), EXTEND))
+    return builds
+
+
+class WorkerLife(decode.EngineLife):
+    """SGLang's EAGLE v2 worker across the steps of one engine: a verify step runs the
+    worker's draft, verify and draft extend; any other step (an extend) the target's
+    extend and the draft extend for prefill."""
+
+    def prepare(self) -> None:
+        prepare()
+
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> _WorkerEngine:
+        with decode._server_args(config):
+            return _WorkerEngine(config, device, graphs)
+
+    def core(self, engine: _WorkerEngine) -> Any:
+        return engine.target
+
+    def step(
+        self, engine: _WorkerEngine, inputs: RunnerStepInputs, mode: str, how: str, graphs: bool
+    ) -> list[StepBuild]:
+        with decode._server_args(inputs.config), _triton_fallbacks():
+            if mode == "verify":
+                return verify_round(engine, inputs, how, graphs)
+            return prefill_round(engine, inputs, how)
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        engine = self.engine_for(inputs, inputs.config.cudagraph_mode != "NONE")
+        mode = decode.step_mode(inputs)
+        builds, engine.captures = engine.captures, []
+        engine.admit(inputs)
+        graphs = any(g is not None for g in engine.graph_runners)
+        if graphs and mode == "verify":
+            backends = [
+                engine.target.backend,
+                engine.extend_backend,
+                engine.draft.draft_backend,
+                *engine.draft.draft_backend.attn_backends,
+            ]
+            with decode._as_left(*backends), engine.graphs_off():
+                builds += self.step(engine, inputs, mode, "eager", False)
+            builds += self.step(engine, inputs, mode, "eager", True)
+        else:
+            builds += self.step(engine, inputs, mode, "eager", False)
+        fresh = self.make(engine.config, engine.device, False)
+        arrived = decode.arrived_anew(engine.target.requests, inputs)
+        fresh.admit(arrived)
+        builds += self.step(fresh, arrived, mode, "fresh", False)
+        return RunnerStepOutputs(tuple(builds))
+
+
+ENGINE = WorkerLife()
+"""The engine of the implementation ``sglang-eagle-worker`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``sglang-eagle-worker`` of ``runner-step``: the step on
+    :data:`ENGINE`, kept across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
