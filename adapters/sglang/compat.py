@@ -118,6 +118,16 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.speculative.eagle_info", "EagleVerifyInput"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
+    "runner_step_fa3_draft": (
+        Api(_EAGLE_DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.capture_one_shape"),
+        Api(_EAGLE_DRAFT_RUNNER, "EAGLEDraftCudaGraphRunner.execute"),
+        Api(_EAGLE_DRAFT_RUNNER, "resolve_decode_backend"),
+        Api(_FA3, "FlashAttentionMultiStepBackend.init_forward_metadata_out_graph"),
+        Api(_FA3, "FlashAttentionBackend._spec_read_seq_len_delta"),
+        Api(_FA3, "FlashAttentionBackend._set_decode_page_metadata"),
+        Api("sglang.kernels.ops.speculative.cache_locs", "assign_draft_cache_locs_contiguous_func"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
     "runner_step_flashinfer": (
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),

@@ -285,6 +285,60 @@ def _runner_step_fa3_tree() -> list[Implementation]:
     ]
 
 
+def _fa3_draft() -> Any:
+    """The FA3 EAGLE draft runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_fa3_draft
+
+    return runner_step_fa3_draft
+
+
+def _trigger_fa3_draft_step_not_advanced(trace: Trace) -> bool:
+    return _fa3_draft().trigger_step_not_advanced(trace)
+
+
+def _reach_fa3_draft_replay(trace: Trace) -> bool:
+    return _fa3_draft().reach_draft_replay(trace)
+
+
+def _smallest_fa3_draft_step_not_advanced() -> Trace:
+    return _fa3_draft().smallest_step_not_advanced()
+
+
+def _runner_step_fa3_draft() -> list[Implementation]:
+    """SGLang's EAGLE draft graph runner on the FlashAttention 3 multi-step backend, and a
+    defect of its graph's per-step metadata re-created."""
+    backend = "layers/attention/flashattention_backend.py:FlashAttentionMultiStepBackend"
+    declines = sglang.EngineCall("runner_step_fa3_draft", "declines")
+    return [
+        sglang_impl(
+            "runner_step_fa3_draft",
+            "run",
+            name="sglang-fa3-eagle-draft",
+            description="installed SGLang: speculative/eagle_draft_cuda_graph_runner.py:"
+            f"EAGLEDraftCudaGraphRunner (as sglang-eagle-draft) over {backend} (each draft "
+            "step's FlashAttentionBackend: eager init_forward_metadata, "
+            "init_cuda_graph_state, init_forward_metadata_out_graph at capture and replay); "
+            "the draft model's FA3 extend",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3_draft",
+            "run_step_not_advanced",
+            name="sglang-fa3-eagle-draft-step-not-advanced",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph metadata reads every "
+            "draft step's KV as the first step's (_spec_read_seq_len_delta 1): cache_seqlens "
+            "not advanced per step",
+            trigger=_trigger_fa3_draft_step_not_advanced,
+            reach=_reach_fa3_draft_replay,
+            smallest=_smallest_fa3_draft_step_not_advanced,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _trtllm_mha() -> Any:
     """The TRT-LLM MHA runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_trtllm_mha
@@ -605,6 +659,7 @@ def _runner_step() -> list[Implementation]:
         ),
         *_runner_step_fa3(),
         *_runner_step_fa3_tree(),
+        *_runner_step_fa3_draft(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
