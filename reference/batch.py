@@ -193,7 +193,11 @@ class Batch:
     needs) and ``new_pages`` (how many of them the request gained this step: the
     scheduler output's new block ids; all of them for a request new to the
     engine). Empty: a step on its own, its requests ``0..R-1``, all new, their
-    pages drawn from the seed.
+    pages drawn from the seed. ``finished``: the requests that finished since the
+    step before (the scheduler output's finished request ids; a request left out
+    and not finished was preempted, and may come back). ``rejected``: per request,
+    how many of its drafts the step rejects (the next step's computed tokens roll
+    back by as many); empty: none.
     """
 
     num_computed_tokens: tuple[int, ...]
@@ -205,6 +209,8 @@ class Batch:
     req_ids: tuple[int, ...] = ()
     pages: tuple[tuple[int, ...], ...] = ()
     new_pages: tuple[int, ...] = ()
+    finished: tuple[int, ...] = ()
+    rejected: tuple[int, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -227,6 +233,10 @@ class Batch:
             d["req_ids"] = list(self.req_ids)
             d["pages"] = [list(p) for p in self.pages]
             d["new_pages"] = list(self.new_pages)
+        if self.finished:
+            d["finished"] = list(self.finished)
+        if self.rejected:
+            d["rejected"] = list(self.rejected)
         return d
 
     @property
@@ -246,6 +256,8 @@ class Batch:
             req_ids=tuple(int(x) for x in d.get("req_ids", ())),
             pages=tuple(tuple(int(x) for x in row) for row in d.get("pages", ())),
             new_pages=tuple(int(x) for x in d.get("new_pages", ())),
+            finished=tuple(int(x) for x in d.get("finished", ())),
+            rejected=tuple(int(x) for x in d.get("rejected", ())),
         )
 
 

@@ -109,6 +109,17 @@ def scheduler_violations(config: EngineConfig, batch: Batch) -> list[str]:
             )
         if not 0 <= new <= len(row):
             out.append(f"request {r}: new_pages={new} outside [0, {len(row)}]")
+    if set(batch.finished) & set(batch.req_ids):
+        out.append(
+            f"a finished request is scheduled: {sorted(set(batch.finished) & set(batch.req_ids))}"
+        )
+    if batch.rejected and (
+        len(batch.rejected) != R
+        or any(not 0 <= x < q for x, q in zip(batch.rejected, batch.q_lens, strict=True))
+    ):
+        out.append(
+            f"rejected needs one count per request, each below its query: {list(batch.rejected)}"
+        )
     return out
 
 

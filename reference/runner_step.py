@@ -109,6 +109,12 @@ class RunnerStepInputs:
     query_lens: tuple[int, ...]  # [R]: 1 + the request's drafts for a decode
     new_block_ids: tuple[tuple[int, ...], ...]  # [R]: the pages each request gained this step
     device: torch.device  # where the implementation's buffers live
+    # The requests finished since the last step (the scheduler's finished request ids; one
+    # left out and not finished was preempted).
+    finished_req_ids: tuple[int, ...] = ()
+    # [R]: the drafts each request rejects after the step (empty: none), as the sampler
+    # decides them and the next step's computed tokens roll back.
+    num_rejected: tuple[int, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -141,6 +147,8 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> RunnerStepInp
         query_lens=tuple(batch.q_lens),
         new_block_ids=tuple(p[len(p) - n :] for p, n in zip(pages, gained, strict=True)),
         device=torch.device(device),
+        finished_req_ids=batch.finished,
+        num_rejected=batch.rejected,
     )
 
 

@@ -114,6 +114,7 @@ class _Scheduler:
         self.preempted: list[_Request] = []  # may come back
         self.waiting: list[_Request] = []  # preempted before the coming step: not in it
         self.rejected: dict[int, int] = {}  # drafts of the last step to roll back, by request
+        self.finished: list[int] = []  # requests finished since the last step
         self.last_ids: set[int] = set()  # the last step's requests
         self.last_q: dict[int, int] = {}  # the last step's query lengths, by request
         self.last_cudagraph = True  # whether the last step ran in a graph
@@ -202,6 +203,8 @@ class _Scheduler:
         if preempted:
             req.prompt_len, req.computed = req.computed, 0
             self.waiting.append(req)
+        else:
+            self.finished.append(req.req_id)
 
     @property
     def tokens_wanted(self) -> int:
@@ -312,6 +315,11 @@ class _Scheduler:
         else:
             use_cudagraph = self.last_cudagraph
         self.last_q, self.last_cudagraph = dict(wanted), use_cudagraph
+        # The step runs: some drafts are rejected (none, shrunk), which the step records.
+        for req in self.running:
+            if drafts[req.req_id]:
+                self.rejected[req.req_id] = draw(st.integers(0, drafts[req.req_id]))
+        rejected = tuple(self.rejected.get(rid, 0) for rid in ids)
         batch = Batch(
             tuple(computed),
             tuple(q_lens),
@@ -320,13 +328,13 @@ class _Scheduler:
             req_ids=tuple(ids),
             pages=tuple(pages),
             new_pages=tuple(new_pages),
+            finished=tuple(self.finished),
+            rejected=rejected if any(rejected) else (),
         )
         self.last_ids = set(ids)
-        # The step ran: its tokens are computed; some drafts are rejected (none, shrunk).
-        for req in self.running:
+        self.finished = []
+        for req in self.running:  # the step ran: its tokens are computed
             req.computed += wanted[req.req_id]
-            if drafts[req.req_id]:
-                self.rejected[req.req_id] = draw(st.integers(0, drafts[req.req_id]))
         return batch
 
 

@@ -28,15 +28,17 @@ def config(num_spec: int, **overrides):
 
 def decodes(num_spec: int) -> tuple[Batch, ...]:
     """Two requests prefill (5 and 3 tokens), decode with every draft, then one decodes
-    with its drafts and the other with none. Request 7 accepts (7 + 5) % (num_spec + 1)
-    = 0 of its drafts in step 2 (``runner_step_drafter.accepted``): the padded drafter batch keeps
-    the rejected ones as rows."""
+    with its drafts and the other with none. Request 7 rejects every draft in steps 2
+    and 3 (the steps' ``rejected``, which V1's rejection sampler is made to decide): the
+    padded drafter batch keeps the rejected ones as rows; request 8 accepts all."""
     q = 1 + num_spec
     return (
         Batch((0, 0), (5, 3), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(1, 1)),
-        Batch((5, 3), (q, q), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0)),
-        Batch((5 + q, 3 + q), (q, 1), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0)),
-    )
+        Batch((5, 3), (q, q), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0),
+              rejected=(num_spec, 0)),
+        Batch((6, 3 + q), (q, 1), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0),
+              rejected=(num_spec, 0)),
+    )  # fmt: skip
 
 
 def adapter():
@@ -177,7 +179,7 @@ def test_a_step_past_the_drafter_s_length_limit_proposes_nothing():
 def test_the_unpadded_drafter_batch_drops_each_rejected_draft_and_every_property_holds():
     """``vllm-v1-unpadded-drafts``: the runner proposes on the valid sampled tokens and
     ``prepare_inputs`` drops each request's rejected drafts from the first pass. In
-    step 2 request 7 accepts none of its 2 drafts and request 8 both ((8 + 3) % 3): the
+    step 2 request 7 accepts none of its 2 drafts and request 8 both: the
     first pass keeps 1 + 3 tokens, its offsets [0, 1, 4], its sequence lengths the
     upper bound less the rejected (8 - 2, 6), the positions of the kept tokens."""
     from attnfuzz.adapters.vllm import runner_step_unpadded_drafts as unpadded

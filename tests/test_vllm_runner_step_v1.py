@@ -271,3 +271,122 @@ def test_drawn_traces_hold_every_property(trace):
 def test_longer_drawn_traces_hold_every_property(trace):
     config = dataclasses.replace(trace.config, runner="v1")
     run_trace(Trace(config, trace.steps))
+
+
+FINISH_THEN_DECODE = (
+    Batch((0, 0, 0), (3, 4, 5), req_ids=(0, 1, 2), pages=((1,), (2,), (3,)), new_pages=(1, 1, 1)),
+    Batch((4, 5), (2, 2), req_ids=(1, 2), pages=((2,), (3,)), new_pages=(0, 0), finished=(0,)),
+    Batch((6, 7), (2, 2), req_ids=(1, 2), pages=((2,), (3,)), new_pages=(0, 0)),
+)
+"""Three requests prefill; request 0 finishes (``finished``) and the other two decode."""
+
+
+def test_a_finished_request_is_removed_and_the_batch_condensed(monkeypatch):
+    """Request 0 finishes: the scheduler output names it in ``finished_req_ids``,
+    ``_update_states`` drops its state and ``remove_request`` its row 0, and
+    ``condense`` moves request 2 down from row 2 into it (its block-table row too).
+    The fresh engine, which never held request 0, agrees on every build."""
+    rs = adapter()  # before vLLM
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    finished, moved = [], []
+    output, condense = rs._output, InputBatch.condense
+
+    def spy_output(inputs, held):
+        out = output(inputs, held)
+        finished.append(set(out.finished_req_ids))
+        return out
+
+    def spy_condense(self):
+        before = list(self._req_ids)
+        condense(self)
+        moved.append((before, list(self._req_ids)))
+
+    monkeypatch.setattr(rs, "_output", spy_output)
+    monkeypatch.setattr(InputBatch, "condense", spy_condense)
+    outs = run_trace(Trace(small_config(), FINISH_THEN_DECODE))
+    assert {"0"} in finished
+    assert ([None, "1", "2"], ["2", "1"]) in moved
+    (eager,) = builds(outs[1], "eager")
+    assert eager.field("seq_lens").values.tolist() == [7, 6]
+    assert eager.field("block_table").values[:2, 0].tolist() == [3, 2]
+
+
+def test_a_condense_that_leaves_the_block_table_row_behind_is_caught(monkeypatch):
+    """A mutant of the persistent batch: ``condense`` moves a request down into a
+    finished one's row without its block-table row (``MultiGroupBlockTable.move_row``
+    does nothing). The moved request reads the finished one's pages: the engine's
+    builds disagree with the fresh engine's, which never held the finished request."""
+    adapter()  # before vLLM
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    monkeypatch.setattr(MultiGroupBlockTable, "move_row", lambda self, src, tgt: None)
+    outs = run_trace(Trace(small_config(), FINISH_THEN_DECODE), holds=False)
+    found = {(v.prop, v.field, v.build) for v in ref.violations(outs[1])}
+    assert ("history invariance", "block_table", "fresh") in found
+    assert ("history invariance", "kv_slots", "fresh") in found
+    assert ref.violations(outs[0]) == []
+
+
+REJECTING_DECODES = (
+    Batch((0, 0), (5, 3), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(1, 1)),
+    Batch((5, 3), (3, 3), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0), rejected=(1, 0)),
+    Batch((7, 6), (3, 3), req_ids=(7, 8), pages=((1,), (2,)), new_pages=(0, 0), rejected=(2, 1)),
+)
+"""Two requests prefill, then decode with 2 drafts each: request 7 rejects 1 then 2,
+request 8 none then 1 (the steps' ``rejected``)."""
+
+
+def test_v1_s_rejection_sampler_decides_the_trace_s_acceptance(monkeypatch):
+    """``sample_tokens`` runs after each ``execute_model``: V1's ``RejectionSampler``
+    samples the stand-in model's logits greedily, accepting the drafts the step accepts
+    , and the drafter proposes from there; its
+    first draft loop sub-step of step 2 is request 7's computed tokens, its one
+    accepted draft, the bonus token and the new draft (5 + 1 + 1 + 1)."""
+    adapter()  # before vLLM
+    import vllm.v1.worker.gpu_model_runner as gmr
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    calls: collections.Counter[str] = collections.Counter()
+    for owner, name in (
+        (gmr.GPUModelRunner, "sample_tokens"),
+        (gmr.GPUModelRunner, "_bookkeeping_sync"),
+        (RejectionSampler, "forward"),
+    ):
+        original = getattr(owner, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+    outs = run_trace(Trace(small_config(num_spec=2), REJECTING_DECODES))
+    assert calls["sample_tokens"] >= 3 * 3 and calls["_bookkeeping_sync"] >= 3 * 3
+    assert calls["forward"] >= 2 * 3  # the decode steps of each engine
+    (loop,) = [b for b in outs[1].of("eager") if b.draft == 1]
+    assert loop.field("seq_lens").values.tolist()[:2] == [5 + 1 + 1 + 1, 3 + 2 + 1 + 1]
+
+
+def test_a_rejection_sampler_that_keeps_the_last_step_s_tokens_is_caught(monkeypatch):
+    """A mutant of the rejection sampler: a rejected position keeps the token the
+    previous step sampled there (an output buffer not reset between steps). How many
+    drafts a request accepts then depends on the engine's history: the drafter's
+    builds disagree with the fresh engine's."""
+    adapter()  # before vLLM
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    original = RejectionSampler.forward
+    last: dict[int, object] = {}
+
+    def stale(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        tokens, before = out.sampled_token_ids, last.get(id(self))
+        if before is not None and before.shape == tokens.shape:
+            tokens[tokens == -1] = before[tokens == -1]
+        last[id(self)] = tokens.clone()
+        return out
+
+    monkeypatch.setattr(RejectionSampler, "forward", stale)
+    outs = run_trace(Trace(small_config(num_spec=2), REJECTING_DECODES), holds=False)
+    found = {(v.prop, v.build) for v in ref.violations(outs[2])}
+    assert ("history invariance", "fresh.draft1") in found

@@ -6,9 +6,9 @@ After ``execute_model``, vLLM 0.33.0's V1 runner proposes the next step's drafts
 ``SpeculativeConfig`` default, ``disable_padded_drafter_batch=False``), if the step fits
 in the drafter (``GPUModelRunner._input_fits_in_drafter``, against the draft model's
 length limit, the case's as ``SpeculativeConfig`` derives it) it calls
-``GPUModelRunner.propose_draft_token_ids`` on the GPU sampled tokens; else one of
-several data-parallel ranks runs the drafter's dummy run. What runs
-unchanged, on the runner's own ``EagleProposer`` (``vllm/v1/spec_decode/eagle.py``,
+``GPUModelRunner.propose_draft_token_ids`` on the GPU sampled tokens (the rejection
+sampler's); else one of several data-parallel ranks runs the drafter's dummy run. What
+runs unchanged, on the runner's own ``EagleProposer`` (``vllm/v1/spec_decode/eagle.py``,
 ``llm_base_proposer.py``) made by the runner's constructor:
 
 - ``GPUModelRunner.propose_draft_token_ids`` and ``_input_fits_in_drafter``;
@@ -30,9 +30,11 @@ Stood in, as ``load_model`` would make them:
   ``model_returns_tuple``) and zero logits; its attention layer (``_DraftLayer``, in
   the static forward context, one more layer of the target's KV-cache group as an MTP
   layer is) names the Triton backend;
-- the sampler: the sampled tokens of each request, its accepted drafts then a bonus
-  token, -1 for each rejected draft (as the rejection sampler returns them); how many a
-  request accepts is drawn from the step (:func:`accepted`), the same on every engine;
+- nothing of the sampler: ``sample_tokens`` runs whole (:mod:`.runner_step_v1`), V1's
+  ``RejectionSampler`` deciding from the target's logits, which the stand-in model
+  makes so that greedy sampling accepts the drafts the step accepts (:func:`accepted`:
+  the trace's ``rejected``, the same on every engine); the draft model's logits pick
+  the draft token the next step's scheduler output carries;
 - the data-parallel peer's drafter: its dispatch (``_determine_batch_execution_and_padding``
   of its own drafter, as rank 1) on the peer's step sizes (first pass: its tokens;
   draft sub-steps: its requests), as :func:`.runner_step._peer` derives the peer.
@@ -145,37 +147,14 @@ def install(runner: Any, recorder: Any) -> None:
 
 
 def accepted(inputs: RunnerStepInputs, drafts: dict[str, list[int]]) -> dict[str, int]:
-    """How many of its drafts each request of the step accepts: drawn from the step (its
-    id and computed tokens), so that every engine of the step samples alike."""
+    """How many of its drafts each request of the step accepts: the trace's (its drafts
+    less those it rejects, ``num_rejected``), on every engine of the step alike."""
+    rejected = inputs.num_rejected or (0,) * inputs.num_reqs
     out = {}
-    for rid, computed in zip(inputs.req_ids, inputs.num_computed_tokens, strict=True):
+    for rid, x in zip(inputs.req_ids, rejected, strict=True):
         d = len(drafts.get(str(rid), ()))
-        out[str(rid)] = (rid + computed) % (d + 1)
+        out[str(rid)] = d - min(x, d)
     return out
-
-
-def sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> torch.Tensor:
-    """The rejection sampler's output for the step: per row of the runner's batch, the
-    accepted drafts and a bonus token, -1 past them; as wide as the step's most drafts
-    plus one."""
-    drafts = out.scheduled_spec_decode_tokens
-    width = 1 + max((len(d) for d in drafts.values()), default=0)
-    req_ids = runner.input_batch.req_ids
-    sampled = torch.full((len(req_ids), width), -1, dtype=torch.int32)
-    for row, rid in enumerate(req_ids):
-        sampled[row, : taken[rid] + 1] = 1  # any id the vocabulary holds
-    return sampled.to(runner.device)
-
-
-def valid_sampled_token_ids(runner: Any, out: Any, taken: dict[str, int]) -> list[list[int]]:
-    """What ``_bookkeeping_sync`` hands an unpadded drafter batch: per row of the
-    runner's batch, the accepted drafts and a bonus token, none for a request whose
-    step samples nothing (``discard_request_mask``: a partial prefill)."""
-    discard = runner.discard_request_mask.np
-    return [
-        [] if discard[row] else [1] * (taken[rid] + 1)
-        for row, rid in enumerate(runner.input_batch.req_ids)
-    ]
 
 
 def first_pass_tokens(out: Any, taken: dict[str, int], padded: bool) -> int:
@@ -186,47 +165,6 @@ def first_pass_tokens(out: Any, taken: dict[str, int], padded: bool) -> int:
         return total
     drafts = out.scheduled_spec_decode_tokens
     return total - sum(len(d) - taken[rid] for rid, d in drafts.items() if d)
-
-
-def propose(runner: Any, recorder: Any, out: Any, taken: dict[str, int]) -> bool:
-    """``sample_tokens``' draft proposal for an EAGLE drafter, on the state
-    ``execute_model`` left, each draft forward reported to ``recorder`` as its
-    sub-step: whether the drafter proposed. The padded drafter batch takes the GPU
-    sampled tokens; the unpadded one (``disable_padded_drafter_batch``) proposes after
-    bookkeeping, on each request's valid sampled tokens."""
-    state = runner.execute_model_state
-    if state is None or runner.speculative_config is None:
-        return False
-    (_, _, spec_decode_metadata, spec_cm, hidden_states, sample_hidden_states,
-     aux_hidden_states, _, _, slot_mappings) = state  # fmt: skip
-    padded = not runner.speculative_config.disable_padded_drafter_batch
-    sampled: Any
-    if padded:
-        sampled = sampled_token_ids(runner, out, taken)
-    else:
-        sampled = valid_sampled_token_ids(runner, out, taken)
-    if not runner._input_fits_in_drafter(spec_cm):
-        if runner.parallel_config.data_parallel_size > 1:
-            # sample_tokens: a dummy run keeps the ranks' collectives paired.
-            runner.drafter.dummy_run(num_tokens=1)
-        return False
-    recorder.draft = 0
-    recorder.first_pass = first_pass_tokens(out, taken, padded)
-    try:
-        runner.propose_draft_token_ids(
-            out,
-            sampled,
-            runner.input_batch.sampling_metadata,
-            hidden_states,
-            sample_hidden_states,
-            aux_hidden_states,
-            spec_decode_metadata,
-            spec_cm,
-            slot_mappings,
-        )
-    finally:
-        recorder.draft = None
-    return True
 
 
 def peer_columns(runner: Any, collect: Any, sizes: tuple[int, ...]) -> None:

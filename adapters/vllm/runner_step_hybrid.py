@@ -27,9 +27,9 @@ batch the builder splits them (``spec_*`` and ``non_spec_*``) and its sub-batche
 fewer rows than the step: no graph pads such a batch (GDN's FULL graphs are uniform
 decodes), so each build holds the same rows, compared whole.
 
-Not run: ``sample_tokens`` (as in ``vllm-v1``), so the accepted counts the runner hands
-the builder are its defaults (1): ``_update_states_after_model_execute`` sets them only
-for a model whose config is hybrid, which the stand-in model's config is not.
+The accepted counts the runner hands the builder are its defaults (1): ``sample_tokens``
+runs (as in ``vllm-v1``), but ``_update_states_after_model_execute`` sets them only for
+a model whose config is hybrid, which the stand-in model's config is not.
 """
 
 from __future__ import annotations

@@ -22,15 +22,27 @@ padding and graph itself. What runs unchanged:
 - ``InputBatch``, ``BlockTable`` and the Triton attention backend's own
   ``TritonAttentionMetadataBuilder`` (``build``, ``build_for_cudagraph_capture``);
   ``set_forward_context``;
-- the drafter, ``EagleProposer``, made by the runner, its proposal after each step as
-  ``sample_tokens`` makes it (``propose_draft_token_ids``) and its dummy runs
+- ``sample_tokens`` after each ``execute_model``, as the worker calls it: ``_sample``
+  with V1's ``RejectionSampler`` (greedy: each draft against the target's argmax, the
+  bonus token; its Triton kernels under the interpreter), ``_bookkeeping_sync``, and the
+  drafter's proposal (``propose_draft_token_ids``, or the dummy run of a step that does
+  not fit in the drafter);
+- finishing: the requests the step names finished (``finished_req_ids``) leave the
+  runner's state and its persistent batch (``InputBatch.remove_request``), which
+  ``condense`` closes up, moving the last requests' rows (block-table rows too) down
+  into the holes;
+- the drafter, ``EagleProposer``, made by the runner, and its dummy runs
   (:mod:`.runner_step_drafter` says what of it runs and what is stood in).
 
 Stood in, and only where a model, a GPU graph or a collective is needed:
 
 - the model: a module that records what the runner hands it (the forward context's
-  attention metadata and slot mapping, the positions) and returns zero hidden states
-  and logits; the draft model (:mod:`.runner_step_drafter`);
+  attention metadata and slot mapping, the positions) and returns zero hidden states,
+  and logits that make greedy sampling accept the drafts the trace's step accepts
+  (``rejected``; :func:`_logits`); the draft model (:mod:`.runner_step_drafter`);
+- greedy sampling's ``argmax`` as on a GPU (the CPU platform's ``_C.greedy_argmax`` is
+  a compiled op); CUDA streams and events of the host copies of sampled and drafted
+  tokens;
 - CUDA graphs: ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` in ``cuda_graph``, a graph
   that remembers what the forward it "captured" read (views of the persistent buffers)
   and whose ``replay`` computes nothing, only records those views as the runner's
@@ -41,10 +53,6 @@ Stood in, and only where a model, a GPU graph or a collective is needed:
   is filled by its own ``_determine_batch_execution_and_padding`` (the peer's batch
   derived from the step, as the V2 adapter's :func:`.runner_step._peer`; for the idle
   rank's dummy run, the step itself);
-- the sampler: ``sample_tokens`` is not run, only its draft proposal, on sampled tokens
-  drawn from the step; the step's ``execute_model_state`` is then dropped (the next
-  scheduler output carries each request's computed tokens, which is all
-  ``_update_states`` takes of it without async scheduling).
 
 Builds of one step (``reference/runner_step.py``), each from its own engine object:
 
@@ -67,8 +75,11 @@ derived from its own metadata (:meth:`_Engine.kv_fields`, :meth:`_Engine.kv_read
 which each backend's engine reads its own way): ``vllm-v1-backends`` holds them across
 backends, the step's other properties across its builds.
 
-No request is finished: one a step leaves out is unscheduled (a preempted one comes
-back resumed, ``resumed_req_ids``), as the scheduler tells a V1 runner.
+A request the step names finished (the trace's ``finished``) is sent in
+``finished_req_ids``; one a step leaves out and not finished is unscheduled (a
+preempted one comes back resumed, ``resumed_req_ids``), as the scheduler tells a V1
+runner. The fresh engine never held a finished request: its row left behind must
+change nothing.
 
 Declined: the V2 runner's cases (``config.runner``), varlen decode graphs (a V2
 runner's adaptive verification), and block sizes the Triton backend has no kernel
@@ -183,6 +194,9 @@ class _Recorder:
     draft: int | None = None  # the next draft sub-step while the drafter proposes
     first_pass: int = 0  # the real tokens of the proposal's first pass
     drafting: bool = False  # the drafter runs (its all-reduces are its peer's drafter's)
+    # The target's logits of the step's sampled rows (their count in, the logits out):
+    # what makes greedy sampling accept the drafts the step accepts (:func:`_logits`).
+    logits: Any = None
     linear_layer: str | None = None  # a second KV-cache group's layer, if the model has one
     freeze: Any = None  # the engine's copy of its attention metadata (_Seen.freeze)
 
@@ -247,7 +261,9 @@ class _Handed(torch.nn.Module):
         return self.inner(input_ids=input_ids, positions=positions, **kwargs)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(hidden_states.shape[0], 1)
+        if self.recorder.logits is None:
+            return torch.zeros(hidden_states.shape[0], 1)
+        return self.recorder.logits(hidden_states.shape[0])
 
 
 class _Graph:
@@ -267,6 +283,28 @@ class _Graph:
             kind = "replay" if r.kind == "step" else r.kind
             where = f"compilation/cuda_graph.py: CUDAGraphWrapper.__call__ ({r.where})"
             r.seen.append((kind, where, self.read.frozen()))
+
+
+class _Stream:
+    """A CUDA stream on no device: the runner's copies to the host run in order on the
+    host."""
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+
+class _Event:
+    """A CUDA event on no device (the CPU backend has none): the host's copies are done
+    when ``record`` returns."""
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
 
 
 def _one_rank() -> Any:
@@ -346,8 +384,11 @@ class _Engine:
             host_memory(device),
             set_current_vllm_config(vc),
             mock.patch.object(gmr, "get_pp_group", _one_rank),
-            # The copy streams of drafted tokens: a CUDA stream, which no CPU has.
-            mock.patch("torch.cuda.Stream", lambda *a, **k: None),
+            # The copy streams and events of sampled and drafted tokens: CUDA's, which
+            # no CPU has.
+            mock.patch("torch.cuda.Stream", lambda *a, **k: _Stream()),
+            mock.patch("torch.Event", lambda *a, **k: _Event()),
+            mock.patch("torch.cuda.Event", lambda *a, **k: _Event()),
         ):
             r = self.runner = gmr.GPUModelRunner(vc, device)
             layers = [_LAYER]
@@ -566,15 +607,19 @@ def _data_parallel(
 
 def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
     """The step's ``SchedulerOutput`` (:func:`.runner_step._scheduler_output`) as the
-    scheduler sends it to a V1 runner that holds the requests ``held``: a request not in
-    the step is left unscheduled, not finished (the scheduler preempts without telling
-    the runner; a finished request's state alone lingers); a request new to the step
-    that the runner holds was preempted and is resumed (``resumed_req_ids``, all its
-    pages, as ``Scheduler._make_cached_request_data``); each arriving request a greedy
-    generation (V1's ``InputBatch.add_request`` takes sampling or pooling parameters)."""
+    scheduler sends it to a V1 runner that holds the requests ``held``: the requests
+    finished since the last step in ``finished_req_ids`` (``Scheduler.schedule`` sends
+    what ``finish_requests`` and ``_free_request`` collected; ``_update_states`` drops
+    their state and rows, then condenses the batch); a request left out and not
+    finished is left unscheduled (the scheduler preempts without telling the runner,
+    which keeps its state); a request new to the step that the runner holds was
+    preempted and is resumed (``resumed_req_ids``, all its pages, as
+    ``Scheduler._make_cached_request_data``); each arriving request a greedy generation
+    (V1's ``InputBatch.add_request`` takes sampling or pooling parameters)."""
     from vllm.sampling_params import SamplingParams
 
     out = _scheduler_output(inputs, set())
+    out.finished_req_ids = {str(rid) for rid in inputs.finished_req_ids}
     cached = out.scheduled_cached_reqs
     arriving = []
     for new in out.scheduled_new_reqs:
@@ -605,22 +650,88 @@ def _running(engine: _Engine, kind: str, where: str, data_parallel: Any) -> Iter
         engine.recorder.kind = None
 
 
+DRAFT_TOKEN = 0
+"""The token of every draft the scheduler output carries (``runner_step._scheduler_output``)."""
+
+
+def _logits(runner: Any, out: Any, taken: dict[str, int]) -> Any:
+    """The target's logits of the step's sampled rows, as the model would make them for
+    greedy sampling to accept ``taken`` drafts of each request: per request, in the
+    runner's batch order (after ``_update_states``), a row per draft and one past them
+    (``spec_decode_metadata``'s target and bonus rows; one row without drafts). The
+    rejection sampler accepts a draft whose row's argmax is the draft's token: the
+    first ``taken`` rows pick :data:`DRAFT_TOKEN`, the next another token (the rejected
+    draft's recovered token, or the bonus token)."""
+
+    def logits(rows: int) -> torch.Tensor:
+        drafts = out.scheduled_spec_decode_tokens
+        picks: list[int] = []
+        for rid in runner.input_batch.req_ids:
+            d = len(drafts.get(rid, ()))
+            picks += [DRAFT_TOKEN] * taken[rid] + [DRAFT_TOKEN + 1] * (d + 1 - taken[rid])
+        if len(picks) != rows:
+            raise RuntimeError(
+                f"attnfuzz: {rows} sampled rows, the step's drafts make {len(picks)}"
+            )
+        values = torch.zeros(rows, runner.input_batch.vocab_size)
+        values[torch.arange(rows), torch.tensor(picks, dtype=torch.long)] = 1.0
+        return values
+
+    return logits
+
+
+@contextlib.contextmanager
+def _sampling(engine: _Engine, out: Any, taken: dict[str, int]) -> Iterator[None]:
+    """``sample_tokens``' host stand-ins: greedy sampling as on a GPU (``argmax``; the
+    CPU platform's ``_C.greedy_argmax`` is a compiled op this build lacks), the copy
+    streams, and the drafter's proposal reported to the recorder as the step's draft
+    sub-steps (``propose_draft_token_ids``, the real tokens of its first pass those of
+    :func:`.runner_step_drafter.first_pass_tokens`)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    r, rec = engine.runner, engine.recorder
+    propose = r.propose_draft_token_ids
+
+    def proposed(*args: Any, **kwargs: Any) -> Any:
+        rec.draft = 0
+        rec.first_pass = drafting.first_pass_tokens(out, taken, engine.padded_drafts)
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            rec.draft = None
+
+    def greedy(logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1).view(-1)
+
+    with (
+        mock.patch.object(Sampler, "greedy_sample", staticmethod(greedy)),
+        mock.patch.object(r, "propose_draft_token_ids", proposed),
+        mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()),
+        mock.patch("torch.cuda.current_stream", lambda *a, **k: _Stream()),
+    ):
+        rec.drafting = True
+        try:
+            yield
+        finally:
+            rec.drafting = False
+
+
 def _execute(engine: _Engine, out: Any, taken: dict[str, int], peer: _Peer | None = None) -> Any:
-    """``execute_model`` of one scheduler output, then the drafter's proposal as
-    ``sample_tokens`` makes it, its requests accepting ``taken`` drafts; the runner's
-    input batch after it."""
+    """``execute_model`` of one scheduler output, then ``sample_tokens`` as the worker
+    calls it: V1's rejection sampler on the model's logits (:func:`_logits`: its
+    requests accept ``taken`` drafts), bookkeeping and the drafter's proposal; the
+    runner's input batch after it."""
     r = engine.runner
     where = "gpu_model_runner.py: GPUModelRunner.execute_model"
     rec = engine.recorder
     with _running(engine, "step", where, _data_parallel(r, rec, peer)):
-        r.execute_model(out)
-        rec.drafting = True
+        rec.logits = _logits(r, out, taken)
         try:
-            drafting.propose(r, rec, out, taken)
+            r.execute_model(out)
         finally:
-            rec.drafting = False
-    # sample_tokens is not run: the next step's scheduler output says what it decided.
-    r.execute_model_state = None
+            rec.logits = None
+        with _sampling(engine, out, taken):
+            r.sample_tokens(None)
     engine.held = set(r.requests)
     return r.input_batch
 
