@@ -128,6 +128,14 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.kernels.ops.speculative.cache_locs", "assign_draft_cache_locs_contiguous_func"),
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
+    "runner_step_fa3_draft_extend": (
+        Api(_EAGLE_DRAFT_EXTEND_RUNNER, "EAGLEDraftExtendCudaGraphRunner.execute"),
+        Api(_FA3, "FlashAttentionBackend.init_forward_metadata"),
+        Api(_FA3, "FlashAttentionBackend._apply_cuda_graph_metadata"),
+        Api(_FA3, "FlashAttentionBackend._bind_metadata_buffers"),
+        Api("sglang.srt.speculative.eagle_info", "EagleDraftExtendInput"),
+        Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    ),
     "runner_step_flashinfer": (
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
         Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),

@@ -339,6 +339,55 @@ def _runner_step_fa3_draft() -> list[Implementation]:
     ]
 
 
+def _fa3_draft_extend() -> Any:
+    """The FA3 EAGLE draft-extend runner-step adapter, imported when a mutant's trace is
+    judged."""
+    from attnfuzz.adapters.sglang import runner_step_fa3_draft_extend
+
+    return runner_step_fa3_draft_extend
+
+
+def _reach_fa3_draft_extend_replay(trace: Trace) -> bool:
+    return _fa3_draft_extend().reach_draft_extend_replay(trace)
+
+
+def _smallest_fa3_draft_extend_window_forgotten() -> Trace:
+    return _fa3_draft_extend().smallest_window_forgotten()
+
+
+def _runner_step_fa3_draft_extend() -> list[Implementation]:
+    """SGLang's EAGLE draft-extend graph runner on the FlashAttention 3 backend, and a
+    defect of its graph's query offsets re-created."""
+    backend = "layers/attention/flashattention_backend.py:FlashAttentionBackend"
+    declines = sglang.EngineCall("runner_step_fa3_draft_extend", "declines")
+    return [
+        sglang_impl(
+            "runner_step_fa3_draft_extend",
+            "run",
+            name="sglang-fa3-eagle-draft-extend",
+            description="installed SGLang: speculative/eagle_draft_extend_cuda_graph_runner.py:"
+            "EAGLEDraftExtendCudaGraphRunner (as sglang-eagle-draft-extend) over the draft "
+            f"model's {backend} (DRAFT_EXTEND_V2: eager init_forward_metadata, "
+            "init_cuda_graph_state, init_forward_metadata_out_graph at capture and replay)",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3_draft_extend",
+            "run_window_forgotten",
+            name="sglang-fa3-eagle-draft-extend-window-forgotten",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph draft-extend metadata "
+            "takes one query token a request (the window forgotten): cu_seqlens_q",
+            trigger=_reach_fa3_draft_extend_replay,
+            reach=_reach_fa3_draft_extend_replay,
+            smallest=_smallest_fa3_draft_extend_window_forgotten,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _trtllm_mha() -> Any:
     """The TRT-LLM MHA runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_trtllm_mha
@@ -660,6 +709,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3(),
         *_runner_step_fa3_tree(),
         *_runner_step_fa3_draft(),
+        *_runner_step_fa3_draft_extend(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
