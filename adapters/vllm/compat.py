@@ -363,6 +363,11 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         # its speculator, made and run as the runner does
         Api("vllm.v1.worker.gpu.spec_decode", "init_speculator"),
         Api("vllm.v1.worker.gpu.spec_decode.utils", "get_drafter_hidden_states"),
+        # sample_tokens between two steps, on the samplers load_model makes
+        Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens"),
+        Api("vllm.v1.worker.gpu.sample.sampler", "Sampler"),
+        Api("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler"),
+        Api("vllm.v1.worker.gpu.spec_decode.utils", "DraftTokensHandler"),
     ),
     # runner_step_v1: the V1 execute_model whole, its capture and its model's graph
     # wrapper, in 0.33.0's forms (the slot mappings built apart from the metadata).
@@ -434,6 +439,12 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
+# runner_step_standalone_ar: runner_step's engine, its speculative config's draft_model
+# method making the standalone autoregressive speculator.
+REQUIRES["runner_step_standalone_ar"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator",
+        "StandaloneARSpeculator._multi_step_decode"),
+)  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
 # vLLM's own choice for the platform.

@@ -661,6 +661,18 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         vllm_impl(
+            "runner_step_standalone_ar",
+            "run",
+            name="vllm-standalone-ar",
+            description="installed vLLM (V2 runner) with a standalone draft model: the "
+            "vllm step, its speculative config's draft_model method making vllm/v1/worker/"
+            "gpu/spec_decode/standalone_ar/speculator.py:StandaloneARSpeculator, whose "
+            "_prefill (the correction-token expansion kernel) and _multi_step_decode run "
+            "after each step in the runner's own sample_tokens; one rank (no peer)",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
             "runner_step_v1",
             "run",
             name="vllm-v1",

@@ -197,6 +197,7 @@ class _Recorder:
     # The speculator's forwards of a proposal: (build, draft sub-step, what it read).
     drafted: list[tuple[str, int, _Seen]] = field(default_factory=list)
     draft: int | None = None  # the next draft sub-step while the speculator proposes
+    speculator_where: str = speculating.WHERE  # the speculator's class, in vLLM
     replaying: bool = False  # a draft graph replays (its forwards are the replay's)
 
     @staticmethod
@@ -221,7 +222,8 @@ class _Recorder:
         seen = self.handed(positions, speculating.DRAFT_LAYER).frozen()
         if self.draft is None:
             if self.kind == "capture":
-                self.seen.append((self.kind, f"{speculating.WHERE} ({self.where})", seen))
+                where = f"{self.speculator_where} ({self.where})"
+                self.seen.append((self.kind, where, seen))
             return
         self.drafted.append(("replay" if self.replaying else self.kind, self.draft, seen))
         self.draft += 1
@@ -384,10 +386,12 @@ def _attention(
     return [[group]], kv
 
 
-def _vllm_config(config: EngineConfig, mode: str) -> Any:
+def _vllm_config(config: EngineConfig, mode: str, speculator: str) -> Any:
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
     vc = _engine.vllm_config(config)
+    if vc.speculative_config is not None and speculator != speculating.MTP:
+        vc.speculative_config = speculating.speculative_config(speculator, config.num_spec)
     cc = vc.compilation_config
     # A CUDA engine's compilation (the CPU platform sets neither): VLLM_COMPILE,
     # attention among the splitting ops (CompilationConfig.set_splitting_ops_for_v1).
@@ -403,7 +407,9 @@ class _Engine:
     """One runner: its objects made as ``GPUModelRunner.__init__``, ``load_model`` and
     ``initialize_kv_cache`` make them, and its graphs captured (``capture_model``)."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+    def __init__(
+        self, config: EngineConfig, device: torch.device, mode: str, speculator: str
+    ) -> None:
         from vllm.config import CUDAGraphMode, set_current_vllm_config
         from vllm.v1.attention.backend import AttentionCGSupport
         from vllm.v1.worker.block_table import get_block_table_width
@@ -419,7 +425,7 @@ class _Engine:
 
         self.config, self.device = config, device
         self.recorder = _Recorder()
-        vc = self.vllm_config = _vllm_config(config, mode)
+        vc = self.vllm_config = _vllm_config(config, mode, speculator)
         r = self.runner = _runner_class()()
         r.vllm_config, r.model_config = vc, vc.model_config
         r.parallel_config, r.compilation_config = vc.parallel_config, vc.compilation_config
@@ -450,6 +456,7 @@ class _Engine:
             r.speculator = None
             if speculating.runs(config, vc):
                 r.speculator = speculating.make(r, self.recorder)
+                self.recorder.speculator_where = speculating.where(r.speculator)
             _samplers(r, vc)
             r.attn_groups, r.kv_cache_config = _attention(
                 vc, config, device, draft=r.speculator is not None
@@ -755,14 +762,16 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         r.execute_model_state = None
         r.speculator = held
     out = []
+    extra = r.speculator.num_extra_query_per_req if r.speculator is not None else 0
     for kind, draft, seen in recorder.drafted:
-        # The draft prefill runs the step's tokens; each draft decode one per request.
-        tokens = batch.num_tokens if draft == 0 else batch.num_reqs
+        # The draft prefill runs the step's tokens (and the speculator's extra query
+        # rows, a request's correction token); each draft decode one per request.
+        tokens = batch.num_tokens + extra * batch.num_reqs if draft == 0 else batch.num_reqs
         fields = _fields(engine.config, seen)
         if draft == 0:
             fields = _draft_prefill_positions(engine.config, seen, fields, rejected)
         # Made after the last step, for its requests, once this step came.
-        build = StepBuild(kind, batch.num_reqs, tokens, fields, speculating.WHERE,
+        build = StepBuild(kind, batch.num_reqs, tokens, fields, recorder.speculator_where,
                           draft=draft, proposed_before=True)  # fmt: skip
         out.append(build)
     recorder.drafted.clear()
@@ -978,6 +987,12 @@ class RunnerStepEngine:
     """One vLLM engine seen three ways: with the config's graphs and a data-parallel
     peer, eagerly (cudagraph mode NONE), and afresh each step."""
 
+    speculator = speculating.MTP
+    """The speculator the speculative config makes (:data:`.runner_step_speculator.MTP`,
+    :data:`.runner_step_speculator.STANDALONE_AR`)."""
+    data_parallel = True
+    """Whether the graph engine has a data-parallel peer (its dummy runs come with it)."""
+
     def __init__(self) -> None:
         self.new_engine()
 
@@ -993,8 +1008,9 @@ class RunnerStepEngine:
         builds: list[StepBuild] = []
         if self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)
-            self.graphs = _Engine(inputs.config, inputs.device, inputs.config.cudagraph_mode)
-            self.eager = _Engine(inputs.config, inputs.device, "NONE")
+            mode = inputs.config.cudagraph_mode
+            self.graphs = _Engine(inputs.config, inputs.device, mode, self.speculator)
+            self.eager = _Engine(inputs.config, inputs.device, "NONE", self.speculator)
             self.fresh = None
             builds += _seen_builds(self.graphs, 0, 0)  # the capture runs
         graphs, eager = self.graphs, self.eager
@@ -1011,14 +1027,16 @@ class RunnerStepEngine:
         builds += _sample(eager, now, "eager") + _sample(graphs, now, "padded")
         if self.fresh is not None:
             builds += _sample(self.fresh, now, "fresh")
-        # This rank idle while the peer runs the step (a dummy run between two steps).
-        step_peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
-        _dummy(graphs, step_peer)
-        builds += _seen_builds(graphs, 0, 0)
+        if self.data_parallel:
+            # This rank idle while the peer runs the step (a dummy run between two steps).
+            step_peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
+            _dummy(graphs, step_peer)
+            builds += _seen_builds(graphs, 0, 0)
 
         state = _execute(eager, _scheduler_output(inputs, eager.held))
         builds.append(_step_build("eager", inputs.config, state))
-        state = _execute(graphs, _scheduler_output(inputs, graphs.held), _peer(inputs, dql))
+        peer = _peer(inputs, dql) if self.data_parallel else None
+        state = _execute(graphs, _scheduler_output(inputs, graphs.held), peer)
         padded = _step_build("padded", inputs.config, state)
         builds += [padded, *_seen_builds(graphs, padded.num_reqs, padded.num_tokens)]
         held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
@@ -1038,16 +1056,15 @@ class RunnerStepEngine:
         if any(p < 0 or p > top for pages in inputs.new_block_ids for p in pages):
             raise ValueError(f"attnfuzz: a page id outside the engine's KV cache [0, {top}]")
 
-    @staticmethod
     def _fresh(
-        inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]
+        self, inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]
     ) -> tuple[StepBuild, _Engine]:
         """The step on a new engine of mode NONE: its running requests first added as new
         (one token each, at their computed tokens less one, with the pages they held;
         as many warm-up steps as the token budget takes), then the step's own output;
         the engine, whose speculator proposes after the step."""
         config = inputs.config
-        fresh = _Engine(config, inputs.device, "NONE")
+        fresh = _Engine(config, inputs.device, "NONE", self.speculator)
         running = [i for i, new in enumerate(inputs.is_new) if not new]
         budget = min(config.max_num_batched_tokens, config.max_num_seqs)
         for start in range(0, len(running), budget):

@@ -47,16 +47,71 @@ computed tokens say were rejected.
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
+from pathlib import Path
 from typing import Any
 
+from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 
 DRAFT_LAYER = drafting.DRAFT_LAYER
 WHERE = "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py: TargetDependentARSpeculator"
 
+MTP = "mtp"
+"""The tiny model's own MTP layer: ``MTPSpeculator``."""
+STANDALONE_AR = "draft_model"
+"""A separate draft model (:data:`TINY_LLAMA`): ``StandaloneARSpeculator``."""
+
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 1 << 17,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+"""The standalone draft model's config (a model without MTP layers, so that vLLM keeps
+the ``draft_model`` method); no weights are read."""
+
 # The speculator functions a draft graph captures (``capture``): a replay runs them again.
 _CAPTURED = ("_prefill", "_generate_fused_drafts", "_generate_draft")
+
+
+@functools.cache
+def _speculative_config(kind: str, num_spec: int) -> Any:
+    from vllm.config import SpeculativeConfig
+
+    base = _engine._base_config(num_spec)
+    if kind != STANDALONE_AR:
+        raise ValueError(f"attnfuzz: no speculative config of kind {kind!r}")
+    draft = Path(_engine.model_dir()) / "draft"
+    draft.mkdir(exist_ok=True)
+    (draft / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return SpeculativeConfig(
+        method=kind, model=str(draft), num_speculative_tokens=num_spec,
+        target_model_config=base.model_config, target_parallel_config=base.parallel_config,
+    )  # fmt: skip
+
+
+def speculative_config(kind: str, num_spec: int) -> Any:
+    """The validated ``SpeculativeConfig`` that makes the speculator ``kind`` for
+    ``num_spec`` drafts (cached; a copy)."""
+    return copy.copy(_speculative_config(kind, num_spec))
+
+
+def where(speculator: Any) -> str:
+    """The speculator's class as a build's ``where`` names it."""
+    klass = type(speculator)
+    path = klass.__module__.removeprefix("vllm.").replace(".", "/")
+    return f"{path}.py: {klass.__name__}"
 
 
 def runs(config: Any, vc: Any) -> bool:
@@ -88,7 +143,8 @@ def make(runner: Any, recorder: Any) -> Any:
     speculator.load_draft_model = load_draft_model
     speculator.load_model(runner.model)
     for name in _CAPTURED:
-        setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
+        if hasattr(speculator, name):  # StandaloneARSpeculator captures no graph
+            setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
     return speculator
 
 
