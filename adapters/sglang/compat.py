@@ -248,6 +248,28 @@ REQUIRES["runner_step_backends"] = (
     + REQUIRES["runner_step_flashinfer"]
     + REQUIRES["runner_step_trtllm_mha"]
 )
+# runner_step_eagle_worker.py drives the EAGLE v2 worker over the target decode, draft and
+# draft-extend graph runners, as the three adapters before it build them.
+_EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"
+_EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
+REQUIRES["runner_step_eagle_worker"] = (
+    REQUIRES["runner_step"]
+    + REQUIRES["runner_step_draft"]
+    + REQUIRES["runner_step_draft_extend"]
+    + (
+        Api(_EAGLE_WORKER, "EagleDraftWorker.draft"),
+        Api(_EAGLE_WORKER, "EagleDraftWorker.draft_forward"),
+        Api(_EAGLE_WORKER, "EagleDraftWorker._draft_extend_for_decode"),
+        Api(_EAGLE_WORKER, "EagleDraftWorker._draft_extend_for_prefill"),
+        Api(_EAGLE_WORKER, "EagleDraftWorker._rebuild_topk1_chain_buffers"),
+        Api(_EAGLE_COMMON, "run_eagle_verify", keyword="metadata_ready_pre_pad"),
+        Api(_EAGLE_COMMON, "run_eagle_verify", keyword="finalize_tree_path"),
+        Api("sglang.srt.speculative.eagle_utils", "eagle_sample"),
+        # The Triton paths of the tree build, greedy verify and verify slots (XPU's).
+        Api("sglang.kernels.ops.speculative.spec_tree", "_is_xpu"),
+        Api("sglang.kernels.ops.speculative.cache_locs", "_is_xpu"),
+    )
+)
 
 # adapters/sglang/triton_backend.py
 _TRITON = "sglang.srt.layers.attention.triton_backend"

@@ -745,6 +745,7 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         *_runner_step_multi_layer_eagle(),
+        *_runner_step_eagle_worker(),
     ]
 
 
@@ -803,6 +804,67 @@ def _runner_step_multi_layer_eagle() -> list[Implementation]:
             trigger=_trigger_multi_layer_eagle_accept_length_layout,
             reach=_reach_multi_layer_eagle_replay,
             smallest=_smallest_multi_layer_eagle_accept_length_layout,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
+def _eagle_worker() -> Any:
+    """The EAGLE v2 worker runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_eagle_worker
+
+    return runner_step_eagle_worker
+
+
+def _trigger_eagle_worker_stale_draft_slots(trace: Trace) -> bool:
+    return _eagle_worker().trigger_stale_draft_slots(trace)
+
+
+def _reach_eagle_worker_stale_draft_slots(trace: Trace) -> bool:
+    return _eagle_worker().reach_stale_draft_slots(trace)
+
+
+def _smallest_eagle_worker_stale_draft_slots() -> Trace:
+    return _eagle_worker().smallest_stale_draft_slots()
+
+
+def _runner_step_eagle_worker() -> list[Implementation]:
+    """SGLang's EAGLE v2 worker's own step (draft, verify, draft extend) over the target
+    decode, draft and draft-extend graph runners, and a defect of its draft graph's
+    padding re-created."""
+    worker = "speculative/eagle_worker_v2.py:EagleDraftWorker"
+    declines = sglang.EngineCall("runner_step_eagle_worker", "declines")
+    return [
+        sglang_impl(
+            "runner_step_eagle_worker",
+            "run",
+            name="sglang-eagle-worker",
+            description=f"installed SGLang: the EAGLE v2 worker's step, {worker}.draft "
+            "(prepare_for_draft, draft_forward, build_eagle_verify_input), "
+            "speculative/eagle_worker_common.py:run_eagle_verify (eagle_prepare_for_verify, "
+            "eagle_sample's greedy verification) and _draft_extend_for_decode after a "
+            "verify, _draft_extend_for_prefill after an extend; over the target's "
+            "DecodeCudaGraphRunner, EAGLEDraftCudaGraphRunner and "
+            "EAGLEDraftExtendCudaGraphRunner and their Triton backends (as sglang, "
+            "sglang-eagle-draft, sglang-eagle-draft-extend), each sub-step its builds; a "
+            "graph and model stand-in",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_eagle_worker",
+            "run_stale_draft_slots",
+            name="sglang-eagle-worker-stale-draft-slots",
+            kind="mutant",
+            description="installed SGLang's EAGLE v2 worker whose draft graph runner's "
+            "execute (speculative/eagle_draft_cuda_graph_runner.py:"
+            "EAGLEDraftCudaGraphRunner) pads without buffers.out_cache_loc.zero_(): a "
+            "padded replay's padding rows keep the previous replay's draft slots, and each "
+            "draft step writes a padding token's key over a live request's",
+            trigger=_trigger_eagle_worker_stale_draft_slots,
+            reach=_reach_eagle_worker_stale_draft_slots,
+            smallest=_smallest_eagle_worker_stale_draft_slots,
             declines=declines,
             traced=True,
         ),

@@ -1,6 +1,7 @@
 """SGLang's EAGLE v2 worker's own step (draft, verify, draft extend), as the
-implementation ``sglang-eagle-worker`` of ``runner-step`` (not yet declared in
-``plugin.py`` and ``compat.py``: its tests and a mutant come first).
+implementation ``sglang-eagle-worker`` of ``runner-step``, and its mutant
+``sglang-eagle-worker-stale-draft-slots`` (the draft graph's padding rows keep an
+earlier replay's slots).
 
 ``sglang-eagle-draft`` and ``sglang-eagle-draft-extend`` drive the draft's graph
 runners with the worker stood in; here the worker itself runs, as
@@ -46,15 +47,18 @@ the tensor-parallel group and the plan stream (none). The draft and draft-extend
 model runners hold their own ``ReqToTokenPool``, written row for row as the
 target's (SGLang shares one).
 
-The verify accepts, of request ``i``'s ``num_spec`` drafts, ``(req_id + computed)
-% next_n``: the runner is handed one scheduler output, never the next (which says
-what the scheduler committed), so the accepted count is a function of the step,
-the same on every engine that runs it (history invariance judges the rest).
+The verify accepts, of request ``i``'s ``next_n - 1`` drafts, all but the step's
+``num_rejected[i]`` (all where the step names none): the trace's scheduler decided
+them, and the next step's computed tokens roll back by as many. The target model
+stand-in's logits are chosen so that ``eagle_sample``'s greedy verification accepts
+exactly those.
 
 Builds (each of a sub-step, ``StepBuild.draft``): ``None`` the target verify (or
-the target's extend), ``0`` the draft (each draft step's metadata, and the slots
-and positions each draft step's forward is handed: ``out_cache_loc.s``,
-``positions.s``), ``1`` the draft extend (for decode, or for prefill). ``eager``:
+the target's extend), ``0`` the draft (each draft step's metadata, the slots and
+positions each draft step's forward is handed: ``out_cache_loc.step<s>``,
+``positions.step<s>``, and ``kv_len`` and ``kv_slots``, the keys the last attending
+draft step reads, against which padding writes no real KV judges the draft's slots),
+``1`` the draft extend (for decode, or for prefill). ``eager``:
 the worker without graph runners (``--disable-cuda-graph``); ``padded`` and
 ``replay``: with them, where a graph runs the sub-step; ``fresh``: the eager
 worker on a new engine holding only the step's requests; ``capture``: each
@@ -63,6 +67,7 @@ runner's capture.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import io
@@ -70,17 +75,19 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_draft as draft_mod
 from attnfuzz.adapters.sglang import runner_step_draft_extend as extend_mod
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     Field,
     RunnerStepInputs,
     RunnerStepOutputs,
     StepBuild,
 )
+from attnfuzz.reference.trace import Trace
 
 VOCAB = 2
 """The stand-in models' vocabulary: two tokens, enough for a verify to reject."""
@@ -101,9 +108,12 @@ def declines(case: Case) -> str | None:
     return draft_mod.declines(case)
 
 
-def accepted_drafts(req_id: int, computed: int, next_n: int) -> int:
-    """The drafts request ``req_id``'s verify at ``computed`` accepts (see the module)."""
-    return (req_id + computed) % next_n
+def accepted_drafts(inputs: RunnerStepInputs) -> list[int]:
+    """The drafts each request's verify accepts: its ``next_n - 1`` drafts less those the
+    step rejects (``num_rejected``; empty: none)."""
+    drafts = inputs.config.next_n - 1
+    rejected = inputs.num_rejected or (0,) * inputs.num_reqs
+    return [drafts - n for n in rejected]
 
 
 # -- the graph stand-ins ---------------------------------------------------------------------
@@ -426,9 +436,36 @@ def _engine_allocator(config: EngineConfig) -> Any:
     return decode._engine.StandIn(page_size=config.block_size, get_kvcache=lambda: object())
 
 
-def _named(build: StepBuild, sub: int | None) -> StepBuild:
+def _named(build: StepBuild, sub: int | None, width: int = 0) -> StepBuild:
+    """``build`` as sub-step ``sub``'s; a draft's with the keys its draft steps read
+    (:func:`_draft_kv_read`, rows ``width`` wide: the request-to-token table's)."""
     where = {DRAFT: draft_mod._WHERE, EXTEND: extend_mod._WHERE}.get(sub, decode._WHERE)
+    if sub == DRAFT and width:
+        build = dataclasses.replace(build, fields=build.fields + _draft_kv_read(build, width))
     return dataclasses.replace(build, where=where.get(build.how, build.where), draft=sub)
+
+
+def _draft_kv_read(build: StepBuild, width: int) -> tuple[Field, ...]:
+    """``kv_len`` and ``kv_slots`` of a draft build: the keys its last draft step's
+    forward reads (``kv_indices.s`` between ``kv_indptr.s``), the committed prefix and
+    the request's drafts so far, of which every earlier step's reads are a prefix.
+    Derived from the build's own fields, as ``runner_step``'s are: so that padding
+    writes no real KV judges the draft's slots (``out_cache_loc``) against them."""
+    last = max((int(f.name.rsplit(".", 1)[1]) for f in build.fields
+                if f.name.startswith("kv_indptr.")), default=None)  # fmt: skip
+    if last is None:  # one draft step: no forward reads the KV
+        return ()
+    indptr = build.field(f"kv_indptr.{last}")
+    indices = build.field(f"kv_indices.{last}")
+    assert indptr is not None and indices is not None
+    lengths = np.diff(indptr.values).clip(min=0)
+    table = np.zeros((len(lengths), width), dtype=np.int64)
+    cols = min(width, indices.values.shape[1])
+    table[:, :cols] = indices.values[:, :cols]
+    return (
+        Field("kv_len", "requests", lengths),
+        Field("kv_slots", "requests", table, row_lengths=lengths),
+    )
 
 
 # -- the worker's step ------------------------------------------------------------------------
@@ -509,10 +546,11 @@ def verify_round(
             del backend.init_forward_metadata
         del engine.draft.draft_backend.init_forward_metadata
     acc = engine.draft.accepts()
+    width = engine.draft.runner.req_to_token_pool.req_to_token.shape[1]
     if "fb" in seen:  # the eager draft
         fields = engine.draft._fields(R, seen["fb"], steps)
         fields += tuple(_draft_step_fields(engine.model.calls, R, acc))
-        builds.append(_named(StepBuild(how, R, T, fields), DRAFT))
+        builds.append(_named(StepBuild(how, R, T, fields), DRAFT, width))
     elif graphs and w.cuda_graph_runner is not None:
         g = w.cuda_graph_runner
         bs, backend = g.bs, engine.draft.draft_backend
@@ -528,15 +566,12 @@ def verify_round(
             replay, fields=replay.fields + tuple(_draft_step_fields(engine.model.calls, bs, acc))
         )
         builds += [
-            _named(engine.draft._graph_build("padded", g, bs, R, T, persistent), DRAFT),
-            _named(replay, DRAFT),
+            _named(engine.draft._graph_build("padded", g, bs, R, T, persistent), DRAFT, width),
+            _named(replay, DRAFT, width),
         ]
     batch.spec_info = verify_input  # forward_batch_generation: the verify's input
     # The verify: the target's forward accepts the drafts the step says.
-    engine.target_worker.accepted = [
-        accepted_drafts(i, c, N)
-        for i, c in zip(inputs.req_ids, inputs.num_computed_tokens, strict=True)
-    ]
+    engine.target_worker.accepted = accepted_drafts(inputs)
     target = engine.target
     result = run_eagle_verify(
         batch,
@@ -655,7 +690,10 @@ class WorkerLife(decode.EngineLife):
         else:
             builds += self.step(engine, inputs, mode, "eager", False)
         fresh = self.make(engine.config, engine.device, False)
-        arrived = decode.arrived_anew(engine.target.requests, inputs)
+        # The fresh engine's verify accepts as many drafts as the step's.
+        arrived = dataclasses.replace(
+            decode.arrived_anew(engine.target.requests, inputs), num_rejected=inputs.num_rejected
+        )
         fresh.admit(arrived)
         builds += self.step(fresh, arrived, mode, "fresh", False)
         return RunnerStepOutputs(tuple(builds))
@@ -672,3 +710,144 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- mutant: the draft graph's padding rows keep an earlier replay's slots ---------------------
+
+_ZERO_SLOTS = "buffers.out_cache_loc.zero_()"
+"""The statement of ``EAGLEDraftCudaGraphRunner.execute`` that resets a padded replay's
+draft slots to SGLang's padding slot 0."""
+
+
+class _DropStatement(ast.NodeTransformer):
+    def __init__(self, source: str) -> None:
+        self.source, self.dropped = source, 0
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr | None:
+        if ast.unparse(node) == self.source:
+            self.dropped += 1
+            return None
+        return node
+
+
+def _without(fn: Any, statement: str) -> Any:
+    """``fn`` recompiled from SGLang's own source without ``statement`` (every other
+    line unchanged, at SGLang's file and line numbers)."""
+    definition = decode._engine.function_tree(fn)
+    definition.decorator_list = []
+    dropper = _DropStatement(statement)
+    dropper.visit(definition)
+    assert dropper.dropped == 1, f"{fn.__qualname__} has no single {statement}"
+    module = ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))
+    namespace: dict[str, Any] = {}
+    exec(compile(module, fn.__code__.co_filename, "exec"), fn.__globals__, namespace)  # noqa: S102
+    return namespace[fn.__name__]
+
+
+class _StaleDraftSlotsEngine(_WorkerEngine):
+    """The draft graph runner's ``execute`` without ``buffers.out_cache_loc.zero_()``: a
+    padded replay copies the real requests' draft slots and leaves the padding rows'
+    as the previous replay wrote them, real requests' slots in range. Each draft step's
+    forward writes a padding row's draft token's KV there (no slot is skipped), over a
+    key a request of the step may read: the class of SGLang #24743 and vLLM #36580."""
+
+    def _draft_graph_runner(self) -> Any:
+        from sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
+            EAGLEDraftCudaGraphRunner,
+        )
+
+        runner = super()._draft_graph_runner()
+        execute = _without(EAGLEDraftCudaGraphRunner.execute, _ZERO_SLOTS)
+        runner.execute = execute.__get__(runner)
+        return runner
+
+
+class _StaleDraftSlotsLife(WorkerLife):
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> _WorkerEngine:
+        with decode._server_args(config):
+            return _StaleDraftSlotsEngine(config, device, graphs)
+
+
+STALE_DRAFT_SLOTS = _StaleDraftSlotsLife()
+
+
+def run_stale_draft_slots(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``sglang-eagle-worker-stale-draft-slots``: :class:`_StaleDraftSlotsEngine`."""
+    return STALE_DRAFT_SLOTS(inputs)
+
+
+run_stale_draft_slots.new_engine = STALE_DRAFT_SLOTS.new_engine  # type: ignore[attr-defined]
+
+
+def draft_replays(inputs: RunnerStepInputs) -> int:
+    """The batch size the draft graph replays the step's draft at, else 0: a verify
+    (:func:`runner_step.step_mode`) of at most the largest graph's requests, padded to
+    the smallest graph that holds them (``_pad_to_bucket``)."""
+    if inputs.config.num_spec < draft_mod.MIN_DRAFT_STEPS or decode.step_mode(inputs) != "verify":
+        return 0
+    sizes = decode.graph_batch_sizes(inputs.config)
+    return min((s for s in sizes if s >= inputs.num_reqs), default=0)
+
+
+def _draft_slots(trace: Trace | Case) -> Iterator[tuple[int, int, list[list[int]], set[int]]]:
+    """Each draft the draft graph replays: its batch size, its requests, each request's
+    draft slots (``per_step_draft_out_cache_loc``: keys ``c .. c + num_steps - 1`` of a
+    request of ``c`` committed), and the slots the step's requests read (the last
+    attending draft step's: keys ``0 .. c + num_steps - 2``)."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    steps, pages = trace.config.num_spec, {}
+    for case in trace.cases():
+        inputs = decode.make_inputs(case)
+        for r, new, gained in zip(inputs.req_ids, inputs.is_new, inputs.new_block_ids,
+                                  strict=True):  # fmt: skip
+            pages[r] = [*([] if new else pages.get(r, [])), *gained]
+        bs = draft_replays(inputs)
+        if not bs:
+            continue
+        block = inputs.config.block_size
+        computed = zip(inputs.req_ids, inputs.num_computed_tokens, strict=True)
+        held = [(np.asarray(pages[r], dtype=np.int64), c) for r, c in computed]
+        written = [decode.page_slots(p, c + steps, block)[c:].tolist() for p, c in held]
+        read = {int(s) for p, c in held for s in decode.page_slots(p, c + steps - 1, block)}
+        yield bs, inputs.num_reqs, written, read
+
+
+def trigger_stale_draft_slots(trace: Trace | Case) -> bool:
+    """A padded draft replay whose padding rows' slots, as the earlier draft replays left
+    the buffer (slot 0 before any), include one a real request of the step reads."""
+    left: list[list[int]] = []  # the draft buffer's rows, as the last replay left them
+    for bs, R, written, read in _draft_slots(trace):
+        if R < bs and read & {s for row in left[R:bs] for s in row}:
+            return True
+        left = written + left[R:]
+    return False
+
+
+def reach_stale_draft_slots(trace: Trace | Case) -> bool:
+    """A padded draft replay after an earlier one of more requests (whose slots the
+    padding rows could keep)."""
+    most = 0
+    for bs, R, _, _ in _draft_slots(trace):
+        if R < bs and most > R:
+            return True
+        most = max(most, R)
+    return False
+
+
+def smallest_stale_draft_slots() -> Trace:
+    """Two requests of one token arrive and verify together (the draft graph of two),
+    then request 1 verifies alone with its two drafts accepted: the graph of two again,
+    its padding row keeping request 1's earlier draft slots 6 and 7, keys it reads."""
+    config = EngineConfig(max_model_len=8, max_num_seqs=2, max_num_batched_tokens=6,
+                          block_size=1, num_spec=2, cudagraph_capture_sizes=(6,))  # fmt: skip
+    a, b = (1, 2, 3, 4), (5, 6, 7, 8, 9, 10, 11)
+
+    def step(computed: tuple[int, ...], q: tuple[int, ...], ids: tuple[int, ...],
+             pages: tuple[tuple[int, ...], ...], new: tuple[int, ...]) -> Batch:  # fmt: skip
+        return Batch(computed, q, 0, True, req_ids=ids, pages=pages, new_pages=new)
+
+    return Trace(config, (
+        step((0, 0), (1, 1), (0, 1), (a[:1], b[:1]), (1, 1)),
+        step((1, 1), (3, 3), (0, 1), (a, b[:4]), (3, 3)),
+        step((4,), (3,), (1,), (b,), (3,)),
+    ))  # fmt: skip
