@@ -101,6 +101,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
+from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.runner_step import (
     _LAYER,
     PAD_SLOT_ID,
@@ -367,7 +368,6 @@ class _Engine:
     padded_drafts = True  # the speculative config's drafter batch (disable_padded_drafter_batch)
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        import vllm.compilation.cuda_graph as cg
         import vllm.v1.worker.gpu_model_runner as gmr
         from vllm.config import CUDAGraphMode, set_current_vllm_config
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -375,7 +375,9 @@ class _Engine:
 
         self.config, self.device = config, device
         self.recorder = _Recorder()
-        vc = self.vllm_config = _vllm_config(config, mode)
+        # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
+        # (the V1 drafter's is set below).
+        vc = self.vllm_config = _vllm_config(config, mode, speculating.MTP)
         if vc.speculative_config is not None:
             vc.speculative_config = drafting.speculative_config(
                 vc.speculative_config, config, self.padded_drafts
@@ -416,17 +418,24 @@ class _Engine:
             r.attn_groups = attn_groups
             r.initialize_metadata_builders(kv, prepare_kernel_block_sizes(kv, r.attn_groups))
             r.may_reinitialize_input_batch(kv)
-            # load_model: a FULL graph wrapper around the model where the mode has FULL
-            # graphs (no microbatching).
-            model: Any = _Model(self.recorder)
-            if resolved.has_full_cudagraphs():
-                with mock.patch.object(
-                    cg, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None)
-                ):
-                    model = cg.CUDAGraphWrapper(model, vc, runtime_mode=CUDAGraphMode.FULL)
-            r.model = _Handed(model, self.recorder)
+            r.model = self.load(resolved)
         self.held: set[str] = set()
         self.capture()
+
+    def load(self, resolved: Any) -> Any:
+        """``load_model``'s model as the runner calls it: a FULL graph wrapper around the
+        model where the mode has FULL graphs (no microbatching), what it is handed
+        recorded (:class:`_Handed`)."""
+        import vllm.compilation.cuda_graph as cg
+        from vllm.config import CUDAGraphMode
+
+        model: Any = _Model(self.recorder)
+        if resolved.has_full_cudagraphs():
+            with mock.patch.object(
+                cg, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None)
+            ):
+                model = cg.CUDAGraphWrapper(model, self.vllm_config, CUDAGraphMode.FULL)
+        return _Handed(model, self.recorder)
 
     def attention_group(self) -> tuple[type, Any]:
         """The attention layer's backend and KV-cache spec, as ``load_model`` and
@@ -541,8 +550,9 @@ def _data_parallel(
 ) -> Iterator[None]:
     """The runner as rank 0 of two, the all-reduce answered with the column the peer's
     own ``_determine_batch_execution_and_padding`` fills (as ``execute_model`` calls it:
-    no microbatching), its requests' query lengths ``q_lens`` (None: the peer's tokens
-    spread evenly, the last request taking the rest); one rank where ``peer`` is None.
+    microbatching where the engine's config has it), its requests' query lengths
+    ``q_lens`` (None: the peer's tokens spread evenly, the last request taking the
+    rest); one rank where ``peer`` is None.
     While the drafter runs (``recorder.drafting``), each all-reduce is answered with the
     next column the peer's drafter fills proposing for its step (a first pass of its
     tokens, then, with more than one draft, a draft loop of its requests)."""
@@ -587,7 +597,10 @@ def _data_parallel(
                 runner._determine_batch_execution_and_padding(
                     num_tokens=peer.num_tokens, num_reqs=peer.num_reqs,
                     num_scheduled_tokens_np=q, max_num_scheduled_tokens=int(q.max()),
-                    allow_microbatching=False,
+                    # The peer's _allow_microbatching: its derived batch shares no
+                    # prefix, so it splits where the thresholds let it (never without
+                    # microbatching).
+                    allow_microbatching=pc.use_ubatching,
                 )  # fmt: skip
             except Collected:
                 pass
