@@ -445,6 +445,14 @@ REQUIRES["runner_step_standalone_ar"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator",
         "StandaloneARSpeculator._multi_step_decode"),
 )  # fmt: skip
+# runner_step_mtp_modules: runner_step's engine, its MTP draft model of one module a draft
+# making the multi-module MTP speculator.
+REQUIRES["runner_step_mtp_modules"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator",
+        "MultiModuleMTPSpeculator._generate_drafts"),
+    Api("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator",
+        "pad_trailing_draft_slots"),
+)  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
 # vLLM's own choice for the platform.

@@ -673,6 +673,19 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         vllm_impl(
+            "runner_step_mtp_modules",
+            "run",
+            name="vllm-mtp-modules",
+            description="installed vLLM (V2 runner) with one MTP module a draft: the vllm "
+            "step, its MTP draft model of num_spec modules making vllm/v1/worker/gpu/"
+            "spec_decode/multi_module_mtp/speculator.py:MultiModuleMTPSpeculator, whose "
+            "propose (_prepare_input_buffers_kernel, pad_trailing_draft_slots, its graph "
+            "dispatch) and _generate_drafts (each module's forward over the step's query, "
+            "eager or its FULL graph) run after each step in the runner's own sample_tokens",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
             "runner_step_v1",
             "run",
             name="vllm-v1",

@@ -762,14 +762,21 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         r.execute_model_state = None
         r.speculator = held
     out = []
-    extra = r.speculator.num_extra_query_per_req if r.speculator is not None else 0
+    extra = whole = unreal = None
+    if r.speculator is not None:
+        extra = r.speculator.num_extra_query_per_req
+        whole = speculating.repeats_the_query(r.speculator)
+        unreal = speculating.unreal_rows(r.speculator, rejected)
     for kind, draft, seen in recorder.drafted:
         # The draft prefill runs the step's tokens (and the speculator's extra query
-        # rows, a request's correction token); each draft decode one per request.
-        tokens = batch.num_tokens + extra * batch.num_reqs if draft == 0 else batch.num_reqs
+        # rows, a request's correction token); each draft decode one per request, or
+        # the step's tokens again (one MTP module a draft).
+        tokens = batch.num_reqs
         fields = _fields(engine.config, seen)
-        if draft == 0:
-            fields = _draft_prefill_positions(engine.config, seen, fields, rejected)
+        if draft == 0 or whole:
+            assert extra is not None and unreal is not None
+            tokens = batch.num_tokens + extra * batch.num_reqs
+            fields = _draft_prefill_positions(engine.config, seen, fields, unreal)
         # Made after the last step, for its requests, once this step came.
         build = StepBuild(kind, batch.num_reqs, tokens, fields, recorder.speculator_where,
                           draft=draft, proposed_before=True)  # fmt: skip
@@ -831,10 +838,11 @@ def _sampling() -> Iterator[None]:
 
 
 def _draft_prefill_positions(
-    config: EngineConfig, seen: _Seen, fields: tuple[Field, ...], rejected: list[int]
+    config: EngineConfig, seen: _Seen, fields: tuple[Field, ...], unreal: list[int]
 ) -> tuple[Field, ...]:
     """The draft prefill's positions, per request: its query rows (``query_start_loc``),
-    of which the first ``query_len - rejected`` are real. The speculator pads each
+    of which the first ``query_len - unreal`` are real (``unreal``:
+    :func:`.runner_step_speculator.unreal_rows`). The speculator pads each
     request's query to include its rejected drafts, keeping the target's batch shape
     (``TargetDependentARSpeculator.propose``), and ``prepare_prefill_inputs`` writes no
     position for those rows: what an earlier step left there is read, by the draft
@@ -850,7 +858,7 @@ def _draft_prefill_positions(
     for i, (start, n) in enumerate(zip(qsl[:-1], lens, strict=True)):
         per_request[i, :n] = positions[start : start + n]
     real = lens.copy()
-    real[: len(rejected)] -= np.asarray(rejected, dtype=np.int64)
+    real[: len(unreal)] -= np.asarray(unreal, dtype=np.int64)
     field = Field(
         "positions", "requests", per_request, (0, config.max_model_len - 1),
         row_lengths=real,

@@ -53,6 +53,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 
@@ -63,6 +64,9 @@ MTP = "mtp"
 """The tiny model's own MTP layer: ``MTPSpeculator``."""
 STANDALONE_AR = "draft_model"
 """A separate draft model (:data:`TINY_LLAMA`): ``StandaloneARSpeculator``."""
+MTP_MODULES = "mtp_modules"
+"""The tiny model with one MTP module per draft (``num_nextn_predict_layers``):
+``MultiModuleMTPSpeculator``."""
 
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -82,7 +86,7 @@ TINY_LLAMA: dict[str, Any] = {
 the ``draft_model`` method); no weights are read."""
 
 # The speculator functions a draft graph captures (``capture``): a replay runs them again.
-_CAPTURED = ("_prefill", "_generate_fused_drafts", "_generate_draft")
+_CAPTURED = ("_prefill", "_generate_fused_drafts", "_generate_draft", "_generate_drafts")
 
 
 @functools.cache
@@ -90,13 +94,18 @@ def _speculative_config(kind: str, num_spec: int) -> Any:
     from vllm.config import SpeculativeConfig
 
     base = _engine._base_config(num_spec)
-    if kind != STANDALONE_AR:
+    if kind == STANDALONE_AR:
+        method, model = kind, TINY_LLAMA
+    elif kind == MTP_MODULES:
+        method = MTP
+        model = {**_engine.TINY_DEEPSEEK_V32, "num_nextn_predict_layers": num_spec}
+    else:
         raise ValueError(f"attnfuzz: no speculative config of kind {kind!r}")
-    draft = Path(_engine.model_dir()) / "draft"
+    draft = Path(_engine.model_dir()) / kind
     draft.mkdir(exist_ok=True)
-    (draft / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (draft / "config.json").write_text(json.dumps(model))
     return SpeculativeConfig(
-        method=kind, model=str(draft), num_speculative_tokens=num_spec,
+        method=method, model=str(draft), num_speculative_tokens=num_spec,
         target_model_config=base.model_config, target_parallel_config=base.parallel_config,
     )  # fmt: skip
 
@@ -105,6 +114,29 @@ def speculative_config(kind: str, num_spec: int) -> Any:
     """The validated ``SpeculativeConfig`` that makes the speculator ``kind`` for
     ``num_spec`` drafts (cached; a copy)."""
     return copy.copy(_speculative_config(kind, num_spec))
+
+
+def repeats_the_query(speculator: Any) -> bool:
+    """Whether every draft sub-step runs the step's query (``MultiModuleMTPSpeculator``:
+    each MTP module over the same rows), not only the first (the others one token a
+    request)."""
+    from vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator import (
+        MultiModuleMTPSpeculator,
+    )
+
+    return isinstance(speculator, MultiModuleMTPSpeculator)
+
+
+def unreal_rows(speculator: Any, rejected: list[int]) -> list[int]:
+    """Each request's rows of the draft query past its real tokens, from its rejected
+    drafts: those rejected (their positions not written: ``prepare_prefill_inputs``; or
+    written, past the correction token: ``StandaloneARSpeculator``), else the one trailing
+    slot a rejection leaves once the last decode's inputs are re-prefilled before the
+    query (``MultiModuleMTPSpeculator``: ``_prepare_input_buffers_kernel``, whose slot
+    ``pad_trailing_draft_slots`` pads)."""
+    if repeats_the_query(speculator):
+        return [min(r, 1) for r in rejected]
+    return list(rejected)
 
 
 def where(speculator: Any) -> str:
@@ -138,7 +170,7 @@ def make(runner: Any, recorder: Any) -> Any:
     def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
         # What load_eagle_model leaves: the draft layer registered, the model loaded.
         vc.compilation_config.static_forward_context[DRAFT_LAYER] = drafting._draft_layer(vc)
-        return drafting.DraftModel(recorder.draft_forward, speculator.hidden_size, False)
+        return _ModuleDraftModel(recorder.draft_forward, speculator.hidden_size, False)
 
     speculator.load_draft_model = load_draft_model
     speculator.load_model(runner.model)
@@ -146,6 +178,17 @@ def make(runner: Any, recorder: Any) -> Any:
         if hasattr(speculator, name):  # StandaloneARSpeculator captures no graph
             setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
     return speculator
+
+
+class _ModuleDraftModel(drafting.DraftModel):
+    """The draft model, taking the MTP module a multi-module draft step runs
+    (``spec_step_idx``: every module stood in alike)."""
+
+    def forward(self, *args: Any, spec_step_idx: int = 0, **kwargs: Any) -> Any:
+        return super().forward(*args, **kwargs)
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        return super().compute_logits(hidden_states)
 
 
 def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
