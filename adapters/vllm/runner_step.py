@@ -31,7 +31,10 @@ itself. What runs unchanged:
   Triton interpreter here); ``set_forward_context``;
 - the speculator (next_n > 1, pages a multiple of 16): ``MTPSpeculator`` made, attached,
   captured and proposing after each step as the runner does (:mod:`.runner_step_speculator`
-  says what of it runs and what is stood in).
+  says what of it runs and what is stood in); the engine's ``speculator`` names the
+  speculative config that makes another (``StandaloneARSpeculator``:
+  :mod:`.runner_step_standalone_ar`; ``MultiModuleMTPSpeculator``:
+  :mod:`.runner_step_mtp_modules`).
 
 Stood in, and only where a model, a GPU graph or a collective is needed:
 
