@@ -155,6 +155,7 @@ REQUIRES_DIST = {
     "requests==2.34.2": "certifi charset-normalizer idna urllib3",
     "safetensors==0.8.0": "",
     "sentencepiece==0.2.3": "",
+    "setproctitle==1.3.8": "",
     "shellingham==1.5.4": "",
     "sniffio==1.3.1": "",
     "starlette==1.10.0": "anyio typing-extensions",
