@@ -110,6 +110,7 @@ from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
 from attnfuzz.reference.batch import Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
+from attnfuzz.strategies.traces import data_parallel_peer
 
 _LAYER = "model.layers.0.self_attn.attn"  # the one attention layer of the KV-cache group
 PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
@@ -658,18 +659,18 @@ class _Peer:
 
 
 def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
-    """The peer rank of the step, derived from the step's own sizes so that the cases
-    meet each: none (one rank); idle (its ``execute_dummy_batch``: one request of
-    ``decode_query_len`` tokens, ``Worker.execute_dummy_batch`` and ``_dummy_run``); a
-    uniform decode of as many requests as the limits allow (DP padding pads this step to
-    the peer's graph); a prefill one token longer than this step."""
+    """The peer rank of the step, the one :func:`~attnfuzz.strategies.traces.data_parallel_peer`
+    names from the step's own sizes: none (one rank); idle (its ``execute_dummy_batch``:
+    one request of ``decode_query_len`` tokens, ``Worker.execute_dummy_batch`` and
+    ``_dummy_run``); a uniform decode of as many requests as the limits allow (DP padding
+    pads this step to the peer's graph); a prefill one token longer than this step."""
     config = inputs.config
-    which = (inputs.num_tokens + sum(inputs.num_computed_tokens) + inputs.num_reqs) % 4
-    if which == 0:
+    which = data_parallel_peer(inputs.query_lens, inputs.num_computed_tokens)
+    if which == "none":
         return None
-    if which == 1:
+    if which == "idle":
         return _Peer(1, dql, dql, dql)
-    if which == 2:
+    if which == "uniform decode":
         reqs = min(config.max_num_seqs, config.max_num_batched_tokens // dql)
         return _Peer(reqs, reqs * dql, dql, dql)
     tokens = min(inputs.num_tokens + 1, config.max_num_batched_tokens, config.max_model_len)
