@@ -34,6 +34,16 @@ builds must agree and what a padding row may hold:
   ``PAD_SLOT_ID``: write nothing) is never a real one. A slot in range passes safe
   padding, yet the padded forward writes the padding token's key over a live
   request's cached one.
+- *micro-batch agreement*: a micro-batch of a split step (``how="microbatch"``: the
+  step's tokens ``first_token`` to ``first_token + num_tokens``, run as a forward of
+  its own, as vLLM's dual-batch overlap runs each half) has the real rows of the
+  first eager build of its sub-step cut to those tokens: its requests those whose
+  query overlaps them, its token rows theirs, its offsets the eager ones less
+  ``first_token``, clipped to its tokens. A request whose query runs past the
+  micro-batch's last token reads its keys up to that token only: its ``kv_len`` is
+  the eager one less the query tokens past it, its ``kv_slots`` the first of those,
+  and its other request fields (each engine's own names for that length) are judged
+  through those two alone.
 
 A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
@@ -77,6 +87,7 @@ __all__ = [
     "history_invariance",
     "kv_cache_pages",
     "make_inputs",
+    "microbatch_agreement",
     "padding_invariance",
     "padding_writes_no_real_kv",
     "real_rows",
@@ -93,8 +104,10 @@ ROWS = ("requests", "tokens", "offsets")
 # for the graph it dispatched to; "replay": the persistent buffers after the
 # runner's replay preparation; "capture": a capture or dummy run (no real rows);
 # "fresh": the eager step on a new engine that never saw the earlier steps; "backend":
-# the eager step on another attention backend of the same engine.
-BUILDS = ("eager", "padded", "replay", "capture", "fresh", "backend")
+# the eager step on another attention backend of the same engine; "microbatch": a
+# micro-batch of the step (its tokens from StepBuild.first_token on), as the runner
+# hands it to a forward of its own.
+BUILDS = ("eager", "padded", "replay", "capture", "fresh", "backend", "microbatch")
 
 
 @dataclass
@@ -192,6 +205,9 @@ class StepBuild:
     # the previous step (made once this step told the sampler's verdict), of its requests.
     draft: int | None = None
     proposed_before: bool = False
+    # A micro-batch's first token in its step: it holds the step's tokens first_token
+    # to first_token + num_tokens (its num_reqs requests, those tokens' ones).
+    first_token: int = 0
 
     @property
     def name(self) -> str:
@@ -365,8 +381,75 @@ def padding_writes_no_real_kv(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
+def _lengths_read(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A 2-D field's rows with every entry past its row's length set to -2**31."""
+    out = values.astype(np.int64, copy=True)
+    out[np.arange(out.shape[1])[None, :] >= np.asarray(lengths)[:, None]] = -(2**31)
+    return out
+
+
+def _microbatch_against(eager: StepBuild, mb: StepBuild) -> list[Violation]:
+    """``mb`` against ``eager`` cut to the micro-batch's tokens (module docstring)."""
+    prop = "micro-batch agreement"
+    offsets = next((f for f in eager.fields if f.rows == "offsets"), None)
+    start, stop = mb.first_token, mb.first_token + mb.num_tokens
+    if offsets is None or not 0 <= start < stop <= eager.num_tokens:
+        return [Violation(prop, "-", mb.name, f"tokens [{start}, {stop}) of a step of "
+                          f"{eager.num_tokens} tokens ({eager.name})")]  # fmt: skip
+    qsl = real_rows(eager, offsets).astype(np.int64)
+    first = int(np.searchsorted(qsl, start, side="right")) - 1
+    last = int(np.searchsorted(qsl, stop, side="left"))  # one past the last request
+    if mb.num_reqs != last - first:
+        return [Violation(prop, "-", mb.name, f"{mb.num_reqs} requests; tokens [{start}, "
+                          f"{stop}) of {eager.name} are {last - first} requests'")]  # fmt: skip
+    past = int(qsl[last]) - stop  # the last request's query tokens after the micro-batch
+    out = []
+    for f in eager.fields:
+        g = mb.field(f.name)
+        if g is None:
+            continue
+        want, lengths = real_rows(eager, f), None
+        if f.row_lengths is not None:
+            lengths = real_rows(eager, Field(f.name, f.rows, f.row_lengths))[first:last]
+            lengths = lengths.astype(np.int64, copy=True)
+        if f.rows == "tokens":
+            want = want[start:stop]
+        elif f.rows == "offsets":
+            want = np.clip(want[first : last + 1].astype(np.int64) - start, 0, stop - start)
+        else:
+            want = want[first:last]
+            if past and f.name == "kv_len":
+                want = want.astype(np.int64, copy=True)
+                want[-1] -= past
+            elif past and f.name == "kv_slots" and lengths is not None:
+                lengths[-1] -= past
+        got = real_rows(mb, g)
+        if past and f.rows == "requests" and f.name not in ("kv_len", "kv_slots"):
+            want, got = want[:-1], got[:-1]  # judged through kv_len and kv_slots
+            lengths = None if lengths is None else lengths[:-1]
+        if want.ndim == 2 and got.ndim == 2 and want.shape[0] == got.shape[0]:
+            width = min(want.shape[1], got.shape[1])
+            want, got = want[:, :width], got[:, :width]
+            if lengths is not None and g.row_lengths is not None:
+                mine = real_rows(mb, Field(g.name, g.rows, g.row_lengths))[: len(got)]
+                want, got = _lengths_read(want, lengths), _lengths_read(got, mine)
+        if want.shape != got.shape or not np.array_equal(want, got):
+            cut = f"{eager.name}[{start}:{stop}]"
+            out.append(Violation(prop, f.name, mb.name, _difference(want, got, cut)))
+    return out
+
+
+def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
+    """Every micro-batch build equals the first eager build of its sub-step cut to its
+    tokens."""
+    eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
+    return [v for b in out.of("microbatch") if b.draft in eager
+            for v in _microbatch_against(eager[b.draft], b)]  # fmt: skip
+
+
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
-              agreement_across_backends, safe_padding, padding_writes_no_real_kv)  # fmt: skip
+              agreement_across_backends, safe_padding, padding_writes_no_real_kv,
+              microbatch_agreement)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:

@@ -384,6 +384,23 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.spec_decode.eagle", "EagleProposer"),
         Api("vllm.config", "SpeculativeConfig._maybe_override_draft_max_model_len"),
     ),
+    # runner_step_dbo: runner_step_v1's engine with dual-batch overlap: the ranks'
+    # micro-batch decision, the slices, the per-micro-batch metadata and the wrapper.
+    "runner_step_dbo": (
+        V1_DISPATCHER,
+        V1_BATCH_DECISION,
+        Api(_V1_RUNNER, "GPUModelRunner._allow_microbatching"),
+        Api(_V1_RUNNER, "GPUModelRunner._get_slot_mappings"),
+        Api(_V1_RUNNER, "GPUModelRunner._capture_cudagraphs"),
+        Api("vllm.v1.worker.dp_utils", "coordinate_batch_across_dp"),
+        Api("vllm.v1.worker.ubatch_utils", "maybe_create_ubatch_slices"),
+        Api("vllm.v1.worker.ubatch_utils", "split_attn_metadata"),
+        Api("vllm.v1.worker.ubatch_utils", "slice_query_start_locs"),
+        Api("vllm.v1.worker.ubatching", "make_ubatch_contexts"),
+        Api("vllm.v1.worker.gpu_ubatch_wrapper", "UBatchWrapper._make_ubatch_metadata"),
+        Api("vllm.v1.worker.gpu_ubatch_wrapper", "CUDAGraphMetaData"),
+        Api("vllm.compilation.cuda_graph", "CUDAGraphWrapper"),
+    ),
     # runner_step_unpadded_drafts: runner_step_v1's engine, its drafter batch unpadded.
     "runner_step_unpadded_drafts": (
         V1_DISPATCHER,

@@ -612,6 +612,54 @@ def _runner_step_unpadded_drafts() -> list[Implementation]:
     ]
 
 
+def _dbo_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_dbo`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_dbo
+
+        return getattr(runner_step_dbo, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _runner_step_dbo() -> list[Implementation]:
+    """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
+    metadata."""
+    return [
+        vllm_impl(
+            "runner_step_dbo",
+            "run",
+            name="vllm-v1-dbo",
+            description="installed vLLM (V1 runner) with dual-batch overlap (enable_dbo, "
+            "both token thresholds at their floor) beside a data-parallel peer: the ranks' "
+            "micro-batch decision (coordinate_batch_across_dp), "
+            "vllm/v1/worker/ubatch_utils.py: maybe_create_ubatch_slices, "
+            "split_attn_metadata, _make_metadata_with_slice, and UBatchWrapper's "
+            "per-micro-batch forward contexts; each micro-batch's metadata judged against "
+            "the step's eager unsplit build",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_dbo",
+            "run_not_rebased",
+            name="vllm-v1-dbo-query-start-not-rebased",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, dual-batch overlap) with "
+            "ubatch_utils.slice_query_start_locs not subtracting the micro-batch's first "
+            "request's offset: a second micro-batch's query_start_loc indexes past its "
+            "own token rows",
+            trigger=_dbo_hook("trigger_not_rebased"),
+            reach=_dbo_hook("reach_microbatching"),
+            smallest=_dbo_hook("smallest_not_rebased"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_backends() -> list[Implementation]:
     """``vllm-v1``'s step beside FlashAttention's and Triton MLA's eager builds, and a
     mutant of FlashAttention's builder that only another backend's KV read shows."""
@@ -984,6 +1032,7 @@ VLLM = Engine(
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
+            *_runner_step_dbo(),
         ],
         "slot-mapping": _slot_mapping(),
         "unpadding": _unpadding(),
