@@ -96,12 +96,13 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-backends"): 8,
     ("runner-step", "sglang-eagle-worker"): 8,
     ("runner-step", "sglang-multi-layer-eagle"): 8,
+    ("runner-step", "sglang-multi-layer-eagle-worker"): 8,
     ("runner-step", "sglang-prefill-graph"): 8,
 }
 """Generated traces for an implementation that runs each step on several engines or
 graph runners (SGLang's attention backends side by side; a graph runner per draft
 layer; prefill graphs beside the decode graphs, every size of both captured when an
-engine starts; the EAGLE worker's target, draft and draft-extend graph runners), in
+engine starts; the EAGLE workers' target, draft and draft-extend graph runners), in
 place of its kind's budget: the engine tier stays small; a campaign or a nightly run
 searches longer."""
 

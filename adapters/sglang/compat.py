@@ -270,6 +270,25 @@ REQUIRES["runner_step_eagle_worker"] = (
         Api("sglang.kernels.ops.speculative.cache_locs", "_is_xpu"),
     )
 )
+_MULTI_LAYER_WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
+REQUIRES["runner_step_multi_layer_eagle_worker"] = (
+    REQUIRES["runner_step"]
+    + REQUIRES["runner_step_multi_layer_eagle"]
+    + (
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker.draft"),
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker._draft_extend_plan_for_decode"),
+        Api(
+            _MULTI_LAYER_WORKER,
+            "MultiLayerEagleDraftWorker._draft_extend_for_decode",
+            keyword="staged",
+        ),
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker._draft_extend_for_prefill"),
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker._rebuild_topk1_chain_buffers"),
+        Api(_EAGLE_COMMON, "run_eagle_verify", keyword="finalize_tree_path"),
+        Api("sglang.kernels.ops.speculative.spec_tree", "_is_xpu"),
+        Api("sglang.kernels.ops.speculative.cache_locs", "_is_xpu"),
+    )
+)
 
 # adapters/sglang/triton_backend.py
 _TRITON = "sglang.srt.layers.attention.triton_backend"

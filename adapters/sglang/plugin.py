@@ -832,7 +832,7 @@ def _smallest_eagle_worker_stale_draft_slots() -> Trace:
 def _runner_step_eagle_worker() -> list[Implementation]:
     """SGLang's EAGLE v2 worker's own step (draft, verify, draft extend) over the target
     decode, draft and draft-extend graph runners, and a defect of its draft graph's
-    padding re-created."""
+    padding re-created; the multi-layer worker's step likewise."""
     worker = "speculative/eagle_worker_v2.py:EagleDraftWorker"
     declines = sglang.EngineCall("runner_step_eagle_worker", "declines")
     return [
@@ -866,6 +866,22 @@ def _runner_step_eagle_worker() -> list[Implementation]:
             reach=_reach_eagle_worker_stale_draft_slots,
             smallest=_smallest_eagle_worker_stale_draft_slots,
             declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_multi_layer_eagle_worker",
+            "run",
+            name="sglang-multi-layer-eagle-worker",
+            description="installed SGLang: the multi-layer EAGLE v2 worker's step, "
+            "speculative/multi_layer_eagle_worker_v2.py:MultiLayerEagleDraftWorker.draft "
+            "(the chain), _draft_extend_plan_for_decode, run_eagle_verify as its verify "
+            "calls it, and _draft_extend_for_decode (the composite draft-extend graph's "
+            "prepare and each layer's replay, or each layer's eager forward) after a "
+            "verify, _draft_extend_for_prefill after an extend; over the target's "
+            "DecodeCudaGraphRunner and one Triton backend a draft layer (as "
+            "sglang-multi-layer-eagle), each layer its sub-step's builds; a graph and "
+            "model stand-in",
+            declines=sglang.EngineCall("runner_step_multi_layer_eagle_worker", "declines"),
             traced=True,
         ),
     ]

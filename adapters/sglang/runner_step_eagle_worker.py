@@ -236,6 +236,9 @@ class _WorkerEngine:
     draft-extend backend, and SGLang's ``EagleDraftWorker`` over them with its two graph
     runners, built with the engine."""
 
+    DRAFT_WIDTH = 1
+    """The previous round's draft input's tokens a request (``topk_index``'s width)."""
+
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
         from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
@@ -331,6 +334,11 @@ class _WorkerEngine:
         with decode._no_cuda_graphs(_Recording, module), contextlib.redirect_stderr(io.StringIO()):
             return module.EAGLEDraftExtendCudaGraphRunner(self.worker)
 
+    def graph_read(self) -> list[Any]:
+        """The backends whose persistent buffers the graph runners read."""
+        draft = self.draft.draft_backend
+        return [self.target.backend, self.extend_backend, draft, *draft.attn_backends]
+
     # -- the scheduler output -----------------------------------------------------------------
 
     def admit(self, inputs: RunnerStepInputs) -> None:
@@ -403,8 +411,8 @@ class _WorkerEngine:
             seq = torch.tensor(computed, dtype=torch.int64)
             b.forward_mode = ForwardMode.DECODE
             b.spec_info = EagleDraftInput(
-                topk_p=torch.ones((R, 1)),
-                topk_index=torch.zeros((R, 1), dtype=torch.int64),
+                topk_p=torch.ones((R, self.DRAFT_WIDTH)),
+                topk_index=torch.zeros((R, self.DRAFT_WIDTH), dtype=torch.int64),
                 hidden_states=torch.zeros((R, hidden)),
                 bonus_tokens=torch.zeros(R, dtype=torch.int64),
                 capture_hidden_mode=CaptureHiddenMode.LAST,
@@ -508,10 +516,7 @@ def verify_round(
     """``EAGLEWorkerV2.forward_batch_generation`` of a decode batch: ``draft``,
     ``run_eagle_verify``, ``_draft_extend_for_decode``; its builds (``how``: the eager
     pass's name; ``graphs``: where a graph runs a sub-step, its padded and replay)."""
-    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
-
     w, R, T = engine.worker, inputs.num_reqs, inputs.num_tokens
-    N = engine.config.next_n
     builds: list[StepBuild] = []
     batch = engine.schedule_batch(inputs, "verify")
     # The draft: the multi-step backend's metadata of each draft step, as built.
@@ -570,42 +575,8 @@ def verify_round(
             _named(replay, DRAFT, width),
         ]
     batch.spec_info = verify_input  # forward_batch_generation: the verify's input
-    # The verify: the target's forward accepts the drafts the step says.
-    engine.target_worker.accepted = accepted_drafts(inputs)
-    target = engine.target
-    result = run_eagle_verify(
-        batch,
-        target_worker=engine.target_worker,
-        req_to_token_pool=target.runner.req_to_token_pool,
-        token_to_kv_pool_allocator=w.token_to_kv_pool_allocator,
-        plan_stream=None,
-        plan_stream_ctx=contextlib.nullcontext(),
-        topk=w.topk,
-        num_draft_tokens=N,
-        device=w.device,
-        metadata_ready_pre_pad=False,
-        finalize_tree_path=True,
-    )
-    fb = engine.target_worker.forward_batch
-    g = target.runner.decode_cuda_graph_runner
-    if result.can_run_cuda_graph:
-        bs = g.bs
-        baked = g.backend.graphs[g._replay_graph_key]
-        builds += [
-            target._graph_build("padded", g, bs, R, T, target.persistent_metadata("verify")),
-            target._graph_build("replay", g, bs, R, T, baked),
-        ]
-    else:
-        metadata = target.backend.forward_metadata
-        builds.append(
-            StepBuild(
-                how,
-                R,
-                T,
-                target._fields(R, T, _batch_inputs(fb, how), metadata),
-                where=decode._WHERE[how],
-            )
-        )
+    result, verified = verify(engine, inputs, batch, how, finalize_tree_path=True)
+    builds += verified
     # The draft extend over the verify's window.
     engine.model.calls, engine.model.batches = [], []
     w._draft_extend_for_decode(batch, result)
@@ -629,6 +600,53 @@ def verify_round(
             _named(engine.draft.engine._graph_build("replay", g, bs, R, T, baked), EXTEND),
         ]
     return builds
+
+
+def verify(
+    engine: _WorkerEngine, inputs: RunnerStepInputs, batch: Any, how: str, finalize_tree_path: bool
+) -> tuple[Any, list[StepBuild]]:
+    """``run_eagle_verify`` of ``batch`` (its spec info the draft's verify input), the
+    target's forward accepting the drafts the step says; its result and builds."""
+    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+
+    R, T = inputs.num_reqs, inputs.num_tokens
+    w, target = engine.worker, engine.target
+    engine.target_worker.accepted = accepted_drafts(inputs)
+    result = run_eagle_verify(
+        batch,
+        target_worker=engine.target_worker,
+        req_to_token_pool=target.runner.req_to_token_pool,
+        token_to_kv_pool_allocator=w.token_to_kv_pool_allocator,
+        plan_stream=None,
+        plan_stream_ctx=contextlib.nullcontext(),
+        topk=w.topk,
+        num_draft_tokens=engine.config.next_n,
+        device=w.device,
+        metadata_ready_pre_pad=False,
+        finalize_tree_path=finalize_tree_path,
+    )
+    builds: list[StepBuild] = []
+    fb = engine.target_worker.forward_batch
+    g = target.runner.decode_cuda_graph_runner
+    if result.can_run_cuda_graph:
+        bs = g.bs
+        baked = g.backend.graphs[g._replay_graph_key]
+        builds += [
+            target._graph_build("padded", g, bs, R, T, target.persistent_metadata("verify")),
+            target._graph_build("replay", g, bs, R, T, baked),
+        ]
+    else:
+        metadata = target.backend.forward_metadata
+        builds.append(
+            StepBuild(
+                how,
+                R,
+                T,
+                target._fields(R, T, _batch_inputs(fb, how), metadata),
+                where=decode._WHERE[how],
+            )
+        )
+    return result, builds
 
 
 def prefill_round(engine: _WorkerEngine, inputs: RunnerStepInputs, how: str) -> list[StepBuild]:
@@ -678,13 +696,7 @@ class WorkerLife(decode.EngineLife):
         engine.admit(inputs)
         graphs = any(g is not None for g in engine.graph_runners)
         if graphs and mode == "verify":
-            backends = [
-                engine.target.backend,
-                engine.extend_backend,
-                engine.draft.draft_backend,
-                *engine.draft.draft_backend.attn_backends,
-            ]
-            with decode._as_left(*backends), engine.graphs_off():
+            with decode._as_left(*engine.graph_read()), engine.graphs_off():
                 builds += self.step(engine, inputs, mode, "eager", False)
             builds += self.step(engine, inputs, mode, "eager", True)
         else:
