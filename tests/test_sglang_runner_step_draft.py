@@ -154,7 +154,8 @@ def test_the_draft_runner_s_functions_run():
 
 def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
     """A slot planted in draft step 0's persistent kv_indices after SGLang's replay
-    preparation: the replay and the padded build differ from the eager one there."""
+    preparation: the replay and the padded build differ from the eager one there, and
+    in the draft's keys (step 0 is the last attending step of two)."""
     TritonMultiStepDraftBackend = _sglang(TRITON).TritonMultiStepDraftBackend
 
     own = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
@@ -170,6 +171,8 @@ def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
     assert found == {
         ("padding invariance", "kv_indices.0", "padded"),
         ("replay equals eager", "kv_indices.0", "replay"),
+        ("padding invariance", "kv_slots", "padded"),
+        ("replay equals eager", "kv_slots", "replay"),
     }
 
 

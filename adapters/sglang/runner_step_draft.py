@@ -49,7 +49,10 @@ Fields: ``seq_lens``, ``req_pool_indices``, ``positions`` (one draft token a
 request: topk 1) and ``out_cache_loc`` (a table: the request's ``num_steps``
 write slots) by request; for each draft step ``s`` whose attention runs
 (``0 .. num_steps - 2``), ``kv_indptr.s`` as offsets and ``kv_indices.s`` as a
-table by request (row ``i``: ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``).
+table by request (row ``i``: ``kv_indices[kv_indptr[i]:kv_indptr[i + 1]]``); and
+``kv_len`` and ``kv_slots``, the last attending step's row lengths and ``kv_indices``:
+the keys of the draft as a whole (the earlier steps read a prefix of them), which
+*padding writes no real KV* holds the padding rows' ``out_cache_loc`` to.
 An extend's fields are those of :mod:`attnfuzz.adapters.sglang.runner_step`.
 """
 
@@ -343,6 +346,12 @@ class _DraftEngine:
                 table[r, : len(entries)] = entries
             out.append(Field(f"kv_indptr.{s}", "offsets", indptr, (0, flat.size)))
             out.append(Field(f"kv_indices.{s}", "requests", table, acc["kv_indices"]))
+        if steps:
+            # The last attending step reads every key the earlier ones read, and more: the
+            # keys of the draft as a whole, which padding writes no real KV reads.
+            lens = np.array([len(x) for x in spans], dtype=np.int64)
+            out.append(Field("kv_len", "requests", lens))
+            out.append(Field("kv_slots", "requests", table, row_lengths=lens))
         return tuple(out)
 
     def _graph_build(

@@ -30,7 +30,10 @@ Fields: the draft's inputs (``seq_lens``, ``req_pool_indices``, ``positions``,
 attention runs: ``cache_seqlens_int32.s`` and ``page_table.s`` by request (a row: the
 pages its ``cache_seqlens`` reach), ``cu_seqlens_q.s`` and ``cu_seqlens_k.s`` as
 offsets; each with the range its consumer accepts (``sglang-fa3``'s). And ``kv_len.s``
-and ``kv_slots.s``: the keys each step's ``flash_attn_with_kvcache`` reads.
+and ``kv_slots.s``: the keys each step's ``flash_attn_with_kvcache`` reads; ``kv_len``
+and ``kv_slots``, the last attending step's: the keys of the draft as a whole (the
+earlier steps read a prefix of them), which *padding writes no real KV* holds the
+padding rows' ``out_cache_loc`` to.
 
 Mutant: ``sglang-fa3-eagle-draft-step-not-advanced`` (the graph's draft decode reads
 every step's KV as the first step's: ``_spec_read_seq_len_delta`` 1, the step's
@@ -128,6 +131,11 @@ class FA3DraftEngine(draft._DraftEngine):
                     for f in fields]  # fmt: skip
             out.append(Field(f"kv_len.{s}", "requests", lens))
             out.append(Field(f"kv_slots.{s}", "requests", table, row_lengths=lens))
+        if steps:
+            # The last attending step reads every key the earlier ones read, and more:
+            # the keys of the draft as a whole, which padding writes no real KV reads.
+            out.append(Field("kv_len", "requests", lens))
+            out.append(Field("kv_slots", "requests", table, row_lengths=lens))
         return tuple(out)
 
     def eager(self, inputs: RunnerStepInputs, how: str = "eager") -> StepBuild:

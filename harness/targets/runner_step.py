@@ -7,25 +7,25 @@ made (eager, padded for a graph, what a replay leaves in the graph's buffers, it
 capture runs, the same step on a new engine), each field as its consumer reads it.
 The reference states only the step's real sizes. The oracle checks:
 
-- ``values``: every build but a capture run (another backend's too) reports the
-  step's real request and token counts (``<build>.num_reqs``, ``<build>.num_tokens``;
+- ``values``: every build but a capture run or a micro-batch (another backend's too)
+  reports the step's real request and token counts (``<build>.num_reqs``, ``<build>.num_tokens``;
   a drafter's sub-step, ``<build>.draft<k>``, its requests);
 - ``type``: the outputs are :class:`~attnfuzz.reference.runner_step.RunnerStepOutputs`
   with an eager build, the one four properties compare with (without it they
   would hold by having nothing to compare), and one of each draft sub-step built;
 - one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
   ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
-  ``agreement-across-backends``, ``safe-padding``, ``padding-writes-no-real-kv``.
+  ``agreement-across-backends``, ``safe-padding``, ``padding-writes-no-real-kv``,
+  ``microbatch-agreement``.
 
 Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
 the mutants' ``reach``, ``trigger`` and ``smallest`` read and give traces.
 
-The reference states the step's real sizes only. The ``reference`` implementation
-is the runner's rules in plain loops over the scheduler's view (each request's pages
-by id, no rows, no buffers): its builds agree by construction, so it is a
-self-check that a correct runner holds every property (and the implementation the
-generic tests judge the guided statistics with), not a reference of values.
+The ``reference`` implementation is the runner's rules in plain loops over the
+scheduler's view (each request's pages by id, no rows, no buffers): its builds agree
+by construction, a self-check that a correct runner holds every property (and what
+the generic tests judge the guided statistics with), not a reference of values.
 
 The step is the model runner's own preparation (``runs_in="runner"``), done before a
 graph replays and allocating as it likes (a new engine for the fresh build): it is
@@ -99,10 +99,8 @@ def compare(
         out.append(Mismatch(Check.TYPE, "builds", want, f"none of {sorted(drafts)}"))
     first = {b.draft: b for b in reversed(tuple(got.of("eager")))}
     for b in got.builds:
-        if b.how == "capture":  # a dummy step: no real rows
-            continue
-        if b.how == "microbatch":  # its sizes are its tokens' (micro-batch agreement)
-            continue
+        if b.how in ("capture", "microbatch"):  # a dummy step; a micro-batch's own sizes
+            continue  # (no real rows; judged by micro-batch agreement)
         for size, what in (("num_reqs", "requests"), ("num_tokens", "tokens")):
             want, label = getattr(expected, size), f"the step's {what}"
             if b.draft is not None and size == "num_tokens":
@@ -225,11 +223,8 @@ def _trace(x: Trace | Case) -> Trace:
 
 def _plans(trace: Trace) -> list[tuple[ref.RunnerStepInputs, StepPlan]]:
     """Each step's scheduler output and how the runner runs it."""
-    out = []
-    for case in trace.cases():
-        inp = ref.make_inputs(case)
-        out.append((inp, ref.runner_plan(inp)))
-    return out
+    inputs = [ref.make_inputs(case) for case in trace.cases()]
+    return [(inp, ref.runner_plan(inp)) for inp in inputs]
 
 
 def reach_full_step(trace: Trace | Case) -> bool:
