@@ -447,19 +447,23 @@ class DraftLife(decode.EngineLife):
         if not graphs.can_run_graph(fb):
             return []
         graphs.execute(fb)  # padding, buffers, the backend's replay metadata
-        R, T = inputs.num_reqs, inputs.num_tokens
-        bs, backend = graphs.bs, engine.draft_backend
-        persistent = [
+        R, T, bs = inputs.num_reqs, inputs.num_tokens, graphs.bs
+        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
+        return [
+            engine._graph_build("padded", graphs, bs, R, T, self.persistent(engine)),
+            engine._graph_build("replay", graphs, bs, R, T, baked),
+        ]
+
+    def persistent(self, engine: _DraftEngine) -> list[Any]:
+        """Each draft step's metadata as the multi-step backend's persistent buffers hold
+        it after a replay's preparation."""
+        backend = engine.draft_backend
+        return [
             decode._engine.StandIn(
                 kv_indptr=backend.kv_indptr[s],
                 kv_indices=backend.cuda_graph_kv_indices[s],
             )
             for s in range(len(backend.attn_backends))
-        ]
-        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
-        return [
-            engine._graph_build("padded", graphs, bs, R, T, persistent),
-            engine._graph_build("replay", graphs, bs, R, T, baked),
         ]
 
 

@@ -291,18 +291,28 @@ class DraftExtendLife(decode.EngineLife):
         if not graphs.can_run_graph(fb):
             return []
         graphs.execute(fb, select_index)  # padding, buffers, replay metadata
-        R, T = inputs.num_reqs, inputs.num_tokens
-        bs, backend = graphs.bs, engine.backend
-        persistent = decode._engine.StandIn(
+        R, T, bs = inputs.num_reqs, inputs.num_tokens, graphs.bs
+        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
+        at = self.at
+        return [
+            at(engine.engine._graph_build("padded", graphs, bs, R, T, self.persistent(engine))),
+            at(engine.engine._graph_build("replay", graphs, bs, R, T, baked)),
+        ]
+
+    def persistent(self, engine: _ExtendEngine) -> Any:
+        """The backend's metadata as its persistent buffers hold it after a replay's
+        preparation."""
+        backend = engine.backend
+        return decode._engine.StandIn(
             kv_indptr=backend.kv_indptr,
             kv_indices=backend.cuda_graph_kv_indices,
             qo_indptr=backend.qo_indptr,
         )
-        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
-        return [
-            _at(engine.engine._graph_build("padded", graphs, bs, R, T, persistent)),
-            _at(engine.engine._graph_build("replay", graphs, bs, R, T, baked)),
-        ]
+
+    @staticmethod
+    def at(build: StepBuild) -> StepBuild:
+        """``build`` named at this runner's sites."""
+        return _at(build)
 
 
 ENGINE = DraftExtendLife()

@@ -166,24 +166,10 @@ class FA3DraftLife(draft.DraftLife):
     def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> FA3DraftEngine:
         return self.engine_class(config, device, graphs=graphs)
 
-    def graph_builds(
-        self, engine: FA3DraftEngine, inputs: RunnerStepInputs, mode: str
-    ) -> list[StepBuild]:
-        graphs = engine.graph_runner
-        if mode != "verify" or graphs is None:
-            return []
-        fb = engine.draft_batch(inputs)
-        if not graphs.can_run_graph(fb):
-            return []
-        graphs.execute(fb)  # padding, buffers, each step backend's replay metadata
-        R, T = inputs.num_reqs, inputs.num_tokens
-        bs = graphs.bs
-        persistent = [b.forward_metadata for b in engine.draft_backend.attn_backends]
-        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
-        return [
-            engine._graph_build("padded", graphs, bs, R, T, persistent),
-            engine._graph_build("replay", graphs, bs, R, T, baked),
-        ]
+    def persistent(self, engine: FA3DraftEngine) -> list[Any]:
+        """Each FA3 step backend's ``forward_metadata``, its graph buffers after a replay's
+        preparation."""
+        return [b.forward_metadata for b in engine.draft_backend.attn_backends]
 
 
 ENGINE = FA3DraftLife()

@@ -118,24 +118,14 @@ class FA3DraftExtendLife(extend.DraftExtendLife):
     def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
         return decode._server_args(config, "fa3")
 
-    def graph_builds(
-        self, engine: FA3ExtendEngine, inputs: RunnerStepInputs, mode: str
-    ) -> list[StepBuild]:
-        graphs = engine.graph_runner
-        if mode != "verify" or graphs is None:
-            return []
-        fb, select_index = engine.extend_batch(inputs)
-        if not graphs.can_run_graph(fb):
-            return []
-        graphs.execute(fb, select_index)  # padding, buffers, replay metadata
-        R, T = inputs.num_reqs, inputs.num_tokens
-        bs = graphs.bs
-        persistent = engine.backend.forward_metadata
-        baked = graphs.backend.graphs[graphs._make_graph_key(bs)]
-        return [
-            _at(engine.engine._graph_build("padded", graphs, bs, R, T, persistent)),
-            _at(engine.engine._graph_build("replay", graphs, bs, R, T, baked)),
-        ]
+    def persistent(self, engine: FA3ExtendEngine) -> Any:
+        """The FA3 backend's ``forward_metadata``, its graph buffers after a replay's
+        preparation."""
+        return engine.backend.forward_metadata
+
+    @staticmethod
+    def at(build: StepBuild) -> StepBuild:
+        return _at(build)
 
 
 ENGINE = FA3DraftExtendLife()
