@@ -766,18 +766,22 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         r.execute_model_state = None
         r.speculator = held
     out = []
-    extra = whole = unreal = None
+    extra = whole = unreal = own = None
     if r.speculator is not None:
         extra = r.speculator.num_extra_query_per_req
         whole = speculating.repeats_the_query(r.speculator)
         unreal = speculating.unreal_rows(r.speculator, rejected)
+        own = speculating.query_rows(r.speculator)
     for kind, draft, seen in recorder.drafted:
         # The draft prefill runs the step's tokens (and the speculator's extra query
         # rows, a request's correction token); each draft decode one per request, or
-        # the step's tokens again (one MTP module a draft).
+        # the step's tokens again (one MTP module a draft); a speculator with a query
+        # of its own (DFlash) as many rows a request, every one real.
         tokens = batch.num_reqs
         fields = _fields(engine.config, seen)
-        if draft == 0 or whole:
+        if own is not None:
+            tokens = own * batch.num_reqs
+        elif draft == 0 or whole:
             assert extra is not None and unreal is not None
             tokens = batch.num_tokens + extra * batch.num_reqs
             fields = _draft_prefill_positions(engine.config, seen, fields, unreal)

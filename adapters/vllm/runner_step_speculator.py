@@ -67,6 +67,8 @@ STANDALONE_AR = "draft_model"
 MTP_MODULES = "mtp_modules"
 """The tiny model with one MTP module per draft (``num_nextn_predict_layers``):
 ``MultiModuleMTPSpeculator``."""
+DFLASH = "dflash"
+"""A DFlash draft model (:data:`TINY_DFLASH`): ``DFlashSpeculator``."""
 
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -85,8 +87,23 @@ TINY_LLAMA: dict[str, Any] = {
 """The standalone draft model's config (a model without MTP layers, so that vLLM keeps
 the ``draft_model`` method); no weights are read."""
 
+TINY_DFLASH: dict[str, Any] = {
+    **TINY_LLAMA,
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "head_dim": 32,
+    # The mask token of the query's parallel drafting slots (get_parallel_drafting_token_id):
+    # one of the sampler's tokens (:data:`.runner_step.VOCAB`).
+    "dflash_config": {"mask_token_id": 1},
+}
+"""The DFlash draft model's config (Qwen3's ``DFlashDraftModel``, causal by default);
+no weights are read."""
+
 # The speculator functions a draft graph captures (``capture``): a replay runs them again.
-_CAPTURED = ("_prefill", "_generate_fused_drafts", "_generate_draft", "_generate_drafts")
+_CAPTURED = (
+    "_prefill", "_generate_fused_drafts", "_generate_draft", "_generate_drafts",
+    "_prepare_graph_forward",
+)  # fmt: skip
 
 
 @functools.cache
@@ -96,6 +113,8 @@ def _speculative_config(kind: str, num_spec: int) -> Any:
     base = _engine._base_config(num_spec)
     if kind == STANDALONE_AR:
         method, model = kind, TINY_LLAMA
+    elif kind == DFLASH:
+        method, model = kind, TINY_DFLASH
     elif kind == MTP_MODULES:
         method = MTP
         model = {**_engine.TINY_DEEPSEEK_V32, "num_nextn_predict_layers": num_spec}
@@ -170,7 +189,8 @@ def make(runner: Any, recorder: Any) -> Any:
     def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
         # What load_eagle_model leaves: the draft layer registered, the model loaded.
         vc.compilation_config.static_forward_context[DRAFT_LAYER] = drafting._draft_layer(vc)
-        return _ModuleDraftModel(recorder.draft_forward, speculator.hidden_size, False)
+        model = _DFlashDraftModel if is_dflash(speculator) else _ModuleDraftModel
+        return model(recorder.draft_forward, speculator.hidden_size, False)
 
     speculator.load_draft_model = load_draft_model
     speculator.load_model(runner.model)
@@ -191,26 +211,65 @@ class _ModuleDraftModel(drafting.DraftModel):
         return super().compute_logits(hidden_states)
 
 
+class _DFlashDraftModel(_ModuleDraftModel):
+    """The DFlash draft model: its context K/V store (``precompute_and_store_context_kv``,
+    the target's hidden states at the context positions, into the context slots) and the
+    combination of the target's auxiliary hidden states computed nothing; its query
+    forward reports as the other draft models' do."""
+
+    def precompute_and_store_context_kv(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, context_slots: Any = None
+    ) -> None:
+        pass
+
+    def combine_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden_states.shape[0], self.hidden_size)
+
+
+def is_dflash(speculator: Any) -> bool:
+    """Whether ``speculator`` is a ``DFlashSpeculator``: one query forward a proposal,
+    each request's bonus token and a mask token a draft."""
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+
+    return isinstance(speculator, DFlashSpeculator)
+
+
+def query_rows(speculator: Any) -> int | None:
+    """The rows a request holds in every draft forward of ``speculator`` where they are
+    its own, not the step's (``DFlashSpeculator.num_query_per_req``: the bonus token and
+    a mask token a draft); None where the draft prefill runs the step's tokens."""
+    return speculator.num_query_per_req if is_dflash(speculator) else None
+
+
 def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
-    """``fn``, which tells the graph being captured (the outermost call) to replay it:
-    again with the capture's arguments, under the capture's data-parallel size (a
-    replay runs no host code, so no collective of ``set_forward_context``)."""
+    """``fn``, which tells the graph being captured to replay it: again with the
+    capture's arguments, under the capture's data-parallel size (a replay runs no host
+    code, so no collective of ``set_forward_context``). A call inside another noted
+    call is the outer one's; calls one after the other in a capture replay in order
+    (``DFlashCudaGraphManager`` captures ``prepare_forward``, then the query forward)."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         graph = recorder.capturing
-        if graph is not None and graph.rerun is None:
-            pc, size = vc.parallel_config, vc.parallel_config.data_parallel_size
+        if graph is None or getattr(graph, "noting", False):
+            return fn(*args, **kwargs)
+        pc, size = vc.parallel_config, vc.parallel_config.data_parallel_size
+        before = graph.rerun
 
-            def rerun() -> None:
-                now, pc.data_parallel_size = pc.data_parallel_size, size
-                try:
-                    fn(*args, **kwargs)
-                finally:
-                    pc.data_parallel_size = now
+        def rerun() -> None:
+            if before is not None:
+                before()
+            now, pc.data_parallel_size = pc.data_parallel_size, size
+            try:
+                fn(*args, **kwargs)
+            finally:
+                pc.data_parallel_size = now
 
-            graph.rerun = rerun
-        return fn(*args, **kwargs)
+        graph.rerun, graph.noting = rerun, True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            graph.noting = False
 
     return run
 
