@@ -776,11 +776,13 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         # The draft prefill runs the step's tokens (and the speculator's extra query
         # rows, a request's correction token); each draft decode one per request, or
         # the step's tokens again (one MTP module a draft); a speculator with a query
-        # of its own (DFlash) as many rows a request, every one real.
+        # of its own (DFlash) as many rows a request, every one real, with the keys
+        # each reads (padding writes no real KV judges its padding rows' slots).
         tokens = batch.num_reqs
         fields = _fields(engine.config, seen)
         if own is not None:
             tokens = own * batch.num_reqs
+            fields += speculating.kv_reads(engine.config, seen.meta)
         elif draft == 0 or whole:
             assert extra is not None and unreal is not None
             tokens = batch.num_tokens + extra * batch.num_reqs

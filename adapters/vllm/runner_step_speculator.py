@@ -241,6 +241,29 @@ def query_rows(speculator: Any) -> int | None:
     return speculator.num_query_per_req if is_dflash(speculator) else None
 
 
+def kv_reads(config: Any, meta: Any) -> tuple[Any, ...]:
+    """``kv_len`` and ``kv_slots`` by request of a draft forward's Triton metadata, as
+    ``vllm-v1``'s builds state them (:meth:`.runner_step_v1._Engine.kv_fields`): the
+    first ``seq_lens[i]`` keys of request ``i``, read through its block-table row. No
+    range: each is a function of fields whose ranges are judged."""
+    import numpy as np
+    from attnfuzz.adapters.vllm.runner_step_v1 import paged_keys
+    from attnfuzz.reference.runner_step import Field
+
+    seq_lens = meta.seq_lens.detach().to("cpu").numpy()
+    table = meta.block_table.detach().to("cpu").numpy()
+    lengths, slots = paged_keys(seq_lens, table, config.block_size)
+    bs = config.block_size
+    width = max([-(-config.max_model_len // bs) * bs] + [len(s) for s in slots])
+    values = np.zeros((len(lengths), width), dtype=np.int64)
+    for row, keys in enumerate(slots):
+        values[row, : len(keys)] = keys
+    return (
+        Field("kv_len", "requests", lengths),
+        Field("kv_slots", "requests", values, row_lengths=lengths),
+    )
+
+
 def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
     """``fn``, which tells the graph being captured to replay it: again with the
     capture's arguments, under the capture's data-parallel size (a replay runs no host
