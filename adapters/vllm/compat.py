@@ -470,6 +470,12 @@ REQUIRES["runner_step_mtp_modules"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator",
         "pad_trailing_draft_slots"),
 )  # fmt: skip
+# runner_step_dflash: runner_step's engine, its speculative config's dflash method making
+# the DFlash speculator.
+REQUIRES["runner_step_dflash"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "DFlashSpeculator.propose"),
+    Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "prepare_dflash_inputs"),
+)  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
 # vLLM's own choice for the platform.

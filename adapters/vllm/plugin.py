@@ -624,6 +624,18 @@ def _dbo_hook(name: str) -> Any:
     return call
 
 
+def _dflash_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_dflash`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_dflash
+
+        return getattr(runner_step_dflash, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def _runner_step_dbo() -> list[Implementation]:
     """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
     metadata."""
@@ -731,6 +743,35 @@ def _runner_step() -> list[Implementation]:
             "dispatch) and _generate_drafts (each module's forward over the step's query, "
             "eager or its FULL graph) run after each step in the runner's own sample_tokens",
             declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_dflash",
+            "run",
+            name="vllm-dflash",
+            description="installed vLLM (V2 runner) with a DFlash draft model: the vllm step, "
+            "its speculative config's dflash method making vllm/v1/worker/gpu/spec_decode/"
+            "dflash/speculator.py:DFlashSpeculator, whose propose "
+            "(_prepare_dflash_inputs_kernel: each request's context and its query of the "
+            "bonus token and a mask token a draft; its graph dispatch) and one query "
+            "forward, eager or its FULL graph, run after each step in the runner's own "
+            "sample_tokens",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_dflash",
+            "run_query_slots_unpadded",
+            name="vllm-dflash-query-slots-unpadded",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V2 runner, DFlash draft) with "
+            "_prepare_dflash_inputs_kernel not padding the query slot mapping past the "
+            "batch's queries: a FULL graph replayed over more rows writes the draft's K/V "
+            "at the slots the buffer still holds (a real request's)",
+            trigger=_dflash_hook("trigger_query_slots_unpadded"),
+            reach=_dflash_hook("reach_dflash"),
+            smallest=_dflash_hook("smallest_query_slots_unpadded"),
             traced=True,
         ),
         vllm_impl(
