@@ -476,6 +476,12 @@ REQUIRES["runner_step_dflash"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "DFlashSpeculator.propose"),
     Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "prepare_dflash_inputs"),
 )  # fmt: skip
+# runner_step_v1_dflash: runner_step_v1's engine, its speculative config's dflash method
+# making the DFlash proposer.
+REQUIRES["runner_step_v1_dflash"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.spec_decode.dflash", "DFlashProposer.set_inputs_first_pass"),
+    Api("vllm.v1.spec_decode.dflash", "DFlashProposer.build_model_inputs_first_pass"),
+)  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
 # vLLM's own choice for the platform.

@@ -636,6 +636,18 @@ def _dflash_hook(name: str) -> Any:
     return call
 
 
+def _v1_dflash_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_v1_dflash`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_v1_dflash
+
+        return getattr(runner_step_v1_dflash, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def _runner_step_dbo() -> list[Implementation]:
     """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
     metadata."""
@@ -772,6 +784,35 @@ def _runner_step() -> list[Implementation]:
             trigger=_dflash_hook("trigger_query_slots_unpadded"),
             reach=_dflash_hook("reach_dflash"),
             smallest=_dflash_hook("smallest_query_slots_unpadded"),
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_v1_dflash",
+            "run",
+            name="vllm-v1-dflash",
+            description="installed vLLM (V1 runner) with a DFlash draft model: vllm-v1's "
+            "step, its speculative config's dflash method making vllm/v1/spec_decode/"
+            "dflash.py:DFlashProposer, whose set_inputs_first_pass "
+            "(_copy_and_expand_dflash_inputs_kernel: each request's context and its query "
+            "of the bonus token and a mask token a draft) and one query forward run after "
+            "each step in the runner's own sample_tokens, the target returning its "
+            "auxiliary hidden states",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_v1_dflash",
+            "run_padding_slots_stale",
+            name="vllm-v1-dflash-padding-slots-stale",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, DFlash draft) with "
+            "SpecDecodeBaseProposer._get_slot_mapping not giving the rows past the query "
+            "the padding slot: a padded draft forward writes its padding tokens' K/V at an "
+            "earlier proposal's query slots",
+            trigger=_v1_dflash_hook("trigger_padding_slots_stale"),
+            reach=_v1_dflash_hook("reach_v1_dflash"),
+            smallest=_v1_dflash_hook("smallest_padding_slots_stale"),
             traced=True,
         ),
         vllm_impl(

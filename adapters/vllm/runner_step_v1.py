@@ -366,6 +366,9 @@ class _Engine:
     its graphs captured as ``capture_model`` does."""
 
     padded_drafts = True  # the speculative config's drafter batch (disable_padded_drafter_batch)
+    # The drafter the speculative config makes (runner_step_speculator's kinds: MTP keeps
+    # the tiny model's own MTP layer, an EagleProposer).
+    speculator = speculating.MTP
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         import vllm.v1.worker.gpu_model_runner as gmr
@@ -377,7 +380,7 @@ class _Engine:
         self.recorder = _Recorder()
         # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
         # (the V1 drafter's is set below).
-        vc = self.vllm_config = _vllm_config(config, mode, speculating.MTP)
+        vc = self.vllm_config = _vllm_config(config, mode, self.speculator)
         if vc.speculative_config is not None:
             vc.speculative_config = drafting.speculative_config(
                 vc.speculative_config, config, self.padded_drafts
@@ -396,7 +399,7 @@ class _Engine:
             layers = [_LAYER]
             if r.speculative_config is not None:
                 # load_model: the drafter's model and its layer, in the target's group.
-                drafting.install(r, self.recorder)
+                self.install_drafter()
                 layers.append(drafting.DRAFT_LAYER)
             attention, spec = self.attention_group()
             groups = [KVCacheGroupSpec(layers, spec)]
@@ -429,13 +432,26 @@ class _Engine:
         import vllm.compilation.cuda_graph as cg
         from vllm.config import CUDAGraphMode
 
-        model: Any = _Model(self.recorder)
+        model: Any = self.target_model()
         if resolved.has_full_cudagraphs():
             with mock.patch.object(
                 cg, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None)
             ):
                 model = cg.CUDAGraphWrapper(model, self.vllm_config, CUDAGraphMode.FULL)
         return _Handed(model, self.recorder)
+
+    def target_model(self) -> torch.nn.Module:
+        """The stand-in model ``load_model`` loads (:class:`_Model`)."""
+        return _Model(self.recorder)
+
+    def install_drafter(self) -> None:
+        """``load_model``'s drafter: its model and layer (:func:`.runner_step_drafter.install`)."""
+        drafting.install(self.runner, self.recorder)
+
+    def first_pass_tokens(self, out: Any, taken: dict[str, int]) -> int:
+        """The real tokens of a proposal's first draft forward
+        (:func:`.runner_step_drafter.first_pass_tokens`)."""
+        return drafting.first_pass_tokens(out, taken, self.padded_drafts)
 
     def attention_group(self) -> tuple[type, Any]:
         """The attention layer's backend and KV-cache spec, as ``load_model`` and
@@ -707,7 +723,7 @@ def _sampling(engine: _Engine, out: Any, taken: dict[str, int]) -> Iterator[None
 
     def proposed(*args: Any, **kwargs: Any) -> Any:
         rec.draft = 0
-        rec.first_pass = drafting.first_pass_tokens(out, taken, engine.padded_drafts)
+        rec.first_pass = engine.first_pass_tokens(out, taken)
         try:
             return propose(*args, **kwargs)
         finally:
