@@ -216,7 +216,7 @@ def test_a_stand_in_s_error_is_attnfuzz_s_and_the_engine_s_is_a_finding():
 
     rs = adapter()
     with pytest.raises(AttributeError) as standin:
-        rs._NoState().attribute_the_adapter_does_not_model  # noqa: B018
+        rs._HeldDrafts(1).attribute_the_adapter_does_not_model  # noqa: B018
     assert attnfuzz_fault(standin.value, standin.tb) is not None
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 

@@ -368,6 +368,14 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.worker.gpu.sample.sampler", "Sampler"),
         Api("vllm.v1.worker.gpu.spec_decode.rejection_sampler", "RejectionSampler"),
         Api("vllm.v1.worker.gpu.spec_decode.utils", "DraftTokensHandler"),
+        # the runner built by its own __init__, load_model, initialize_kv_cache and
+        # capture_model, with what they call that is stood in
+        Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.initialize_kv_cache"),
+        Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model"),
+        Api("vllm.v1.worker.gpu.model_runner", "get_model_loader"),
+        Api("vllm.v1.worker.gpu.model_runner", "init_kv_cache"),
+        Api("vllm.v1.worker.gpu.model_runner", "lock_workspace"),
+        Api("vllm.v1.worker.gpu.model_runner", "RequestState"),
     ),
     # runner_step_v1: the V1 execute_model whole, its capture and its model's graph
     # wrapper, in 0.33.0's forms (the slot mappings built apart from the metadata).

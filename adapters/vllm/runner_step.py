@@ -1,11 +1,20 @@
 """vLLM's model runner V2 step, whole, as the implementation ``vllm`` of ``runner-step``.
 
 From one scheduler output, vLLM 0.33.0's ``GPUModelRunner.execute_model``
-(``vllm/v1/worker/gpu/model_runner.py``) runs unchanged up to the model forward,
-on a stand-in runner object holding the runner's real objects (as
-:mod:`.persistent_batch` does), and the runner decides the step's padding and graph
+(``vllm/v1/worker/gpu/model_runner.py``) runs unchanged up to the model forward, on a
+runner vLLM's own code builds, and the runner decides the step's padding and graph
 itself. What runs unchanged:
 
+- ``GPUModelRunner`` built as the worker builds it (:class:`_Engine`): ``__init__``
+  (``RequestState``, ``InputBuffers``, ``init_speculator``, the LoRA state, the
+  draft tokens handler), ``load_model`` (``init_model_state``, the ``Sampler``, the
+  ``RejectionSampler``, the prompt logprobs and structured outputs workers, the
+  speculator's ``load_model``), ``initialize_kv_cache`` with the worker's
+  ``KVCacheConfig`` (:func:`kv_cache_config`: ``init_attn_backend`` with its kernel
+  block sizes and builders, ``BlockTables``, ``resolve_cudagraph_mode_and_sizes``,
+  ``ModelCudaGraphManager``, the speculator's ``set_attn`` and
+  ``init_cudagraph_manager``, the model state's ``initialize_kv_cache``) and
+  ``capture_model`` (the target's graphs, then the speculator's);
 - ``GPUModelRunner``: ``execute_model`` (``update_pp_decode_requests``,
   ``finish_requests``, ``free_states``, ``add_requests``, ``update_requests``,
   ``gather_batch_req_state``, ``prepare_inputs``, ``prepare_attn``,
@@ -39,7 +48,17 @@ itself. What runs unchanged:
 Stood in, and only where a model, a GPU graph or a collective is needed:
 
 - the model: a module that records what it is handed (the forward context's
-  attention metadata, the positions) and returns zero hidden states;
+  attention metadata, the positions) and returns zero hidden states, which the model
+  loader ``load_model`` calls returns; its attention layer, which the model's
+  construction registers in the static forward context (:func:`_attention_layer`);
+- what the runner's construction needs of a GPU or of the worker (:func:`_cpu_runner`:
+  CUDA streams and events, the KV cache tensors, the accelerator's memory queries,
+  the workspace lock, the pipeline-parallel group) and ``RequestState``'s rows
+  (:func:`_rows`);
+- pages Triton's kernels do not take (not a multiple of 16): the attention layer's
+  backend a subclass of Triton's that declares them (:func:`_any_page_triton`), and
+  no speculator (its ``set_attn`` would refuse the draft layer's pages:
+  :class:`_HeldDrafts`);
 - CUDA graphs: ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` in
   ``cudagraph_utils``, a graph that remembers what the forward it "captured" read
   (the capture's metadata: views of the persistent buffers) and whose ``replay``
@@ -108,7 +127,7 @@ import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Case, EngineConfig, cdiv
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.strategies.traces import data_parallel_peer
 
@@ -119,8 +138,8 @@ PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
 def prepare() -> None:
     """Import vLLM's runner before a judge forks."""
     _engine.prepare()
-    _runner_class()
     import vllm.v1.attention.backends.triton_attn  # noqa: F401
+    import vllm.v1.worker.gpu.model_runner  # noqa: F401
     import vllm.v1.worker.gpu.spec_decode.mtp.speculator  # noqa: F401
 
 
@@ -163,16 +182,6 @@ class _Standin:
         )
 
 
-class _NoState(_Standin):
-    """``lora_state``: no adapters; every call a no-op."""
-
-    def add_request(self, *args: Any) -> None:
-        pass
-
-    def remove_request(self, *args: Any) -> None:
-        pass
-
-
 @dataclass
 class _Seen:
     """What one forward read: the attention metadata of the layer, the positions,
@@ -181,12 +190,21 @@ class _Seen:
     meta: Any
     positions: torch.Tensor
     batch: Any = None
+    linear: Any = None  # a second KV-cache group's metadata (a hybrid model's state layer)
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
         names = ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
         meta = SimpleNamespace(**{n: getattr(self.meta, n).clone() for n in names})
-        return _Seen(meta, self.positions.clone())
+        linear = None
+        if self.linear is not None:
+            linear = SimpleNamespace(
+                **{
+                    k: v.clone() if isinstance(v, torch.Tensor) else v
+                    for k, v in vars(self.linear).items()
+                }
+            )
+        return _Seen(meta, self.positions.clone(), linear=linear)
 
 
 @dataclass
@@ -203,13 +221,18 @@ class _Recorder:
     draft: int | None = None  # the next draft sub-step while the speculator proposes
     speculator_where: str = speculating.WHERE  # the speculator's class, in vLLM
     replaying: bool = False  # a draft graph replays (its forwards are the replay's)
+    linear_layer: str | None = None  # the target's layer of a second KV-cache group
 
-    @staticmethod
-    def handed(positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
+    def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
 
         metadata = get_forward_context().attn_metadata
-        return _Seen(metadata[layer] if metadata else None, positions)
+        if not metadata:
+            return _Seen(None, positions)
+        linear = None
+        if layer == _LAYER and self.linear_layer is not None:
+            linear = metadata[self.linear_layer]
+        return _Seen(metadata[layer], positions, linear=linear)
 
     def forward(self, positions: torch.Tensor) -> None:
         seen = self.handed(positions)
@@ -330,29 +353,6 @@ def _one_rank() -> Any:
 
 # -- the runner ----------------------------------------------------------------------------
 
-_METHODS = (
-    "execute_model", "_dummy_run", "update_pp_decode_requests", "finish_requests",
-    "free_states", "_remove_request", "add_requests", "update_requests",
-    "gather_batch_req_state", "prepare_inputs", "prepare_attn", "prepare_dummy_attn",
-    "postprocess_sampled", "sample_tokens", "sample", "_merge_ec_connector_no_forward",
-    "maybe_dummy_run_with_lora",
-    "maybe_setup_dummy_loras", "maybe_select_dummy_loras", "dp_size", "dp_rank",
-)  # fmt: skip
-
-
-@functools.cache
-def _runner_class() -> type:
-    """A class of ``GPUModelRunner``'s own methods (:data:`_METHODS`), unchanged."""
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
-
-    members = {}
-    for name in _METHODS:
-        for klass in GPUModelRunner.__mro__:
-            if name in vars(klass):
-                members[name] = vars(klass)[name]
-                break
-    return type("_Runner", (_Standin,), members)
-
 
 def num_blocks(config: EngineConfig) -> int:
     """Pages of the engine's KV cache: every sequence at its longest, the null page 0
@@ -360,34 +360,61 @@ def num_blocks(config: EngineConfig) -> int:
     return config.max_num_seqs * config.max_blocks_per_seq + 3
 
 
-def _attention(
-    vc: Any, config: EngineConfig, device: torch.device, *, draft: bool
-) -> tuple[Any, Any]:
-    """One KV-cache group of one attention layer, the Triton backend's; its
-    ``KVCacheConfig``. With a speculator, the draft layer is in the group too (as
-    ``initialize_kv_cache`` finds it), and the target's metadata holds it (the draft
-    prefill reads the target's)."""
-    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+def kv_cache_config(config: EngineConfig, layers: list[str]) -> Any:
+    """The ``KVCacheConfig`` the worker hands ``initialize_kv_cache``: one KV-cache group
+    of full attention over ``layers`` (the target's, and the draft's where the
+    speculator's layer shares it, as an MTP layer does), :func:`num_blocks` pages, no
+    tensors (nothing is allocated: :func:`_cpu_runner`)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.worker.utils import AttentionGroup
 
     spec = FullAttentionSpec(
         block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
     )
-    layers = [_LAYER] + ([speculating.DRAFT_LAYER] if draft else [])
-    group = AttentionGroup(
-        backend=TritonAttentionBackend,
-        layer_names=list(layers),
-        kv_cache_spec=spec,
-        kv_cache_group_id=0,
-    )
-    group.create_metadata_builders(vc, device)
-    kv = KVCacheConfig(
+    return KVCacheConfig(
         num_blocks=num_blocks(config),
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
     )
-    return [[group]], kv
+
+
+@functools.cache
+def _any_page_triton() -> type:
+    """Triton's attention backend for pages its kernels do not take (not a multiple of
+    16: ``get_supported_kernel_block_sizes``): the traces' pages are small so that a
+    few tokens cross pages, and no attention kernel runs here, so only that declared
+    constraint is lifted (``init_attn_backend`` then keeps the manager's page size);
+    the metadata builder and its graph support are Triton's own."""
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    class AnyPageTritonAttentionBackend(TritonAttentionBackend):
+        @staticmethod
+        def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[Any]:
+            return [MultipleOf(1)]
+
+    return AnyPageTritonAttentionBackend
+
+
+def _attention_layer(vc: Any, config: EngineConfig) -> Any:
+    """The target's attention layer, as the model registers it in the static forward
+    context (``init_attn_backend`` asks it its backend): Triton's."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    backend = TritonAttentionBackend
+    if not backend.supports_block_size(config.block_size):
+        backend = _any_page_triton()
+
+    class TargetLayer(AttentionLayerBase):
+        num_heads = vc.model_config.get_num_attention_heads(vc.parallel_config)
+
+        def get_attn_backend(self) -> type:
+            return backend
+
+        def get_kv_cache_spec(self, vllm_config: Any) -> None:
+            return None  # the worker's KVCacheConfig is given (kv_cache_config)
+
+    return TargetLayer()
 
 
 def _vllm_config(config: EngineConfig, mode: str, speculator: str) -> Any:
@@ -407,186 +434,149 @@ def _vllm_config(config: EngineConfig, mode: str, speculator: str) -> Any:
     return vc
 
 
+@contextlib.contextmanager
+def _cpu_runner(device: torch.device) -> Iterator[None]:
+    """What ``GPUModelRunner.__init__``, ``initialize_kv_cache`` and ``capture_model``
+    need of a GPU and of the worker, stood in: CUDA streams and events (the output copy
+    stream, the draft tokens handler's copy event: no copy runs on one here); the
+    pipeline-parallel group (one stage: ``Worker.init_device`` makes the groups); the
+    KV cache tensors (``init_kv_cache``: device memory that only the attention kernels,
+    which do not run, read); the accelerator's memory queries around the capture (how
+    much the graphs took); the workspace lock after it (``Worker.init_device``'s
+    workspace manager, process-wide); the global graph pool. Host memory for the
+    buffers (:func:`.slot_mapping.host_memory`)."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cg
+    import vllm.v1.worker.gpu.model_runner as model_runner
+
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(host_memory(device))
+        for owner, name, value in (
+            (torch.cuda, "Stream", nothing),
+            (torch.cuda, "Event", nothing),
+            (torch.accelerator, "empty_cache", nothing),
+            (torch.accelerator, "get_memory_info", lambda *a: (0, 0)),
+            (model_runner, "get_pp_group", _one_rank),
+            (model_runner, "init_kv_cache", lambda *a, **k: {}),
+            (model_runner, "lock_workspace", nothing),
+            (cg, "get_pp_group", _one_rank),
+            (cg, "current_platform", SimpleNamespace(get_global_graph_pool=nothing)),
+        ):
+            stack.enter_context(mock.patch.object(owner, name, value))
+        yield
+
+
+@contextlib.contextmanager
+def _rows(config: EngineConfig) -> Iterator[None]:
+    """``RequestState``'s rows of tokens ``next_n`` longer than ``max_model_len``: the
+    trace's scheduler runs a request up to ``max_model_len``, one token past vLLM's (which
+    keeps room for the token sampled after it), and ``post_update`` stores the tokens
+    sampled then past the row, unmasked."""
+    import vllm.v1.worker.gpu.model_runner as model_runner
+
+    made = model_runner.RequestState
+
+    def request_state(*, max_model_len: int, **kwargs: Any) -> Any:
+        return made(max_model_len=max_model_len + config.next_n, **kwargs)
+
+    with mock.patch.object(model_runner, "RequestState", request_state):
+        yield
+
+
 class _Engine:
-    """One runner: its objects made as ``GPUModelRunner.__init__``, ``load_model`` and
-    ``initialize_kv_cache`` make them, and its graphs captured (``capture_model``)."""
+    """One runner, built by vLLM's own code: ``GPUModelRunner.__init__``, ``load_model``
+    (its model loader stood in: :class:`_Model`, the speculator's draft model as
+    :func:`.runner_step_speculator.make` makes it), ``initialize_kv_cache`` with the
+    worker's :func:`kv_cache_config`, and ``capture_model`` (:meth:`capture`)."""
 
     def __init__(
         self, config: EngineConfig, device: torch.device, mode: str, speculator: str
     ) -> None:
         from vllm.config import CUDAGraphMode, set_current_vllm_config
-        from vllm.v1.attention.backend import AttentionCGSupport
-        from vllm.v1.worker.block_table import get_block_table_width
-        from vllm.v1.worker.gpu.async_utils import StepTimingCollector
-        from vllm.v1.worker.gpu.attn_utils import get_attn_cg_support
-        from vllm.v1.worker.gpu.block_table import BlockTables
-        from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
-        from vllm.v1.worker.gpu.eplb_utils import EPLBController
-        from vllm.v1.worker.gpu.input_batch import InputBuffers
-        from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
-        from vllm.v1.worker.gpu.model_states.default import DefaultModelState
-        from vllm.v1.worker.gpu.states import RequestState
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
         self.config, self.device = config, device
         self.recorder = _Recorder()
-        vc = self.vllm_config = _vllm_config(config, mode, speculator)
-        r = self.runner = _runner_class()()
-        r.vllm_config, r.model_config = vc, vc.model_config
-        r.parallel_config, r.compilation_config = vc.parallel_config, vc.compilation_config
-        r.observability_config = vc.observability_config
-        r.device = device
-        r.max_model_len, r.max_num_reqs = config.max_model_len, config.max_num_seqs
-        r.max_num_tokens = config.max_num_batched_tokens
-        r.num_speculative_steps = config.num_spec
-        with host_memory(device), set_current_vllm_config(vc):
-            r.vocab_size = VOCAB
-            r.req_states = RequestState(
-                max_num_reqs=config.max_num_seqs,
-                # A row's tokens: the trace's scheduler runs a request up to
-                # max_model_len, one token past vLLM's (which keeps room for the token
-                # sampled after it), and the tokens sampled then would land past the row.
-                max_model_len=config.max_model_len + config.next_n,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                num_speculative_steps=config.num_spec,
-                vocab_size=VOCAB,
-                device=device,
-            )
-            r.input_buffers = InputBuffers(
-                config.max_num_seqs, config.max_num_batched_tokens, device
-            )
-            r.model = _Model(self.recorder)
-            r.model_state = DefaultModelState(vc, r.model, None, device)
-            # __init__'s speculator (MTP for next_n > 1), loaded as load_model loads it.
-            r.speculator = None
-            if speculating.runs(config, vc):
-                r.speculator = speculating.make(r, self.recorder)
+        vc = self.vllm_config = self.configure(_vllm_config(config, mode, speculator))
+        with _cpu_runner(device), set_current_vllm_config(vc), _rows(config):
+            r = self.runner = GPUModelRunner(vc, device)
+            r.main_stream = None  # AsyncOutput's, stood in (_sampling)
+            if r.speculator is not None and not speculating.runs(config, vc):
+                # set_attn would refuse the draft layer's pages (see _HeldDrafts).
+                r.speculator = None
+            if r.speculator is not None:
+                speculating.make(r, self.recorder)
                 self.recorder.speculator_where = speculating.where(r.speculator)
-            _samplers(r, vc)
-            r.attn_groups, r.kv_cache_config = _attention(
-                vc, config, device, draft=r.speculator is not None
-            )
-            width = get_block_table_width(
-                cdiv(config.max_model_len, config.block_size), config.block_size,
-                token_alignment=128,
-            )  # fmt: skip
-            r.block_tables = BlockTables(
-                block_sizes=[config.block_size],
-                max_num_reqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_blocks_per_group=[width],
-                device=device,
-            )
-            # initialize_kv_cache: the mode the backends keep, then the graph manager.
-            support = get_attn_cg_support(r.attn_groups, vc)
-            r.decode_query_len = config.num_spec + r.model_state.num_new_sampled_tokens_per_step
-            resolved = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
-                support.min_cg_support,
-                support.min_cg_attn_backend,
-                r.decode_query_len,
-                use_v2_model_runner=True,
-                kv_cache_config=r.kv_cache_config,
-                max_num_reqs=config.max_num_seqs,
-                piecewise_capture_available=True,
-            )
-            if (
-                resolved != CUDAGraphMode[mode]
-                or support.min_cg_support != AttentionCGSupport.ALWAYS
-            ):
-                raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
-            import vllm.v1.worker.gpu.cudagraph_utils as cg
+            model = _Model(self.recorder)
 
-            with mock.patch.multiple(
-                cg, get_pp_group=_one_rank, current_platform=SimpleNamespace(
-                    get_global_graph_pool=lambda: None)
-            ):  # fmt: skip
-                r.cudagraph_manager = ModelCudaGraphManager(
-                    vc, device, resolved, decode_query_len=r.decode_query_len,
-                    lora_capture_cases=[0], varlen_decode=False, ubatch_runner=None,
-                )  # fmt: skip
-                if r.speculator is not None:
-                    speculating.attach(r, resolved)
-        # What execute_model also reaches, none of which computes attention metadata.
-        r.kv_connector = NO_OP_KV_CONNECTOR
-        r.eplb = EPLBController(vc.parallel_config, device)
-        r.step_timing = StepTimingCollector()
-        r.lora_state = _NoState()
-        r.lora_config = None
-        r.is_encoder_decoder = False
-        r.is_first_pp_rank = r.is_last_pp_rank = True
-        r.use_pp = False
-        r.dcp_size = 1
-        r.uses_inputs_embeds = False
-        r.use_aux_hidden_state_outputs = False
-        r.intermediate_tensors = None
-        r.execute_model_state = None
-        r.main_stream = r.output_copy_stream = None  # AsyncOutput's, stood in (_sampling)
-        r.check_ep_fault = False
-        r._draft_workspace_lane = 0  # GPUModelRunner.__init__: not a DSpark drafter
-        for name in (
-            "pp_handler", "encoder_cache", "aux_output_connector", "ubatch_runner",
-            "pcp_manager", "pooling_runner", "adaptive_verification", "fast_prefill",
-            "kv_block_zeroer", "batch_sharder", "structured_outputs_worker",
-        ):  # fmt: skip
-            setattr(r, name, None)
+            def load_model(vllm_config: Any, model_config: Any) -> _Model:
+                # What the model's construction registers: its attention layers.
+                vc.compilation_config.static_forward_context.update(self.layers())
+                return model
+
+            loader = SimpleNamespace(load_model=load_model)
+            with mock.patch("vllm.v1.worker.gpu.model_runner.get_model_loader", lambda c: loader):
+                r.load_model()
+            layers = [_LAYER] + ([speculating.DRAFT_LAYER] if r.speculator is not None else [])
+            r.initialize_kv_cache(self.kv_cache_config(layers))
+            resolved = r.cudagraph_manager.cudagraph_mode
+            if resolved != self.resolves_to(CUDAGraphMode[mode]):
+                raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
         self.held: set[str] = set()
         self.last: _Last | None = None
         self.capture()
 
+    def configure(self, vc: Any) -> Any:
+        """The engine's ``VllmConfig``, as the model's config makes it."""
+        return vc
+
+    def layers(self) -> dict[str, Any]:
+        """The layers the model's construction registers in the static forward context."""
+        return {_LAYER: _attention_layer(self.vllm_config, self.config)}
+
+    def kv_cache_config(self, layers: list[str]) -> Any:
+        """The ``KVCacheConfig`` the worker hands ``initialize_kv_cache``."""
+        return kv_cache_config(self.config, layers)
+
+    def resolves_to(self, mode: Any) -> Any:
+        """The mode ``initialize_kv_cache`` resolves the config's ``mode`` to: itself
+        (Triton's attention supports every graph)."""
+        return mode
+
+    def output(self, inputs: RunnerStepInputs, held: set[str]) -> Any:
+        """The step's ``SchedulerOutput`` (:func:`_scheduler_output`)."""
+        return _scheduler_output(inputs, held)
+
+    def fields(self, seen: _Seen, *, history: bool = True) -> tuple[Field, ...]:
+        """The fields of one forward's build (:func:`_fields`)."""
+        return _fields(self.config, seen, history=history)
+
     def capture(self) -> None:
-        """``capture_model``'s decoder capture: ``ModelCudaGraphManager.capture``."""
+        """``GPUModelRunner.capture_model``: the target's graphs
+        (``ModelCudaGraphManager.capture``), then the speculator's; every forward a
+        ``capture`` build (none where the mode captures nothing)."""
         r = self.runner
-        manager = r.cudagraph_manager
-        if not manager.needs_capture():
-            manager._graphs_captured = True  # nothing to capture: dispatch answers NONE
-            return
-        self.recorder.kind = "capture"
-        self.recorder.where = "cudagraph_utils.py: ModelCudaGraphManager.capture"
+        recorder = self.recorder
+        recorder.kind = "capture"
+        recorder.where = "cudagraph_utils.py: ModelCudaGraphManager.capture"
+        speculator = r.speculator
+        if speculator is not None:
+            capture = speculator.capture
+
+            def speculator_capture(*args: Any, **kwargs: Any) -> Any:
+                recorder.where = "SpeculatorCudaGraphManager.capture"
+                return capture(*args, **kwargs)
+
+            speculator.capture = speculator_capture
         try:
-            with host_memory(self.device), _graphs(self.recorder):
-                manager.capture(
-                    r.model, r.model_state, r.input_buffers, None, r.block_tables,
-                    r.attn_groups, r.kv_cache_config,
-                )  # fmt: skip
-                if r.speculator is not None:  # capture_model: the speculator's after
-                    self.recorder.where = "SpeculatorCudaGraphManager.capture"
-                    r.speculator.capture()
+            with _cpu_runner(self.device), _graphs(recorder):
+                r.capture_model()
         finally:
-            self.recorder.kind = None
-
-
-VOCAB = 2
-"""The vocabulary the sampler draws from: the drafts (the draft model's argmax, token 0)
-and one other token, for the target to reject a draft with."""
-
-
-def _samplers(r: Any, vc: Any) -> None:
-    """``load_model``'s samplers, as it makes them: the ``Sampler``, the
-    ``RejectionSampler`` over it where a speculator verifies drafts, the prompt logprobs
-    worker; no structured outputs (``sample_tokens`` is called with no grammar)."""
-    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
-    from vllm.v1.worker.gpu.sample.sampler import Sampler
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
-    from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
-
-    mc = vc.model_config
-    decode_query_len = r.num_speculative_steps + r.model_state.num_new_sampled_tokens_per_step
-    r.sampler = Sampler(
-        vllm_config=vc, max_num_reqs=r.max_num_reqs, vocab_size=VOCAB, device=r.device,
-        req_states=r.req_states, logprobs_mode=mc.logprobs_mode,
-        num_speculative_tokens=decode_query_len,
-    )  # fmt: skip
-    r.rejection_sampler = None
-    if vc.speculative_config is not None:
-        r.rejection_sampler = RejectionSampler(r.sampler, vc.speculative_config, r.device)
-    r.prompt_logprobs_worker = PromptLogprobsWorker(
-        r.max_num_reqs, r.device, logprobs_mode=mc.logprobs_mode
-    )
-    # __init__'s handler, its copy stream stood in: no request has structured outputs,
-    # so set_draft_tokens copies nothing.
-    handler = DraftTokensHandler.__new__(DraftTokensHandler)
-    handler.device, handler.req_ids = r.device, []
-    handler.draft_tokens_np, handler.num_draft_tokens = None, 0
-    r.draft_tokens_handler = handler
+            recorder.kind = None
+            if speculator is not None:
+                del speculator.capture
 
 
 # -- one step ------------------------------------------------------------------------------
@@ -746,7 +736,7 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
                 f"attnfuzz: request {rid} runs on from {s - x} computed tokens after a step "
                 f"to {s} with {d} drafts: a sampler's count is {s - d} to {s}"
             )
-    r.model.logits = _verdict(batch, rejected)
+    r.model.logits = _verdict(batch, rejected, r.vocab_size)
     r.execute_model_state = last.state
     held = r.speculator
     if held is None and r.rejection_sampler is not None:
@@ -779,7 +769,7 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         # of its own (DFlash) as many rows a request, every one real, with the keys
         # each reads (padding writes no real KV judges its padding rows' slots).
         tokens = batch.num_reqs
-        fields = _fields(engine.config, seen)
+        fields = engine.fields(seen)
         if own is not None:
             tokens = own * batch.num_reqs
             fields += speculating.kv_reads(engine.config, seen.meta)
@@ -814,7 +804,12 @@ class _HeldDrafts(_Standin):
         )  # fmt: skip
 
 
-def _verdict(batch: Any, rejected: list[int]) -> torch.Tensor:
+VOCAB = 2
+"""The tokens the target's logits choose from (:func:`_verdict`): the drafts (the draft
+model's argmax, token 0) and one other, for the target to reject a draft with."""
+
+
+def _verdict(batch: Any, rejected: list[int], vocab_size: int) -> torch.Tensor:
     """The target's logits of the step's logits rows, for a greedy sampler: request
     ``i``'s row ``j`` verifies the draft its row ``j + 1`` holds (``_rejection_kernel``);
     its argmax is that draft for the accepted ones, another token at the first rejected,
@@ -832,7 +827,7 @@ def _verdict(batch: Any, rejected: list[int]) -> torch.Tensor:
             elif j == accepted:
                 argmax[start + j] = (max(draft, 0) + 1) % VOCAB
                 break
-    logits = torch.zeros(len(argmax), VOCAB)
+    logits = torch.zeros(len(argmax), vocab_size)  # the model's vocabulary
     logits[torch.arange(len(argmax)), argmax] = 1.0
     return logits.to(batch.input_ids.device)
 
@@ -979,11 +974,15 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
     return tuple(out)
 
 
-def _step_build(how: str, config: EngineConfig, state: Any, **kw: Any) -> StepBuild:
+def _step_build(how: str, engine: _Engine, state: Any, **kw: Any) -> StepBuild:
     batch = state.input_batch
-    seen = _Seen(state.attn_metadata[_LAYER], batch.positions, batch)
+    linear = engine.recorder.linear_layer
+    seen = _Seen(
+        state.attn_metadata[_LAYER], batch.positions, batch,
+        linear=state.attn_metadata[linear] if linear is not None else None,
+    )  # fmt: skip
     return StepBuild(
-        how, batch.num_reqs, batch.num_tokens, _fields(config, seen, **kw),
+        how, batch.num_reqs, batch.num_tokens, engine.fields(seen, **kw),
         where="vllm/v1/worker/gpu/model_runner.py: GPUModelRunner.execute_model",
     )  # fmt: skip
 
@@ -993,7 +992,7 @@ def _seen_builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBu
     out = []
     for kind, where, seen in engine.recorder.seen:
         sizes = (num_reqs, num_tokens) if kind == "replay" else (0, 0)
-        out.append(StepBuild(kind, *sizes, _fields(engine.config, seen), where=where))
+        out.append(StepBuild(kind, *sizes, engine.fields(seen), where=where))
     engine.recorder.seen.clear()
     return out
 
@@ -1010,6 +1009,8 @@ class RunnerStepEngine:
     :data:`.runner_step_speculator.STANDALONE_AR`)."""
     data_parallel = True
     """Whether the graph engine has a data-parallel peer (its dummy runs come with it)."""
+    engine_type: type[_Engine] = _Engine
+    """The runner each of the three engines is."""
 
     def __init__(self) -> None:
         self.new_engine()
@@ -1027,8 +1028,8 @@ class RunnerStepEngine:
         if self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)
             mode = inputs.config.cudagraph_mode
-            self.graphs = _Engine(inputs.config, inputs.device, mode, self.speculator)
-            self.eager = _Engine(inputs.config, inputs.device, "NONE", self.speculator)
+            self.graphs = self.engine(inputs.config, inputs.device, mode)
+            self.eager = self.engine(inputs.config, inputs.device, "NONE")
             self.fresh = None
             builds += _seen_builds(self.graphs, 0, 0)  # the capture runs
         graphs, eager = self.graphs, self.eager
@@ -1051,11 +1052,11 @@ class RunnerStepEngine:
             _dummy(graphs, step_peer)
             builds += _seen_builds(graphs, 0, 0)
 
-        state = _execute(eager, _scheduler_output(inputs, eager.held))
-        builds.append(_step_build("eager", inputs.config, state))
+        state = _execute(eager, eager.output(inputs, eager.held))
+        builds.append(_step_build("eager", eager, state))
         peer = _peer(inputs, dql) if self.data_parallel else None
-        state = _execute(graphs, _scheduler_output(inputs, graphs.held), peer)
-        padded = _step_build("padded", inputs.config, state)
+        state = _execute(graphs, graphs.output(inputs, graphs.held), peer)
+        padded = _step_build("padded", graphs, state)
         builds += [padded, *_seen_builds(graphs, padded.num_reqs, padded.num_tokens)]
         held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
         self.pages = {
@@ -1067,6 +1068,10 @@ class RunnerStepEngine:
         fresh, self.fresh = self._fresh(inputs, held)
         builds.append(fresh)
         return RunnerStepOutputs(tuple(builds))
+
+    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> _Engine:
+        """One runner of graph mode ``mode`` (:attr:`engine_type`)."""
+        return self.engine_type(config, device, mode, self.speculator)
 
     @staticmethod
     def _check(inputs: RunnerStepInputs) -> None:
@@ -1082,7 +1087,7 @@ class RunnerStepEngine:
         as many warm-up steps as the token budget takes), then the step's own output;
         the engine, whose speculator proposes after the step."""
         config = inputs.config
-        fresh = _Engine(config, inputs.device, "NONE", self.speculator)
+        fresh = self.engine(config, inputs.device, "NONE")
         running = [i for i, new in enumerate(inputs.is_new) if not new]
         budget = min(config.max_num_batched_tokens, config.max_num_seqs)
         for start in range(0, len(running), budget):
@@ -1097,10 +1102,10 @@ class RunnerStepEngine:
                 device=inputs.device,
             )
             _sample(fresh, {})
-            _execute(fresh, _scheduler_output(warm, fresh.held - set(map(str, warm.req_ids))))
+            _execute(fresh, fresh.output(warm, fresh.held - set(map(str, warm.req_ids))))
         _sample(fresh, {str(inputs.req_ids[i]): inputs.num_computed_tokens[i] for i in running})
-        state = _execute(fresh, _scheduler_output(inputs, fresh.held))
-        return _step_build("fresh", config, state, history=False), fresh
+        state = _execute(fresh, fresh.output(inputs, fresh.held))
+        return _step_build("fresh", fresh, state, history=False), fresh
 
 
 ENGINE = RunnerStepEngine()
