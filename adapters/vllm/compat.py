@@ -464,17 +464,6 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
-# runner_step_mamba_hybrid: runner_step's engine of a hybrid model: the model state
-# init_model_state picks for it and a GDN layer's KV-cache group.
-REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (
-    MAMBA_HYBRID,
-    Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState.preprocess_state"),
-    Api("vllm.v1.worker.gpu.model_states", "resolve_model_state_cls"),
-    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder"),
-    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionBackend"),
-    Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
-    Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
-)
 # runner_step_standalone_ar: runner_step's engine, its speculative config's draft_model
 # method making the standalone autoregressive speculator.
 REQUIRES["runner_step_standalone_ar"] = REQUIRES["runner_step"] + (
@@ -500,6 +489,12 @@ REQUIRES["runner_step_dflash"] = REQUIRES["runner_step"] + (
 REQUIRES["runner_step_v1_dflash"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.set_inputs_first_pass"),
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.build_model_inputs_first_pass"),
+)  # fmt: skip
+# runner_step_v1_step3p5: runner_step_v1's engine, its speculative config's step3p5_mtp
+# draft making the Step3.5 MTP proposer.
+REQUIRES["runner_step_v1_step3p5"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.propose"),
+    Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.set_per_group_attn_metadata"),
 )  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is

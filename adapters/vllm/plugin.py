@@ -356,18 +356,6 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
-def _mamba_hybrid_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_mamba_hybrid`, imported (with vLLM) when called."""
-
-    def hook(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_mamba_hybrid
-
-        return getattr(runner_step_mamba_hybrid, name)(*args)
-
-    hook.__name__ = hook.__qualname__ = name
-    return hook
-
-
 def _hybrid_hook(name: str) -> Any:
     """A function of :mod:`.runner_step_hybrid`, imported (with vLLM) when called."""
 
@@ -660,6 +648,18 @@ def _v1_dflash_hook(name: str) -> Any:
     return call
 
 
+def _step3p5_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_v1_step3p5`, imported (with vLLM) when called."""
+
+    def call(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_v1_step3p5
+
+        return getattr(runner_step_v1_step3p5, name)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def _runner_step_dbo() -> list[Implementation]:
     """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
     metadata."""
@@ -828,31 +828,31 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         vllm_impl(
-            "runner_step_mamba_hybrid",
+            "runner_step_v1_step3p5",
             "run",
-            name="vllm-v2-mamba-hybrid",
-            description="installed vLLM (V2 runner) of a hybrid model: the vllm step, its "
-            "model config hybrid so that init_model_state picks vllm/v1/worker/gpu/"
-            "model_states/mamba_hybrid.py:MambaHybridModelState (prepare_attn, "
-            "preprocess_state, postprocess_state), with a second KV-cache group of a GDN "
-            "linear-attention layer (GDNAttentionMetadataBuilder, a MambaSpec group of "
-            "mamba_cache_mode none), every field of its metadata judged beside the "
-            "attention layer's",
+            name="vllm-v1-step3p5-mtp",
+            description="installed vLLM (V1 runner) with a Step3.5 model's MTP layers a "
+            "draft: vllm-v1's step, its speculative config's step3p5_mtp draft making "
+            "vllm/v1/spec_decode/step3p5.py:Step3p5MTPProposer (the runner's per-group "
+            "block tables and slot mappings, its own attention groups, _get_slot_mapping, "
+            "_update_positions_dependent_metadata, propose), run after each step in the "
+            "runner's own sample_tokens",
             declines="declines",
             traced=True,
         ),
         vllm_impl(
-            "runner_step_mamba_hybrid",
-            "pad_slot_padding",
-            name="vllm-v2-mamba-hybrid-pad-slot-states",
+            "runner_step_v1_step3p5",
+            "run_padding_slots_stale",
+            name="vllm-v1-step3p5-mtp-padding-slots-stale",
             kind="mutant",
-            description="installed vLLM (V2 runner, hybrid) with GDNAttentionMetadataBuilder"
-            ".build's FULL-graph padding rows of spec_state_indices_tensor filled with "
-            "PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
             declines="declines",
-            trigger=_mamba_hybrid_hook("trigger_full_spec_decode"),
-            reach=_mamba_hybrid_hook("reach_full_spec_decode"),
-            smallest=_mamba_hybrid_hook("smallest_full_spec_decode"),
+            description="installed vLLM (V1 runner, Step3.5 MTP draft) with the draft "
+            "step's slot update (eagle_step_update_slot_mapping_and_metadata) not giving "
+            "the rows past the batch the padding slot: a padded draft step writes its "
+            "padding tokens' K/V at the first pass's slots",
+            trigger=_step3p5_hook("trigger_padding_slots_stale"),
+            reach=_step3p5_hook("reach_step3p5"),
+            smallest=_step3p5_hook("smallest_padding_slots_stale"),
             traced=True,
         ),
         vllm_impl(

@@ -69,6 +69,9 @@ MTP_MODULES = "mtp_modules"
 ``MultiModuleMTPSpeculator``."""
 DFLASH = "dflash"
 """A DFlash draft model (:data:`TINY_DFLASH`): ``DFlashSpeculator``."""
+STEP3P5_MTP = "step3p5_mtp"
+"""A Step3.5 model's MTP layers a draft (:data:`TINY_STEP3P5`): the V1 runner's
+``Step3p5MTPProposer``."""
 
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -99,6 +102,17 @@ TINY_DFLASH: dict[str, Any] = {
 """The DFlash draft model's config (Qwen3's ``DFlashDraftModel``, causal by default);
 no weights are read."""
 
+TINY_STEP3P5: dict[str, Any] = {
+    **TINY_LLAMA,
+    "architectures": ["Step3p5ForCausalLM"],
+    "model_type": "step3p5",
+    "num_attention_groups": 1,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    # SpeculativeConfig.hf_config_override makes it step3p5_mtp (use_step3p5_mtp).
+}
+"""A Step3.5 model's config, its MTP layers the draft; no weights are read."""
+
 # The speculator functions a draft graph captures (``capture``): a replay runs them again.
 _CAPTURED = (
     "_prefill", "_generate_fused_drafts", "_generate_draft", "_generate_drafts",
@@ -115,6 +129,9 @@ def _speculative_config(kind: str, num_spec: int) -> Any:
         method, model = kind, TINY_LLAMA
     elif kind == DFLASH:
         method, model = kind, TINY_DFLASH
+    elif kind == STEP3P5_MTP:
+        # One MTP layer a draft: SpeculativeConfig wants the drafts a multiple of them.
+        method, model = MTP, {**TINY_STEP3P5, "num_nextn_predict_layers": num_spec}
     elif kind == MTP_MODULES:
         method = MTP
         model = {**_engine.TINY_DEEPSEEK_V32, "num_nextn_predict_layers": num_spec}
@@ -169,8 +186,7 @@ def runs(config: Any, vc: Any) -> bool:
     """Whether the runner has a speculator (next_n > 1) that ``initialize_kv_cache`` can
     give attention: its ``set_attn`` picks a kernel block size as the runner does, and
     Triton's are multiples of 16 (another block size raises there, as it would for the
-    target's layers, to which :func:`.runner_step._any_page_triton` gives a backend
-    declaring the trace's pages)."""
+    target's layers, which this adapter builds without that check)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
     return vc.speculative_config is not None and TritonAttentionBackend.supports_block_size(
@@ -179,12 +195,13 @@ def runs(config: Any, vc: Any) -> bool:
 
 
 def make(runner: Any, recorder: Any) -> Any:
-    """The speculator ``GPUModelRunner.__init__`` made (``init_speculator``), readied for
-    the runner's ``load_model``: its draft model stood in (reporting to
-    ``recorder.draft_forward``), its graph functions noting the graph that captures
-    them."""
+    """The runner's speculator as ``__init__`` and ``load_model`` make it (the draft model
+    stood in, reporting to ``recorder.draft_forward``), its graph functions noting the
+    graph that captures them."""
+    from vllm.v1.worker.gpu.spec_decode import init_speculator
+
     vc = runner.vllm_config
-    speculator = runner.speculator
+    speculator = init_speculator(vc, runner.device, runner.req_states)
 
     def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
         # What load_eagle_model leaves: the draft layer registered, the model loaded.
@@ -193,6 +210,7 @@ def make(runner: Any, recorder: Any) -> Any:
         return model(recorder.draft_forward, speculator.hidden_size, False)
 
     speculator.load_draft_model = load_draft_model
+    speculator.load_model(runner.model)
     for name in _CAPTURED:
         if hasattr(speculator, name):  # StandaloneARSpeculator captures no graph
             setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
@@ -294,3 +312,14 @@ def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
             graph.noting = False
 
     return run
+
+
+def attach(runner: Any, resolved_mode: Any) -> None:
+    """``initialize_kv_cache``: the speculator's attention state, then its graph managers
+    for the resolved mode."""
+    speculator = runner.speculator
+    speculator.set_attn(
+        runner.model_state, runner.kv_cache_config, runner.block_tables,
+        runner.input_buffers, runner.attn_groups,
+    )  # fmt: skip
+    speculator.init_cudagraph_manager(resolved_mode)
