@@ -464,6 +464,17 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
+# runner_step_mamba_hybrid: runner_step's engine of a hybrid model: the model state
+# init_model_state picks for it and a GDN layer's KV-cache group.
+REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (
+    MAMBA_HYBRID,
+    Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState.preprocess_state"),
+    Api("vllm.v1.worker.gpu.model_states", "resolve_model_state_cls"),
+    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder"),
+    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionBackend"),
+    Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
+    Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
+)
 # runner_step_standalone_ar: runner_step's engine, its speculative config's draft_model
 # method making the standalone autoregressive speculator.
 REQUIRES["runner_step_standalone_ar"] = REQUIRES["runner_step"] + (

@@ -356,6 +356,18 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
+def _mamba_hybrid_hook(name: str) -> Any:
+    """A function of :mod:`.runner_step_mamba_hybrid`, imported (with vLLM) when called."""
+
+    def hook(*args: Any) -> Any:
+        from attnfuzz.adapters.vllm import runner_step_mamba_hybrid
+
+        return getattr(runner_step_mamba_hybrid, name)(*args)
+
+    hook.__name__ = hook.__qualname__ = name
+    return hook
+
+
 def _hybrid_hook(name: str) -> Any:
     """A function of :mod:`.runner_step_hybrid`, imported (with vLLM) when called."""
 
@@ -853,6 +865,34 @@ def _runner_step() -> list[Implementation]:
             trigger=_step3p5_hook("trigger_padding_slots_stale"),
             reach=_step3p5_hook("reach_step3p5"),
             smallest=_step3p5_hook("smallest_padding_slots_stale"),
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_mamba_hybrid",
+            "run",
+            name="vllm-v2-mamba-hybrid",
+            description="installed vLLM (V2 runner) of a hybrid model: the vllm step, its "
+            "model config hybrid so that init_model_state picks vllm/v1/worker/gpu/"
+            "model_states/mamba_hybrid.py:MambaHybridModelState (prepare_attn, "
+            "preprocess_state, postprocess_state), with a second KV-cache group of a GDN "
+            "linear-attention layer (GDNAttentionMetadataBuilder, a MambaSpec group of "
+            "mamba_cache_mode none), every field of its metadata judged beside the "
+            "attention layer's",
+            declines="declines",
+            traced=True,
+        ),
+        vllm_impl(
+            "runner_step_mamba_hybrid",
+            "pad_slot_padding",
+            name="vllm-v2-mamba-hybrid-pad-slot-states",
+            kind="mutant",
+            description="installed vLLM (V2 runner, hybrid) with GDNAttentionMetadataBuilder"
+            ".build's FULL-graph padding rows of spec_state_indices_tensor filled with "
+            "PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
+            declines="declines",
+            trigger=_mamba_hybrid_hook("trigger_full_spec_decode"),
+            reach=_mamba_hybrid_hook("reach_full_spec_decode"),
+            smallest=_mamba_hybrid_hook("smallest_full_spec_decode"),
             traced=True,
         ),
         vllm_impl(

@@ -186,7 +186,8 @@ def runs(config: Any, vc: Any) -> bool:
     """Whether the runner has a speculator (next_n > 1) that ``initialize_kv_cache`` can
     give attention: its ``set_attn`` picks a kernel block size as the runner does, and
     Triton's are multiples of 16 (another block size raises there, as it would for the
-    target's layers, which this adapter builds without that check)."""
+    target's layers, to which :func:`.runner_step._any_page_triton` gives a backend
+    declaring the trace's pages)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
     return vc.speculative_config is not None and TritonAttentionBackend.supports_block_size(
@@ -195,13 +196,12 @@ def runs(config: Any, vc: Any) -> bool:
 
 
 def make(runner: Any, recorder: Any) -> Any:
-    """The runner's speculator as ``__init__`` and ``load_model`` make it (the draft model
-    stood in, reporting to ``recorder.draft_forward``), its graph functions noting the
-    graph that captures them."""
-    from vllm.v1.worker.gpu.spec_decode import init_speculator
-
+    """The speculator ``GPUModelRunner.__init__`` made (``init_speculator``), readied for
+    the runner's ``load_model``: its draft model stood in (reporting to
+    ``recorder.draft_forward``), its graph functions noting the graph that captures
+    them."""
     vc = runner.vllm_config
-    speculator = init_speculator(vc, runner.device, runner.req_states)
+    speculator = runner.speculator
 
     def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
         # What load_eagle_model leaves: the draft layer registered, the model loaded.
@@ -210,7 +210,6 @@ def make(runner: Any, recorder: Any) -> Any:
         return model(recorder.draft_forward, speculator.hidden_size, False)
 
     speculator.load_draft_model = load_draft_model
-    speculator.load_model(runner.model)
     for name in _CAPTURED:
         if hasattr(speculator, name):  # StandaloneARSpeculator captures no graph
             setattr(speculator, name, _noted(recorder, vc, getattr(speculator, name)))
@@ -312,14 +311,3 @@ def _noted(recorder: Any, vc: Any, fn: Any) -> Any:
             graph.noting = False
 
     return run
-
-
-def attach(runner: Any, resolved_mode: Any) -> None:
-    """``initialize_kv_cache``: the speculator's attention state, then its graph managers
-    for the resolved mode."""
-    speculator = runner.speculator
-    speculator.set_attn(
-        runner.model_state, runner.kv_cache_config, runner.block_tables,
-        runner.input_buffers, runner.attn_groups,
-    )  # fmt: skip
-    speculator.init_cudagraph_manager(resolved_mode)
