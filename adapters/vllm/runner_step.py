@@ -509,7 +509,7 @@ class _Engine:
             if r.speculator is not None:
                 speculating.make(r, self.recorder)
                 self.recorder.speculator_where = speculating.where(r.speculator)
-            model = _Model(self.recorder)
+            model = self.target_model()
 
             def load_model(vllm_config: Any, model_config: Any) -> _Model:
                 # What the model's construction registers: its attention layers.
@@ -527,6 +527,10 @@ class _Engine:
         self.held: set[str] = set()
         self.last: _Last | None = None
         self.capture()
+
+    def target_model(self) -> _Model:
+        """The model the stood-in loader loads (:class:`_Model`)."""
+        return _Model(self.recorder)
 
     def configure(self, vc: Any) -> Any:
         """The engine's ``VllmConfig``, as the model's config makes it."""
