@@ -20,11 +20,11 @@ real rows the requests' queries (``1 + num_spec`` each, all real: the query is t
 drafter's own, not the step's tokens), judged by the step's properties.
 
 Stood in: the draft model (the query forward reporting as the other speculators' does;
-its context K/V store, ``precompute_and_store_context_kv``, computes nothing), and what
-:mod:`.runner_step` stands in. The target returns no auxiliary hidden states (the
-stand-in model computes none; the draft config names no ``target_layer_ids``, so the
-speculator stages none for its graphs and takes the target's last hidden states): what
-hidden states the draft reads changes no metadata.
+its context K/V store, ``precompute_and_store_context_kv``, computes nothing), the
+target model's auxiliary hidden states (the runner asks for them with DFlash: the model
+takes the EAGLE-3 interface and returns one layer's, zeros; the draft config names no
+``target_layer_ids``, so the speculator stages none for its graphs), and what
+:mod:`.runner_step` stands in.
 
 Declined: what :mod:`.runner_step` declines, engines without drafts, pages the Triton
 drafter takes no kernel block size for (the speculator is not made), steps whose
@@ -116,10 +116,38 @@ def lookahead_declines(case: Case) -> str | None:
     return None
 
 
+def _aux_model(recorder: Any) -> runner_step._Model:
+    """The target model with the EAGLE-3 interface (``load_model`` sets its auxiliary
+    layers: the runner asks for them with DFlash, ``requires_aux_hidden_states``),
+    returning its hidden states and one auxiliary layer's, zeros."""
+    from vllm.model_executor.models.interfaces import SupportsEagle3
+
+    class AuxModel(runner_step._Model, SupportsEagle3):
+        def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+            self.aux_layers = layers
+
+        def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
+            return (1,)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            hidden = super().forward(*args, **kwargs)
+            return hidden, [hidden.clone()]
+
+    return AuxModel(recorder)
+
+
+class _DFlashEngine(runner_step._Engine):
+    """A V2 engine whose target returns auxiliary hidden states (:func:`_aux_model`)."""
+
+    def target_model(self) -> runner_step._Model:
+        return _aux_model(self.recorder)
+
+
 class DFlashEngine(runner_step.RunnerStepEngine):
     """:class:`.runner_step.RunnerStepEngine` with the DFlash draft model."""
 
     speculator = speculating.DFLASH
+    engine_type = _DFlashEngine
 
 
 ENGINE = DFlashEngine()
