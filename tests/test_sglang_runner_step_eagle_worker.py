@@ -13,6 +13,7 @@ from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang  # the sglang mark, and the skip where SGLang is absent
 COMMON = "sglang.srt.speculative.eagle_worker_common"
+WORKER = "sglang.srt.speculative.eagle_worker_v2"
 
 
 def _step(computed, q_lens, req_ids, pages, new_pages, rejected=()) -> Batch:
@@ -35,7 +36,7 @@ def _arrive_then_verify(rejected=()) -> Trace:
     )
 
 
-def _life(trace: Trace, monkeypatch, mutant: bool = False):
+def _life(trace: Trace, monkeypatch, mutant=None):
     """Every step of ``trace`` on one new engine; each verify's accept lengths (the
     bonus token included) as ``run_eagle_verify`` returns them, eager pass first."""
     import importlib
@@ -52,9 +53,22 @@ def _life(trace: Trace, monkeypatch, mutant: bool = False):
         return result
 
     monkeypatch.setattr(common, "run_eagle_verify", recorded)
-    run = m.run_stale_draft_slots if mutant else m.run
+    # EAGLEWorkerV2.verify's own name for it.
+    worker = importlib.import_module(WORKER)
+    monkeypatch.setattr(worker, "run_eagle_verify", recorded)
+    step, modes = worker.EAGLEWorkerV2.forward_batch_generation, []
+
+    def stepped(self, batch, *args, **kwargs):
+        modes.append(batch.forward_mode.name)
+        return step(self, batch, *args, **kwargs)
+
+    if mutant is None:  # a mutant recompiles the step from SGLang's source
+        monkeypatch.setattr(worker.EAGLEWorkerV2, "forward_batch_generation", stepped)
+    run = mutant or m.run
     run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()], accepted
+    outs = [run(ref.make_inputs(case)) for case in trace.cases()]
+    _life.modes = modes  # the batches the worker's own step was handed
+    return outs, accepted
 
 
 def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(monkeypatch):
@@ -80,6 +94,9 @@ def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(m
     assert replay.field("kv_len").values.tolist() == [6, 4, 2, 1]
     # The eager pass, the graphs' and the fresh engine's: 3 - rejected, the bonus token in.
     assert accepted == [[2, 3, 1]] * 3
+    # EAGLEWorkerV2.forward_batch_generation ran each: the scheduler's extend batch on
+    # both engines, then its decode batch on the three passes.
+    assert _life.modes == ["EXTEND"] * 2 + ["DECODE"] * 3
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 
@@ -91,7 +108,7 @@ def test_stale_draft_slots_in_padding_rows_are_caught(monkeypatch):
 
     trace = m.smallest_stale_draft_slots()
     assert m.trigger_stale_draft_slots(trace) and m.reach_stale_draft_slots(trace)
-    outs, accepted = _life(trace, monkeypatch, mutant=True)
+    outs, accepted = _life(trace, monkeypatch, mutant=m.run_stale_draft_slots)
     assert accepted == [[3, 3]] * 3 + [[3]] * 3
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert found == {
@@ -106,4 +123,32 @@ def test_the_mutant_s_smallest_trace_passes_on_the_worker(monkeypatch):
     from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
 
     outs, _ = _life(m.smallest_stale_draft_slots(), monkeypatch)
+    assert [v for out in outs for v in ref.violations(out)] == []
+
+
+def test_a_draft_extend_of_the_next_round_s_seq_lens_is_caught(monkeypatch):
+    """The mutant's smallest trace: one request verifies alone in the graphs of one; the
+    worker's step hands the draft extend the committed lengths after the verify, and
+    the draft-extend graph's reads run past the verify's tokens (the eager backend's
+    do not read seq_lens)."""
+    from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
+
+    trace = m.smallest_advanced_draft_extend()
+    assert m.trigger_advanced_draft_extend(trace)
+    outs, accepted = _life(trace, monkeypatch, mutant=m.run_advanced_draft_extend)
+    assert accepted == [[3]] * 3
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert found == {
+        (prop, field, build)
+        for prop, build in (("padding invariance", "padded.draft1"),
+                            ("replay equals eager", "replay.draft1"))
+        for field in ("kv_indptr", "kv_len", "kv_slots")
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_advanced_mutant_s_smallest_trace_passes_on_the_worker(monkeypatch):
+    from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
+
+    outs, _ = _life(m.smallest_advanced_draft_extend(), monkeypatch)
     assert [v for out in outs for v in ref.violations(out)] == []

@@ -257,6 +257,10 @@ REQUIRES["runner_step_eagle_worker"] = (
     + REQUIRES["runner_step_draft"]
     + REQUIRES["runner_step_draft_extend"]
     + (
+        Api(_EAGLE_WORKER, "EAGLEWorkerV2.forward_batch_generation"),
+        Api(_EAGLE_WORKER, "EAGLEWorkerV2._forward_prefill_batch"),
+        Api(_EAGLE_WORKER, "EAGLEWorkerV2.verify"),
+        Api("sglang.srt.configs.draft_parallel", "DraftParallelLayout"),
         Api(_EAGLE_WORKER, "EagleDraftWorker.draft"),
         Api(_EAGLE_WORKER, "EagleDraftWorker.draft_forward"),
         Api(_EAGLE_WORKER, "EagleDraftWorker._draft_extend_for_decode"),

@@ -829,6 +829,14 @@ def _smallest_eagle_worker_stale_draft_slots() -> Trace:
     return _eagle_worker().smallest_stale_draft_slots()
 
 
+def _trigger_eagle_worker_advanced_draft_extend(trace: Trace) -> bool:
+    return _eagle_worker().trigger_advanced_draft_extend(trace)
+
+
+def _smallest_eagle_worker_advanced_draft_extend() -> Trace:
+    return _eagle_worker().smallest_advanced_draft_extend()
+
+
 def _runner_step_eagle_worker() -> list[Implementation]:
     """SGLang's EAGLE v2 worker's own step (draft, verify, draft extend) over the target
     decode, draft and draft-extend graph runners, and a defect of its draft graph's
@@ -840,7 +848,9 @@ def _runner_step_eagle_worker() -> list[Implementation]:
             "runner_step_eagle_worker",
             "run",
             name="sglang-eagle-worker",
-            description=f"installed SGLang: the EAGLE v2 worker's step, {worker}.draft "
+            description="installed SGLang: the EAGLE v2 worker's own step, "
+            "speculative/eagle_worker_v2.py:EAGLEWorkerV2.forward_batch_generation of the "
+            f"scheduler's batch: {worker}.draft "
             "(prepare_for_draft, draft_forward, build_eagle_verify_input), "
             "speculative/eagle_worker_common.py:run_eagle_verify (eagle_prepare_for_verify, "
             "eagle_sample's greedy verification) and _draft_extend_for_decode after a "
@@ -865,6 +875,22 @@ def _runner_step_eagle_worker() -> list[Implementation]:
             trigger=_trigger_eagle_worker_stale_draft_slots,
             reach=_reach_eagle_worker_stale_draft_slots,
             smallest=_smallest_eagle_worker_stale_draft_slots,
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_eagle_worker",
+            "run_advanced_draft_extend",
+            name="sglang-eagle-worker-advanced-draft-extend",
+            kind="mutant",
+            description="installed SGLang's EAGLE v2 worker whose own step "
+            "(speculative/eagle_worker_v2.py:EAGLEWorkerV2.forward_batch_generation) sets "
+            "the next round's batch.seq_lens = batch_output.new_seq_lens (the PP "
+            "tail-draft's statement) before _draft_extend_for_decode: the draft extend "
+            "counts the accepted tokens twice, and its graph reads keys past the verify's",
+            trigger=_trigger_eagle_worker_advanced_draft_extend,
+            reach=_trigger_eagle_worker_advanced_draft_extend,
+            smallest=_smallest_eagle_worker_advanced_draft_extend,
             declines=declines,
             traced=True,
         ),

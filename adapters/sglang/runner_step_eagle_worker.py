@@ -1,16 +1,30 @@
 """SGLang's EAGLE v2 worker's own step (draft, verify, draft extend), as the
-implementation ``sglang-eagle-worker`` of ``runner-step``, and its mutant
+implementation ``sglang-eagle-worker`` of ``runner-step``, and its mutants
 ``sglang-eagle-worker-stale-draft-slots`` (the draft graph's padding rows keep an
-earlier replay's slots).
+earlier replay's slots) and ``sglang-eagle-worker-advanced-draft-extend`` (the step
+hands the draft extend the next round's ``seq_lens``).
 
 ``sglang-eagle-draft`` and ``sglang-eagle-draft-extend`` drive the draft's graph
-runners with the worker stood in; here the worker itself runs, as
-``eagle_worker_v2.py:EAGLEWorkerV2.forward_batch_generation`` runs it for a decode
-batch: the draft, the target verify, then the draft extend; after an extend (a
-prefill) the target's extend, then ``_draft_extend_for_prefill``.
+runners with the worker stood in; here the worker itself runs:
+``eagle_worker_v2.py:EAGLEWorkerV2.forward_batch_generation`` is handed the
+scheduler's ``ScheduleBatch`` of the step and decides the order and inputs of its
+sub-steps. A decode batch (``seq_lens`` the committed prefixes, spec v2's convention;
+``spec_info`` the previous round's ``EagleDraftInput``): the draft, ``verify`` (the
+target verify), then the draft extend with the verify input's KV location plan. An
+extend batch (``prefix_lens``, ``extend_lens``, ``out_cache_loc`` of the step's
+tokens, no ``spec_info``): ``_forward_prefill_batch``, the target worker's extend
+(``capture_hidden_mode`` FULL), then ``_draft_extend_for_prefill`` with its hidden
+states and next tokens. The batch's fields are those
+``managers/schedule_batch.py:ScheduleBatch.prepare_for_extend`` and (spec v2)
+``prepare_for_decode`` leave for the worker. ``EAGLEWorkerV2`` is set up as its
+``__init__`` sets it (no adaptive controller, no data-parallel spec prefill
+coordination, this rank hosting the draft, ``resolve_draft_parallel_layout``'s layout
+of one TP group), with the pools ``alloc_memory_pool`` hands it.
 
 What runs, unchanged (SGLang 0.5.23):
 
+- ``speculative/eagle_worker_v2.py``: ``EAGLEWorkerV2.forward_batch_generation``,
+  ``_forward_prefill_batch`` and ``verify``;
 - ``speculative/eagle_worker_v2.py``: ``EagleDraftWorker.draft`` (the draft's
   batch by ``eagle_worker_common.py:prepare_for_draft``, the graph's ``execute`` or
   the multi-step backend's eager ``init_forward_metadata``, the verify input by
@@ -190,10 +204,20 @@ class _TargetWorker:
         self, batch: Any = None, forward_batch: Any = None, **kwargs: Any
     ) -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
+        if forward_batch is None:  # the prefill: TpModelWorker's batch of the scheduler's
+            forward_batch = ForwardBatch.init_new(
+                batch,
+                self.model_runner,
+                capture_hidden_mode=kwargs.get("capture_hidden_mode"),
+                return_hidden_states_before_norm=False,
+            )
         if not forward_batch.forward_metadata_ready:  # ModelRunner.forward_extend's plan
             self.engine.backend.init_forward_metadata(forward_batch)
         self.forward_batch = forward_batch
+        if batch is not None:
+            return self._prefilled(forward_batch)
         spec = forward_batch.spec_info
         N = spec.draft_token_num
         drafts = spec.draft_token.reshape(-1, N)
@@ -209,6 +233,23 @@ class _TargetWorker:
             logits_output=LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden),
             routed_experts_output=None,
             indexer_topk_output=None,
+            can_run_cuda_graph=False,
+        )
+
+    def _prefilled(self, fb: Any) -> Any:
+        """The target's extend: every token's hidden state, each request's next token,
+        no KV location plan (``_draft_extend_for_prefill`` then computes its own)."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        tokens, hidden = int(fb.input_ids.shape[0]), self.model_runner.model_config.hidden_size
+        return decode._engine.StandIn(
+            logits_output=LogitsProcessorOutput(
+                next_token_logits=torch.zeros((fb.batch_size, VOCAB)),
+                hidden_states=torch.zeros((tokens, hidden)),
+                mm_input_embeds=None,
+            ),
+            next_token_ids=torch.zeros(fb.batch_size, dtype=torch.int64),
+            kv_loc_plan=None,
             can_run_cuda_graph=False,
         )
 
@@ -240,6 +281,7 @@ class _WorkerEngine:
     """The previous round's draft input's tokens a request (``topk_index``'s width)."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
+        from sglang.srt.configs.draft_parallel import DraftParallelLayout
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
         from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
         from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
@@ -289,7 +331,10 @@ class _WorkerEngine:
         w.dsa_seed_topk_width = None
         w.dsa_extend_topk_buf = None
         w.cuda_graph_runner = w.cuda_graph_runner_for_draft_extend = None
+        # resolve_draft_parallel_layout's layout of one TP group without attention DP.
+        w.parallel_layout = DraftParallelLayout(tp_group=None, attn_tp_size=1)
         self.worker = w
+        self.spec_worker = self._spec_worker(config)
         with decode._server_args(config):
             w._rebuild_topk1_chain_buffers()
             if graphs:
@@ -301,6 +346,31 @@ class _WorkerEngine:
             w.cuda_graph_runner,
             w.cuda_graph_runner_for_draft_extend,
         )
+
+    def _spec_worker(self, config: EngineConfig) -> Any:
+        """SGLang's ``EAGLEWorkerV2`` over the target and draft workers, as its
+        ``__init__`` sets it up (top-k, steps, draft tokens, the plan stream: none; no
+        adaptive controller, no data-parallel prefill coordination; this rank hosts the
+        draft), with the pools ``alloc_memory_pool`` hands it: the target's."""
+        from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        w = self.worker
+        spec = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
+        BaseSpecWorker.__init__(spec)
+        spec.server_args = None
+        spec.topk, spec.device = w.topk, w.device
+        spec.speculative_num_steps = w.speculative_num_steps
+        spec.speculative_num_draft_tokens = w.speculative_num_draft_tokens
+        spec.speculative_algorithm = w.speculative_algorithm
+        spec.page_size = config.block_size
+        spec.enable_dp_spec_prefill_coordination = False
+        spec._target_worker, spec._hosts_draft, spec._draft_worker = self.target_worker, True, w
+        spec.adaptive_controller = None
+        spec.plan_stream, spec.plan_stream_ctx = None, contextlib.nullcontext()
+        spec.req_to_token_pool = self.target.runner.req_to_token_pool
+        spec.token_to_kv_pool_allocator = w.token_to_kv_pool_allocator
+        return spec
 
     def _draft_graph_runner(self) -> Any:
         from sglang.srt.speculative import eagle_draft_cuda_graph_runner as module
@@ -513,13 +583,51 @@ def _batch_inputs(fb: Any, how: str) -> dict[str, torch.Tensor]:
 def verify_round(
     engine: _WorkerEngine, inputs: RunnerStepInputs, how: str, graphs: bool
 ) -> list[StepBuild]:
-    """``EAGLEWorkerV2.forward_batch_generation`` of a decode batch: ``draft``,
-    ``run_eagle_verify``, ``_draft_extend_for_decode``; its builds (``how``: the eager
-    pass's name; ``graphs``: where a graph runs a sub-step, its padded and replay)."""
-    w, R, T = engine.worker, inputs.num_reqs, inputs.num_tokens
+    """``EAGLEWorkerV2.forward_batch_generation`` of the scheduler's decode batch: the
+    worker's own step, which drafts (``draft``), verifies (``verify``:
+    ``run_eagle_verify``) and extends the draft (``_draft_extend_for_decode``, with the
+    verify input's KV location plan); its builds, each recorded as its sub-step returns
+    (``how``: the eager pass's name; ``graphs``: where a graph runs a sub-step, its
+    padded and replay)."""
+    w, spec = engine.worker, engine.spec_worker
     builds: list[StepBuild] = []
     batch = engine.schedule_batch(inputs, "verify")
-    # The draft: the multi-step backend's metadata of each draft step, as built.
+    own_draft, own_verify, own_extend = w.draft, spec.verify, w._draft_extend_for_decode
+
+    def drafted(batch: Any, **kwargs: Any) -> Any:
+        verify_input, drafts = _draft(
+            engine, inputs, how, graphs, lambda: own_draft(batch, **kwargs)
+        )
+        builds.extend(drafts)
+        return verify_input
+
+    def verified(batch: Any, **kwargs: Any) -> Any:
+        engine.target_worker.accepted = accepted_drafts(inputs)
+        result = own_verify(batch, **kwargs)
+        builds.extend(_verify_builds(engine, inputs, result, how))
+        return result
+
+    def extended(batch: Any, result: Any, **kwargs: Any) -> None:
+        engine.model.calls, engine.model.batches = [], []
+        own_extend(batch, result, **kwargs)
+        builds.extend(_extend_builds(engine, inputs, how))
+
+    w.draft, spec.verify, w._draft_extend_for_decode = drafted, verified, extended
+    try:
+        spec.forward_batch_generation(batch)
+    finally:
+        del w.draft, spec.verify, w._draft_extend_for_decode
+    return builds
+
+
+def _draft(
+    engine: _WorkerEngine, inputs: RunnerStepInputs, how: str, graphs: bool, draft: Any
+) -> tuple[Any, list[StepBuild]]:
+    """The worker's ``draft`` (``draft()``) and its builds: the multi-step backend's
+    metadata of each draft step as built (eager), or the draft graph's padded and
+    replay; with what each draft step's forward is handed."""
+    w, R, T = engine.worker, inputs.num_reqs, inputs.num_tokens
+    builds: list[StepBuild] = []
     steps: list[Any] = []
     seen: dict[str, Any] = {}
     backends = engine.draft.draft_backend.attn_backends
@@ -545,7 +653,7 @@ def verify_round(
     engine.draft.draft_backend.init_forward_metadata = planned
     engine.model.calls = []
     try:
-        verify_input = w.draft(batch)
+        verify_input = draft()
     finally:
         for backend in backends:
             del backend.init_forward_metadata
@@ -574,32 +682,33 @@ def verify_round(
             _named(engine.draft._graph_build("padded", g, bs, R, T, persistent), DRAFT, width),
             _named(replay, DRAFT, width),
         ]
-    batch.spec_info = verify_input  # forward_batch_generation: the verify's input
-    result, verified = verify(engine, inputs, batch, how, finalize_tree_path=True)
-    builds += verified
-    # The draft extend over the verify's window.
-    engine.model.calls, engine.model.batches = [], []
-    w._draft_extend_for_decode(batch, result)
-    g = w.cuda_graph_runner_for_draft_extend
+    return verify_input, builds
+
+
+def _extend_builds(engine: _WorkerEngine, inputs: RunnerStepInputs, how: str) -> list[StepBuild]:
+    """The draft extend's builds: eager (the draft model's forward ran), or the
+    draft-extend graph's padded and replay."""
+    R, T = inputs.num_reqs, inputs.num_tokens
+    g = engine.worker.cuda_graph_runner_for_draft_extend
     if engine.model.batches:  # eager: the draft model's forward ran
         fb = engine.model.batches[-1]
         fields = engine.draft.engine._fields(
             R, T, _batch_inputs(fb, how), engine.extend_backend.forward_metadata
         )
-        builds.append(_named(StepBuild(how, R, T, fields), EXTEND))
-    elif g is not None:
-        bs, backend = g.bs, engine.extend_backend
-        persistent = decode._engine.StandIn(
-            kv_indptr=backend.kv_indptr,
-            kv_indices=backend.cuda_graph_kv_indices,
-            qo_indptr=backend.qo_indptr,
-        )
-        baked = g.backend.graphs[g._make_graph_key(bs)]
-        builds += [
-            _named(engine.draft.engine._graph_build("padded", g, bs, R, T, persistent), EXTEND),
-            _named(engine.draft.engine._graph_build("replay", g, bs, R, T, baked), EXTEND),
-        ]
-    return builds
+        return [_named(StepBuild(how, R, T, fields), EXTEND)]
+    if g is None:
+        return []
+    bs, backend = g.bs, engine.extend_backend
+    persistent = decode._engine.StandIn(
+        kv_indptr=backend.kv_indptr,
+        kv_indices=backend.cuda_graph_kv_indices,
+        qo_indptr=backend.qo_indptr,
+    )
+    baked = g.backend.graphs[g._make_graph_key(bs)]
+    return [
+        _named(engine.draft.engine._graph_build("padded", g, bs, R, T, persistent), EXTEND),
+        _named(engine.draft.engine._graph_build("replay", g, bs, R, T, baked), EXTEND),
+    ]
 
 
 def verify(
@@ -609,7 +718,6 @@ def verify(
     target's forward accepting the drafts the step says; its result and builds."""
     from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
-    R, T = inputs.num_reqs, inputs.num_tokens
     w, target = engine.worker, engine.target
     engine.target_worker.accepted = accepted_drafts(inputs)
     result = run_eagle_verify(
@@ -625,39 +733,40 @@ def verify(
         metadata_ready_pre_pad=False,
         finalize_tree_path=finalize_tree_path,
     )
-    builds: list[StepBuild] = []
-    fb = engine.target_worker.forward_batch
+    return result, _verify_builds(engine, inputs, result, how)
+
+
+def _verify_builds(
+    engine: _WorkerEngine, inputs: RunnerStepInputs, result: Any, how: str
+) -> list[StepBuild]:
+    """The target verify's builds: the decode graph's padded and replay where it ran
+    the verify, else the eager forward's metadata."""
+    R, T, target = inputs.num_reqs, inputs.num_tokens, engine.target
     g = target.runner.decode_cuda_graph_runner
     if result.can_run_cuda_graph:
         bs = g.bs
         baked = g.backend.graphs[g._replay_graph_key]
-        builds += [
+        return [
             target._graph_build("padded", g, bs, R, T, target.persistent_metadata("verify")),
             target._graph_build("replay", g, bs, R, T, baked),
         ]
-    else:
-        metadata = target.backend.forward_metadata
-        builds.append(
-            StepBuild(
-                how,
-                R,
-                T,
-                target._fields(R, T, _batch_inputs(fb, how), metadata),
-                where=decode._WHERE[how],
-            )
-        )
-    return result, builds
+    fb = engine.target_worker.forward_batch
+    fields = target._fields(R, T, _batch_inputs(fb, how), target.backend.forward_metadata)
+    return [StepBuild(how, R, T, fields, where=decode._WHERE[how])]
 
 
 def prefill_round(engine: _WorkerEngine, inputs: RunnerStepInputs, how: str) -> list[StepBuild]:
-    """``EAGLEWorkerV2._forward_prefill_batch``: the target's extend (eager), then
-    ``_draft_extend_for_prefill`` with the target's hidden states and next tokens."""
+    """``EAGLEWorkerV2.forward_batch_generation`` of the scheduler's extend batch
+    (``_forward_prefill_batch``): the target worker's extend (its forward batch by
+    ``ForwardBatch.init_new``, eager), then ``_draft_extend_for_prefill`` with the
+    target's hidden states and next tokens."""
     R, T = inputs.num_reqs, inputs.num_tokens
-    builds = [engine.target.eager(inputs, "extend", how=how)]
     batch = engine.schedule_batch(inputs, "extend")
-    hidden = torch.zeros((T, engine.target.runner.model_config.hidden_size))
     engine.model.calls, engine.model.batches = [], []
-    engine.worker._draft_extend_for_prefill(batch, hidden, torch.zeros(R, dtype=torch.int64))
+    engine.spec_worker.forward_batch_generation(batch)
+    target, fb = engine.target, engine.target_worker.forward_batch
+    fields = target._fields(R, T, _batch_inputs(fb, how), target.backend.forward_metadata)
+    builds = [StepBuild(how, R, T, fields, where=decode._WHERE[how])]
     fb = engine.model.batches[-1]
     fields = engine.draft.engine._fields(
         R, T, _batch_inputs(fb, how), engine.extend_backend.forward_metadata
@@ -862,4 +971,94 @@ def smallest_stale_draft_slots() -> Trace:
         step((0, 0), (1, 1), (0, 1), (a[:1], b[:1]), (1, 1)),
         step((1, 1), (3, 3), (0, 1), (a, b[:4]), (3, 3)),
         step((4,), (3,), (1,), (b,), (3,)),
+    ))  # fmt: skip
+
+
+# -- mutant: the draft extend reads the next round's seq_lens -------------------------------
+
+_ADVANCE = "batch.seq_lens = batch_output.new_seq_lens"
+"""The PP tail-draft's statement of ``EAGLEWorkerV2.forward_batch_generation`` that sets
+up the next round's head state (the committed lengths after the verify)."""
+
+
+class _AdvanceBeforeDraftExtend(ast.NodeTransformer):
+    """Inserts :data:`_ADVANCE` before the ``with`` block that runs
+    ``_draft_extend_for_decode``."""
+
+    def __init__(self) -> None:
+        self.inserted = 0
+
+    def visit_With(self, node: ast.With) -> Any:
+        self.generic_visit(node)
+        if "_draft_extend_for_decode" not in ast.unparse(node):
+            return node
+        self.inserted += 1
+        return [ast.parse(_ADVANCE).body[0], node]
+
+
+def _advanced_first(fn: Any) -> Any:
+    """``fn`` recompiled from SGLang's own source with :data:`_ADVANCE` run before the
+    draft extend (every other line unchanged, at SGLang's file and line numbers)."""
+    definition = decode._engine.function_tree(fn)
+    definition.decorator_list = []
+    inserter = _AdvanceBeforeDraftExtend()
+    inserter.visit(definition)
+    assert inserter.inserted == 1, f"{fn.__qualname__} has no single draft extend block"
+    module = ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))
+    namespace: dict[str, Any] = {}
+    exec(compile(module, fn.__code__.co_filename, "exec"), fn.__globals__, namespace)  # noqa: S102
+    return namespace[fn.__name__]
+
+
+class _AdvancedDraftExtendEngine(_WorkerEngine):
+    """The worker's step with the next round's head state set before the draft extend
+    (the PP tail-draft's ``batch.seq_lens = batch_output.new_seq_lens`` hoisted above
+    ``_draft_extend_for_decode``): the draft extend takes the committed lengths after
+    the verify for those before it, and counts the accepted tokens twice: its window
+    sits past the tokens the verify wrote."""
+
+    def _spec_worker(self, config: EngineConfig) -> Any:
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        spec = super()._spec_worker(config)
+        step = _advanced_first(EAGLEWorkerV2.forward_batch_generation)
+        spec.forward_batch_generation = step.__get__(spec)
+        return spec
+
+
+class _AdvancedDraftExtendLife(WorkerLife):
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> _WorkerEngine:
+        with decode._server_args(config):
+            return _AdvancedDraftExtendEngine(config, device, graphs)
+
+
+ADVANCED_DRAFT_EXTEND = _AdvancedDraftExtendLife()
+
+
+def run_advanced_draft_extend(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``sglang-eagle-worker-advanced-draft-extend``:
+    :class:`_AdvancedDraftExtendEngine`."""
+    return ADVANCED_DRAFT_EXTEND(inputs)
+
+
+run_advanced_draft_extend.new_engine = ADVANCED_DRAFT_EXTEND.new_engine  # type: ignore[attr-defined]
+
+
+def trigger_advanced_draft_extend(trace: Trace | Case) -> bool:
+    """A verify the draft-extend graph replays (a draft graph holds its requests): its
+    window's reads, planned from ``seq_lens``, run past the verify's tokens (each
+    request accepts at least its bonus token), which the eager backend's do not."""
+    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    return any(draft_replays(decode.make_inputs(case)) for case in trace.cases())
+
+
+def smallest_advanced_draft_extend() -> Trace:
+    """One request of one token arrives, then verifies its two drafts alone, in the
+    graphs of one."""
+    config = EngineConfig(max_model_len=8, max_num_seqs=1, max_num_batched_tokens=3,
+                          block_size=1, num_spec=2, cudagraph_capture_sizes=(3,))  # fmt: skip
+    pages = (1, 2, 3, 4)
+    return Trace(config, (
+        Batch((0,), (1,), 0, True, req_ids=(0,), pages=(pages[:1],), new_pages=(1,)),
+        Batch((1,), (3,), 0, True, req_ids=(0,), pages=(pages,), new_pages=(3,)),
     ))  # fmt: skip
