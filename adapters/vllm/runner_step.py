@@ -127,7 +127,7 @@ import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.strategies.traces import data_parallel_peer
 
@@ -156,6 +156,30 @@ def declines(case: Case) -> str | None:
     return declines_engine(case)
 
 
+def lookahead_declines(case: Case, lookahead: int) -> str | None:
+    """A request of the step whose pages do not hold the drafter's lookahead. vLLM's
+    scheduler reserves ``VllmConfig.num_lookahead_tokens`` KV slots past a request's
+    scheduled tokens, up to ``max_model_len`` (``Scheduler.schedule`` through
+    ``KVCacheManager.allocate_slots``): ``num_spec`` for EAGLE, MTP and draft models, whose
+    draft steps write and read the positions after the step's, ``num_spec + 1`` for
+    DFlash. The trace's scheduler reserves none, so a draft position past the request's
+    pages would read a block-table entry the request does not own: a state vLLM never
+    builds, declined rather than judged."""
+    c, b = case.config, case.batch
+    if lookahead <= 0 or not b.pages:
+        return None  # a lone step (pages drawn from its seed): no later step judges its drafts
+    for rid, computed, q, pages in zip(
+        b.req_ids, b.num_computed_tokens, b.q_lens, b.pages, strict=True
+    ):
+        need = cdiv(min(computed + q + lookahead, c.max_model_len), c.block_size)
+        if len(pages) < need:
+            return (
+                f"request {rid} holds {len(pages)} pages, fewer than the {need} vLLM's "
+                f"scheduler reserves with the drafter's lookahead of {lookahead} tokens"
+            )
+    return None
+
+
 def declines_engine(case: Case) -> str | None:
     """Why the installed engine runs ``case`` through other code than this adapter's."""
     if case.config.runner != "v2":
@@ -165,7 +189,7 @@ def declines_engine(case: Case) -> str | None:
             "varlen decode graphs come with adaptive verification, which needs a drafter "
             "with a confidence head (gpu/spec_decode/adaptive_verification.py)"
         )
-    return None
+    return lookahead_declines(case, case.config.num_spec)
 
 
 # -- stand-ins -----------------------------------------------------------------------------

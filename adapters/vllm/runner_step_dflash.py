@@ -95,25 +95,9 @@ def budget_declines(case: Case) -> str | None:
 
 
 def lookahead_declines(case: Case) -> str | None:
-    """A request of the step whose pages do not hold DFlash's lookahead: the scheduler
-    reserves ``VllmConfig.num_lookahead_tokens`` (``num_spec + 1``: the bonus token and
-    the masks, whose K/V the query forward writes after the step's tokens) past them,
-    up to ``max_model_len`` (``KVCacheManager.allocate_slots``); the trace's scheduler
-    reserves none, and a query row past the request's pages reads a block-table entry
-    the request does not own."""
-    c, b = case.config, case.batch
-    if not b.pages:
-        return None  # a lone step (pages drawn from its seed): no later step judges its drafts
-    for rid, computed, q, pages in zip(
-        b.req_ids, b.num_computed_tokens, b.q_lens, b.pages, strict=True
-    ):
-        need = -(-min(computed + q + c.num_spec + 1, c.max_model_len) // c.block_size)
-        if len(pages) < need:
-            return (
-                f"request {rid} holds {len(pages)} pages, fewer than the {need} vLLM's "
-                f"scheduler reserves with DFlash's lookahead of {c.num_spec + 1} tokens"
-            )
-    return None
+    """A request of the step whose pages do not hold DFlash's lookahead: the bonus token
+    and the masks, ``num_spec + 1`` (:func:`.runner_step.lookahead_declines`)."""
+    return runner_step.lookahead_declines(case, case.config.num_spec + 1)
 
 
 def _aux_model(recorder: Any) -> runner_step._Model:

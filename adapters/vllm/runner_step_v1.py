@@ -109,6 +109,7 @@ from attnfuzz.adapters.vllm.runner_step import (
     _peer,
     _scheduler_output,
     _vllm_config,
+    lookahead_declines,
     num_blocks,
 )
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
@@ -142,7 +143,7 @@ def declines(case: Case) -> str | None:
             f"block_size {case.config.block_size}: the Triton attention backend's kernel "
             "block sizes are multiples of 16 (triton_attn.py get_supported_kernel_block_sizes)"
         )
-    return None
+    return lookahead_declines(case, case.config.num_spec)
 
 
 # -- stand-ins -----------------------------------------------------------------------------
