@@ -12,6 +12,7 @@ from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang  # the sglang mark, and the skip where SGLang is absent
 COMMON = "sglang.srt.speculative.eagle_worker_common"
+WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
 TRITON = "sglang.srt.layers.attention.triton_backend"
 
 
@@ -43,8 +44,20 @@ def _life(trace: Trace, monkeypatch):
         return result
 
     monkeypatch.setattr(common, "run_eagle_verify", recorded)
+    # MultiLayerEagleWorkerV2.verify's own name for it.
+    worker = importlib.import_module(WORKER)
+    monkeypatch.setattr(worker, "run_eagle_verify", recorded)
+    step, modes = worker.MultiLayerEagleWorkerV2.forward_batch_generation, []
+
+    def stepped(self, batch, *args, **kwargs):
+        modes.append(batch.forward_mode.name)
+        return step(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(worker.MultiLayerEagleWorkerV2, "forward_batch_generation", stepped)
     m.run.new_engine()
-    return [m.run(ref.make_inputs(case)) for case in trace.cases()], accepted
+    outs = [m.run(ref.make_inputs(case)) for case in trace.cases()]
+    _life.modes = modes  # the batches the worker's own step was handed
+    return outs, accepted
 
 
 def test_each_draft_layer_of_the_worker_s_step_is_built_and_the_verify_accepts(monkeypatch):
@@ -67,6 +80,9 @@ def test_each_draft_layer_of_the_worker_s_step_is_built_and_the_verify_accepts(m
         # The post-write length num_computed + next_n; the padding request: the fill 1.
         assert b.field("seq_lens").values.tolist() == [8, 6, 4, 1], name
     assert accepted == [[2, 3, 1]] * 3  # 3 - rejected, the bonus token in
+    # MultiLayerEagleWorkerV2.forward_batch_generation ran each: the scheduler's extend
+    # batch on both engines, then its decode batch on the three passes.
+    assert _life.modes == ["EXTEND"] * 2 + ["DECODE"] * 3
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 

@@ -279,6 +279,9 @@ REQUIRES["runner_step_multi_layer_eagle_worker"] = (
     REQUIRES["runner_step"]
     + REQUIRES["runner_step_multi_layer_eagle"]
     + (
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleWorkerV2.forward_batch_generation"),
+        Api(_MULTI_LAYER_WORKER, "MultiLayerEagleWorkerV2.verify"),
+        Api("sglang.srt.configs.draft_parallel", "DraftParallelLayout"),
         Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker.draft"),
         Api(_MULTI_LAYER_WORKER, "MultiLayerEagleDraftWorker._draft_extend_plan_for_decode"),
         Api(

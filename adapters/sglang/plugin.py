@@ -898,8 +898,10 @@ def _runner_step_eagle_worker() -> list[Implementation]:
             "runner_step_multi_layer_eagle_worker",
             "run",
             name="sglang-multi-layer-eagle-worker",
-            description="installed SGLang: the multi-layer EAGLE v2 worker's step, "
-            "speculative/multi_layer_eagle_worker_v2.py:MultiLayerEagleDraftWorker.draft "
+            description="installed SGLang: the multi-layer EAGLE v2 worker's own step, "
+            "speculative/multi_layer_eagle_worker_v2.py:MultiLayerEagleWorkerV2."
+            "forward_batch_generation of the scheduler's batch: "
+            "MultiLayerEagleDraftWorker.draft "
             "(the chain), _draft_extend_plan_for_decode, run_eagle_verify as its verify "
             "calls it, and _draft_extend_for_decode (the composite draft-extend graph's "
             "prepare and each layer's replay, or each layer's eager forward) after a "

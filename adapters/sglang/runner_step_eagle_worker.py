@@ -711,31 +711,6 @@ def _extend_builds(engine: _WorkerEngine, inputs: RunnerStepInputs, how: str) ->
     ]
 
 
-def verify(
-    engine: _WorkerEngine, inputs: RunnerStepInputs, batch: Any, how: str, finalize_tree_path: bool
-) -> tuple[Any, list[StepBuild]]:
-    """``run_eagle_verify`` of ``batch`` (its spec info the draft's verify input), the
-    target's forward accepting the drafts the step says; its result and builds."""
-    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
-
-    w, target = engine.worker, engine.target
-    engine.target_worker.accepted = accepted_drafts(inputs)
-    result = run_eagle_verify(
-        batch,
-        target_worker=engine.target_worker,
-        req_to_token_pool=target.runner.req_to_token_pool,
-        token_to_kv_pool_allocator=w.token_to_kv_pool_allocator,
-        plan_stream=None,
-        plan_stream_ctx=contextlib.nullcontext(),
-        topk=w.topk,
-        num_draft_tokens=engine.config.next_n,
-        device=w.device,
-        metadata_ready_pre_pad=False,
-        finalize_tree_path=finalize_tree_path,
-    )
-    return result, _verify_builds(engine, inputs, result, how)
-
-
 def _verify_builds(
     engine: _WorkerEngine, inputs: RunnerStepInputs, result: Any, how: str
 ) -> list[StepBuild]:

@@ -2,9 +2,11 @@
 extend), as the implementation ``sglang-multi-layer-eagle-worker`` of ``runner-step``.
 
 ``sglang-multi-layer-eagle`` drives the composite draft-extend graph runner with the
-worker stood in; here the worker runs, as
-``multi_layer_eagle_worker_v2.py:MultiLayerEagleWorkerV2.forward_batch_generation``
-runs it (``--enable-multi-layer-eagle``, top-k 1, the Triton backends, no boundary-KV
+worker stood in; here the worker runs: its own step,
+``multi_layer_eagle_worker_v2.py:MultiLayerEagleWorkerV2.forward_batch_generation``,
+is handed the scheduler's batch of the step, built as
+:mod:`~attnfuzz.adapters.sglang.runner_step_eagle_worker` builds it
+(``--enable-multi-layer-eagle``, top-k 1, the Triton backends, no boundary-KV
 fix: a model that is not hybrid). A decode batch: ``MultiLayerEagleDraftWorker.draft``
 (``prepare_for_draft``; ``draft_forward``'s chain, which reads the previous round's
 draft tokens and runs no attention; ``build_eagle_verify_input``),
@@ -12,8 +14,9 @@ draft tokens and runs no attention; ``build_eagle_verify_input``),
 worker's ``verify`` calls it, then ``_draft_extend_for_decode``: the composite
 graph's ``prepare`` and each layer's ``replay`` with ``rotate_input_ids`` between
 layers, or each layer's eager ``init_forward_metadata`` and forward. An extend: the
-target's extend, then ``_draft_extend_for_prefill`` (each layer's forward over the
-prompt, ``rotate_input_ids`` between layers).
+target worker's extend (``ForwardBatch.init_new`` of the batch), then
+``_draft_extend_for_prefill`` (each layer's forward over the prompt,
+``rotate_input_ids`` between layers).
 
 Built as :mod:`~attnfuzz.adapters.sglang.runner_step_eagle_worker` builds the target
 and its verify, and as :mod:`~attnfuzz.adapters.sglang.runner_step_multi_layer_eagle`
@@ -153,7 +156,34 @@ class _MultiLayerWorkerEngine(eagle._WorkerEngine):
         w.cuda_graph_runner_for_draft_extend = self.draft.graph_runner
         w._rebuild_topk1_chain_buffers()
         self.worker = w
+        self.spec_worker = self._spec_worker(config)
         self.graph_runners = (self.target.graph_runner, self.draft.graph_runner)
+
+    def _spec_worker(self, config: EngineConfig) -> Any:
+        """SGLang's ``MultiLayerEagleWorkerV2`` over the target and draft workers, as its
+        ``__init__`` sets it up (the plan stream: none; ``resolve_draft_parallel_layout``'s
+        layout of one TP group), with the pools ``alloc_memory_pool`` hands it."""
+        from sglang.srt.configs.draft_parallel import DraftParallelLayout
+        from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+        from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
+            MultiLayerEagleWorkerV2,
+        )
+
+        w = self.worker
+        spec = MultiLayerEagleWorkerV2.__new__(MultiLayerEagleWorkerV2)
+        BaseSpecWorker.__init__(spec)
+        spec.server_args = None
+        spec.topk, spec.device = w.topk, w.device
+        spec.speculative_num_steps = w.speculative_num_steps
+        spec.speculative_num_draft_tokens = w.speculative_num_draft_tokens
+        spec.speculative_algorithm = w.speculative_algorithm
+        spec.page_size = config.block_size
+        spec._target_worker, spec._draft_worker = self.target_worker, w
+        spec.draft_parallel_layout = DraftParallelLayout(tp_group=None, attn_tp_size=1)
+        spec.plan_stream, spec.plan_stream_ctx = None, contextlib.nullcontext()
+        spec.req_to_token_pool = self.target.runner.req_to_token_pool
+        spec.token_to_kv_pool_allocator = w.token_to_kv_pool_allocator
+        return spec
 
     def graph_read(self) -> list[Any]:
         return [self.target.backend, *self.draft.backends]
@@ -181,20 +211,42 @@ def _layer_builds(engine: _MultiLayerWorkerEngine, R: int, T: int, how: str) -> 
 def verify_round(
     engine: _MultiLayerWorkerEngine, inputs: RunnerStepInputs, how: str
 ) -> list[StepBuild]:
-    """``MultiLayerEagleWorkerV2.forward_batch_generation`` of a decode batch: ``draft``,
-    ``_draft_extend_plan_for_decode``, ``verify`` and ``_draft_extend_for_decode``."""
-    w, R, T = engine.worker, inputs.num_reqs, inputs.num_tokens
+    """``MultiLayerEagleWorkerV2.forward_batch_generation`` of the scheduler's decode
+    batch: the worker's own step, which runs ``draft``, ``_draft_extend_plan_for_decode``,
+    ``verify`` and ``_draft_extend_for_decode``; the builds of each, recorded as it
+    returns."""
+    w, spec, R, T = engine.worker, engine.spec_worker, inputs.num_reqs, inputs.num_tokens
     batch = engine.schedule_batch(inputs, "verify")
     engine.how = how
-    verify_input = w.draft(batch)
-    batch.spec_info = verify_input
-    staged = w._draft_extend_plan_for_decode(batch)
-    result, builds = eagle.verify(engine, inputs, batch, how, finalize_tree_path=False)
-    engine.layers = []
-    w._draft_extend_for_decode(batch, result, staged=staged, kv_loc_plan=verify_input.kv_loc_plan)
-    cgr = w.cuda_graph_runner_for_draft_extend
+    builds: list[StepBuild] = []
+    own_verify, own_extend = spec.verify, w._draft_extend_for_decode
+
+    def verified(batch: Any, **kwargs: Any) -> Any:
+        engine.target_worker.accepted = eagle.accepted_drafts(inputs)
+        result = own_verify(batch, **kwargs)
+        builds.extend(eagle._verify_builds(engine, inputs, result, how))
+        return result
+
+    def extended(batch: Any, result: Any, **kwargs: Any) -> None:
+        engine.layers = []
+        own_extend(batch, result, **kwargs)
+        builds.extend(_extend_builds(engine, R, T, how))
+
+    spec.verify, w._draft_extend_for_decode = verified, extended
+    try:
+        spec.forward_batch_generation(batch)
+    finally:
+        del spec.verify, w._draft_extend_for_decode
+    return builds
+
+
+def _extend_builds(engine: _MultiLayerWorkerEngine, R: int, T: int, how: str) -> list[StepBuild]:
+    """The draft layers' extend builds: each layer's eager forward, or the composite
+    graph's padded and replay of each layer."""
     if engine.layers:  # eager: each layer's forward ran
-        return builds + _layer_builds(engine, R, T, how)
+        return _layer_builds(engine, R, T, how)
+    builds = []
+    cgr = engine.worker.cuda_graph_runner_for_draft_extend
     for step, backend in enumerate(engine.draft.backends):
         layer = cgr.get_runner(step)
         persistent = decode._engine.StandIn(
@@ -212,15 +264,18 @@ def verify_round(
 def prefill_round(
     engine: _MultiLayerWorkerEngine, inputs: RunnerStepInputs, how: str
 ) -> list[StepBuild]:
-    """``forward_batch_generation`` of an extend: the target's extend (eager), then
-    ``_draft_extend_for_prefill`` with the target's hidden states and next tokens."""
+    """``forward_batch_generation`` of the scheduler's extend batch: the target worker's
+    extend (``ForwardBatch.init_new`` of the batch, eager), then
+    ``_draft_extend_for_prefill`` with its hidden states and next tokens."""
     R, T = inputs.num_reqs, inputs.num_tokens
-    builds = [engine.target.eager(inputs, "extend", how=how)]
     batch = engine.schedule_batch(inputs, "extend")
-    hidden = torch.zeros((T, engine.target.runner.model_config.hidden_size))
     engine.layers, engine.how = [], how
-    engine.worker._draft_extend_for_prefill(batch, hidden, torch.zeros(R, dtype=torch.int64))
-    return builds + _layer_builds(engine, R, T, how)
+    engine.spec_worker.forward_batch_generation(batch)
+    target, fb = engine.target, engine.target_worker.forward_batch
+    fields = target._fields(R, T, eagle._batch_inputs(fb, how), target.backend.forward_metadata)
+    return [StepBuild(how, R, T, fields, where=decode._WHERE[how])] + _layer_builds(
+        engine, R, T, how
+    )
 
 
 class MultiLayerWorkerLife(eagle.WorkerLife):
