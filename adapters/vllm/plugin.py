@@ -346,13 +346,15 @@ def _trigger_dummy_past_row(trace: Trace) -> bool:
 
 def _smallest_dummy_past_row() -> Trace:
     """Seed 0's minimized witness: one request of one token on an engine of
-    ``max_model_len`` 8 (a row of 128 pages of one token) with a capture size of 132."""
+    ``max_model_len`` 8 (a row of 128 pages of one token) with a capture size of 132; the
+    request holds the pages vLLM's scheduler gives it, its token and the drafter's
+    lookahead of three (``runner_step.lookahead_declines``)."""
     config = EngineConfig(
         max_model_len=8, max_num_seqs=1, max_num_batched_tokens=164, block_size=1,
         num_spec=3, cudagraph_capture_sizes=(4, 132), cudagraph_mode="FULL_AND_PIECEWISE",
         cg_support="UNIFORM_BATCH", runner="v2",
     )  # fmt: skip
-    step = Batch((0,), (1,), 0, True, req_ids=(0,), pages=((1,),), new_pages=(1,))
+    step = Batch((0,), (1,), 0, True, req_ids=(0,), pages=((1, 2, 3, 4),), new_pages=(4,))
     return Trace(config, (step,))
 
 
