@@ -174,7 +174,7 @@ def test_a_backend_that_declines_a_config_is_left_out_the_others_kept():
     declined = rb.BackendsLife(
         v1.RunnerStepEngine(),
         rb.EagerBackend(fa.FlashAttnRunnerStepEngine(), lambda case: "declined", "fa"),
-        rb.EagerBackend(_mla().MLARunnerStepEngine(), _mla().declines, "mla"),
+        rb.EagerBackend(_mla().MLARunnerStepEngine(), _mla().declines_config, "mla"),
     )
     (out,) = run_trace(rb.smallest_flash_attn_kv_short(), declined)
     assert [b.where for b in out.of("backend")] == ["mla"]

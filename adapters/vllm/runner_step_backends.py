@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -84,11 +83,14 @@ def declines(case: Case) -> str | None:
 
 class EagerBackend:
     """Another backend's V1 engine of cudagraph mode NONE across a life's steps, for the
-    step's eager build; none for a config the backend declines (``declines``: why, of a
-    case's config, else None)."""
+    step's eager build; none for a config the backend declines (``declines``: why, of an
+    engine config, else None; the step's own declines are ``vllm-v1``'s, already applied)."""
 
     def __init__(
-        self, engine: v1.RunnerStepEngine, declines: Callable[[Any], str | None], where: str
+        self,
+        engine: v1.RunnerStepEngine,
+        declines: Callable[[EngineConfig], str | None],
+        where: str,
     ) -> None:
         self.runner_step, self.declines, self.where = engine, declines, where
         self.new_engine()
@@ -99,8 +101,7 @@ class EagerBackend:
 
     def __call__(self, inputs: RunnerStepInputs) -> tuple[StepBuild, list[str]] | None:
         """The step's eager build and the engine's rows (request ids), None if declined."""
-        # The modules' declines read the case's config alone.
-        if self.declines(SimpleNamespace(config=inputs.config)) is not None:
+        if self.declines(inputs.config) is not None:
             return None
         if self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)
@@ -171,9 +172,11 @@ _FI_WHERE = f"{flashinfer._FI}: FlashInferMetadataBuilder.build"
 def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
     return BackendsLife(
         v1.RunnerStepEngine(),
-        EagerBackend(fa, flash_attn.declines, _FA_WHERE),
-        EagerBackend(flashinfer.FlashInferRunnerStepEngine(), flashinfer.declines, _FI_WHERE),
-        EagerBackend(mla.MLARunnerStepEngine(), mla.declines, _MLA_WHERE),
+        EagerBackend(fa, flash_attn.declines_config, _FA_WHERE),
+        EagerBackend(
+            flashinfer.FlashInferRunnerStepEngine(), flashinfer.declines_config, _FI_WHERE
+        ),
+        EagerBackend(mla.MLARunnerStepEngine(), mla.declines_config, _MLA_WHERE),
     )
 
 
@@ -248,8 +251,8 @@ FLASH_ATTN_KV_SHORT = KvShortFlashAttn()
 """The FlashAttention engines of the mutant, alone, across a life's steps."""
 KV_SHORT = BackendsLife(
     v1.RunnerStepEngine(),
-    _KvShortBackend(FLASH_ATTN_KV_SHORT, flash_attn.declines, _FA_WHERE),
-    EagerBackend(mla.MLARunnerStepEngine(), mla.declines, _MLA_WHERE),
+    _KvShortBackend(FLASH_ATTN_KV_SHORT, flash_attn.declines_config, _FA_WHERE),
+    EagerBackend(mla.MLARunnerStepEngine(), mla.declines_config, _MLA_WHERE),
 )
 
 

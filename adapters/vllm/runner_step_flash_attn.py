@@ -180,15 +180,20 @@ def fa3() -> Iterator[None]:
 def declines(case: Case) -> str | None:
     """Why this engine does not run ``case``: ``vllm-v1``'s runner cases, and block sizes
     the FlashAttention backend has no kernel block size for."""
+    return declines_config(case.config) or v1.declines(case)
+
+
+def declines_config(config: EngineConfig) -> str | None:
+    """:func:`declines` of an engine of ``config`` alone (its step not read)."""
     with fa3():
-        supported = _backend().supports_block_size(case.config.block_size)
-    if case.config.runner == "v1" and not case.config.varlen_decode and not supported:
+        supported = _backend().supports_block_size(config.block_size)
+    if config.runner == "v1" and not config.varlen_decode and not supported:
         return (
-            f"block_size {case.config.block_size}: the FlashAttention backend's kernel block "
+            f"block_size {config.block_size}: the FlashAttention backend's kernel block "
             f"sizes are multiples of 16 ({_FA} FlashAttentionBackend."
             "get_supported_kernel_block_sizes)"
         )
-    return v1.declines(case)
+    return v1.declines_config(config)
 
 
 # -- the engine -----------------------------------------------------------------------------

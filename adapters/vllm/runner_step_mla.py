@@ -91,6 +91,10 @@ def declines(case: Case) -> str | None:
     return v1.declines(case)
 
 
+declines_config = v1.declines_config
+""":func:`declines` of an engine of ``config`` alone (its step not read)."""
+
+
 def _mla_layer(vllm_config: Any) -> Any:
     """An MLA layer as the static forward context holds it (``MLAAttention.__init__``):
     what the builder reads of it, its latent dimensions and its prefill backend, made

@@ -128,22 +128,28 @@ def prepare() -> None:
 
 
 def declines(case: Case) -> str | None:
-    """Why the V1 runner does not run ``case``'s engine, else None."""
-    if case.config.runner != "v1":
+    """Why the V1 runner does not run ``case``'s engine, else None: its config's
+    (:func:`declines_config`), then a step whose pages do not hold the drafter's lookahead."""
+    return declines_config(case.config) or lookahead_declines(case, case.config.num_spec)
+
+
+def declines_config(config: EngineConfig) -> str | None:
+    """Why the V1 runner does not run an engine of ``config``, else None."""
+    if config.runner != "v1":
         return "the V2 model runner has another execute_model (gpu/model_runner.py)"
-    if case.config.varlen_decode:
+    if config.varlen_decode:
         return (
             "varlen decode graphs are the V2 runner's adaptive verification "
             "(gpu/spec_decode/adaptive_verification.py); V1 has none"
         )
-    if not _triton_backend().supports_block_size(case.config.block_size):
+    if not _triton_backend().supports_block_size(config.block_size):
         # initialize_kv_cache: prepare_kernel_block_sizes finds no kernel block size
         # for the Triton backend's (select_common_block_size raises).
         return (
-            f"block_size {case.config.block_size}: the Triton attention backend's kernel "
+            f"block_size {config.block_size}: the Triton attention backend's kernel "
             "block sizes are multiples of 16 (triton_attn.py get_supported_kernel_block_sizes)"
         )
-    return lookahead_declines(case, case.config.num_spec)
+    return None
 
 
 # -- stand-ins -----------------------------------------------------------------------------
