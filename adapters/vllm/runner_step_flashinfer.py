@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -101,22 +102,36 @@ def ampere() -> Iterator[None]:
         mock.patch.object(flashinfer, "current_platform", sm80),
         mock.patch.object(fi_utils, "current_platform", sm80),
         mock.patch.object(fi_utils, "has_nvidia_artifactory", lambda: True),
+        mock.patch.dict(os.environ, {"VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE": WORKSPACE_BYTES}),
     ):
         yield
+
+
+WORKSPACE_BYTES = str(1 << 20)
+"""The FlashInfer workspace each builder allocates (``_get_workspace_buffer``): the
+kernels' scratch memory, which only the stand-in wrappers hold and no metadata reads.
+vLLM's default of 394 MiB, zero-filled on the CPU for each builder of each engine (a
+fresh one every step, freed only when the garbage collector breaks its cycles), ran a
+search's process out of memory."""
 
 
 def declines(case: Case) -> str | None:
     """Why this engine does not run ``case``: ``vllm-v1``'s runner cases, and block sizes
     the FlashInfer backend has no kernel block size for."""
+    return declines_config(case.config) or v1.declines(case)
+
+
+def declines_config(config: EngineConfig) -> str | None:
+    """:func:`declines` of an engine of ``config`` alone (its step not read)."""
     with ampere():
-        supported = _backend().supports_block_size(case.config.block_size)
-    if case.config.runner == "v1" and not case.config.varlen_decode and not supported:
+        supported = _backend().supports_block_size(config.block_size)
+    if config.runner == "v1" and not config.varlen_decode and not supported:
         return (
-            f"block_size {case.config.block_size}: the FlashInfer backend's kernel block "
+            f"block_size {config.block_size}: the FlashInfer backend's kernel block "
             f"sizes are 16, 32 and 64 off the trtllm-gen path, the block size a multiple "
             f"of one ({_FI} FlashInferBackend.get_supported_kernel_block_sizes)"
         )
-    return v1.declines(case)
+    return v1.declines_config(config)
 
 
 # -- the engine -----------------------------------------------------------------------------
