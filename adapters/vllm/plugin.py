@@ -14,6 +14,8 @@ function of its adapter module.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any
 
 from attnfuzz.adapters import vllm
@@ -358,40 +360,25 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
-def _mamba_hybrid_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_mamba_hybrid`, imported (with vLLM) when called."""
-
-    def hook(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_mamba_hybrid
-
-        return getattr(runner_step_mamba_hybrid, name)(*args)
-
-    hook.__name__ = hook.__qualname__ = name
-    return hook
-
-
-def _hybrid_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_hybrid`, imported (with vLLM) when called."""
+def _lazy(module: str, name: str) -> Any:
+    """The function ``name`` of the adapter module ``module`` (of this package), imported
+    (with vLLM) when called: a mutant's trigger, reach and smallest trace are declared
+    here, where vLLM is not imported."""
 
     def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_hybrid
-
-        return getattr(runner_step_hybrid, name)(*args)
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)(*args)
 
     call.__name__ = call.__qualname__ = name
     return call
 
 
-def _linear_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_linear`, imported (with vLLM) when called."""
+_mamba_hybrid_hook = functools.partial(_lazy, "runner_step_mamba_hybrid")
 
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_linear
 
-        return getattr(runner_step_linear, name)(*args)
+_hybrid_hook = functools.partial(_lazy, "runner_step_hybrid")
 
-    call.__name__ = call.__qualname__ = name
-    return call
+
+_linear_hook = functools.partial(_lazy, "runner_step_linear")
 
 
 def _runner_step_linear() -> list[Implementation]:
@@ -459,16 +446,7 @@ def _runner_step_linear() -> list[Implementation]:
     ]  # fmt: skip
 
 
-def _mla_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_mla`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_mla
-
-        return getattr(runner_step_mla, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_mla_hook = functools.partial(_lazy, "runner_step_mla")
 
 
 def _runner_step_mla() -> list[Implementation]:
@@ -504,16 +482,7 @@ def _runner_step_mla() -> list[Implementation]:
     ]
 
 
-def _flash_attn_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_flash_attn`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_flash_attn
-
-        return getattr(runner_step_flash_attn, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_flash_attn_hook = functools.partial(_lazy, "runner_step_flash_attn")
 
 
 def _runner_step_flash_attn() -> list[Implementation]:
@@ -549,16 +518,7 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
-def _flashinfer_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_flashinfer`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_flashinfer
-
-        return getattr(runner_step_flashinfer, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
 def _runner_step_flashinfer() -> list[Implementation]:
@@ -596,16 +556,7 @@ def _runner_step_flashinfer() -> list[Implementation]:
     ]
 
 
-def _backends_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_backends`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_backends
-
-        return getattr(runner_step_backends, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_backends_hook = functools.partial(_lazy, "runner_step_backends")
 
 
 def _runner_step_unpadded_drafts() -> list[Implementation]:
@@ -626,52 +577,16 @@ def _runner_step_unpadded_drafts() -> list[Implementation]:
     ]
 
 
-def _dbo_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_dbo`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_dbo
-
-        return getattr(runner_step_dbo, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_dbo_hook = functools.partial(_lazy, "runner_step_dbo")
 
 
-def _dflash_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_dflash`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_dflash
-
-        return getattr(runner_step_dflash, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_dflash_hook = functools.partial(_lazy, "runner_step_dflash")
 
 
-def _v1_dflash_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_v1_dflash`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_v1_dflash
-
-        return getattr(runner_step_v1_dflash, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_v1_dflash_hook = functools.partial(_lazy, "runner_step_v1_dflash")
 
 
-def _step3p5_hook(name: str) -> Any:
-    """A function of :mod:`.runner_step_v1_step3p5`, imported (with vLLM) when called."""
-
-    def call(*args: Any) -> Any:
-        from attnfuzz.adapters.vllm import runner_step_v1_step3p5
-
-        return getattr(runner_step_v1_step3p5, name)(*args)
-
-    call.__name__ = call.__qualname__ = name
-    return call
+_step3p5_hook = functools.partial(_lazy, "runner_step_v1_step3p5")
 
 
 def _runner_step_dbo() -> list[Implementation]:
