@@ -5,14 +5,13 @@ trace."""
 from __future__ import annotations
 
 import pytest
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import eagle_worker_life, requires_sglang
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang  # the sglang mark, and the skip where SGLang is absent
-COMMON = "sglang.srt.speculative.eagle_worker_common"
 WORKER = "sglang.srt.speculative.eagle_worker_v2"
 
 
@@ -37,38 +36,17 @@ def _arrive_then_verify(rejected=()) -> Trace:
 
 
 def _life(trace: Trace, monkeypatch, mutant=None):
-    """Every step of ``trace`` on one new engine; each verify's accept lengths (the
-    bonus token included) as ``run_eagle_verify`` returns them, eager pass first."""
+    """Every step of ``trace`` on one new engine (of ``mutant``, if given): the outputs,
+    each verify's accept lengths, and the modes of the batches the worker's step was
+    handed (:func:`eagle_worker_life`)."""
     import importlib
 
     from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
 
     m.prepare()
-    common = importlib.import_module(COMMON)
-    own, accepted = common.run_eagle_verify, []
-
-    def recorded(*args, **kwargs):
-        result = own(*args, **kwargs)
-        accepted.append(result.accept_lens.tolist())
-        return result
-
-    monkeypatch.setattr(common, "run_eagle_verify", recorded)
-    # EAGLEWorkerV2.verify's own name for it.
-    worker = importlib.import_module(WORKER)
-    monkeypatch.setattr(worker, "run_eagle_verify", recorded)
-    step, modes = worker.EAGLEWorkerV2.forward_batch_generation, []
-
-    def stepped(self, batch, *args, **kwargs):
-        modes.append(batch.forward_mode.name)
-        return step(self, batch, *args, **kwargs)
-
-    if mutant is None:  # a mutant recompiles the step from SGLang's source
-        monkeypatch.setattr(worker.EAGLEWorkerV2, "forward_batch_generation", stepped)
+    worker = importlib.import_module(WORKER).EAGLEWorkerV2
     run = mutant or m.run
-    run.new_engine()
-    outs = [run(ref.make_inputs(case)) for case in trace.cases()]
-    _life.modes = modes  # the batches the worker's own step was handed
-    return outs, accepted
+    return eagle_worker_life(run, worker, trace, monkeypatch, recompiled=mutant is not None)
 
 
 def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(monkeypatch):
@@ -76,7 +54,7 @@ def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(m
     the target verify and the draft extend, each eager, padded and replayed in the
     graph of four, and fresh. The verify accepts each request's drafts less the ones
     the step rejects."""
-    (first, second), accepted = _life(_arrive_then_verify(rejected=(1, 0, 2)), monkeypatch)
+    (first, second), accepted, modes = _life(_arrive_then_verify(rejected=(1, 0, 2)), monkeypatch)
     assert [b.name for b in first.builds if b.how != "capture"] == [
         "eager", "eager.draft1", "fresh", "fresh.draft1"
     ]  # fmt: skip
@@ -96,7 +74,7 @@ def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(m
     assert accepted == [[2, 3, 1]] * 3
     # EAGLEWorkerV2.forward_batch_generation ran each: the scheduler's extend batch on
     # both engines, then its decode batch on the three passes.
-    assert _life.modes == ["EXTEND"] * 2 + ["DECODE"] * 3
+    assert modes == ["EXTEND"] * 2 + ["DECODE"] * 3
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 
@@ -108,7 +86,7 @@ def test_stale_draft_slots_in_padding_rows_are_caught(monkeypatch):
 
     trace = m.smallest_stale_draft_slots()
     assert m.trigger_stale_draft_slots(trace) and m.reach_stale_draft_slots(trace)
-    outs, accepted = _life(trace, monkeypatch, mutant=m.run_stale_draft_slots)
+    outs, accepted, _ = _life(trace, monkeypatch, mutant=m.run_stale_draft_slots)
     assert accepted == [[3, 3]] * 3 + [[3]] * 3
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert found == {
@@ -122,7 +100,7 @@ def test_stale_draft_slots_in_padding_rows_are_caught(monkeypatch):
 def test_the_mutant_s_smallest_trace_passes_on_the_worker(monkeypatch):
     from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
 
-    outs, _ = _life(m.smallest_stale_draft_slots(), monkeypatch)
+    outs, _, _ = _life(m.smallest_stale_draft_slots(), monkeypatch)
     assert [v for out in outs for v in ref.violations(out)] == []
 
 
@@ -135,7 +113,7 @@ def test_a_draft_extend_of_the_next_round_s_seq_lens_is_caught(monkeypatch):
 
     trace = m.smallest_advanced_draft_extend()
     assert m.trigger_advanced_draft_extend(trace)
-    outs, accepted = _life(trace, monkeypatch, mutant=m.run_advanced_draft_extend)
+    outs, accepted, _ = _life(trace, monkeypatch, mutant=m.run_advanced_draft_extend)
     assert accepted == [[3]] * 3
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert found == {
@@ -150,5 +128,5 @@ def test_a_draft_extend_of_the_next_round_s_seq_lens_is_caught(monkeypatch):
 def test_the_advanced_mutant_s_smallest_trace_passes_on_the_worker(monkeypatch):
     from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
 
-    outs, _ = _life(m.smallest_advanced_draft_extend(), monkeypatch)
+    outs, _, _ = _life(m.smallest_advanced_draft_extend(), monkeypatch)
     assert [v for out in outs for v in ref.violations(out)] == []

@@ -4,14 +4,13 @@ verify's acceptance, and a wrong slot in a layer's replay caught."""
 
 from __future__ import annotations
 
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import eagle_worker_life, requires_sglang
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang  # the sglang mark, and the skip where SGLang is absent
-COMMON = "sglang.srt.speculative.eagle_worker_common"
 WORKER = "sglang.srt.speculative.multi_layer_eagle_worker_v2"
 TRITON = "sglang.srt.layers.attention.triton_backend"
 
@@ -29,42 +28,22 @@ def _arrive_then_verify() -> Trace:
 
 
 def _life(trace: Trace, monkeypatch):
-    """Every step of ``trace`` on one new engine; each verify's accept lengths."""
+    """Every step of ``trace`` on one new engine: the outputs, each verify's accept
+    lengths, and the modes of the batches the worker's step was handed."""
     import importlib
 
     from attnfuzz.adapters.sglang import runner_step_multi_layer_eagle_worker as m
 
     m.prepare()
-    common = importlib.import_module(COMMON)
-    own, accepted = common.run_eagle_verify, []
-
-    def recorded(*args, **kwargs):
-        result = own(*args, **kwargs)
-        accepted.append(result.accept_lens.tolist())
-        return result
-
-    monkeypatch.setattr(common, "run_eagle_verify", recorded)
-    # MultiLayerEagleWorkerV2.verify's own name for it.
-    worker = importlib.import_module(WORKER)
-    monkeypatch.setattr(worker, "run_eagle_verify", recorded)
-    step, modes = worker.MultiLayerEagleWorkerV2.forward_batch_generation, []
-
-    def stepped(self, batch, *args, **kwargs):
-        modes.append(batch.forward_mode.name)
-        return step(self, batch, *args, **kwargs)
-
-    monkeypatch.setattr(worker.MultiLayerEagleWorkerV2, "forward_batch_generation", stepped)
-    m.run.new_engine()
-    outs = [m.run(ref.make_inputs(case)) for case in trace.cases()]
-    _life.modes = modes  # the batches the worker's own step was handed
-    return outs, accepted
+    worker = importlib.import_module(WORKER).MultiLayerEagleWorkerV2
+    return eagle_worker_life(m.run, worker, trace, monkeypatch)
 
 
 def test_each_draft_layer_of_the_worker_s_step_is_built_and_the_verify_accepts(monkeypatch):
     """The extend: the target's and each layer's draft extend for prefill; the verify:
     the target verify and each layer's draft extend, eager, padded and replayed in the
     graph of four, and fresh. The verify accepts the drafts the step does not reject."""
-    (first, second), accepted = _life(_arrive_then_verify(), monkeypatch)
+    (first, second), accepted, modes = _life(_arrive_then_verify(), monkeypatch)
     assert [b.name for b in first.builds if b.how != "capture"] == [
         "eager", "eager.draft0", "eager.draft1", "fresh", "fresh.draft0", "fresh.draft1"
     ]  # fmt: skip
@@ -82,7 +61,7 @@ def test_each_draft_layer_of_the_worker_s_step_is_built_and_the_verify_accepts(m
     assert accepted == [[2, 3, 1]] * 3  # 3 - rejected, the bonus token in
     # MultiLayerEagleWorkerV2.forward_batch_generation ran each: the scheduler's extend
     # batch on both engines, then its decode batch on the three passes.
-    assert _life.modes == ["EXTEND"] * 2 + ["DECODE"] * 3
+    assert modes == ["EXTEND"] * 2 + ["DECODE"] * 3
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 

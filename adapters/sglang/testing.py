@@ -73,3 +73,37 @@ def field_values(out: RunnerStepOutputs, how: str, name: str) -> list:
     f = build.field(name)
     assert f is not None, name
     return f.values.tolist()
+
+
+def eagle_worker_life(
+    run: Any, worker_class: type, trace: Trace, monkeypatch: Any, recompiled: bool = False
+) -> tuple[list[RunnerStepOutputs], list[list[int]], list[str]]:
+    """Every step of ``trace`` on one new engine of ``run``, an implementation of
+    ``runner-step`` that runs ``worker_class``'s own step (an EAGLE v2 worker of
+    ``sglang.srt.speculative``); with each verify's accept lengths (the bonus token
+    included) as ``run_eagle_verify`` returns them, eager pass first, and the forward
+    mode of each batch the worker's step was handed. ``recompiled``: ``run`` is a mutant
+    that recompiles the step from SGLang's source, whose batches are not seen."""
+    import importlib
+    import sys
+
+    common = importlib.import_module("sglang.srt.speculative.eagle_worker_common")
+    own, accepted = common.run_eagle_verify, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        result = own(*args, **kwargs)
+        accepted.append(result.accept_lens.tolist())
+        return result
+
+    monkeypatch.setattr(common, "run_eagle_verify", recorded)
+    # The worker's verify calls it by its own module's name.
+    monkeypatch.setattr(sys.modules[worker_class.__module__], "run_eagle_verify", recorded)
+    step, modes = worker_class.forward_batch_generation, []
+
+    def stepped(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        modes.append(batch.forward_mode.name)
+        return step(self, batch, *args, **kwargs)
+
+    if not recompiled:
+        monkeypatch.setattr(worker_class, "forward_batch_generation", stepped)
+    return life(run, trace), accepted, modes
