@@ -4,11 +4,9 @@ as two micro-batches, each judged against the step's eager unsplit build."""
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 
@@ -137,21 +135,12 @@ def test_the_micro_batch_code_of_vllm_computes_the_builds(monkeypatch):
     import vllm.v1.worker.gpu_model_runner as gmr
     import vllm.v1.worker.ubatch_utils as uu
 
-    calls: collections.Counter[str] = collections.Counter()
+    calls = Calls(monkeypatch)
 
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
-
-    count(gmr, "maybe_create_ubatch_slices")
-    count(gmr, "split_attn_metadata")
-    count(uu, "_make_metadata_with_slice")
-    count(gmr.GPUModelRunner, "_allow_microbatching")
+    calls.count(gmr, "maybe_create_ubatch_slices")
+    calls.count(gmr, "split_attn_metadata")
+    calls.count(uu, "_make_metadata_with_slice")
+    calls.count(gmr.GPUModelRunner, "_allow_microbatching")
     run(adapter().DboRunnerStepEngine(), CUT, mode="NONE")
     for name in ("maybe_create_ubatch_slices", "split_attn_metadata",
                  "_make_metadata_with_slice", "_allow_microbatching"):  # fmt: skip

@@ -5,9 +5,7 @@ padding caught."""
 
 from __future__ import annotations
 
-import collections
-
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
 
@@ -34,14 +32,8 @@ def test_the_dflash_query_is_a_build_and_every_property_holds(monkeypatch):
     a = adapter()  # before vLLM
     import vllm.v1.worker.gpu.spec_decode.dflash.speculator as dflash
 
-    calls: collections.Counter[str] = collections.Counter()
-    original = dflash.prepare_dflash_inputs
-
-    def counted(*args, **kwargs):
-        calls["prepare_dflash_inputs"] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(dflash, "prepare_dflash_inputs", counted)
+    calls = Calls(monkeypatch)
+    calls.count(dflash, "prepare_dflash_inputs")
     outs = run(a.DFlashEngine(), a.smallest_query_slots_unpadded())
     for out in outs:
         assert ref.violations(out) == []

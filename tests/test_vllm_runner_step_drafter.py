@@ -4,10 +4,8 @@ of the step, judged by the step's properties, and a mutant of a draft build is c
 
 from __future__ import annotations
 
-import collections
-
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -65,16 +63,7 @@ def test_the_drafter_s_own_code_builds_each_draft_sub_step_and_every_property_ho
     import vllm.v1.spec_decode.llm_base_proposer as base
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
 
-    calls: collections.Counter[str] = collections.Counter()
-
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = Calls(monkeypatch)
 
     proposer = base.SpecDecodeBaseProposer
     for name in (
@@ -82,9 +71,9 @@ def test_the_drafter_s_own_code_builds_each_draft_sub_step_and_every_property_ho
         "build_per_group_and_layer_attn_metadata", "_update_positions_dependent_metadata",
         "_determine_batch_execution_and_padding", "dummy_run",
     ):  # fmt: skip
-        count(proposer, name)
-    count(TritonAttentionMetadataBuilder, "build_for_drafting")
-    count(base, "eagle_step_update_slot_mapping_and_metadata")
+        calls.count(proposer, name)
+    calls.count(TritonAttentionMetadataBuilder, "build_for_drafting")
+    calls.count(base, "eagle_step_update_slot_mapping_and_metadata")
     outs = run(Trace(config(num_spec), decodes(num_spec)))
     for out in outs:
         assert ref.violations(out) == []

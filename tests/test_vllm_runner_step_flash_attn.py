@@ -5,12 +5,11 @@ metadata in the graph buffer, judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
 import torch
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -59,15 +58,13 @@ def test_the_flash_attn_builder_builds_a_decode_padded_for_a_full_graph(monkeypa
     m.prepare()
     from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
 
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("build", "build_for_cudagraph_capture", "_get_scheduler_metadata"):
-        original = getattr(FlashAttentionMetadataBuilder, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(FlashAttentionMetadataBuilder, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(
+        FlashAttentionMetadataBuilder,
+        "build",
+        "build_for_cudagraph_capture",
+        "_get_scheduler_metadata",
+    )
     engine = m.FlashAttnRunnerStepEngine()
     first, second = run_trace(smallest_full_decode(), engine)
     assert min(calls.values()) > 0 and len(calls) == 3

@@ -5,11 +5,10 @@ for each FULL graph, judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -58,15 +57,13 @@ def test_the_flashinfer_builder_plans_a_decode_padded_for_a_full_graph(monkeypat
     m.prepare()
     from vllm.v1.attention.backends.flashinfer import FlashInferMetadataBuilder
 
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("build", "build_for_cudagraph_capture", "_compute_flashinfer_kv_metadata"):
-        original = getattr(FlashInferMetadataBuilder, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(FlashInferMetadataBuilder, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(
+        FlashInferMetadataBuilder,
+        "build",
+        "build_for_cudagraph_capture",
+        "_compute_flashinfer_kv_metadata",
+    )
     engine = m.FlashInferRunnerStepEngine()
     first, second = run_trace(smallest_full_decode(), engine)
     assert min(calls.values()) > 0 and len(calls) == 3

@@ -4,11 +4,10 @@ linear-attention layer, its builder's metadata judged by the step's properties."
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import assert_detected
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -46,15 +45,8 @@ def test_the_gdn_builder_of_the_second_group_builds_every_step(monkeypatch):
     h.prepare()  # vLLM's environment, set by the adapter before vLLM is imported
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
 
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("build", "build_for_cudagraph_capture"):
-        original = getattr(GDNAttentionMetadataBuilder, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(GDNAttentionMetadataBuilder, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(GDNAttentionMetadataBuilder, "build", "build_for_cudagraph_capture")
     first, second = run_trace(h.smallest_full_spec_decode())
     assert calls["build"] > 0 and calls["build_for_cudagraph_capture"] > 0
     assert ref.violations(first) == [] and ref.violations(second) == []

@@ -4,10 +4,8 @@ of ``runner-step``: the builders' metadata judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -60,15 +58,8 @@ def test_the_builder_of_the_second_group_builds_every_step(backend, monkeypatch)
     lin.prepare()
     module, cls = BUILDERS[backend].split(":")
     builder = getattr(importlib.import_module(module), cls)
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("build", "build_for_cudagraph_capture"):
-        original = getattr(builder, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(builder, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(builder, "build", "build_for_cudagraph_capture")
     trace = hybrid().smallest_full_spec_decode()
     engine = lin.LinearRunnerStepEngine(lin.BACKENDS[backend])
     first, second = run_trace(trace, engine)

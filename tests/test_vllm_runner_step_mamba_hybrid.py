@@ -6,9 +6,7 @@ metadata judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
-
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
 
@@ -46,15 +44,8 @@ def test_the_hybrid_model_state_prepares_every_forward(monkeypatch):
     m.prepare()
     from vllm.v1.worker.gpu.model_states.mamba_hybrid import MambaHybridModelState
 
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("prepare_attn", "preprocess_state", "postprocess_state"):
-        original = getattr(MambaHybridModelState, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(MambaHybridModelState, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(MambaHybridModelState, "prepare_attn", "preprocess_state", "postprocess_state")
     engine = m.MambaHybridRunnerStepEngine()
     first, second = run_trace(m.smallest_full_spec_decode(), engine)
     assert ref.violations(first) == [] and ref.violations(second) == []

@@ -4,11 +4,10 @@ builds every step, its metadata judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -51,15 +50,8 @@ def test_the_mla_builder_builds_a_decode_padded_for_a_full_graph(monkeypatch):
     m.prepare()
     from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
 
-    calls: collections.Counter[str] = collections.Counter()
-    for name in ("build", "build_for_cudagraph_capture"):
-        original = getattr(MLACommonMetadataBuilder, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(MLACommonMetadataBuilder, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(MLACommonMetadataBuilder, "build", "build_for_cudagraph_capture")
     engine = m.MLARunnerStepEngine()
     first, second = run_trace(m.smallest_full_decode(), engine)
     assert calls["build"] > 0 and calls["build_for_cudagraph_capture"] > 0

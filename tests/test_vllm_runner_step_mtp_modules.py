@@ -5,9 +5,7 @@ mutant of its trailing-slot padding caught."""
 
 from __future__ import annotations
 
-import collections
-
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -56,20 +54,11 @@ def test_each_mtp_module_s_forward_is_a_build_and_every_property_holds(monkeypat
     adapter()  # before vLLM
     import vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator as modules
 
-    calls: collections.Counter[str] = collections.Counter()
+    calls = Calls(monkeypatch)
 
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
-
-    count(modules.MultiModuleMTPSpeculator, "capture")
+    calls.count(modules.MultiModuleMTPSpeculator, "capture")
     for name in ("prepare_input_buffers", "pad_trailing_draft_slots", "update_draft_inputs"):
-        count(modules, name)
+        calls.count(modules, name)
     outs = run(Trace(config(), decodes()))
     for out in outs:
         assert ref.violations(out) == []

@@ -5,11 +5,9 @@ mutant of the draft path is caught."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -76,28 +74,19 @@ def test_the_speculator_s_own_code_builds_each_draft_sub_step_and_every_property
         SpeculatorCudaGraphManager,
     )
 
-    calls: collections.Counter[str] = collections.Counter()
-
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = Calls(monkeypatch)
 
     for name in (
         "propose", "capture", "_prefill", "_fused_multi_step_decode",
         "_generate_fused_drafts", "_generate_draft",
     ):  # fmt: skip
-        count(tdar.TargetDependentARSpeculator, name)
+        calls.count(tdar.TargetDependentARSpeculator, name)
     for name in ("_build_attn_metadata", "_update_draft_decode_metadata", "sample_draft"):
-        count(DraftModelSpeculator, name)
+        calls.count(DraftModelSpeculator, name)
     for name in ("prepare_prefill_inputs", "prepare_decode_inputs", "update_draft_inputs"):
-        count(tdar, name)
-    count(SpeculatorCudaGraphManager, "capture")
-    count(SpeculatorCudaGraphManager, "run_fullgraph")
+        calls.count(tdar, name)
+    calls.count(SpeculatorCudaGraphManager, "capture")
+    calls.count(SpeculatorCudaGraphManager, "run_fullgraph")
     outs = run(Trace(config(num_spec), decodes(num_spec)))
     for out in outs:
         assert ref.violations(out) == []

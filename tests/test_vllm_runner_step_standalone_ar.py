@@ -5,10 +5,8 @@ properties, and a mutant of its draft decode caught."""
 
 from __future__ import annotations
 
-import collections
-
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -61,22 +59,13 @@ def test_the_standalone_speculator_builds_each_draft_sub_step_and_every_property
     import vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator as standalone
     from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
-    calls: collections.Counter[str] = collections.Counter()
-
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = Calls(monkeypatch)
 
     for name in ("propose", "_multi_step_decode"):
-        count(standalone.StandaloneARSpeculator, name)
-    count(standalone, "prepare_prefill_inputs")
+        calls.count(standalone.StandaloneARSpeculator, name)
+    calls.count(standalone, "prepare_prefill_inputs")
     for name in ("_build_attn_metadata", "_build_uniform_attn_metadata"):
-        count(DraftModelSpeculator, name)
+        calls.count(DraftModelSpeculator, name)
     outs = run(Trace(config(num_spec), decodes(num_spec)))
     for out in outs:
         assert ref.violations(out) == []

@@ -4,11 +4,10 @@ padding, capture runs and dummy runs, judged by the step's properties."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case
@@ -118,16 +117,7 @@ def test_the_v1_runner_s_own_functions_compute_every_build(monkeypatch):
     from vllm.v1.attention.backends.triton_attn import TritonAttentionMetadataBuilder
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    calls: collections.Counter[str] = collections.Counter()
-
-    def count(owner: object, name: str) -> None:
-        original = getattr(owner, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = Calls(monkeypatch)
 
     runner = gmr.GPUModelRunner
     for name in (
@@ -135,10 +125,10 @@ def test_the_v1_runner_s_own_functions_compute_every_build(monkeypatch):
         "_get_slot_mappings", "_build_attention_metadata", "_dummy_run",
         "_capture_cudagraphs",
     ):  # fmt: skip
-        count(runner, name)
-    count(CudagraphDispatcher, "dispatch")
-    count(TritonAttentionMetadataBuilder, "build")
-    count(gmr, "coordinate_batch_across_dp")
+        calls.count(runner, name)
+    calls.count(CudagraphDispatcher, "dispatch")
+    calls.count(TritonAttentionMetadataBuilder, "build")
+    calls.count(gmr, "coordinate_batch_across_dp")
     run_trace(Trace(small_config(cudagraph_capture_sizes=(4, 8)), PREFILL_THEN_DECODE))
     for name in (
         "_update_states", "_prepare_inputs", "_determine_batch_execution_and_padding",
@@ -347,19 +337,9 @@ def test_v1_s_rejection_sampler_decides_the_trace_s_acceptance(monkeypatch):
     import vllm.v1.worker.gpu_model_runner as gmr
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-    calls: collections.Counter[str] = collections.Counter()
-    for owner, name in (
-        (gmr.GPUModelRunner, "sample_tokens"),
-        (gmr.GPUModelRunner, "_bookkeeping_sync"),
-        (RejectionSampler, "forward"),
-    ):
-        original = getattr(owner, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, counted)
+    calls = Calls(monkeypatch)
+    calls.count(gmr.GPUModelRunner, "sample_tokens", "_bookkeeping_sync")
+    calls.count(RejectionSampler, "forward")
     outs = run_trace(Trace(small_config(num_spec=2), REJECTING_DECODES))
     assert calls["sample_tokens"] >= 3 * 3 and calls["_bookkeeping_sync"] >= 3 * 3
     assert calls["forward"] >= 2 * 3  # the decode steps of each engine

@@ -6,7 +6,9 @@ CI installs vLLM (``ATTNFUZZ_VLLM=1 ./setup.sh``) and sets
 
 from __future__ import annotations
 
+import collections
 import os
+from typing import Any
 
 import pytest
 from attnfuzz.adapters.vllm import ENGINE, unavailable
@@ -19,3 +21,25 @@ if _REASON is not None and os.environ.get(require_variable(ENGINE)) == "1":
 requires_vllm = [pytest.mark.vllm, pytest.mark.skipif(_REASON is not None, reason=_REASON or "")]
 """``pytestmark`` of a module that runs vLLM's own code: marked ``vllm`` (``-m vllm``
 selects it), skipped where vLLM is not installed."""
+
+
+class Calls(collections.Counter[str]):
+    """How many times each function a test wraps (by name) was called while it ran; the
+    wrapping is the test's ``monkeypatch``'s, undone at its end."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        super().__init__()
+        self._monkeypatch = monkeypatch
+
+    def count(self, owner: object, *names: str) -> None:
+        """Count the calls of each of ``names``, attributes of ``owner``, from now on."""
+        for name in names:
+            original = getattr(owner, name)
+
+            def counted(
+                *args: Any, _name: str = name, _original: Any = original, **kwargs: Any
+            ) -> Any:
+                self[_name] += 1
+                return _original(*args, **kwargs)
+
+            self._monkeypatch.setattr(owner, name, counted)
