@@ -11,7 +11,7 @@ from typing import Any
 
 from attnfuzz.harness.definitions import Kind
 from attnfuzz.harness.errors import UsageError
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.strategies.batches import fixes_problems
 
 
@@ -60,6 +60,11 @@ class Implementation:
     # It lives across steps: fuzzed with traces (:meth:`Target.traces`); a mutant's
     # ``reach``, ``trigger`` then read a Trace, and ``smallest`` returns one.
     traced: bool = False
+    # Traced only: of an engine config, the KV slots the engine's scheduler reserves past
+    # each request's scheduled tokens (its drafter's positions after the step's, e.g.
+    # vLLM's ``VllmConfig.num_lookahead_tokens``): a drawn trace gives each request the
+    # pages of those too, as the engine's scheduler does, up to ``max_model_len``.
+    lookahead: Callable[[EngineConfig], int] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         try:

@@ -16,6 +16,7 @@ user's ``module:attribute`` or mutants). Judging a case is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 from collections import Counter
@@ -231,8 +232,10 @@ class Target:
         self, scale: Scale = SMALL, impl: Implementation | None = None
     ) -> st.SearchStrategy[Trace]:
         """The traces of one engine's steps (:mod:`attnfuzz.strategies.traces`), as
-        :meth:`cases` draws cases; with ``impl``, only those whose every step it accepts."""
-        return self._drawn(traces, scale, impl, Trace.cases)
+        :meth:`cases` draws cases; with ``impl``, only those whose every step it accepts,
+        each request holding the pages of ``impl``'s lookahead too."""
+        lookahead = impl.lookahead if impl is not None else None
+        return self._drawn(functools.partial(traces, lookahead=lookahead), scale, impl, Trace.cases)
 
     def _drawn(self, strategy: Any, scale: Scale, impl: Implementation | None, steps: Any) -> Any:
         ranges = self.params_of(impl)

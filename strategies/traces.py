@@ -33,7 +33,7 @@ needs an earlier step to happen shrinks to the few steps it needs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
@@ -108,8 +108,9 @@ class _Request:
 class _Scheduler:
     """Rows are the engine's business; the scheduler holds requests, pages and ids."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, lookahead: int = 0):
         self.config = config
+        self.lookahead = lookahead  # slots reserved past each request's scheduled tokens
         self.running: list[_Request] = []
         self.preempted: list[_Request] = []  # may come back
         self.waiting: list[_Request] = []  # preempted before the coming step: not in it
@@ -303,7 +304,9 @@ class _Scheduler:
         ids, computed, q_lens, pages, new_pages = [], [], [], [], []
         for req in order:
             q = wanted[req.req_id]
-            gained = self.take_pages(req, req.computed + q)
+            # Its pages hold the step's tokens and the lookahead (the engine's
+            # scheduler reserves it for the drafter's positions after the step's).
+            gained = self.take_pages(req, min(req.computed + q + self.lookahead, max_len))
             ids.append(req.req_id)
             computed.append(req.computed)
             q_lens.append(q)
@@ -347,13 +350,17 @@ def traces(
     supports: tuple[str, ...] = SUPPORT_CHOICES,
     varlen: bool = True,
     max_steps: int = MAX_STEPS,
+    lookahead: Callable[[EngineConfig], int] | None = None,
 ) -> Trace:
     """An engine config, the steps one engine of it runs, and the target's parameters
     (``params``, ``fixes``, ``supports``, ``varlen``: as :func:`~attnfuzz.strategies.
-    batches.cases`). Every step is a batch the engine can produce, decodes first."""
+    batches.cases`). Every step is a batch the engine can produce, decodes first.
+    ``lookahead``: of the config, the KV slots the engine's scheduler reserves past each
+    request's scheduled tokens (:attr:`~attnfuzz.harness.implementation.Implementation.
+    lookahead`; none by default), whose pages each request holds too."""
     config = draw(engine_configs(scale, fixes, supports, varlen))
     num_steps = draw(st.integers(1, max_steps))
-    sched = _Scheduler(config)
+    sched = _Scheduler(config, lookahead(config) if lookahead is not None else 0)
     max_len = config.max_model_len
     steps: list[Batch] = []
     pending: str | None = None  # the change a settling step left to the next

@@ -19,11 +19,13 @@ from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.isolation import IsolatedJudge
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import fuzz
+from attnfuzz.harness.target import Implementation
 from attnfuzz.harness.testing import spec_config
-from attnfuzz.reference.batch import Batch, Case, build_block_table
+from attnfuzz.reference.batch import Batch, Case, build_block_table, cdiv
 from attnfuzz.reference.invariants import batch_violations
 from attnfuzz.reference.trace import Trace, step_summary, trace_violations
-from hypothesis import given, settings
+from attnfuzz.strategies.traces import traces
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 TESTS = Path(__file__).parent
@@ -106,6 +108,53 @@ def test_drawn_traces_are_lives_an_engine_can_have(trace):
     for k, step in enumerate(trace.steps):
         assert batch_violations(trace.config, step) == [], (k, step)
         assert step_summary(trace.steps[k - 1] if k else None, step)
+
+
+def _drafts_and_one(config) -> int:
+    """A lookahead as DFlash's in vLLM: a slot a draft and one more, none without drafts."""
+    return config.num_spec + 1 if config.num_spec else 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(traces(lookahead=_drafts_and_one))
+def test_each_request_holds_the_pages_of_the_engine_s_lookahead(trace):
+    """With an engine's lookahead, every request of every step holds the pages of its
+    scheduled tokens and the lookahead (up to ``max_model_len``), as the engine's
+    scheduler reserves them; a step in which it gains pages leaves it exactly those."""
+    assert trace_violations(trace) == []
+    config = trace.config
+    for step in trace.steps:
+        for computed, q, pages, gained in zip(
+            step.num_computed_tokens, step.q_lens, step.pages, step.new_pages, strict=True
+        ):
+            end = min(computed + q + _drafts_and_one(config), config.max_model_len)
+            need = cdiv(end, config.block_size)
+            assert len(pages) >= need
+            assert gained == 0 or len(pages) == need
+
+
+def test_an_implementation_s_lookahead_reaches_its_traces():
+    """``Target.traces`` draws with the implementation's lookahead: a one-token step of
+    a request with three drafts reserved holds the pages of four tokens."""
+    target = get_target("runner-step")
+    impl = Implementation("looks-ahead", lambda inputs: None, "engine", lookahead=lambda c: 3)
+    found = find(
+        target.traces(impl=impl),
+        lambda t: (
+            t.config.block_size == 1
+            and t.config.max_model_len >= 4
+            and t.steps[0].q_lens[0] == 1
+            and t.steps[0].num_computed_tokens[0] == 0
+        ),
+        settings=settings(max_examples=2000, database=None),
+    )
+    assert len(found.steps[0].pages[0]) == 4
+    plain = find(
+        target.traces(),
+        lambda t: t.config.block_size == 1 and t.steps[0].q_lens[0] == 1,
+        settings=settings(max_examples=2000, database=None),
+    )
+    assert len(plain.steps[0].pages[0]) == 1
 
 
 def test_traces_hold_steps_that_change_one_quantity():

@@ -152,13 +152,14 @@ def test_a_new_engine_drops_the_runners():
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-@given(traces.traces(batches.SMALL, varlen=False, max_steps=3))
+@given(traces.traces(batches.SMALL, varlen=False, max_steps=3, lookahead=lambda c: c.num_spec))
 def test_drawn_traces_hold_every_property(trace):
-    """On the traces the implementation takes: a capture size past a row's reach is
-    declined, kept apart as vllm-dummy-past-row (its own tests below)."""
+    """On the traces the implementation takes, its requests holding the MTP drafter's
+    lookahead: a capture size past a row's reach is declined, kept apart as
+    vllm-dummy-past-row (its own tests below)."""
     rs = adapter()
     config = dataclasses.replace(trace.config, runner="v2")
-    assume(rs.declines(Case(config, trace.steps[0])) is None)
+    assume(all(rs.declines(Case(config, step)) is None for step in trace.steps))
     run_trace(Trace(config, trace.steps))
 
 
@@ -242,3 +243,33 @@ def test_a_step_whose_pages_do_not_hold_the_drafters_lookahead_is_declined():
     assert rs.lookahead_declines(Case(config, one_page), 1) is not None  # 17 keys, 2 pages
     short = dataclasses.replace(one_page, q_lens=(1,))  # 12 + 1 + 3 = 16: one page holds it
     assert rs.lookahead_declines(Case(config, short), 3) is None
+
+
+@pytest.mark.parametrize(
+    "impl, speculator",
+    [
+        ("vllm", "MTP"),
+        ("vllm-mtp-modules", "MTP_MODULES"),
+        ("vllm-standalone-ar", "STANDALONE_AR"),
+        ("vllm-dflash", "DFLASH"),
+        ("vllm-v1", "MTP"),
+        ("vllm-v1-dflash", "DFLASH"),
+        ("vllm-v1-step3p5-mtp", "STEP3P5_MTP"),
+    ],
+)
+@pytest.mark.parametrize("num_spec", [0, 1, 3])
+def test_each_implementation_reserves_the_lookahead_vllm_s_scheduler_does(
+    impl, speculator, num_spec
+):
+    """A drawn trace's requests hold the pages of ``Implementation.lookahead``: for each
+    drafter, vLLM's own ``VllmConfig.num_lookahead_tokens`` of the speculative config the
+    adapter builds (what ``Scheduler.schedule`` reserves through ``allocate_slots``)."""
+    from attnfuzz.adapters.vllm import runner_step_speculator as speculating
+    from attnfuzz.harness.registry import get_target
+
+    rs = adapter()
+    config = small_config(num_spec=num_spec)
+    vllm_config = rs._vllm_config(config, "NONE", getattr(speculating, speculator))
+    declared = get_target("runner-step").implementations[impl].lookahead
+    assert declared is not None
+    assert declared(config) == vllm_config.num_lookahead_tokens

@@ -360,6 +360,25 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
+def _num_lookahead_tokens(config: EngineConfig) -> int:
+    """vLLM's ``VllmConfig.num_lookahead_tokens`` (config/vllm.py) of a drafter with a
+    forward of its own (EAGLE, MTP, a draft model): ``num_spec``, the KV slots its
+    scheduler reserves past each request's scheduled tokens (``Scheduler.schedule`` ->
+    ``KVCacheManager.allocate_slots``, up to ``max_model_len``); none without drafts."""
+    return config.num_spec
+
+
+def _dflash_num_lookahead_tokens(config: EngineConfig) -> int:
+    """``VllmConfig.num_lookahead_tokens`` of DFlash: a bonus query and one a draft."""
+    return config.num_spec + 1 if config.num_spec else 0
+
+
+_step_impl = functools.partial(vllm_impl, lookahead=_num_lookahead_tokens)
+"""An implementation of ``runner-step``: vLLM's scheduler reserves its drafter's
+lookahead, so a drawn trace's requests hold those pages too (``Implementation.lookahead``;
+``runner_step.lookahead_declines`` refuses a step without them)."""
+
+
 def _lazy(module: str, name: str) -> Any:
     """The function ``name`` of the adapter module ``module`` (of this package), imported
     (with vLLM) when called: a mutant's trigger, reach and smallest trace are declared
@@ -430,14 +449,14 @@ def _runner_step_linear() -> list[Implementation]:
 
     return [
         *(
-            vllm_impl("runner_step_linear", attr, name=name, declines="declines",
+            _step_impl("runner_step_linear", attr, name=name, declines="declines",
                       description=f"installed vLLM (V1 runner) of a hybrid model: "
                       f"vllm-v1-hybrid's step with its linear layer {what}, every field of "
                       f"its metadata a kernel reads judged", traced=True)
             for attr, name, what in engines
         ),
         *(
-            vllm_impl("runner_step_linear", attr, name=name, kind="mutant",
+            _step_impl("runner_step_linear", attr, name=name, kind="mutant",
                       declines="declines", description=f"installed vLLM (V1 runner, "
                       f"hybrid) with {what}", trigger=hook(trigger), reach=hook(reach),
                       smallest=hook(smallest), traced=True)
@@ -453,7 +472,7 @@ def _runner_step_mla() -> list[Implementation]:
     """``vllm-v1``'s step of an MLA model on the Triton MLA backend, and a mutant of its
     builder's decode metadata."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_mla",
             "run",
             name="vllm-v1-mla",
@@ -465,7 +484,7 @@ def _runner_step_mla() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_mla",
             "decode_seq_lens_copied",
             name="vllm-v1-mla-decode-seq-lens-copied",
@@ -489,7 +508,7 @@ def _runner_step_flash_attn() -> list[Implementation]:
     """``vllm-v1``'s step on the FlashAttention backend (FA3), and a mutant of its
     builder's graph buffer of scheduler metadata."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_flash_attn",
             "run",
             name="vllm-v1-flash-attn",
@@ -501,7 +520,7 @@ def _runner_step_flash_attn() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_flash_attn",
             "scheduler_tail_kept",
             name="vllm-v1-flash-attn-scheduler-tail-kept",
@@ -525,7 +544,7 @@ def _runner_step_flashinfer() -> list[Implementation]:
     """``vllm-v1``'s step on the FlashInfer backend (native wrappers, as on sm80), and a
     mutant of its builder's device buffer of last page lengths."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_flashinfer",
             "run",
             name="vllm-v1-flashinfer",
@@ -538,7 +557,7 @@ def _runner_step_flashinfer() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_flashinfer",
             "last_page_len_on_host",
             name="vllm-v1-flashinfer-last-page-len-on-host",
@@ -562,7 +581,7 @@ _backends_hook = functools.partial(_lazy, "runner_step_backends")
 def _runner_step_unpadded_drafts() -> list[Implementation]:
     """``vllm-v1``'s step with the unpadded drafter batch."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_unpadded_drafts",
             "run",
             name="vllm-v1-unpadded-drafts",
@@ -593,7 +612,7 @@ def _runner_step_dbo() -> list[Implementation]:
     """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
     metadata."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_dbo",
             "run",
             name="vllm-v1-dbo",
@@ -607,7 +626,7 @@ def _runner_step_dbo() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_dbo",
             "run_not_rebased",
             name="vllm-v1-dbo-query-start-not-rebased",
@@ -629,7 +648,7 @@ def _runner_step_backends() -> list[Implementation]:
     """``vllm-v1``'s step beside FlashAttention's and Triton MLA's eager builds, and a
     mutant of FlashAttention's builder that only another backend's KV read shows."""
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step_backends",
             "run",
             name="vllm-v1-backends",
@@ -642,7 +661,7 @@ def _runner_step_backends() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_backends",
             "run_flash_attn_kv_short",
             name="vllm-v1-backends-flash-attn-kv-short",
@@ -661,7 +680,7 @@ def _runner_step_backends() -> list[Implementation]:
 
 def _runner_step() -> list[Implementation]:
     return [
-        vllm_impl(
+        _step_impl(
             "runner_step",
             "run",
             description="installed vLLM (V2 runner): vllm/v1/worker/gpu/model_runner.py:"
@@ -673,7 +692,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_standalone_ar",
             "run",
             name="vllm-standalone-ar",
@@ -685,7 +704,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_mtp_modules",
             "run",
             name="vllm-mtp-modules",
@@ -698,9 +717,10 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_dflash",
             "run",
+            lookahead=_dflash_num_lookahead_tokens,
             name="vllm-dflash",
             description="installed vLLM (V2 runner) with a DFlash draft model: the vllm step, "
             "its speculative config's dflash method making vllm/v1/worker/gpu/spec_decode/"
@@ -712,9 +732,10 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_dflash",
             "run_query_slots_unpadded",
+            lookahead=_dflash_num_lookahead_tokens,
             name="vllm-dflash-query-slots-unpadded",
             kind="mutant",
             declines="declines",
@@ -727,9 +748,10 @@ def _runner_step() -> list[Implementation]:
             smallest=_dflash_hook("smallest_query_slots_unpadded"),
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_v1_dflash",
             "run",
+            lookahead=_dflash_num_lookahead_tokens,
             name="vllm-v1-dflash",
             description="installed vLLM (V1 runner) with a DFlash draft model: vllm-v1's "
             "step, its speculative config's dflash method making vllm/v1/spec_decode/"
@@ -741,9 +763,10 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_v1_dflash",
             "run_padding_slots_stale",
+            lookahead=_dflash_num_lookahead_tokens,
             name="vllm-v1-dflash-padding-slots-stale",
             kind="mutant",
             declines="declines",
@@ -756,7 +779,7 @@ def _runner_step() -> list[Implementation]:
             smallest=_v1_dflash_hook("smallest_padding_slots_stale"),
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_v1_step3p5",
             "run",
             name="vllm-v1-step3p5-mtp",
@@ -769,7 +792,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_v1_step3p5",
             "run_padding_slots_stale",
             name="vllm-v1-step3p5-mtp-padding-slots-stale",
@@ -784,7 +807,7 @@ def _runner_step() -> list[Implementation]:
             smallest=_step3p5_hook("smallest_padding_slots_stale"),
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_mamba_hybrid",
             "run",
             name="vllm-v2-mamba-hybrid",
@@ -798,7 +821,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_mamba_hybrid",
             "pad_slot_padding",
             name="vllm-v2-mamba-hybrid-pad-slot-states",
@@ -812,7 +835,7 @@ def _runner_step() -> list[Implementation]:
             smallest=_mamba_hybrid_hook("smallest_full_spec_decode"),
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_v1",
             "run",
             name="vllm-v1",
@@ -826,7 +849,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_hybrid",
             "run",
             name="vllm-v1-hybrid",
@@ -838,7 +861,7 @@ def _runner_step() -> list[Implementation]:
             declines="declines",
             traced=True,
         ),
-        vllm_impl(
+        _step_impl(
             "runner_step_hybrid",
             "run",
             name="vllm-v1-hybrid-prefill-in-decode-graph",
@@ -854,7 +877,7 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         *(
-            vllm_impl(
+            _step_impl(
                 "runner_step_hybrid",
                 attr,
                 name=name,
@@ -881,7 +904,7 @@ def _runner_step() -> list[Implementation]:
                 ),
             )
         ),  # fmt: skip
-        vllm_impl(
+        _step_impl(
             "runner_step",
             "run",
             name="vllm-dummy-past-row",
