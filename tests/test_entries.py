@@ -98,13 +98,19 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-multi-layer-eagle"): 8,
     ("runner-step", "sglang-multi-layer-eagle-worker"): 8,
     ("runner-step", "sglang-prefill-graph"): 8,
+    ("runner-step", "vllm"): 8,
+    ("runner-step", "vllm-dflash"): 8,
+    ("runner-step", "vllm-mtp-modules"): 8,
+    ("runner-step", "vllm-standalone-ar"): 8,
+    ("runner-step", "vllm-v2-mamba-hybrid"): 8,
 }
 """Generated traces for an implementation that runs each step on several engines or
 graph runners (SGLang's attention backends side by side; a graph runner per draft
 layer; prefill graphs beside the decode graphs, every size of both captured when an
-engine starts; the EAGLE workers' target, draft and draft-extend graph runners), in
-place of its kind's budget: the engine tier stays small; a campaign or a nightly run
-searches longer."""
+engine starts; the EAGLE workers' target, draft and draft-extend graph runners; vLLM's
+V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code:
+10 to 16 s a trace on a 2-core machine), in place of its kind's budget: the engine
+tier stays small; a campaign or a nightly run searches longer."""
 
 
 @pytest.mark.parametrize("target, impl", SEARCHED)

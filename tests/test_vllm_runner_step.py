@@ -146,7 +146,7 @@ def test_a_new_engine_drops_the_runners():
 
 
 @settings(
-    max_examples=12,
+    max_examples=5,  # vllm's derandomized search in test_entries judges more
     deadline=None,
     derandomize=True,
     database=None,
