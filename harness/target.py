@@ -231,11 +231,10 @@ class Target:
     def traces(
         self, scale: Scale = SMALL, impl: Implementation | None = None
     ) -> st.SearchStrategy[Trace]:
-        """The traces of one engine's steps (:mod:`attnfuzz.strategies.traces`), as
-        :meth:`cases` draws cases; with ``impl``, only those whose every step it accepts,
-        each request holding the pages of ``impl``'s lookahead too."""
-        lookahead = impl.lookahead if impl is not None else None
-        return self._drawn(functools.partial(traces, lookahead=lookahead), scale, impl, Trace.cases)
+        """The traces of one engine's steps (:mod:`attnfuzz.strategies.traces`), as :meth:`cases`
+        draws cases; with ``impl``, those whose every step it accepts, with its lookahead."""
+        drawn = functools.partial(traces, lookahead=impl.lookahead if impl else None)
+        return self._drawn(drawn, scale, impl, Trace.cases)
 
     def _drawn(self, strategy: Any, scale: Scale, impl: Implementation | None, steps: Any) -> Any:
         ranges = self.params_of(impl)
