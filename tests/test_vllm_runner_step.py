@@ -232,17 +232,23 @@ def test_a_step_whose_pages_do_not_hold_the_drafters_lookahead_is_declined():
     is a state vLLM never builds. The false alarm it made: 12 + 4 tokens on one page of
     16, the drafts at positions 16 to 18 read a block-table entry the request does not
     own. Two pages hold them; without drafts there is no lookahead."""
+    from attnfuzz.adapters.vllm import lookahead
+
     rs = adapter()
     config = small_config(block_size=16, num_spec=3, max_model_len=64)
     one_page = Batch((12,), (4,), req_ids=(5,), pages=((21,),), new_pages=(0,))
     two_pages = dataclasses.replace(one_page, pages=((21, 23),), new_pages=(1,))
-    assert "lookahead of 3 tokens" in rs.lookahead_declines(Case(config, one_page), 3)
+    assert "lookahead of 3 tokens" in lookahead.declines(Case(config, one_page), 3)
     assert rs.declines(Case(config, one_page)) is not None
-    assert rs.lookahead_declines(Case(config, two_pages), 3) is None
-    assert rs.lookahead_declines(Case(config, one_page), 0) is None
-    assert rs.lookahead_declines(Case(config, one_page), 1) is not None  # 17 keys, 2 pages
+    assert rs.declines(Case(config, two_pages)) is None
+    assert lookahead.declines(Case(config, two_pages), 3) is None
+    assert lookahead.declines(Case(config, one_page), 0) is None
+    assert lookahead.declines(Case(config, one_page), 1) is not None  # 17 keys, 2 pages
     short = dataclasses.replace(one_page, q_lens=(1,))  # 12 + 1 + 3 = 16: one page holds it
-    assert rs.lookahead_declines(Case(config, short), 3) is None
+    assert lookahead.declines(Case(config, short), 3) is None
+    # DFlash reserves one more: 12 + 1 + 4 = 17 keys need a second page.
+    assert rs.declines(Case(config, short), lookahead.dflash_num_lookahead_tokens) is not None
+    assert rs.declines(Case(config, short)) is None
 
 
 @pytest.mark.parametrize(

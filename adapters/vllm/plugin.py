@@ -21,7 +21,7 @@ from typing import Any
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
-from attnfuzz.adapters.vllm import standalone
+from attnfuzz.adapters.vllm import lookahead, standalone
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
@@ -350,7 +350,7 @@ def _smallest_dummy_past_row() -> Trace:
     """Seed 0's minimized witness: one request of one token on an engine of
     ``max_model_len`` 8 (a row of 128 pages of one token) with a capture size of 132; the
     request holds the pages vLLM's scheduler gives it, its token and the drafter's
-    lookahead of three (``runner_step.lookahead_declines``)."""
+    lookahead of three (``lookahead.num_lookahead_tokens``)."""
     config = EngineConfig(
         max_model_len=8, max_num_seqs=1, max_num_batched_tokens=164, block_size=1,
         num_spec=3, cudagraph_capture_sizes=(4, 132), cudagraph_mode="FULL_AND_PIECEWISE",
@@ -360,23 +360,10 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
-def _num_lookahead_tokens(config: EngineConfig) -> int:
-    """vLLM's ``VllmConfig.num_lookahead_tokens`` (config/vllm.py) of a drafter with a
-    forward of its own (EAGLE, MTP, a draft model): ``num_spec``, the KV slots its
-    scheduler reserves past each request's scheduled tokens (``Scheduler.schedule`` ->
-    ``KVCacheManager.allocate_slots``, up to ``max_model_len``); none without drafts."""
-    return config.num_spec
-
-
-def _dflash_num_lookahead_tokens(config: EngineConfig) -> int:
-    """``VllmConfig.num_lookahead_tokens`` of DFlash: a bonus query and one a draft."""
-    return config.num_spec + 1 if config.num_spec else 0
-
-
-_step_impl = functools.partial(vllm_impl, lookahead=_num_lookahead_tokens)
+_step_impl = functools.partial(vllm_impl, lookahead=lookahead.num_lookahead_tokens)
 """An implementation of ``runner-step``: vLLM's scheduler reserves its drafter's
 lookahead, so a drawn trace's requests hold those pages too (``Implementation.lookahead``;
-``runner_step.lookahead_declines`` refuses a step without them)."""
+``lookahead.declines`` refuses a step without them)."""
 
 
 def _lazy(module: str, name: str) -> Any:
@@ -720,7 +707,7 @@ def _runner_step() -> list[Implementation]:
         _step_impl(
             "runner_step_dflash",
             "run",
-            lookahead=_dflash_num_lookahead_tokens,
+            lookahead=lookahead.dflash_num_lookahead_tokens,
             name="vllm-dflash",
             description="installed vLLM (V2 runner) with a DFlash draft model: the vllm step, "
             "its speculative config's dflash method making vllm/v1/worker/gpu/spec_decode/"
@@ -735,7 +722,7 @@ def _runner_step() -> list[Implementation]:
         _step_impl(
             "runner_step_dflash",
             "run_query_slots_unpadded",
-            lookahead=_dflash_num_lookahead_tokens,
+            lookahead=lookahead.dflash_num_lookahead_tokens,
             name="vllm-dflash-query-slots-unpadded",
             kind="mutant",
             declines="declines",
@@ -751,7 +738,7 @@ def _runner_step() -> list[Implementation]:
         _step_impl(
             "runner_step_v1_dflash",
             "run",
-            lookahead=_dflash_num_lookahead_tokens,
+            lookahead=lookahead.dflash_num_lookahead_tokens,
             name="vllm-v1-dflash",
             description="installed vLLM (V1 runner) with a DFlash draft model: vllm-v1's "
             "step, its speculative config's dflash method making vllm/v1/spec_decode/"
@@ -766,7 +753,7 @@ def _runner_step() -> list[Implementation]:
         _step_impl(
             "runner_step_v1_dflash",
             "run_padding_slots_stale",
-            lookahead=_dflash_num_lookahead_tokens,
+            lookahead=lookahead.dflash_num_lookahead_tokens,
             name="vllm-v1-dflash-padding-slots-stale",
             kind="mutant",
             declines="declines",

@@ -126,8 +126,10 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
+from attnfuzz.adapters.vllm.lookahead import Lookahead, num_lookahead_tokens
+from attnfuzz.adapters.vllm.lookahead import declines as lookahead_declines
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Case, EngineConfig, cdiv
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.strategies.traces import data_parallel_peer
 
@@ -143,9 +145,10 @@ def prepare() -> None:
     import vllm.v1.worker.gpu.spec_decode.mtp.speculator  # noqa: F401
 
 
-def declines(case: Case) -> str | None:
-    """Why this adapter does not run ``case``'s engine, else None; a capture size past a
-    block-table row's reach is ``vllm-dummy-past-row``'s (a finding kept apart)."""
+def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
+    """Why this adapter does not run ``case``'s engine (whose drafter reserves
+    ``lookahead`` tokens), else None; a capture size past a block-table row's reach is
+    ``vllm-dummy-past-row``'s (a finding kept apart)."""
     from attnfuzz.adapters.vllm.plugin import capture_past_row
 
     if capture_past_row(case.config):
@@ -153,35 +156,12 @@ def declines(case: Case) -> str | None:
             "a capture size past a block-table row's reach: the capture's dummy request "
             "outgrows its row (kept apart as vllm-dummy-past-row)"
         )
-    return declines_engine(case)
+    return declines_engine(case, lookahead)
 
 
-def lookahead_declines(case: Case, lookahead: int) -> str | None:
-    """A request of the step whose pages do not hold the drafter's lookahead. vLLM's
-    scheduler reserves ``VllmConfig.num_lookahead_tokens`` KV slots past a request's
-    scheduled tokens, up to ``max_model_len`` (``Scheduler.schedule`` through
-    ``KVCacheManager.allocate_slots``): ``num_spec`` for EAGLE, MTP and draft models, whose
-    draft steps write and read the positions after the step's, ``num_spec + 1`` for
-    DFlash. The trace's scheduler reserves none, so a draft position past the request's
-    pages would read a block-table entry the request does not own: a state vLLM never
-    builds, declined rather than judged."""
-    c, b = case.config, case.batch
-    if lookahead <= 0 or not b.pages:
-        return None  # a lone step (pages drawn from its seed): no later step judges its drafts
-    for rid, computed, q, pages in zip(
-        b.req_ids, b.num_computed_tokens, b.q_lens, b.pages, strict=True
-    ):
-        need = cdiv(min(computed + q + lookahead, c.max_model_len), c.block_size)
-        if len(pages) < need:
-            return (
-                f"request {rid} holds {len(pages)} pages, fewer than the {need} vLLM's "
-                f"scheduler reserves with the drafter's lookahead of {lookahead} tokens"
-            )
-    return None
-
-
-def declines_engine(case: Case) -> str | None:
-    """Why the installed engine runs ``case`` through other code than this adapter's."""
+def declines_engine(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
+    """Why the installed engine runs ``case`` through other code than this adapter's, or
+    its step lacks the pages of the drafter's ``lookahead`` (:func:`.lookahead.declines`)."""
     if case.config.runner != "v2":
         return "the V1 model runner has another execute_model (gpu_model_runner.py)"
     if case.config.varlen_decode:
@@ -189,7 +169,7 @@ def declines_engine(case: Case) -> str | None:
             "varlen decode graphs come with adaptive verification, which needs a drafter "
             "with a confidence head (gpu/spec_decode/adaptive_verification.py)"
         )
-    return lookahead_declines(case, case.config.num_spec)
+    return lookahead_declines(case, lookahead(case.config))
 
 
 # -- stand-ins -----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from unittest import mock
 
 from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
+from attnfuzz.adapters.vllm.lookahead import dflash_num_lookahead_tokens
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
@@ -61,7 +62,8 @@ def prepare() -> None:
 def declines(case: Case) -> str | None:
     """What :func:`.runner_step.declines` declines, engines with no draft, pages Triton's
     drafter kernels do not take, and what DFlash's query asks of the budget and of the
-    step's pages (:func:`budget_declines`, :func:`lookahead_declines`)."""
+    step's pages (:func:`budget_declines`; DFlash's lookahead,
+    :func:`.lookahead.dflash_num_lookahead_tokens`)."""
     c = case.config
     if c.num_spec == 0:
         return "no speculative config: no speculator to run"
@@ -70,7 +72,7 @@ def declines(case: Case) -> str | None:
             f"block_size {c.block_size}: the DFlash drafter's Triton attention takes kernel "
             "block sizes of multiples of 16 (no speculator is made)"
         )
-    return budget_declines(case) or lookahead_declines(case) or runner_step.declines(case)
+    return budget_declines(case) or runner_step.declines(case, dflash_num_lookahead_tokens)
 
 
 def budget_declines(case: Case) -> str | None:
@@ -79,7 +81,7 @@ def budget_declines(case: Case) -> str | None:
     lowers ``max_num_active_seqs`` below ``max_num_seqs`` where the budget holds fewer
     queries than that, which the trace's scheduler does not."""
     c = case.config
-    lookahead = c.num_spec + 1  # VllmConfig.num_lookahead_tokens: the bonus and the masks
+    lookahead = dflash_num_lookahead_tokens(c)
     if c.max_num_batched_tokens <= lookahead:
         return (
             f"max_num_batched_tokens {c.max_num_batched_tokens} not past the DFlash "
@@ -92,12 +94,6 @@ def budget_declines(case: Case) -> str | None:
             "which the trace's scheduler does not"
         )
     return None
-
-
-def lookahead_declines(case: Case) -> str | None:
-    """A request of the step whose pages do not hold DFlash's lookahead: the bonus token
-    and the masks, ``num_spec + 1`` (:func:`.runner_step.lookahead_declines`)."""
-    return runner_step.lookahead_declines(case, case.config.num_spec + 1)
 
 
 def _aux_model(recorder: Any) -> runner_step._Model:

@@ -180,7 +180,7 @@ def fa3() -> Iterator[None]:
 def declines(case: Case) -> str | None:
     """Why this engine does not run ``case``: ``vllm-v1``'s runner cases, and block sizes
     the FlashAttention backend has no kernel block size for."""
-    return declines_config(case.config) or v1.declines(case)
+    return declines_config(case.config) or v1.step_declines(case)
 
 
 def declines_config(config: EngineConfig) -> str | None:

@@ -102,6 +102,8 @@ import torch
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
+from attnfuzz.adapters.vllm.lookahead import Lookahead, num_lookahead_tokens
+from attnfuzz.adapters.vllm.lookahead import declines as lookahead_declines
 from attnfuzz.adapters.vllm.runner_step import (
     _LAYER,
     PAD_SLOT_ID,
@@ -109,7 +111,6 @@ from attnfuzz.adapters.vllm.runner_step import (
     _peer,
     _scheduler_output,
     _vllm_config,
-    lookahead_declines,
     num_blocks,
 )
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
@@ -127,10 +128,17 @@ def prepare() -> None:
     import vllm.v1.worker.gpu_model_runner  # noqa: F401
 
 
-def declines(case: Case) -> str | None:
+def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
     """Why the V1 runner does not run ``case``'s engine, else None: its config's
-    (:func:`declines_config`), then a step whose pages do not hold the drafter's lookahead."""
-    return declines_config(case.config) or lookahead_declines(case, case.config.num_spec)
+    (:func:`declines_config`), then a step whose pages do not hold the drafter's
+    ``lookahead`` (:func:`step_declines`)."""
+    return declines_config(case.config) or step_declines(case, lookahead)
+
+
+def step_declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
+    """Why the V1 runner does not run ``case``'s step on an engine it runs: a request
+    whose pages do not hold the drafter's ``lookahead`` (:func:`.lookahead.declines`)."""
+    return lookahead_declines(case, lookahead(case.config))
 
 
 def declines_config(config: EngineConfig) -> str | None:

@@ -43,7 +43,8 @@ import torch
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step_dflash import budget_declines, lookahead_declines
+from attnfuzz.adapters.vllm.lookahead import dflash_num_lookahead_tokens
+from attnfuzz.adapters.vllm.runner_step_dflash import budget_declines
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -56,7 +57,7 @@ def declines(case: Case) -> str | None:
     the budget and of the step's pages."""
     if case.config.num_spec == 0:
         return "no speculative config: no drafter to run"
-    return budget_declines(case) or lookahead_declines(case) or v1.declines(case)
+    return budget_declines(case) or v1.declines(case, dflash_num_lookahead_tokens)
 
 
 class _AuxModel(v1._Model):
