@@ -13,6 +13,16 @@ the entries read, ``[:kv_len]`` (and its pages): a graph's buffer is as wide as
 the table, and what lies past a request's KV is never read (SGLang's fused
 kernel leaves it, its torch fallback fills it). A table narrower than a row's
 KV is a ``shape`` mismatch. Integer widths are the engine's choice.
+
+Why the rest of a row is never read, from its consumers (SGLang 0.5.23): the
+top-k transform (``dsa/dsa_topk_backend.py``, sgl-kernel's ``topk_transform``
+kernels) reads ``page_table_1[row, pos]`` for ``pos < seqlens_expanded[row]``,
+and ``transform_index_page_table`` only indices chosen within that length; the
+indexer's paged logits (``dsa/dsa_indexer.py: _get_topk_paged``, DeepGEMM's
+``fp8_paged_mqa_logits``) read ``real_page_table`` up to ``cdiv(context_len, P)``.
+Its native path passes ``block_tables[::next_n]``, so a request's first expanded
+row is read up to the request's KV, not the row's own visible keys: the bound
+compared is the request's ``kv_len`` on every row for that reason.
 """
 
 from __future__ import annotations

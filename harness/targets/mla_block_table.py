@@ -15,6 +15,18 @@ pages read, ``[:cdiv(seq_lens_k, P)]``: a graph's buffer is sized at capture and
 what lies past a request's pages is never read. A table narrower than a row's
 pages is a ``shape`` mismatch. In target verify a kernel that takes the query
 dense (``[bs, N]``) may keep no layout (None). Integer widths are the engine's.
+
+Why the rest of a row is never read, from its consumers (SGLang 0.5.23): SGLang
+writes each row's ``[:cdiv(len, P)]`` only (``create_flashmla_kv_indices_triton``)
+and leaves the rest as the buffer was made (-1, or 1 in FlashMLA's graph buffer)
+or as earlier replays left it. FlashMLA's decode kernel
+(``flash_mla_with_kvcache``, its ``splitkv_mla`` kernel) reads a row's entries
+below ``ceil_div(seqlen_k, 64)``, given ``cache_seqlens`` = ``seq_lens_k`` (it
+reads entry 0 of a row of length 0, which no step has: every KV holds at least
+the step's N tokens). TRT-LLM's MLA decode (``trtllm_batch_decode_with_kv_cache_mla``,
+given ``seq_lens=seq_lens_k``) is a closed kernel: that it reads no further is
+inferred from trtllm-gen's published FMHA kernels, which clamp each page load to
+``cdiv(seq_len_kv, P) - 1``, not read in its source.
 """
 
 from __future__ import annotations

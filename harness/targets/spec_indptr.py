@@ -12,6 +12,15 @@ entries the kernel reads, ``kv_indices[:kv_indptr[-1]]``: a replayed graph
 hands a buffer sized for its largest capture whose tail no request reads. The
 index tensors' integer width is the engine's choice (SGLang holds ``qo_indptr``
 as int32 eager and in an int64 buffer replayed; the kernels load either).
+
+Why the tail is never read, from its consumers (SGLang 0.5.23): the extend
+kernels (``triton_ops/extend_attention.py``: ``_fwd_kernel``,
+``_fwd_kernel_unified``; ``verify_splitkv.py``, ``verify_mla.py``) read
+``kv_indices[kv_indptr[i] + j]`` for ``j < kv_indptr[i + 1] - kv_indptr[i]``
+over the requests of ``qo_indptr``; FlashInfer's paged prefill bounds its tiles
+by ``kv_indptr[bs]`` (a tile may read the next request's entries, masked in the
+compute, never past the last). SGLang's graph buffer past ``kv_indptr[bs]``
+holds zeros or what earlier replays wrote.
 """
 
 from __future__ import annotations
