@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from attnfuzz.adapters.vllm.lookahead import num_lookahead_tokens
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
@@ -152,7 +153,7 @@ def test_a_new_engine_drops_the_runners():
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-@given(traces.traces(batches.SMALL, varlen=False, max_steps=3, lookahead=lambda c: c.num_spec))
+@given(traces.traces(batches.SMALL, varlen=False, max_steps=3, lookahead=num_lookahead_tokens))
 def test_drawn_traces_hold_every_property(trace):
     """On the traces the implementation takes, its requests holding the MTP drafter's
     lookahead: a capture size past a row's reach is declined, kept apart as

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from attnfuzz.adapters.vllm.lookahead import num_lookahead_tokens
 from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
@@ -240,7 +241,15 @@ def test_a_preempted_request_is_resumed_with_its_new_pages(monkeypatch):
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-@given(traces.traces(batches.SMALL, fixes={"block_size": 16}, varlen=False, max_steps=2))
+@given(
+    traces.traces(
+        batches.SMALL,
+        fixes={"block_size": 16},
+        varlen=False,
+        max_steps=2,
+        lookahead=num_lookahead_tokens,
+    )
+)
 def test_drawn_traces_hold_every_property(trace):
     rs = adapter()
     config = dataclasses.replace(trace.config, runner="v1")
@@ -257,7 +266,15 @@ def test_drawn_traces_hold_every_property(trace):
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-@given(traces.traces(batches.SMALL, fixes={"block_size": 32}, varlen=False, max_steps=3))
+@given(
+    traces.traces(
+        batches.SMALL,
+        fixes={"block_size": 32},
+        varlen=False,
+        max_steps=3,
+        lookahead=num_lookahead_tokens,
+    )
+)
 def test_longer_drawn_traces_hold_every_property(trace):
     config = dataclasses.replace(trace.config, runner="v1")
     run_trace(Trace(config, trace.steps))
