@@ -234,22 +234,28 @@ def test_a_preempted_request_is_resumed_with_its_new_pages(monkeypatch):
     assert fresh.field("seq_lens").values.tolist() == eager.field("seq_lens").values.tolist()
 
 
-@settings(
-    max_examples=6,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-@given(
-    traces.traces(
+def v1_traces(block_size: int, max_steps: int, max_examples: int):  # noqa: ANN201
+    """A derandomized test over traces of a V1 engine of ``block_size`` (the Triton
+    backend's kernel block sizes are multiples of 16), with the lookahead vLLM's
+    scheduler reserves for the drafter."""
+    drawn = traces.traces(
         batches.SMALL,
-        fixes={"block_size": 16},
+        fixes={"block_size": block_size},
         varlen=False,
-        max_steps=2,
+        max_steps=max_steps,
         lookahead=num_lookahead_tokens,
     )
-)
+    run = settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    return lambda test: run(given(drawn)(test))
+
+
+@v1_traces(block_size=16, max_steps=2, max_examples=6)
 def test_drawn_traces_hold_every_property(trace):
     rs = adapter()
     config = dataclasses.replace(trace.config, runner="v1")
@@ -259,22 +265,7 @@ def test_drawn_traces_hold_every_property(trace):
 
 @pytest.mark.slow
 @pytest.mark.nightly  # the suite's own search of vllm-v1 (tests/test_entries.py) runs in CI
-@settings(
-    max_examples=30,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-@given(
-    traces.traces(
-        batches.SMALL,
-        fixes={"block_size": 32},
-        varlen=False,
-        max_steps=3,
-        lookahead=num_lookahead_tokens,
-    )
-)
+@v1_traces(block_size=32, max_steps=3, max_examples=30)
 def test_longer_drawn_traces_hold_every_property(trace):
     config = dataclasses.replace(trace.config, runner="v1")
     run_trace(Trace(config, trace.steps))
