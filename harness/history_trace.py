@@ -29,9 +29,11 @@ does not fail, and the caller falls back to a fresh trace search.
 **Cutting it down** (:func:`minimize`): delta debugging over the steps before
 the failing one (the failing step is always kept, last): the steps in halves,
 then quarters, down to single steps, keeping any complement that still fails
-with the same check. Each candidate is judged in a new process. The steps
-themselves are not shrunk: a step's fields are tied to what the others hold,
-and Hypothesis' shrinking works on what it drew, not on a recorded history.
+with the same check; then requests are dropped from the steps left, a limit
+lowered with what it bounds (:func:`~attnfuzz.harness.trace_shrink.shrink_tied`).
+Each candidate is judged in a new process. The steps' lengths are not shrunk: a
+step's fields are tied to what the others hold, and Hypothesis' shrinking works
+on what it drew, not on a recorded history.
 
 **The bound**: at most ``max_judgements`` traces are judged, the replays of
 the whole history included: ``attnfuzz run`` passes ``--max-examples``, a
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.trace_shrink import shrink_tied
 from attnfuzz.harness.traces import lived, refuse_invalid_trace
 from attnfuzz.reference.trace import Trace
 
@@ -184,7 +187,10 @@ def trace_of_history(
         assert isinstance(cut, Trace)
     else:
         cut = whole
-    return HistoryTrace(cut, verdict, len(whole.steps), tried + calls, max_judgements)
+    cut, tied, more = shrink_tied(target, cut, fails, max_judgements - tried - calls)
+    verdict = tied or verdict
+    judged = tried + calls + more
+    return HistoryTrace(cut, verdict, len(whole.steps), judged, max_judgements)
 
 
 def trace_after_history(

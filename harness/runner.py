@@ -116,7 +116,10 @@ def fuzz(
     ``shrink_budget_s`` ends shrinking that long after the first failure, the
     smallest failing case so far being kept; so does a count: shrinking judges at
     most ``max_examples`` cases (a run at most twice ``max_examples`` in all). Each
-    is checked before an example, so a run overshoots by at most one example.
+    is checked before an example, so a run overshoots by at most one example. A
+    shrunk failing trace is then shrunk further by the moves Hypothesis cannot make
+    (:mod:`~attnfuzz.harness.trace_shrink`), at most ``max_examples`` judgements more
+    (a traced run at most three times ``max_examples`` in all).
     ``on_case`` sees every judged case and its verdict, shrinking included, in order.
 
     ``judge`` replaces the in-process :meth:`Target.judge` (``attnfuzz run``
@@ -222,5 +225,47 @@ def fuzz(
         result.interrupted = True
     except HarnessFailed as failed:
         raise failed.args[0] from None
+    timed_out = result.stopped_by_budget and not result.shrink_cut  # a time budget
+    ended = result.flaky or result.interrupted or timed_out
+    if traced and shrink and result.shrunk and not ended:
+        _shrink_tied(target, result, judge, on_case, stop_requested, max_examples)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _shrink_tied(
+    target: Target,
+    result: RunResult,
+    judge: Judge,
+    on_case: Callable[[Case, Verdict], None] | None,
+    stop_requested: Callable[[], bool] | None,
+    budget: int,
+) -> None:
+    """A failing trace, shrunk further by the moves Hypothesis cannot make
+    (:mod:`attnfuzz.harness.trace_shrink`: a limit lowered with what it bounds),
+    at most ``budget`` more judgements; each kept trace is the run's case at once,
+    so that Ctrl-C keeps the smallest so far."""
+    from attnfuzz.harness.trace_shrink import shrink_tied
+
+    found, verdict = result.case, result.verdict
+    if not isinstance(found, Trace) or verdict is None or verdict.ok:
+        return
+    key = verdict.key
+
+    def fails(candidate: Trace) -> Verdict | None:
+        if stop_requested is not None and stop_requested():
+            raise KeyboardInterrupt
+        got = judge(candidate, result.phase_seconds)
+        result.examples += 1
+        result.statistics.update(got.statistics)
+        if on_case is not None:
+            on_case(candidate, got)
+        if got.ok or got.key != key:
+            return None
+        result.case, result.verdict = lived(candidate, got), got
+        return got
+
+    try:
+        shrink_tied(target, found, fails, budget)
+    except KeyboardInterrupt:
+        result.interrupted = True

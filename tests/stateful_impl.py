@@ -44,3 +44,27 @@ def previous_call_buffer(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
     out = got.out.new_zeros((got.out.shape[0], before, *got.out.shape[2:]))
     out[:, :rows] = got.out
     return dataclasses.replace(got, out=out)
+
+
+_PREV_REQS: int | None = None  # the previous step's request count, on this engine
+
+
+def full_after_fewer(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """Off by one on a step that fills ``max_num_seqs`` right after a step with fewer
+    requests (a batch that grew to the limit): its trigger ties the limit to what
+    the limit bounds. ``stateful_impl:full_after_fewer``; it says how a new engine
+    starts (``new_engine``), so traces judged in one process stay apart."""
+    global _PREV_REQS
+    got = max_seq_len_metadata(inputs)
+    before, _PREV_REQS = _PREV_REQS, inputs.num_real_reqs
+    if before is not None and before < inputs.num_real_reqs == inputs.config.max_num_seqs:
+        return dataclasses.replace(got, max_seq_len=int(got.max_seq_len) + 1)
+    return got
+
+
+def _full_after_fewer_new_engine() -> None:
+    global _PREV_REQS
+    _PREV_REQS = None
+
+
+full_after_fewer.new_engine = _full_after_fewer_new_engine  # type: ignore[attr-defined]

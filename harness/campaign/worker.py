@@ -37,6 +37,7 @@ import os
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,37 @@ from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Verdict
 from attnfuzz.harness.runner import HarnessFailed
 from attnfuzz.harness.settings import PROFILES, fuzz_settings
 from attnfuzz.harness.traces import lived
+from attnfuzz.reference.trace import Trace
 from hypothesis import seed, settings
 
 PLAN = "plan.json"
+
+
+def shrink_tied_findings(
+    log: Any, target: Any, judge_trace: Callable[[Trace], Verdict], budget: int
+) -> None:
+    """Each traced finding shrunk further by the moves Hypothesis cannot make
+    (:func:`~attnfuzz.harness.trace_shrink.shrink_tied`), at most ``budget``
+    judgements each; a smaller failing trace replaces the finding's case at once."""
+    from attnfuzz.harness.trace_shrink import shrink_tied
+
+    for key in list(log.state["findings"]):
+        case = log.state["findings"][key]["case"]
+        if "steps" not in case or key in UNSHRUNK_CHECKS:
+            continue
+
+        def fails(candidate: Trace, key: str = key) -> Verdict | None:
+            verdict = judge_trace(candidate)
+            log.judged([])
+            if verdict.ok or verdict.key != key:
+                return None
+            log.found(lived(candidate, verdict).to_dict(), verdict)
+            return verdict
+
+        try:
+            shrink_tied(target, Trace.from_dict(case), fails, budget)
+        except _Stop:
+            return
 
 
 class _Stop(BaseException):
@@ -349,6 +378,20 @@ def _run_rounds(
                 break  # the zoo asks whether a mutant is caught: it is
         # A history-dependent finding's history as a trace: cut within this count.
         history_cap = cap if cap is not None else profile.round_examples
+        if traced:  # as `attnfuzz run`'s: the moves Hypothesis cannot make, within it too
+
+            def judge_tied(trace: Trace) -> Verdict:
+                if out_of_time():
+                    raise _Stop
+                log.before(trace.to_dict())
+                try:
+                    return isolated.judge_trace(trace, deadline=hard_deadline)
+                except OutOfTime:
+                    raise _Stop from None
+                finally:
+                    log.after()
+
+            shrink_tied_findings(log, target, judge_tied, history_cap)
         confirm_findings(log, isolated, histories, hard_deadline, target, history_cap)
         place_findings(
             log,

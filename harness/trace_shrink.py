@@ -1,0 +1,160 @@
+"""Shrink moves Hypothesis cannot make on a trace: a limit lowered with what it bounds.
+
+Hypothesis shrinks what it drew, one choice at a time. A trace's engine config
+is drawn before its steps, and the scheduler admits requests under its limits;
+a failure whose trigger ties a limit to what the limit bounds (the step that
+fills ``max_num_seqs`` after a step with fewer requests) loses its trigger
+with each single move: lowering the limit turns the full step into one the
+scheduler no longer admits, dropping a request leaves the step short of the
+limit. Both must move together, and Hypothesis has no such move; its shrinking
+stops at traces of many requests where two suffice.
+
+:func:`shrink_tied` makes those moves on a failing trace, after the one move on
+steps that Hypothesis' count may not have reached: a step before the failing
+one dropped (:func:`without_step`; a request that then first appears later
+arrives there, its prefix cached). Then, one request at a time, the trace
+without that request (in every step it is in; a step it alone was in goes too),
+with
+
+1. ``max_num_seqs`` lowered by as many requests as the trace's fullest step
+   lost, and ``max_num_batched_tokens`` by as many tokens as its largest step
+   lost (each limit keeps its slack over what it bounds);
+2. ``max_num_seqs`` lowered alone, as in 1;
+3. the limits as they were (a request the failure does not need).
+
+A candidate no engine could live (:func:`~attnfuzz.harness.traces.refuse_invalid_trace`:
+a capture size above the lowered token limit, a request the scheduler would not
+admit) is passed over without a judgement. A candidate that fails with the
+same check is kept, and the moves start again from it; shrinking ends when no
+move keeps the failure, or after ``budget`` judgements (a count, not a time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from attnfuzz.harness.errors import InvalidCase
+from attnfuzz.harness.oracle import Verdict
+from attnfuzz.harness.traces import lived, refuse_invalid_trace
+from attnfuzz.reference.trace import Trace
+
+if TYPE_CHECKING:
+    from attnfuzz.harness.target import Target
+    from attnfuzz.reference.batch import Batch
+
+
+def without_request(trace: Trace, req: int) -> Trace | None:
+    """``trace`` without request ``req`` (a scheduler id) in any step; a step left
+    with no request goes. None when that empties the last step (the failing one)."""
+    steps: list[Batch] = []
+    for k, step in enumerate(trace.steps):
+        finished = tuple(i for i in step.finished if i != req)
+        if req not in step.req_ids:
+            steps.append(dataclasses.replace(step, finished=finished))
+            continue
+        if step.num_reqs == 1:
+            if k == len(trace.steps) - 1:
+                return None
+            continue
+        r = step.req_ids.index(req)
+
+        def drop(values: tuple, r: int = r) -> tuple:
+            return values[:r] + values[r + 1 :] if values else values
+
+        steps.append(
+            dataclasses.replace(
+                step,
+                num_computed_tokens=drop(step.num_computed_tokens),
+                q_lens=drop(step.q_lens),
+                req_ids=drop(step.req_ids),
+                pages=drop(step.pages),
+                new_pages=drop(step.new_pages),
+                rejected=drop(step.rejected),
+                finished=finished,
+            )
+        )
+    return Trace(trace.config, tuple(steps), trace.params, trace.dtype)
+
+
+def without_step(trace: Trace, k: int) -> Trace:
+    """``trace`` without step ``k``: a request that first appears after it arrives
+    there instead, with all its pages new (as a request whose prefix was cached);
+    a finished request the steps left never held is not said to finish."""
+    kept = trace.steps[:k] + trace.steps[k + 1 :]
+    steps: list[Batch] = []
+    seen: set[int] = set()
+    for step in kept:
+        if step.pages:
+            new_pages = tuple(
+                len(pages) if req not in seen else new
+                for req, pages, new in zip(step.req_ids, step.pages, step.new_pages, strict=True)
+            )
+            step = dataclasses.replace(step, new_pages=new_pages)
+        step = dataclasses.replace(step, finished=tuple(i for i in step.finished if i in seen))
+        seen.update(step.req_ids)
+        steps.append(step)
+    return Trace(trace.config, tuple(steps), trace.params, trace.dtype)
+
+
+def _peaks(trace: Trace) -> tuple[int, int]:
+    """The trace's fullest step's request count and its largest step's token count."""
+    return (
+        max(step.num_reqs for step in trace.steps),
+        max(sum(step.q_lens) for step in trace.steps),
+    )
+
+
+def tied_moves(trace: Trace) -> Iterator[Trace]:
+    """The candidates of the module doc: each step before the last dropped (earliest
+    first), then each request, latest first (the last to arrive is the likeliest to
+    be one the failure does not need)."""
+    for k in range(len(trace.steps) - 1):
+        yield without_step(trace, k)
+    ids = dict.fromkeys(i for step in trace.steps for i in step.req_ids)
+    reqs, tokens = _peaks(trace)
+    for req in reversed(list(ids)):
+        cut = without_request(trace, req)
+        if cut is None:
+            continue
+        cut_reqs, cut_tokens = _peaks(cut)
+        fewer_reqs, fewer_tokens = reqs - cut_reqs, tokens - cut_tokens
+        config = cut.config
+        lowered = dataclasses.replace(config, max_num_seqs=config.max_num_seqs - fewer_reqs)
+        both = dataclasses.replace(
+            lowered, max_num_batched_tokens=config.max_num_batched_tokens - fewer_tokens
+        )
+        seen: list[object] = []
+        for candidate in (both, lowered, config):
+            if candidate not in seen:
+                seen.append(candidate)
+                yield dataclasses.replace(cut, config=candidate)
+
+
+def shrink_tied(
+    target: Target, trace: Trace, fails: Callable[[Trace], Verdict | None], budget: int
+) -> tuple[Trace, Verdict | None, int]:
+    """The smallest trace the moves of the module doc reach from the failing
+    ``trace``, each candidate judged by ``fails`` (a failing verdict with the same
+    check, else None), within ``budget`` calls. Returns that trace (up to its
+    failing step), its verdict (None if no candidate failed) and the calls made."""
+    calls, verdict = 0, None
+    progress = True
+    while progress and calls < budget:
+        progress = False
+        for candidate in tied_moves(trace):
+            try:
+                refuse_invalid_trace(target, candidate)
+            except InvalidCase:  # no life of an engine: not judged
+                continue
+            if calls >= budget:
+                break
+            calls += 1
+            got = fails(candidate)
+            if got is not None:
+                cut = lived(candidate, got)
+                assert isinstance(cut, Trace)
+                trace, verdict, progress = cut, got, True
+                break
+    return trace, verdict, calls

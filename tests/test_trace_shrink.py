@@ -1,0 +1,189 @@
+"""The shrink moves Hypothesis cannot make on a trace (harness/trace_shrink.py): a
+request dropped with the limit that bounded it lowered together, so that a failure
+whose trigger ties ``max_num_seqs`` to the requests of a step keeps its trigger.
+
+``stateful_impl:full_after_fewer`` is off by one on a step that fills
+``max_num_seqs`` right after a step with fewer requests. Hypothesis alone shrinks
+its traces to steps of up to 8 requests at seeds 1 and 2 (lowering the limit,
+or dropping a request, each loses the trigger); with the moves, every seed ends
+at one request, then two, under ``max_num_seqs = 2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from attnfuzz.harness import campaign as cp
+from attnfuzz.harness.campaign.worker import ItemLog, shrink_tied_findings
+from attnfuzz.harness.errors import InvalidCase
+from attnfuzz.harness.oracle import Mismatch, Verdict
+from attnfuzz.harness.registry import get_target
+from attnfuzz.harness.runner import fuzz
+from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.trace_shrink import (
+    shrink_tied,
+    tied_moves,
+    without_request,
+    without_step,
+)
+from attnfuzz.harness.traces import refuse_invalid_trace
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.trace import Trace
+
+TESTS = Path(__file__).parent
+TARGET = get_target("max-seq-len")
+PARAMS = (("capturing", 0),)
+
+
+def grown_to_the_limit(arrivals: int) -> Trace:
+    """Step 0: request 0 prefills; step 1: it decodes and ``arrivals`` more arrive,
+    filling ``max_num_seqs = arrivals + 1``. Block size 4: a page per prefill."""
+    config = spec_config(
+        num_spec=0, cudagraph_mode="NONE", cudagraph_capture_sizes=(), max_num_seqs=arrivals + 1
+    )
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    ids = tuple(range(arrivals + 1))
+    second = Batch(
+        (4,) + (0,) * arrivals,
+        (1,) + (3,) * arrivals,
+        req_ids=ids,
+        pages=((1, 2), *((3 + i,) for i in range(arrivals))),
+        new_pages=(1,) + (1,) * arrivals,
+    )
+    return Trace(config, (first, second), PARAMS)
+
+
+def _full_after_fewer(trace: Trace) -> Verdict | None:
+    """The trigger of ``stateful_impl:full_after_fewer``, judged without running it."""
+    steps, limit = trace.steps, trace.config.max_num_seqs
+    for k in range(1, len(steps)):
+        if steps[k - 1].num_reqs < steps[k].num_reqs == limit:
+            return Verdict([Mismatch("value", "max_seq_len", "6", "5")], step=k)
+    return None
+
+
+def test_without_request_drops_it_from_every_step_and_from_finished():
+    trace = grown_to_the_limit(2)
+    third = Batch((5,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), finished=(1, 2))
+    trace = dataclasses.replace(trace, steps=(*trace.steps, third))
+    cut = without_request(trace, 1)
+    assert cut is not None
+    assert [s.req_ids for s in cut.steps] == [(0,), (0, 2), (0,)]
+    assert cut.steps[1].pages == ((1, 2), (4,)) and cut.steps[1].q_lens == (1, 3)
+    assert cut.steps[2].finished == (2,)
+    refuse_invalid_trace(TARGET, cut)  # still a life an engine can have
+
+
+def test_without_request_drops_a_step_it_alone_was_in_but_never_the_last():
+    trace = grown_to_the_limit(1)
+    cut = without_request(trace, 0)
+    assert cut is not None and [s.req_ids for s in cut.steps] == [(1,)]
+    lone = dataclasses.replace(trace, steps=trace.steps[:1])
+    assert without_request(lone, 0) is None
+
+
+def test_without_step_lets_a_later_request_arrive_with_its_pages():
+    trace = grown_to_the_limit(2)
+    cut = without_step(trace, 0)
+    assert len(cut.steps) == 1 and cut.steps[0].new_pages == (2, 1, 1)
+    refuse_invalid_trace(TARGET, cut)  # request 0 arrives with 4 tokens cached
+    third = Batch((5,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), finished=(1, 2))
+    longer = dataclasses.replace(trace, steps=(trace.steps[0], third))
+    assert without_step(longer, 0).steps[0].finished == ()  # never held: not finished
+
+
+def test_tied_moves_lower_each_limit_by_what_the_trace_lost():
+    trace = grown_to_the_limit(3)
+    moves = list(tied_moves(trace))
+    assert moves[0] == without_step(trace, 0)  # the steps first
+    first = moves[1]
+    assert first.steps[1].req_ids == (0, 1, 2)  # then requests, the latest first
+    assert first.config.max_num_seqs == trace.config.max_num_seqs - 1
+    assert first.config.max_num_batched_tokens == trace.config.max_num_batched_tokens - 3
+    configs = [c.config for c in moves[1:4]]
+    assert [c.max_num_seqs for c in configs] == [3, 3, 4]
+    assert configs[1].max_num_batched_tokens == trace.config.max_num_batched_tokens
+
+
+def test_no_single_move_keeps_a_tied_trigger():
+    """Why Hypothesis stops: dropping a request leaves the step short of the limit,
+    and lowering the limit alone makes the step one the scheduler would not admit."""
+    trace = grown_to_the_limit(4)
+    assert _full_after_fewer(trace) is not None
+    assert _full_after_fewer(without_request(trace, 4)) is None
+    lowered = dataclasses.replace(trace, config=dataclasses.replace(trace.config, max_num_seqs=4))
+    with pytest.raises(InvalidCase, match="max_num_seqs"):
+        refuse_invalid_trace(TARGET, lowered)
+
+
+def test_shrink_tied_reaches_two_requests_under_a_limit_of_two():
+    trace = grown_to_the_limit(6)
+    calls: list[Trace] = []
+
+    def fails(candidate: Trace) -> Verdict | None:
+        calls.append(candidate)
+        return _full_after_fewer(candidate)
+
+    cut, verdict, made = shrink_tied(TARGET, trace, fails, budget=100)
+    assert [s.num_reqs for s in cut.steps] == [1, 2] and cut.config.max_num_seqs == 2
+    assert verdict.step == 1 and made == len(calls)
+    # Five rounds of two (the step, then the latest request), and a last round of
+    # at most seven candidates that keeps none.
+    assert made <= 5 * 2 + 7
+
+
+@pytest.mark.parametrize("budget", [0, 1, 3])
+def test_shrink_tied_judges_at_most_its_budget(budget):
+    trace = grown_to_the_limit(6)
+    calls: list[Trace] = []
+
+    def fails(candidate: Trace) -> Verdict | None:
+        calls.append(candidate)
+        return _full_after_fewer(candidate)
+
+    cut, _, made = shrink_tied(TARGET, trace, fails, budget)
+    assert made == len(calls) == budget
+    assert cut.steps[-1].num_reqs == 7 - budget // 2  # each round: the step, then a request
+
+
+@pytest.mark.parametrize(
+    "seed", [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow), 2]
+)
+def test_a_traced_run_ends_at_the_smallest_tied_trace(seed, monkeypatch):
+    """The run's own shrinking (harness.runner.fuzz), on a user's stateful
+    implementation kept in tests/: one request, then two, under a limit of two."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    impl = TARGET.resolve("stateful_impl:full_after_fewer")
+    result = fuzz(TARGET, impl, max_examples=300, rng_seed=seed, traced=True, database=None)
+    assert isinstance(result.case, Trace) and result.verdict is not None
+    assert result.verdict.step == 1
+    assert [s.num_reqs for s in result.case.steps] == [1, 2]
+    assert result.case.config.max_num_seqs == 2
+    assert result.examples <= 3 * 300  # the search, Hypothesis' shrinking, then the moves
+
+
+def test_a_campaign_unit_keeps_the_smaller_tied_trace_of_its_finding(tmp_path):
+    """The campaign's worker makes the same moves on each traced finding, within its
+    count, and its finding's case becomes the smaller trace at once."""
+    for sub in ("items", "inflight"):
+        (tmp_path / sub).mkdir()
+    unit = cp.Unit(TARGET.name, "stateful_impl:full_after_fewer", "user", True)
+    (item,) = cp.plan_items([unit], 1, 20)
+    log = ItemLog(tmp_path, item, time.time())
+    trace = grown_to_the_limit(4)
+    log.before(trace.to_dict())
+    log.found(trace.to_dict(), _full_after_fewer(trace))
+    judged: list[Trace] = []
+
+    def judge_trace(candidate: Trace) -> Verdict:
+        judged.append(candidate)
+        return _full_after_fewer(candidate) or Verdict([])
+
+    shrink_tied_findings(log, TARGET, judge_trace, budget=50)
+    (finding,) = log.state["findings"].values()
+    kept = Trace.from_dict(finding["case"])
+    assert [s.num_reqs for s in kept.steps] == [1, 2] and kept.config.max_num_seqs == 2
+    assert finding["step"] == 1 and log.examples == len(judged) <= 50
