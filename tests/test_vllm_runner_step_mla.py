@@ -136,3 +136,30 @@ def test_declines_page_sizes_the_triton_mla_backend_has_no_kernel_for(block_size
     config = dataclasses.replace(smallest.config, block_size=block_size)
     case = next(iter(Trace(config, smallest.steps).cases()))
     assert (m.declines(case) is not None) == declined
+
+
+def test_each_engine_reserves_its_scratch_in_a_workspace_manager_of_its_own():
+    """vLLM's workspace manager is process-wide (``vllm/v1/worker/workspace.py``), and
+    the Triton MLA builder reserves its logits scratch there when it is made, growing
+    the buffer after ``torch.accelerator.empty_cache()``, which raises with no
+    accelerator. Another engine of the process (the indexer's) left a manager with a
+    one-byte buffer: the engine is still made and runs, in a manager of its own that
+    holds the builder's reservation, as a vLLM worker's would."""
+    import torch
+
+    m = mla()
+    m.prepare()
+    from vllm.v1.worker import workspace
+
+    workspace.reset_workspace_manager()
+    workspace.init_workspace_manager(torch.device("cpu"))
+    left = workspace.current_workspace_manager()
+    with pytest.MonkeyPatch.context() as patch:  # the other engine's own stand-in
+        patch.setattr(torch.accelerator, "empty_cache", lambda: None)
+        left.get_simultaneous(((1,), torch.uint8))
+    engine = m.MLARunnerStepEngine()
+    first, second = run_trace(m.smallest_full_decode(), engine)
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    own = workspace.current_workspace_manager()
+    assert own is not left
+    assert own._workspace_size_bytes(own._current_workspaces[0]) > 1  # the reservation

@@ -22,11 +22,15 @@ Everything the adapters share, written once. Facts this relies on (vLLM 0.33.0):
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -168,6 +172,34 @@ def vllm_config(config: EngineConfig) -> Any:
     out.compilation_config.cudagraph_capture_sizes = sizes
     out.compilation_config.max_cudagraph_capture_size = max(sizes, default=0)
     return out
+
+
+@contextmanager
+def worker_workspace(device: torch.device) -> Iterator[None]:
+    """While an engine's runner is made: what ``Worker.init_device`` gives it first
+    (``gpu_worker.py:_init_workspace_and_model_runner``), a workspace manager of its
+    own on ``device`` (``vllm/v1/worker/workspace.py:init_workspace_manager``).
+
+    The manager is process-wide, and the builders reserve their scratch in it when
+    they are made (``triton_mla.py:_reserve_attn_logits_workspace``, only when one is
+    initialized). In one process of many engines, whether that ran, and whether it
+    had to grow a buffer another engine left, depended on what ran before; each
+    engine now starts from a manager of its own, as each vLLM worker does. A manager
+    grows its buffer after ``torch.accelerator.empty_cache()``, which raises where
+    there is no accelerator (this machine): there it releases nothing. Releases
+    without the module are left as they are."""
+    if importlib.util.find_spec("vllm.v1.worker.workspace") is None:
+        yield
+        return
+    from vllm.v1.worker import workspace
+
+    workspace.reset_workspace_manager()
+    workspace.init_workspace_manager(device)
+    if torch.accelerator.is_available():
+        yield
+        return
+    with mock.patch.object(torch.accelerator, "empty_cache", lambda: None):
+        yield
 
 
 def prepare() -> None:

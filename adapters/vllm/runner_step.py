@@ -447,7 +447,8 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
     KV cache tensors (``init_kv_cache``: device memory that only the attention kernels,
     which do not run, read); the accelerator's memory queries around the capture (how
     much the graphs took); the workspace lock after it (``Worker.init_device``'s
-    workspace manager, process-wide); the global graph pool. Host memory for the
+    workspace manager, process-wide: :func:`._engine.worker_workspace` makes the
+    engine's); the global graph pool. Host memory for the
     buffers (:func:`.slot_mapping.host_memory`)."""
     import vllm.v1.worker.gpu.cudagraph_utils as cg
     import vllm.v1.worker.gpu.model_runner as model_runner
@@ -504,7 +505,12 @@ class _Engine:
         self.config, self.device = config, device
         self.recorder = _Recorder()
         vc = self.vllm_config = self.configure(_vllm_config(config, mode, speculator))
-        with _cpu_runner(device), set_current_vllm_config(vc), _rows(config):
+        with (
+            _cpu_runner(device),
+            _engine.worker_workspace(device),
+            set_current_vllm_config(vc),
+            _rows(config),
+        ):
             r = self.runner = GPUModelRunner(vc, device)
             r.main_stream = None  # AsyncOutput's, stood in (_sampling)
             if r.speculator is not None and not speculating.runs(config, vc):

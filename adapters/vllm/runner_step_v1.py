@@ -402,6 +402,7 @@ class _Engine:
             )
         with (
             host_memory(device),
+            _engine.worker_workspace(device),
             set_current_vllm_config(vc),
             mock.patch.object(gmr, "get_pp_group", _one_rank),
             # The copy streams and events of sampled and drafted tokens: CUDA's, which
