@@ -12,9 +12,11 @@ runners capture every size before the first step), a decode step with drafts (th
 drafters' first pass) and with two or more (their draft loop), decode steps only
 after the first (the scheduler's steady state, the steps SGLang's graph runners
 replay), a request preempted and resumed, a request that leaves (finished, or
-preempted), a rollback of rejected drafts; and the share of steps each data-parallel
-peer of a vLLM runner step meets (``strategies.traces.data_parallel_peer``: not
-drawn, chosen from the step's sizes).
+preempted), a rollback of rejected drafts, one across a page boundary
+(``strategies.traces.page_rollbacks``), one with pages of 16 tokens or more, one
+followed by a single-token step of the same request; and the share of steps each
+data-parallel peer of a vLLM runner step meets
+(``strategies.traces.data_parallel_peer``: not drawn, chosen from the step's sizes).
 ``--markdown FILE`` rewrites the section ``strategies:shares`` of FILE.
 """
 
@@ -30,7 +32,14 @@ from _common import table
 from _markdown import command_line, write_section
 from attnfuzz.reference.batch import Case
 from attnfuzz.strategies.batches import scenario_labels
-from attnfuzz.strategies.traces import CHANGES, PEERS, data_parallel_peer, step_change, traces
+from attnfuzz.strategies.traces import (
+    CHANGES,
+    PEERS,
+    data_parallel_peer,
+    page_rollbacks,
+    step_change,
+    traces,
+)
 from hypothesis import HealthCheck, given, seed, settings
 
 
@@ -66,6 +75,9 @@ REACH = (
     "a preempted request resumed",
     "a request that leaves",
     "drafts rolled back",
+    "a rollback across a page",
+    "a rollback across a page of 16+ tokens",
+    "a rollback across a page, then one token",
 )
 
 
@@ -98,6 +110,15 @@ def kinds_of(trace) -> list[str]:  # noqa: ANN001
         now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
         if any(r in was and now[r] < was[r] for r in now):
             out.append("drafts rolled back")
+            break
+    crossed = [page_rollbacks(config, a, b) for a, b in itertools.pairwise(trace.steps)]
+    if any(crossed):
+        out.append("a rollback across a page")
+        if config.block_size >= 16:  # the page sizes most engines' backends take
+            out.append("a rollback across a page of 16+ tokens")
+    for rolled, step in zip(crossed, trace.steps[1:], strict=True):
+        if any(q == 1 for r, q in zip(step.req_ids, step.q_lens, strict=True) if r in rolled):
+            out.append("a rollback across a page, then one token")
             break
     return out
 

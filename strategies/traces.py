@@ -17,6 +17,10 @@ lengths, the real token count under the same padded size), as a scheduler's
 steady state runs them; a defect that needs an earlier step of another shape on
 the same engine meets it there.
 
+Rollbacks are weighted onto page boundaries (:data:`PAGE_ODDS`): prompts that end
+just short of a page, so that the first decode's drafts cross it, rejections that
+roll back onto the boundary, and a single-token step of the request after it.
+
 Most lives of two steps or more settle into decode steps (:data:`DECODE_ODDS`):
 from a drawn step on, no request arrives or leaves by chance, every prefill
 takes its whole rest and every decode its full ``next_n`` (the step before
@@ -55,6 +59,14 @@ one to meet it; six leave room for a request to finish and its row to be reused.
 CHANGES = ("length", "order", "tokens")
 STEADY_ODDS = 3  # one later step in three is steady
 DECODE_ODDS = 4  # three lives in four (of two steps or more) settle into decode steps
+# Rollbacks onto page boundaries, where a rollback meets the block table and the slot
+# mapping: one new prompt in PAGE_ODDS (with drafts, a page within reach) ends a few
+# tokens short of a page, so that its first decode's drafts cross it; one rejection in
+# PAGE_ODDS where a draft lies on a page after the real token's rolls back onto that
+# page's boundary; the request's next step is then a single token two times in three
+# (shrinking to it), or one time in two where it is a decode step (shrinking away);
+# steady steps keep their lengths.
+PAGE_ODDS = 2
 
 
 # The other data-parallel rank a vLLM runner step runs beside (``runner-step``'s ``vllm``
@@ -91,6 +103,16 @@ def step_change(config: EngineConfig, prev: Batch, step: Batch) -> str | None:
     return "length" if max(a, b) <= config.threshold else None
 
 
+def page_rollbacks(config: EngineConfig, prev: Batch, step: Batch) -> set[int]:
+    """The requests of ``step`` whose drafts rejected after ``prev`` held a page boundary:
+    a position ``k * block_size`` among those rolled back, a page the accepted tokens do
+    not reach (where a rollback meets the block table and the slot mapping)."""
+    was = dict(zip(prev.req_ids, prev.seq_lens, strict=True))
+    now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
+    bs = config.block_size
+    return {r for r, c in now.items() if r in was and c < was[r] and cdiv(c, bs) * bs < was[r]}
+
+
 @dataclass
 class _Request:
     """What the scheduler knows of one request."""
@@ -115,6 +137,7 @@ class _Scheduler:
         self.preempted: list[_Request] = []  # may come back
         self.waiting: list[_Request] = []  # preempted before the coming step: not in it
         self.rejected: dict[int, int] = {}  # drafts of the last step to roll back, by request
+        self.page_rolled: set[int] = set()  # requests whose rollback lands on a page boundary
         self.finished: list[int] = []  # requests finished since the last step
         self.last_ids: set[int] = set()  # the last step's requests
         self.last_q: dict[int, int] = {}  # the last step's query lengths, by request
@@ -180,6 +203,30 @@ class _Scheduler:
             return None
         plan = step_plan(self.config, Batch(tuple(computed), tuple(q_lens)))
         return plan.num_tokens_padded if plan.num_tokens_padded > plan.num_tokens else None
+
+    def prompt_len(self, draw: st.DrawFn, most: int) -> int:
+        """A new request's prompt of at most ``most`` tokens (all of them, shrunk); or, one
+        time in :data:`PAGE_ODDS` with drafts and a page within reach, one to
+        ``next_n - 1`` tokens short of a page boundary, so that its first decode's drafts
+        cross it (and :meth:`_rejected` may roll back onto it)."""
+        bs, n = self.config.block_size, self.config.next_n
+        if n > 1 and 1 < bs <= most and draw(st.integers(0, PAGE_ODDS - 1)) == PAGE_ODDS - 1:
+            boundary = bs * draw(st.integers(1, most // bs))
+            return boundary - draw(st.integers(1, min(n - 1, boundary - 1)))
+        return draw(st.integers(1, most))
+
+    def _rejected(self, draw: st.DrawFn, req: _Request, q: int) -> int:
+        """How many of ``req``'s drafts (its ``q - 1`` tokens after the real one) are
+        rejected: none, shrunk; or, one time in :data:`PAGE_ODDS` where a draft lies on a
+        page after the real token's, so many that the accepted tokens end at that page's
+        first position or the one before (the rolled-back page held drafts only)."""
+        end, bs = req.computed + q, self.config.block_size
+        boundary = (end - 1) // bs * bs  # the first position of the last draft's page
+        if boundary > req.computed and draw(st.integers(0, PAGE_ODDS - 1)) == PAGE_ODDS - 1:
+            land = boundary - draw(st.integers(0, 1 if boundary - 1 > req.computed else 0))
+            self.page_rolled.add(req.req_id)
+            return end - land
+        return draw(st.integers(0, q - 1))
 
     def release(self, req: _Request) -> None:
         self.free_pages.extend(reversed(req.pages))
@@ -292,9 +339,13 @@ class _Scheduler:
                 drafts[req.req_id] = 0
             elif full:
                 q = max(1, min(top, config.next_n))
+                if q > 1 and req.req_id in self.page_rolled and draw(st.booleans()):
+                    q = 1  # after a rollback onto a page boundary: another shape
                 drafts[req.req_id] = q - 1
             else:
                 d = config.num_spec - draw(st.integers(0, config.num_spec))  # full, shrunk
+                if d and req.req_id in self.page_rolled and draw(st.integers(0, 2)) != 2:
+                    d = 0  # after a rollback onto a page boundary: another shape (shrunk to)
                 q = max(1, min(top, 1 + d))
                 drafts[req.req_id] = q - 1
             wanted[req.req_id] = q
@@ -319,9 +370,10 @@ class _Scheduler:
             use_cudagraph = self.last_cudagraph
         self.last_q, self.last_cudagraph = dict(wanted), use_cudagraph
         # The step runs: some drafts are rejected (none, shrunk), which the step records.
+        self.page_rolled = set()
         for req in self.running:
             if drafts[req.req_id]:
-                self.rejected[req.req_id] = draw(st.integers(0, drafts[req.req_id]))
+                self.rejected[req.req_id] = self._rejected(draw, req, wanted[req.req_id])
         rejected = tuple(self.rejected.get(rid, 0) for rid in ids)
         batch = Batch(
             tuple(computed),
@@ -425,7 +477,7 @@ def traces(
                     break
             back = sched.preempted and (not whole or sched.preempted[0].prompt_len <= most)
             resume = bool(back) and draw(st.booleans())
-            prompt = 1 if resume or most < 1 else draw(st.integers(1, most))
+            prompt = 1 if resume or most < 1 else sched.prompt_len(draw, most)
             sched.arrive(prompt, resume)
         steps.append(sched.step(draw, whole=whole))
     drawn = tuple((name, draw(strategy)) for name, strategy in sorted((params or {}).items()))

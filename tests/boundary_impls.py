@@ -1,11 +1,16 @@
-"""A max-seq-len implementation wrong only where the search used to look rarely, as a
-user's code can be (issue 40): the fixed Triton path otherwise, so that the fault is
-the only finding.
+"""Implementations wrong only where the search used to look rarely, as a user's code
+can be (issue 40): the fixed Triton path otherwise, so that the fault is the only
+finding.
 
 - ``boundary_impls:decode_len_cache``: keeps the decode length ``L`` of its first
   call per step shape (the real and padded request counts and the prefill chunks) and
   reuses it: wrong only after an earlier step of that very shape with another ``L``
   (a scheduler's steady state), right on any step run first in a new process.
+- ``boundary_impls:last_page_slots`` (persistent-batch): a decode fast path that
+  gives a request's single token a slot on the page its row last wrote to, unless
+  the token starts a page: wrong only after rejected drafts that reached a later page
+  were rolled back to inside an earlier one, and the request's next step is a single
+  token.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 from attnfuzz.kernels.max_seq_len import max_seq_len_metadata
+from attnfuzz.kernels.persistent_batch import PersistentBatch
 from attnfuzz.reference.max_seq_len import MaxSeqLenInputs, MaxSeqLenOutputs
+from attnfuzz.reference.persistent_batch import PersistentBatchInputs, PersistentBatchOutputs
 
 _DECODE_LEN: dict[tuple, int] = {}  # by step shape: the decode length of the first call
 
@@ -40,3 +47,28 @@ def decode_len_cache(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
 
 
 decode_len_cache.new_engine = _DECODE_LEN.clear  # type: ignore[attr-defined]
+
+
+class LastPageSlots(PersistentBatch):
+    """The fixed persistent batch, then the fast path: a running request's single token
+    inside a page is written to the page its row's last token went to (no block-table
+    read). Right while tokens only advance, or roll back within a page."""
+
+    def new_engine(self) -> None:
+        super().new_engine()
+        self.last_page: dict[int, int] = {}  # row -> the page its last token was written to
+
+    def __call__(self, inp: PersistentBatchInputs) -> PersistentBatchOutputs:
+        out = super().__call__(inp)
+        bs, start = inp.config.block_size, 0
+        for r, rid in enumerate(inp.req_ids):
+            row, q = self.rows[rid], inp.query_lens[r]
+            last = inp.num_computed_tokens[r] + q - 1  # the position of its last token
+            if q == 1 and not inp.is_new[r] and last % bs and row in self.last_page:
+                out.slot_mapping[start] = self.last_page[row] * bs + last % bs
+            self.last_page[row] = int(self.buffers["table"][row, last // bs])
+            start += q
+        return out
+
+
+last_page_slots = LastPageSlots()
