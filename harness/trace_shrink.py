@@ -11,8 +11,9 @@ stops at traces of many requests where two suffice.
 
 :func:`shrink_tied` makes those moves on a failing trace, after the one move on
 steps that Hypothesis' count may not have reached: a step before the failing
-one dropped (:func:`without_step`; a request that then first appears later
-arrives there, its prefix cached). Then, one request at a time, the trace
+one dropped (:func:`without_step`: the first step, whose successor becomes the
+engine's first, or a later one none of whose requests is scheduled after it).
+Then, one request at a time, the trace
 without that request (in every step it is in; a step it alone was in goes too),
 with
 
@@ -78,23 +79,31 @@ def without_request(trace: Trace, req: int) -> Trace | None:
     return Trace(trace.config, tuple(steps), trace.params, trace.dtype)
 
 
-def without_step(trace: Trace, k: int) -> Trace:
-    """``trace`` without step ``k``: a request that first appears after it arrives
-    there instead, with all its pages new (as a request whose prefix was cached);
-    a finished request the steps left never held is not said to finish."""
-    kept = trace.steps[:k] + trace.steps[k + 1 :]
+def without_step(trace: Trace, k: int) -> Trace | None:
+    """``trace`` without step ``k``, where the lives left are lives a scheduler gives:
+
+    - the first step, always: the next one becomes the engine's first, each of its
+      requests gaining all its pages there (a case on its own is the same: a new
+      engine's first step, whatever its requests computed before);
+    - a later step only when none of its requests is scheduled after it (it finished
+      or left there); None otherwise: a request that continued would come back with
+      tokens computed in a step that never ran, or arrive in the middle of the life
+      holding them.
+
+    A later step's finished request that the steps left never held is not said to
+    finish."""
+    if k:
+        later = {i for step in trace.steps[k + 1 :] for i in step.req_ids}
+        if later & set(trace.steps[k].req_ids):
+            return None
     steps: list[Batch] = []
     seen: set[int] = set()
-    for step in kept:
-        if step.pages:
-            new_pages = tuple(
-                len(pages) if req not in seen else new
-                for req, pages, new in zip(step.req_ids, step.pages, step.new_pages, strict=True)
-            )
-            step = dataclasses.replace(step, new_pages=new_pages)
+    for j, step in enumerate(trace.steps[:k] + trace.steps[k + 1 :]):
         step = dataclasses.replace(step, finished=tuple(i for i in step.finished if i in seen))
-        seen.update(step.req_ids)
+        if j == 0 and step.pages:  # the engine's first step: every request is new
+            step = dataclasses.replace(step, new_pages=tuple(len(p) for p in step.pages))
         steps.append(step)
+        seen.update(step.req_ids)
     return Trace(trace.config, tuple(steps), trace.params, trace.dtype)
 
 
@@ -111,7 +120,9 @@ def tied_moves(trace: Trace) -> Iterator[Trace]:
     first), then each request, latest first (the last to arrive is the likeliest to
     be one the failure does not need)."""
     for k in range(len(trace.steps) - 1):
-        yield without_step(trace, k)
+        cut = without_step(trace, k)
+        if cut is not None:
+            yield cut
     ids = dict.fromkeys(i for step in trace.steps for i in step.req_ids)
     reqs, tokens = _peaks(trace)
     for req in reversed(list(ids)):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness import campaign as cp
-from attnfuzz.harness.campaign.worker import ItemLog, shrink_tied_findings
+from attnfuzz.harness.campaign.findings import shrink_tied_findings
+from attnfuzz.harness.campaign.worker import ItemLog
 from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
@@ -85,14 +86,25 @@ def test_without_request_drops_a_step_it_alone_was_in_but_never_the_last():
     assert without_request(lone, 0) is None
 
 
-def test_without_step_lets_a_later_request_arrive_with_its_pages():
+def test_without_step_drops_the_first_step_or_one_whose_requests_end_there():
+    """The first step's successor becomes the engine's first step; a later step goes only
+    when none of its requests is scheduled after it: one that continued would come back
+    with tokens computed in a step that never ran, or arrive holding them."""
     trace = grown_to_the_limit(2)
-    cut = without_step(trace, 0)
-    assert len(cut.steps) == 1 and cut.steps[0].new_pages == (2, 1, 1)
-    refuse_invalid_trace(TARGET, cut)  # request 0 arrives with 4 tokens cached
-    third = Batch((5,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), finished=(1, 2))
-    longer = dataclasses.replace(trace, steps=(trace.steps[0], third))
-    assert without_step(longer, 0).steps[0].finished == ()  # never held: not finished
+    first = without_step(trace, 0)
+    assert first is not None and first.steps == (
+        dataclasses.replace(trace.steps[1], new_pages=(2, 1, 1)),
+    )
+    refuse_invalid_trace(TARGET, first)  # request 0 is new there, with both its pages
+    third = Batch((0,), (2,), req_ids=(3,), pages=((9,),), new_pages=(1,), finished=(0, 1, 2))
+    longer = dataclasses.replace(trace, steps=(*trace.steps, third))
+    fourth = Batch((2,), (1,), req_ids=(3,), pages=((9,),), new_pages=(0,))
+    longest = dataclasses.replace(longer, steps=(*longer.steps, fourth))
+    assert without_step(longest, 2) is None  # request 3 decodes in step 3
+    cut = without_step(longest, 1)  # requests 0-2 finish after step 1
+    assert cut is not None and [s.req_ids for s in cut.steps] == [(0,), (3,), (3,)]
+    assert cut.steps[1].finished == (0,)  # 1 and 2 were never held: not finished
+    refuse_invalid_trace(TARGET, cut)
 
 
 def test_tied_moves_lower_each_limit_by_what_the_trace_lost():
@@ -130,8 +142,8 @@ def test_shrink_tied_reaches_two_requests_under_a_limit_of_two():
     cut, verdict, made = shrink_tied(TARGET, trace, fails, budget=100)
     assert [s.num_reqs for s in cut.steps] == [1, 2] and cut.config.max_num_seqs == 2
     assert verdict.step == 1 and made == len(calls)
-    # Five rounds of two (the step, then the latest request), and a last round of
-    # at most seven candidates that keeps none.
+    # Five rounds of two (the first step, then the latest request), and a last round
+    # of at most seven candidates that keeps none.
     assert made <= 5 * 2 + 7
 
 

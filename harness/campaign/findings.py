@@ -6,9 +6,12 @@ replayed in new processes (:func:`confirm_findings`, the policy of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from attnfuzz.harness.oracle import Check, Verdict
+from attnfuzz.harness.oracle import UNSHRUNK_CHECKS, Check, Verdict
+from attnfuzz.harness.traces import lived
+from attnfuzz.reference.trace import Trace
 
 ItemLog = Any  # harness.campaign.worker.ItemLog (which imports this module)
 
@@ -58,14 +61,14 @@ def confirm_findings(
             except OutOfTime:  # the budget ended first: history-dependent, as confirmed
                 replayed = None
             if replayed is not None:
-                lived, c = replayed
-                entry["case"] = lived.trace.to_dict()
-                entry["step"] = failing_step(entry["case"], lived.verdict)
+                history, c = replayed
+                entry["case"] = history.trace.to_dict()
+                entry["step"] = failing_step(entry["case"], history.verdict)
                 entry["verdict"] = {
-                    "key": lived.verdict.key,
-                    "mismatches": [m.to_dict() for m in lived.verdict.mismatches],
+                    "key": history.verdict.key,
+                    "mismatches": [m.to_dict() for m in history.verdict.mismatches],
                 }
-                entry["from_history"] = lived.lived
+                entry["from_history"] = history.lived
         entry["confirmed"] = c.status.value
         if c.status is Status.SLOW:
             del findings[key]
@@ -125,3 +128,28 @@ def failing_step(trace_dict: dict[str, Any], verdict: Verdict) -> int:
     says no step) its last, as its case file records it
     (:func:`~attnfuzz.harness.casefile.case_document`)."""
     return verdict.step if verdict.step is not None else len(trace_dict["steps"]) - 1
+
+
+def shrink_tied_findings(
+    log: Any, target: Any, judge_trace: Callable[[Trace], Verdict], budget: int
+) -> None:
+    """Each traced finding shrunk further by the moves Hypothesis cannot make
+    (:func:`~attnfuzz.harness.trace_shrink.shrink_tied`), at most ``budget``
+    judgements each; a smaller failing trace replaces the finding's case at once, so
+    that whatever ``judge_trace`` raises to end the unit (its deadline) keeps it."""
+    from attnfuzz.harness.trace_shrink import shrink_tied
+
+    for key in list(log.state["findings"]):
+        case = log.state["findings"][key]["case"]
+        if "steps" not in case or key in UNSHRUNK_CHECKS:
+            continue
+
+        def fails(candidate: Trace, key: str = key) -> Verdict | None:
+            verdict = judge_trace(candidate)
+            log.judged([])
+            if verdict.ok or verdict.key != key:
+                return None
+            log.found(lived(candidate, verdict).to_dict(), verdict)
+            return verdict
+
+        shrink_tied(target, Trace.from_dict(case), fails, budget)

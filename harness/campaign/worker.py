@@ -37,12 +37,16 @@ import os
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnfuzz.harness.campaign.budget import item_deadline, shard_floor, share_spent
-from attnfuzz.harness.campaign.findings import confirm_findings, failing_step, place_findings
+from attnfuzz.harness.campaign.findings import (
+    confirm_findings,
+    failing_step,
+    place_findings,
+    shrink_tied_findings,
+)
 from attnfuzz.harness.campaign.timing import hypothesis_phase, note_phase
 from attnfuzz.harness.database import open_database
 from attnfuzz.harness.definitions import case_size
@@ -57,33 +61,6 @@ from attnfuzz.reference.trace import Trace
 from hypothesis import seed, settings
 
 PLAN = "plan.json"
-
-
-def shrink_tied_findings(
-    log: Any, target: Any, judge_trace: Callable[[Trace], Verdict], budget: int
-) -> None:
-    """Each traced finding shrunk further by the moves Hypothesis cannot make
-    (:func:`~attnfuzz.harness.trace_shrink.shrink_tied`), at most ``budget``
-    judgements each; a smaller failing trace replaces the finding's case at once."""
-    from attnfuzz.harness.trace_shrink import shrink_tied
-
-    for key in list(log.state["findings"]):
-        case = log.state["findings"][key]["case"]
-        if "steps" not in case or key in UNSHRUNK_CHECKS:
-            continue
-
-        def fails(candidate: Trace, key: str = key) -> Verdict | None:
-            verdict = judge_trace(candidate)
-            log.judged([])
-            if verdict.ok or verdict.key != key:
-                return None
-            log.found(lived(candidate, verdict).to_dict(), verdict)
-            return verdict
-
-        try:
-            shrink_tied(target, Trace.from_dict(case), fails, budget)
-        except _Stop:
-            return
 
 
 class _Stop(BaseException):
@@ -391,7 +368,10 @@ def _run_rounds(
                 finally:
                     log.after()
 
-            shrink_tied_findings(log, target, judge_tied, history_cap)
+            try:
+                shrink_tied_findings(log, target, judge_tied, history_cap)
+            except _Stop:  # the unit's deadline: each finding keeps its smallest so far
+                pass
         confirm_findings(log, isolated, histories, hard_deadline, target, history_cap)
         place_findings(
             log,
