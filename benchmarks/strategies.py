@@ -14,9 +14,12 @@ after the first (the scheduler's steady state, the steps SGLang's graph runners
 replay), a request preempted and resumed, a request that leaves (finished, or
 preempted), a rollback of rejected drafts, one across a page boundary
 (``strategies.traces.page_rollbacks``), one with pages of 16 tokens or more, one
-followed by a single-token step of the same request; and the share of steps each
-data-parallel peer of a vLLM runner step meets
-(``strategies.traces.data_parallel_peer``: not drawn, chosen from the step's sizes).
+followed by a single-token step of the same request, a step whose request count is
+at a tile boundary (``strategies.batches.TILE_BOUNDARIES``), one a graph pads past
+a boundary its real count is under; the share of steps each data-parallel peer of a
+vLLM runner step meets (``strategies.traces.data_parallel_peer``: not drawn, chosen
+from the step's sizes); and, over as many single-step cases (``cases()``), the
+share at a tile boundary and padded past one.
 ``--markdown FILE`` rewrites the section ``strategies:shares`` of FILE.
 """
 
@@ -31,7 +34,7 @@ from pathlib import Path
 from _common import table
 from _markdown import command_line, write_section
 from attnfuzz.reference.batch import Case
-from attnfuzz.strategies.batches import scenario_labels
+from attnfuzz.strategies.batches import cases, scenario_labels
 from attnfuzz.strategies.traces import (
     CHANGES,
     PEERS,
@@ -78,7 +81,21 @@ REACH = (
     "a rollback across a page",
     "a rollback across a page of 16+ tokens",
     "a rollback across a page, then one token",
+    "a step at a tile boundary",
+    "a step padded past a tile",
 )
+
+
+TILE_LABELS = {  # scenario_labels' names of the tile kinds
+    "at_tile_boundary": "a step at a tile boundary",
+    "padded_past_tile": "a step padded past a tile",
+}
+
+
+def tile_kinds(config, step) -> set[str]:  # noqa: ANN001
+    """Whether ``step``'s request count is at a tile boundary, and whether a graph pads
+    it past a boundary its real count is under (``scenario_labels``)."""
+    return {TILE_LABELS[x] for x in scenario_labels(Case(config, step)) if x in TILE_LABELS}
 
 
 def kinds_of(trace) -> list[str]:  # noqa: ANN001
@@ -120,10 +137,14 @@ def kinds_of(trace) -> list[str]:  # noqa: ANN001
         if any(q == 1 for r, q in zip(step.req_ids, step.q_lens, strict=True) if r in rolled):
             out.append("a rollback across a page, then one token")
             break
+    for step in trace.steps:
+        out.extend(tile_kinds(config, step) - set(out))
     return out
 
 
 def measure(examples: int, at: int) -> dict[str, str]:
+    singles = drawn(cases(), examples, at)
+    tiles = Counter(k for case in singles for k in tile_kinds(case.config, case.batch))
     lives = drawn(traces(), examples, at)
     kinds: Counter = Counter()
     pairs = with_change = 0
@@ -143,6 +164,7 @@ def measure(examples: int, at: int) -> dict[str, str]:
         "step pairs with a one-quantity change": percent(sum(kinds.values()), pairs),
         **{f"step pairs changing {k}": percent(kinds[k], pairs) for k in CHANGES},
         **{f"steps beside a data-parallel peer: {k}": percent(peers[k], len(steps)) for k in PEERS},
+        **{f"single-step cases with {k}": percent(tiles[k], len(singles)) for k in REACH[-2:]},
     }
 
 

@@ -57,6 +57,31 @@ SCALES = {"small": SMALL, "production": PRODUCTION}
 
 _BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
+# Request counts where a kernel's tile changes: attnfuzz's kernels size a tile of
+# rows with ``kernels._triton.block`` (a power of two, at least 16; compiled, capped
+# at 16 to 64 rows, past which another tile starts), so a count's tile changes
+# past 16 and 32; the engines' kernels tile by powers of two too. The default
+# scale keeps ``max_num_seqs <= 16``: without these, 17 is never drawn.
+TILE_BOUNDARIES = (16, 32)
+TILE_ODDS = 8  # one config in TILE_ODDS straddles a boundary
+
+
+def tile_edges(least: int, most: int) -> list[int]:
+    """The request counts in ``least..most`` at and around a tile boundary (B - 1, B,
+    B + 1 for each B of :data:`TILE_BOUNDARIES`), in shrink order."""
+    edges = (n for b in TILE_BOUNDARIES for n in (b - 1, b, b + 1))
+    return [n for n in edges if least <= n <= most]
+
+
+def request_count(draw: st.DrawFn, least: int, most: int) -> int:
+    """A request count in ``least..most``: half the time at a tile boundary
+    (:func:`tile_edges`) where the range reaches one, else any; a range that reaches
+    none draws exactly as ``st.integers(least, most)``."""
+    edges = tile_edges(least, most)
+    if edges and draw(st.booleans()):
+        return draw(st.sampled_from(edges))
+    return draw(st.integers(least, most))
+
 
 # The ``EngineConfig`` fields an implementation may fix (``Implementation.fixes``):
 # an engine's kernel may accept one value only (vLLM's CPU sparse indexer runs
@@ -162,11 +187,21 @@ def engine_configs(
     block_size = pick("block_size", st.sampled_from([b for b in _BLOCK_SIZES if b <= top_len]))
     low_len = max(8, next_n)
     max_model_len = pick("max_model_len", st.integers(low_len, max(low_len, scale.max_model_len)))
-    max_num_seqs = pick("max_num_seqs", st.integers(1, scale.max_num_seqs))
-    # Enough for one full decode step; above or below max_model_len alike.
+    # One config in TILE_ODDS straddles a tile boundary B (TILE_BOUNDARIES) whatever
+    # the scale: room for B + 1 or B + 2 requests, and (below) graphs captured under
+    # B and above it, so that a step of B or fewer requests pads past the tile.
+    tile = None
+    if "max_num_seqs" not in fixed and draw(st.integers(0, TILE_ODDS - 1)) == TILE_ODDS - 1:
+        tile = draw(st.sampled_from(TILE_BOUNDARIES))
+        max_num_seqs = tile + draw(st.integers(1, 2))
+    else:
+        max_num_seqs = pick("max_num_seqs", st.integers(1, scale.max_num_seqs))
+    # Enough for one full decode step (a straddling config: of every request); above
+    # or below max_model_len alike.
+    low_tokens = next_n * (max_num_seqs if tile is not None else 1)
     max_num_batched_tokens = pick(
         "max_num_batched_tokens",
-        st.integers(next_n, max(next_n, scale.max_num_batched_tokens)),
+        st.integers(low_tokens, max(low_tokens, scale.max_num_batched_tokens)),
     )
     # Capture sizes: multiples of next_n that a decode step can fill. Request
     # counts are drawn over a range that depends on neither next_n nor the
@@ -185,6 +220,12 @@ def engine_configs(
     if draw(st.booleans()):
         top = max(1, max_num_batched_tokens // next_n)
         sizes.add(next_n * draw(st.integers(1, top)))
+    if tile is not None and max_graph_reqs > tile:
+        # The gap straddles the tile: a graph of B - 1 to B - 3 requests, none up to B,
+        # one of max_graph_reqs (> B) above it.
+        below = tile - draw(st.integers(1, 3))
+        sizes = {s for s in sizes if not below < s // next_n < max_graph_reqs}
+        sizes |= {below * next_n, max_graph_reqs * next_n}
     sizes = tuple(sorted(sizes))
     topk = pick("topk", st.integers(1, scale.topk))
     num_heads = pick("num_heads", st.integers(1, scale.num_heads))
@@ -275,7 +316,7 @@ def batches(draw: st.DrawFn, config: EngineConfig) -> Batch:
     least = 2 if shape == "mixed" and max_reqs > 1 else 1
     if several:
         least = max(least, min(3, max_reqs))
-    num_reqs = draw(st.integers(least, max_reqs))
+    num_reqs = request_count(draw, least, max_reqs)
 
     if shape == "uniform_decode":
         wanted = [next_n] * num_reqs
@@ -418,6 +459,10 @@ def scenario_labels(case: Case) -> list[str]:
         labels.append("sum(d)!=N_d")
     if batch.num_reqs == config.max_num_seqs:
         labels.append("at_max_num_seqs")
+    if batch.num_reqs in tile_edges(1, batch.num_reqs):
+        labels.append("at_tile_boundary")  # TILE_BOUNDARIES: B - 1, B or B + 1 requests
+    if meta.padded and any(meta.num_real_reqs <= b < meta.num_reqs for b in TILE_BOUNDARIES):
+        labels.append("padded_past_tile")  # a graph pads it past a tile its real count is under
     if sum(batch.q_lens) == config.max_num_batched_tokens:
         labels.append("at_max_num_batched_tokens")
     if config.max_num_batched_tokens < config.max_model_len:

@@ -43,7 +43,13 @@ from dataclasses import dataclass, field
 from attnfuzz.reference.batch import Batch, EngineConfig, cdiv
 from attnfuzz.reference.runner import step_plan
 from attnfuzz.reference.trace import Trace
-from attnfuzz.strategies.batches import SMALL, SUPPORT_CHOICES, Scale, engine_configs
+from attnfuzz.strategies.batches import (
+    SMALL,
+    SUPPORT_CHOICES,
+    Scale,
+    engine_configs,
+    request_count,
+)
 from hypothesis import strategies as st
 
 MAX_STEPS = 6
@@ -465,7 +471,7 @@ def traces(
             sched.make_room_to_decode()
         least = 0 if sched.running else 1
         room = sched.room
-        arrivals = draw(st.integers(least, max(least, room))) if k == 0 or room else least
+        arrivals = request_count(draw, least, max(least, room)) if k == 0 or room else least
         for i in range(min(arrivals, room)):
             # Before the decode steps, every prompt fits the budget whole (one token
             # left to each arrival after it).

@@ -11,6 +11,9 @@ finding.
   the token starts a page: wrong only after rejected drafts that reached a later page
   were rolled back to inside an earlier one, and the request's next step is a single
   token.
+- ``boundary_impls:real_rows_tile`` (max-seq-len): sizes its consumer's row tile by
+  the real request count: wrong only where a graph pads a step past a tile boundary
+  its real count is under.
 """
 
 from __future__ import annotations
@@ -72,3 +75,23 @@ class LastPageSlots(PersistentBatch):
 
 
 last_page_slots = LastPageSlots()
+
+
+def _row_tile(rows: int) -> int:
+    """A tile of rows as attnfuzz's kernels size one (``kernels._triton.block``)."""
+    return max(16, 1 << max(rows - 1, 0).bit_length())
+
+
+def real_rows_tile(inputs: MaxSeqLenInputs) -> MaxSeqLenOutputs:
+    """Launches its consumer with one tile sized by the real request count, not the
+    padded one: the rows of a graph's padding past that tile are never written (left
+    as ``torch.empty`` leaves them; NaN here). Wrong only where a graph pads a step
+    past a tile boundary its real count is under (16 or fewer requests padded to 17
+    or more), right on every other step."""
+    got = max_seq_len_metadata(inputs)
+    tile = _row_tile(inputs.num_real_reqs)
+    if got.out.shape[1] <= tile:
+        return got
+    out = got.out.clone()
+    out[:, tile:] = float("nan")
+    return dataclasses.replace(got, out=out)

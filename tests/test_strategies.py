@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
+import pytest
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.reference.batch import build_common_metadata
 from attnfuzz.reference.invariants import metadata_violations, violations
@@ -50,6 +52,10 @@ REQUIRED = {
     "sum(d)!=N_d": 0.01,
     "B*L!=N_d": 0.03,
     "at_max_num_seqs": 0.05,
+    # Request counts at a tile boundary of the kernels (TILE_BOUNDARIES), and a graph's
+    # padding past one the real count is under: 0.0% each before they were drawn.
+    "at_tile_boundary": 0.005,
+    "padded_past_tile": 0.005,
     "at_max_num_batched_tokens": 0.03,
     "max_num_batched_tokens<max_model_len": 0.05,
     "max_num_batched_tokens>=max_model_len": 0.05,
@@ -262,3 +268,41 @@ def test_drawn_cases_are_first_steps_of_a_new_engine(drawn):
     draws only cases the judge takes as that engine's first step (``alone``)."""
     name, case = drawn
     get_target(name).refuse_invalid(case, alone=True)
+
+
+# -- tile boundaries (issue 40, point 3) ----------------------------------------------
+
+
+def test_tile_boundaries_are_where_attnfuzz_s_kernels_change_their_row_tile():
+    from attnfuzz.kernels._triton import block
+    from attnfuzz.strategies.batches import TILE_BOUNDARIES
+
+    for b in TILE_BOUNDARIES:
+        assert block(b) == b < block(b + 1), b
+
+
+def test_request_counts_at_tile_boundaries_are_drawn_only_where_the_range_reaches_one():
+    from attnfuzz.strategies.batches import tile_edges
+
+    assert tile_edges(1, 14) == []  # a range below every boundary draws as before
+    assert tile_edges(1, 16) == [15, 16]
+    assert tile_edges(15, 40) == [15, 16, 17, 31, 32, 33]
+
+
+@pytest.mark.parametrize(
+    "seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
+)
+def test_a_consumer_tiled_by_the_real_request_count_is_found(seed, monkeypatch):
+    """``boundary_impls:real_rows_tile`` leaves the padding rows past a tile sized by the
+    real request count unwritten: only a graph that pads a step past a tile boundary its
+    real count is under shows it. Not found within 1000 examples at seeds 0-2 before
+    configs straddled a boundary (max_num_seqs stayed <= 16)."""
+    from attnfuzz.harness.runner import fuzz
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    target = get_target("max-seq-len")
+    impl = target.resolve("boundary_impls:real_rows_tile")
+    result = fuzz(target, impl, max_examples=1000, rng_seed=seed, database=None)
+    assert result.failed and result.examples_to_failure <= 1000
+    meta = build_common_metadata(result.case.config, result.case.batch)
+    assert meta.num_real_reqs <= 16 < meta.num_reqs  # padded past the tile
