@@ -276,19 +276,26 @@ def test_page_rollbacks_names_the_requests_rolled_back_across_a_page():
         assert page_rollbacks(config, prev, step) == rolled, back
 
 
+def _found_trace(monkeypatch, target_name: str, impl_name: str, seed: int):
+    """A derandomized search of 1000 traces of ``boundary_impls:impl_name``: the
+    target, the implementation and the minimized failing trace it found."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    target = get_target(target_name)
+    impl = target.resolve(f"boundary_impls:{impl_name}")
+    result = fuzz(target, impl, max_examples=1000, rng_seed=seed, database=None, traced=True)
+    assert result.failed, f"survived {result.examples} traces"
+    assert isinstance(result.case, Trace)
+    return target, impl, result.case
+
+
 @pytest.mark.slow  # 40 s to 2 minutes a seed on the 2-core machine, shrinking included
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_defect_after_a_step_of_another_decode_length_is_found(monkeypatch, seed):
     """A user's implementation wrong only after an earlier step of the same shape with
     another decode length (tests/boundary_impls.py) is found by a derandomized trace
     search of 1000 traces at seeds 0-2, minimized to a trace of 2 or 3 steps."""
-    monkeypatch.syspath_prepend(str(TESTS))
-    target = get_target("max-seq-len")
-    impl = target.resolve("boundary_impls:decode_len_cache")
-    result = fuzz(target, impl, max_examples=1000, rng_seed=seed, database=None, traced=True)
-    assert result.failed, f"survived {result.examples} traces"
-    trace = result.case
-    assert isinstance(trace, Trace) and 2 <= len(trace.steps) <= 3, trace
+    target, impl, trace = _found_trace(monkeypatch, "max-seq-len", "decode_len_cache", seed)
+    assert 2 <= len(trace.steps) <= 3, trace
     verdict = target.judge_trace(impl, trace)
     assert not verdict.ok and verdict.step == len(trace.steps) - 1
 
@@ -306,12 +313,7 @@ def test_a_defect_after_a_rollback_across_a_page_is_found(monkeypatch, seed):
     boundaries, at 3 of seeds 0-5, not at seeds 0, 1 and 4."""
     from attnfuzz.strategies.traces import page_rollbacks
 
-    monkeypatch.syspath_prepend(str(TESTS))
-    target = get_target("persistent-batch")
-    impl = target.resolve("boundary_impls:last_page_slots")
-    result = fuzz(target, impl, max_examples=1000, rng_seed=seed, database=None, traced=True)
-    assert result.failed, f"survived {result.examples} traces"
-    trace = result.case
+    target, impl, trace = _found_trace(monkeypatch, "persistent-batch", "last_page_slots", seed)
     verdict = target.judge_trace(impl, trace)
     assert not verdict.ok and verdict.step is not None and verdict.step >= 1
     prev, step = trace.steps[verdict.step - 1], trace.steps[verdict.step]
