@@ -304,3 +304,29 @@ def test_vllms_triton_attention_on_vllms_metadata_agrees_with_the_reference(
         )
         assert out.isfinite().all()
         torch.testing.assert_close(out, torch.as_tensor(want.out))
+
+
+def test_vllm_s_drafter_is_given_only_steps_with_speculative_tokens():
+    """vLLM refuses a speculative config without a token
+    (``SpeculativeConfig._verify_args``), so no drafter sees a step of ``num_spec = 0``:
+    both vLLM implementations say so (``Implementation.admits``), and their searches
+    draw only steps with drafts, as do the witnesses they shrink to."""
+    from attnfuzz.adapters.vllm.limits import drafter_admits
+    from hypothesis import given, settings
+
+    target = get_target(TARGET)
+    case = target.implementations[UPSTREAM].smallest()
+    inputs = target.make_inputs(case, torch.device("cpu"))
+    assert drafter_admits(inputs) is None  # next_n = 2
+    alone = dataclasses.replace(case, config=dataclasses.replace(case.config, num_spec=0))
+    assert "num_speculative_tokens > 0" in drafter_admits(target.make_inputs(alone, "cpu"))
+    for name in ("vllm", UPSTREAM):
+        impl = target.implementations[name]
+        assert target.unreachable(impl, alone) is not None, name
+
+        @settings(max_examples=30, derandomize=True, database=None, deadline=None)
+        @given(target.cases(impl=impl))
+        def drawn(case: Case) -> None:
+            assert case.config.num_spec >= 1, case
+
+        drawn()

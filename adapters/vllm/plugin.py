@@ -21,7 +21,7 @@ from typing import Any
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
-from attnfuzz.adapters.vllm import lookahead, standalone
+from attnfuzz.adapters.vllm import limits, lookahead, standalone
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
@@ -87,6 +87,7 @@ def _draft_block_tables() -> list[Implementation]:
             "run",
             description="installed vLLM: vllm/v1/spec_decode/gemma4.py:"
             "Gemma4Proposer.build_per_group_and_layer_attn_metadata",
+            admits=limits.drafter_admits,  # a drafter runs with speculative tokens only
         ),
         vllm_impl(
             "draft_block_tables",
@@ -98,6 +99,7 @@ def _draft_block_tables() -> list[Implementation]:
             trigger=t.trigger_padded_table,
             reach=t.reach_padded_table,
             smallest=t.smallest_padded_table,
+            admits=limits.drafter_admits,
         ),
     ]
 
