@@ -48,15 +48,20 @@ if TYPE_CHECKING:
 
 def without_request(trace: Trace, req: int) -> Trace | None:
     """``trace`` without request ``req`` (a scheduler id) in any step; a step left
-    with no request goes. None when that empties the last step (the failing one)."""
+    with no request goes. None when that empties the last step (the failing one), or
+    a step between two that share a request: that request was away in it (preempted),
+    and the steps would join as if it had run on."""
     steps: list[Batch] = []
+    last = len(trace.steps) - 1
     for k, step in enumerate(trace.steps):
         finished = tuple(i for i in step.finished if i != req)
         if req not in step.req_ids:
             steps.append(dataclasses.replace(step, finished=finished))
             continue
         if step.num_reqs == 1:
-            if k == len(trace.steps) - 1:
+            if k == last:
+                return None
+            if k and set(trace.steps[k - 1].req_ids) & set(trace.steps[k + 1].req_ids):
                 return None
             continue
         r = step.req_ids.index(req)

@@ -86,6 +86,18 @@ def test_without_request_drops_a_step_it_alone_was_in_but_never_the_last():
     assert without_request(lone, 0) is None
 
 
+def test_without_request_keeps_a_step_between_two_that_share_a_request():
+    """Request 0 was away (preempted) in the step request 5 ran alone: without that
+    step the two around it would join as if request 0 had run on."""
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    away = Batch((0,), (2,), req_ids=(5,), pages=((2,),), new_pages=(1,))
+    back = Batch((0,), (4,), req_ids=(0,), pages=((3,),), new_pages=(1,), finished=(5,))
+    config = spec_config(num_spec=0, cudagraph_mode="NONE", cudagraph_capture_sizes=())
+    trace = Trace(config, (first, away, back), PARAMS)
+    refuse_invalid_trace(TARGET, trace)
+    assert without_request(trace, 5) is None
+
+
 def test_without_step_drops_the_first_step_or_one_whose_requests_end_there():
     """The first step's successor becomes the engine's first step; a later step goes only
     when none of its requests is scheduled after it: one that continued would come back
