@@ -18,8 +18,11 @@ the steps is a life an engine can have too. A trace has one engine config and
 one set of target parameters: first the failing example's. An earlier example
 judged under others becomes a step under these (the closest life of one engine)
 or, where its batch is no batch of that config, is left out. When that trace
-does not fail, the history is tried under each earlier example's config and
-parameters, newest first (:func:`history_traces`), while the count allows. The
+does not fail, the history is tried under that config with limits that admit
+every step (:func:`roomy_home`: an earlier example that padded to more requests
+than the failing config allows is often what the failure needs), then under each
+earlier example's config and parameters, newest first (:func:`history_traces`),
+while the count allows. The
 trace runs each step with
 ``fresh_engine=False``: the implementation's ``new_engine()`` (when it has one)
 is called once, before step 0, where the history called it before each
@@ -111,15 +114,34 @@ def history_as_trace(target: Target, history: Sequence[Case], home: Case) -> Tra
     return trace
 
 
+def roomy_home(history: Sequence[Case]) -> Case:
+    """The failing case (``history``'s last) under an engine whose limits admit every
+    step of the history: its config with ``max_num_seqs``, ``max_num_batched_tokens``
+    and ``max_model_len`` each the largest of the history's configs. Its graphs, mode
+    and block size stay the failing case's: an engine of the same kind, with room."""
+    home = history[-1]
+    roomy = dataclasses.replace(
+        home.config,
+        max_num_seqs=max(c.config.max_num_seqs for c in history),
+        max_num_batched_tokens=max(c.config.max_num_batched_tokens for c in history),
+        max_model_len=max(c.config.max_model_len for c in history),
+    )
+    return dataclasses.replace(home, config=roomy)
+
+
 def history_traces(target: Target, history: Sequence[Case]) -> list[Trace]:
     """The traces :func:`trace_of_history` replays, in order: ``history`` under the
-    failing case's config and parameters, then under each earlier case's (newest
-    first, each config and parameters once)."""
-    homes: list[Case] = []
-    for case in reversed(history):
-        if all((case.config, case.params) != (h.config, h.params) for h in homes):
-            homes.append(case)
-    traces = [history_as_trace(target, history, home) for home in homes]
+    failing case's config and parameters, then under the same config with room for
+    every step (:func:`roomy_home`), then under each earlier case's (newest first,
+    each config and parameters once)."""
+    homes: list[Case] = [history[-1], roomy_home(history)]
+    for case in reversed(history[:-1]):
+        homes.append(case)
+    unique: list[Case] = []
+    for case in homes:
+        if all((case.config, case.params) != (h.config, h.params) for h in unique):
+            unique.append(case)
+    traces = [history_as_trace(target, history, home) for home in unique]
     return [t for t in traces if t is not None]
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 import pytest
 from attnfuzz.harness import campaign as cp
 from attnfuzz.harness.campaign.worker import run_item
-from attnfuzz.harness.history_trace import history_as_trace, minimize, trace_of_history
+from attnfuzz.harness.history_trace import (
+    history_as_trace,
+    history_traces,
+    minimize,
+    roomy_home,
+    trace_of_history,
+)
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.testing import spec_config
@@ -198,3 +204,24 @@ def test_a_campaign_unit_turns_a_history_dependent_finding_into_its_trace(statef
     assert "history_dependent" not in finding and finding["confirmed"] == "confirmed"
     trace = Trace.from_dict(finding["case"])
     assert finding["from_history"] >= 2 and len(trace.steps) == 2 and finding["step"] == 1
+
+
+def test_a_history_whose_larger_step_the_failing_config_refuses_replays_with_room():
+    """The step before the failure padded to more requests than the failing case's
+    config admits (``max_num_seqs`` 2 after 4 requests): under the failing config it is
+    left out, and under its own the failing step is refused (past its model length).
+    The failing config with the history's largest limits holds both, its graphs and
+    mode unchanged (``roomy_home``). Seed 2's history of ``previous_call_buffer`` was
+    this one: it fell back to a fresh search, which found nothing in 20 traces."""
+    target = get_target(TARGET)
+    big = spec_config(num_spec=0, max_num_seqs=7, max_model_len=32)
+    small = spec_config(num_spec=0, max_num_seqs=2, max_model_len=64)
+    larger = Case(big, Batch((8, 8, 8, 8), (1, 1, 1, 1)), PARAMS)
+    failing = Case(small, Batch((40, 3), (1, 1)), PARAMS)
+    traces = history_traces(target, [larger, failing])
+    assert len(traces) == 1  # neither config alone holds both steps
+    (trace,) = traces
+    assert trace.config == roomy_home([larger, failing]).config
+    assert trace.config.max_num_seqs == 7 and trace.config.max_model_len == 64
+    assert trace.config.cudagraph_capture_sizes == small.cudagraph_capture_sizes
+    assert [s.num_reqs for s in trace.steps] == [4, 2]
