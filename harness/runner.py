@@ -227,7 +227,10 @@ def fuzz(
         raise failed.args[0] from None
     timed_out = result.stopped_by_budget and not result.shrink_cut  # a time budget
     ended = result.flaky or result.interrupted or timed_out
-    if traced and shrink and result.shrunk and not ended:
+    # An explicit example that fails is the run's case as it is (judged first: the
+    # failures among the first len(examples) are theirs), never shrunk.
+    explicit = (result.examples_to_failure or 0) <= len(examples)
+    if traced and shrink and result.shrunk and not (ended or explicit):
         _shrink_tied(target, result, judge, on_case, stop_requested, max_examples)
     result.seconds = time.perf_counter() - start
     return result
