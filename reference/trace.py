@@ -106,37 +106,68 @@ def step_summary(prev: Batch | None, step: Batch) -> str:
 def trace_violations(trace: Trace) -> list[str]:
     """What makes ``trace`` a life no engine could have (each step's own invariants
     are :func:`~attnfuzz.reference.invariants.violations`'): a request that stays
-    from one step to the next keeps its pages, gaining ``new_pages`` at the end;
-    a request new to the engine gains all its pages. A step without the
-    scheduler's fields (``req_ids``) is a step on its own: its requests are new."""
+    from one step to the next keeps its pages, gaining ``new_pages`` at the end,
+    and runs on from the tokens the step before left computed (its computed tokens
+    and query, less the drafts it rejected); a request new to the engine gains all
+    its pages and rejects no draft (drafts are proposed by a step the request ran
+    in). A step without the scheduler's fields (``req_ids``) is a step on its own:
+    its requests are new."""
     out = []
-    prev: dict[int, tuple[int, ...]] = {}
+    prev: dict[int, _Held] = {}
     for k, step in enumerate(trace.steps):
         out += [f"step {k}: {v}" for v in _held_violations(prev, step)]
-        prev = dict(zip(step.request_ids, step.pages, strict=False)) if step.pages else {}
+        prev = {}
+        if step.pages:
+            rejected = step.rejected or (0,) * step.num_reqs
+            lives = zip(
+                step.request_ids, step.pages, step.num_computed_tokens, step.q_lens, rejected,
+                strict=True,
+            )  # fmt: skip
+            prev = {req: _Held(pages, c + q - x) for req, pages, c, q, x in lives}
     return out
 
 
 def first_step_violations(step: Batch) -> list[str]:
     """What makes ``step`` no first step of an engine, as :func:`trace_violations`
-    says it of a trace's step 0: every request is new and gains all its pages. A
-    case on its own is judged by a new engine: it is that engine's first step."""
+    says it of a trace's step 0: every request is new, gains all its pages and
+    rejects no draft. A case on its own is judged by a new engine: it is that
+    engine's first step."""
     return _held_violations({}, step)
 
 
-def _held_violations(prev: dict[int, tuple[int, ...]], step: Batch) -> list[str]:
-    """What ``step`` says of its requests' pages that ``prev`` (each request's pages
+@dataclass(frozen=True)
+class _Held:
+    """What a request holds after a step: its pages, and its computed tokens once the
+    step's rejected drafts are rolled back."""
+
+    pages: tuple[int, ...]
+    computed: int
+
+
+def _held_violations(prev: dict[int, _Held], step: Batch) -> list[str]:
+    """What ``step`` says of its requests that ``prev`` (what each request held after
     the step before, by id) contradicts."""
     out = []
     for r, req in enumerate(step.request_ids):
         if not step.pages:
             break
         pages, new = step.pages[r], step.new_pages[r]
+        rejected = step.rejected[r] if step.rejected else 0
         before = prev.get(req)
-        if before is None and new != len(pages):
-            out.append(f"request {req} is new, yet gains {new} of {len(pages)} pages")
-        elif before is not None and (
-            pages[: len(before)] != before or len(pages) - len(before) != new
-        ):
-            out.append(f"request {req} held pages {list(before)}, now {list(pages)} with {new} new")
+        if before is None:
+            if new != len(pages):
+                out.append(f"request {req} is new, yet gains {new} of {len(pages)} pages")
+            if rejected:
+                out.append(f"request {req} is new, yet rejects {rejected} drafts")
+            continue
+        if pages[: len(before.pages)] != before.pages or len(pages) - len(before.pages) != new:
+            out.append(
+                f"request {req} held pages {list(before.pages)}, now {list(pages)} with {new} new"
+            )
+        computed = step.num_computed_tokens[r]
+        if computed != before.computed:
+            out.append(
+                f"request {req} left the step before with {before.computed} computed tokens, "
+                f"yet runs on from {computed}"
+            )
     return out

@@ -119,6 +119,30 @@ def test_without_step_drops_the_first_step_or_one_whose_requests_end_there():
     refuse_invalid_trace(TARGET, cut)
 
 
+def test_without_the_first_step_a_request_that_rejected_drafts_is_no_first_step():
+    """Dropping step 0 makes a request that drafted in step 1 new there: no engine's
+    request rejects drafts in its first step (none were proposed), and its next step's
+    computed tokens count the rollback. The move is passed over, unjudged."""
+    config = spec_config(num_spec=2, cudagraph_mode="NONE", cudagraph_capture_sizes=())
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
+    drafting = Batch((4,), (3,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), rejected=(2,))
+    after = Batch((5,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(0,))
+    trace = Trace(config, (first, drafting, after), PARAMS)
+    refuse_invalid_trace(TARGET, trace)
+    cut = without_step(trace, 0)
+    assert cut is not None
+    with pytest.raises(InvalidCase, match="request 0 is new, yet rejects 2 drafts"):
+        refuse_invalid_trace(TARGET, cut)
+    judged: list[Trace] = []
+
+    def fails(candidate: Trace) -> Verdict | None:
+        judged.append(candidate)
+        return None
+
+    assert shrink_tied(TARGET, trace, fails, budget=10)[2] == len(judged)
+    assert cut not in judged
+
+
 def test_tied_moves_lower_each_limit_by_what_the_trace_lost():
     trace = grown_to_the_limit(3)
     moves = list(tied_moves(trace))

@@ -92,6 +92,30 @@ def test_a_request_that_stays_keeps_its_pages():
         target.judge_trace(target.implementations["triton"], broken)
 
 
+def test_a_request_runs_on_from_what_its_last_step_left_computed():
+    """A request that stays runs on from its computed tokens and query, less the drafts
+    the step rejected; a request new to the engine rejected none (no step proposed its
+    drafts): the engine's sampler counts its tokens from the step it ran."""
+    config = spec_config(num_spec=2, cudagraph_mode="NONE", cudagraph_capture_sizes=())
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
+    drafting = Batch((4,), (3,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), rejected=(2,))
+    after = Batch((5,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(0,))
+    assert trace_violations(Trace(config, (first, drafting, after))) == []
+    skipped = dataclasses.replace(after, num_computed_tokens=(7,))
+    assert trace_violations(Trace(config, (first, drafting, skipped))) == [
+        "step 2: request 0 left the step before with 5 computed tokens, yet runs on from 7"
+    ]
+    new = dataclasses.replace(drafting, new_pages=(2,))
+    assert trace_violations(Trace(config, (new, after))) == [
+        "step 0: request 0 is new, yet rejects 2 drafts"
+    ]
+    with pytest.raises(InvalidCase, match="yet rejects 2 drafts"):
+        get_target("max-seq-len").judge_trace(
+            get_target("max-seq-len").implementations["triton"],
+            Trace(config, (new, after), (("capturing", 0),)),
+        )
+
+
 def test_the_scheduler_fields_are_checked_per_step():
     config = spec_config()
     shared = Batch((0, 0), (1, 1), req_ids=(0, 0), pages=((1,), (1,)), new_pages=(1, 1))
