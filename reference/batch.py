@@ -197,7 +197,7 @@ class Batch:
     step before (the scheduler output's finished request ids; a request left out
     and not finished was preempted, and may come back). ``rejected``: per request,
     how many of its drafts the step rejects (the next step's computed tokens roll
-    back by as many); empty: none.
+    back by as many); empty: not said (the next step's computed tokens say it).
     """
 
     num_computed_tokens: tuple[int, ...]

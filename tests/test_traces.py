@@ -94,8 +94,9 @@ def test_a_request_that_stays_keeps_its_pages():
 
 def test_a_request_runs_on_from_what_its_last_step_left_computed():
     """A request that stays runs on from its computed tokens and query, less the drafts
-    the step rejected; a request new to the engine rejected none (no step proposed its
-    drafts): the engine's sampler counts its tokens from the step it ran."""
+    the step rejected (as it says; where it does not, fewer than its query); a request
+    new to the engine rejects none (no step proposed its drafts): the engine's sampler
+    counts its tokens from the step it ran."""
     config = spec_config(num_spec=2, cudagraph_mode="NONE", cudagraph_capture_sizes=())
     first = Batch((0,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
     drafting = Batch((4,), (3,), req_ids=(0,), pages=((1, 2),), new_pages=(0,), rejected=(2,))
@@ -104,6 +105,13 @@ def test_a_request_runs_on_from_what_its_last_step_left_computed():
     skipped = dataclasses.replace(after, num_computed_tokens=(7,))
     assert trace_violations(Trace(config, (first, drafting, skipped))) == [
         "step 2: request 0 left the step before with 5 computed tokens, yet runs on from 7"
+    ]
+    unsaid = dataclasses.replace(drafting, rejected=())  # a rollback the step does not say
+    assert trace_violations(Trace(config, (first, unsaid, after))) == []
+    too_far = dataclasses.replace(after, num_computed_tokens=(3,))
+    assert trace_violations(Trace(config, (first, unsaid, too_far))) == [
+        "step 2: request 0 left the step before with 7 computed tokens less up to 2 "
+        "rejected drafts, yet runs on from 3"
     ]
     new = dataclasses.replace(drafting, new_pages=(2,))
     assert trace_violations(Trace(config, (new, after))) == [
@@ -114,6 +122,19 @@ def test_a_request_runs_on_from_what_its_last_step_left_computed():
             get_target("max-seq-len").implementations["triton"],
             Trace(config, (new, after), (("capturing", 0),)),
         )
+
+
+def test_a_step_on_its_own_after_another_is_said_to_hold_new_requests():
+    """A history's examples as one engine's steps carry no scheduler fields: each step's
+    requests are new, so its summary says so, never that request 0 rolled back from the
+    length it had in the step before (ids 0..R-1 recur there by accident)."""
+    long, short = Batch((119, 55), (4, 4)), Batch((0,), (4,))
+    assert (
+        step_summary(long, short)
+        == "1 requests, 4 tokens, q_lens [4]; a step on its own: every request new"
+    )
+    scheduled = two_steps().steps
+    assert step_summary(*scheduled) == "2 requests, 4 tokens, q_lens [1, 3]; arrived [1]"
 
 
 def test_the_scheduler_fields_are_checked_per_step():
