@@ -168,6 +168,17 @@ def test_a_history_dependent_run_writes_the_trace_its_history_is(tmp_path, seed)
     said = re.search(r"cut to (\d+) step\(s\) in (\d+) judgements \(at most (\d+)\)", out)
     assert said is not None, out
     assert int(said[2]) <= int(said[3]) == MAX_EXAMPLES  # the bound: --max-examples traces
+    # The whole run's count, the stated bound (docs/traces.md): the search and its
+    # shrinking, 10 single-step replays and 5 of the history (each of its examples), the
+    # history's traces, 10 confirming replays at most.
+    history = int(re.search(r"the (\d+) the process judged up to it", out)[1])
+    total = re.search(r"judgements to this case: (\d+) \((\d+) by the search and its "
+                      r"shrinking, (\d+) in new processes\)", out)  # fmt: skip
+    assert total is not None, out
+    assert int(total[1]) == int(total[2]) + int(total[3])
+    assert int(total[2]) <= 2 * MAX_EXAMPLES
+    assert int(total[3]) <= 10 + 5 * history + int(said[2]) + 10
+    assert f"{TARGET} / {PREVIOUS}: " in out and " examples in " in out  # the search's own
     (found,) = [p for p in (tmp_path / "cases").glob("*.json") if ".history" not in p.name]
     doc = json.loads(found.read_text())
     assert len(doc["trace"]["steps"]) == int(said[1]) == 2 and doc["step"] == 1

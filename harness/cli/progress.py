@@ -36,6 +36,9 @@ class RunProgress:
         self.judged = 0  # by the search, shrinking included (the runner's count)
         self.first_failure: int | None = None  # the search's count at its first failure
         self.replays = 0
+        # The whole run's judgements, never reset: every search's (shrinking included)
+        # and every one in a new process (replays, a history's traces).
+        self.searched = self.in_new_processes = 0
 
     def search(self, traced: bool) -> None:
         """A search begins (a second one: a history-dependent failure searched as traces)."""
@@ -48,6 +51,7 @@ class RunProgress:
         from attnfuzz.harness.runner import ENDS_RUN_UNSHRUNK
 
         self.judged += 1
+        self.searched += 1
         if not verdict.ok and self.first_failure is None:
             self.first_failure = self.judged
             if verdict.key not in ENDS_RUN_UNSHRUNK:  # a hang ends the search, unshrunk
@@ -61,7 +65,17 @@ class RunProgress:
 
     def replayed(self) -> None:
         self.replays += 1
+        self.in_new_processes += 1
         self.tick()
+
+    def totals(self) -> str:
+        """The judgements that made the run's case, for its last lines: a count, not a
+        time (reachability, which follows the case, is not counted)."""
+        return (
+            f"judgements to this case: {self.searched + self.in_new_processes} "
+            f"({self.searched} by the search and its shrinking, {self.in_new_processes} in "
+            "new processes)"
+        )
 
     def reachability(self) -> None:
         """Whether the engine runs the failing code (:mod:`attnfuzz.harness.reachability`)."""

@@ -295,7 +295,7 @@ def command(args: argparse.Namespace) -> int:
     rate = result.examples / result.seconds if result.seconds else 0.0
     print(
         f"{target.name} / {impl.name}: {result.examples} "
-        f"{'traces' if result.traced else 'examples'} in {result.seconds:.1f}s "
+        f"{progress.what} in {result.seconds:.1f}s "
         f"({rate:.1f}/s)" + (" (interrupted)" if result.interrupted else "")
     )
     if result.statistics:
@@ -343,6 +343,7 @@ def command(args: argparse.Namespace) -> int:
         f"first failure after {result.examples_to_failure} examples, "
         f"{result.seconds_to_failure:.2f}s"
     )
+    print(progress.totals())
     for line in found.lines(timeout) if found is not None else []:
         print(line)
     if result.interrupted and phase == "replays":
