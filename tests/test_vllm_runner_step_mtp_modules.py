@@ -5,6 +5,9 @@ mutant of its trailing-slot padding caught."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
@@ -86,3 +89,35 @@ def test_trailing_draft_slots_left_unpadded_are_caught(monkeypatch):
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert ("history invariance", "slot_mapping", "fresh.draft0") in found, found
     assert {field for _, field, _ in found} == {"slot_mapping"}, found
+
+
+def test_a_first_decode_that_rejects_past_a_short_prompt_reprefills_before_position_0():
+    """vLLM 0.33.0's own finding (``vllm-mtp-modules-reprefill-before-prompt``): after a
+    one-token prompt, a decode that rejects all three drafts makes the draft pass
+    re-prefill two tokens before the query's first (position 1), the first at position
+    -1, in every module's forward. Two rejected re-prefill one, at position 0: every
+    property holds. ``vllm-mtp-modules`` declines the step (its searches judge the
+    rest); the mutant-kind entry keeps the case."""
+    from attnfuzz.harness.errors import InvalidCase
+    from attnfuzz.harness.registry import get_target
+
+    a = adapter()
+    trace = a.smallest_reprefill_before_prompt()
+    drafting = trace.steps[1]
+    assert a.reprefill_before_prompt(drafting) and a.trigger_reprefill_before_prompt(trace)
+    near = dataclasses.replace(drafting, rejected=(2,))
+    assert not a.reprefill_before_prompt(near) and a.reach_reprefill(trace)
+    longer = dataclasses.replace(drafting, num_computed_tokens=(2,))  # a 2-token prompt
+    assert not a.reprefill_before_prompt(longer)
+
+    target = get_target("runner-step")
+    kept = target.implementations["vllm-mtp-modules-reprefill-before-prompt"]
+    verdict = target.judge_trace(kept, trace)
+    assert verdict.step == 2 and {m.check for m in verdict.mismatches} == {"safe-padding"}
+    for m in verdict.mismatches:
+        assert m.where.endswith(".positions") and m.got.endswith(": -1"), m
+    with pytest.raises(InvalidCase, match="kept apart as vllm-mtp-modules-reprefill"):
+        target.judge_trace(target.implementations["vllm-mtp-modules"], trace)
+    after = dataclasses.replace(trace.steps[2], num_computed_tokens=(3,))
+    fixed = dataclasses.replace(trace, steps=(trace.steps[0], near, after))
+    assert target.judge_trace(target.implementations["vllm-mtp-modules"], fixed).ok

@@ -389,6 +389,9 @@ _hybrid_hook = functools.partial(_lazy, "runner_step_hybrid")
 _linear_hook = functools.partial(_lazy, "runner_step_linear")
 
 
+_mtp_modules_hook = functools.partial(_lazy, "runner_step_mtp_modules")
+
+
 def _runner_step_linear() -> list[Implementation]:
     """``vllm-v1-hybrid``'s step with its linear layer on Mamba2 or PLE short-conv, and
     a mutant of each builder's FULL-graph staging."""
@@ -704,6 +707,22 @@ def _runner_step() -> list[Implementation]:
             "dispatch) and _generate_drafts (each module's forward over the step's query, "
             "eager or its FULL graph) run after each step in the runner's own sample_tokens",
             declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_mtp_modules",
+            "run",
+            name="vllm-mtp-modules-reprefill-before-prompt",
+            kind="mutant",
+            description="installed vLLM (V2 runner) with one MTP module a draft, after a "
+            "decode that rejects more drafts than one past the tokens before its query (a "
+            "prompt shorter than num_spec - 1 tokens): MultiModuleMTPSpeculator's "
+            "_prepare_input_buffers_kernel re-prefills num_rejected - 1 tokens before the "
+            "query, the first at a position below 0 (a finding of vLLM's own, kept apart)",
+            declines="declines_engine",
+            trigger=_mtp_modules_hook("trigger_reprefill_before_prompt"),
+            reach=_mtp_modules_hook("reach_reprefill"),
+            smallest=_mtp_modules_hook("smallest_reprefill_before_prompt"),
             traced=True,
         ),
         _step_impl(
