@@ -6,9 +6,11 @@
 Each subject is run as a user runs it, ``attnfuzz run --target T --impl I --seed S
 --max-examples N`` in a new process (its judges in children of their own):
 
-- the stateful implementations of ``tests/`` (wrong only after an earlier call of the
-  same process: a single-step search says HISTORY-DEPENDENT, and the run turns its
-  history into a trace, or searches traces afresh when the history fails as none);
+- the stateful implementations of ``tests/``: those that keep state without saying how
+  a new engine starts, run one step at a time (wrong only after an earlier call of the
+  same process: the search says HISTORY-DEPENDENT, and the run turns its history into a
+  trace, or searches traces afresh when the history fails as none); those with a
+  ``new_engine``, with ``--trace``;
 - every mutant that lives across steps (``traced``; an engine's own are left out,
   minutes a trace here), searched as traces directly.
 
@@ -39,13 +41,14 @@ TESTS = ROOT / "tests"
 STATEFUL = (
     ("max-seq-len", "stateful_impl:first_call_buffer", False),
     ("max-seq-len", "stateful_impl:previous_call_buffer", False),
-    ("max-seq-len", "stateful_impl:full_after_fewer", False),
-    ("max-seq-len", "boundary_impls:decode_len_cache", False),
+    ("max-seq-len", "stateful_impl:full_after_fewer", True),
+    ("max-seq-len", "boundary_impls:decode_len_cache", True),
     ("persistent-batch", "boundary_impls:last_page_slots", True),
 )
 """The user implementations of ``tests/`` whose answer depends on what ran before, and
-whether a user runs it with ``--trace`` (a persistent batch: each single step is a new
-engine's first, where it is right)."""
+whether a user runs it with ``--trace``: one that says how a new engine starts
+(``new_engine``) gets a new engine before each single-step example, where it is right,
+so only traces meet its defect."""
 
 TOTAL = re.compile(r"judgements to this case: (\d+) ")
 STEPS = re.compile(r"minimized trace: (\d+) step")
