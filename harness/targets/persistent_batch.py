@@ -274,12 +274,8 @@ def _step(
     req_ids: tuple[int, ...],
     pages: tuple[tuple[int, ...], ...],
     new_pages: tuple[int, ...],
-    rejected: tuple[int, ...] = (),
 ) -> Batch:
-    return Batch(
-        computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages,
-        rejected=rejected,
-    )  # fmt: skip
+    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
 
 
 def _spec_config(**overrides: int) -> EngineConfig:
@@ -332,7 +328,7 @@ def smallest_draft_rollback() -> Trace:
     prefill, and the rollback a step after that: three steps, the fewest."""
     steps = (
         _step((0,), (1,), (0,), ((1,),), (1,)),
-        _step((1,), (2,), (0,), ((1,),), (0,), rejected=(1,)),
+        Batch((1,), (2,), 0, True, req_ids=(0,), pages=((1,),), new_pages=(0,), rejected=(1,)),
         _step((2,), (2,), (0,), ((1,),), (0,)),
     )
     return Trace(_spec_config(), steps)
