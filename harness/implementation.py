@@ -109,6 +109,8 @@ class Implementation:
         return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
 
     def why_unavailable(self) -> str | None:
+        if self.kind != Kind.REFERENCE and (stale := triton_made_for_a_gpu()) is not None:
+            return stale
         return self.unavailable() if self.unavailable is not None else None
 
     def prepare(self) -> None:
@@ -117,3 +119,26 @@ class Implementation:
         prepare = getattr(self.fn, "prepare", None)
         if callable(prepare):
             prepare()
+
+
+def triton_made_for_a_gpu() -> str | None:
+    """Why no Triton kernel can run here, or None: with ``TRITON_INTERPRET=1``
+    (attnfuzz's default without CUDA) Triton's own ``@jit`` helpers (``tl.cdiv``,
+    ``tl.zeros``, ...) must be interpreted ones, but Triton imported before the
+    variable was set (by an engine imported before attnfuzz) made them for a GPU:
+    every interpreted kernel that calls one raises "Cannot call @triton.jit'd outside
+    of the scope of a kernel", which would read as the implementation's exception."""
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET") != "1" or "triton.language" not in sys.modules:
+        return None
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(getattr(sys.modules["triton.language"], "cdiv", None), JITFunction):
+        return (
+            "Triton was imported before TRITON_INTERPRET=1 was set, so its kernels are "
+            "made for a GPU and cannot run on this CPU: import attnfuzz before any "
+            "engine, or set TRITON_INTERPRET=1 before Python starts"
+        )
+    return None
