@@ -588,6 +588,44 @@ def _runner_step_unpadded_drafts() -> list[Implementation]:
     ]
 
 
+def _runner_step_v1_async() -> list[Implementation]:
+    """``vllm-v1``'s step under async scheduling."""
+    return [
+        _step_impl(
+            "runner_step_v1_async",
+            "run",
+            name="vllm-v1-async",
+            description="installed vLLM (V1 runner) with async scheduling, as a CUDA "
+            "engine runs by default: vllm-v1's step sent AsyncScheduler's optimistic "
+            "computed tokens after a verify, which the runner corrects itself "
+            "(_update_states' deferred correction, _prepare_inputs' "
+            "update_num_computed_tokens_for_batch_change, _prepare_input_ids from the "
+            "sampled tokens on the device); every field judged against a fresh engine "
+            "sent the true counts",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_async",
+            "run_drift_uncorrected",
+            name="vllm-v1-async-drift-uncorrected",
+            kind="mutant",
+            description="installed vLLM (V1 runner, async scheduling) with "
+            "update_num_computed_tokens_for_batch_change taking the scheduler's optimistic "
+            "counts: a request that rejected drafts runs on from past its last accepted "
+            "token",
+            declines="declines",
+            trigger=_async_hook("trigger_drift_uncorrected"),
+            reach=_async_hook("reach_drift"),
+            smallest=_async_hook("smallest_drift_uncorrected"),
+            traced=True,
+        ),
+    ]
+
+
+_async_hook = functools.partial(_lazy, "runner_step_v1_async")
+
+
 _dbo_hook = functools.partial(_lazy, "runner_step_dbo")
 
 
@@ -1142,6 +1180,7 @@ VLLM = Engine(
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
+            *_runner_step_v1_async(),
             *_runner_step_dbo(),
         ],
         "slot-mapping": _slot_mapping(),

@@ -381,6 +381,9 @@ class _Engine:
     its graphs captured as ``capture_model`` does."""
 
     padded_drafts = True  # the speculative config's drafter batch (disable_padded_drafter_batch)
+    # SchedulerConfig.async_scheduling as the engine runs with it (the CPU platform turns
+    # it off; a CUDA engine's VllmConfig turns it on where nothing is incompatible).
+    async_scheduling = False
     # The drafter the speculative config makes (runner_step_speculator's kinds: MTP keeps
     # the tiny model's own MTP layer, an EagleProposer).
     speculator = speculating.MTP
@@ -396,6 +399,7 @@ class _Engine:
         # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
         # (the V1 drafter's is set below).
         vc = self.vllm_config = _vllm_config(config, mode, self.speculator)
+        vc.scheduler_config.async_scheduling = self.async_scheduling
         if vc.speculative_config is not None:
             vc.speculative_config = drafting.speculative_config(
                 vc.speculative_config, config, self.padded_drafts
@@ -753,6 +757,10 @@ def _sampling(engine: _Engine, out: Any, taken: dict[str, int]) -> Iterator[None
         mock.patch.object(r, "propose_draft_token_ids", proposed),
         mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()),
         mock.patch("torch.cuda.current_stream", lambda *a, **k: _Stream()),
+        # Async scheduling's output copy (AsyncGPUModelRunnerOutput): its stream, made
+        # on first use, and its event.
+        mock.patch("torch.cuda.Stream", lambda *a, **k: _Stream()),
+        mock.patch("torch.cuda.Event", lambda *a, **k: _Event()),
     ):
         rec.drafting = True
         try:
