@@ -24,7 +24,7 @@ from attnfuzz.harness.runner import RunResult, fuzz
 from attnfuzz.harness.target import Implementation, InvalidCase, Target
 from attnfuzz.reference.batch import DTYPE_VARIABLE, Batch, Case, EngineConfig
 from attnfuzz.reference.invariants import violations
-from attnfuzz.reference.trace import Trace, first_step_violations, trace_violations
+from attnfuzz.reference.trace import Trace, as_trace, first_step_violations, trace_violations
 
 
 def spec_config(**overrides) -> EngineConfig:
@@ -195,7 +195,7 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
         found = mutant.smallest()
         if isinstance(found, Trace) and not impl.traced:
             continue
-        trace = found if isinstance(found, Trace) else Trace.of_case(found)
+        trace = as_trace(found)
         try:
             for k in range(len(trace.steps)):
                 target.refuse_unfixed(impl, trace.case(k))

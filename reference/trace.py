@@ -77,6 +77,12 @@ class Trace:
         return cls(first.config, tuple(c.batch for c in cases), first.params, first.dtype)
 
 
+def as_trace(example: Trace | Case) -> Trace:
+    """An example as a trace: a trace as it is, a case as a trace of its one step (what a
+    traced mutant's ``reach``, ``trigger`` and an engine's declines read either way)."""
+    return example if isinstance(example, Trace) else Trace.of_case(example)
+
+
 def step_summary(prev: Batch | None, step: Batch) -> str:
     """One line of what the scheduler did between ``prev`` and ``step``: requests that
     arrived, finished (or were preempted) and had drafts rejected, and the step's shape.

@@ -77,7 +77,7 @@ from attnfuzz.reference.runner_step import (
     StepBuild,
     make_inputs,
 )
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 EXTRA_CONTEXT = 4
 """``kv_cache_configurator.py``: ``extra_max_context_len = 4`` (+ the draft tokens):
@@ -843,7 +843,7 @@ def replayed(trace: Trace | Case) -> list[RunnerStepInputs]:
     """The steps of ``trace`` (a case: a trace of one step) the decode graph replays:
     decodes or verifies of running requests (``runner_step.step_mode``) of at most the
     largest graph's batch size."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     sizes = graph_batch_sizes(trace.config)
     steps = [make_inputs(case) for case in trace.cases()]
     return [s for s in steps if sizes and step_mode(s) != "extend" and s.num_reqs <= sizes[-1]]

@@ -49,7 +49,7 @@ from attnfuzz.reference.runner_step import (
     StepBuild,
     make_inputs,
 )
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 SHARED = (
     "seq_lens",
@@ -181,7 +181,7 @@ run_flashinfer_decode_kv_short.new_engine = KV_SHORT.new_engine  # type: ignore[
 def reach_decode(trace: Trace | Case) -> bool:
     """A decode (no drafts) of running requests: the backends run it as a decode
     (``runner_step.step_mode``), FlashInfer's eagerly through its decode updater."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     return any(step_mode(make_inputs(case)) == "decode" for case in trace.cases())
 
 

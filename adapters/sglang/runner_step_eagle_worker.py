@@ -101,7 +101,7 @@ from attnfuzz.reference.runner_step import (
     RunnerStepOutputs,
     StepBuild,
 )
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 VOCAB = 2
 """The stand-in models' vocabulary: two tokens, enough for a verify to reject."""
@@ -890,7 +890,7 @@ def _draft_slots(trace: Trace | Case) -> Iterator[tuple[int, int, list[list[int]
     draft slots (``per_step_draft_out_cache_loc``: keys ``c .. c + num_steps - 1`` of a
     request of ``c`` committed), and the slots the step's requests read (the last
     attending draft step's: keys ``0 .. c + num_steps - 2``)."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     steps, pages = trace.config.num_spec, {}
     for case in trace.cases():
         inputs = decode.make_inputs(case)
@@ -1023,7 +1023,7 @@ def trigger_advanced_draft_extend(trace: Trace | Case) -> bool:
     """A verify the draft-extend graph replays (a draft graph holds its requests): its
     window's reads, planned from ``seq_lens``, run past the verify's tokens (each
     request accepts at least its bonus token), which the eager backend's do not."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     return any(draft_replays(decode.make_inputs(case)) for case in trace.cases())
 
 

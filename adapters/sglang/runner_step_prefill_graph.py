@@ -52,7 +52,7 @@ from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs, StepBuild
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 _RUNNER = "prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
 _WHERE = {
@@ -365,7 +365,7 @@ def padded_prefill(inputs: RunnerStepInputs) -> bool:
 def reach_padded_prefill(trace: Trace | Case) -> bool:
     """A step of ``trace`` (a case: a trace of one step) the prefill graph replays with
     padding tokens (:func:`padded_prefill`)."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     return any(padded_prefill(decode.make_inputs(c)) for c in trace.cases())
 
 
@@ -424,7 +424,7 @@ def trigger_stale_padding_slots(trace: Trace | Case) -> bool:
     prefill replays left the buffer (slot 0 before any), include one a real request of
     the step reads: a key of its own (SGLang's pages: a request's pages kept while it
     runs, new ones when it arrives or resumes)."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     pages: dict[int, list[int]] = {}
     left: list[int] = []  # the prefill buffer's out_cache_loc, as the last replay left it
     for case in trace.cases():
@@ -455,7 +455,7 @@ def _slots(pages: list[int], block_size: int, start: int, stop: int) -> list[int
 def reach_stale_padding_slots(trace: Trace | Case) -> bool:
     """A padded prefill replay after an earlier one of more tokens (whose slots the
     padding tokens could keep)."""
-    trace = trace if isinstance(trace, Trace) else Trace.of_case(trace)
+    trace = as_trace(trace)
     most = 0
     for case in trace.cases():
         inputs = decode.make_inputs(case)

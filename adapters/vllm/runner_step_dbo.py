@@ -62,7 +62,7 @@ from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import _LAYER
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs, StepBuild
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 from attnfuzz.strategies.traces import data_parallel_peer
 
 prepare = v1.prepare
@@ -334,10 +334,6 @@ run_not_rebased.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-def
 # -- the mutant's trigger -------------------------------------------------------------------
 
 
-def _steps(trace: Trace | Case) -> list[Batch]:
-    return list(trace.steps) if isinstance(trace, Trace) else [trace.batch]
-
-
 def reach_microbatching(trace: Trace | Case) -> bool:
     """An engine ``vllm-v1-dbo`` runs: V1, no drafter, pages the Triton backend runs."""
     c = trace.config
@@ -352,7 +348,7 @@ def trigger_not_rebased(trace: Trace | Case) -> bool:
     return reach_microbatching(trace) and any(
         len(b.q_lens) >= 2
         and data_parallel_peer(b.q_lens, b.num_computed_tokens) in ("uniform decode", "prefill")
-        for b in _steps(trace)
+        for b in as_trace(trace).steps
     )
 
 

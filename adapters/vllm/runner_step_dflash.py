@@ -50,7 +50,7 @@ from attnfuzz.adapters.vllm.lookahead import dflash_num_lookahead_tokens
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 
 def prepare() -> None:
@@ -214,7 +214,7 @@ def trigger_query_slots_unpadded(trace: Trace | Case) -> bool:
     graph has, which a larger one holds."""
     if not (reach_dflash(trace) and _full_decode(trace.config)):
         return False
-    steps = list(trace.steps) if isinstance(trace, Trace) else [trace.batch]
+    steps = as_trace(trace).steps
     counts = _captured_requests(trace.config)
     return any(
         len(b.q_lens) not in counts and any(n > len(b.q_lens) for n in counts) for b in steps[:-1]

@@ -28,7 +28,7 @@ from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 
 def prepare() -> None:
@@ -71,18 +71,16 @@ def reprefill_before_prompt(batch: Batch) -> bool:
     )
 
 
-def _steps(trace: Trace | Case) -> tuple[Batch, ...]:
-    return trace.steps if isinstance(trace, Trace) else (trace.batch,)
-
-
 def reach_reprefill(trace: Trace | Case) -> bool:
     """A step rejects two drafts or more of a request: the draft pass after it
     re-prefills (``num_reprefill_tokens = num_rejected - 1``)."""
-    return trace.config.runner == "v2" and any(x >= 2 for b in _steps(trace) for x in b.rejected)
+    steps = as_trace(trace).steps
+    return trace.config.runner == "v2" and any(x >= 2 for b in steps for x in b.rejected)
 
 
 def trigger_reprefill_before_prompt(trace: Trace | Case) -> bool:
-    return trace.config.runner == "v2" and any(reprefill_before_prompt(b) for b in _steps(trace))
+    steps = as_trace(trace).steps
+    return trace.config.runner == "v2" and any(reprefill_before_prompt(b) for b in steps)
 
 
 def smallest_reprefill_before_prompt() -> Trace:

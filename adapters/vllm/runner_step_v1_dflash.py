@@ -47,7 +47,7 @@ from attnfuzz.adapters.vllm.lookahead import dflash_num_lookahead_tokens
 from attnfuzz.adapters.vllm.runner_step_dflash import budget_declines
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 prepare = v1.prepare
 
@@ -185,7 +185,7 @@ def trigger_padding_slots_stale(trace: Trace | Case) -> bool:
     earlier proposal's query slots."""
     if not reach_v1_dflash(trace) or trace.config.cudagraph_mode == "NONE":
         return False
-    steps = list(trace.steps) if isinstance(trace, Trace) else [trace.batch]
+    steps = as_trace(trace).steps
     per_req = trace.config.num_spec + 1
     top = max(trace.config.cudagraph_capture_sizes, default=0)
     sizes = {-(-s // per_req) * per_req for s in trace.config.cudagraph_capture_sizes}

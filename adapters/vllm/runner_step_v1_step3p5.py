@@ -30,7 +30,7 @@ from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 prepare = v1.prepare
 
@@ -128,7 +128,7 @@ def trigger_padding_slots_stale(trace: Trace | Case) -> bool:
     c = trace.config
     if not reach_step3p5(trace) or c.num_spec < 2 or c.cudagraph_mode == "NONE":
         return False
-    steps = list(trace.steps) if isinstance(trace, Trace) else [trace.batch]
+    steps = as_trace(trace).steps
     per_req = c.num_spec + 1
     top = max(c.cudagraph_capture_sizes, default=0)
     sizes = {-(-s // per_req) * per_req for s in c.cudagraph_capture_sizes}

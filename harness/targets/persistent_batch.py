@@ -25,7 +25,7 @@ from attnfuzz.harness.oracle import Check, Mismatch, expect_equal, expect_meta, 
 from attnfuzz.harness.target import Implementation, Kind, Target
 from attnfuzz.reference import persistent_batch as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 DTYPES = {
     "query_start_loc": torch.int32,
@@ -151,22 +151,18 @@ reference_impl = ReferenceEngine()
 # from the steps alone whether the mutant's outputs differ from the reference's.
 
 
-def _trace(x: Trace | Case) -> Trace:
-    return x if isinstance(x, Trace) else Trace.of_case(x)
-
-
 def _scheduler_outputs(trace: Trace) -> list[ref.PersistentBatchInputs]:
     return [ref.make_inputs(case) for case in trace.cases()]
 
 
 def reach_later_step(trace: Trace | Case) -> bool:
     """A step after the first: it runs in buffers an earlier step found allocated."""
-    return len(_trace(trace).steps) > 1
+    return len(as_trace(trace).steps) > 1
 
 
 def trigger_workspace_first_step(trace: Trace | Case) -> bool:
     """A later step hands on more rows or slots than the first one did."""
-    first, *later = _scheduler_outputs(_trace(trace))
+    first, *later = _scheduler_outputs(as_trace(trace))
     return any(
         s.num_reqs_padded > first.num_reqs_padded or s.num_slot_tokens > first.num_slot_tokens
         for s in later
@@ -175,7 +171,7 @@ def trigger_workspace_first_step(trace: Trace | Case) -> bool:
 
 def reach_padding_after_a_step(trace: Trace | Case) -> bool:
     """A step after the first has padding rows (``R < R_pad``)."""
-    steps = _scheduler_outputs(_trace(trace))
+    steps = _scheduler_outputs(as_trace(trace))
     return any(s.num_reqs < s.num_reqs_padded for s in steps[1:])
 
 
@@ -183,7 +179,7 @@ def trigger_stale_padding_rows(trace: Trace | Case) -> bool:
     """A padding row ``i`` (``R <= i < R_pad``) that an earlier step's real request
     wrote (``i < R`` of that step): left unwritten, it keeps that length (never 0)."""
     most = 0  # rows an earlier step's real requests wrote: 0 .. most - 1
-    for s in _scheduler_outputs(_trace(trace)):
+    for s in _scheduler_outputs(as_trace(trace)):
         if s.num_reqs < min(s.num_reqs_padded, most):
             return True
         most = max(most, s.num_reqs)
@@ -233,14 +229,14 @@ def rows_seen(trace: Trace, reset_page_count: bool, read: bool = False) -> _Rows
 
 def reach_row_reuse(trace: Trace | Case) -> bool:
     """A new request takes a row an earlier request held (lowest free row first)."""
-    return rows_seen(_trace(trace), reset_page_count=True).reused
+    return rows_seen(as_trace(trace), reset_page_count=True).reused
 
 
 def trigger_row_reuse_page_count(trace: Trace | Case) -> bool:
     """With the old page count kept, some request's row disagrees with its pages: its
     first pages are the previous occupant's (unless the scheduler gave it the very
     pages the occupant held, in order), or the row overflows."""
-    return rows_seen(_trace(trace), reset_page_count=False).wrong
+    return rows_seen(as_trace(trace), reset_page_count=False).wrong
 
 
 def _continuing(trace: Trace) -> list[tuple[int, int]]:
@@ -259,13 +255,13 @@ def _continuing(trace: Trace) -> list[tuple[int, int]]:
 
 def reach_running_request(trace: Trace | Case) -> bool:
     """A request runs on from one step to the next (its computed tokens are updated)."""
-    return bool(_continuing(_trace(trace)))
+    return bool(_continuing(as_trace(trace)))
 
 
 def trigger_draft_rollback(trace: Trace | Case) -> bool:
     """A running request's computed tokens fall short of its last ``seq_len``: drafts
     were rejected, and taking them all as accepted overcounts its length."""
-    return any(computed != seq_len for computed, seq_len in _continuing(_trace(trace)))
+    return any(computed != seq_len for computed, seq_len in _continuing(as_trace(trace)))
 
 
 def _step(

@@ -53,7 +53,7 @@ from attnfuzz.reference.batch import (
     split_decodes_and_prefills,
 )
 from attnfuzz.reference.runner import StepPlan
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 
 class OwnCheck(StrEnum):
@@ -217,10 +217,6 @@ reference_impl = ReferenceRunner()
 # steps alone whether the mutant's builds break its property.
 
 
-def _trace(x: Trace | Case) -> Trace:
-    return x if isinstance(x, Trace) else Trace.of_case(x)
-
-
 def _plans(trace: Trace) -> list[tuple[ref.RunnerStepInputs, StepPlan]]:
     """Each step's scheduler output and how the runner runs it."""
     inputs = [ref.make_inputs(case) for case in trace.cases()]
@@ -230,18 +226,18 @@ def _plans(trace: Trace) -> list[tuple[ref.RunnerStepInputs, StepPlan]]:
 def reach_full_step(trace: Trace | Case) -> bool:
     """A step the runner replays as a FULL graph: it pads the attention metadata and
     prepares the graph's buffers."""
-    return any(plan.mode == "FULL" for _, plan in _plans(_trace(trace)))
+    return any(plan.mode == "FULL" for _, plan in _plans(as_trace(trace)))
 
 
 def trigger_padded_tokens(trace: Trace | Case) -> bool:
     """A FULL step with padded tokens (``T_pad > T``): the last real offset moves."""
-    plans = _plans(_trace(trace))
+    plans = _plans(as_trace(trace))
     return any(p.mode == "FULL" and p.num_tokens_padded > p.num_tokens for _, p in plans)
 
 
 def trigger_padding_requests(trace: Trace | Case) -> bool:
     """A FULL step with padding requests (``R_pad > R``): padding block-table rows."""
-    plans = _plans(_trace(trace))
+    plans = _plans(as_trace(trace))
     return any(p.mode == "FULL" and p.num_reqs_padded > p.num_reqs for _, p in plans)
 
 
@@ -249,7 +245,7 @@ def trigger_stale_replay_rows(trace: Trace | Case) -> bool:
     """Some FULL step has more requests than the graph's buffers were last prepared
     with (by the last replay, or the last capture run), and a row past those holds a
     length other than its request's: the graph's ``seq_lens`` followed in plain Python."""
-    trace = _trace(trace)
+    trace = as_trace(trace)
     seq_lens = [0] * trace.config.max_num_seqs
     prepared = 0
     for _, q_lens in ref.capture_steps(trace.config):
@@ -272,7 +268,7 @@ def trigger_stale_replay_rows(trace: Trace | Case) -> bool:
 
 def reach_later_arrival(trace: Trace | Case) -> bool:
     """A request new to the engine after its first step: it takes a row then."""
-    return any(any(rows.new_to_engine(step)) for step in _trace(trace).steps[1:])
+    return any(any(rows.new_to_engine(step)) for step in as_trace(trace).steps[1:])
 
 
 def trigger_reused_row(trace: Trace | Case) -> bool:
@@ -281,12 +277,12 @@ def trigger_reused_row(trace: Trace | Case) -> bool:
     ``cdiv(seq_len, block_size)``); or the row overflows the table (the append raises).
     A new request the scheduler gave the very pages the old one held in front reads
     nothing wrong."""
-    return persistent_batch.rows_seen(_trace(trace), reset_page_count=False, read=True).wrong
+    return persistent_batch.rows_seen(as_trace(trace), reset_page_count=False, read=True).wrong
 
 
 def overflows_row(trace: Trace | Case) -> bool:
     """With a reused row's page count kept, some row overflows the table."""
-    return persistent_batch.rows_seen(_trace(trace), reset_page_count=False).overflow
+    return persistent_batch.rows_seen(as_trace(trace), reset_page_count=False).overflow
 
 
 def _step(

@@ -13,7 +13,7 @@ from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.zoo.scores import ARMS, CaseSize, MutantScore, SeedRun
 from attnfuzz.reference.batch import Case
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 from attnfuzz.strategies.baselines import grid_cases, naive_random_cases
 from attnfuzz.strategies.batches import SMALL, Scale
 
@@ -26,7 +26,7 @@ def _finish(impl: Implementation, run: SeedRun, searched: Sequence[Case | Trace]
     """Counts over the search examples, evaluated after the run so they cost no search time.
     A mutant of the engine's life reads traces: a baseline's case is a trace of one step."""
     if impl.traced:
-        searched = [c if isinstance(c, Trace) else Trace.of_case(c) for c in searched]
+        searched = [as_trace(c) for c in searched]
     run.reached = _count_matching(impl.reach, searched)
     run.triggered = _count_matching(impl.trigger, searched)
     if run.case is not None and impl.trigger is not None:
