@@ -98,3 +98,63 @@ def test_an_uncorrected_drift_is_caught_by_history_invariance():
     assert not a.trigger_drift_uncorrected(kept) and a.reach_drift(kept)
     mutant = target.implementations["vllm-v1-async-drift-uncorrected"]
     assert target.judge_trace(mutant, kept).ok
+
+
+def near_the_limit(max_model_len: int = 71) -> Trace:
+    """One request prefills 63 tokens, decodes with three drafts and rejects them all,
+    then decodes with three drafts again from 64 computed tokens: the scheduler counts
+    67, so the runner's host count of the longest sequence is 71, the true one 68."""
+    config = spec_config(
+        max_model_len=max_model_len, max_num_seqs=1, max_num_batched_tokens=312,
+        block_size=16, num_spec=3, cudagraph_capture_sizes=(4,), cudagraph_mode="FULL",
+        cg_support="ALWAYS", runner="v1",
+    )  # fmt: skip
+    pages = ((1, 2, 3, 4, 5),)
+    return Trace(
+        config,
+        (
+            Batch((0,), (63,), req_ids=(0,), pages=pages, new_pages=(5,)),
+            Batch((63,), (4,), req_ids=(0,), pages=pages, new_pages=(0,), rejected=(3,)),
+            Batch((64,), (4,), req_ids=(0,), pages=pages, new_pages=(0,), rejected=(1,)),
+        ),
+    )
+
+
+def test_a_proposal_the_upper_bound_withholds_leaves_the_fresh_drafts_unjudged():
+    """Found by the search (seed 1): near the drafter's limit the async engine proposes
+    nothing after step 2 (``_input_fits_in_drafter`` reads ``max_seq_len``, the
+    optimistic 71, and 71 + 3 > 71), while the fresh engine, sent the true 64, fits
+    (68 + 3) and proposes. By design (``max_seq_len`` may be an upper bound): the fresh
+    engine's draft sub-steps of that step are left out, every other build judged. Three
+    tokens more room (74) and both propose, all their sub-steps judged; the engine
+    scheduled synchronously proposes on every engine."""
+    from attnfuzz.adapters.vllm import runner_step_v1
+
+    engine = adapter().AsyncRunnerStepEngine()
+    outs = run(near_the_limit(), engine)
+    assert engine.withheld(outs[2]) and not engine.withheld(outs[1])
+    for out in outs:
+        assert ref.violations(out) == []
+    assert not [b for b in outs[2].builds if b.draft is not None and b.how != "capture"]
+    roomy = run(near_the_limit(74))
+    assert {b.draft for b in roomy[2].of("fresh")} == {None, 0, 1, 2}
+    assert {b.draft for b in roomy[2].of("eager")} == {None, 0, 1, 2}
+    sync = run(near_the_limit(), runner_step_v1.RunnerStepEngine())
+    assert {b.draft for b in sync[2].of("eager")} == {None, 0, 1, 2}
+
+
+def test_a_withheld_proposal_is_judged_as_such_only_where_the_upper_bound_explains_it(
+    monkeypatch,
+):
+    """The same trace judged whole: it passes; with the upper bound not consulted (every
+    withheld proposal kept), the fresh engine's draft sub-steps have no eager build and
+    the step fails as ``[type] builds``: the leaving out is what makes it pass."""
+    from attnfuzz.harness.registry import get_target
+
+    target = get_target("runner-step")
+    impl = target.implementations["vllm-v1-async"]
+    assert target.judge_trace(impl, near_the_limit()).ok
+    monkeypatch.setattr(adapter().AsyncRunnerStepEngine, "withheld", lambda self, out: False)
+    adapter().run.new_engine()
+    verdict = target.judge_trace(impl, near_the_limit())
+    assert verdict.step == 2 and [m.where for m in verdict.mismatches] == ["builds"], verdict

@@ -23,12 +23,16 @@ The trace states the true computed tokens; each engine sends the optimistic coun
 each request that drafted in the step it ran just before, from its own history
 (:meth:`_AsyncEngine.output`). The step's builds are ``vllm-v1``'s: the fresh engine,
 whose requests come new in a warm-up step without drafts, is sent the true counts, so
-*history invariance* holds the corrected engine to it.
+*history invariance* holds the corrected engine to it. Near the drafter's length limit
+the corrected engine may propose nothing where the fresh one proposes, by design
+(:meth:`AsyncRunnerStepEngine.withheld`): the fresh engine's draft sub-steps of such a
+step are left out, and only of such a step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -37,7 +41,7 @@ import torch
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 prepare = v1.prepare
 
@@ -57,6 +61,7 @@ class _AsyncEngine(v1._Engine):
         # Per request of the step this engine ran last: where its query ended, and
         # whether it carried drafts.
         self.ran: dict[str, tuple[int, bool]] = {}
+        self.upper = 0  # the step's longest sequence as its scheduler output counts it
         super().__init__(*args, **kwargs)
 
     def output(self, inputs: RunnerStepInputs) -> Any:
@@ -75,6 +80,16 @@ class _AsyncEngine(v1._Engine):
                         f"past the {end} its last step reached"
                     )
                 cached.num_computed_tokens[j] = end
+        # The longest sequence as the runner's host copy counts it (max_seq_len).
+        sent = zip(cached.req_ids, cached.num_computed_tokens, strict=True)
+        counts = {**true, **dict(sent)}
+        self.upper = max(
+            (
+                counts[str(rid)] + q
+                for rid, q in zip(inputs.req_ids, inputs.query_lens, strict=True)
+            ),
+            default=0,
+        )
         drafts = out.scheduled_spec_decode_tokens
         self.ran = {
             str(rid): (c + q, bool(drafts.get(str(rid))))
@@ -89,6 +104,34 @@ class AsyncRunnerStepEngine(v1.RunnerStepEngine):
     """``vllm-v1``'s three engines, scheduled asynchronously."""
 
     engine_type = _AsyncEngine
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        """``vllm-v1``'s builds of the step; where the runner's upper bound withheld the
+        proposal, the fresh engine's draft sub-steps left out (:meth:`withheld`)."""
+        out = super().__call__(inputs)
+        if not self.withheld(out):
+            return out
+        kept = tuple(b for b in out.builds if b.how != "fresh" or b.draft is None)
+        return dataclasses.replace(out, builds=kept)
+
+    def withheld(self, out: RunnerStepOutputs) -> bool:
+        """Whether the eager engine proposed no drafts after the step because its host
+        count of the longest sequence, the optimistic one, leaves the drafter no room:
+        ``sample_tokens`` proposes only if ``_input_fits_in_drafter``
+        (``max_seq_len + num_spec_tokens <= effective_drafter_max_model_len``), and under
+        async scheduling ``max_seq_len`` is an upper bound by design
+        (``CommonAttentionMetadata.max_seq_len``: "may be an upper bound"; it is taken
+        from ``optimistic_seq_lens_cpu``), so near the drafter's limit the engine zeroes
+        the drafts a step early. The fresh engine, sent the true counts, proposes: its
+        draft sub-steps then have no eager build to be held to. Any other step where
+        the eager engine proposes nothing is left as it is, to be judged."""
+        eager = self.eager
+        if eager is None or eager.runner.speculative_config is None:
+            return False
+        if any(b.draft is not None for b in out.of("eager")):
+            return False
+        r = eager.runner
+        return eager.upper + r.num_spec_tokens > r.effective_drafter_max_model_len
 
 
 ENGINE = AsyncRunnerStepEngine()
@@ -138,10 +181,6 @@ run_drift_uncorrected.new_engine = _MUTATED.engine.new_engine  # type: ignore[at
 # -- the mutant's trigger -------------------------------------------------------------------
 
 
-def _steps(trace: Trace | Case) -> tuple[Batch, ...]:
-    return tuple(trace.steps) if isinstance(trace, Trace) else (trace.batch,)
-
-
 def _runs_on_after_drafts(trace: Trace | Case) -> list[int]:
     """For each request that verified drafts in a step and runs in the next: how many
     tokens its query ran past where it runs on from (its rollback, 0 for none)."""
@@ -149,7 +188,7 @@ def _runs_on_after_drafts(trace: Trace | Case) -> list[int]:
     if c.runner != "v1" or c.num_spec == 0:
         return []
     out = []
-    steps = _steps(trace)
+    steps = as_trace(trace).steps
     for before, prev, step in zip((None, *steps), steps, steps[1:], strict=False):
         held = set(before.req_ids) if before is not None else set()
         now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
