@@ -501,6 +501,13 @@ REQUIRES["runner_step_v1_dflash"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.set_inputs_first_pass"),
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.build_model_inputs_first_pass"),
 )  # fmt: skip
+# runner_step_v1_async: runner_step_v1's engine scheduled asynchronously, the runner
+# correcting the scheduler's optimistic counts itself.
+REQUIRES["runner_step_v1_async"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.spec_decode.utils", "update_num_computed_tokens_for_batch_change"),
+    Api(_V1_RUNNER, "GPUModelRunner._prepare_input_ids"),
+    Api(_V1_RUNNER, "AsyncGPUModelRunnerOutput"),
+)  # fmt: skip
 # runner_step_v1_step3p5: runner_step_v1's engine, its speculative config's step3p5_mtp
 # draft making the Step3.5 MTP proposer.
 REQUIRES["runner_step_v1_step3p5"] = REQUIRES["runner_step_v1"] + (
