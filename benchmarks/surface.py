@@ -1,7 +1,7 @@
 """How much of the engines' attention-metadata code attnfuzz's engine implementations run.
 
     python benchmarks/surface.py [--examples 200] [--engine vllm|sglang] [--target T ...]
-                                 [--top 10] [--json FILE] [--markdown FILE]
+                                 [--jobs N] [--top 10] [--json FILE] [--markdown FILE]
 
 The surface is read from the installed engine's own code, by rules, not from a
 hand list: the source files of the installed release are parsed (``ast``, no
@@ -41,7 +41,9 @@ exist is reported ``absent``.
 Every engine implementation (kind ``engine``, traced ones too) of every
 target runs ``--examples`` derandomized examples (seed 0) through
 ``attnfuzz.run``, which judges in this process, so that coverage.py
-(``pip install 'attnfuzz[bench]'``) sees the engine's code run. A function's
+(``pip install 'attnfuzz[bench]'``) sees the engine's code run. ``--jobs N``
+runs N implementations at once, each in a new process of its own, and combines
+their coverage data: the same runs, so the same figures, in less time. A function's
 lines are coverage's statements between its first body line and its last
 line, its branches the branch arcs that leave those lines.
 
@@ -517,37 +519,92 @@ def implementations(engine: str, targets: Sequence[str] | None) -> list[tuple[st
     return jobs
 
 
-def measure(
-    engine: str, parts: dict[str, list[Function] | None], jobs: list[tuple[str, str]], n: int
-) -> tuple[dict[str, dict], list[tuple[str, str, int, float, str]]]:
-    """Run every job under coverage; coverage's JSON report per surface file
-    (absolute path) and each run's target, implementation, examples, seconds, outcome."""
+def _run_one(target: str, impl: str, n: int) -> tuple[int, float, str]:
+    """One implementation's search, judged in this process: examples, seconds, outcome."""
     import attnfuzz
+
+    start = time.perf_counter()
+    try:
+        r = attnfuzz.run(target, impl, max_examples=n, seed=0)
+        outcome = "FAILED" if r.failed else "passed"
+        examples = r.examples
+    except Exception as err:  # a harness error ends one run, not the measurement
+        outcome, examples = f"error: {type(err).__name__}", 0
+    return examples, time.perf_counter() - start, outcome
+
+
+def _coverage(files: Sequence[str], data_file: str | None):
     import coverage
 
-    files = sorted({str(fn.file) for fns in parts.values() for fn in fns or []})
-    cov = coverage.Coverage(data_file=None, config_file=False, branch=True, include=files)
+    cov = coverage.Coverage(data_file=data_file, config_file=False, branch=True, include=files)
     # The engine is imported before the runs (by attnfuzz's registry): said, not a problem.
     cov.set_option("run:disable_warnings", ["module-not-measured", "no-data-collected"])
-    runs = []
+    return cov
+
+
+def _measured_job(
+    files: Sequence[str], data_file: str, target: str, impl: str, n: int
+) -> tuple[int, float, str]:
+    """A worker's job (a process of its own): one run under coverage, its data saved."""
+    import attnfuzz.kernels._triton  # noqa: F401  (Triton set up before an engine imports it)
+
+    cov = _coverage(files, data_file)
     cov.start()
     try:
-        for target, impl in jobs:
-            start = time.perf_counter()
-            try:
-                r = attnfuzz.run(target, impl, max_examples=n, seed=0)
-                outcome = "FAILED" if r.failed else "passed"
-                examples = r.examples
-            except Exception as err:  # a harness error ends one run, not the measurement
-                outcome, examples = f"error: {type(err).__name__}", 0
-            seconds = time.perf_counter() - start
-            runs.append((target, impl, examples, seconds, outcome))
-            print(
-                f"  {target} / {impl}: {examples} examples, {seconds:.1f}s, {outcome}", flush=True
-            )
+        return _run_one(target, impl, n)
     finally:
         cov.stop()
+        cov.save()
+
+
+def measure(
+    engine: str,
+    parts: dict[str, list[Function] | None],
+    jobs: list[tuple[str, str]],
+    n: int,
+    workers: int = 1,
+) -> tuple[dict[str, dict], list[tuple[str, str, int, float, str]]]:
+    """Run every job under coverage; coverage's JSON report per surface file
+    (absolute path) and each run's target, implementation, examples, seconds, outcome.
+
+    With ``workers`` > 1 each job runs in a new process of its own (``workers`` at a
+    time) and the coverage data of every job is combined: the same runs, the same
+    examples, so the same lines, in less time on a machine with the cores."""
+    files = sorted({str(fn.file) for fns in parts.values() for fn in fns or []})
+    runs = []
+
+    def record(target: str, impl: str, result: tuple[int, float, str]) -> None:
+        examples, seconds, outcome = result
+        runs.append((target, impl, examples, seconds, outcome))
+        print(f"  {target} / {impl}: {examples} examples, {seconds:.1f}s, {outcome}", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
+        if workers <= 1:
+            cov = _coverage(files, None)
+            cov.start()
+            try:
+                for target, impl in jobs:
+                    record(target, impl, _run_one(target, impl, n))
+            finally:
+                cov.stop()
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            data = [str(Path(tmp) / f".coverage.{i}") for i in range(len(jobs))]
+            # A fresh interpreter per job: no engine state or CUDA stand-in carried over.
+            pool = ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
+            )
+            with pool:
+                futures = [
+                    pool.submit(_measured_job, files, d, t, i, n)
+                    for d, (t, i) in zip(data, jobs, strict=True)
+                ]
+                for (target, impl), future in zip(jobs, futures, strict=True):
+                    record(target, impl, future.result())
+            cov = _coverage(files, str(Path(tmp) / ".coverage"))
+            cov.combine([d for d in data if Path(d).exists()], keep=True)
         out = Path(tmp) / "coverage.json"
         # Files never imported are reported too, every line missing.
         cov.json_report(morfs=files, outfile=str(out), ignore_errors=True)
@@ -556,7 +613,9 @@ def measure(
     return by_path, runs
 
 
-def engine_result(engine: str, n: int, targets: Sequence[str] | None) -> EngineResult | None:
+def engine_result(
+    engine: str, n: int, targets: Sequence[str] | None, workers: int = 1
+) -> EngineResult | None:
     root = package_root(engine)
     if root is None:
         print(f"{NAMES[engine]} is not installed: not measured")
@@ -565,7 +624,7 @@ def engine_result(engine: str, n: int, targets: Sequence[str] | None) -> EngineR
     parts = surface(root, SURFACE[engine])
     jobs = implementations(engine, targets)
     print(f"{NAMES[engine]} {release}: {len(jobs)} implementations, {n} examples each")
-    reports, runs = measure(engine, parts, jobs, n)
+    reports, runs = measure(engine, parts, jobs, n, workers)
     counted: dict[str, dict[str, Count] | None] = {}
     for part, fns in parts.items():
         reported = ((fn, reports.get(str(fn.file), {})) for fn in fns or [])
@@ -691,12 +750,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=10, help="largest functions not run, listed")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="implementations run at once, each in its own process"
+    )
     args = parser.parse_args()
 
     start = time.perf_counter()
     results = []
     for engine in args.engine or list(SURFACE):
-        r = engine_result(engine, args.examples, args.target)
+        r = engine_result(engine, args.examples, args.target, args.jobs)
         if r is not None:
             results.append(r)
     seconds = time.perf_counter() - start
