@@ -178,6 +178,22 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
     ),
 }
+_FROZEN_RUNNER = "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner"
+_FROZEN_WORKER = "sglang.srt.speculative.frozen_kv_mtp_worker_v2"
+_FROZEN_UTILS = "sglang.srt.speculative.frozen_kv_mtp_utils"
+REQUIRES["runner_step_frozen_kv_mtp"] = (
+    Api(_FROZEN_RUNNER, "FrozenKVMTPCudaGraphRunner.capture_one_shape"),
+    Api(_FROZEN_RUNNER, "FrozenKVMTPCudaGraphRunner.execute"),
+    Api(_FROZEN_RUNNER, "resolve_decode_backend"),
+    Api(_FROZEN_WORKER, "FrozenKVMTPDraftWorker._init_frozen_kv_metadata"),
+    Api(_FROZEN_WORKER, "FrozenKVMTPDraftWorker._init_frozen_kv_metadata_replay_cuda_graph"),
+    Api(_FROZEN_UTILS, "set_frozen_kv_positions"),
+    Api(_FROZEN_UTILS, "expand_for_topk_draft"),
+    Api("sglang.srt.speculative.frozen_kv_mtp_info", "FrozenKVMTPContext"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._capture"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _MULTI_LAYER_EAGLE_RUNNER = (
     "sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"
 )

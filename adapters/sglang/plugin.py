@@ -744,6 +744,22 @@ def _runner_step() -> list[Implementation]:
             declines=sglang.EngineCall("runner_step_draft_extend", "declines"),
             traced=True,
         ),
+        sglang_impl(
+            "runner_step_frozen_kv_mtp",
+            "run",
+            name="sglang-frozen-kv-mtp",
+            description="installed SGLang: the Frozen-KV MTP draft after each verify: "
+            "speculative/frozen_kv_mtp_cuda_graph_runner.py:FrozenKVMTPCudaGraphRunner "
+            "(__init__ and capture for every capture size, can_run_graph, execute) over "
+            "speculative/frozen_kv_mtp_worker_v2.py:FrozenKVMTPDraftWorker's metadata "
+            "methods (eager _init_frozen_kv_metadata, the graph's capture and replay "
+            "metadata, the target's pool through frozen_kv_target_view) and the draft "
+            "model runner's layers/attention/triton_backend.py:TritonAttnBackend; the "
+            "target's extend after an extend; rows kept in ReqToTokenPool; a graph, "
+            "worker-construction and draft-model stand-in",
+            declines=sglang.EngineCall("runner_step_frozen_kv_mtp", "declines"),
+            traced=True,
+        ),
         *_runner_step_multi_layer_eagle(),
         *_runner_step_eagle_worker(),
     ]

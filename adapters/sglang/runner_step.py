@@ -185,7 +185,11 @@ def pool_pages(config: EngineConfig) -> int:
 
 
 def _server_args(
-    config: EngineConfig, attention_backend: str = "triton", eagle_topk: int = 1, **extra: Any
+    config: EngineConfig,
+    attention_backend: str = "triton",
+    eagle_topk: int = 1,
+    algorithm: str = "EAGLE",
+    **extra: Any,
 ) -> Any:
     from sglang.srt.model_executor.cuda_graph_config import default_cuda_graph_config
 
@@ -196,7 +200,7 @@ def _server_args(
     spec = {}
     if config.num_spec:
         spec = dict(
-            speculative_algorithm="EAGLE",
+            speculative_algorithm=algorithm,
             speculative_num_draft_tokens=w,
             speculative_num_steps=config.num_spec,
             speculative_eagle_topk=eagle_topk,
