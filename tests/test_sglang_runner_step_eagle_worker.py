@@ -13,6 +13,7 @@ from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang  # the sglang mark, and the skip where SGLang is absent
 WORKER = "sglang.srt.speculative.eagle_worker_v2"
+DECODE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 
 
 def _step(computed, q_lens, req_ids, pages, new_pages, rejected=()) -> Batch:
@@ -76,6 +77,32 @@ def test_the_worker_s_step_builds_every_sub_step_and_accepts_the_step_s_drafts(m
     # both engines, then its decode batch on the three passes.
     assert modes == ["EXTEND"] * 2 + ["DECODE"] * 3
     assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+def test_the_verify_runs_in_the_decode_graph_after_its_planned_load(monkeypatch):
+    """``eagle_prepare_for_verify`` plans the verify through the decode graph runner's
+    ``load_batch``; the target's forward (``ModelRunner._forward_raw``) then runs the
+    runner's ``execute``, whose ``load_batch`` finds the metadata planned and copies
+    the replay's inputs: in the graphs' pass only, load, then execute and its load."""
+    import importlib
+
+    from attnfuzz.adapters.sglang import runner_step_eagle_worker as m
+
+    m.prepare()
+    runner = importlib.import_module(DECODE).DecodeCudaGraphRunner
+    calls = []
+    for name in ("load_batch", "execute"):
+        own = getattr(runner, name)
+
+        def counted(self, fb, *args, _own=own, _name=name, **kwargs):
+            if type(self) is runner:  # the target's, not a draft runner's
+                calls.append((_name, fb.forward_metadata_ready))
+            return _own(self, fb, *args, **kwargs)
+
+        monkeypatch.setattr(runner, name, counted)
+    (_, second), _, _ = _life(_arrive_then_verify(rejected=(1, 0, 2)), monkeypatch)
+    assert calls == [("load_batch", False), ("execute", True), ("load_batch", True)]
+    assert ref.violations(second) == []
 
 
 def test_stale_draft_slots_in_padding_rows_are_caught(monkeypatch):

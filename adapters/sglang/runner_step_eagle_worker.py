@@ -35,8 +35,10 @@ What runs, unchanged (SGLang 0.5.23):
   and ``_draft_extend_for_prefill``; ``_rebuild_topk1_chain_buffers``;
 - ``speculative/eagle_worker_common.py``: ``run_eagle_verify``
   (``eagle_utils.py:eagle_prepare_for_verify``, with the target decode graph
-  runner's ``load_batch`` where it serves the verify; ``eagle_sample``'s greedy
-  verification; the accepted lengths, bonus tokens and next draft input);
+  runner's ``load_batch`` where it serves the verify, then the target forward's
+  ``execute`` as ``ModelRunner._forward_raw`` calls it, whose ``load_batch`` finds
+  the metadata planned; ``eagle_sample``'s greedy verification; the accepted
+  lengths, bonus tokens and next draft input);
 - the graph runners ``DecodeCudaGraphRunner`` (the target verify),
   ``EAGLEDraftCudaGraphRunner`` and ``EAGLEDraftExtendCudaGraphRunner``, and the
   Triton backends, as :mod:`~attnfuzz.adapters.sglang.runner_step`,
@@ -213,9 +215,11 @@ class _TargetWorker:
                 capture_hidden_mode=kwargs.get("capture_hidden_mode"),
                 return_hidden_states_before_norm=False,
             )
-        if not forward_batch.forward_metadata_ready:  # ModelRunner.forward_extend's plan
-            self.engine.backend.init_forward_metadata(forward_batch)
         self.forward_batch = forward_batch
+        if batch is None and self._replayed(forward_batch):
+            pass  # the verify ran in the decode graph: its buffers hold what it read
+        elif not forward_batch.forward_metadata_ready:  # ModelRunner.forward_extend's plan
+            self.engine.backend.init_forward_metadata(forward_batch)
         if batch is not None:
             return self._prefilled(forward_batch)
         spec = forward_batch.spec_info
@@ -235,6 +239,18 @@ class _TargetWorker:
             indexer_topk_output=None,
             can_run_cuda_graph=False,
         )
+
+    def _replayed(self, fb: Any) -> bool:
+        """``ModelRunner._forward_raw`` of a verify: the decode graph runner's ``execute``
+        where it can run the batch (``can_run_graph``; a CUDA engine's mode check,
+        ``is_cuda_graph``), whose ``load_batch`` finds the metadata that
+        ``eagle_prepare_for_verify`` planned and copies the replay's inputs; the graph
+        stand-in's replay, whose output the logits below stand for."""
+        runner = self.model_runner.decode_cuda_graph_runner
+        if runner is None or not fb.forward_mode.is_cuda_graph() or not runner.can_run_graph(fb):
+            return False
+        runner.execute(fb)
+        return True
 
     def _prefilled(self, fb: Any) -> Any:
         """The target's extend: every token's hidden state, each request's next token,
