@@ -100,8 +100,10 @@ class _FrozenGraph(decode._Graph):
     graph reads); a replay hands back the draft's output."""
 
     def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
-        engine = self.runner.frozen_kv_mtp_worker
-        return _draft_output(shape_key.size, engine.speculative_num_steps, engine.num_draft_tokens)
+        worker = self.runner.frozen_kv_mtp_worker
+        return _draft_output(
+            shape_key.size, worker.speculative_num_steps, worker.speculative_num_draft_tokens
+        )
 
 
 class _FrozenEngine:
@@ -138,7 +140,7 @@ class _FrozenEngine:
         worker.draft_attn_backend = self.backend
         worker.topk = FROZEN_TOPK
         worker.speculative_num_steps = self.num_steps
-        worker.num_draft_tokens = self.config.next_n
+        worker.speculative_num_draft_tokens = self.config.next_n
         # The target's pool, which the draft reads (FrozenKVMTPDraftWorker._bind_kv_context).
         worker.kv_context = FrozenKVMTPContext(
             target_token_to_kv_pool=self.runner.token_to_kv_pool, physical_layer_ids={0: 0}
