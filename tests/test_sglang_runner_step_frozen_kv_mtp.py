@@ -4,11 +4,15 @@ hand traces, the engine functions they run, and a planted wrong value caught."""
 from __future__ import annotations
 
 import pytest
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import (
+    arrive_then_decode,
+    field_values,
+    life,
+    requires_sglang,
+)
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case
-from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang
 RUNNER = "sglang.srt.speculative.frozen_kv_mtp_cuda_graph_runner"
@@ -25,70 +29,41 @@ def _sglang(module: str):
     return importlib.import_module(module)
 
 
-def _step(computed, q_lens, req_ids, pages, new_pages) -> Batch:
-    return Batch(computed, q_lens, 0, True, req_ids=req_ids, pages=pages, new_pages=new_pages)
-
-
-def _life(trace: Trace) -> list[ref.RunnerStepOutputs]:
-    """Every step of ``trace`` on one new SGLang engine's frozen draft."""
+def _life() -> list[ref.RunnerStepOutputs]:
+    """Three requests arrive (an extend), then verify together (two drafts each) on one
+    new engine's frozen draft: the draft of the next round, three requests in the draft
+    graph of five."""
     from attnfuzz.adapters.sglang.runner_step_frozen_kv_mtp import run
 
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
+    return life(run, arrive_then_decode(num_spec=2))
 
 
-def _arrive_then_verify() -> Trace:
-    """Three requests arrive (an extend), then verify together: the draft of the next
-    round, three requests in the draft graph of four."""
-    config = spec_config(num_spec=2, max_num_seqs=4, cudagraph_capture_sizes=(3, 6, 12))
-    w = config.next_n
-    pages = ((1, 2), (3, 4), (5, 6))
-    return Trace(
-        config,
-        (
-            _step((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (2, 2, 2)),
-            _step((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
-        ),
-    )
-
-
-def _build(out: ref.RunnerStepOutputs, how: str) -> ref.StepBuild:
-    (build,) = out.of(how)
-    return build
-
-
-def _values(build: ref.StepBuild, name: str) -> list:
-    f = build.field(name)
-    assert f is not None, name
-    return f.values.tolist()
-
-
-def test_the_draft_after_a_verify_of_three_requests_replays_the_graph_of_four():
-    first, second = _life(_arrive_then_verify())
+def test_the_draft_after_a_verify_of_three_requests_replays_the_graph_of_five():
+    first, second = _life()
     assert [b.how for b in first.builds if b.how != "capture"] == ["eager", "fresh"]
     assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
     for how in ("padded", "replay"):
-        b = _build(second, how)
+        (b,) = second.of(how)
         assert (b.num_reqs, b.num_tokens) == (3, 9)
         # The committed prefix num_computed + 1, the rope phase at its last slot
-        # (set_frozen_kv_positions); the padding row: row 0, the fill length 1.
-        assert _values(b, "seq_lens") == [6, 4, 2, 1], how
-        assert _values(b, "positions") == [5, 3, 1, 0], how
-        assert _values(b, "req_pool_indices")[3] == 0, how
+        # (set_frozen_kv_positions); the padding rows: row 0, the fill length 1.
+        assert field_values(second, how, "seq_lens") == [6, 4, 2, 1, 1], how
+        assert field_values(second, how, "positions") == [5, 3, 1, 0, 0], how
+        assert field_values(second, how, "req_pool_indices")[3:] == [0, 0], how
         # The draft reads the target's keys: request 0's prefix of 6 on pages 1, 2 (of 4).
-        assert _values(b, "kv_len") == [6, 4, 2, 1], how
-        assert _values(b, "kv_slots")[0][:6] == [4, 5, 6, 7, 8, 9], how
-    eager = _build(second, "eager")
-    assert _values(eager, "seq_lens") == [6, 4, 2]
+        assert field_values(second, how, "kv_len") == [6, 4, 2, 1, 1], how
+        assert field_values(second, how, "kv_slots")[0][:6] == [4, 5, 6, 7, 8, 9], how
+    assert field_values(second, "eager", "seq_lens") == [6, 4, 2]
     assert ref.violations(first) == [] and ref.violations(second) == []
 
 
 def test_every_capture_batch_size_is_captured_once_at_the_engine_start():
-    first, second = _life(_arrive_then_verify())
+    first, second = _life()
     captures = list(first.of("capture"))
-    assert sorted(len(_values(b, "seq_lens")) for b in captures) == [1, 2, 4]
+    # The draft's graphs: the capture sizes over next_n (2, 4, 8, 16 tokens; 3 a request).
+    assert sorted(len(b.field("seq_lens").values) for b in captures) == [1, 2, 5]
     for b in captures:
-        assert set(_values(b, "seq_lens")) == {1}  # get_cuda_graph_seq_len_fill_value
+        assert set(b.field("seq_lens").values.tolist()) == {1}  # the fill value
     assert list(second.of("capture")) == []
 
 
@@ -116,7 +91,7 @@ def test_the_frozen_runner_s_and_worker_s_functions_run():
                 return _own(*args, **kwargs)
 
             mp.setattr(owner, name, counted)
-        _life(_arrive_then_verify())
+        _life()
     assert set(calls) == {f"{o.__name__}.{n}" for o, n in watched}
     assert calls["FrozenKVMTPDraftWorker._init_frozen_kv_metadata_capture_cuda_graph"] == 3
 
@@ -133,7 +108,7 @@ def test_a_wrong_slot_in_the_replay_s_metadata_is_caught(monkeypatch):
         self.draft_attn_backend.cuda_graph_kv_indices[1] += 1  # request 0's second slot
 
     monkeypatch.setattr(Worker, "_init_frozen_kv_metadata_replay_cuda_graph", planted)
-    _, second = _life(_arrive_then_verify())
+    _, second = _life()
     found = {(v.prop, v.field, v.build) for v in ref.violations(second)}
     assert found == {
         ("padding invariance", "kv_indices", "padded"),
