@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.sglang.testing import requires_sglang
+from attnfuzz.adapters.sglang.testing import calls_counted, requires_sglang
 from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case
@@ -126,7 +126,6 @@ def test_the_draft_runner_s_functions_run():
     TritonMultiStepDraftBackend = _sglang(TRITON).TritonMultiStepDraftBackend
     EAGLEDraftCudaGraphRunner = _sglang(DRAFT_RUNNER).EAGLEDraftCudaGraphRunner
 
-    calls: dict[str, int] = {}
     watched = [
         (EAGLEDraftCudaGraphRunner, "__init__"),
         (EAGLEDraftCudaGraphRunner, "capture"),
@@ -137,15 +136,7 @@ def test_the_draft_runner_s_functions_run():
         (TritonMultiStepDraftBackend, "init_cuda_graph_state"),
         (TritonMultiStepDraftBackend, "init_forward_metadata_out_graph"),
     ]
-    with pytest.MonkeyPatch.context() as mp:
-        for owner, name in watched:
-            own = getattr(owner, name)
-
-            def counted(*args, _own=own, _name=f"{owner.__name__}.{name}", **kwargs):
-                calls[_name] = calls.get(_name, 0) + 1
-                return _own(*args, **kwargs)
-
-            mp.setattr(owner, name, counted)
+    with calls_counted(watched) as calls:
         _life(_arrive_then_verify())
     assert set(calls) == {f"{o.__name__}.{n}" for o, n in watched}
     # A capture for each of the 3 batch sizes, and the replay's.

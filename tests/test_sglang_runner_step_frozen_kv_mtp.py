@@ -3,9 +3,9 @@ hand traces, the engine functions they run, and a planted wrong value caught."""
 
 from __future__ import annotations
 
-import pytest
 from attnfuzz.adapters.sglang.testing import (
     arrive_then_decode,
+    calls_counted,
     field_values,
     life,
     requires_sglang,
@@ -72,7 +72,6 @@ def test_the_frozen_runner_s_and_worker_s_functions_run():
     own metadata methods (the real class's), each run by a trace."""
     Runner = _sglang(RUNNER).FrozenKVMTPCudaGraphRunner
     Worker = _sglang(WORKER).FrozenKVMTPDraftWorker
-    calls: dict[str, int] = {}
     watched = [
         (Runner, "__init__"),
         (Runner, "capture_one_shape"),
@@ -82,15 +81,7 @@ def test_the_frozen_runner_s_and_worker_s_functions_run():
         (Worker, "_init_frozen_kv_metadata_capture_cuda_graph"),
         (Worker, "_init_frozen_kv_metadata_replay_cuda_graph"),
     ]
-    with pytest.MonkeyPatch.context() as mp:
-        for owner, name in watched:
-            own = getattr(owner, name)
-
-            def counted(*args, _own=own, _name=f"{owner.__name__}.{name}", **kwargs):
-                calls[_name] = calls.get(_name, 0) + 1
-                return _own(*args, **kwargs)
-
-            mp.setattr(owner, name, counted)
+    with calls_counted(watched) as calls:
         _life()
     assert set(calls) == {f"{o.__name__}.{n}" for o, n in watched}
     assert calls["FrozenKVMTPDraftWorker._init_frozen_kv_metadata_capture_cuda_graph"] == 3

@@ -61,6 +61,7 @@ from typing import Any
 
 import torch
 from attnfuzz.adapters.sglang import runner_step as decode
+from attnfuzz.adapters.sglang.runner_step_draft import DraftLife
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 
@@ -268,10 +269,11 @@ _WHERE = {
 }
 
 
-class FrozenLife(decode.EngineLife):
+class FrozenLife(DraftLife):
     """SGLang's Frozen-KV MTP draft across the steps of one engine: called with each
     scheduler output of the target. A verify is followed by the draft of the next
-    round; any other step is the target's, eagerly (``sglang``'s builds)."""
+    round; any other step is the target's, eagerly (``sglang``'s builds): as
+    ``sglang-eagle-draft``'s life, over the frozen draft's engine and graph runner."""
 
     @staticmethod
     def server_args(config: EngineConfig, attention_backend: str) -> Any:
@@ -280,18 +282,8 @@ class FrozenLife(decode.EngineLife):
     def prepare(self) -> None:
         prepare()
 
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> _FrozenEngine:
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
         return _FrozenEngine(config, device, graphs=graphs)
-
-    def core(self, engine: _FrozenEngine) -> Any:
-        return engine.engine
-
-    def eager(
-        self, engine: _FrozenEngine, inputs: RunnerStepInputs, mode: str, how: str
-    ) -> StepBuild:
-        if mode == "verify":
-            return engine.eager(inputs, how=how)
-        return engine.engine.eager(inputs, mode, how=how)
 
     def graph_read(self, engine: _FrozenEngine) -> list[Any]:
         return [engine.backend]

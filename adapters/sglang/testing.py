@@ -6,7 +6,9 @@ CI installs SGLang (``ATTNFUZZ_SGLANG=1 ./setup.sh``) and sets
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -73,6 +75,24 @@ def field_values(out: RunnerStepOutputs, how: str, name: str) -> list:
     f = build.field(name)
     assert f is not None, name
     return f.values.tolist()
+
+
+@contextlib.contextmanager
+def calls_counted(watched: list[tuple[type, str]]) -> Iterator[dict[str, int]]:
+    """While the block runs, each call of a method of ``watched`` (``(class, name)``
+    pairs) counted, by ``Class.name``; the methods restored after."""
+    calls: dict[str, int] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, name in watched:
+            own = getattr(owner, name)
+
+            def counted(*args: Any, _own: Any = own, _name: str = f"{owner.__name__}.{name}",
+                        **kwargs: Any) -> Any:  # fmt: skip
+                calls[_name] = calls.get(_name, 0) + 1
+                return _own(*args, **kwargs)
+
+            mp.setattr(owner, name, counted)
+        yield calls
 
 
 def eagle_worker_life(
