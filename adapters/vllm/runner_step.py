@@ -448,8 +448,13 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
     which do not run, read); the accelerator's memory queries around the capture (how
     much the graphs took); the workspace lock after it (``Worker.init_device``'s
     workspace manager, process-wide: :func:`._engine.worker_workspace` makes the
-    engine's); the global graph pool. Host memory for the
+    engine's); the global graph pool; the garbage collections of the memory profiler
+    and of the capture's freezing of the heap (``gc.collect``: each a full pass over a
+    process that holds vLLM and torch, most of an engine's start here, and one that
+    only frees host memory: nothing the runner computes reads it). Host memory for the
     buffers (:func:`.slot_mapping.host_memory`)."""
+    import gc
+
     import vllm.v1.worker.gpu.cudagraph_utils as cg
     import vllm.v1.worker.gpu.model_runner as model_runner
 
@@ -463,6 +468,7 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
             (torch.cuda, "Event", nothing),
             (torch.accelerator, "empty_cache", nothing),
             (torch.accelerator, "get_memory_info", lambda *a: (0, 0)),
+            (gc, "collect", lambda *a, **k: 0),
             (model_runner, "get_pp_group", _one_rank),
             (model_runner, "init_kv_cache", lambda *a, **k: {}),
             (model_runner, "lock_workspace", nothing),
