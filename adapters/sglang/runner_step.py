@@ -69,6 +69,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang.triton_backend import HEAD_DIM, _KVPool
+from attnfuzz.adapters.standins import no_collections
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
 from attnfuzz.reference.runner_step import (
     Field,
@@ -139,7 +140,8 @@ def _no_cuda_graphs(graph: type[_Graph], also: Any = None) -> Iterator[None]:
     """While the runner is built: its graph backend is :class:`_Graph`, its capture
     stream none (``decode_cuda_graph_runner``'s own names, restored after); ``also``:
     a draft runner's module, whose own name ``resolve_decode_backend`` is the graph
-    backend too."""
+    backend too. The capture's garbage collections are none
+    (:func:`..standins.no_collections`)."""
     from sglang.srt.model_executor.runner import decode_cuda_graph_runner as module
 
     if also is not None:
@@ -167,7 +169,7 @@ def _no_cuda_graphs(graph: type[_Graph], also: Any = None) -> Iterator[None]:
     # reads it only to compile): the group of one process, never built here.
     group = _engine.StandIn(ca_comm=None, world_size=1, rank_in_group=0)
     try:
-        with module.get_parallel().override(tp_group=group):
+        with module.get_parallel().override(tp_group=group), no_collections():
             yield
     finally:
         for name, value in saved.items():

@@ -50,6 +50,7 @@ from unittest import mock
 import torch
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
+from attnfuzz.adapters.standins import no_collections
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace, as_trace
@@ -211,6 +212,7 @@ class PrefillGraphEngine(decode._Engine):
             mock.patch.object(module, "graph_capture", graph_capture),
             mock.patch.object(module, "get_or_create_global_graph_capture_stream", lambda: None),
             module.get_parallel().override(tp_group=group),
+            no_collections(),
             contextlib.redirect_stderr(io.StringIO()),
         ):
             return module.PrefillCudaGraphRunner(self.runner)

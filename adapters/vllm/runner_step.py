@@ -124,6 +124,7 @@ from unittest import mock
 import attnfuzz.kernels._triton  # noqa: F401  (TRITON_INTERPRET before vLLM's kernels are defined)
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import no_collections
 from attnfuzz.adapters.vllm import _engine
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.lookahead import Lookahead, num_lookahead_tokens
@@ -448,12 +449,9 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
     which do not run, read); the accelerator's memory queries around the capture (how
     much the graphs took); the workspace lock after it (``Worker.init_device``'s
     workspace manager, process-wide: :func:`._engine.worker_workspace` makes the
-    engine's); the global graph pool; the garbage collections of the memory profiler
-    and of the capture's freezing of the heap (``gc.collect``: each a full pass over a
-    process that holds vLLM and torch, most of an engine's start here, and one that
-    only frees host memory: nothing the runner computes reads it). Host memory for the
-    buffers (:func:`.slot_mapping.host_memory`)."""
-    import gc
+    engine's); the global graph pool; the memory profiler's and the capture's garbage
+    collections (:func:`..standins.no_collections`). Host memory for the buffers
+    (:func:`.slot_mapping.host_memory`)."""
 
     import vllm.v1.worker.gpu.cudagraph_utils as cg
     import vllm.v1.worker.gpu.model_runner as model_runner
@@ -463,12 +461,12 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(host_memory(device))
+        stack.enter_context(no_collections())
         for owner, name, value in (
             (torch.cuda, "Stream", nothing),
             (torch.cuda, "Event", nothing),
             (torch.accelerator, "empty_cache", nothing),
             (torch.accelerator, "get_memory_info", lambda *a: (0, 0)),
-            (gc, "collect", lambda *a, **k: 0),
             (model_runner, "get_pp_group", _one_rank),
             (model_runner, "init_kv_cache", lambda *a, **k: {}),
             (model_runner, "lock_workspace", nothing),
