@@ -534,6 +534,16 @@ REQUIRES["runner_step_flash_attn"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backend", "AttentionCGSupport"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+# runner_step_flashmla: runner_step_mla's engine on the FlashMLA backend, its KV cache
+# fp8; the SM count and FlashMLA's schedule calls looked up in flashmla.py.
+REQUIRES["runner_step_flashmla"] = REQUIRES["runner_step_mla"] + (
+    Api("vllm.v1.attention.backends.mla.flashmla", "FlashMLABackend"),
+    Api("vllm.v1.attention.backends.mla.flashmla", "FlashMLAMetadataBuilder._build_decode"),
+    Api("vllm.v1.attention.backends.mla.flashmla", "num_compute_units"),
+    Api("vllm.v1.attention.backends.mla.flashmla", "get_mla_metadata"),
+    Api("vllm.v1.attention.backends.mla.flashmla", "get_mla_metadata_dense_fp8"),
+    Api("vllm.v1.attention.ops.flashmla", "FlashMLASchedMeta"),
+)  # fmt: skip
 # runner_step_flashinfer: runner_step_v1's engine on the FlashInfer backend, the platform
 # and TRT-LLM queries looked up in flashinfer.py and vllm.utils.flashinfer. flashinfer.py
 # imports the flashinfer package at load, which a probe here does not stand in for: the

@@ -529,6 +529,46 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
+_flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
+
+
+def _runner_step_flashmla() -> list[Implementation]:
+    """``vllm-v1-mla``'s step on the FlashMLA backend, its KV cache fp8, and a mutant of
+    its builder's graph buffers of the decode schedule."""
+    # FlashMLABackend.get_supported_kernel_block_sizes: pages of 64 tokens only. No
+    # drafter (next_n 1): the drafter's sub-steps build through MLACommonMetadataBuilder,
+    # vllm-v1-mla's to judge; the decode path still takes multi-token queries (the
+    # reorder threshold of 128 makes short prefills decodes).
+    pages = {"fixes": {"block_size": 64, "next_n": 1}, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_flashmla",
+            "run",
+            name="vllm-v1-flashmla",
+            description="installed vLLM (V1 runner) of an MLA model on the FlashMLA backend "
+            "as on an sm90 GPU, its KV cache fp8: vllm-v1-mla's step with its MLA layer on "
+            "FLASHMLA (vllm/v1/attention/backends/mla/flashmla.py: "
+            "FlashMLAMetadataBuilder.__init__, _build_decode, the fp8 schedule copied into "
+            "its graph buffers; the reorder threshold 128), FlashMLA's schedule calls "
+            "stood in by their contracts, every field of its metadata a kernel reads judged",
+            **pages,
+        ),
+        _step_impl(
+            "runner_step_flashmla",
+            "schedule_not_persistent",
+            name="vllm-v1-flashmla-schedule-not-persistent",
+            kind="mutant",
+            description="installed vLLM (V1 runner, FlashMLA, fp8 cache) with "
+            "FlashMLAMetadataBuilder._build_decode handing the kernel the fp8 schedule "
+            "FlashMLA made, not its copy in the graph buffers",
+            trigger=_flashmla_hook("trigger_full_decode"),
+            reach=_flashmla_hook("reach_full_graphs"),
+            smallest=_flashmla_hook("smallest_full_decode"),
+            **pages,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1177,6 +1217,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
+            *_runner_step_flashmla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),

@@ -95,17 +95,17 @@ declines_config = v1.declines_config
 """:func:`declines` of an engine of ``config`` alone (its step not read)."""
 
 
-def _mla_layer(vllm_config: Any) -> Any:
+def _mla_layer(vllm_config: Any, backend: type) -> Any:
     """An MLA layer as the static forward context holds it (``MLAAttention.__init__``):
     what the builder reads of it, its latent dimensions and its prefill backend, made
     as the layer makes it, of the class vLLM's selector picks for the platform; its
-    backend Triton MLA (the MTP draft layer's too: the drafter's
+    backend the engine's (the MTP draft layer's too: the drafter's
     ``initialize_attn_backend`` asks it)."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     class MLALayer(_MLALayer, AttentionLayerBase):
         def get_attn_backend(self) -> type:
-            return _backend()
+            return backend
 
         def get_kv_cache_spec(self, vllm_config: Any) -> None:
             return None  # the engine's KV-cache group holds the layer
@@ -244,6 +244,9 @@ def _mla_fields(config: EngineConfig, seen: v1._Seen) -> list[Field]:
 class _MLAEngine(v1._Engine):
     """A V1 runner whose attention layer is an MLA layer on the Triton MLA backend."""
 
+    backend = staticmethod(_backend)  # the MLA backend class, of its layers
+    kv_cache_dtype = "auto"  # CacheConfig.cache_dtype: the model's (bf16)
+
     def attention_group(self) -> tuple[type, Any]:
         from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -257,15 +260,22 @@ class _MLAEngine(v1._Engine):
         model.model_arch_config = copy.copy(model.model_arch_config)
         model.model_arch_config.head_size = KV_LORA_RANK + QK_ROPE_HEAD_DIM
         layers = vc.compilation_config.static_forward_context
-        layers[_LAYER] = _mla_layer(vc)
+        layers[_LAYER] = _mla_layer(vc, self.backend())
         if drafting.DRAFT_LAYER in layers:  # the MTP layer is an MLA layer too
-            layers[drafting.DRAFT_LAYER] = _mla_layer(vc)
+            layers[drafting.DRAFT_LAYER] = _mla_layer(vc, self.backend())
         self.recorder.freeze = _freeze
+        # The KV cache's dtype, which the builders read of the cache config (an fp8
+        # cache is a byte a value: KVCacheSpec's dtype for it, kv_cache_dtype_str_to_dtype).
+        vc.cache_config = copy.copy(vc.cache_config)
+        vc.cache_config.cache_dtype = self.kv_cache_dtype
+        auto = self.kv_cache_dtype == "auto"
         spec = MLAAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1,
-            head_size=KV_LORA_RANK + QK_ROPE_HEAD_DIM, dtype=torch.bfloat16,
+            head_size=KV_LORA_RANK + QK_ROPE_HEAD_DIM,
+            dtype=torch.bfloat16 if auto else torch.uint8,
+            cache_dtype_str=None if auto else self.kv_cache_dtype,
         )  # fmt: skip
-        return _backend(), spec
+        return self.backend(), spec
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode
