@@ -234,6 +234,37 @@ def test_a_preempted_request_is_resumed_with_its_new_pages(monkeypatch):
     assert fresh.field("seq_lens").values.tolist() == eager.field("seq_lens").values.tolist()
 
 
+def test_a_resumed_request_recomputing_in_chunks_is_scheduled_no_drafts(monkeypatch):
+    """Request 1 prefills 9 tokens, is preempted at step 1 and recomputes from 0 in
+    chunks; at step 3 its query of 2 tokens is a chunk of that recomputation, not a
+    token and a draft: ``Scheduler.schedule`` schedules drafts only past a request's
+    tokens, and the fresh engine holds the request as recomputing too, so both agree on
+    the drafter's sub-steps after it (before, the eager engine took the chunk for a
+    draft, and its second draft sub-step read request 0's position for request 1)."""
+    from attnfuzz.adapters.vllm import runner_step_v1
+
+    steps = (
+        Batch((0, 0), (5, 9), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((5,), (1,), req_ids=(0,), pages=((1,),), new_pages=(0,)),
+        Batch((6, 0), (1, 4), req_ids=(0, 1), pages=((1,), (3,)), new_pages=(0, 1)),
+        Batch((7, 4), (1, 2), req_ids=(0, 1), pages=((1,), (3,)), new_pages=(0, 0)),
+    )  # fmt: skip
+    scheduled = []
+    original = runner_step_v1._Engine.output
+
+    def spy(self, inputs):
+        out = original(self, inputs)
+        scheduled.append(dict(out.scheduled_spec_decode_tokens))
+        return out
+
+    monkeypatch.setattr(runner_step_v1._Engine, "output", spy)
+    outs = run_trace(Trace(small_config(num_spec=2), steps))
+    assert "1" not in scheduled[-1]  # the last step's fresh engine: a chunk, no drafts
+    (eager,) = [b for b in drafts(outs[-1], "eager") if b.draft == 1]
+    (fresh,) = [b for b in drafts(outs[-1], "fresh") if b.draft == 1]
+    assert eager.field("positions").values.tolist() == fresh.field("positions").values.tolist()
+
+
 def v1_traces(block_size: int, max_steps: int, max_examples: int):  # noqa: ANN201
     """A derandomized test over traces of a V1 engine of ``block_size`` (the Triton
     backend's kernel block sizes are multiples of 16), with the lookahead vLLM's

@@ -443,6 +443,11 @@ class _Engine:
             r.may_reinitialize_input_batch(kv)
             r.model = self.load(resolved)
         self.held: set[str] = set()
+        # The tokens of each request new to the engine whose prompt the step alone does
+        # not tell (a fresh engine's warm-up of a request its twin is still recomputing).
+        self.prompts: dict[str, int] = {}
+        # Each request's tokens (prompt and outputs) before the last step it was told.
+        self.tokens: dict[str, int] = {}
         self.capture()
 
     def load(self, resolved: Any) -> Any:
@@ -500,8 +505,28 @@ class _Engine:
         return mode
 
     def output(self, inputs: RunnerStepInputs) -> Any:
-        """The step's scheduler output to this engine (:func:`_output`)."""
-        return _output(inputs, self.held)
+        """The step's scheduler output to this engine (:func:`_output`): a new request's
+        prompt ``prompts`` says, where it says one; a running request scheduled only the
+        drafts past its tokens, as ``Scheduler.schedule`` schedules them
+        (``num_new_tokens + num_computed_tokens - num_tokens``: none for a request still
+        recomputing what it had before it was preempted, whose query is a prefill chunk)."""
+        out = _output(inputs, self.held)
+        for new in out.scheduled_new_reqs:
+            if new.req_id in self.prompts:
+                new.prompt_token_ids = new.prefill_token_ids = [0] * self.prompts[new.req_id]
+        requests = self.runner.requests
+        self.tokens = {rid: requests[rid].num_tokens for rid in out.num_scheduled_tokens
+                       if rid in requests}  # fmt: skip
+        cached = out.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        drafts = out.scheduled_spec_decode_tokens
+        for rid in list(drafts):
+            past = computed[rid] + out.num_scheduled_tokens[rid] - self.tokens[rid]
+            if past <= 0:
+                del drafts[rid]
+            else:
+                drafts[rid] = drafts[rid][:past]
+        return out
 
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
         """Every field a consumer reads of one forward (:func:`_fields`), and what the
@@ -1000,9 +1025,14 @@ class RunnerStepEngine:
                 if inputs.is_new[i]:
                     warm.append((-1 - row, 0, ()))  # a placeholder: no step's id is negative
                 else:
-                    warm.append(
-                        (int(rid), self.warm_computed(inputs.num_computed_tokens[i]), held[rid])
-                    )
+                    computed = inputs.num_computed_tokens[i]
+                    warm.append((int(rid), self.warm_computed(computed), held[rid]))
+                    # A request the eager engine is still recomputing (preempted, back):
+                    # its prompt all the tokens it had, so that the fresh engine's warm-up
+                    # leaves it recomputing too (no token sampled, none drafted after).
+                    tokens = self.eager.tokens.get(rid, 0) if self.eager else 0
+                    if tokens > computed + 1:
+                        fresh.prompts[rid] = tokens
             step = RunnerStepInputs(
                 config=config,
                 req_ids=tuple(w[0] for w in warm),
