@@ -535,11 +535,8 @@ _flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
 def _runner_step_flashmla() -> list[Implementation]:
     """``vllm-v1-mla``'s step on the FlashMLA backend, its KV cache fp8, and a mutant of
     its builder's graph buffers of the decode schedule."""
-    # FlashMLABackend.get_supported_kernel_block_sizes: pages of 64 tokens only. No
-    # drafter (next_n 1): the drafter's sub-steps build through MLACommonMetadataBuilder,
-    # vllm-v1-mla's to judge; the decode path still takes multi-token queries (the
-    # reorder threshold of 128 makes short prefills decodes).
-    pages = {"fixes": {"block_size": 64, "next_n": 1}, "declines": "declines", "traced": True}
+    # FlashMLABackend.get_supported_kernel_block_sizes: pages of 64 tokens only.
+    pages = {"fixes": {"block_size": 64}, "declines": "declines", "traced": True}
     return [
         _step_impl(
             "runner_step_flashmla",

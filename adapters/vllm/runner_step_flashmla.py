@@ -39,10 +39,7 @@ raising "FlashMLA is not available"):
 
 The model's latent cache is fp8 (``CacheConfig.cache_dtype``, one byte a value in the
 KV-cache spec); ``FlashMLABackend`` takes pages of 64 tokens only
-(``get_supported_kernel_block_sizes``), so the implementation draws that block size,
-and no drafter (``next_n`` 1): a draft sub-step builds through
-``MLACommonMetadataBuilder``, which ``vllm-v1-mla`` judges; the decode path still takes
-multi-token queries, the short prefills the threshold of 128 makes decodes.
+(``get_supported_kernel_block_sizes``), so the implementation draws that block size.
 
 Fields: ``vllm-v1-mla``'s (every MLA tensor a kernel reads, ``kv_len`` and ``kv_slots``,
 the forward context's slot mapping, the positions) and ``flashmla.schedule_stale``: of
