@@ -89,6 +89,22 @@ def test_a_decode_padded_for_a_full_graph_reads_the_same_keys_in_every_build():
         assert {f.name for f in b.fields} == set(rb.SHARED)
 
 
+def test_flashmla_joins_at_pages_of_64_and_reads_the_same_keys():
+    """At pages of 64 tokens FlashMLA (fp8 cache) is beside the others: the same prefill
+    then decode padded to the FULL graph, every backend reads keys 0..3 of page 1."""
+    rb = _backends()
+    from attnfuzz.adapters.vllm import runner_step_flashmla
+
+    _, out = run_trace(runner_step_flashmla.smallest_full_decode(), rb.run)
+    assert ref.violations(out) == []
+    builds = by_backend(out)
+    assert sorted(builds) == [
+        "flash_attn", "flashinfer", "flashmla", "gpu_model_runner", "mla_attention",
+    ]  # fmt: skip
+    for name, b in builds.items():
+        assert keys(b) == [[64, 65, 66, 67]], name
+
+
 def test_a_chunked_prefill_reads_its_cached_context_then_its_own_keys():
     """Request 0 chunks 12 more tokens of its prompt onto 5 cached ones (row 0) while
     request 1 decodes 2 (with one draft): MLA puts the decode first
@@ -105,14 +121,15 @@ def test_a_chunked_prefill_reads_its_cached_context_then_its_own_keys():
     )
     _, out = run_trace(Trace(config, steps), rb.run)
     assert ref.violations(out) == []
-    triton, mla_engine = rb.ENGINES.triton.eager, rb.ENGINES.others[-1].engine
+    triton = rb.ENGINES.triton.eager
+    (mla_engine,) = [o.engine for o in rb.ENGINES.others if o.where == rb._MLA_WHERE]
     assert triton.runner.input_batch.req_ids == ["0", "1"]
     assert mla_engine.runner.input_batch.req_ids == ["1", "0"]  # decodes first
     prefill = [*range(32, 48), 48]  # page 2, then page 3's first key
     for name, b in by_backend(out).items():
         assert b.field("kv_len").values.tolist() == [17, 5], name
         assert keys(b) == [prefill, [16, 17, 18, 19, 20]], name
-    (mla_build,) = [b for b in out.of("backend") if "mla" in b.where]
+    (mla_build,) = [b for b in out.of("backend") if b.where == rb._MLA_WHERE]
     # The new keys' slots are the slot mapping's, in the Triton engine's token order.
     assert mla_build.field("slot_mapping").values[:12].tolist() == list(range(37, 49))
 

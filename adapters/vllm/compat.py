@@ -561,13 +561,15 @@ REQUIRES["runner_step_flashinfer"] = REQUIRES["runner_step_v1"] + (
 )  # fmt: skip
 
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's,
-# runner_step_flashinfer's and runner_step_mla's (their entries: every API each calls),
+# runner_step_flashinfer's, runner_step_mla's and runner_step_flashmla's (their entries:
+# every API each calls),
 # the MLA engine's rows put back in the Triton engine's order.
 REQUIRES["runner_step_backends"] = tuple(
     dict.fromkeys(
         REQUIRES["runner_step_flash_attn"]
         + REQUIRES["runner_step_flashinfer"]
         + REQUIRES["runner_step_mla"]
+        + REQUIRES["runner_step_flashmla"]
     )
 )
 

@@ -721,7 +721,8 @@ def _runner_step_backends() -> list[Implementation]:
             name="vllm-v1-backends",
             description="installed vLLM (V1 runner): each step as vllm-v1 runs it (Triton), "
             "and the step's eager build on FlashAttention (FA3, as vllm-v1-flash-attn), "
-            "FlashInfer (as vllm-v1-flashinfer) and Triton MLA (as vllm-v1-mla) engines "
+            "FlashInfer (as vllm-v1-flashinfer), Triton MLA (as vllm-v1-mla) and FlashMLA "
+            "(as vllm-v1-flashmla, at pages of 64) engines "
             "beside it: each backend's kv_len and "
             "kv_slots, derived from its own metadata as its kernels read it, against "
             "Triton's",

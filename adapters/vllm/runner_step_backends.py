@@ -6,8 +6,9 @@ Each step of a trace runs on the engines of ``vllm-v1`` (the Triton backend,
 padded, replay, fresh and draft builds, all reported) and, beside them, on an engine of
 cudagraph mode NONE of each other backend of vLLM 0.33.0's V1 runner that attnfuzz
 drives: FlashAttention as FA3 runs it (``vllm-v1-flash-attn``'s engine), FlashInfer's
-native wrappers as an sm80 GPU runs them (``vllm-v1-flashinfer``'s) and the Triton
-MLA backend of an MLA model (``vllm-v1-mla``'s), each keeping its own requests' rows
+native wrappers as an sm80 GPU runs them (``vllm-v1-flashinfer``'s), the Triton
+MLA backend of an MLA model (``vllm-v1-mla``'s) and FlashMLA with an fp8 cache
+(``vllm-v1-flashmla``'s), each keeping its own requests' rows
 across the trace. Of those, the step's own eager build alone is reported, as a
 ``backend`` build (its ``where`` naming the backend's builder): their graphs, fresh
 engines and drafter sub-steps are their own implementations' to judge. A ``backend``
@@ -21,7 +22,7 @@ read it (``kv_read`` of :class:`~attnfuzz.adapters.vllm.runner_step_v1._Engine`,
 across backends* holds them to the Triton eager build's; the backends' metadata fields
 themselves (``fa.*``, ``fi.*``, ``mla.*``) differ in name and meaning and are left out.
 
-The MLA builder reorders the persistent batch, decodes first
+The MLA builders reorder the persistent batch, decodes first
 (``reorder_batch_to_split_decodes_and_prefills``), so its rows are not the Triton
 engine's: a ``backend`` build's rows (and each request's tokens) are put in the Triton
 eager engine's row order, by request id, before it is reported.
@@ -29,9 +30,8 @@ eager engine's row order, by request id, before it is reported.
 A backend may decline a config (``declines`` of its module): that backend is then left
 out of the trace, the others kept. On vLLM 0.33.0 FlashAttention (FA3, head size 128,
 bf16) and Triton MLA accept the block sizes the Triton backend does, multiples of 16
-(``get_supported_kernel_block_sizes``), which ``vllm-v1`` declines otherwise, so no
-backend is left out of a trace this implementation runs; the check stays for a release
-where they differ.
+(``get_supported_kernel_block_sizes``), which ``vllm-v1`` declines otherwise; FlashMLA
+takes pages of 64 only, and is left out of a trace of any other.
 
 Mutant (a re-created defect only that property catches):
 ``vllm-v1-backends-flash-attn-kv-short``, a FlashAttention builder that hands the
@@ -53,6 +53,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step_flash_attn as flash_attn
 from attnfuzz.adapters.vllm import runner_step_flashinfer as flashinfer
+from attnfuzz.adapters.vllm import runner_step_flashmla as flashmla
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
@@ -73,6 +74,7 @@ def prepare() -> None:
     flash_attn.prepare()
     flashinfer.prepare()
     mla.prepare()
+    flashmla.prepare()
 
 
 def declines(case: Case) -> str | None:
@@ -167,6 +169,7 @@ class BackendsLife:
 _FA_WHERE = "vllm/v1/attention/backends/flash_attn.py: FlashAttentionMetadataBuilder.build"
 _MLA_WHERE = f"{mla._MLA}: MLACommonMetadataBuilder.build (triton_mla.py)"
 _FI_WHERE = f"{flashinfer._FI}: FlashInferMetadataBuilder.build"
+_FLASHMLA_WHERE = f"{flashmla._FLASHMLA}: FlashMLAMetadataBuilder (MLACommonMetadataBuilder.build)"
 
 
 def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
@@ -177,6 +180,9 @@ def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
             flashinfer.FlashInferRunnerStepEngine(), flashinfer.declines_config, _FI_WHERE
         ),
         EagerBackend(mla.MLARunnerStepEngine(), mla.declines_config, _MLA_WHERE),
+        EagerBackend(
+            flashmla.FlashMLARunnerStepEngine(), flashmla.declines_config, _FLASHMLA_WHERE
+        ),
     )
 
 
