@@ -47,10 +47,14 @@ their coverage data: the same runs, so the same figures, in less time. A functio
 lines are coverage's statements between its first body line and its last
 line, its branches the branch arcs that leave those lines.
 
-Printed per engine: each part's lines and branches run, the implementations'
-runs and the largest functions that run no line. ``--json FILE``: the figures,
-``{engine: {"lines_run", "lines", "branches_run", "branches", "parts": {part:
-{the same keys, "functions": {name: lines_run}}}}}``. ``--markdown FILE``
+Printed per engine: each part's lines and branches run, each builder's (the
+first part's classes: vLLM's metadata builders, SGLang's attention backends)
+lines run and, where none ran, why: its module does not import here (the error,
+as attnfuzz's adapters import it) or no implementation drives it; the
+implementations' runs and the largest functions that run no line. ``--json
+FILE``: the figures, ``{engine: {"lines_run", "lines", "branches_run",
+"branches", "parts": {part: {the same keys, "functions": {name: lines_run}}},
+"builders": {name: {the same keys, "driven"}}}}``. ``--markdown FILE``
 rewrites the section ``surface:parts`` of FILE (``docs/surface.md``).
 """
 
@@ -440,6 +444,16 @@ class EngineResult:
     release: str
     parts: dict[str, dict[str, Count] | None]  # part -> function name -> count; None: absent
     runs: list[tuple[str, str, int, float, str]] = field(default_factory=list)
+    # The builders' part (the first, of class clauses): each module's import here, as
+    # attnfuzz's adapters import it (None: it imports; else the error, one line).
+    imports: dict[str, str | None] = field(default_factory=dict)
+
+    def builders(self) -> dict[str, Count]:
+        """The first part's functions by class (``path:Class``), each class's total."""
+        out: dict[str, Count] = {}
+        for name, c in (next(iter(self.parts.values())) or {}).items():
+            out.setdefault(name.rsplit(".", 1)[0], Count()).add(c)
+        return out
 
     def part_total(self, part: str) -> Count:
         total = Count()
@@ -483,7 +497,10 @@ def figures(results: Sequence[EngineResult]) -> dict:
         for part, functions in r.parts.items():
             fns = {name: c.lines_run for name, c in (functions or {}).items()}
             parts[part] = {**keys(r.part_total(part)), "functions": fns}
-        doc[r.engine] = {**keys(r.total()), "parts": parts}
+        builders = {
+            name: {**keys(c), "driven": driven(r, name, c)} for name, c in r.builders().items()
+        }
+        doc[r.engine] = {**keys(r.total()), "parts": parts, "builders": builders}
     return doc
 
 
@@ -629,7 +646,86 @@ def engine_result(
     for part, fns in parts.items():
         reported = ((fn, reports.get(str(fn.file), {})) for fn in fns or [])
         counted[part] = None if fns is None else {fn.name: count(fn, rep) for fn, rep in reported}
-    return EngineResult(engine, release, counted, runs)
+    builders = next(iter(counted.values())) or {}
+    return EngineResult(engine, release, counted, runs, import_verdicts(engine, list(builders)))
+
+
+# What a module of the builders' part does when attnfuzz's adapters import it: the
+# engine set up as they set it up (its environment, attnfuzz's stand-ins for the
+# kernels and server packages a CPU lacks), then each module imported, in a process
+# of its own (an import may leave state behind).
+_IMPORTS = """
+import importlib, json, sys
+import attnfuzz.kernels._triton
+from attnfuzz.adapters.{engine} import _engine
+_engine.prepare()
+out = {{}}
+for module in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(module)
+        out[module] = None
+    except BaseException as exc:
+        out[module] = f"{{type(exc).__name__}}: {{str(exc).strip()}}"
+print("imports:" + json.dumps(out))
+"""
+
+
+def module_of(name: str) -> str:
+    """The module of a surface name ``path/to/file.py:Qual.name``."""
+    return name.split(":", 1)[0].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def one_line(error: str) -> str:
+    """An import error as the docs show it: its first line, no path of this machine's
+    (a file named in it shortened to its package path), at most 100 characters."""
+    first = (error.strip().splitlines() or [""])[0]
+    first = re.sub(r"\(?/\S*/(?:site|dist)-packages/([^\s)]*)\)?", r"\1", first)
+    first = re.sub(r"(^|\s)\(?/\S+\)?", r"\1", first).strip()
+    return first if len(first) <= 100 else first[:99] + "…"
+
+
+def import_verdicts(engine: str, names: Sequence[str]) -> dict[str, str | None]:
+    """Each module of ``names`` (surface names): None where it imports here, else why not."""
+    import subprocess
+
+    modules = sorted({module_of(n) for n in names})
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS.format(engine=engine), json.dumps(modules)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    for line in done.stdout.splitlines():
+        if line.startswith("imports:"):
+            found = json.loads(line.removeprefix("imports:"))
+            return {m: None if why is None else one_line(why) for m, why in found.items()}
+    why = one_line((done.stderr.strip().splitlines() or ["no output"])[-1])
+    return dict.fromkeys(modules, f"the engine does not set up: {why}")
+
+
+def driven(r: EngineResult, builder: str, c: Count) -> str:
+    """Whether a builder ran, and why not where it did not."""
+    if c.lines_run:
+        return "driven"
+    why = r.imports.get(module_of(builder))
+    return "imports; no implementation drives it" if why is None else f"does not import: {why}"
+
+
+def builders_table(r: EngineResult) -> str:
+    rows = [
+        [f"`{name.split('/', 1)[-1]}`", f"{c.lines_run}/{c.lines}",
+         _share(c.lines_run, c.lines), driven(r, name, c)]
+        for name, c in sorted(r.builders().items(), key=lambda kv: (-kv[1].lines, kv[0]))
+    ]  # fmt: skip
+    return table(["builder", "lines run", "lines %", "driven"], rows, "lrrl")
+
+
+def builders_summary(r: EngineResult) -> str:
+    """How many builders run, of those that import here."""
+    counts = r.builders()
+    imported = [b for b in counts if r.imports.get(module_of(b), "") is None]
+    ran = [b for b in imported if counts[b].lines_run]
+    return (
+        f"{len(ran)} of the {len(imported)} builders that import here run ({len(counts)} in all)."
+    )
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -709,6 +805,11 @@ def report_lines(results: Sequence[EngineResult], n: int, seconds: float, top: i
             f"{n} examples each (seed 0).",
             "",
             *parts_table(r).splitlines(),
+            "",
+            f"Its {next(iter(r.parts))}, each a class and its methods on the surface: "
+            + builders_summary(r),
+            "",
+            *builders_table(r).splitlines(),
             "",
             f"The largest functions of {name}'s surface that run no line:",
             "",

@@ -211,7 +211,7 @@ def test_the_json_document_has_the_published_schema(surface, tmp_path: Path):
     keys = {"lines_run", "lines", "branches_run", "branches"}
     assert set(doc) == {"vllm"}
     engine = doc["vllm"]
-    assert set(engine) == keys | {"parts"}
+    assert set(engine) == keys | {"parts", "builders"}
     assert {k: engine[k] for k in keys} == {
         "lines_run": 7,
         "lines": 18,
@@ -224,6 +224,11 @@ def test_the_json_document_has_the_published_schema(surface, tmp_path: Path):
     builders = engine["parts"]["builders"]
     assert builders["functions"] == {"a.py:B.build": 4, "a.py:B.other": 0}
     assert (builders["lines_run"], builders["lines"]) == (4, 15)
+    # The first part's classes, each with whether it ran (no import verdict: it imports).
+    assert engine["builders"] == {
+        "a.py:B": {"lines_run": 4, "lines": 15, "branches_run": 2, "branches": 8,
+                   "driven": "driven"},
+    }  # fmt: skip
     assert engine["parts"]["graph-runner"] == {
         "lines_run": 0,
         "lines": 0,
@@ -247,6 +252,43 @@ def test_the_tables_say_absent_and_the_rules_fit_a_markdown_cell(surface):
             for clause in part.clauses:
                 assert "|" not in clause.describe(engine), part.name
                 assert not any(g.startswith("/") for g in clause.files)
+
+
+def test_each_builder_that_runs_no_line_says_why(surface):
+    """A builder (a class of the first part) that ran is driven; one that did not either
+    does not import here (the error, one line, no path of this machine) or imports and
+    no implementation drives it; the summary counts the ones that import."""
+    Count = surface.Count
+    result = surface.EngineResult(
+        "vllm",
+        "0.33.0",
+        {
+            "builders": {
+                "vllm/a.py:Ran.build": Count(4, 2, 0, 0),
+                "vllm/a.py:Idle.build": Count(6, 0, 0, 0),
+                "vllm/b/c.py:Vendor.build": Count(9, 0, 0, 0),
+            },
+            "drafters": {"vllm/d.py:f": Count(3, 3, 0, 0)},
+        },
+        imports={"vllm.a": None, "vllm.b.c": "ModuleNotFoundError: No module named 'aiter'"},
+    )
+    assert set(result.builders()) == {"vllm/a.py:Ran", "vllm/a.py:Idle", "vllm/b/c.py:Vendor"}
+    rows = surface.builders_table(result).splitlines()[2:]
+    assert "`b/c.py:Vendor`" in rows[0] and "does not import: ModuleNotFoundError" in rows[0]
+    assert "`a.py:Idle`" in rows[1] and "imports; no implementation drives it" in rows[1]
+    assert "`a.py:Ran`" in rows[2] and "driven" in rows[2]
+    assert surface.builders_summary(result).startswith("1 of the 2 builders that import here")
+    assert surface.module_of("vllm/v1/attention/backends/flash_attn.py:B.build") == (
+        "vllm.v1.attention.backends.flash_attn"
+    )
+    assert surface.module_of("sglang/srt/layers/__init__.py:f") == "sglang.srt.layers"
+    error = (
+        "ImportError: cannot import name 'f' from 'vllm.x' "
+        "(/somewhere/venv/lib/python3.11/site-packages/vllm/x.py)"
+    )
+    assert surface.one_line(error) == "ImportError: cannot import name 'f' from 'vllm.x' vllm/x.py"
+    assert "/" not in surface.one_line("OSError: /home/someone/lib.so: cannot open")
+    assert len(surface.one_line("E: " + "x" * 300)) == 100
 
 
 def test_the_command_written_to_the_docs_names_no_output_file(surface):
