@@ -723,9 +723,7 @@ def builders_summary(r: EngineResult) -> str:
     counts = r.builders()
     imported = [b for b in counts if r.imports.get(module_of(b), "") is None]
     ran = [b for b in imported if counts[b].lines_run]
-    return (
-        f"{len(ran)} of the {len(imported)} builders that import here run ({len(counts)} in all)."
-    )
+    return f"{len(ran)} of the {len(imported)} that import here run ({len(counts)} in all)."
 
 
 # -- tables ------------------------------------------------------------------------------
