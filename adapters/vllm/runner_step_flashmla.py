@@ -141,11 +141,20 @@ def decoding_schedule(
     return tiles.to(seqlens_k.device), torch.tensor(splits, dtype=torch.int32).to(seqlens_k.device)
 
 
-def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[Any, None]:
-    """``flash_mla_interface.get_mla_metadata``: an empty schedule, made by the kernel."""
+def get_mla_metadata(
+    cache_seqlens: Any = None,
+    num_q_tokens_per_head_k: int | None = None,
+    num_heads_k: int | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """``flash_mla_interface.get_mla_metadata``: an empty schedule, made by the kernel.
+    It also keeps what it was asked (``heads``: the KV heads and the query tokens a KV
+    head), attnfuzz's record, from which ``_freeze`` asks FlashMLA's schedule again."""
     from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
 
-    return FlashMLASchedMeta(), None
+    meta = FlashMLASchedMeta()
+    meta.heads = (num_heads_k, num_q_tokens_per_head_k)
+    return meta, None
 
 
 def get_mla_metadata_dense_fp8(
@@ -215,24 +224,8 @@ class _FlashMLAEngine(mla._MLAEngine):
     kv_cache_dtype = "fp8"
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        with flashmla(), self._schedule_told():
+        with flashmla():
             super().__init__(config, device, mode)
-
-    @contextlib.contextmanager
-    def _schedule_told(self) -> Iterator[None]:
-        """The schedule object each decode build hands the kernel, told the query tokens
-        a KV head and the KV heads it was asked for (``_freeze`` asks FlashMLA again)."""
-        from vllm.v1.attention.backends.mla import flashmla as module
-
-        asked = module.get_mla_metadata
-
-        def told(seqlens: torch.Tensor, per_head: int, heads_k: int, **kwargs: Any) -> Any:
-            meta, none = asked(seqlens, per_head, heads_k, **kwargs)
-            meta.heads = (heads_k, per_head)
-            return meta, none
-
-        with mock.patch.object(module, "get_mla_metadata", told):
-            yield
 
     def attention_group(self) -> tuple[type, Any]:
         made = super().attention_group()
@@ -243,7 +236,6 @@ class _FlashMLAEngine(mla._MLAEngine):
         stack = contextlib.ExitStack()
         stack.enter_context(super()._context())
         stack.enter_context(flashmla())
-        stack.enter_context(self._schedule_told())
         return stack
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
