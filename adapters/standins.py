@@ -3,9 +3,13 @@ the metadata it computes."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import gc
-from collections.abc import Iterator
+import inspect
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
 from unittest import mock
 
 
@@ -20,3 +24,54 @@ def no_collections() -> Iterator[None]:
     ``compilation/cuda_graph.py``)."""
     with mock.patch.object(gc, "collect", lambda *args, **kwargs: 0):
         yield
+
+
+def _asserts_cuda(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assert) and "is_cuda" in ast.unparse(node.test)
+
+
+class _DropCudaAsserts(ast.NodeTransformer):
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
+                kept = [s for s in stmts if not _asserts_cuda(s)]
+                setattr(node, field, kept or [ast.Pass()])
+        return node
+
+
+def function_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
+    """The function's definition as the engine's source has it, at its own line numbers."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(source)
+    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
+    (definition,) = tree.body
+    assert isinstance(definition, ast.FunctionDef), fn
+    return definition
+
+
+def stripped_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
+    """``fn``'s definition without its ``assert ...is_cuda`` statements and its
+    decorators (these wrappers have none that matter: see the test)."""
+    definition = function_tree(fn)
+    definition.decorator_list = []
+    stripped = _DropCudaAsserts().visit(definition)
+    assert isinstance(stripped, ast.FunctionDef)
+    return stripped
+
+
+def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` recompiled from its own source without its ``assert ...is_cuda``
+    statements: every other line unchanged, in the engine's file and at its line
+    numbers, so that a traceback points where the code under test is. The engines'
+    Triton wrappers open with such an assert (SGLang's, vLLM's Kimi K3 staging); the
+    rest of each runs under the Triton interpreter."""
+    module = ast.fix_missing_locations(ast.Module(body=[stripped_tree(fn)], type_ignores=[]))
+    code = compile(module, fn.__code__.co_filename, "exec")
+    namespace: dict[str, Any] = {}
+    exec(code, fn.__globals__, namespace)  # noqa: S102 - the engine's own source, recompiled
+    copy = namespace[fn.__name__]
+    copy.__defaults__, copy.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+    copy.__wrapped_original__ = fn
+    return copy

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from attnfuzz.adapters import standins
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang.testing import requires_sglang
 from attnfuzz.kernels import _triton
@@ -84,10 +85,10 @@ def wrapper(x: torch.Tensor, n: int = 3) -> torch.Tensor:
 def _changed_lines(fn) -> tuple[list[str], list[str]]:
     """The lines the stripped definition removes from ``fn``'s own and adds to it,
     as ``ast.unparse`` writes both (decorators aside)."""
-    original = _engine.function_tree(fn)
+    original = standins.function_tree(fn)
     original.decorator_list = []
     before = ast.unparse(original).splitlines()
-    after = ast.unparse(_engine.stripped_tree(fn)).splitlines()
+    after = ast.unparse(standins.stripped_tree(fn)).splitlines()
     diff = list(difflib.ndiff(before, after))
     removed = [line[2:].strip() for line in diff if line.startswith("- ")]
     added = [line[2:].strip() for line in diff if line.startswith("+ ")]
@@ -103,7 +104,7 @@ def _only_cuda_asserts_removed(fn) -> None:
 
 def test_without_cuda_asserts_drops_only_the_cuda_asserts():
     x = torch.arange(3)
-    copy = _engine.without_cuda_asserts(wrapper)
+    copy = standins.without_cuda_asserts(wrapper)
     with pytest.raises(AssertionError):
         wrapper(x)  # a CPU tensor
     assert torch.equal(copy(x), (x + 3) * 2)
@@ -117,7 +118,7 @@ def test_without_cuda_asserts_drops_only_the_cuda_asserts():
 def _cuda_assert_lines(fn) -> set[int]:
     return {
         node.lineno
-        for node in ast.walk(_engine.function_tree(fn))
+        for node in ast.walk(standins.function_tree(fn))
         if isinstance(node, ast.Assert) and "is_cuda" in ast.unparse(node.test)
     }
 
@@ -175,7 +176,7 @@ def test_sglang_wrappers_lose_only_their_cuda_asserts(module, function):
     _engine.prepare()
     fn = getattr(importlib.import_module(module), function)
     assert _cuda_assert_lines(fn), f"{function} no longer asserts is_cuda: drop the workaround"
-    assert not _engine.function_tree(fn).decorator_list, "a decorator would be dropped"
+    assert not standins.function_tree(fn).decorator_list, "a decorator would be dropped"
     _only_cuda_asserts_removed(fn)
 
 

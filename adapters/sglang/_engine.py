@@ -16,7 +16,8 @@ Facts this relies on (SGLang 0.5.23, torch 2.13.0 CPU, Triton 3.9.0):
 - The DSA backend asks for the GPU's compute capability when it is built
   (:func:`device_capability`).
 - SGLang's Triton wrappers open with ``assert x.is_cuda``; the rest of each
-  function runs under the Triton interpreter (:func:`without_cuda_asserts`).
+  function runs under the Triton interpreter
+  (:func:`attnfuzz.adapters.standins.without_cuda_asserts`).
 - The Triton 3.9 interpreter gives ``scalar_bool & block_bool`` the dtype
   int32, and its masked load and store then refuse the mask
   (:func:`interpreter_bool_masks`).
@@ -31,10 +32,8 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import inspect
 import os
 import sys
-import textwrap
 import types
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -333,55 +332,6 @@ def device_capability(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
         yield
     finally:
         torch.cuda.get_device_capability = real
-
-
-def _asserts_cuda(node: ast.stmt) -> bool:
-    return isinstance(node, ast.Assert) and "is_cuda" in ast.unparse(node.test)
-
-
-class _DropCudaAsserts(ast.NodeTransformer):
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        super().generic_visit(node)
-        for field in ("body", "orelse", "finalbody"):
-            stmts = getattr(node, field, None)
-            if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
-                kept = [s for s in stmts if not _asserts_cuda(s)]
-                setattr(node, field, kept or [ast.Pass()])
-        return node
-
-
-def function_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
-    """The function's definition as SGLang's source has it, at its own line numbers."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(source)
-    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
-    (definition,) = tree.body
-    assert isinstance(definition, ast.FunctionDef), fn
-    return definition
-
-
-def stripped_tree(fn: Callable[..., Any]) -> ast.FunctionDef:
-    """``fn``'s definition without its ``assert ...is_cuda`` statements and its
-    decorators (these wrappers have none that matter: see the test)."""
-    definition = function_tree(fn)
-    definition.decorator_list = []
-    stripped = _DropCudaAsserts().visit(definition)
-    assert isinstance(stripped, ast.FunctionDef)
-    return stripped
-
-
-def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` recompiled from its own source without its ``assert ...is_cuda``
-    statements: every other line unchanged, in SGLang's file and at SGLang's
-    line numbers, so that a traceback points where the code under test is."""
-    module = ast.fix_missing_locations(ast.Module(body=[stripped_tree(fn)], type_ignores=[]))
-    code = compile(module, fn.__code__.co_filename, "exec")
-    namespace: dict[str, Any] = {}
-    exec(code, fn.__globals__, namespace)  # noqa: S102 - SGLang's own source, recompiled
-    copy = namespace[fn.__name__]
-    copy.__defaults__, copy.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
-    copy.__wrapped_original__ = fn
-    return copy
 
 
 def prepare() -> None:

@@ -5,7 +5,8 @@ is built over a stand-in model runner holding a real-shaped request-to-token
 pool and a DeepSeek-V3.2 ``hf_config`` (its ``index_topk`` the case's); each
 step is a real ``ForwardBatch``. Its Triton kernels (``seqlens_expand_triton``,
 the fused metadata kernels) run under the interpreter where there is no GPU,
-recompiled without their ``assert x.is_cuda`` (:func:`_engine.without_cuda_asserts`).
+recompiled without their ``assert x.is_cuda``
+(:func:`attnfuzz.adapters.standins.without_cuda_asserts`).
 
 - eager: ``init_forward_metadata`` (decode, target verify, draft extend v2, extend);
 - replayed: ``init_cuda_graph_state`` for the largest captured graph, the
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 from attnfuzz.adapters.sglang import _engine, _graphs, compat
+from attnfuzz.adapters.standins import without_cuda_asserts
 from attnfuzz.harness.blame import under_test
 from attnfuzz.reference import dsa_metadata as ref
 from attnfuzz.reference.batch import Case
@@ -63,7 +65,7 @@ SPLIT_KV = 256
 """Keys per unit of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV = block_kv * 4``)."""
 
 
-_without_cuda_asserts = functools.cache(_engine.without_cuda_asserts)
+_without_cuda_asserts = functools.cache(without_cuda_asserts)
 """Each wrapper recompiled once per process."""
 
 

@@ -96,6 +96,7 @@ import torch
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_draft as draft_mod
 from attnfuzz.adapters.sglang import runner_step_draft_extend as extend_mod
+from attnfuzz.adapters.standins import function_tree
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     Field,
@@ -845,7 +846,7 @@ class _DropStatement(ast.NodeTransformer):
 def _without(fn: Any, statement: str) -> Any:
     """``fn`` recompiled from SGLang's own source without ``statement`` (every other
     line unchanged, at SGLang's file and line numbers)."""
-    definition = decode._engine.function_tree(fn)
+    definition = function_tree(fn)
     definition.decorator_list = []
     dropper = _DropStatement(statement)
     dropper.visit(definition)
@@ -990,7 +991,7 @@ class _AdvanceBeforeDraftExtend(ast.NodeTransformer):
 def _advanced_first(fn: Any) -> Any:
     """``fn`` recompiled from SGLang's own source with :data:`_ADVANCE` run before the
     draft extend (every other line unchanged, at SGLang's file and line numbers)."""
-    definition = decode._engine.function_tree(fn)
+    definition = function_tree(fn)
     definition.decorator_list = []
     inserter = _AdvanceBeforeDraftExtend()
     inserter.visit(definition)
