@@ -464,6 +464,11 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
+# runner_step_kda: runner_step_hybrid's engine, its linear layer's backend Kimi K3's KDA.
+REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (
+    Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
+    Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAMetadataBuilder.build"),
+)  # fmt: skip
 # runner_step_mamba_hybrid: runner_step's engine of a hybrid model: the model state
 # init_model_state picks for it and a GDN layer's KV-cache group.
 REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (

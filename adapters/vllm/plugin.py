@@ -946,6 +946,33 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_kda",
+            "run",
+            name="vllm-v1-kimi-k3-kda",
+            description="installed vLLM (V1 runner) of a hybrid model whose linear layer is "
+            "Kimi K3's KDA: vllm-v1-hybrid's step on KimiK3KDAAttentionBackend "
+            "(vllm/models/kimi_k3/nvidia/kda_metadata.py: KimiK3KDAMetadataBuilder.build, "
+            "stage_spec_decode_metadata, build_for_cudagraph_capture; FULL graphs kept; "
+            "the graph mode FULL declined), every field of its GDN metadata judged beside "
+            "the attention layer's",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_kda",
+            "staging_one_short",
+            name="vllm-v1-kimi-k3-kda-staging-one-short",
+            kind="mutant",
+            description="installed vLLM (V1 runner, Kimi K3 KDA) with "
+            "KimiK3KDAMetadataBuilder.build staging num_spec_decodes - 1 requests in the "
+            "FULL graph's buffers (the last speculative decode staged as padding)",
+            trigger=_hybrid_hook("trigger_full_spec_decode"),
+            reach=_hybrid_hook("reach_full_spec_decode"),
+            smallest=_hybrid_hook("smallest_full_spec_decode"),
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_hybrid",
             "run",
             name="vllm-v1-hybrid-prefill-in-decode-graph",
