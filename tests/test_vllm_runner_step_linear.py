@@ -153,3 +153,45 @@ def test_both_builders_share_the_hybrid_finding_of_a_first_chunk_in_a_decode_gra
     assert ("replay equals eager", states, "replay") in found
     (replay,) = own(out, "replay")
     assert values(replay, states)[:1] == [lin.NULL_BLOCK_ID]
+
+
+def test_bailing_stages_a_speculative_decode_with_pad_slot_padding():
+    """Bailing's builder runs for the second group on every build; a speculative decode
+    padded to the FULL graph of 2 requests stages the padding row's state indices,
+    query offsets and accepted count (PAD_SLOT_ID, the last offset, 1), which the
+    lightning-attention decode skips; every property holds."""
+    lin = linear()
+    lin.prepare()
+    trace = hybrid().smallest_full_spec_decode()
+    first, second = run_trace(trace, lin.run_bailing_linear)
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    blocks = hybrid().state_blocks(trace.config, 0)
+    (eager,) = own(second, "eager")
+    (replay,) = own(second, "replay")
+    assert values(eager, "bailing_linear.state_indices_tensor_d") == [blocks]
+    assert values(replay, "bailing_linear.state_indices_tensor_d") == [blocks, [-1, -1]]
+    assert values(replay, "bailing_linear.query_start_loc_d") == [0, 2, 2]
+    assert values(replay, "bailing_linear.num_accepted_tokens")[1:] == [1]
+    assert values(replay, "bailing_linear.state_by_request") == [blocks[0], -1]
+
+
+def test_bailing_stages_a_first_chunk_in_a_decode_graph():
+    """Unlike the conv backends' builders, Bailing's splits by query length alone: the
+    first chunk the hybrid finding is about is a decode it stages, so the replay
+    agrees with the eager build, and its engine does not decline the step."""
+    lin = linear()
+    trace = hybrid().smallest_prefill_in_decode_graph()
+    (case,) = trace.cases()
+    assert lin.declines_bailing_linear(case) is None
+    (out,) = run_trace(trace, lin.run_bailing_linear)
+    assert ref.violations(out) == []
+
+
+def test_bailing_last_state_padded_fails_replay_equals_eager():
+    """The mutant stages the last real decode as padding (-1): in range, so safe, but
+    the replay no longer reads the request's state the eager build names."""
+    lin = linear()
+    *_, out = run_trace(hybrid().smallest_full_decode(), lin.bailing_linear_last_state_padded)
+    found = {(v.prop, v.field) for v in ref.violations(out)}
+    assert ("replay equals eager", "bailing_linear.state_by_request") in found
+    assert {prop for prop, _ in found} <= {"replay equals eager", "padding invariance"}

@@ -398,6 +398,7 @@ def _runner_step_linear() -> list[Implementation]:
     engines = (
         (
             "run_mamba2",
+            "declines",
             "vllm-v1-mamba2",
             "a Mamba2 layer (vllm/v1/attention/backends/"
             "mamba2_attn.py: Mamba2AttentionMetadataBuilder.build through mamba_attn.py's "
@@ -405,10 +406,20 @@ def _runner_step_linear() -> list[Implementation]:
         ),
         (
             "run_ple_short_conv",
+            "declines",
             "vllm-v1-ple-short-conv",
             "a PLE short-conv layer "
             "(vllm/v1/attention/backends/short_conv_attn.py: "
             "PleShortConvAttentionMetadataBuilder.build, build_for_cudagraph_capture)",
+        ),
+        (
+            "run_bailing_linear",
+            "declines_bailing_linear",
+            "vllm-v1-bailing-linear",
+            "a Bailing linear-attention layer (vllm/v1/attention/backends/linear_attn.py: "
+            "BailingLinearAttentionMetadataBuilder.build, its FULL-graph staging of the "
+            "decodes' state indices, query offsets and accepted counts, "
+            "build_for_cudagraph_capture)",
         ),
     )
     mutants = (
@@ -430,6 +441,15 @@ def _runner_step_linear() -> list[Implementation]:
             "PleShortConvAttentionMetadataBuilder.build staging a FULL speculative decode's "
             "padding rows of spec_state_indices_tensor as PAD_SLOT_ID (-1), not NULL_BLOCK_ID",
         ),
+        (
+            "bailing_linear_last_state_padded",
+            "vllm-v1-bailing-linear-last-state-padded",
+            "trigger_full_decode",
+            "hybrid.reach_full_graphs",
+            "smallest_full_decode",
+            "BailingLinearAttentionMetadataBuilder.build staging a FULL decode's last real "
+            "request's state indices as PAD_SLOT_ID (-1), a padding row's",
+        ),
     )
 
     def hook(name: str) -> Any:
@@ -441,11 +461,11 @@ def _runner_step_linear() -> list[Implementation]:
 
     return [
         *(
-            _step_impl("runner_step_linear", attr, name=name, declines="declines",
+            _step_impl("runner_step_linear", attr, name=name, declines=declines,
                       description=f"installed vLLM (V1 runner) of a hybrid model: "
                       f"vllm-v1-hybrid's step with its linear layer {what}, every field of "
                       f"its metadata a kernel reads judged", traced=True)
-            for attr, name, what in engines
+            for attr, declines, name, what in engines
         ),
         *(
             _step_impl("runner_step_linear", attr, name=name, kind="mutant",

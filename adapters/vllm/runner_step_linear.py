@@ -63,6 +63,9 @@ class LinearBackend:
     mamba_type: str  # MambaAttentionBackendEnum's member
     shapes: Callable[[int], tuple[tuple[int, ...], ...]]
     fields: Callable[[EngineConfig, Any, int, int], list[tuple[str, str, Any]]]
+    # The state index its decode kernels skip (a padding row's): the null block for
+    # the conv kernels, PAD_SLOT_ID for the lightning-attention ones.
+    skipped_state: int = NULL_BLOCK_ID
 
     def backend_class(self) -> type:
         module, cls = self.backend.split(":")
@@ -160,6 +163,37 @@ def _ple_short_conv_fields(config: EngineConfig, m: Any, tokens_pad: int, pool: 
     return out
 
 
+def _bailing_linear_fields(config: EngineConfig, m: Any, tokens_pad: int, pool: int) -> list:
+    """(name, rows, accepts) of every tensor of ``BailingLinearAttentionMetadata`` a
+    kernel reads: ``BailingLinearAttention._forward`` and its decode and prefill paths
+    (``model_executor/layers/mamba/linear/bailing_linear_attn.py``)."""
+    out = []
+    if m.num_decodes:
+        out += [
+            # _decode_infer: with drafts, _bailing_linear_attn_decode_spec_step_kernel
+            # reads state_indices_tensor_d[i, j] (j < 1 + num_spec) as the slot it reads
+            # and writes, a slot of -1 skipped; without, lightning_attn.py's
+            # _linear_attn_decode_kernel reads the 1-D rows, pad_slot_id skipped.
+            ("state_indices_tensor_d", "requests", (PAD_SLOT_ID, pool - 1)),
+            # ... the legacy 1-D rows, handed to the decode without drafts.
+            ("state_indices_tensor", "requests", (PAD_SLOT_ID, pool - 1)),
+            # ... request i's tokens are q[qsl[i] : qsl[i + 1]] of the decode tokens.
+            ("query_start_loc_d", "offsets", (0, tokens_pad)),
+            # ... the accepted offset clamped to [0, state width - 1]: any count is safe.
+            ("num_accepted_tokens", "requests", None),
+        ]
+    if m.num_prefills:
+        out += [
+            # clear_linear_attention_cache_for_new_sequences and
+            # linear_attention_prefill_and_mix: kv_cache[slot_id] of a prefill, no slot
+            # skipped (-1 would be the pool's last line).
+            ("state_indices_tensor_p", "requests", (NULL_BLOCK_ID, pool - 1)),
+            # ... prefill i's tokens are q[qsl[d + i] : qsl[d + i + 1]] (d decodes first).
+            ("query_start_loc", "offsets", (0, tokens_pad)),
+        ]
+    return out
+
+
 BACKENDS = {
     b.name: b
     for b in (
@@ -179,6 +213,16 @@ BACKENDS = {
             # MambaStateShapeCalculator.short_conv_state_shape: the conv state alone.
             lambda num_spec: ((3 + num_spec, 8),),
             _ple_short_conv_fields,
+        ),
+        LinearBackend(
+            "bailing-linear",
+            "vllm.v1.attention.backends.linear_attn:BailingLinearAttentionBackend",
+            "LINEAR",
+            # MambaStateShapeCalculator.linear_attention_state_shape: (heads, head dim,
+            # head dim), the state alone; its size reaches no metadata.
+            lambda num_spec: ((1, 4, 4),),
+            _bailing_linear_fields,
+            skipped_state=PAD_SLOT_ID,
         ),
     )
 }
@@ -205,6 +249,14 @@ def declines(case: Case) -> str | None:
             "builder builds it as a prefill, the graph's buffers stale (as "
             "vllm-v1-hybrid-prefill-in-decode-graph)"
         )
+    return v1.declines(case)
+
+
+def declines_bailing_linear(case: Case) -> str | None:
+    """Why the Bailing engine does not run ``case``: as ``vllm-v1``. Unlike the conv
+    backends', its builder splits a step by ``split_decodes_and_prefills`` alone, so a
+    first chunk of ``next_n`` tokens in a uniform batch is a decode it stages in the
+    FULL graph's buffers (``vllm-v1-hybrid``'s finding is not its)."""
     return v1.declines(case)
 
 
@@ -238,7 +290,20 @@ def _ple_state_by_request(m: Any) -> torch.Tensor:
     return out
 
 
-_STATE_BY_REQUEST = {"mamba2": _mamba2_state_by_request, "ple-short-conv": _ple_state_by_request}
+def _bailing_state_by_request(m: Any) -> torch.Tensor:
+    """``BailingLinearAttention._forward``: the decodes' rows (``state_indices_tensor_d``,
+    its first column the state read) then the prefills' (``state_indices_tensor_p``),
+    as the runner's reorder puts decodes first."""
+    decode = m.state_indices_tensor_d
+    decode = decode[:, 0] if decode.dim() > 1 else decode
+    return torch.cat((decode, m.state_indices_tensor_p.to(decode.dtype)))
+
+
+_STATE_BY_REQUEST = {
+    "mamba2": _mamba2_state_by_request,
+    "ple-short-conv": _ple_state_by_request,
+    "bailing-linear": _bailing_state_by_request,
+}
 
 
 class _LinearEngine(hybrid._HybridEngine):
@@ -280,7 +345,7 @@ class _LinearEngine(hybrid._HybridEngine):
         # Each request's state line, in the step's rows: the builder splits them by kind
         # (decode, prefill, speculative) into fields a build of another split lacks (a
         # graph replaying a decode where the eager build has a prefill).
-        states = (NULL_BLOCK_ID, self.pool_size() - 1)
+        states = (min(NULL_BLOCK_ID, self.linear.skipped_state), self.pool_size() - 1)
         by_request = _STATE_BY_REQUEST[self.linear.name](m)
         out = [Field(f"{prefix}.state_by_request", "requests", v1._np(by_request), states)]
         for name, rows, accepts in self.linear.fields(self.config, m, tokens_pad, self.pool_size()):
@@ -319,8 +384,15 @@ def run_ple_short_conv(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     return ENGINES["ple-short-conv"](inputs)
 
 
+def run_bailing_linear(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-bailing-linear`` of ``runner-step``, as
+    :func:`run_mamba2`."""
+    return ENGINES["bailing-linear"](inputs)
+
+
 run_mamba2.new_engine = ENGINES["mamba2"].new_engine  # type: ignore[attr-defined]
 run_ple_short_conv.new_engine = ENGINES["ple-short-conv"].new_engine  # type: ignore[attr-defined]
+run_bailing_linear.new_engine = ENGINES["bailing-linear"].new_engine  # type: ignore[attr-defined]
 
 
 # -- mutants: a builder's FULL-graph staging with one line changed.
@@ -348,6 +420,24 @@ def _ple_pad_slot(meta: Any, builder: Any, common: Any) -> Any:
     return meta
 
 
+def _bailing_last_state_padded(meta: Any, builder: Any, common: Any) -> Any:
+    """``BailingLinearAttentionMetadataBuilder.build``'s FULL-graph staging with its
+    last real decode's state indices PAD_SLOT_ID (-1), as a padding row's: the
+    lightning-attention decode skips it, its state neither read nor written."""
+    staged = meta.state_indices_tensor_d
+    if staged.data_ptr() not in (
+        builder.decode_state_indices_tensor.data_ptr(),
+        builder.decode_legacy_state_indices_tensor.data_ptr(),
+    ):
+        return meta
+    real = (staged if staged.dim() == 1 else staged[:, 0]) != PAD_SLOT_ID
+    if real.any():
+        last = int(real.nonzero()[-1, 0])
+        staged[last] = PAD_SLOT_ID
+        meta.state_indices_tensor[last] = PAD_SLOT_ID
+    return meta
+
+
 _MUTATED = {
     "mamba2": (
         "vllm.v1.attention.backends.mamba2_attn:Mamba2AttentionMetadataBuilder",
@@ -358,6 +448,11 @@ _MUTATED = {
         "vllm.v1.attention.backends.short_conv_attn:PleShortConvAttentionMetadataBuilder",
         "build",
         _ple_pad_slot,
+    ),
+    "bailing-linear": (
+        "vllm.v1.attention.backends.linear_attn:BailingLinearAttentionMetadataBuilder",
+        "build",
+        _bailing_last_state_padded,
     ),
 }
 
@@ -404,8 +499,15 @@ def ple_short_conv_pad_slot_states(inputs: RunnerStepInputs) -> RunnerStepOutput
     return _MUTANTS["ple-short-conv"](inputs)
 
 
+def bailing_linear_last_state_padded(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-bailing-linear-last-state-padded``: a FULL decode's last real request's
+    Bailing state indices hold -1 (replay equals eager, padding invariance)."""
+    return _MUTANTS["bailing-linear"](inputs)
+
+
 for _run, _name in ((mamba2_pad_slot_states, "mamba2"),
-                    (ple_short_conv_pad_slot_states, "ple-short-conv")):  # fmt: skip
+                    (ple_short_conv_pad_slot_states, "ple-short-conv"),
+                    (bailing_linear_last_state_padded, "bailing-linear")):  # fmt: skip
     _run.new_engine = _MUTANTS[_name].engine.new_engine  # type: ignore[attr-defined]
 
 
