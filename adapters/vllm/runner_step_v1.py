@@ -137,28 +137,8 @@ def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | N
 
 def step_declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
     """Why the V1 runner does not run ``case``'s step on an engine it runs: a request
-    past the model's length as vLLM's scheduler caps it (:func:`past_model_len`), or
     whose pages do not hold the drafter's ``lookahead`` (:func:`.lookahead.declines`)."""
-    return past_model_len(case) or lookahead_declines(case, lookahead(case.config))
-
-
-def past_model_len(case: Case) -> str | None:
-    """A request whose query ends at ``max_model_len`` or past it: vLLM's scheduler
-    never schedules one (``Scheduler.schedule``: ``num_new_tokens <= max_model_len -
-    num_computed_tokens - num_sampled_tokens_per_step``, room for the token sampled
-    after the query), and the V1 runner refuses the tokens it would sample
-    (``_bookkeeping_sync``: "Sampled token IDs exceed the max model length")."""
-    limit = case.config.max_model_len - 1
-    batch = case.batch
-    for rid, c, q in zip(batch.request_ids, batch.num_computed_tokens, batch.q_lens, strict=True):
-        if c + q > limit:
-            return (
-                f"request {rid}'s query ends at {c + q} tokens, past {limit}: vLLM's "
-                "scheduler leaves room for the token sampled after it "
-                "(Scheduler.schedule caps num_new_tokens at max_model_len - "
-                "num_computed_tokens - 1)"
-            )
-    return None
+    return lookahead_declines(case, lookahead(case.config))
 
 
 def declines_config(config: EngineConfig) -> str | None:
@@ -529,9 +509,7 @@ class _Engine:
         prompt ``prompts`` says, where it says one; a running request scheduled only the
         drafts past its tokens, as ``Scheduler.schedule`` schedules them
         (``num_new_tokens + num_computed_tokens - num_tokens``: none for a request still
-        recomputing what it had before it was preempted, whose query is a prefill chunk);
-        each running or resumed request's output tokens, as the scheduler counts them
-        (:meth:`num_output_tokens`)."""
+        recomputing what it had before it was preempted, whose query is a prefill chunk)."""
         out = _output(inputs, self.held)
         for new in out.scheduled_new_reqs:
             if new.req_id in self.prompts:
@@ -540,7 +518,6 @@ class _Engine:
         self.tokens = {rid: requests[rid].num_tokens for rid in out.num_scheduled_tokens
                        if rid in requests}  # fmt: skip
         cached = out.scheduled_cached_reqs
-        cached.num_output_tokens = [self.num_output_tokens(requests[rid]) for rid in cached.req_ids]
         computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         drafts = out.scheduled_spec_decode_tokens
         for rid in list(drafts):
@@ -550,15 +527,6 @@ class _Engine:
             else:
                 drafts[rid] = drafts[rid][:past]
         return out
-
-    def num_output_tokens(self, request: Any) -> int:
-        """The output tokens the scheduler counts for a request the runner holds
-        (``Scheduler._make_cached_request_data``: ``num_output_tokens``, no placeholders
-        without async scheduling): the tokens the runner sampled for it, which the
-        scheduler was told (``CachedRequestState.output_token_ids``). Fewer would make
-        ``_update_states`` drop the rest (``del output_token_ids[num_output_tokens:]``,
-        ``num_tokens_no_spec`` back to the prompt's), as after a failed KV load."""
-        return len(request.output_token_ids)
 
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
         """Every field a consumer reads of one forward (:func:`_fields`), and what the

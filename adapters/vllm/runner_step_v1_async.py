@@ -64,16 +64,6 @@ class _AsyncEngine(v1._Engine):
         self.upper = 0  # the step's longest sequence as its scheduler output counts it
         super().__init__(*args, **kwargs)
 
-    def num_output_tokens(self, request: Any) -> int:
-        """The output tokens ``AsyncScheduler`` counts (``num_output_tokens +
-        num_output_placeholders``): those of the steps whose output it had, and the
-        placeholders of the step before, counted as if every draft were accepted: the
-        runner's tokens of the request, with the drafts ``_update_states`` then counts
-        as accepted (``prev_num_draft_len``, for a request in the batch)."""
-        held = request.req_id in self.runner.input_batch.req_id_to_index
-        optimistic = request.prev_num_draft_len if held else 0
-        return len(request.output_token_ids) + optimistic
-
     def output(self, inputs: RunnerStepInputs) -> Any:
         """``vllm-v1``'s scheduler output, each request that drafted in the step before
         counted as if it had accepted every draft (``AsyncScheduler``'s count)."""
