@@ -105,7 +105,8 @@ def on_the_cpu(staging: Any = None) -> Iterator[None]:
     ``staging`` in its place (a mutant's)."""
     from vllm.models.kimi_k3.nvidia import kda_metadata
 
-    with mock.patch.object(kda_metadata, "stage_spec_decode_metadata", staging or _staging()):
+    stripped = _staging()  # of vLLM's function: recompiled before any stand-in is patched in
+    with mock.patch.object(kda_metadata, "stage_spec_decode_metadata", staging or stripped):
         yield
 
 
