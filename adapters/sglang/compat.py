@@ -226,6 +226,17 @@ REQUIRES["runner_step_trtllm_mha"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_XPU = "sglang.srt.layers.attention.xpu_backend"
+# runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
+REQUIRES["runner_step_xpu"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    Api(_XPU, "XPUAttentionBackend.init_forward_metadata"),
+    Api(_XPU, "XPUAttentionBackend.init_cuda_graph_state"),
+    Api(_XPU, "XPUAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+)
 _HYBRID_LINEAR = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
 REQUIRES["runner_step_hybrid"] = REQUIRES["runner_step"] + (
     Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),

@@ -232,6 +232,56 @@ def _runner_step_fa3() -> list[Implementation]:
     ]
 
 
+def _xpu() -> Any:
+    """The Intel XPU runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_xpu
+
+    return runner_step_xpu
+
+
+def _reach_xpu_graph(trace: Trace) -> bool:
+    return _xpu().reach_graph(trace)
+
+
+def _trigger_xpu_table_short_of_window(trace: Trace) -> bool:
+    return _xpu().trigger_table_short_of_window(trace)
+
+
+def _smallest_xpu_table_short_of_window() -> Trace:
+    return _xpu().smallest_table_short_of_window()
+
+
+def _runner_step_xpu() -> list[Implementation]:
+    """SGLang's decode graph runner step on the Intel XPU attention backend, and its
+    graph page table's defect re-created."""
+    backend = "layers/attention/xpu_backend.py:XPUAttentionBackend"
+    return [
+        sglang_impl(
+            "runner_step_xpu",
+            "run",
+            name="sglang-xpu",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang-fa3) over {backend} (eager "
+            "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay: decode graphs as --cuda-graph-backend-decode full opts "
+            "in on XPU); a graph stand-in",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_xpu",
+            "run_table_short_of_window",
+            name="sglang-xpu-table-short-of-window",
+            kind="mutant",
+            description=f"installed SGLang's {backend} with its graph page table sized "
+            "next_n tokens short of the model's context: a KV at the limit reads past it",
+            trigger=_trigger_xpu_table_short_of_window,
+            reach=_reach_xpu_graph,
+            smallest=_smallest_xpu_table_short_of_window,
+            traced=True,
+        ),
+    ]
+
+
 def _fa3_tree() -> Any:
     """The FA3 tree-verify runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_fa3_tree
@@ -707,6 +757,7 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         *_runner_step_fa3(),
+        *_runner_step_xpu(),
         *_runner_step_fa3_tree(),
         *_runner_step_fa3_draft(),
         *_runner_step_fa3_draft_extend(),

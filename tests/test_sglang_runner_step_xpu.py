@@ -1,0 +1,70 @@
+"""SGLang's decode graph runner step on the Intel XPU attention backend (runner-step's
+``sglang-xpu``): its own metadata code, FlashAttention 3's fields, and its mutant."""
+
+from __future__ import annotations
+
+from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
+from attnfuzz.adapters.sglang.testing import field_values as _values
+from attnfuzz.adapters.sglang.testing import life
+from attnfuzz.adapters.sglang.testing import sglang_test as _sglang
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.trace import Trace
+
+
+def _life(trace: Trace, name: str = "run"):
+    from attnfuzz.adapters.sglang import runner_step_xpu
+
+    return life(getattr(runner_step_xpu, name), trace)
+
+
+@_sglang
+def test_the_xpu_backend_builds_every_build(monkeypatch):
+    """XPUAttentionBackend's own methods build the eager, capture and replay metadata
+    (not FlashAttention 3's): a decode of three requests replays the graph of four, the
+    padding request at the fill length 1 on the reserved row 0."""
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+    from sglang.srt.layers.attention.xpu_backend import XPUAttentionBackend
+
+    calls = {"xpu": 0}
+    real = XPUAttentionBackend.init_forward_metadata_out_graph
+
+    def counted(self, *args, **kwargs):
+        calls["xpu"] += 1
+        return real(self, *args, **kwargs)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("FlashAttention 3's backend ran")
+
+    monkeypatch.setattr(XPUAttentionBackend, "init_forward_metadata_out_graph", counted)
+    monkeypatch.setattr(FlashAttentionBackend, "init_forward_metadata", refused)
+    first, second = _life(_arrive_then_decode(num_spec=0))
+    assert calls["xpu"] > 0
+    assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
+    assert _values(second, "eager", "page_table") == [[1, 2], [3, 0], [5, 0]]
+    for how in ("padded", "replay"):
+        assert _values(second, how, "cache_seqlens_int32") == [6, 4, 2, 1], how
+        assert _values(second, how, "cu_seqlens_q") == [0, 1, 2, 3, 4], how
+    assert ref.violations(first) == [] and ref.violations(second) == []
+
+
+@_sglang
+def test_a_verify_reads_its_drafts_in_the_graph_as_eagerly():
+    _, verify = _life(_arrive_then_decode(num_spec=1))
+    assert _values(verify, "eager", "cache_seqlens_int32") == [7, 5, 3]
+    assert _values(verify, "replay", "cache_seqlens_int32")[:3] == [7, 5, 3]
+    assert ref.violations(verify) == []
+
+
+@_sglang
+def test_the_table_short_of_window_fails_safe_padding_and_the_fixed_backend_passes():
+    """The graph's page table sized next_n short of the context: a decode to the
+    model's limit reads past its row in the padded and replayed builds."""
+    from attnfuzz.adapters.sglang import runner_step_xpu
+
+    trace = runner_step_xpu.smallest_table_short_of_window()
+    assert runner_step_xpu.trigger_table_short_of_window(trace)
+    assert all(ref.violations(out) == [] for out in _life(trace))
+    *_, out = _life(trace, "run_table_short_of_window")
+    found = ref.violations(out)
+    assert {(v.prop, v.build) for v in found} >= {("safe padding", "padded"),
+                                                  ("safe padding", "replay")}  # fmt: skip
