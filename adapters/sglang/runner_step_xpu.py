@@ -103,18 +103,10 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # -- mutant: the XPU backend's graph page table short of the model's context --------------------
 
 
-class _TableShortOfWindow(XPUEngine):
-    """The graph's page table sized for a context ``next_n`` tokens short of the model's
-    (``init_cuda_graph_state``: ``max_num_pages`` from ``max_context_len``): a request
-    whose KV reaches the model's limit reads past its row."""
-
-    def make_backend(self) -> Any:
-        model = self.runner.model_config
-        model.context_len = max(1, self.config.max_model_len - self.config.next_n)
-        try:
-            return super().make_backend()
-        finally:
-            model.context_len = self.config.max_model_len
+class _TableShortOfWindow(fa3._TableShortOfWindow, XPUEngine):
+    """``sglang-fa3``'s defect on the XPU backend: the model's ``context_len`` ``next_n``
+    tokens short while the backend is built, so ``init_cuda_graph_state`` sizes the
+    graph's page table (``max_num_pages`` from ``max_context_len``) short of it."""
 
 
 class _MutantLife(XPULife):
