@@ -22,6 +22,9 @@ def test_the_xpu_backend_builds_every_build(monkeypatch):
     """XPUAttentionBackend's own methods build the eager, capture and replay metadata
     (not FlashAttention 3's): a decode of three requests replays the graph of four, the
     padding request at the fill length 1 on the reserved row 0."""
+    from attnfuzz.adapters.sglang import runner_step_xpu
+
+    runner_step_xpu.prepare()
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
     from sglang.srt.layers.attention.xpu_backend import XPUAttentionBackend
 
@@ -68,3 +71,29 @@ def test_the_table_short_of_window_fails_safe_padding_and_the_fixed_backend_pass
     found = ref.violations(out)
     assert {(v.prop, v.build) for v in found} >= {("safe padding", "padded"),
                                                   ("safe padding", "replay")}  # fmt: skip
+
+
+@_sglang
+def test_the_fa3_engine_runs_after_the_xpu_backend_s_module_loaded():
+    """The XPU module imports ``sgl_kernel.flash_attn`` at load, unguarded: attnfuzz's
+    kernels' stand-in answers it and stays in ``sys.modules`` (any loader of the module
+    does it: the compatibility check of the adapters' APIs too). The FA3 engine built
+    after it must still find FlashAttention 3's scheduler by its contract, not that
+    raising stand-in (the engine tier ran sglang-fa3 after it in one worker). In a
+    process of its own, the XPU module loaded first; a decode the graph replays (FA3
+    computes its scheduler metadata for it)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import attnfuzz.kernels._triton\n"
+        "from attnfuzz.adapters.sglang import runner_step_fa3\n"
+        "from attnfuzz.adapters.sglang.testing import arrive_then_decode, life\n"
+        "from attnfuzz.reference import runner_step as ref\n"
+        "runner_step_fa3.prepare()\n"
+        "import sglang.srt.layers.attention.xpu_backend\n"
+        "outs = life(runner_step_fa3.run, arrive_then_decode(num_spec=0))\n"
+        "assert all(ref.violations(out) == [] for out in outs)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

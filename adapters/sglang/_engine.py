@@ -208,6 +208,12 @@ class _KernelStandInFinder(_StandInFinder):
         return None
 
 
+def is_kernel_stand_in(module: types.ModuleType) -> bool:
+    """Whether ``module`` is one of :class:`_KernelStandInFinder`'s empty packages."""
+    spec = getattr(module, "__spec__", None)
+    return isinstance(getattr(spec, "loader", None), _KernelStandInFinder)
+
+
 @cache
 def stand_in_kernels() -> bool:
     """Install the kernels' stand-in finder where the kernels do not import (a machine

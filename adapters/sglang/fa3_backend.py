@@ -119,11 +119,18 @@ def stand_in() -> types.ModuleType:
 
 
 def _vendor_imports() -> bool:
+    """Whether the vendor's ``sgl_kernel.flash_attn`` imports: not where it is absent,
+    where a CUDA build fails, or where the module found is attnfuzz's own stand-in of
+    the kernels' package (``_engine``'s finder answers an SGLang module's unguarded
+    import at load with one, e.g. ``xpu_backend.py``'s; once made it stays in
+    ``sys.modules`` and would import)."""
     try:
-        import sgl_kernel.flash_attn  # noqa: F401
+        import sgl_kernel.flash_attn as module
     except Exception:  # noqa: BLE001 - absent, a stand-in package, or a CUDA build that fails
         return False
-    return True
+    from attnfuzz.adapters.sglang._engine import is_kernel_stand_in
+
+    return not is_kernel_stand_in(module)
 
 
 @contextlib.contextmanager
