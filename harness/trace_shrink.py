@@ -78,6 +78,7 @@ def without_request(trace: Trace, req: int) -> Trace | None:
                 pages=drop(step.pages),
                 new_pages=drop(step.new_pages),
                 rejected=drop(step.rejected),
+                prompt_lens=drop(step.prompt_lens),
                 finished=finished,
             )
         )

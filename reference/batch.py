@@ -198,6 +198,10 @@ class Batch:
     and not finished was preempted, and may come back). ``rejected``: per request,
     how many of its drafts the step rejects (the next step's computed tokens roll
     back by as many); empty: not said (the next step's computed tokens say it).
+    ``prompt_lens``: per request, the tokens it prefills before it decodes (its
+    prompt; all it had, for a request back from preemption), as the scheduler knows
+    them (a chunk of a longer prompt is no prefill's end); empty: not said (a request
+    new to the engine prefills up to the end of its query).
     """
 
     num_computed_tokens: tuple[int, ...]
@@ -211,6 +215,7 @@ class Batch:
     new_pages: tuple[int, ...] = ()
     finished: tuple[int, ...] = ()
     rejected: tuple[int, ...] = ()
+    prompt_lens: tuple[int, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -237,6 +242,8 @@ class Batch:
             d["finished"] = list(self.finished)
         if self.rejected:
             d["rejected"] = list(self.rejected)
+        if self.prompt_lens:
+            d["prompt_lens"] = list(self.prompt_lens)
         return d
 
     @property
@@ -258,6 +265,7 @@ class Batch:
             new_pages=tuple(int(x) for x in d.get("new_pages", ())),
             finished=tuple(int(x) for x in d.get("finished", ())),
             rejected=tuple(int(x) for x in d.get("rejected", ())),
+            prompt_lens=tuple(int(x) for x in d.get("prompt_lens", ())),
         )
 
 

@@ -86,7 +86,8 @@ def batch_violations(config: EngineConfig, batch: Batch) -> list[str]:
 def scheduler_violations(config: EngineConfig, batch: Batch) -> list[str]:
     """A trace step's view of its requests (``req_ids``, ``pages``, ``new_pages``):
     all three or none, one entry per request, distinct ids, distinct pages that
-    cover each ``seq_len`` within the block table's width."""
+    cover each ``seq_len`` within the block table's width; ``prompt_lens``, where
+    said, one per request that no prefill chunk runs past."""
     fields = (batch.req_ids, batch.pages, batch.new_pages)
     if not any(fields):
         return []
@@ -120,6 +121,14 @@ def scheduler_violations(config: EngineConfig, batch: Batch) -> list[str]:
         out.append(
             f"rejected needs one count per request, each below its query: {list(batch.rejected)}"
         )
+    if batch.prompt_lens:
+        lives = zip(batch.prompt_lens, batch.num_computed_tokens, batch.q_lens, strict=False)
+        # A prefill chunk ends within its prompt: a decode starts only after it.
+        if len(batch.prompt_lens) != R or any(p < 1 or c < p < c + q for p, c, q in lives):
+            out.append(
+                "prompt_lens needs one length >= 1 per request, no chunk running past its "
+                f"prompt: {list(batch.prompt_lens)}"
+            )
     return out
 
 

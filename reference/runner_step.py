@@ -128,6 +128,9 @@ class RunnerStepInputs:
     # [R]: the drafts each request rejects after the step (empty: none), as the sampler
     # decides them and the next step's computed tokens roll back.
     num_rejected: tuple[int, ...] = ()
+    # [R]: the tokens each request prefills before it decodes (its prompt), as the
+    # scheduler knows them (empty: not said; a new request's prompt ends with its query).
+    prompt_lens: tuple[int, ...] = ()
 
     @property
     def num_reqs(self) -> int:
@@ -162,6 +165,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> RunnerStepInp
         device=torch.device(device),
         finished_req_ids=batch.finished,
         num_rejected=batch.rejected,
+        prompt_lens=batch.prompt_lens,
     )
 
 

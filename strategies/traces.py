@@ -358,7 +358,7 @@ class _Scheduler:
             budget -= q
         # Stable: rows keep their order within decodes and within prefills.
         order = sorted(self.running, key=lambda r: wanted[r.req_id] > config.threshold)
-        ids, computed, q_lens, pages, new_pages = [], [], [], [], []
+        ids, computed, q_lens, pages, new_pages, prompts = [], [], [], [], [], []
         for req in order:
             q = wanted[req.req_id]
             # Its pages hold the step's tokens and the lookahead (the engine's
@@ -369,6 +369,7 @@ class _Scheduler:
             q_lens.append(q)
             pages.append(tuple(req.pages))
             new_pages.append(gained if req.req_id in self.last_ids else len(req.pages))
+            prompts.append(req.prompt_len)
         seed = draw(st.integers(0, 2**32 - 1))
         if change is None:
             use_cudagraph = draw(st.integers(0, 7)) != 7  # shrinks towards True
@@ -391,6 +392,7 @@ class _Scheduler:
             new_pages=tuple(new_pages),
             finished=tuple(self.finished),
             rejected=rejected if any(rejected) else (),
+            prompt_lens=tuple(prompts),
         )
         self.last_ids = set(ids)
         self.finished = []

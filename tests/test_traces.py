@@ -458,3 +458,36 @@ def test_repro_of_a_case_found_history_dependent_says_so(stateful, tmp_path, cap
     path = write_case(tmp_path / "case.json", doc)
     assert main(["repro", str(path), "--impl", STATEFUL]) == 0
     assert "found history-dependent" in capsys.readouterr().out
+
+
+def test_a_step_says_each_request_s_prompt():
+    """``prompt_lens`` is written and read back with the step; a chunk that runs past
+    its request's prompt, or a count per request missing, is no step of an engine."""
+    config = spec_config(num_spec=0)
+    pages = dict(req_ids=(1, 0), pages=((3,), (1, 2)), new_pages=(1, 2))
+    step = Batch((2, 0), (1, 5), prompt_lens=(2, 9), **pages)
+    assert Batch.from_dict(json.loads(json.dumps(step.to_dict()))) == step
+    assert "prompt_lens" not in Batch((0,), (1,)).to_dict()
+    assert batch_violations(config, step) == []
+    past = dataclasses.replace(step, prompt_lens=(2, 4))  # a chunk of 5 past a prompt of 4
+    assert any("prompt_lens" in p for p in batch_violations(config, past))
+    short = dataclasses.replace(step, prompt_lens=(9,))
+    assert any("prompt_lens" in p for p in batch_violations(config, short))
+
+
+@settings(max_examples=60, deadline=None)
+@given(traces())
+def test_drawn_traces_say_each_request_s_prompt(trace):
+    """Every step says each request's prompt; a request keeps it while it stays, and
+    prefills (no drafts) until it has computed it."""
+    said: dict[int, int] = {}
+    for step in trace.steps:
+        assert len(step.prompt_lens) == step.num_reqs
+        said_now = (step.req_ids, step.prompt_lens, step.num_computed_tokens, step.q_lens)
+        lives = zip(*said_now, strict=True)
+        for rid, prompt, computed, q in lives:
+            if rid in said and computed:  # not back from preemption, recomputing
+                assert said[rid] == prompt
+            if computed < prompt:
+                assert computed + q <= prompt
+            said[rid] = prompt
