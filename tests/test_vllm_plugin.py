@@ -5,6 +5,7 @@ references, checked without importing vLLM."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -131,3 +132,34 @@ def test_every_adapter_the_plugin_names_is_a_function_of_its_module():
                 assert call.attr in defined, f"{target}/{impl.name}: no {call!r}"
                 named += 1
     assert named >= sum(len(impls) for impls in VLLM.implementations.values())
+
+
+def test_vllm_s_runner_steps_stop_a_position_short_of_max_model_len():
+    """vLLM's scheduler keeps the model's last position for the token a step samples
+    (``Scheduler.schedule``; ``InputProcessor`` refuses a prompt of ``max_model_len``
+    tokens): every vLLM implementation of ``runner-step`` says a step reaching it is
+    unreachable, and draws its traces inside the limit."""
+    from attnfuzz.harness.testing import spec_config
+    from attnfuzz.reference.batch import Batch, Case
+    from hypothesis import given, settings
+
+    target = get_target("runner-step")
+    impls = [i for i in target.implementations.values() if i.engine == vllm.ENGINE]
+    assert len(impls) > 20
+    config = spec_config(runner="v1")
+    inside = Case(config, Batch((60,), (3,)))
+    past = Case(config, Batch((61,), (3,)))
+    for impl in impls:
+        assert target.unreachable(impl, inside) is None, impl.name
+        assert "max_model_len - 1 = 63" in target.unreachable(impl, past), impl.name
+
+    # Its limits alone (its declines ask the installed vLLM).
+    limited = dataclasses.replace(target.implementations["vllm-v1"], declines=None)
+
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(target.traces(impl=limited))
+    def drawn(trace):
+        top = trace.config.max_model_len - 1
+        assert all(s <= top for step in trace.steps for s in step.seq_lens)
+
+    drawn()

@@ -147,8 +147,9 @@ def test_rejected_drafts_kept_in_a_padded_drafter_loop_are_caught(monkeypatch):
 
 
 def test_a_step_past_the_drafter_s_length_limit_proposes_nothing():
-    """A request at 64 tokens (the case's ``max_model_len``, which the drafter's
-    config derives its own from) with 2 drafts to propose does not fit in the drafter
+    """A request at 64 tokens (the most vLLM's scheduler lets it reach under the case's
+    ``max_model_len`` of 65, which the drafter's config derives its own from) with 2
+    drafts to propose does not fit in the drafter
     (``_input_fits_in_drafter``): no engine proposes, and the graph engine, one of two
     data-parallel ranks, runs its drafter's dummy run instead (``sample_tokens``)."""
     pages = ((1, 2, 3, 4),)
@@ -156,7 +157,7 @@ def test_a_step_past_the_drafter_s_length_limit_proposes_nothing():
         Batch((0,), (16,), req_ids=(3,), pages=pages, new_pages=(4,)),
         Batch((61,), (3,), req_ids=(3,), pages=pages, new_pages=(0,)),
     )
-    first, out = run(Trace(config(2), steps))
+    first, out = run(Trace(config(2, max_model_len=65), steps))
     assert [b.draft for b in first.of("eager")] == [None, 0, 1]
     assert ref.violations(out) == []
     assert [b.draft for b in out.builds if b.how != "capture"] == [None] * 4

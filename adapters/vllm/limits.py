@@ -21,3 +21,24 @@ def drafter_admits(inputs: Any) -> str | None:
             "(config/speculative.py: SpeculativeConfig._verify_args)"
         )
     return None
+
+
+def step_admits(inputs: Any) -> str | None:
+    """vLLM 0.33.0 never schedules a token at the model's last position: a prompt of
+    ``max_model_len`` tokens is refused (``v1/engine/input_processor.py``,
+    ``InputProcessor._validate_model_input``: the prompt plus at least one output must
+    fit), and ``Scheduler.schedule`` caps a running request's tokens, drafts included,
+    at ``max_model_len - num_computed_tokens - num_sampled_tokens_per_step`` (one for a
+    generating model: the token the step samples). So every request of a step ends at
+    ``max_model_len - 1`` at most."""
+    top = inputs.config.max_model_len - 1
+    for r, (computed, q) in enumerate(
+        zip(inputs.num_computed_tokens, inputs.query_lens, strict=True)
+    ):
+        if computed + q > top:
+            return (
+                f"request {r} reaches {computed + q} tokens > max_model_len - 1 = {top}: "
+                "vLLM's scheduler keeps a slot for the sampled token "
+                "(v1/core/sched/scheduler.py: Scheduler.schedule)"
+            )
+    return None

@@ -362,10 +362,13 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
-_step_impl = functools.partial(vllm_impl, lookahead=lookahead.num_lookahead_tokens)
+_step_impl = functools.partial(
+    vllm_impl, lookahead=lookahead.num_lookahead_tokens, admits=limits.step_admits
+)
 """An implementation of ``runner-step``: vLLM's scheduler reserves its drafter's
 lookahead, so a drawn trace's requests hold those pages too (``Implementation.lookahead``;
-``lookahead.declines`` refuses a step without them)."""
+``lookahead.declines`` refuses a step without them), and keeps the model's last position
+for the token a step samples (``limits.step_admits``)."""
 
 
 def _lazy(module: str, name: str) -> Any:
