@@ -34,6 +34,12 @@ builds must agree and what a padding row may hold:
   ``PAD_SLOT_ID``: write nothing) is never a real one. A slot in range passes safe
   padding, yet the padded forward writes the padding token's key over a live
   request's cached one.
+- *padding writes no real state*: in every build with padding requests, no padding
+  row of a field that names a request's recurrent state slot (``Field.writes_state``:
+  a linear-attention layer's state index, which its kernels read and update in place)
+  holds a slot a real row of the same field names (a capture run, of no step's
+  requests, is not judged). A slot in range passes safe padding, yet the padded
+  forward updates a live request's state with the padding row's tokens.
 - *micro-batch agreement*: a micro-batch of a split step (``how="microbatch"``: the
   step's tokens ``first_token`` to ``first_token + num_tokens``, run as a forward of
   its own, as vLLM's dual-batch overlap runs each half) has the real rows of the
@@ -193,6 +199,10 @@ class Field:
     # to (the forward's KV write reads it, padding rows included), read from the
     # consumer's code: its padding rows must name no slot a real request reads.
     writes_kv: bool = False
+    # Whether the field (1-D, by request) names the recurrent state slot each request's
+    # kernels read and update in place (a linear-attention layer's state index), read
+    # from the consumer's code: its padding rows must name no slot a real row names.
+    writes_state: bool = False
 
 
 @dataclass(frozen=True)
@@ -385,6 +395,26 @@ def padding_writes_no_real_kv(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
+def padding_writes_no_real_state(out: RunnerStepOutputs) -> list[Violation]:
+    """No padding row of a field that names a request's state slot
+    (``Field.writes_state``) holds a slot a real row of the same field names."""
+    found = []
+    for b in (b for b in out.builds if b.how != "capture"):
+        for f in (f for f in b.fields if f.writes_state and len(f.values) > len(real_rows(b, f))):
+            real = real_rows(b, f)
+            padding = f.values[len(real) :]
+            # A negative slot (PAD_SLOT_ID: the kernels skip the row) is never a real one.
+            bad = np.flatnonzero(np.isin(padding, real[real >= 0]))
+            if len(bad):
+                slot = int(padding[bad[0]])
+                owner = int(np.flatnonzero(real == slot)[0])
+                detail = (f"{len(bad)} padding rows name a state slot a real request holds; "
+                          f"first at [{int(bad[0]) + len(real)}]: slot {slot}, request "
+                          f"{owner}'s")  # fmt: skip
+                found.append(Violation("padding writes no real state", f.name, b.name, detail))
+    return found
+
+
 def _lengths_read(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """A 2-D field's rows with every entry past its row's length set to -2**31."""
     out = values.astype(np.int64, copy=True)
@@ -453,7 +483,7 @@ def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
 
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
               agreement_across_backends, safe_padding, padding_writes_no_real_kv,
-              microbatch_agreement)  # fmt: skip
+              padding_writes_no_real_state, microbatch_agreement)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:

@@ -205,6 +205,38 @@ def test_a_padding_token_that_writes_a_real_requests_kv_slot_fails_padding_write
     assert not ref.padding_writes_no_real_kv(outputs(build("eager"), padded))
 
 
+def with_state(b: ref.StepBuild, slots: list[int]) -> ref.StepBuild:
+    """``b`` with a linear layer's state index per request (``Field.writes_state``)."""
+    state = ref.Field("state_indices", "requests", np.array(slots), (-1, 9), writes_state=True)
+    return dataclasses.replace(b, fields=(*b.fields, state))
+
+
+def test_a_padding_row_that_names_a_real_requests_state_slot_fails_padding_writes_state():
+    """A padding request's state slot in range (it passes safe padding) that a real
+    request of the step holds: the padded forward updates that request's state with
+    the padding row's tokens. With the property returning nothing this test fails."""
+    eager = with_state(build("eager"), [3, 5])
+    stale = with_state(build("padded", pad=True), [3, 5, 3])
+    (message,) = mismatches(eager, stale)
+    assert message == (
+        "[padding-writes-no-real-state] padded.state_indices: expected no real request's "
+        "state slot, got 1 padding rows name a state slot a real request holds; first at "
+        "[2]: slot 3, request 0's"
+    )
+    # PAD_SLOT_ID (skipped) and a slot no real request holds are harmless.
+    for padding in (-1, 0, 7):
+        fine = with_state(build("padded", pad=True), [3, 5, padding])
+        assert not mismatches(eager, fine), padding
+    # A capture run is of no step's requests; an unmarked field is never judged by it.
+    capture = dataclasses.replace(stale, how="capture", num_reqs=0, num_tokens=0)
+    assert not ref.padding_writes_no_real_state(outputs(eager, capture))
+    unmarked = dataclasses.replace(
+        stale,
+        fields=tuple(dataclasses.replace(f, writes_state=False) for f in stale.fields),
+    )
+    assert not ref.padding_writes_no_real_state(outputs(eager, unmarked))
+
+
 def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
     short = ref.StepBuild("padded", 3, 3, build("padded", pad=True).fields)
     found = compare(None, None, EXPECTED, outputs(build("eager"), short))

@@ -155,6 +155,7 @@ class HybridGDNEngine(decode._Engine):
     rows and state slots, ``HybridLinearAttnBackend`` over Triton and GDN."""
 
     GRAPH = _HybridGraph
+    PREFIX = "gdn"  # of the linear backend's fields
     WHERE = {
         "eager": "hybrid_linear_attn_backend.py:HybridLinearAttnBackend.init_forward_metadata "
         "(TritonAttnBackend's, GDNAttnBackend's _forward_metadata)",
@@ -217,7 +218,6 @@ class HybridGDNEngine(decode._Engine):
         from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
             HybridLinearAttnBackend,
         )
-        from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
         from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
@@ -233,7 +233,13 @@ class HybridGDNEngine(decode._Engine):
         )
         full = super().make_backend()
         runner.linear_attn_backends = resolve_linear_attn_backends()
-        return HybridLinearAttnBackend(full, GDNAttnBackend(runner), FULL_ATTENTION_LAYERS)
+        return HybridLinearAttnBackend(full, self.linear_backend(), FULL_ATTENTION_LAYERS)
+
+    def linear_backend(self) -> Any:
+        """The linear layers' backend on the model runner: ``GDNAttnBackend``."""
+        from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+        return GDNAttnBackend(self.runner)
 
     # -- the scheduler output: a request's row and its state slot -------------------------------
 
@@ -284,7 +290,7 @@ class HybridGDNEngine(decode._Engine):
         R, T = inputs.num_reqs, inputs.num_tokens
         fields = self._fields(R, T, inputs_of, _metadata(self.backend, mode == "verify"))
         if how == "fresh":
-            fields = tuple(f for f in fields if f.name != "gdn.mamba_cache_indices")
+            fields = tuple(f for f in fields if f.name != f"{self.PREFIX}.mamba_cache_indices")
         return StepBuild(how, R, T, fields, where=self.WHERE[how])
 
     def accepts(self) -> dict[str, tuple[int, int]]:
@@ -325,11 +331,13 @@ class HybridGDNEngine(decode._Engine):
                 decode.host(gdn.query_start_loc[: rows + 1]),
                 (0, tokens),
             ),
+            # The conv and recurrent kernels update the state at its index in place.
             Field(
                 "gdn.mamba_cache_indices",
                 "requests",
                 decode.host(indices),
                 acc["gdn.mamba_cache_indices"],
+                writes_state=True,
             ),
         ]
         if metadata.verify:

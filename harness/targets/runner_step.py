@@ -16,7 +16,7 @@ The reference states only the step's real sizes. The oracle checks:
 - one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
   ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
   ``agreement-across-backends``, ``safe-padding``, ``padding-writes-no-real-kv``,
-  ``microbatch-agreement``.
+  ``padding-writes-no-real-state``, ``microbatch-agreement``.
 
 Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
@@ -65,6 +65,7 @@ class OwnCheck(StrEnum):
     AGREEMENT = "agreement-across-backends"  # so are the step's on another backend
     SAFE_PADDING = "safe-padding"  # every value of every build, one its consumer accepts
     PADDING_WRITES = "padding-writes-no-real-kv"  # no padding token writes a real read slot
+    PADDING_STATE = "padding-writes-no-real-state"  # no padding row names a real state slot
     MICROBATCH = "microbatch-agreement"  # a micro-batch's real rows are its cut of the eager's
 
 
@@ -75,6 +76,7 @@ _CHECKS = {
     "agreement across backends": (OwnCheck.AGREEMENT, "the eager build's real rows"),
     "safe padding": (OwnCheck.SAFE_PADDING, "values its consumer accepts"),
     "padding writes no real KV": (OwnCheck.PADDING_WRITES, "no real request's read slots"),
+    "padding writes no real state": (OwnCheck.PADDING_STATE, "no real request's state slot"),
     "micro-batch agreement": (OwnCheck.MICROBATCH, "the eager build's rows of its tokens"),
 }
 
