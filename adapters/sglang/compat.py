@@ -249,6 +249,20 @@ REQUIRES["runner_step_hybrid"] = REQUIRES["runner_step"] + (
     ),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
+_LIGHTNING = "sglang.srt.layers.attention.linear.lightning_backend"
+# runner_step_lightning: runner_step_hybrid's engine, the linear layers Bailing's lightning.
+REQUIRES["runner_step_lightning"] = REQUIRES["runner_step"] + (
+    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+    Api(_LIGHTNING, "LightningAttentionBackend.init_forward_metadata"),
+    Api(_LIGHTNING, "LightningAttentionBackend.init_forward_metadata_out_graph"),
+    Api(
+        "sglang.srt.layers.attention.linear.linear_metadata",
+        "BailingLinearMetadata.prepare_mixed",
+    ),
+    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
+)
 _PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.load_batch"),

@@ -546,6 +546,61 @@ def _runner_step_hybrid() -> list[Implementation]:
     ]
 
 
+def _lightning() -> Any:
+    """The lightning runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_lightning
+
+    return runner_step_lightning
+
+
+def _reach_lightning_padded_replay(trace: Trace) -> bool:
+    return _lightning().reach_padded_replay(trace)
+
+
+def _trigger_lightning_padding_repeats_last(trace: Trace) -> bool:
+    return _lightning().trigger_padding_repeats_last(trace)
+
+
+def _smallest_lightning_padding_repeats_last() -> Trace:
+    return _lightning().smallest_padding_repeats_last()
+
+
+def _runner_step_lightning() -> list[Implementation]:
+    """SGLang's decode graph runner step of a hybrid model whose linear layers are
+    Bailing's lightning attention, and a padding defect of its replay re-created."""
+    backend = "layers/attention/linear/lightning_backend.py:LightningAttentionBackend"
+    # sglang-hybrid-gdn's engine: pages of one token only.
+    declines = sglang.EngineCall("runner_step_lightning", "declines")
+    return [
+        sglang_impl(
+            "runner_step_lightning",
+            "run",
+            name="sglang-hybrid-lightning",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
+            f"hybrid_linear_attn_backend.py:HybridLinearAttnBackend with {backend} (eager "
+            "init_forward_metadata: linear/linear_metadata.py:BailingLinearMetadata."
+            "prepare_mixed; init_forward_metadata_out_graph at capture and replay: "
+            "prepare_decode)",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_lightning",
+            "run_padding_repeats_last",
+            name="sglang-hybrid-lightning-padding-repeats-last",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose replay pads by repeating the "
+            "last real row: each padding row names that request's state slot",
+            trigger=_trigger_lightning_padding_repeats_last,
+            reach=_reach_lightning_padded_replay,
+            smallest=_smallest_lightning_padding_repeats_last,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _prefill_graph() -> Any:
     """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_prefill_graph
@@ -764,6 +819,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
+        *_runner_step_lightning(),
         *_runner_step_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(
