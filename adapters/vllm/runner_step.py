@@ -603,12 +603,14 @@ class _Engine:
 def _scheduler_output(
     inputs: RunnerStepInputs, held: set[str], is_new: tuple[bool, ...] | None = None
 ) -> Any:
-    """The step's ``SchedulerOutput``: new requests (all their pages, their tokens known
-    up to the end of the step's query) in ``scheduled_new_reqs``, running ones in
+    """The step's ``SchedulerOutput``: new requests (all their pages, their prompt where
+    the step says it, else their tokens known up to the end of the step's query; at
+    least those) in ``scheduled_new_reqs``, running ones in
     ``scheduled_cached_reqs`` (the pages they gained, None for none), the drafts a
     running request's query carries past its one token (``scheduled_spec_decode_tokens``,
-    as ``Scheduler.schedule`` sends them: at most ``num_spec``; a longer query is a
-    prefill chunk), and the held requests the step has not, finished."""
+    as ``Scheduler.schedule`` sends them: at most ``num_spec``; a longer query, or one
+    within the request's prompt, is a prefill chunk), and the held requests the step has
+    not, finished."""
     from vllm import SamplingParams
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -619,13 +621,13 @@ def _scheduler_output(
     drafts: dict[str, list[int]] = {}
     steps = zip(
         inputs.req_ids, is_new or inputs.is_new, inputs.num_computed_tokens, inputs.query_lens,
-        inputs.new_block_ids, strict=True,
+        inputs.new_block_ids, inputs.prompt_lens or (0,) * inputs.num_reqs, strict=True,
     )  # fmt: skip
-    for rid, fresh, computed, q, pages in steps:
+    for rid, fresh, computed, q, pages, prompt in steps:
         req_id = str(rid)
         scheduled[req_id] = q
         if fresh:
-            known = min(max(computed + q, 1), config.max_model_len)
+            known = min(max(computed + q, prompt, 1), config.max_model_len)
             new.append(
                 NewRequestData(
                     req_id=req_id, prompt_token_ids=[0] * known, mm_features=[],
@@ -639,7 +641,8 @@ def _scheduler_output(
             cached.new_block_ids.append((list(pages),) if pages else None)
             cached.num_computed_tokens.append(computed)
             cached.num_output_tokens.append(0)
-            if 1 < q <= 1 + config.num_spec:
+            # A request still in its prompt prefills a chunk; drafts follow the prompt.
+            if 1 < q <= 1 + config.num_spec and computed >= prompt:
                 drafts[req_id] = [0] * (q - 1)
     return SchedulerOutput(
         scheduled_new_reqs=new,
@@ -1101,12 +1104,14 @@ class RunnerStepEngine:
         self, inputs: RunnerStepInputs, held: dict[str, tuple[int, ...]]
     ) -> tuple[StepBuild, _Engine]:
         """The step on a new engine of mode NONE: its running requests first added as new
-        (one token each, at their computed tokens less one, with the pages they held;
-        as many warm-up steps as the token budget takes), then the step's own output;
-        the engine, whose speculator proposes after the step."""
+        (one token each, at their computed tokens less one, with the pages they held, a
+        request still prefilling with its prompt, so that it prefills on; as many
+        warm-up steps as the token budget takes), then the step's own output; the
+        engine, whose speculator proposes after the step."""
         config = inputs.config
         fresh = self.engine(config, inputs.device, "NONE")
         running = [i for i, new in enumerate(inputs.is_new) if not new]
+        prompts = inputs.prompt_lens or (0,) * inputs.num_reqs
         budget = min(config.max_num_batched_tokens, config.max_num_seqs)
         for start in range(0, len(running), budget):
             part = running[start : start + budget]
@@ -1118,6 +1123,9 @@ class RunnerStepEngine:
                 query_lens=(1,) * len(part),
                 new_block_ids=tuple(held[str(inputs.req_ids[i])] for i in part),
                 device=inputs.device,
+                prompt_lens=tuple(
+                    prompts[i] if inputs.num_computed_tokens[i] < prompts[i] else 0 for i in part
+                ),
             )
             _sample(fresh, {})
             _execute(fresh, fresh.output(warm, fresh.held - set(map(str, warm.req_ids))))

@@ -518,6 +518,7 @@ class _Engine:
         self.tokens = {rid: requests[rid].num_tokens for rid in out.num_scheduled_tokens
                        if rid in requests}  # fmt: skip
         cached = out.scheduled_cached_reqs
+        cached.num_output_tokens = [self.num_output_tokens(requests[rid]) for rid in cached.req_ids]
         computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         drafts = out.scheduled_spec_decode_tokens
         for rid in list(drafts):
@@ -527,6 +528,14 @@ class _Engine:
             else:
                 drafts[rid] = drafts[rid][:past]
         return out
+
+    def num_output_tokens(self, state: Any) -> int:
+        """A running request's output tokens as the scheduler counts them
+        (``Scheduler._make_cached_request_data``: ``num_output_tokens`` and its
+        placeholders): those the runner appended from its samples, which
+        ``_update_states`` keeps where the count says all (a smaller count discards
+        the rest, as after a failed KV load)."""
+        return len(state.output_token_ids)
 
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
         """Every field a consumer reads of one forward (:func:`_fields`), and what the
@@ -1027,12 +1036,16 @@ class RunnerStepEngine:
                 else:
                     computed = inputs.num_computed_tokens[i]
                     warm.append((int(rid), self.warm_computed(computed), held[rid]))
-                    # A request the eager engine is still recomputing (preempted, back):
-                    # its prompt all the tokens it had, so that the fresh engine's warm-up
-                    # leaves it recomputing too (no token sampled, none drafted after).
+                    # A request the eager engine is still prefilling (the runner's
+                    # is_prefilling: fewer computed tokens than its prompt) or recomputing
+                    # (preempted, back): its prompt all the tokens it had, so that the
+                    # fresh engine's warm-up leaves it prefilling too (no token sampled,
+                    # none drafted after). One that decodes is sampled its next token.
                     tokens = self.eager.tokens.get(rid, 0) if self.eager else 0
-                    if tokens > computed + 1:
-                        fresh.prompts[rid] = tokens
+                    state = self.eager.runner.requests.get(rid) if self.eager else None
+                    prompt = state.num_prompt_tokens if state is not None else 0
+                    if tokens > computed + 1 or computed < prompt:
+                        fresh.prompts[rid] = max(tokens, prompt)
             step = RunnerStepInputs(
                 config=config,
                 req_ids=tuple(w[0] for w in warm),

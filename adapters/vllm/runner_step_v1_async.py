@@ -64,6 +64,15 @@ class _AsyncEngine(v1._Engine):
         self.upper = 0  # the step's longest sequence as its scheduler output counts it
         super().__init__(*args, **kwargs)
 
+    def num_output_tokens(self, state: Any) -> int:
+        """``AsyncScheduler``'s count: the step in flight's tokens as placeholders, every
+        draft taken as accepted, as ``_update_states`` extends a request of the
+        persistent batch that drafted (``prev_num_draft_len``) before it compares."""
+        n = len(state.output_token_ids)
+        if state.prev_num_draft_len and state.req_id in self.runner.input_batch.req_id_to_index:
+            n += state.prev_num_draft_len
+        return n
+
     def output(self, inputs: RunnerStepInputs) -> Any:
         """``vllm-v1``'s scheduler output, each request that drafted in the step before
         counted as if it had accepted every draft (``AsyncScheduler``'s count)."""

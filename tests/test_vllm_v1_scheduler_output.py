@@ -1,24 +1,18 @@
-"""Traces on which ``vllm-v1``'s adapter raises a false history-invariance alarm: its
-scheduler output is not the one vLLM's scheduler would send, so its eager engine and
-its fresh engine disagree where vLLM's would not. Kept as strict expected failures: a
-fix of the adapter turns each into a pass, which fails here until its mark is removed.
+"""Traces on which ``vllm-v1``'s adapter once raised a false history-invariance alarm:
+its scheduler output was not the one vLLM's scheduler sends, so its eager engine and
+its fresh engine disagreed where vLLM's do not. Each holds every property now.
 
-- ``output_tokens_dropped``: the adapter sends ``num_output_tokens`` 0 for a running
-  request (``_scheduler_output``), where ``Scheduler._make_cached_request_data`` sends
-  the request's count; ``GPUModelRunner._update_states`` then drops its sampled tokens
+- ``output_tokens_dropped``: the adapter sent ``num_output_tokens`` 0 for a running
+  request, where ``Scheduler._make_cached_request_data`` sends the request's count;
+  ``GPUModelRunner._update_states`` then dropped its sampled tokens
   (``del output_token_ids[num_output_tokens:]``, ``num_tokens_no_spec`` back to the
-  prompt's), and the next verify reads a draft id from a row a previous request left
+  prompt's), and the next verify read a draft id from a row a previous request left
   (the eager engine's ``RejectionSampler`` got drafts ``[0, 1]``, the fresh one's
   ``[0, 0]``).
-- ``prompt_past_first_chunk``: the adapter tells vLLM that a new request's prompt is
-  its first chunk (a step does not carry prompt lengths), so a second chunk runs past
-  the request's tokens, which vLLM's scheduler never schedules; the verify after it
-  reads draft ids from positions no token was written to.
-
-Sending the scheduler's count alone (tried) turns other traces of
-``vllm-v1-unpadded-drafts``, ``vllm-v1-dflash`` and ``vllm-v1-step3p5-mtp`` into
-history-invariance failures of the same family: the fix needs both, with the trace's
-prompt lengths handed to the adapter."""
+- ``prompt_past_first_chunk``: the adapter told vLLM that a new request's prompt was its
+  first chunk (the step did not carry prompt lengths; ``prompt_lens`` says them now), so
+  a second chunk ran past the request's tokens, which vLLM's scheduler never schedules;
+  the verify after it read draft ids from positions no token was written to."""
 
 from __future__ import annotations
 
@@ -73,19 +67,29 @@ TRACES = {
         },  # fmt: skip
         "steps": [
             _step(
-                [0, 0, 0, 0], [70, 19, 8, 14], [0, 2, 3, 6], [[1, 2], [4], [5], [9]], [2, 1, 1, 1]
-            ),
-            _step([19, 8, 14], [44, 9, 29], [2, 3, 6], [[4, 8], [5], [9]], [1, 0, 0], finished=[0]),
-            _step([17, 43], [1, 1], [3, 6], [[5], [9]], [0, 0], finished=[2]),
-            _step([18, 44], [4, 4], [3, 6], [[5], [9]], [0, 0]),
+                [0, 0, 0, 0],
+                [70, 19, 8, 14],
+                [0, 2, 3, 6],
+                [[1, 2], [4], [5], [9]],
+                [2, 1, 1, 1],
+                prompt_lens=[70, 63, 17, 43],
+            ),  # fmt: skip
+            _step(
+                [19, 8, 14],
+                [44, 9, 29],
+                [2, 3, 6],
+                [[4, 8], [5], [9]],
+                [1, 0, 0],
+                finished=[0],
+                prompt_lens=[63, 17, 43],
+            ),  # fmt: skip
+            _step([17, 43], [1, 1], [3, 6], [[5], [9]], [0, 0], finished=[2], prompt_lens=[17, 43]),
+            _step([18, 44], [4, 4], [3, 6], [[5], [9]], [0, 0], prompt_lens=[17, 43]),
         ],
     },
 }
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="the adapter's scheduler output is not vLLM's"
-)
 @pytest.mark.parametrize("name", sorted(TRACES))
 def test_vllm_v1_holds_every_property_on_the_trace(name):
     from attnfuzz.adapters.vllm import runner_step_v1
@@ -97,7 +101,4 @@ def test_vllm_v1_holds_every_property_on_the_trace(name):
         for case in trace.cases()
         for v in ref.violations(runner_step_v1.run(ref.make_inputs(case)))
     ]
-    other = [v for v in found if v.prop != "history invariance"]
-    if other:  # not the known alarm: an error, not the expected failure
-        raise RuntimeError(f"beyond the known false alarm: {other}")
     assert found == []
