@@ -158,3 +158,18 @@ def test_a_withheld_proposal_is_judged_as_such_only_where_the_upper_bound_explai
     adapter().run.new_engine()
     verdict = target.judge_trace(impl, near_the_limit())
     assert verdict.step == 2 and [m.where for m in verdict.mismatches] == ["builds"], verdict
+
+
+def test_a_request_back_after_a_step_left_out_is_sent_all_its_tokens():
+    """Request 1 prefills and samples a token, is left out of step 1 (preempted) and
+    comes back at step 2, recomputing its 5 tokens. ``Scheduler._make_cached_request_data``
+    sends the tokens of a request not scheduled in the step before (``all_token_ids``),
+    which ``_update_states`` reads under async scheduling to recover its outputs: sent
+    none, the runner failed on the lookup. Every property holds."""
+    steps = (
+        Batch((0, 0), (3, 4), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((3,), (1,), req_ids=(0,), pages=((1,),), new_pages=(0,)),
+        Batch((4, 0), (1, 5), req_ids=(0, 1), pages=((1,), (3,)), new_pages=(0, 1)),
+    )
+    for out in run(Trace(config(), steps)):
+        assert ref.violations(out) == []

@@ -519,6 +519,13 @@ class _Engine:
                        if rid in requests}  # fmt: skip
         cached = out.scheduled_cached_reqs
         cached.num_output_tokens = [self.num_output_tokens(requests[rid]) for rid in cached.req_ids]
+        # Scheduler._make_cached_request_data: the tokens of a request the step before did
+        # not schedule (not in the persistent batch), which _update_states reads under
+        # async scheduling to recover its outputs.
+        for rid in cached.req_ids:
+            if rid not in self.runner.input_batch.req_id_to_index:
+                state = requests[rid]
+                cached.all_token_ids[rid] = [*state.prompt_token_ids, *state.output_token_ids]
         computed = dict(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         drafts = out.scheduled_spec_decode_tokens
         for rid in list(drafts):
