@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -147,9 +148,15 @@ class EngineCall:
 
     def new_engine(self) -> None:
         """The adapter's ``new_engine()``, where it keeps state across steps (an engine
-        object): the harness starts each trace with it. Before the first call there is
-        nothing kept."""
-        hook = getattr(self._fn, "new_engine", None) if self._fn is not None else None
+        object): the harness starts each trace with it. The module's engine is shared by
+        whoever imported it (a test that ran it directly, another call of the same
+        function), so it is reset whenever the module is loaded, called through this
+        object or not; a module not loaded yet keeps nothing."""
+        fn = self._fn
+        if fn is None:
+            mod = sys.modules.get(f"{self.package}.{self.module}")
+            fn = getattr(mod, self.attr, None) if mod is not None else None
+        hook = getattr(fn, "new_engine", None)
         if callable(hook):
             hook()
 

@@ -397,6 +397,35 @@ def test_a_fixed_implementation_passes_traces():
     assert any(label.startswith("steps=") for label in result.labels)
 
 
+def test_an_engine_adapter_s_engine_is_new_for_each_trace_whoever_ran_it_before(monkeypatch):
+    """An adapter module keeps one engine for every caller: a trace judged through the
+    plugin's entry starts on a new engine even when a test ran the module's function
+    itself first and the entry never ran (a false pass of a mutant came from the state
+    such a run left)."""
+    import types
+
+    from attnfuzz.adapters.binding import EngineCall
+
+    steps: list[int] = []
+
+    def run(inputs: int) -> int:
+        steps.append(inputs)
+        return len(steps)
+
+    run.new_engine = steps.clear  # type: ignore[attr-defined]
+    module = types.ModuleType("attnfuzz_probe.adapter")
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "attnfuzz_probe.adapter", module)
+    entry = EngineCall("attnfuzz_probe", "adapter", "run", lambda: None)
+    run(1)  # the module's engine used directly, not through the entry
+    entry.new_engine()
+    assert entry(2) == 1  # the entry's first step is its engine's first
+    entry.new_engine()
+    assert steps == []
+    monkeypatch.delitem(sys.modules, "attnfuzz_probe.adapter")
+    EngineCall("attnfuzz_probe", "adapter", "run", lambda: None).new_engine()  # not loaded
+
+
 def test_trace_runs_keep_their_own_corpus():
     assert corpus_key("t", "i", traced=True) == corpus_key("t", "i") + b"/trace"
 
