@@ -199,10 +199,15 @@ class Field:
     # to (the forward's KV write reads it, padding rows included), read from the
     # consumer's code: its padding rows must name no slot a real request reads.
     writes_kv: bool = False
-    # Whether the field (1-D, by request) names the recurrent state slot each request's
-    # kernels read and update in place (a linear-attention layer's state index), read
-    # from the consumer's code: its padding rows must name no slot a real row names.
+    # Whether the field (by request; 2-D: a slot per token of the request's query)
+    # names the recurrent state slot each request's kernels read and update in place (a
+    # linear-attention layer's state index), read from the consumer's code: its padding
+    # rows must name no slot a real row names.
     writes_state: bool = False
+    # A slot that stands for no request (vLLM's null block, which the block pool never
+    # hands out and the kernels skip), besides the negative ones: a padding row naming
+    # it writes no request's state, whatever a real row holds.
+    null_slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -403,14 +408,18 @@ def padding_writes_no_real_state(out: RunnerStepOutputs) -> list[Violation]:
         for f in (f for f in b.fields if f.writes_state and len(f.values) > len(real_rows(b, f))):
             real = real_rows(b, f)
             padding = f.values[len(real) :]
-            # A negative slot (PAD_SLOT_ID: the kernels skip the row) is never a real one.
-            bad = np.flatnonzero(np.isin(padding, real[real >= 0]))
+            # A negative slot (PAD_SLOT_ID) or the null slot: no request's state.
+            owned = real[(real >= 0) & (real != f.null_slot)]
+            hit = np.isin(padding, owned).reshape(len(padding), -1)
+            bad = np.flatnonzero(hit.any(axis=1))
             if len(bad):
-                slot = int(padding[bad[0]])
-                owner = int(np.flatnonzero(real == slot)[0])
-                detail = (f"{len(bad)} padding rows name a state slot a real request holds; "
-                          f"first at [{int(bad[0]) + len(real)}]: slot {slot}, request "
-                          f"{owner}'s")  # fmt: skip
+                row = int(bad[0])
+                slot = int(padding.reshape(len(padding), -1)[row][hit[row]][0])
+                owner = int(np.argwhere(real == slot)[0][0])
+                detail = (
+                    f"{len(bad)} padding rows name a state slot a real request holds; "
+                    f"first at [{row + len(real)}]: slot {slot}, request {owner}'s"
+                )
                 found.append(Violation("padding writes no real state", f.name, b.name, detail))
     return found
 

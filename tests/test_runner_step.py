@@ -205,9 +205,12 @@ def test_a_padding_token_that_writes_a_real_requests_kv_slot_fails_padding_write
     assert not ref.padding_writes_no_real_kv(outputs(build("eager"), padded))
 
 
-def with_state(b: ref.StepBuild, slots: list[int]) -> ref.StepBuild:
+def with_state(b: ref.StepBuild, slots: list, null_slot: int | None = None) -> ref.StepBuild:
     """``b`` with a linear layer's state index per request (``Field.writes_state``)."""
-    state = ref.Field("state_indices", "requests", np.array(slots), (-1, 9), writes_state=True)
+    state = ref.Field(
+        "state_indices", "requests", np.array(slots), (-1, 9), writes_state=True,
+        null_slot=null_slot,
+    )  # fmt: skip
     return dataclasses.replace(b, fields=(*b.fields, state))
 
 
@@ -235,6 +238,21 @@ def test_a_padding_row_that_names_a_real_requests_state_slot_fails_padding_write
         fields=tuple(dataclasses.replace(f, writes_state=False) for f in stale.fields),
     )
     assert not ref.padding_writes_no_real_state(outputs(eager, unmarked))
+
+
+def test_padding_writes_state_reads_a_slot_per_token_and_skips_the_null_slot():
+    """A 2-D state field (a slot per query token, as a speculative decode's) fails at
+    the padding row one of whose slots a real row holds. The null slot (vLLM's null
+    block, ``Field.null_slot``) is no request's: padding that names it passes, even
+    where a broken real row names it too."""
+    eager = with_state(build("eager"), [[3, 4], [5, 6]])
+    stale = with_state(build("padded", pad=True), [[3, 4], [5, 6], [0, 6]])
+    (message,) = mismatches(eager, stale)
+    assert message.endswith("first at [2]: slot 6, request 1's")
+    nulled = with_state(build("padded", pad=True), [[3, 4], [0, 0], [0, 0]], null_slot=0)
+    assert not ref.padding_writes_no_real_state(outputs(eager, nulled))
+    unnamed = with_state(build("padded", pad=True), [[3, 4], [0, 0], [0, 0]])
+    assert ref.padding_writes_no_real_state(outputs(eager, unnamed))
 
 
 def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():

@@ -186,18 +186,23 @@ def _linear_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Fie
     tokens_pad = int(seen.positions.shape[0])
     out = []
 
-    def add(name: str, rows: str, accepts: tuple[int, int] | None) -> None:
+    def add(name: str, rows: str, accepts: tuple[int, int] | None, state: bool = False) -> None:
         value = getattr(m, name, None)
         if isinstance(value, torch.Tensor):
-            out.append(Field(f"gdn.{name}", rows, v1._np(value), accepts))
+            out.append(Field(
+                f"gdn.{name}", rows, v1._np(value), accepts, writes_state=state,
+                null_slot=NULL_BLOCK_ID if state else None,
+            ))  # fmt: skip
 
     # causal_conv1d.py _causal_conv1d_update_kernel: a state index is a line of the
     # conv state cache (every block of the pool), and null_block_id (0) skips the row;
-    # fused_recurrent_gated_delta_rule reads the recurrent state at the same index.
+    # fused_recurrent_gated_delta_rule reads the recurrent state at the same index and
+    # writes the final state back there (both skip an index <= 0): each request's
+    # state, updated in place (Field.writes_state; the null block is no request's).
     states = (NULL_BLOCK_ID, pool - 1)
-    add("spec_state_indices_tensor", "requests", states)
-    add("non_spec_state_indices_tensor", "requests", states)
-    add("prefill_state_indices", "requests", states)
+    add("spec_state_indices_tensor", "requests", states, state=True)
+    add("non_spec_state_indices_tensor", "requests", states, state=True)
+    add("prefill_state_indices", "requests", states, state=True)
     # ... query_start_loc: a sequence's tokens are x[qsl[i] : qsl[i + 1]] of the token
     # rows the layer is handed (its padded tokens included).
     add("spec_query_start_loc", "offsets", (0, tokens_pad))

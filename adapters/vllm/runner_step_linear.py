@@ -346,12 +346,21 @@ class _LinearEngine(hybrid._HybridEngine):
         # (decode, prefill, speculative) into fields a build of another split lacks (a
         # graph replaying a decode where the eager build has a prefill).
         states = (min(NULL_BLOCK_ID, self.linear.skipped_state), self.pool_size() - 1)
+        # Each state index names the line the layer's kernels read and update in place
+        # (Field.writes_state); the null block is no request's (the kernels skip it).
         by_request = _STATE_BY_REQUEST[self.linear.name](m)
-        out = [Field(f"{prefix}.state_by_request", "requests", v1._np(by_request), states)]
+        out = [Field(
+            f"{prefix}.state_by_request", "requests", v1._np(by_request), states,
+            writes_state=True, null_slot=NULL_BLOCK_ID,
+        )]  # fmt: skip
         for name, rows, accepts in self.linear.fields(self.config, m, tokens_pad, self.pool_size()):
             value = getattr(m, name, None)
             if isinstance(value, torch.Tensor):
-                out.append(Field(f"{prefix}.{name}", rows, v1._np(value), accepts))
+                state = "state_indices" in name  # every such field of these builders
+                out.append(Field(
+                    f"{prefix}.{name}", rows, v1._np(value), accepts, writes_state=state,
+                    null_slot=NULL_BLOCK_ID if state else None,
+                ))  # fmt: skip
         return tuple(out)
 
 
