@@ -92,6 +92,10 @@ def test_a_new_request_takes_the_lowest_free_state_slot():
             "last_state_nulled",
             {("padding invariance", "padded"), ("replay equals eager", "replay")},
         ),
+        (
+            "padding_repeats_last",
+            {("padding writes no real state", how) for how in ("padded", "replay")},
+        ),
     ],
 )
 def test_each_mutant_fails_its_property_on_its_smallest_trace(mutant, found):
@@ -107,7 +111,12 @@ def test_each_mutant_fails_its_property_on_its_smallest_trace(mutant, found):
 @pytest.mark.slow
 @pytest.mark.nightly
 @pytest.mark.parametrize(
-    "mutant", ["vllm-v1-hybrid-pad-slot-states", "vllm-v1-hybrid-last-state-nulled"]
+    "mutant",
+    [
+        "vllm-v1-hybrid-pad-slot-states",
+        "vllm-v1-hybrid-last-state-nulled",
+        "vllm-v1-hybrid-padding-repeats-last",
+    ],
 )
 def test_the_derandomized_search_finds_each_mutant(mutant):
     """The generic test's search (tests/test_entries.py: the same run, made once per

@@ -1036,6 +1036,13 @@ def _runner_step() -> list[Implementation]:
                     "GDNAttentionMetadataBuilder.build's null fill of spec_state_indices_tensor "
                     "starting one row early (the last real request's state indices nulled)",
                 ),
+                (
+                    "padding_repeats_last",
+                    "vllm-v1-hybrid-padding-repeats-last",
+                    "GDNAttentionMetadataBuilder.build's FULL-graph padding rows of "
+                    "spec_state_indices_tensor copied from the last real request's, not "
+                    "NULL_BLOCK_ID",
+                ),
             )
         ),  # fmt: skip
         _step_impl(

@@ -307,6 +307,13 @@ def _last_state_nulled(meta: Any) -> None:
     meta.spec_state_indices_tensor[meta.num_spec_decodes - 1 :].fill_(NULL_BLOCK_ID)
 
 
+def _padding_repeats_last(meta: Any) -> None:
+    """The padding rows' state indices a copy of the last real request's, not the null
+    block: each padding row's kernels read and update that request's state in place."""
+    spec = meta.spec_state_indices_tensor
+    spec[meta.num_spec_decodes :] = spec[meta.num_spec_decodes - 1]
+
+
 @contextlib.contextmanager
 def _mutated(change: Callable[[Any], None]) -> Iterator[None]:
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
@@ -336,6 +343,7 @@ class _Mutated:
 
 _PAD_SLOT = _Mutated(_pad_slot_padding)
 _LAST_STATE = _Mutated(_last_state_nulled)
+_REPEATS_LAST = _Mutated(_padding_repeats_last)
 
 
 def pad_slot_padding(inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -354,6 +362,15 @@ def last_state_nulled(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 last_state_nulled.new_engine = _LAST_STATE.engine.new_engine  # type: ignore[attr-defined]
+
+
+def padding_repeats_last(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-hybrid-padding-repeats-last``: the padding rows of a FULL decode's GDN
+    state indices name the last real request's state (padding writes no real state)."""
+    return _REPEATS_LAST(inputs)
+
+
+padding_repeats_last.new_engine = _REPEATS_LAST.engine.new_engine  # type: ignore[attr-defined]
 
 
 def reach_full_spec_decode(trace: Trace | Case) -> bool:
