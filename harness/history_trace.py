@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.trace_shrink import shrink_tied
-from attnfuzz.harness.traces import lived, refuse_invalid_trace
+from attnfuzz.harness.traces import lived, refuse_invalid_trace, refuse_unjudgeable_trace
 from attnfuzz.reference.trace import Trace
 
 if TYPE_CHECKING:
@@ -187,6 +187,10 @@ def trace_of_history(
     is no trace, or its trace does not fail that way: search traces afresh then."""
 
     def fails(candidate: Trace) -> Verdict | None:
+        try:  # a cut the implementation cannot judge (a step it declines): not judged
+            refuse_unjudgeable_trace(target, isolated.impl, candidate)
+        except InvalidCase:
+            return None
         verdict = isolated.judge_trace(candidate, deadline=deadline)
         return verdict if not verdict.ok and verdict.key == key else None
 
@@ -209,7 +213,8 @@ def trace_of_history(
         assert isinstance(cut, Trace)
     else:
         cut = whole
-    cut, tied, more = shrink_tied(target, cut, fails, max_judgements - tried - calls)
+    budget = max_judgements - tried - calls
+    cut, tied, more = shrink_tied(target, cut, fails, budget, isolated.impl)
     verdict = tied or verdict
     judged = tried + calls + more
     return HistoryTrace(cut, verdict, len(whole.steps), judged, max_judgements)

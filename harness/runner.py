@@ -231,13 +231,14 @@ def fuzz(
     # failures among the first len(examples) are theirs), never shrunk.
     explicit = (result.examples_to_failure or 0) <= len(examples)
     if traced and shrink and result.shrunk and not (ended or explicit):
-        _shrink_tied(target, result, judge, on_case, stop_requested, max_examples)
+        _shrink_tied(target, impl, result, judge, on_case, stop_requested, max_examples)
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _shrink_tied(
     target: Target,
+    impl: Implementation,
     result: RunResult,
     judge: Judge,
     on_case: Callable[[Case, Verdict], None] | None,
@@ -269,6 +270,6 @@ def _shrink_tied(
         return got
 
     try:
-        shrink_tied(target, found, fails, budget)
+        shrink_tied(target, found, fails, budget, impl)
     except KeyboardInterrupt:
         result.interrupted = True

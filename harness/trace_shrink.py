@@ -25,7 +25,9 @@ with
 
 A candidate no engine could live (:func:`~attnfuzz.harness.traces.refuse_invalid_trace`:
 a capture size above the lowered token limit, a request the scheduler would not
-admit) is passed over without a judgement. A candidate that fails with the
+admit), or one the implementation cannot judge (a step it declines, or outside
+its engine's limits: :func:`~attnfuzz.harness.traces.refuse_unjudgeable_trace`),
+is passed over without a judgement. A candidate that fails with the
 same check is kept, and the moves start again from it; shrinking ends when no
 move keeps the failure, or after ``budget`` judgements (a count, not a time).
 """
@@ -38,11 +40,11 @@ from typing import TYPE_CHECKING
 
 from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Verdict
-from attnfuzz.harness.traces import lived, refuse_invalid_trace
+from attnfuzz.harness.traces import lived, refuse_invalid_trace, refuse_unjudgeable_trace
 from attnfuzz.reference.trace import Trace
 
 if TYPE_CHECKING:
-    from attnfuzz.harness.target import Target
+    from attnfuzz.harness.target import Implementation, Target
     from attnfuzz.reference.batch import Batch
 
 
@@ -150,20 +152,30 @@ def tied_moves(trace: Trace) -> Iterator[Trace]:
 
 
 def shrink_tied(
-    target: Target, trace: Trace, fails: Callable[[Trace], Verdict | None], budget: int
+    target: Target,
+    trace: Trace,
+    fails: Callable[[Trace], Verdict | None],
+    budget: int,
+    impl: Implementation | None,
 ) -> tuple[Trace, Verdict | None, int]:
     """The smallest trace the moves of the module doc reach from the failing
     ``trace``, each candidate judged by ``fails`` (a failing verdict with the same
     check, else None), within ``budget`` calls. Returns that trace (up to its
-    failing step), its verdict (None if no candidate failed) and the calls made."""
+    failing step), its verdict (None if no candidate failed) and the calls made.
+    A candidate no engine could live, or one ``impl`` cannot judge (a step it
+    declines, or outside its engine's limits), is passed over unjudged; ``impl``
+    None: the first only."""
     calls, verdict = 0, None
     progress = True
     while progress and calls < budget:
         progress = False
         for candidate in tied_moves(trace):
             try:
-                refuse_invalid_trace(target, candidate)
-            except InvalidCase:  # no life of an engine: not judged
+                if impl is None:
+                    refuse_invalid_trace(target, candidate)
+                else:
+                    refuse_unjudgeable_trace(target, impl, candidate)
+            except InvalidCase:  # no life of an engine, or none it judges: not judged
                 continue
             if calls >= budget:
                 break

@@ -36,6 +36,16 @@ def new_engine(impl: Implementation) -> None:
         hook()
 
 
+def refuse_unjudgeable_trace(target: Target, impl: Implementation, trace: Trace) -> None:
+    """:class:`InvalidCase` for a trace no engine could live
+    (:func:`refuse_invalid_trace`), or a step of which ``impl`` cannot judge: one it
+    declines or whose fixed fields differ, or (:class:`Unreachable`) one outside its
+    engine's limits (:meth:`Target.refuse_unfixed`)."""
+    refuse_invalid_trace(target, trace)
+    for k in range(len(trace.steps)):
+        target.refuse_unfixed(impl, trace.case(k), f"step {k}")
+
+
 def refuse_invalid_trace(target: Target, trace: Trace, where: str | None = None) -> None:
     """:class:`InvalidCase` for a trace no engine could live: a step the target refuses,
     or steps that disagree on what a request holds."""
@@ -81,9 +91,7 @@ def judge_trace(
     """
     from attnfuzz.harness.judging import judge
 
-    refuse_invalid_trace(target, trace)
-    for k in range(len(trace.steps)):
-        target.refuse_unfixed(impl, trace.case(k), f"step {k}")
+    refuse_unjudgeable_trace(target, impl, trace)
     if on_step is not None:
         on_step(0)
     try:

@@ -90,6 +90,7 @@ class _Judge:
 
     def __init__(self, needed: Batch | None):
         self.needed, self.traces = needed, 0
+        self.impl = get_target(TARGET).implementations["triton"]
 
     def judge_trace(self, trace: Trace, deadline=None) -> Verdict:
         self.traces += 1

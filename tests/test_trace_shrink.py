@@ -139,7 +139,7 @@ def test_without_the_first_step_a_request_that_rejected_drafts_is_no_first_step(
         judged.append(candidate)
         return None
 
-    assert shrink_tied(TARGET, trace, fails, budget=10)[2] == len(judged)
+    assert shrink_tied(TARGET, trace, fails, budget=10, impl=None)[2] == len(judged)
     assert cut not in judged
 
 
@@ -175,12 +175,37 @@ def test_shrink_tied_reaches_two_requests_under_a_limit_of_two():
         calls.append(candidate)
         return _full_after_fewer(candidate)
 
-    cut, verdict, made = shrink_tied(TARGET, trace, fails, budget=100)
+    cut, verdict, made = shrink_tied(TARGET, trace, fails, budget=100, impl=None)
     assert [s.num_reqs for s in cut.steps] == [1, 2] and cut.config.max_num_seqs == 2
     assert verdict.step == 1 and made == len(calls)
     # Five rounds of two (the first step, then the latest request), and a last round
     # of at most seven candidates that keeps none.
     assert made <= 5 * 2 + 7
+
+
+def test_shrink_tied_passes_over_a_candidate_its_implementation_declines():
+    """A move to a trace the implementation declines (a step it runs through other
+    code, or one outside its engine's limits) is not judged: judging it raised
+    InvalidCase and ended a search whose shrinking crossed such a step."""
+    trace = grown_to_the_limit(6)
+    impl = dataclasses.replace(
+        TARGET.implementations["triton"],
+        declines=lambda case: "four requests" if case.batch.num_reqs == 4 else None,
+    )
+    calls: list[Trace] = []
+
+    def fails(candidate: Trace) -> Verdict | None:
+        calls.append(candidate)
+        return _full_after_fewer(candidate)
+
+    cut, verdict, made = shrink_tied(TARGET, trace, fails, budget=100, impl=impl)
+    assert made == len(calls) and verdict is not None
+    assert not any(s.num_reqs == 4 for c in calls for s in c.steps)
+    assert cut.steps[-1].num_reqs == 5  # the shrink stops above the declined size
+    # Without the implementation, the declined trace is judged (and would raise).
+    calls.clear()
+    shrink_tied(TARGET, trace, fails, budget=100, impl=None)
+    assert any(s.num_reqs == 4 for c in calls for s in c.steps)
 
 
 @pytest.mark.parametrize("budget", [0, 1, 3])
@@ -192,7 +217,7 @@ def test_shrink_tied_judges_at_most_its_budget(budget):
         calls.append(candidate)
         return _full_after_fewer(candidate)
 
-    cut, _, made = shrink_tied(TARGET, trace, fails, budget)
+    cut, _, made = shrink_tied(TARGET, trace, fails, budget, impl=None)
     assert made == len(calls) == budget
     assert cut.steps[-1].num_reqs == 7 - budget // 2  # each round: the step, then a request
 
@@ -230,7 +255,7 @@ def test_a_campaign_unit_keeps_the_smaller_tied_trace_of_its_finding(tmp_path):
         judged.append(candidate)
         return _full_after_fewer(candidate) or Verdict([])
 
-    shrink_tied_findings(log, TARGET, judge_trace, budget=50)
+    shrink_tied_findings(log, TARGET, TARGET.implementations["triton"], judge_trace, budget=50)
     (finding,) = log.state["findings"].values()
     kept = Trace.from_dict(finding["case"])
     assert [s.num_reqs for s in kept.steps] == [1, 2] and kept.config.max_num_seqs == 2

@@ -131,7 +131,7 @@ def failing_step(trace_dict: dict[str, Any], verdict: Verdict) -> int:
 
 
 def shrink_tied_findings(
-    log: Any, target: Any, judge_trace: Callable[[Trace], Verdict], budget: int
+    log: Any, target: Any, impl: Any, judge_trace: Callable[[Trace], Verdict], budget: int
 ) -> None:
     """Each traced finding shrunk further by the moves Hypothesis cannot make
     (:func:`~attnfuzz.harness.trace_shrink.shrink_tied`), at most ``budget``
@@ -152,4 +152,4 @@ def shrink_tied_findings(
             log.found(lived(candidate, verdict).to_dict(), verdict)
             return verdict
 
-        shrink_tied(target, Trace.from_dict(case), fails, budget)
+        shrink_tied(target, Trace.from_dict(case), fails, budget, impl)

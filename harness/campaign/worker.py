@@ -369,7 +369,7 @@ def _run_rounds(
                     log.after()
 
             try:
-                shrink_tied_findings(log, target, judge_tied, history_cap)
+                shrink_tied_findings(log, target, impl, judge_tied, history_cap)
             except _Stop:  # the unit's deadline: each finding keeps its smallest so far
                 pass
         confirm_findings(log, isolated, histories, hard_deadline, target, history_cap)
