@@ -67,6 +67,10 @@ FULL_ATTENTION_LAYERS = [0]
 GDN_LAYERS = [1]
 """Its GDN layers: the mamba pool's layers (``mamba_layer_ids``)."""
 
+DUMMY_SLOT = 0
+"""The mamba pool's slot no request holds (``mem_cache/allocator/mamba.py``'s ``clear``:
+reserved as the dummy write target of padded tokens): ``Field.null_slot``."""
+
 # The GDN layer's state: one key head and one value head of 8 (Qwen3-Next's shape, small),
 # a causal convolution of 4 (its linear_conv_kernel_dim).
 HEAD = 8
@@ -338,6 +342,7 @@ class HybridGDNEngine(decode._Engine):
                 decode.host(indices),
                 acc["gdn.mamba_cache_indices"],
                 writes_state=True,
+                null_slot=DUMMY_SLOT,
             ),
         ]
         if metadata.verify:

@@ -95,6 +95,7 @@ class LightningEngine(hybrid.HybridGDNEngine):
                 decode.host(linear.mamba_cache_indices[:rows]),
                 (PAD_SLOT_ID, slots),
                 writes_state=True,
+                null_slot=hybrid.DUMMY_SLOT,
             ),
             Field(
                 "lightning.q_lengths", "requests", decode.host(linear.q_lengths[:rows]), (0, tokens)
