@@ -263,6 +263,18 @@ REQUIRES["runner_step_lightning"] = REQUIRES["runner_step"] + (
     ),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
+_SHORT_CONV = "sglang.srt.layers.attention.linear.short_conv_backend"
+# runner_step_short_conv: runner_step_hybrid's engine, the linear layers short convolutions.
+REQUIRES["runner_step_short_conv"] = REQUIRES["runner_step"] + (
+    Api(_HYBRID_LINEAR, "ShortConvHybridAttnBackend.conv_state_metadata"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+    Api(_SHORT_CONV, "ShortConvAttnBackend.init_forward_metadata"),
+    Api(_SHORT_CONV, "ShortConvAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_SHORT_CONV, "ShortConvAttnBackend._refresh_cache_indices"),
+    Api(_SHORT_CONV, "ShortConvAttnBackend.conv_state_metadata"),
+    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
+)
 _PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.load_batch"),

@@ -601,6 +601,62 @@ def _runner_step_lightning() -> list[Implementation]:
     ]
 
 
+def _short_conv() -> Any:
+    """The short-conv runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_short_conv
+
+    return runner_step_short_conv
+
+
+def _reach_short_conv_replay(trace: Trace) -> bool:
+    return _short_conv().reach_replay(trace)
+
+
+def _trigger_short_conv_fresh_indices(trace: Trace) -> bool:
+    return _short_conv().trigger_fresh_indices(trace)
+
+
+def _smallest_short_conv_fresh_indices() -> Trace:
+    return _short_conv().smallest_fresh_indices()
+
+
+def _runner_step_short_conv() -> list[Implementation]:
+    """SGLang's decode graph runner step of a short-conv hybrid model (LFM2's, ZAYA1's),
+    and a defect of its graph buffer re-created."""
+    backend = "layers/attention/linear/short_conv_backend.py:ShortConvAttnBackend"
+    # sglang-hybrid-gdn's engine: pages of one token only.
+    declines = sglang.EngineCall("runner_step_short_conv", "declines")
+    return [
+        sglang_impl(
+            "runner_step_short_conv",
+            "run",
+            name="sglang-hybrid-short-conv",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
+            f"hybrid_linear_attn_backend.py:ShortConvHybridAttnBackend with {backend} "
+            "(eager init_forward_metadata; init_forward_metadata_out_graph at capture and "
+            "replay, _refresh_cache_indices into the graph's buffer; conv_state_metadata, "
+            "what the model's conv layers read)",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_short_conv",
+            "run_fresh_indices",
+            name="sglang-hybrid-short-conv-fresh-indices",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose _refresh_cache_indices hands "
+            "out a new tensor each step instead of refilling the graph's buffer: a replayed "
+            "graph reads the capture's state slots",
+            trigger=_trigger_short_conv_fresh_indices,
+            reach=_reach_short_conv_replay,
+            smallest=_smallest_short_conv_fresh_indices,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _prefill_graph() -> Any:
     """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_prefill_graph
@@ -820,6 +876,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_trtllm_mha(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
+        *_runner_step_short_conv(),
         *_runner_step_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(

@@ -140,7 +140,10 @@ def _metadata(backend: Any, verify: bool) -> Any:
 
 
 class _HybridGraph(decode._Graph):
-    """The graph stand-in of :mod:`runner_step`, recording both backends' metadata."""
+    """The graph stand-in of :mod:`runner_step`, recording both backends' metadata
+    (``METADATA``: what a graph or a build reads of the hybrid backend)."""
+
+    METADATA = staticmethod(_metadata)
 
     def capture_one(
         self,
@@ -151,7 +154,7 @@ class _HybridGraph(decode._Graph):
     ) -> None:
         # The decode graphs of a speculative engine are its target verify's.
         verify = not self.runner.model_runner.spec_algorithm.is_none()
-        self.graphs[shape_key] = _metadata(self.runner.attn_backend, verify)
+        self.graphs[shape_key] = self.METADATA(self.runner.attn_backend, verify)
 
 
 class HybridGDNEngine(decode._Engine):
@@ -292,10 +295,14 @@ class HybridGDNEngine(decode._Engine):
         if how != "fresh":  # a new engine's rows and slots are its own: history picks them
             inputs_of["req_pool_indices"] = fb.req_pool_indices
         R, T = inputs.num_reqs, inputs.num_tokens
-        fields = self._fields(R, T, inputs_of, _metadata(self.backend, mode == "verify"))
+        fields = self._fields(R, T, inputs_of, self.GRAPH.METADATA(self.backend, mode == "verify"))
         if how == "fresh":
-            fields = tuple(f for f in fields if f.name != f"{self.PREFIX}.mamba_cache_indices")
+            fields = tuple(f for f in fields if f.name != self.state_field())
         return StepBuild(how, R, T, fields, where=self.WHERE[how])
+
+    def state_field(self) -> str:
+        """The field of each request's state slot, which a new engine picks itself."""
+        return f"{self.PREFIX}.mamba_cache_indices"
 
     def accepts(self) -> dict[str, tuple[int, int]]:
         """What each field's consumer accepts, read from its code: the Triton engine's
