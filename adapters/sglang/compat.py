@@ -275,6 +275,16 @@ REQUIRES["runner_step_short_conv"] = REQUIRES["runner_step"] + (
     Api(_SHORT_CONV, "ShortConvAttnBackend.conv_state_metadata"),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
+# runner_step_mamba2: runner_step_hybrid's engine, the linear layers Mamba2's.
+REQUIRES["runner_step_mamba2"] = REQUIRES["runner_step"] + (
+    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+    Api(_HYBRID_LINEAR, "Mamba2AttnBackend.init_forward_metadata"),
+    Api(_HYBRID_LINEAR, "Mamba2AttnBackend.init_forward_metadata_out_graph"),
+    Api("sglang.srt.layers.attention.mamba.mamba2_metadata", "Mamba2Metadata.prepare_mixed"),
+    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
+)
 _PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.load_batch"),

@@ -657,6 +657,26 @@ def _runner_step_short_conv() -> list[Implementation]:
     ]
 
 
+def _runner_step_mamba2() -> list[Implementation]:
+    """SGLang's decode graph runner step of a Mamba2 hybrid model."""
+    return [
+        sglang_impl(
+            "runner_step_mamba2",
+            "run",
+            name="sglang-hybrid-mamba2",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
+            "hybrid_linear_attn_backend.py:HybridLinearAttnBackend with Mamba2AttnBackend "
+            "(eager init_forward_metadata: mamba/mamba2_metadata.py:Mamba2Metadata."
+            "prepare_mixed; init_forward_metadata_out_graph at capture and replay: "
+            "prepare_decode)",
+            # sglang-hybrid-gdn's engine: pages of one token only.
+            declines=sglang.EngineCall("runner_step_mamba2", "declines"),
+            traced=True,
+        ),
+    ]
+
+
 def _prefill_graph() -> Any:
     """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_prefill_graph
@@ -877,6 +897,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
         *_runner_step_short_conv(),
+        *_runner_step_mamba2(),
         *_runner_step_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(
