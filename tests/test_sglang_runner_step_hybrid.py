@@ -16,11 +16,21 @@ from attnfuzz.reference.trace import Trace
 pytestmark = requires_sglang
 
 
-def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
-    """Every step of ``trace`` on one new engine of ``runner_step_hybrid.<name>``."""
-    from attnfuzz.adapters.sglang import runner_step_hybrid
+def _life(
+    trace: Trace, name: str = "run", module: str = "runner_step_hybrid"
+) -> list[ref.RunnerStepOutputs]:
+    """Every step of ``trace`` on one new engine of ``<module>.<name>``."""
+    import importlib
 
-    return life(getattr(runner_step_hybrid, name), trace)
+    adapter = importlib.import_module(f"attnfuzz.adapters.sglang.{module}")
+    return life(getattr(adapter, name), trace)
+
+
+# The linear backends whose metadata is MambaAttnBackendBase's ForwardMetadata, as
+# their kernels read it: GDN's (Qwen3-Next) and KDA's (Kimi Linear).
+BASE_METADATA = pytest.mark.parametrize(
+    "module, prefix", [("runner_step_hybrid", "gdn"), ("runner_step_kda", "kda")]
+)
 
 
 def _arrive_mix_decode(num_spec: int) -> Trace:
@@ -60,38 +70,41 @@ def test_pages_sglang_never_runs_a_hybrid_gdn_model_with_are_declined(page, decl
         assert "validate_mamba_no_buffer" in why and f"page size {page}" in why
 
 
-def test_a_mixed_extend_and_a_padded_decode_read_each_request_s_state_slot():
-    first, mixed, step = _life(_arrive_mix_decode(num_spec=0))
+@BASE_METADATA
+def test_a_mixed_extend_and_a_padded_decode_read_each_request_s_state_slot(module, prefix):
+    first, mixed, step = _life(_arrive_mix_decode(num_spec=0), module=module)
     # The mixed extend (two decoding requests, one arriving) runs eagerly: each request's
     # tokens, and its state slot (HybridReqToTokenPool.alloc: one per request, 0 the dummy's).
     assert [b.how for b in mixed.builds] == ["eager", "fresh"]
-    assert _values(mixed, "eager", "gdn.query_start_loc") == [0, 1, 2, 4]
-    slots = _values(mixed, "eager", "gdn.mamba_cache_indices")
+    assert _values(mixed, "eager", f"{prefix}.query_start_loc") == [0, 1, 2, 4]
+    slots = _values(mixed, "eager", f"{prefix}.mamba_cache_indices")
     assert sorted(slots) == [1, 2, 3]
     # A new engine's slots are its own: the fresh build holds the offsets only.
     (fresh,) = mixed.of("fresh")
-    assert fresh.field("gdn.mamba_cache_indices") is None
-    assert fresh.field("gdn.query_start_loc") is not None
+    assert fresh.field(f"{prefix}.mamba_cache_indices") is None
+    assert fresh.field(f"{prefix}.query_start_loc") is not None
     # The decode of three in the graph of four: the padding row's slot is PAD_SLOT_ID (its
     # state skipped), its query empty (_replay_metadata).
     assert [b.how for b in step.builds] == ["eager", "padded", "replay", "fresh"]
-    assert _values(step, "eager", "gdn.mamba_cache_indices") == slots
+    assert _values(step, "eager", f"{prefix}.mamba_cache_indices") == slots
     for how in ("padded", "replay"):
-        assert _values(step, how, "gdn.mamba_cache_indices") == [*slots, -1], how
-        assert _values(step, how, "gdn.query_start_loc") == [0, 1, 2, 3, 3], how
+        assert _values(step, how, f"{prefix}.mamba_cache_indices") == [*slots, -1], how
+        assert _values(step, how, f"{prefix}.query_start_loc") == [0, 1, 2, 3, 3], how
     # Each capture's state slots: the dummy slot 0 of the capture's rows.
-    captured = [b.field("gdn.mamba_cache_indices").values.tolist() for b in first.of("capture")]
+    state = f"{prefix}.mamba_cache_indices"
+    captured = [b.field(state).values.tolist() for b in first.of("capture")]
     assert captured == [[0, 0, 0, 0], [0, 0]]
     assert all(ref.violations(out) == [] for out in (first, mixed, step))
 
 
-def test_a_verify_reads_its_drafts_and_scratch_rows_in_the_graph_as_eagerly():
-    *_, verify = _life(_arrive_mix_decode(num_spec=1))
-    assert _values(verify, "eager", "gdn.query_start_loc") == [0, 2, 4, 6]
-    assert _values(verify, "replay", "gdn.query_start_loc") == [0, 2, 4, 6, 6]
+@BASE_METADATA
+def test_a_verify_reads_its_drafts_and_scratch_rows_in_the_graph_as_eagerly(module, prefix):
+    *_, verify = _life(_arrive_mix_decode(num_spec=1), module=module)
+    assert _values(verify, "eager", f"{prefix}.query_start_loc") == [0, 2, 4, 6]
+    assert _values(verify, "replay", f"{prefix}.query_start_loc") == [0, 2, 4, 6, 6]
     # The speculative scratch rows (select_verify_intermediate_state_indices): positional.
-    assert _values(verify, "replay", "gdn.intermediate_state_indices") == [0, 1, 2, 3]
-    assert _values(verify, "replay", "gdn.mamba_cache_indices")[-1] == -1
+    assert _values(verify, "replay", f"{prefix}.intermediate_state_indices") == [0, 1, 2, 3]
+    assert _values(verify, "replay", f"{prefix}.mamba_cache_indices")[-1] == -1
     assert ref.violations(verify) == []
 
 

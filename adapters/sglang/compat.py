@@ -285,6 +285,10 @@ REQUIRES["runner_step_mamba2"] = REQUIRES["runner_step"] + (
     Api("sglang.srt.layers.attention.mamba.mamba2_metadata", "Mamba2Metadata.prepare_mixed"),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
+# runner_step_kda: runner_step_hybrid's engine, the linear layers Kimi Delta Attention.
+REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (
+    Api("sglang.srt.layers.attention.linear.kda_backend", "KDAAttnBackend.init_forward_metadata"),
+)
 _PREFILL_RUNNER = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
 REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.load_batch"),

@@ -657,6 +657,25 @@ def _runner_step_short_conv() -> list[Implementation]:
     ]
 
 
+def _runner_step_kda() -> list[Implementation]:
+    """SGLang's decode graph runner step of a Kimi Linear (KDA) hybrid model."""
+    return [
+        sglang_impl(
+            "runner_step_kda",
+            "run",
+            name="sglang-hybrid-kda",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
+            "hybrid_linear_attn_backend.py:HybridLinearAttnBackend with layers/attention/"
+            "linear/kda_backend.py:KDAAttnBackend (__init__, eager init_forward_metadata, "
+            "init_forward_metadata_out_graph at capture and replay)",
+            # sglang-hybrid-gdn's engine: pages of one token only.
+            declines=sglang.EngineCall("runner_step_kda", "declines"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_mamba2() -> list[Implementation]:
     """SGLang's decode graph runner step of a Mamba2 hybrid model."""
     return [
@@ -898,6 +917,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_lightning(),
         *_runner_step_short_conv(),
         *_runner_step_mamba2(),
+        *_runner_step_kda(),
         *_runner_step_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(

@@ -315,11 +315,11 @@ class HybridGDNEngine(decode._Engine):
         # the verify's conv and recurrent kernels index conv_states[cache_indices[i]],
         # ssm_states[...]: the pool's size + 1 slots (slot 0 the dummy's), and skip a row
         # whose index is PAD_SLOT_ID (replay_state_indices_validator.py states both).
-        acc["gdn.mamba_cache_indices"] = (PAD_SLOT_ID, pool.mamba_pool.size)
+        acc[f"{self.PREFIX}.mamba_cache_indices"] = (PAD_SLOT_ID, pool.mamba_pool.size)
         # The verify kernels index intermediate_ssm / intermediate_conv_window
         # [intermediate_state_indices[i]]: MambaPool.SpeculativeState's spec_state_size + 1
         # rows (the last a padding row).
-        acc["gdn.intermediate_state_indices"] = (0, pool.size)
+        acc[f"{self.PREFIX}.intermediate_state_indices"] = (0, pool.size)
         return acc
 
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
@@ -337,17 +337,17 @@ class HybridGDNEngine(decode._Engine):
             # The conv and recurrent kernels read each request's tokens
             # [query_start_loc[i], query_start_loc[i + 1]) of the forward's.
             Field(
-                "gdn.query_start_loc",
+                f"{self.PREFIX}.query_start_loc",
                 "offsets",
                 decode.host(gdn.query_start_loc[: rows + 1]),
                 (0, tokens),
             ),
             # The conv and recurrent kernels update the state at its index in place.
             Field(
-                "gdn.mamba_cache_indices",
+                self.state_field(),
                 "requests",
                 decode.host(indices),
-                acc["gdn.mamba_cache_indices"],
+                acc[self.state_field()],
                 writes_state=True,
                 null_slot=DUMMY_SLOT,
             ),
@@ -363,10 +363,10 @@ class HybridGDNEngine(decode._Engine):
             )
             out.append(
                 Field(
-                    "gdn.intermediate_state_indices",
+                    f"{self.PREFIX}.intermediate_state_indices",
                     "requests",
                     decode.host(intermediate[:rows]),
-                    acc["gdn.intermediate_state_indices"],
+                    acc[f"{self.PREFIX}.intermediate_state_indices"],
                 )
             )
         return decode._Engine.metadata_fields(self, rows, tokens, metadata.full) + tuple(out)
