@@ -117,6 +117,11 @@ class Counted:
         self._isolated, self._progress = isolated, progress
 
     @property
+    def impl(self) -> Any:
+        """The implementation judged (what a history's cuts are refused by)."""
+        return self._isolated.impl
+
+    @property
     def timeout_s(self) -> float:
         return self._isolated.timeout_s
 
