@@ -5,10 +5,9 @@ mutant caught by *padding writes no real state* alone."""
 from __future__ import annotations
 
 import pytest
+from attnfuzz.adapters.sglang.testing import arrive_chunk_decode, life, requires_sglang
 from attnfuzz.adapters.sglang.testing import field_values as _values
-from attnfuzz.adapters.sglang.testing import life, requires_sglang, scheduled
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang
@@ -21,23 +20,8 @@ def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     return life(getattr(runner_step_lightning, name), trace)
 
 
-def _arrive_chunk_decode() -> Trace:
-    """Two requests arrive (the second's prompt in two chunks); they run on together, then
-    decode in the graph of four. Pages of one token."""
-    config = EngineConfig(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=16,
-                          block_size=1, num_spec=0, cudagraph_capture_sizes=(2, 4))  # fmt: skip
-    return Trace(
-        config,
-        (
-            scheduled((0, 0), (3, 2), (0, 1), ((1, 2, 3), (6, 7)), (3, 2)),
-            scheduled((3, 2), (1, 2), (0, 1), ((1, 2, 3, 4), (6, 7, 8, 9)), (1, 2)),
-            scheduled((4, 4), (1, 1), (0, 1), ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10)), (1, 1)),
-        ),
-    )
-
-
 def test_the_linear_metadata_of_an_extend_and_a_padded_decode():
-    first, second, decode = _life(_arrive_chunk_decode())
+    first, second, decode, alone = _life(arrive_chunk_decode())
     # Arriving: two extends, no state to start from (prepare_mixed: extend_prefix_lens > 0).
     assert _values(first, "eager", "lightning.query_start_loc") == [0, 3, 5]
     assert _values(first, "eager", "lightning.has_initial_states") == [0, 0]
@@ -48,7 +32,10 @@ def test_the_linear_metadata_of_an_extend_and_a_padded_decode():
     assert _values(second, "eager", "lightning.mamba_cache_indices") == slots
     # The decode of two in the graph of two, then nothing padded; each build agrees.
     assert [b.how for b in decode.builds] == ["eager", "padded", "replay", "fresh"]
-    for out in (first, second, decode):
+    # The second request alone in the graph of two: its padding row PAD_SLOT_ID.
+    for how in ("padded", "replay"):
+        assert _values(alone, how, "lightning.mamba_cache_indices") == [slots[1], -1], how
+    for out in (first, second, decode, alone):
         assert ref.violations(out) == []
 
 

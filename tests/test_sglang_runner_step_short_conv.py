@@ -5,10 +5,9 @@ buffer refilled in place, and its mutant caught by *replay equals eager*."""
 from __future__ import annotations
 
 import pytest
+from attnfuzz.adapters.sglang.testing import arrive_chunk_decode, life, requires_sglang
 from attnfuzz.adapters.sglang.testing import field_values as _values
-from attnfuzz.adapters.sglang.testing import life, requires_sglang, scheduled
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang
@@ -21,25 +20,8 @@ def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     return life(getattr(runner_step_short_conv, name), trace)
 
 
-def _arrive_chunk_decode() -> Trace:
-    """Two requests arrive (the second's prompt in two chunks); they run on together, then
-    decode in the graph of four, twice (one request finished before the second).
-    Pages of one token."""
-    config = EngineConfig(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=16,
-                          block_size=1, num_spec=0, cudagraph_capture_sizes=(2, 4))  # fmt: skip
-    return Trace(
-        config,
-        (
-            scheduled((0, 0), (3, 2), (0, 1), ((1, 2, 3), (6, 7)), (3, 2)),
-            scheduled((3, 2), (1, 2), (0, 1), ((1, 2, 3, 4), (6, 7, 8, 9)), (1, 2)),
-            scheduled((4, 4), (1, 1), (0, 1), ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10)), (1, 1)),
-            scheduled((5,), (1,), (1,), ((6, 7, 8, 9, 10, 11),), (1,)),
-        ),
-    )
-
-
 def test_the_conv_handle_of_an_extend_and_of_decodes_in_the_graph():
-    first, second, decode, alone = _life(_arrive_chunk_decode())
+    first, second, decode, alone = _life(arrive_chunk_decode())
     # Arriving: two extends of 3 and 2 tokens, no state to start from.
     assert _values(first, "eager", "short_conv.query_start_loc") == [0, 3, 5]
     assert _values(first, "eager", "short_conv.has_initial_state") == [0, 0]

@@ -238,52 +238,45 @@ REQUIRES["runner_step_xpu"] = (
     Api(_XPU, "XPUAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
 )
 _HYBRID_LINEAR = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
-REQUIRES["runner_step_hybrid"] = REQUIRES["runner_step"] + (
+# What runner_step_hybrid's engine calls whichever its linear backend: the hybrid
+# backend's out-of-graph fan-out, the base class's metadata, the pool's state slots.
+_HYBRID_ENGINE = REQUIRES["runner_step"] + (
     Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
     Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
     Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
+)
+REQUIRES["runner_step_hybrid"] = _HYBRID_ENGINE + (
     Api("sglang.srt.layers.attention.linear.gdn_backend", "GDNAttnBackend.init_cuda_graph_state"),
     Api(
         "sglang.srt.layers.attention.linear.utils",
         "select_verify_intermediate_state_indices",
     ),
-    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 _LIGHTNING = "sglang.srt.layers.attention.linear.lightning_backend"
 # runner_step_lightning: runner_step_hybrid's engine, the linear layers Bailing's lightning.
-REQUIRES["runner_step_lightning"] = REQUIRES["runner_step"] + (
-    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+REQUIRES["runner_step_lightning"] = _HYBRID_ENGINE + (
     Api(_LIGHTNING, "LightningAttentionBackend.init_forward_metadata"),
     Api(_LIGHTNING, "LightningAttentionBackend.init_forward_metadata_out_graph"),
     Api(
         "sglang.srt.layers.attention.linear.linear_metadata",
         "BailingLinearMetadata.prepare_mixed",
     ),
-    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 _SHORT_CONV = "sglang.srt.layers.attention.linear.short_conv_backend"
 # runner_step_short_conv: runner_step_hybrid's engine, the linear layers short convolutions.
-REQUIRES["runner_step_short_conv"] = REQUIRES["runner_step"] + (
+REQUIRES["runner_step_short_conv"] = _HYBRID_ENGINE + (
     Api(_HYBRID_LINEAR, "ShortConvHybridAttnBackend.conv_state_metadata"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
     Api(_SHORT_CONV, "ShortConvAttnBackend.init_forward_metadata"),
     Api(_SHORT_CONV, "ShortConvAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
     Api(_SHORT_CONV, "ShortConvAttnBackend._refresh_cache_indices"),
     Api(_SHORT_CONV, "ShortConvAttnBackend.conv_state_metadata"),
-    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 # runner_step_mamba2: runner_step_hybrid's engine, the linear layers Mamba2's.
-REQUIRES["runner_step_mamba2"] = REQUIRES["runner_step"] + (
-    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+REQUIRES["runner_step_mamba2"] = _HYBRID_ENGINE + (
     Api(_HYBRID_LINEAR, "Mamba2AttnBackend.init_forward_metadata"),
     Api(_HYBRID_LINEAR, "Mamba2AttnBackend.init_forward_metadata_out_graph"),
     Api("sglang.srt.layers.attention.mamba.mamba2_metadata", "Mamba2Metadata.prepare_mixed"),
-    Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 # runner_step_kda: runner_step_hybrid's engine, the linear layers Kimi Delta Attention.
 REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (

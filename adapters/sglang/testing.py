@@ -61,6 +61,26 @@ def arrive_then_decode(num_spec: int) -> Trace:
     )
 
 
+def arrive_chunk_decode() -> Trace:
+    """A linear backend's life: two requests arrive (the second's prompt in two
+    chunks) and run on together, both from their states; they decode in the graph of
+    two, then the second decodes alone, padded to it. Pages of one token (what SGLang
+    runs a hybrid model with)."""
+    from attnfuzz.reference.batch import EngineConfig
+
+    config = EngineConfig(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=16,
+                          block_size=1, num_spec=0, cudagraph_capture_sizes=(2, 4))  # fmt: skip
+    return Trace(
+        config,
+        (
+            scheduled((0, 0), (3, 2), (0, 1), ((1, 2, 3), (6, 7)), (3, 2)),
+            scheduled((3, 2), (1, 2), (0, 1), ((1, 2, 3, 4), (6, 7, 8, 9)), (1, 2)),
+            scheduled((4, 4), (1, 1), (0, 1), ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10)), (1, 1)),
+            scheduled((5,), (1,), (1,), ((6, 7, 8, 9, 10, 11),), (1,)),
+        ),
+    )
+
+
 def sglang_test(test: Any) -> Any:
     """A test of SGLang's own code in a module whose other tests run without it (a
     stand-in's contract): marked ``sglang``, skipped where SGLang is not installed."""
