@@ -205,8 +205,8 @@ class Field:
     # rows must name no slot a real row names.
     writes_state: bool = False
     # A slot that stands for no request (vLLM's null block, which the block pool never
-    # hands out and the kernels skip), besides the negative ones: a padding row naming
-    # it writes no request's state, whatever a real row holds.
+    # hands out and the kernels skip; SGLang's dummy mamba slot), besides the negative
+    # ones: a padding row naming it writes no request's state, whatever a real row holds.
     null_slot: int | None = None
 
 
@@ -409,7 +409,9 @@ def padding_writes_no_real_state(out: RunnerStepOutputs) -> list[Violation]:
             real = real_rows(b, f)
             padding = f.values[len(real) :]
             # A negative slot (PAD_SLOT_ID) or the null slot: no request's state.
-            owned = real[(real >= 0) & (real != f.null_slot)]
+            owned = real[real >= 0]
+            if f.null_slot is not None:
+                owned = owned[owned != f.null_slot]
             hit = np.isin(padding, owned).reshape(len(padding), -1)
             bad = np.flatnonzero(hit.any(axis=1))
             if len(bad):
