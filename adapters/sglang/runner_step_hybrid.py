@@ -384,6 +384,12 @@ class HybridGDNLife(decode.EngineLife):
 
     engine_class: type[HybridGDNEngine] = HybridGDNEngine
 
+    def __init__(self, engine_class: type[HybridGDNEngine] | None = None) -> None:
+        """``engine_class``: another engine of this life's family (a mutant's)."""
+        if engine_class is not None:
+            self.engine_class = engine_class
+        super().__init__()
+
     def prepare(self) -> None:
         prepare()
 
@@ -431,13 +437,7 @@ class _PaddingByFill(HybridGDNEngine):
         return backend
 
 
-class _MutantLife(HybridGDNLife):
-    def __init__(self, engine: type[HybridGDNEngine]) -> None:
-        self.engine_class = engine
-        super().__init__()
-
-
-PADDING_BY_FILL = _MutantLife(_PaddingByFill)
+PADDING_BY_FILL = HybridGDNLife(_PaddingByFill)
 
 
 def run_padding_by_fill(inputs: RunnerStepInputs) -> RunnerStepOutputs:

@@ -158,13 +158,7 @@ class _PaddingRepeatsLast(LightningEngine):
         return backend
 
 
-class _MutantLife(LightningLife):
-    def __init__(self, engine: type[LightningEngine]) -> None:
-        self.engine_class = engine
-        super().__init__()
-
-
-PADDING_REPEATS_LAST = _MutantLife(_PaddingRepeatsLast)
+PADDING_REPEATS_LAST = LightningLife(_PaddingRepeatsLast)
 
 
 def run_padding_repeats_last(inputs: RunnerStepInputs) -> RunnerStepOutputs:

@@ -193,13 +193,7 @@ class _FreshIndices(ShortConvEngine):
         return backend
 
 
-class _MutantLife(ShortConvLife):
-    def __init__(self, engine: type[ShortConvEngine]) -> None:
-        self.engine_class = engine
-        super().__init__()
-
-
-FRESH_INDICES = _MutantLife(_FreshIndices)
+FRESH_INDICES = ShortConvLife(_FreshIndices)
 
 
 def run_fresh_indices(inputs: RunnerStepInputs) -> RunnerStepOutputs:
