@@ -551,8 +551,12 @@ class _Engine:
 
     def kernel_block_size(self) -> int:
         """The attention group's kernel block size: the unit of its block table
-        (``prepare_kernel_block_sizes``), of its slot mapping too."""
-        return int(self.runner.input_batch.block_table[0].block_size)
+        (``prepare_kernel_block_sizes``), of its slot mapping too. A backend whose kernel
+        blocks are smaller than a page (``AttentionGroup.kernel_block_size``, set where
+        the two differ) is handed a block table of kernel blocks
+        (``AttentionGroup.create_metadata_builders``); the input batch's table is of pages."""
+        kernel = self.runner.attn_groups[0][0].kernel_block_size
+        return int(kernel or self.runner.input_batch.block_table[0].block_size)
 
     def kv_fields(self, seen: _Seen) -> tuple[Field, ...]:
         """``kv_len`` and ``kv_slots`` by request, derived from the forward's attention
