@@ -70,13 +70,15 @@ def test_a_requests_slots_on_its_pages_stop_where_its_row_reaches():
 def test_a_decode_padded_for_a_full_graph_reads_the_same_keys_in_every_build():
     """A prefill of 3 tokens, then a decode padded to the FULL graph of 2 requests: the
     Triton engine's eager, padded, replayed and fresh builds, FlashAttention's,
-    FlashInfer's and MLA's eager builds all read keys 0..3 on page 1; the graph's padding
-    row reads none."""
+    FlashInfer's, MLA's and AITER FlashAttention's eager builds all read keys 0..3 on
+    page 1; the graph's padding row reads none."""
     rb = _backends()
     _, out = run_trace(_mla().smallest_full_decode(), rb.run)
     assert ref.violations(out) == []
     builds = by_backend(out)
-    assert sorted(builds) == ["flash_attn", "flashinfer", "gpu_model_runner", "mla_attention"]
+    assert sorted(builds) == [
+        "flash_attn", "flashinfer", "gpu_model_runner", "mla_attention", "rocm_aiter_fa",
+    ]  # fmt: skip
     for name, b in builds.items():
         assert keys(b) == [[16, 17, 18, 19]], name
     (padded,) = [b for b in out.of("padded") if b.draft is None]
@@ -100,6 +102,7 @@ def test_flashmla_joins_at_pages_of_64_and_reads_the_same_keys():
     builds = by_backend(out)
     assert sorted(builds) == [
         "flash_attn", "flashinfer", "flashmla", "gpu_model_runner", "mla_attention",
+        "rocm_aiter_fa",
     ]  # fmt: skip
     for name, b in builds.items():
         assert keys(b) == [[64, 65, 66, 67]], name
@@ -110,9 +113,10 @@ def test_a_chunked_prefill_reads_its_cached_context_then_its_own_keys():
     request 1 decodes 2 (with one draft): MLA puts the decode first
     (``reorder_batch_to_split_decodes_and_prefills``), gathers request 0's context from
     the cache through the prefill block table and takes its 12 new keys from the
-    forward, at the slots the slot mapping writes them to; Triton, FlashAttention and
-    FlashInfer (its paged KV indices) read all 17 through the block table. In the Triton
-    engine's rows, all agree."""
+    forward, at the slots the slot mapping writes them to (AITER FlashAttention alike, as
+    an extend: ``cp_mha_gather_cache``); Triton, FlashAttention and FlashInfer (its
+    paged KV indices) read all 17 through the block table. In the Triton engine's rows,
+    all agree."""
     rb = _backends()
     config = _hybrid().smallest_full_spec_decode().config
     steps = (

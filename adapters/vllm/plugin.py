@@ -552,6 +552,25 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
+def _runner_step_aiter_fa() -> list[Implementation]:
+    """``vllm-v1``'s step on the ROCm AITER FlashAttention backend."""
+    return [
+        _step_impl(
+            "runner_step_aiter_fa",
+            "run",
+            name="vllm-v1-aiter-fa",
+            description="installed vLLM (V1 runner) on the ROCm AITER FlashAttention "
+            "backend as on an MI300 GPU: vllm-v1's step with its attention layer on "
+            "ROCM_AITER_FA (vllm/v1/attention/backends/rocm_aiter_fa.py: "
+            "AiterFlashAttentionMetadataBuilder.build, its decode/extend/prefill split "
+            "and the extends' chunked context, build_for_cudagraph_capture, "
+            "build_for_drafting), every field of its metadata a kernel reads judged",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 _flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
 
 
@@ -744,8 +763,9 @@ def _runner_step_backends() -> list[Implementation]:
             name="vllm-v1-backends",
             description="installed vLLM (V1 runner): each step as vllm-v1 runs it (Triton), "
             "and the step's eager build on FlashAttention (FA3, as vllm-v1-flash-attn), "
-            "FlashInfer (as vllm-v1-flashinfer), Triton MLA (as vllm-v1-mla) and FlashMLA "
-            "(as vllm-v1-flashmla, at pages of 64) engines "
+            "FlashInfer (as vllm-v1-flashinfer), Triton MLA (as vllm-v1-mla), FlashMLA "
+            "(as vllm-v1-flashmla, at pages of 64) and AITER FlashAttention (as "
+            "vllm-v1-aiter-fa) engines "
             "beside it: each backend's kv_len and "
             "kv_slots, derived from its own metadata as its kernels read it, against "
             "Triton's",
@@ -764,6 +784,21 @@ def _runner_step_backends() -> list[Implementation]:
             trigger=_backends_hook("reach_flash_attn"),
             reach=_backends_hook("reach_flash_attn"),
             smallest=_backends_hook("smallest_flash_attn_kv_short"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_backends",
+            "run_aiter_fa_extends_as_prefills",
+            name="vllm-v1-backends-aiter-fa-extends-as-prefills",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner) with AiterFlashAttentionMetadataBuilder."
+            "build splitting the step two ways (every request past the decodes a prefill, "
+            "as split_decodes_and_prefills does): an extend's context is never gathered, "
+            "which only another backend's KV length tells",
+            trigger=_backends_hook("reach_aiter_extend"),
+            reach=_backends_hook("reach_aiter_extend"),
+            smallest=_backends_hook("smallest_aiter_extend"),
             traced=True,
         ),
     ]
@@ -1272,6 +1307,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
+            *_runner_step_aiter_fa(),
             *_runner_step_flashmla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),

@@ -7,8 +7,9 @@ padded, replay, fresh and draft builds, all reported) and, beside them, on an en
 cudagraph mode NONE of each other backend of vLLM 0.33.0's V1 runner that attnfuzz
 drives: FlashAttention as FA3 runs it (``vllm-v1-flash-attn``'s engine), FlashInfer's
 native wrappers as an sm80 GPU runs them (``vllm-v1-flashinfer``'s), the Triton
-MLA backend of an MLA model (``vllm-v1-mla``'s) and FlashMLA with an fp8 cache
-(``vllm-v1-flashmla``'s), each keeping its own requests' rows
+MLA backend of an MLA model (``vllm-v1-mla``'s), FlashMLA with an fp8 cache
+(``vllm-v1-flashmla``'s) and ROCm's AITER FlashAttention (``vllm-v1-aiter-fa``'s), each
+keeping its own requests' rows
 across the trace. Of those, the step's own eager build alone is reported, as a
 ``backend`` build (its ``where`` naming the backend's builder): their graphs, fresh
 engines and drafter sub-steps are their own implementations' to judge. A ``backend``
@@ -18,12 +19,13 @@ the model (the forward context's slot mapping, the positions), and ``kv_len`` an
 read it (``kv_read`` of :class:`~attnfuzz.adapters.vllm.runner_step_v1._Engine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_flash_attn._FlashAttnEngine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_flashinfer._FlashInferEngine`, of
-:class:`~attnfuzz.adapters.vllm.runner_step_mla._MLAEngine`). The property *agreement
+:class:`~attnfuzz.adapters.vllm.runner_step_mla._MLAEngine`, of
+:class:`~attnfuzz.adapters.vllm.runner_step_aiter_fa._AiterFAEngine`). The property *agreement
 across backends* holds them to the Triton eager build's; the backends' metadata fields
 themselves (``fa.*``, ``fi.*``, ``mla.*``) differ in name and meaning and are left out.
 
-The MLA builders reorder the persistent batch, decodes first
-(``reorder_batch_to_split_decodes_and_prefills``), so its rows are not the Triton
+The MLA and AITER builders reorder the persistent batch, decodes first
+(``reorder_batch_to_split_decodes_and_prefills``), so their rows are not the Triton
 engine's: a ``backend`` build's rows (and each request's tokens) are put in the Triton
 eager engine's row order, by request id, before it is reported.
 
@@ -31,9 +33,14 @@ A backend may decline a config (``declines`` of its module): that backend is the
 out of the trace, the others kept. On vLLM 0.33.0 FlashAttention (FA3, head size 128,
 bf16) and Triton MLA accept the block sizes the Triton backend does, multiples of 16
 (``get_supported_kernel_block_sizes``), which ``vllm-v1`` declines otherwise; FlashMLA
-takes pages of 64 only, and is left out of a trace of any other.
+takes pages of 64 only, and is left out of a trace of any other; AITER FlashAttention
+takes multiples of 16 (kernel blocks of 16 and 32).
 
-Mutant (a re-created defect only that property catches):
+Mutants (re-created defects only that property catches):
+``vllm-v1-backends-aiter-fa-extends-as-prefills``, an AITER FlashAttention builder that
+splits the step two ways, as ``split_decodes_and_prefills`` does (every request past the
+decodes a prefill): an extend's context is never gathered, its kernel reads its new keys
+alone, and its builds agree with one another; and
 ``vllm-v1-backends-flash-attn-kv-short``, a FlashAttention builder that hands the
 kernel each request's ``seq_lens`` one key short, from a buffer of its own, in every
 build it makes (eager, capture, padded, replay, drafting, a new engine's alike): its
@@ -51,6 +58,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.vllm import runner_step_aiter_fa as aiter_fa
 from attnfuzz.adapters.vllm import runner_step_flash_attn as flash_attn
 from attnfuzz.adapters.vllm import runner_step_flashinfer as flashinfer
 from attnfuzz.adapters.vllm import runner_step_flashmla as flashmla
@@ -75,6 +83,7 @@ def prepare() -> None:
     flashinfer.prepare()
     mla.prepare()
     flashmla.prepare()
+    aiter_fa.prepare()
 
 
 def declines(case: Case) -> str | None:
@@ -170,6 +179,13 @@ _FA_WHERE = "vllm/v1/attention/backends/flash_attn.py: FlashAttentionMetadataBui
 _MLA_WHERE = f"{mla._MLA}: MLACommonMetadataBuilder.build (triton_mla.py)"
 _FI_WHERE = f"{flashinfer._FI}: FlashInferMetadataBuilder.build"
 _FLASHMLA_WHERE = f"{flashmla._FLASHMLA}: FlashMLAMetadataBuilder (MLACommonMetadataBuilder.build)"
+_AITER_FA_WHERE = f"{aiter_fa._AITER_FA}: AiterFlashAttentionMetadataBuilder.build"
+
+
+def _aiter_fa() -> EagerBackend:
+    return EagerBackend(
+        aiter_fa.AiterFARunnerStepEngine(), aiter_fa.declines_config, _AITER_FA_WHERE
+    )
 
 
 def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
@@ -183,6 +199,7 @@ def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
         EagerBackend(
             flashmla.FlashMLARunnerStepEngine(), flashmla.declines_config, _FLASHMLA_WHERE
         ),
+        _aiter_fa(),
     )
 
 
@@ -285,3 +302,49 @@ def smallest_flash_attn_kv_short() -> Trace:
         num_spec=0, cudagraph_capture_sizes=(1,), runner="v1",
     )  # fmt: skip
     return Trace(config, (Batch((0,), (1,), req_ids=(0,), pages=((0,),), new_pages=(1,)),))
+
+
+# -- the mutant: an AITER FlashAttention builder that counts its extends as prefills -------
+
+
+class _Patched(EagerBackend):
+    """An eager backend whose every call (its engines' construction and capture runs
+    included) runs under ``patch``."""
+
+    def __init__(self, patch: Callable[[], Any], backend: EagerBackend) -> None:
+        self.patch = patch
+        super().__init__(backend.runner_step, backend.declines, backend.where)
+
+    def __call__(self, inputs: RunnerStepInputs) -> tuple[StepBuild, list[str]] | None:
+        with self.patch():
+            return super().__call__(inputs)
+
+
+EXTENDS_AS_PREFILLS = BackendsLife(
+    v1.RunnerStepEngine(), _Patched(aiter_fa.extends_as_prefills, _aiter_fa())
+)
+
+
+def run_aiter_fa_extends_as_prefills(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v1-backends-aiter-fa-extends-as-prefills``: Triton's step beside
+    an AITER FlashAttention builder that splits two ways
+    (:func:`~attnfuzz.adapters.vllm.runner_step_aiter_fa.extends_as_prefills`)."""
+    return EXTENDS_AS_PREFILLS(inputs)
+
+
+run_aiter_fa_extends_as_prefills.new_engine = EXTENDS_AS_PREFILLS.new_engine  # type: ignore[attr-defined]
+
+reach_aiter_extend = aiter_fa.reach_extend
+
+
+def smallest_aiter_extend() -> Trace:
+    """One request arrives with a first chunk of one token, then prefills 2 more: an
+    extend (context 1, query 2 past the reorder threshold of 1)."""
+    config = EngineConfig(
+        max_model_len=16, max_num_seqs=1, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(1,), runner="v1",
+    )  # fmt: skip
+    return Trace(config, (
+        Batch((0,), (1,), req_ids=(0,), pages=((0,),), new_pages=(1,)),
+        Batch((1,), (2,), req_ids=(0,), pages=((0,),), new_pages=(0,)),
+    ))  # fmt: skip
