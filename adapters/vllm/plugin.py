@@ -571,6 +571,36 @@ def _runner_step_aiter_fa() -> list[Implementation]:
     ]
 
 
+def _runner_step_rocm() -> list[Implementation]:
+    """``vllm-v1``'s step on the ROCm attention and ROCm Octave backends."""
+    return [
+        _step_impl(
+            "runner_step_rocm",
+            "run",
+            name="vllm-v1-rocm-attn",
+            description="installed vLLM (V1 runner) on the ROCm attention backend: "
+            "vllm-v1's step with its attention layer on ROCM_ATTN "
+            "(vllm/v1/attention/backends/rocm_attn.py: RocmAttentionMetadataBuilder.build, "
+            "build_for_cudagraph_capture, which fills the runner's seq_lens with 1 and "
+            "zeroes its query_start_loc), vllm-v1's fields judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_rocm",
+            "run_octave",
+            name="vllm-v1-rocm-octave",
+            description="installed vLLM (V1 runner) on the ROCm Octave backend: vllm-v1's "
+            "step with its attention layer on ROCM_OCTAVE "
+            "(vllm/v1/attention/backends/rocm_octave_attn.py: RocmOctaveMetadataBuilder."
+            "build, _fill_query_maps), each query token's request and K length, which "
+            "its decode kernel reads, judged beside vllm-v1's fields",
+            declines="declines_octave",
+            traced=True,
+        ),
+    ]
+
+
 _flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
 
 
@@ -1308,6 +1338,7 @@ VLLM = Engine(
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_aiter_fa(),
+            *_runner_step_rocm(),
             *_runner_step_flashmla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
