@@ -601,6 +601,42 @@ def _runner_step_rocm() -> list[Implementation]:
     ]
 
 
+_turboquant_hook = functools.partial(_lazy, "runner_step_turboquant")
+
+
+def _runner_step_turboquant() -> list[Implementation]:
+    """``vllm-v1``'s step on TurboQuant, and its finding under async scheduling."""
+    return [
+        _step_impl(
+            "runner_step_turboquant",
+            "run",
+            name="vllm-v1-turboquant",
+            description="installed vLLM (V1 runner) on the TurboQuant backend "
+            "(--kv-cache-dtype turboquant_k8v4): vllm-v1's step with its attention layer "
+            "on TURBOQUANT (vllm/v1/attention/backends/turboquant_attn.py: "
+            "TurboQuantMetadataBuilder.build, build_for_cudagraph_capture), the keys its "
+            "decode and prefill paths read judged, scheduled synchronously",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_turboquant",
+            "run_async",
+            name="vllm-v1-turboquant-async-verify-past-rejection",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, TurboQuant) scheduled asynchronously: "
+            "a request that rejected drafts verifies again through TurboQuant's prefill "
+            "path, which reads the host's optimistic seq_lens_cpu_upper_bound as its "
+            "context length, past its sequence (a finding of vLLM's own, kept apart)",
+            trigger=_turboquant_hook("trigger_verify_past_rejection"),
+            reach=_turboquant_hook("reach_verify_after_drafts"),
+            smallest=_turboquant_hook("smallest_verify_past_rejection"),
+            traced=True,
+        ),
+    ]
+
+
 _flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
 
 
@@ -1339,6 +1375,7 @@ VLLM = Engine(
             *_runner_step_flash_attn(),
             *_runner_step_aiter_fa(),
             *_runner_step_rocm(),
+            *_runner_step_turboquant(),
             *_runner_step_flashmla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
