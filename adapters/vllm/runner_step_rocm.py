@@ -76,8 +76,10 @@ def _octave() -> type:
     return RocmOctaveAttentionBackend
 
 
-declines = v1.declines
-""":func:`declines` of ``vllm-v1-rocm-attn``: ``vllm-v1``'s."""
+def declines(case: Case) -> str | None:
+    """Why ``vllm-v1-rocm-attn`` does not run ``case``: ``vllm-v1``'s cases (the
+    backend's kernel block sizes are multiples of 16, as Triton's)."""
+    return v1.declines(case)
 
 
 def declines_octave(case: Case) -> str | None:
