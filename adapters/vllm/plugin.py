@@ -637,6 +637,26 @@ def _runner_step_turboquant() -> list[Implementation]:
     ]
 
 
+def _runner_step_sparse_mla() -> list[Implementation]:
+    """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse."""
+    return [
+        _step_impl(
+            "runner_step_sparse_mla",
+            "run",
+            name="vllm-v1-flashmla-sparse",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model "
+            "(index_topk 64) on the FlashMLA sparse backend as on an sm90 GPU, its KV "
+            "cache bf16: vllm-v1-mla's step with its MLA layer on FLASHMLA_SPARSE "
+            "(vllm/v1/attention/backends/mla/flashmla_sparse.py: "
+            "FlashMLASparseMetadataBuilder, SparseMLACommonMetadataBuilder.build: the "
+            "uniform split, req_id_per_token in the builder's buffer), every field its "
+            "kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 _flashmla_hook = functools.partial(_lazy, "runner_step_flashmla")
 
 
@@ -1376,6 +1396,7 @@ VLLM = Engine(
             *_runner_step_aiter_fa(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),
+            *_runner_step_sparse_mla(),
             *_runner_step_flashmla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),

@@ -1,0 +1,100 @@
+"""vLLM 0.33.0's model runner V1 step of a sparse-attention MLA model on the FlashMLA
+sparse backend, as the implementation ``vllm-v1-flashmla-sparse`` of ``runner-step``:
+``FlashMLASparseMetadataBuilder`` builds every step, its uniform split and its
+per-token request map judged by the step's properties."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch
+from attnfuzz.reference.trace import Trace
+
+pytestmark = [*requires_vllm]
+
+
+def sparse():
+    from attnfuzz.adapters.vllm import runner_step_sparse_mla
+
+    return runner_step_sparse_mla
+
+
+def run_trace(trace: Trace, run) -> list[ref.RunnerStepOutputs]:
+    run.new_engine()
+    return [run(ref.make_inputs(case)) for case in trace.cases()]
+
+
+def own(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
+    return [b for b in out.of(how) if b.draft is None]
+
+
+def values(build: ref.StepBuild, name: str) -> list:
+    return build.field(name).values.tolist()
+
+
+def spec_decode() -> Trace:
+    """``smallest_full_spec_decode`` at pages of 64 (the backend's)."""
+    from attnfuzz.adapters.vllm import runner_step_hybrid
+
+    trace = runner_step_hybrid.smallest_full_spec_decode()
+    config = dataclasses.replace(trace.config, block_size=64, max_model_len=128)
+    return Trace(config, trace.steps)
+
+
+def test_the_sparse_builder_builds_a_verify_padded_for_a_full_graph(monkeypatch):
+    """A prefill, then a verify of 2 tokens padded to the FULL graph of 2 requests: each
+    token's request in the builder's buffer, the padding tokens given a row of the
+    step; every property holds."""
+    m = sparse()
+    m.prepare()
+    from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseMetadataBuilder
+
+    calls = Calls(monkeypatch)
+    calls.count(FlashMLASparseMetadataBuilder, "build", "build_for_cudagraph_capture")
+    first, second = run_trace(spec_decode(), m.SparseMLARunnerStepEngine())
+    assert min(calls.values()) > 0 and len(calls) == 2
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    (eager,) = own(second, "eager")
+    (replay,) = own(second, "replay")
+    assert values(eager, "sparse.req_id_per_token") == [0, 0]
+    assert values(eager, "sparse.seq_lens") == [7]
+    assert values(replay, "sparse.seq_lens") == [7, 0]
+    assert values(replay, "sparse.req_id_per_token") == [0, 0, 0, 0]
+
+
+def test_a_step_of_unequal_queries_has_prefills_after_the_uniform_decodes():
+    """With ``require_uniform``, a verify of 2 tokens beside a chunk of 5 more: the
+    verify is the decode, the chunk a prefill, its query offsets from its first token."""
+    m = sparse()
+    config = spec_decode().config
+    steps = (
+        Batch((0, 0), (3, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
+        Batch((3, 5), (2, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(0, 0)),
+    )
+    _, out = run_trace(Trace(config, steps), m.run)
+    assert ref.violations(out) == []
+    (eager,) = own(out, "eager")
+    assert values(eager, "sparse.req_id_per_token") == [0, 0, 1, 1, 1, 1, 1]
+    assert values(eager, "sparse.prefill.query_start_loc") == [0, 5]
+
+
+def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
+    """Safe padding holds ``sparse.req_id_per_token`` to the step's rows: a map that puts
+    every token one request on fails it."""
+    m = sparse()
+    m.prepare()
+    from vllm.model_executor.layers.attention.sparse_mla_attention import (
+        SparseMLACommonMetadataBuilder,
+    )
+
+    original = SparseMLACommonMetadataBuilder._build_req_id_per_token
+
+    def shifted(self, common_attn_metadata):
+        return original(self, common_attn_metadata) + 1
+
+    monkeypatch.setattr(SparseMLACommonMetadataBuilder, "_build_req_id_per_token", shifted)
+    _, second = run_trace(spec_decode(), m.SparseMLARunnerStepEngine())
+    unsafe = {v.field for v in ref.violations(second) if v.prop == "safe padding"}
+    assert unsafe == {"sparse.req_id_per_token"}
