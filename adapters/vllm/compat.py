@@ -564,17 +564,53 @@ REQUIRES["runner_step_flashinfer"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.platforms.interface", "DeviceCapability"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+# runner_step_aiter_fa: runner_step_v1's engine on ROCm's AITER FlashAttention backend,
+# its three-way split and the module's torch (pinned host memory) looked up there.
+REQUIRES["runner_step_aiter_fa"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.rocm_aiter_fa", "AiterFlashAttentionBackend"),
+    Api("vllm.v1.attention.backends.rocm_aiter_fa", "AiterFlashAttentionMetadataBuilder"
+        ".build_for_drafting"),
+    Api("vllm.v1.attention.backends.rocm_aiter_fa", "split_decodes_prefills_and_extends"),
+    Api("vllm.v1.attention.backends.rocm_aiter_fa", "torch"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
+# runner_step_rocm: runner_step_v1's engine on ROCm's attention and Octave backends.
+REQUIRES["runner_step_rocm"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
+REQUIRES["runner_step_rocm.run_octave"] = (
+    Api("vllm.v1.attention.backends.rocm_octave_attn", "RocmOctaveAttentionBackend"),
+    Api("vllm.v1.attention.backends.rocm_octave_attn", "RocmOctaveMetadataBuilder"
+        "._fill_query_maps"),
+)  # fmt: skip
+# runner_step_turboquant: runner_step_v1's engine (and runner_step_v1_async's) on the
+# TurboQuant backend, whose host copies the CommonAttentionMetadata's upper bound.
+REQUIRES["runner_step_turboquant"] = REQUIRES["runner_step_v1_async"] + (
+    Api("vllm.v1.attention.backends.turboquant_attn", "TurboQuantAttentionBackend"),
+    Api("vllm.v1.attention.backend", "CommonAttentionMetadata.seq_lens_cpu_upper_bound"),
+    Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+)  # fmt: skip
+# runner_step_sparse_mla: runner_step_mla's engine on the FlashMLA sparse backend, the SM
+# count looked up in flashmla_sparse.py.
+REQUIRES["runner_step_sparse_mla"] = REQUIRES["runner_step_mla"] + (
+    Api("vllm.v1.attention.backends.mla.flashmla_sparse", "FlashMLASparseBackend"),
+    Api("vllm.v1.attention.backends.mla.flashmla_sparse", "num_compute_units"),
+    Api("vllm.model_executor.layers.attention.sparse_mla_attention",
+        "SparseMLACommonMetadataBuilder._build_req_id_per_token"),
+)  # fmt: skip
 
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's,
-# runner_step_flashinfer's, runner_step_mla's and runner_step_flashmla's (their entries:
-# every API each calls),
-# the MLA engine's rows put back in the Triton engine's order.
+# runner_step_flashinfer's, runner_step_mla's, runner_step_flashmla's and
+# runner_step_aiter_fa's (their entries: every API each calls), the MLA and AITER
+# engines' rows put back in the Triton engine's order.
 REQUIRES["runner_step_backends"] = tuple(
     dict.fromkeys(
         REQUIRES["runner_step_flash_attn"]
         + REQUIRES["runner_step_flashinfer"]
         + REQUIRES["runner_step_mla"]
         + REQUIRES["runner_step_flashmla"]
+        + REQUIRES["runner_step_aiter_fa"]
     )
 )
 
