@@ -64,16 +64,23 @@ WHERE = "v1/spec_decode/llm_base_proposer.py: SpecDecodeBaseProposer.propose"
 
 
 def _draft_layer(vllm_config: Any) -> Any:
-    """The draft model's attention layer, as the static forward context holds it: its
-    backend is the target's (Triton), its heads the model's."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    """The draft model's attention layer, its backend the target's (Triton)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    return draft_layer(vllm_config, TritonAttentionBackend)
+
+
+def draft_layer(vllm_config: Any, backend: type) -> Any:
+    """The draft model's attention layer, as the static forward context holds it: its
+    backend ``backend`` (the target's: the drafter's ``initialize_attn_backend`` asks
+    it), its heads the model's."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     class DraftLayer(AttentionLayerBase):
         num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
 
         def get_attn_backend(self) -> type:
-            return TritonAttentionBackend
+            return backend
 
         def get_kv_cache_spec(self, vllm_config: Any) -> None:
             return None  # the target's KV-cache group holds the layer (initialize_kv_cache)

@@ -199,23 +199,6 @@ def declines_config(config: EngineConfig) -> str | None:
 # -- the engine -----------------------------------------------------------------------------
 
 
-def _draft_layer(vllm_config: Any) -> Any:
-    """The MTP draft layer (:mod:`.runner_step_drafter`), its backend FlashAttention (the
-    drafter's ``initialize_attn_backend`` asks it)."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    class DraftLayer(AttentionLayerBase):
-        num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
-
-        def get_attn_backend(self) -> type:
-            return _backend()
-
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the target's KV-cache group holds the layer
-
-    return DraftLayer()
-
-
 def _freeze(meta: Any) -> SimpleNamespace:
     """What the kernel reads of ``meta`` now (the persistent buffers change after the
     forward), and whether a FULL graph holds the forward (the forward context's mode:
@@ -311,7 +294,7 @@ class _FlashAttnEngine(v1._Engine):
 
         layers = self.vllm_config.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = _draft_layer(self.vllm_config)
+            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
         self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,

@@ -94,23 +94,6 @@ def declines_octave(case: Case) -> str | None:
     return v1.declines(case)
 
 
-def _draft_layer(vllm_config: Any, backend: type) -> Any:
-    """The MTP draft layer (:mod:`.runner_step_drafter`) on ``backend`` (the drafter's
-    ``initialize_attn_backend`` asks it)."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    class DraftLayer(AttentionLayerBase):
-        num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
-
-        def get_attn_backend(self) -> type:
-            return backend
-
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the target's KV-cache group holds the layer
-
-    return DraftLayer()
-
-
 class _RocmAttnEngine(v1._Engine):
     """A V1 runner whose attention layer is on the ROCm attention backend."""
 
@@ -122,7 +105,7 @@ class _RocmAttnEngine(v1._Engine):
 
         layers = self.vllm_config.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = _draft_layer(self.vllm_config, self.backend())
+            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, self.backend())
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=self.head_size,
             dtype=torch.bfloat16,

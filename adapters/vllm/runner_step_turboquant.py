@@ -52,7 +52,7 @@ from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm import runner_step_v1_async as v1_async
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace, as_trace
+from attnfuzz.reference.trace import Trace
 
 _TQ = "vllm/v1/attention/backends/turboquant_attn.py"
 HEAD_SIZE = 128
@@ -88,23 +88,6 @@ def declines_config(config: EngineConfig) -> str | None:
     return None
 
 
-def _draft_layer(vllm_config: Any) -> Any:
-    """The MTP draft layer (:mod:`.runner_step_drafter`) on TurboQuant (the drafter's
-    ``initialize_attn_backend`` asks it)."""
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    class DraftLayer(AttentionLayerBase):
-        num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
-
-        def get_attn_backend(self) -> type:
-            return _backend()
-
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the target's KV-cache group holds the layer
-
-    return DraftLayer()
-
-
 def _freeze(meta: Any) -> SimpleNamespace:
     """What the kernels read of ``meta`` now: the runner's tensors, the split and the
     host copies."""
@@ -129,7 +112,7 @@ class _TurboQuantEngine(v1._Engine):
         vc.cache_config.cache_dtype = "turboquant_k8v4"
         layers = vc.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = _draft_layer(vc)
+            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(vc, _backend())
         self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
@@ -241,49 +224,17 @@ run_async.new_engine = ASYNC.new_engine  # type: ignore[attr-defined]
 # -- the finding kept apart: a verify after a rejection reads past its sequence -------------
 
 
-def _verifies_after_rejection(trace: Trace | Case) -> list[bool]:
-    """For each request that verified drafts in a step and runs in the next: whether its
-    query there is over one token (TurboQuant's prefill path, which reads the host
-    upper bound) and the step before rejected some of its drafts (the upper bound is
-    then past its sequence)."""
-    c = trace.config
-    if c.runner != "v1" or c.num_spec == 0:
-        return []
-    out = []
-    steps = as_trace(trace).steps
-    for before, prev, step in zip((None, *steps), steps, steps[1:], strict=False):
-        held = set(before.req_ids) if before is not None else set()
-        pairs = zip(step.num_computed_tokens, step.q_lens, strict=True)
-        now = dict(zip(step.req_ids, pairs, strict=True))
-        for rid, computed, q in zip(
-            prev.req_ids, prev.num_computed_tokens, prev.q_lens, strict=True
-        ):
-            # Drafts go to a request the runner holds (scheduled_spec_decode_tokens).
-            if rid in held and 1 < q <= 1 + c.num_spec and rid in now:
-                runs_from, query = now[rid]
-                out.append(query > 1 and computed + q > runs_from)
-    return out
-
-
 def reach_verify_after_drafts(trace: Trace | Case) -> bool:
     """A request verifies drafts in one step and runs on in the next with a query of
-    more than one token: the step reads its host upper bound."""
-    c = trace.config
-    if c.runner != "v1" or c.num_spec == 0:
-        return False
-    steps = as_trace(trace).steps
-    for before, prev, step in zip((None, *steps), steps, steps[1:], strict=False):
-        held = set(before.req_ids) if before is not None else set()
-        now = dict(zip(step.req_ids, step.q_lens, strict=True))
-        for rid, q in zip(prev.req_ids, prev.q_lens, strict=True):
-            if rid in held and 1 < q <= 1 + c.num_spec and now.get(rid, 0) > 1:
-                return True
-    return False
+    more than one token (TurboQuant's prefill path, which reads the host upper bound):
+    :func:`.runner_step_v1_async.drafted_then_ran`."""
+    return any(query > 1 for _, query in v1_async.drafted_then_ran(trace))
 
 
 def trigger_verify_past_rejection(trace: Trace | Case) -> bool:
-    """Such a request rejected a draft in the step before."""
-    return any(_verifies_after_rejection(trace))
+    """Such a request rejected a draft in the step before: the upper bound is then past
+    its sequence."""
+    return any(back > 0 and query > 1 for back, query in v1_async.drafted_then_ran(trace))
 
 
 def smallest_verify_past_rejection() -> Trace:

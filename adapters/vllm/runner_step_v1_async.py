@@ -190,9 +190,10 @@ run_drift_uncorrected.new_engine = _MUTATED.engine.new_engine  # type: ignore[at
 # -- the mutant's trigger -------------------------------------------------------------------
 
 
-def _runs_on_after_drafts(trace: Trace | Case) -> list[int]:
+def drafted_then_ran(trace: Trace | Case) -> list[tuple[int, int]]:
     """For each request that verified drafts in a step and runs in the next: how many
-    tokens its query ran past where it runs on from (its rollback, 0 for none)."""
+    tokens its query ran past where it runs on from (its rollback, 0 for none), and its
+    query there."""
     c = trace.config
     if c.runner != "v1" or c.num_spec == 0:
         return []
@@ -200,14 +201,21 @@ def _runs_on_after_drafts(trace: Trace | Case) -> list[int]:
     steps = as_trace(trace).steps
     for before, prev, step in zip((None, *steps), steps, steps[1:], strict=False):
         held = set(before.req_ids) if before is not None else set()
-        now = dict(zip(step.req_ids, step.num_computed_tokens, strict=True))
+        pairs = zip(step.num_computed_tokens, step.q_lens, strict=True)
+        now = dict(zip(step.req_ids, pairs, strict=True))
         for rid, computed, q in zip(
             prev.req_ids, prev.num_computed_tokens, prev.q_lens, strict=True
         ):
             # Drafts go to a request the runner holds (scheduled_spec_decode_tokens).
             if rid in held and 1 < q <= 1 + c.num_spec and rid in now:
-                out.append(computed + q - now[rid])
+                runs_from, query = now[rid]
+                out.append((computed + q - runs_from, query))
     return out
+
+
+def _runs_on_after_drafts(trace: Trace | Case) -> list[int]:
+    """:func:`drafted_then_ran`'s rollbacks."""
+    return [back for back, _ in drafted_then_ran(trace)]
 
 
 def reach_drift(trace: Trace | Case) -> bool:
