@@ -70,14 +70,15 @@ def test_a_requests_slots_on_its_pages_stop_where_its_row_reaches():
 def test_a_decode_padded_for_a_full_graph_reads_the_same_keys_in_every_build():
     """A prefill of 3 tokens, then a decode padded to the FULL graph of 2 requests: the
     Triton engine's eager, padded, replayed and fresh builds, FlashAttention's,
-    FlashInfer's, MLA's and AITER FlashAttention's eager builds all read keys 0..3 on
-    page 1; the graph's padding row reads none."""
+    FlashInfer's, MLA's, AITER FlashAttention's and AITER MLA's eager builds all read
+    keys 0..3 on page 1; the graph's padding row reads none."""
     rb = _backends()
     _, out = run_trace(_mla().smallest_full_decode(), rb.run)
     assert ref.violations(out) == []
     builds = by_backend(out)
     assert sorted(builds) == [
         "flash_attn", "flashinfer", "gpu_model_runner", "mla_attention", "rocm_aiter_fa",
+        "rocm_aiter_mla",
     ]  # fmt: skip
     for name, b in builds.items():
         assert keys(b) == [[16, 17, 18, 19]], name
@@ -102,7 +103,7 @@ def test_flashmla_joins_at_pages_of_64_and_reads_the_same_keys():
     builds = by_backend(out)
     assert sorted(builds) == [
         "flash_attn", "flashinfer", "flashmla", "gpu_model_runner", "mla_attention",
-        "rocm_aiter_fa",
+        "rocm_aiter_fa", "rocm_aiter_mla",
     ]  # fmt: skip
     for name, b in builds.items():
         assert keys(b) == [[64, 65, 66, 67]], name

@@ -600,10 +600,19 @@ REQUIRES["runner_step_sparse_mla"] = REQUIRES["runner_step_mla"] + (
         "SparseMLACommonMetadataBuilder._build_req_id_per_token"),
 )  # fmt: skip
 
+# runner_step_aiter_mla: runner_step_mla's engine on ROCm's AITER MLA backend, the GPU's
+# architecture read at import of vllm.platforms.rocm (which needs one), AITER's metadata
+# calls imported by the builder from the aiter package.
+REQUIRES["runner_step_aiter_mla"] = REQUIRES["runner_step_mla"] + (
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla", "AiterMLABackend"),
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla", "AiterMLAMetadataBuilder._build_decode"),
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla", "_expand_page_indices_kernel"),
+)  # fmt: skip
+
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's,
-# runner_step_flashinfer's, runner_step_mla's, runner_step_flashmla's and
-# runner_step_aiter_fa's (their entries: every API each calls), the MLA and AITER
-# engines' rows put back in the Triton engine's order.
+# runner_step_flashinfer's, runner_step_mla's, runner_step_flashmla's,
+# runner_step_aiter_fa's and runner_step_aiter_mla's (their entries: every API each
+# calls), the MLA and AITER engines' rows put back in the Triton engine's order.
 REQUIRES["runner_step_backends"] = tuple(
     dict.fromkeys(
         REQUIRES["runner_step_flash_attn"]
@@ -611,6 +620,7 @@ REQUIRES["runner_step_backends"] = tuple(
         + REQUIRES["runner_step_mla"]
         + REQUIRES["runner_step_flashmla"]
         + REQUIRES["runner_step_aiter_fa"]
+        + REQUIRES["runner_step_aiter_mla"]
     )
 )
 

@@ -694,6 +694,58 @@ def _runner_step_flashmla() -> list[Implementation]:
     ]
 
 
+_aiter_mla_hook = functools.partial(_lazy, "runner_step_aiter_mla")
+
+
+def _runner_step_aiter_mla() -> list[Implementation]:
+    """``vllm-v1-mla``'s step on ROCm's AITER MLA backend, and two mutants of its decode
+    metadata: its graph buffers, its schedule."""
+    full = {
+        "declines": "declines",
+        "trigger": _aiter_mla_hook("trigger_full_decode"),
+        "reach": _aiter_mla_hook("reach_full_graphs"),
+        "smallest": _aiter_mla_hook("smallest_full_decode"),
+        "traced": True,
+    }
+    return [
+        _step_impl(
+            "runner_step_aiter_mla",
+            "run",
+            name="vllm-v1-aiter-mla",
+            description="installed vLLM (V1 runner) of an MLA model on ROCm's AITER MLA "
+            "backend as on an MI300X (gfx942): vllm-v1-mla's step with its MLA layer on "
+            "ROCM_AITER_MLA (vllm/v1/attention/backends/mla/rocm_aiter_mla.py: "
+            "AiterMLAMetadataBuilder.__init__, _build_decode: the kernel's seq_lens, "
+            "paged_kv_indptr and the per-token paged_kv_indices of "
+            "_expand_page_indices_kernel, qo_indptr, their graph buffers, the decode "
+            "schedule), AITER's metadata calls stood in, every field its kernels read "
+            "judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_aiter_mla",
+            "offsets_not_persistent",
+            name="vllm-v1-aiter-mla-offsets-not-persistent",
+            kind="mutant",
+            description="installed vLLM (V1 runner, AITER MLA) with "
+            "AiterMLAMetadataBuilder._build_decode handing the kernel the offsets and key "
+            "indices it made, not their copies in its graph buffers",
+            **full,
+        ),
+        _step_impl(
+            "runner_step_aiter_mla",
+            "schedule_kept_per_shape",
+            name="vllm-v1-aiter-mla-schedule-kept-per-shape",
+            kind="mutant",
+            description="installed vLLM (V1 runner, AITER MLA) with "
+            "AiterMLAMetadataBuilder._build_decode asking AITER for a decode schedule only "
+            "when the decodes' count or query length changes",
+            **full,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -850,8 +902,8 @@ def _runner_step_backends() -> list[Implementation]:
             description="installed vLLM (V1 runner): each step as vllm-v1 runs it (Triton), "
             "and the step's eager build on FlashAttention (FA3, as vllm-v1-flash-attn), "
             "FlashInfer (as vllm-v1-flashinfer), Triton MLA (as vllm-v1-mla), FlashMLA "
-            "(as vllm-v1-flashmla, at pages of 64) and AITER FlashAttention (as "
-            "vllm-v1-aiter-fa) engines "
+            "(as vllm-v1-flashmla, at pages of 64), AITER FlashAttention (as "
+            "vllm-v1-aiter-fa) and AITER MLA (as vllm-v1-aiter-mla) engines "
             "beside it: each backend's kv_len and "
             "kv_slots, derived from its own metadata as its kernels read it, against "
             "Triton's",
@@ -1398,6 +1450,7 @@ VLLM = Engine(
             *_runner_step_turboquant(),
             *_runner_step_sparse_mla(),
             *_runner_step_flashmla(),
+            *_runner_step_aiter_mla(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),

@@ -8,9 +8,9 @@ cudagraph mode NONE of each other backend of vLLM 0.33.0's V1 runner that attnfu
 drives: FlashAttention as FA3 runs it (``vllm-v1-flash-attn``'s engine), FlashInfer's
 native wrappers as an sm80 GPU runs them (``vllm-v1-flashinfer``'s), the Triton
 MLA backend of an MLA model (``vllm-v1-mla``'s), FlashMLA with an fp8 cache
-(``vllm-v1-flashmla``'s) and ROCm's AITER FlashAttention (``vllm-v1-aiter-fa``'s), each
-keeping its own requests' rows
-across the trace. Of those, the step's own eager build alone is reported, as a
+(``vllm-v1-flashmla``'s), ROCm's AITER FlashAttention (``vllm-v1-aiter-fa``'s) and
+AITER MLA (``vllm-v1-aiter-mla``'s), each keeping its own requests' rows across the
+trace. Of those, the step's own eager build alone is reported, as a
 ``backend`` build (its ``where`` naming the backend's builder): their graphs, fresh
 engines and drafter sub-steps are their own implementations' to judge. A ``backend``
 build holds what every backend states alike (:data:`SHARED`): the step's inputs to
@@ -20,9 +20,11 @@ read it (``kv_read`` of :class:`~attnfuzz.adapters.vllm.runner_step_v1._Engine`,
 :class:`~attnfuzz.adapters.vllm.runner_step_flash_attn._FlashAttnEngine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_flashinfer._FlashInferEngine`, of
 :class:`~attnfuzz.adapters.vllm.runner_step_mla._MLAEngine`, of
-:class:`~attnfuzz.adapters.vllm.runner_step_aiter_fa._AiterFAEngine`). The property *agreement
-across backends* holds them to the Triton eager build's; the backends' metadata fields
-themselves (``fa.*``, ``fi.*``, ``mla.*``) differ in name and meaning and are left out.
+:class:`~attnfuzz.adapters.vllm.runner_step_aiter_fa._AiterFAEngine`, of
+:class:`~attnfuzz.adapters.vllm.runner_step_aiter_mla._AiterMLAEngine`). The property
+*agreement across backends* holds them to the Triton eager build's; the backends'
+metadata fields themselves (``fa.*``, ``fi.*``, ``mla.*``, ``aiter.*``, ``aiter_mla.*``)
+differ in name and meaning and are left out.
 
 The MLA and AITER builders reorder the persistent batch, decodes first
 (``reorder_batch_to_split_decodes_and_prefills``), so their rows are not the Triton
@@ -34,7 +36,7 @@ out of the trace, the others kept. On vLLM 0.33.0 FlashAttention (FA3, head size
 bf16) and Triton MLA accept the block sizes the Triton backend does, multiples of 16
 (``get_supported_kernel_block_sizes``), which ``vllm-v1`` declines otherwise; FlashMLA
 takes pages of 64 only, and is left out of a trace of any other; AITER FlashAttention
-takes multiples of 16 (kernel blocks of 16 and 32).
+takes multiples of 16 (kernel blocks of 16 and 32), AITER MLA any block size.
 
 Mutants (re-created defects only that property catches):
 ``vllm-v1-backends-aiter-fa-extends-as-prefills``, an AITER FlashAttention builder that
@@ -59,6 +61,7 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step_aiter_fa as aiter_fa
+from attnfuzz.adapters.vllm import runner_step_aiter_mla as aiter_mla
 from attnfuzz.adapters.vllm import runner_step_flash_attn as flash_attn
 from attnfuzz.adapters.vllm import runner_step_flashinfer as flashinfer
 from attnfuzz.adapters.vllm import runner_step_flashmla as flashmla
@@ -84,6 +87,7 @@ def prepare() -> None:
     mla.prepare()
     flashmla.prepare()
     aiter_fa.prepare()
+    aiter_mla.prepare()
 
 
 def declines(case: Case) -> str | None:
@@ -180,6 +184,7 @@ _MLA_WHERE = f"{mla._MLA}: MLACommonMetadataBuilder.build (triton_mla.py)"
 _FI_WHERE = f"{flashinfer._FI}: FlashInferMetadataBuilder.build"
 _FLASHMLA_WHERE = f"{flashmla._FLASHMLA}: FlashMLAMetadataBuilder (MLACommonMetadataBuilder.build)"
 _AITER_FA_WHERE = f"{aiter_fa._AITER_FA}: AiterFlashAttentionMetadataBuilder.build"
+_AITER_MLA_WHERE = f"{aiter_mla._AITER_MLA}: AiterMLAMetadataBuilder.build"
 
 
 def _aiter_fa() -> EagerBackend:
@@ -200,6 +205,9 @@ def _backends(fa: v1.RunnerStepEngine) -> BackendsLife:
             flashmla.FlashMLARunnerStepEngine(), flashmla.declines_config, _FLASHMLA_WHERE
         ),
         _aiter_fa(),
+        EagerBackend(
+            aiter_mla.AiterMLARunnerStepEngine(), aiter_mla.declines_config, _AITER_MLA_WHERE
+        ),
     )
 
 
