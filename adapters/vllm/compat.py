@@ -609,6 +609,16 @@ REQUIRES["runner_step_aiter_mla"] = REQUIRES["runner_step_mla"] + (
     Api("vllm.v1.attention.backends.mla.rocm_aiter_mla", "_expand_page_indices_kernel"),
 )  # fmt: skip
 
+# runner_step_aiter_mla_sparse: runner_step_sparse_mla's engine on ROCm's AITER MLA
+# sparse backend, with runner_step_aiter_mla's stand-ins and the platform's CU count.
+REQUIRES["runner_step_aiter_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + (
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse", "ROCMAiterMLASparseBackend"),
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse",
+        "ROCMAiterMLASparseMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse", "generate_sparse_seqlen_triton"),
+    Api("vllm.platforms.interface", "Platform.num_compute_units"),
+)  # fmt: skip
+
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's,
 # runner_step_flashinfer's, runner_step_mla's, runner_step_flashmla's,
 # runner_step_aiter_fa's and runner_step_aiter_mla's (their entries: every API each

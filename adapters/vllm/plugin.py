@@ -746,6 +746,45 @@ def _runner_step_aiter_mla() -> list[Implementation]:
     ]
 
 
+_aiter_sparse_hook = functools.partial(_lazy, "runner_step_aiter_mla_sparse")
+
+
+def _runner_step_aiter_mla_sparse() -> list[Implementation]:
+    """``vllm-v1-flashmla-sparse``'s step on ROCm's AITER MLA sparse backend, and a mutant
+    of its per-token offsets' graph tail."""
+    return [
+        _step_impl(
+            "runner_step_aiter_mla_sparse",
+            "run",
+            name="vllm-v1-aiter-mla-sparse",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model "
+            "(index_topk 64) on ROCm's AITER MLA sparse backend as on an MI300X (gfx942): "
+            "vllm-v1-flashmla-sparse's step with its MLA layer on ROCM_AITER_MLA_SPARSE "
+            "(vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py: "
+            "ROCMAiterMLASparseMetadataBuilder.__init__, build: req_id_per_token, the "
+            "per-token paged_kv_indptr of generate_sparse_seqlen_kernel and its graph "
+            "tail, the schedule by fingerprint), AITER's metadata calls stood in, every "
+            "field its kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_aiter_mla_sparse",
+            "indptr_tail_kept",
+            name="vllm-v1-aiter-mla-sparse-indptr-tail-kept",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, AITER MLA sparse) with "
+            "ROCMAiterMLASparseMetadataBuilder.build leaving paged_kv_indptr past the "
+            "step's tokens as the step before left it",
+            trigger=_aiter_sparse_hook("trigger_shrunk_replay"),
+            reach=_aiter_sparse_hook("reach_full_graphs"),
+            smallest=_aiter_sparse_hook("smallest_shrunk_replay"),
+            traced=True,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1451,6 +1490,7 @@ VLLM = Engine(
             *_runner_step_sparse_mla(),
             *_runner_step_flashmla(),
             *_runner_step_aiter_mla(),
+            *_runner_step_aiter_mla_sparse(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),

@@ -125,8 +125,9 @@ def get_mla_metadata_v1(
 AITER = types.ModuleType("aiter")
 """The ``aiter`` package the builder imports (module docstring)."""
 AITER.dtypes = SimpleNamespace(  # type: ignore[attr-defined]
-    fp8=torch.float8_e4m3fnuz, fp16=torch.float16, bf16=torch.bfloat16
-)
+    fp8=torch.float8_e4m3fnuz, fp16=torch.float16, bf16=torch.bfloat16,
+    d_dtypes={"fp8": torch.float8_e4m3fnuz, "fp16": torch.float16, "bf16": torch.bfloat16},
+)  # fmt: skip
 AITER.get_mla_metadata_info_v1 = get_mla_metadata_info_v1  # type: ignore[attr-defined]
 AITER.get_mla_metadata_v1 = get_mla_metadata_v1  # type: ignore[attr-defined]
 
@@ -209,12 +210,21 @@ def _freeze(meta: Any) -> SimpleNamespace:
     )  # fmt: skip
     scheduled = _scheduled(meta) if d.has_persistent_metadata else None
     if scheduled is not None:
-        out.aiter.schedule_stale = (
-            _differing(d.qo_indptr, scheduled.qo_indptr)
-            + _differing(d.paged_kv_indptr, scheduled.kv_indptr)
-            + int(scheduled.max_seqlen_qo != d.max_qo_len)
-        )
+        stale = schedule_stale(d.qo_indptr, d.paged_kv_indptr, scheduled)
+        out.aiter.schedule_stale = stale + int(scheduled.max_seqlen_qo != d.max_qo_len)
     return out
+
+
+def schedule_stale(
+    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, scheduled: SimpleNamespace
+) -> int:
+    """How many of the offsets a decode kernel is handed differ from those its schedule
+    was made for, over the batch entries the schedule covers (all of them, where the
+    kernel is handed fewer). Entries past those are a FULL graph's padding tokens, to
+    which the schedule gives no work: their keys are judged by their own fields."""
+    covered = int(scheduled.kv_indptr.numel())
+    stale = _differing(qo_indptr[:covered], scheduled.qo_indptr)
+    return stale + _differing(kv_indptr[:covered], scheduled.kv_indptr)
 
 
 def _by_request(flat: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -308,6 +308,9 @@ class _Stream:
     def wait_stream(self, stream: Any) -> None:
         pass
 
+    def synchronize(self) -> None:
+        pass
+
 
 class _Event:
     """A CUDA event on no device (the CPU backend has none): the host's copies are done
