@@ -7,7 +7,9 @@ import ast
 import contextlib
 import gc
 import inspect
+import sys
 import textwrap
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -24,6 +26,25 @@ def no_collections() -> Iterator[None]:
     ``compilation/cuda_graph.py``)."""
     with mock.patch.object(gc, "collect", lambda *args, **kwargs: 0):
         yield
+
+
+@contextlib.contextmanager
+def in_sys_modules(modules: dict[str, types.ModuleType]) -> Iterator[None]:
+    """``modules`` importable for the block (a vendor package a CPU lacks, by module
+    name), those names alone put back after: a module the block imports for the first
+    time stays imported, as it would on a GPU (``mock.patch.dict(sys.modules)`` would
+    drop it, and its next import would make its classes anew)."""
+    missing = object()
+    saved = {name: sys.modules.get(name, missing) for name in modules}
+    sys.modules.update(modules)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = value  # type: ignore[assignment]
 
 
 def _asserts_cuda(node: ast.stmt) -> bool:

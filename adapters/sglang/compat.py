@@ -226,6 +226,22 @@ REQUIRES["runner_step_trtllm_mha"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_AITER = "sglang.srt.layers.attention.aiter_backend"
+# runner_step_aiter: runner_step's engine on the AITER backend (MHA), the names its try:
+# block binds where aiter imports bound by the adapter (unified_attention_3d_mtp needs
+# aiter to import, so it is not probed here).
+REQUIRES["runner_step_aiter"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api(_AITER, "AiterAttnBackend.init_forward_metadata"),
+    Api(_AITER, "AiterAttnBackend.init_cuda_graph_state"),
+    Api(_AITER, "AiterAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_AITER, "AiterAttnBackend._apply_cuda_graph_metadata", keyword="verify_tokens_per_req"),
+    Api(_AITER, "AiterIndicesUpdaterPrefill.update_single_wrapper"),
+    Api("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _XPU = "sglang.srt.layers.attention.xpu_backend"
 # runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
 REQUIRES["runner_step_xpu"] = (
@@ -300,13 +316,14 @@ REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
         "BreakableCudaGraphBackend",
     ),
 )
-# runner_step_backends.py runs the Triton, FA3, FlashInfer and TRT-LLM MHA runner steps
-# side by side.
+# runner_step_backends.py runs the Triton, FA3, FlashInfer, TRT-LLM MHA and AITER runner
+# steps side by side.
 REQUIRES["runner_step_backends"] = (
     REQUIRES["runner_step"]
     + REQUIRES["runner_step_fa3"]
     + REQUIRES["runner_step_flashinfer"]
     + REQUIRES["runner_step_trtllm_mha"]
+    + REQUIRES["runner_step_aiter"]
 )
 # runner_step_eagle_worker.py drives the EAGLE v2 worker over the target decode, draft and
 # draft-extend graph runners, as the three adapters before it build them.

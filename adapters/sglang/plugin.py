@@ -491,6 +491,54 @@ def _runner_step_trtllm_mha() -> list[Implementation]:
     ]
 
 
+def _aiter() -> Any:
+    """The AITER runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_aiter
+
+    return runner_step_aiter
+
+
+def _reach_aiter_decode_replay(trace: Trace) -> bool:
+    return _aiter().reach_decode_replay(trace)
+
+
+def _smallest_aiter_decode_indptr_off_buffer() -> Trace:
+    return _aiter().smallest_decode_indptr_off_buffer()
+
+
+def _runner_step_aiter() -> list[Implementation]:
+    """SGLang's decode graph runner step on the AITER backend (ROCm, MHA), and a defect
+    of its graph metadata re-created."""
+    backend = "layers/attention/aiter_backend.py:AiterAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_aiter",
+            "run",
+            name="sglang-aiter",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend}, MHA on gfx942 (eager "
+            "init_forward_metadata of decode, target verify and extend, "
+            "init_cuda_graph_state, init_forward_metadata_out_graph at capture and replay: "
+            "_apply_cuda_graph_metadata; create_flashinfer_kv_indices_triton interpreted); "
+            "the aiter package stood in while the engine steps (its kernels refuse)",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_aiter",
+            "run_decode_indptr_off_buffer",
+            name="sglang-aiter-decode-indptr-off-buffer",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph decode writes kv_indptr "
+            "to a new tensor (_apply_cuda_graph_metadata), not the persistent buffer the "
+            "graph captured: the replay reads the capture's offsets",
+            trigger=_reach_aiter_decode_replay,
+            reach=_reach_aiter_decode_replay,
+            smallest=_smallest_aiter_decode_indptr_off_buffer,
+            traced=True,
+        ),
+    ]
+
+
 def _hybrid() -> Any:
     """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_hybrid
@@ -913,6 +961,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3_draft_extend(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
+        *_runner_step_aiter(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
         *_runner_step_short_conv(),

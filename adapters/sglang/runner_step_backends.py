@@ -5,9 +5,10 @@ Each step of a trace runs on the Triton engine of ``sglang``
 (:class:`~attnfuzz.adapters.sglang.runner_step.EngineLife`: its capture, eager,
 padded, replay and fresh builds, all reported) and on an engine of each other
 backend of SGLang 0.5.23, FlashAttention 3 (``sglang-fa3``'s), FlashInfer
-(``sglang-flashinfer``'s) and, on pages of 16 tokens or more, TRT-LLM MHA
-(``sglang-trtllm-mha``'s; SGLang runs it on no smaller page), each keeping its own
-requests' rows across the trace.
+(``sglang-flashinfer``'s), on pages of 16 tokens or more TRT-LLM MHA
+(``sglang-trtllm-mha``'s; SGLang runs it on no smaller page) and ROCm's AITER
+(``sglang-aiter``'s, MHA on gfx942), each keeping its own requests' rows across the
+trace.
 Of those, the step's eager build alone is reported, as a ``backend`` build (its
 ``where`` naming the backend's function): their engines run no graph (the graph
 builds of each backend are its own implementation's to judge) and make no fresh
@@ -17,7 +18,8 @@ backend's engine derives from its own metadata as its kernels read it
 (``kv_read`` of :class:`~attnfuzz.adapters.sglang.runner_step._Engine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_fa3.FA3Engine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_flashinfer.FlashInferEngine`, of
-:class:`~attnfuzz.adapters.sglang.runner_step_trtllm_mha.TRTLLMMHAEngine`). The
+:class:`~attnfuzz.adapters.sglang.runner_step_trtllm_mha.TRTLLMMHAEngine`, of
+:class:`~attnfuzz.adapters.sglang.runner_step_aiter.AiterEngine`). The
 property *agreement across backends* holds them to the Triton eager build's; a
 field one backend names its own way (``kv_indptr`` is the prefix for Triton's
 verify, the prefix and its window for FlashInfer's) is left out.
@@ -37,6 +39,7 @@ from typing import Any
 
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import (
+    runner_step_aiter,
     runner_step_fa3,
     runner_step_flashinfer,
     runner_step_trtllm_mha,
@@ -64,10 +67,11 @@ what each backend derives from its own metadata."""
 
 
 def prepare() -> None:
-    """Import SGLang's runner and its three backends before a judge forks its child."""
+    """Import SGLang's runner and its four backends before a judge forks its child."""
     runner_step_fa3.prepare()
     runner_step_flashinfer.prepare()
     runner_step_trtllm_mha.prepare()
+    runner_step_aiter.prepare()
 
 
 class EagerLife:
@@ -121,6 +125,7 @@ ENGINES = BackendsLife(
     runner_step_fa3.FA3Life(),
     runner_step_flashinfer.FlashInferLife(),
     EagerLife(runner_step_trtllm_mha.TRTLLMMHALife(), runner_step_trtllm_mha.declines_config),
+    runner_step_aiter.AiterLife(),
 )
 """The engines of the implementation ``sglang-backends`` of ``runner-step``."""
 

@@ -70,6 +70,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import in_sys_modules
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
@@ -135,7 +136,7 @@ AITER.get_mla_metadata_v1 = get_mla_metadata_v1  # type: ignore[attr-defined]
 @contextlib.contextmanager
 def aiter() -> Iterator[None]:
     """AITER importable as the builder imports it (``from aiter import ...``)."""
-    with mock.patch.dict(sys.modules, {"aiter": AITER}):
+    with in_sys_modules({"aiter": AITER}):
         yield
 
 
