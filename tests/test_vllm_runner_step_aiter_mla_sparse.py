@@ -60,7 +60,7 @@ def test_an_offset_tail_left_by_a_larger_step_runs_backwards():
     length of -6 that ``mla_decode_fwd`` does not accept); nothing else differs."""
     m = aiter_sparse()
     trace = m.smallest_shrunk_replay()
-    assert m.trigger_shrunk_replay(trace)
+    assert m.trigger_padded_replay(trace)
     *_, last = run_trace(trace, m.indptr_tail_kept)
     (replay,) = last.of("replay")
     assert values(replay, "aiter_sparse.paged_kv_len") == [8, 9, -6, 7]

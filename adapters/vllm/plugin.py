@@ -776,8 +776,8 @@ def _runner_step_aiter_mla_sparse() -> list[Implementation]:
             declines="declines",
             description="installed vLLM (V1 runner, AITER MLA sparse) with "
             "ROCMAiterMLASparseMetadataBuilder.build leaving paged_kv_indptr past the "
-            "step's tokens as the step before left it",
-            trigger=_aiter_sparse_hook("trigger_shrunk_replay"),
+            "step's tokens as the build before left it",
+            trigger=_aiter_sparse_hook("trigger_padded_replay"),
             reach=_aiter_sparse_hook("reach_full_graphs"),
             smallest=_aiter_sparse_hook("smallest_shrunk_replay"),
             traced=True,

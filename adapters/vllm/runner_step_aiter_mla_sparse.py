@@ -202,10 +202,11 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 
 @contextlib.contextmanager
 def _indptr_tail_kept() -> Iterator[None]:
-    """``build`` leaves ``paged_kv_indptr`` past the step's tokens as the step before
+    """``build`` leaves ``paged_kv_indptr`` past the step's tokens as the build before
     left it (the ``indptr_tail.copy_`` of the last offset dropped): a FULL graph's
-    padding tokens read an earlier step's offsets, which can run backwards into the real
-    tokens' keys, where the index conversion then writes."""
+    padding tokens read an earlier build's offsets (a larger step's, or the capture
+    run's), which can run backwards into the real tokens' keys, where the index
+    conversion then writes."""
     from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import (
         ROCMAiterMLASparseMetadataBuilder as Builder,
     )
@@ -228,7 +229,7 @@ _TAIL_KEPT = v1.Mutated(AiterMLASparseRunnerStepEngine(), _indptr_tail_kept)
 
 def indptr_tail_kept(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     """``vllm-v1-aiter-mla-sparse-indptr-tail-kept``: a FULL graph's padding tokens read
-    the offsets an earlier, larger step left (``aiter_sparse.paged_kv_len``)."""
+    the offsets an earlier build left (``aiter_sparse.paged_kv_len``)."""
     return _TAIL_KEPT(inputs)
 
 
@@ -240,20 +241,16 @@ def reach_full_graphs(trace: Trace | Case) -> bool:
     return hybrid.reach_full_graphs(trace)
 
 
-def trigger_shrunk_replay(trace: Trace | Case) -> bool:
-    """A FULL graph replays a decode step of fewer tokens than its graph holds after an
-    earlier step of more decode tokens: the graph's padding tokens are entries that
-    step wrote."""
+def trigger_padded_replay(trace: Trace | Case) -> bool:
+    """A FULL graph replays a decode step of fewer tokens than the largest graph holds:
+    the graph's padding tokens read the offsets an earlier build left past the step's
+    (the graph's own capture run, at least, wrote them)."""
     c = trace.config
     largest = max(c.cudagraph_capture_sizes, default=0)
-    most = 0
-    for b in hybrid._batches(trace):
-        tokens = sum(b.q_lens)
-        replayed = all(q == c.next_n for q in b.q_lens) and tokens <= largest
-        if reach_full_graphs(trace) and replayed and tokens < most:
-            return True
-        most = max(most, tokens)
-    return False
+    return reach_full_graphs(trace) and any(
+        all(q == c.next_n for q in b.q_lens) and sum(b.q_lens) < largest
+        for b in hybrid._batches(trace)
+    )
 
 
 def smallest_shrunk_replay() -> Trace:
