@@ -29,7 +29,8 @@ Stood in, as a gfx942 GPU with AITER has them (nothing of the builder's own code
 - the GPU's architecture: ``vllm.platforms.rocm`` reads it once at import
   (``_get_gcn_arch``: ``amdsmi``, else ``torch.cuda.get_device_properties``), here
   ``gfx942``; the platform vLLM runs on stays the CPU's;
-- the ``aiter`` package (:data:`AITER`, in ``sys.modules`` while the engine builds):
+- the ``aiter`` package (:data:`AITER`, in ``sys.modules`` while the engine builds and
+  steps):
   ``aiter.dtypes`` (``fp8`` is gfx942's ``float8_e4m3fnuz``), ``get_mla_metadata_info_v1``
   (AITER's ``mla.py``: it refuses a query head count not a multiple of 8; the buffers'
   sizes are the vendor's, here one entry each, no kernel of this engine reading them)
@@ -45,7 +46,8 @@ accepts (``AiterMLAImpl.forward_mqa`` -> ``rocm_aiter_ops.mla_decode_fwd``):
 ``paged_kv_indices`` by request (row ``i``: the entries ``paged_kv_indptr[i]`` to
 ``paged_kv_indptr[i + 1]``, slots of the latent cache), ``paged_kv_last_page_len`` (1:
 one token a page) and ``schedule_stale``: how many offsets differ between those the
-kernel is handed and those its schedule was made for (0 the only value it accepts).
+kernel is handed and those its schedule was made for, over the batch entries the
+schedule covers (:func:`schedule_stale`; 0 the only value it accepts).
 ``kv_len`` and ``kv_slots`` by request are read as the kernels read them (the decodes'
 from ``paged_kv_indices``), held to Triton's by ``vllm-v1-backends``.
 
