@@ -242,6 +242,18 @@ REQUIRES["runner_step_aiter"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+# runner_step_aiter_unified: runner_step_aiter's engine with SGLANG_USE_AITER_UNIFIED_ATTN=1:
+# the page-table decode, and the extend's unified forward (its page table built there).
+REQUIRES["runner_step_aiter_unified"] = REQUIRES["runner_step_aiter"] + (
+    Api(_AITER, "AiterAttnBackend.forward_extend", keyword="save_kv_cache"),
+    Api(_AITER, "AiterAttnBackend._forward_extend_unified"),
+    Api(_AITER, "AiterAttnBackend._build_extend_unified_page_table"),
+    Api("sglang.kernels.ops.attention.kv_indices", "create_flashmla_kv_indices_triton"),
+    Api(
+        "sglang.kernels.ops.attention.aiter_unified_page_table",
+        "scatter_req_to_token_to_page_table_kernel",
+    ),
+)
 _XPU = "sglang.srt.layers.attention.xpu_backend"
 # runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
 REQUIRES["runner_step_xpu"] = (

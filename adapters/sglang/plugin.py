@@ -506,6 +506,25 @@ def _smallest_aiter_decode_indptr_off_buffer() -> Trace:
     return _aiter().smallest_decode_indptr_off_buffer()
 
 
+def _aiter_unified() -> Any:
+    """The AITER unified-attention runner-step adapter, imported when its trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_aiter_unified
+
+    return runner_step_aiter_unified
+
+
+def _reach_aiter_unified_decode_replay(trace: Trace) -> bool:
+    return _aiter_unified().reach_decode_replay(trace)
+
+
+def _trigger_aiter_unified_page_size_one(trace: Trace) -> bool:
+    return _aiter_unified().trigger_page_size_one(trace)
+
+
+def _smallest_aiter_unified_page_size_one() -> Trace:
+    return _aiter_unified().smallest_page_size_one()
+
+
 def _runner_step_aiter() -> list[Implementation]:
     """SGLang's decode graph runner step on the AITER backend (ROCm, MHA), and a defect
     of its graph metadata re-created."""
@@ -534,6 +553,22 @@ def _runner_step_aiter() -> list[Implementation]:
             trigger=_reach_aiter_decode_replay,
             reach=_reach_aiter_decode_replay,
             smallest=_smallest_aiter_decode_indptr_off_buffer,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_aiter_unified",
+            "run",
+            name="sglang-aiter-unified-page-size-one",
+            kind="mutant",
+            declines=sglang.EngineCall("runner_step_aiter_unified", "declines"),
+            description=f"installed SGLang's {backend} with SGLANG_USE_AITER_UNIFIED_ATTN=1 "
+            "(a model without sliding window): at page size 1 its graph decode's page table "
+            "(cuda_graph_page_table) is never written by _apply_cuda_graph_metadata, so every "
+            "replayed decode's unified_attention reads slot 0 for every key (a finding of "
+            "SGLang's own, kept apart; upstream PR #40410, open)",
+            trigger=_trigger_aiter_unified_page_size_one,
+            reach=_reach_aiter_unified_decode_replay,
+            smallest=_smallest_aiter_unified_page_size_one,
             traced=True,
         ),
     ]
