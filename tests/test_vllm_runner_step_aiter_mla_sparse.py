@@ -6,9 +6,8 @@ failing."""
 
 from __future__ import annotations
 
-from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, requires_vllm, run_trace, values
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
 
@@ -17,15 +16,6 @@ def aiter_sparse():
     from attnfuzz.adapters.vllm import runner_step_aiter_mla_sparse
 
     return runner_step_aiter_mla_sparse
-
-
-def run_trace(trace: Trace, run) -> list[ref.RunnerStepOutputs]:
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def values(build: ref.StepBuild, name: str) -> list:
-    return build.field(name).values.tolist()
 
 
 def test_each_verify_token_reads_its_causal_keys_and_padding_tokens_none(monkeypatch):

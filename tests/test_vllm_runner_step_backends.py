@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import requires_vllm, run_trace
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -32,11 +32,6 @@ def _mla():
     from attnfuzz.adapters.vllm import runner_step_mla
 
     return runner_step_mla
-
-
-def run_trace(trace: Trace, run) -> list[ref.RunnerStepOutputs]:
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
 
 
 def keys(build: ref.StepBuild) -> list[list[int]]:

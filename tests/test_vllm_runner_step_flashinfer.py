@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm, run_trace, values
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -32,19 +32,6 @@ def smallest_full_spec_decode() -> Trace:
     from attnfuzz.adapters.vllm import runner_step_hybrid
 
     return runner_step_hybrid.smallest_full_spec_decode()
-
-
-def run_trace(trace: Trace, run) -> list[ref.RunnerStepOutputs]:
-    run.new_engine()
-    return [run(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def own(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
-    return [b for b in out.of(how) if b.draft is None]
-
-
-def values(build: ref.StepBuild, name: str) -> list:
-    return build.field(name).values.tolist()
 
 
 def test_the_flashinfer_builder_plans_a_decode_padded_for_a_full_graph(monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm
 from attnfuzz.harness.testing import assert_detected
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -26,10 +26,6 @@ def run_trace(trace: Trace, run=None) -> list[ref.RunnerStepOutputs]:
     engine = run or hybrid().HybridRunnerStepEngine()
     engine.new_engine()
     return [engine(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def own(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
-    return [b for b in out.of(how) if b.draft is None]
 
 
 def gdn(build: ref.StepBuild, name: str) -> list:

@@ -6,7 +6,7 @@ metadata judged by the step's properties."""
 
 from __future__ import annotations
 
-from attnfuzz.adapters.vllm.testing import Calls, requires_vllm
+from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
 
@@ -23,10 +23,6 @@ def run_trace(trace: Trace, run=None) -> list[ref.RunnerStepOutputs]:
     engine = run or adapter().MambaHybridRunnerStepEngine()
     engine.new_engine()
     return [engine(ref.make_inputs(case)) for case in trace.cases()]
-
-
-def own(out: ref.RunnerStepOutputs, how: str) -> list[ref.StepBuild]:
-    return [b for b in out.of(how) if b.draft is None]
 
 
 def gdn(build: ref.StepBuild, name: str) -> list:

@@ -43,3 +43,22 @@ class Calls(collections.Counter[str]):
                 return _original(*args, **kwargs)
 
             self._monkeypatch.setattr(owner, name, counted)
+
+
+def run_trace(trace: Any, run: Any) -> list[Any]:
+    """Every step of ``trace`` (a ``Trace``) on a new engine of ``run`` (an implementation
+    of ``runner-step`` with ``new_engine``), its outputs in order."""
+    from attnfuzz.reference.runner_step import make_inputs
+
+    run.new_engine()
+    return [run(make_inputs(case)) for case in trace.cases()]
+
+
+def own(out: Any, how: str) -> list[Any]:
+    """The builds ``how`` of the step's own forward (the drafter's sub-steps left out)."""
+    return [b for b in out.of(how) if b.draft is None]
+
+
+def values(build: Any, name: str) -> list:
+    """Field ``name`` of ``build``, as a list."""
+    return build.field(name).values.tolist()
