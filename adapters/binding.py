@@ -9,6 +9,7 @@ attribute, imported on its first call: importing an adapter imports its engine.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import sys
@@ -63,6 +64,13 @@ def absent(err: BaseException, module: str) -> bool:
     return module == name or module.startswith(f"{name}.")
 
 
+def engine_prints_to_stderr() -> contextlib.AbstractContextManager[Any]:
+    """An engine module's import-time prints sent to stderr: attnfuzz's stdout carries its
+    reports and JSON (``attnfuzz list --json``), which a line SGLang prints on import
+    (``aiter_backend.py``, where ``aiter`` is absent) would break."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 @cache
 def _missing(api: Api) -> str | None:
     package = api.module.split(".")[0]
@@ -74,7 +82,8 @@ def _missing(api: Api) -> str | None:
         why = f"importing {package} failed (its set-up): {type(err).__name__}: {err}"
         return ImportFailed(one_line(why))
     try:
-        obj = importlib.import_module(api.module)
+        with engine_prints_to_stderr():
+            obj = importlib.import_module(api.module)
     except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
         why = one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
         return why if absent(err, api.module) else ImportFailed(why)
@@ -136,10 +145,11 @@ class EngineCall:
             reason = self.unavailable()
             if reason is not None:
                 raise RuntimeError(reason)
-            mod = importlib.import_module(f"{self.package}.{self.module}")
-            mod_prepare = getattr(mod, "prepare", None)
-            if mod_prepare is not None:
-                mod_prepare()
+            with engine_prints_to_stderr():
+                mod = importlib.import_module(f"{self.package}.{self.module}")
+                mod_prepare = getattr(mod, "prepare", None)
+                if mod_prepare is not None:
+                    mod_prepare()
             self._fn = getattr(mod, self.attr)
         return self._fn
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from attnfuzz.adapters import sglang
 from attnfuzz.adapters.sglang.plugin import SGLANG
+from attnfuzz.adapters.sglang.testing import sglang_test
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.registry import get_target, target_names
 
@@ -54,3 +57,16 @@ def test_every_adapter_the_plugin_names_is_a_function_of_its_module():
             assert call.attr in defined, f"{target}/{impl.name}: no {call!r}"
             named += 1
     assert named == sum(len(impls) for impls in SGLANG.implementations.values()) > 0
+
+
+@sglang_test
+def test_list_json_stays_json_where_an_engine_prints_at_import():
+    """A fresh process's ``attnfuzz list --json`` probes every adapter's APIs, which
+    imports SGLang's ``aiter_backend``; where ``aiter`` is absent that module prints a line
+    at import. The line goes to stderr: stdout is the JSON alone."""
+    done = subprocess.run(
+        [sys.executable, "-m", "attnfuzz", "list", "--json"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    rows = json.loads(done.stdout)
+    assert any(impl["name"] == "sglang-aiter" for r in rows for impl in r["implementations"])
