@@ -72,7 +72,8 @@ CUS = 304
 def prepare() -> None:
     """Import vLLM's V1 runner, the ROCm platform and the AITER MLA sparse backend
     before a judge forks (outside :func:`.runner_step_aiter_mla.aiter`)."""
-    aiter_mla.prepare()
+    sparse.prepare()
+    aiter_mla._rocm_platform()
     _backend()
 
 
