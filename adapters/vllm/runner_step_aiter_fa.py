@@ -227,6 +227,8 @@ class _Unpinned:
 class _AiterFAEngine(v1._Engine):
     """A V1 runner whose attention layer is on the AITER FlashAttention backend."""
 
+    freeze = staticmethod(_freeze)
+
     def _context(self) -> Any:
         from vllm.v1.attention.backends import rocm_aiter_fa
 
@@ -242,7 +244,6 @@ class _AiterFAEngine(v1._Engine):
         layers = self.vllm_config.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
             layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
             dtype=torch.bfloat16,

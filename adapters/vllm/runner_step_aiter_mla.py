@@ -277,22 +277,14 @@ class _AiterMLAEngine(mla._MLAEngine):
     """A V1 runner of an MLA model on the AITER MLA backend."""
 
     backend = staticmethod(_backend)
+    freeze = staticmethod(_freeze)
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         _rocm_platform()
-        with aiter():
-            super().__init__(config, device, mode)
+        super().__init__(config, device, mode)
 
-    def attention_group(self) -> tuple[type, Any]:
-        made = super().attention_group()
-        self.recorder.freeze = _freeze
-        return made
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(aiter())
-        return stack
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return aiter()  # the aiter package
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         out = super().fields(seen)

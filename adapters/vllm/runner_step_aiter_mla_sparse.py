@@ -151,11 +151,17 @@ class _AiterMLASparseEngine(sparse._SparseMLAEngine):
     """A V1 runner of a sparse-attention MLA model on the AITER MLA sparse backend."""
 
     backend = staticmethod(_backend)
+    freeze = staticmethod(_freeze)
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         aiter_mla._rocm_platform()
-        with mi300x():
-            super().__init__(config, device, mode)
+        super().__init__(config, device, mode)
+
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        stack = contextlib.ExitStack()
+        stack.enter_context(super().platform())
+        stack.enter_context(mi300x())
+        return stack
 
     def attention_group(self) -> tuple[type, Any]:
         made = super().attention_group()
@@ -165,14 +171,7 @@ class _AiterMLASparseEngine(sparse._SparseMLAEngine):
         for name in (_LAYER, drafting.DRAFT_LAYER):
             if name in layers:
                 layers[name].impl = SimpleNamespace(sinks=None, use_aiter_sparse_mla=False)
-        self.recorder.freeze = _freeze
         return made
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(mi300x())
-        return stack
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         out = super().fields(seen)

@@ -285,9 +285,10 @@ def _fa_fields(config: EngineConfig, seen: v1._Seen, split_cap: int) -> list[Fie
 class _FlashAttnEngine(v1._Engine):
     """A V1 runner whose attention layer is on the FlashAttention backend, FA3."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        with fa3():
-            super().__init__(config, device, mode)
+    freeze = staticmethod(_freeze)
+
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return fa3()  # FA3 on sm90
 
     def attention_group(self) -> tuple[type, Any]:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -295,18 +296,11 @@ class _FlashAttnEngine(v1._Engine):
         layers = self.vllm_config.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
             layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
             dtype=torch.bfloat16,
         )  # fmt: skip
         return _backend(), spec
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(fa3())
-        return stack
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)

@@ -254,9 +254,10 @@ def _fi_fields(config: EngineConfig, seen: v1._Seen, page_size: int) -> list[Fie
 class _FlashInferEngine(v1._Engine):
     """A V1 runner whose attention layer is on the FlashInfer backend, as on sm80."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        with ampere():
-            super().__init__(config, device, mode)
+    freeze = staticmethod(_freeze)
+
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return ampere()  # FlashInfer as on sm80
 
     def attention_group(self) -> tuple[type, Any]:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -271,7 +272,6 @@ class _FlashInferEngine(v1._Engine):
         resolve_kv_cache_layout(self.vllm_config, names)
         if drafting.DRAFT_LAYER in layers:
             layers[drafting.DRAFT_LAYER] = _layer(self.vllm_config)
-        self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
             dtype=torch.bfloat16,
@@ -285,12 +285,6 @@ class _FlashInferEngine(v1._Engine):
         # UNIFORM_BATCH, so _check_and_update_cudagraph_mode turns FULL into
         # FULL_AND_PIECEWISE (FULL graphs for uniform decodes, piecewise otherwise).
         return CUDAGraphMode.FULL_AND_PIECEWISE if mode == CUDAGraphMode.FULL else mode
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(ampere())
-        return stack
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)

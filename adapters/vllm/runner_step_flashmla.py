@@ -222,21 +222,10 @@ class _FlashMLAEngine(mla._MLAEngine):
 
     backend = staticmethod(_backend)
     kv_cache_dtype = "fp8"
+    freeze = staticmethod(_freeze)
 
-    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        with flashmla():
-            super().__init__(config, device, mode)
-
-    def attention_group(self) -> tuple[type, Any]:
-        made = super().attention_group()
-        self.recorder.freeze = _freeze
-        return made
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(flashmla())
-        return stack
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return flashmla()  # the flash_mla kernels' schedulers
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         out = super().fields(seen)

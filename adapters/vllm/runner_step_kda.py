@@ -54,7 +54,6 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import torch
 from attnfuzz.adapters.standins import without_cuda_asserts
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.reference.batch import Case
@@ -115,15 +114,8 @@ class _KDAEngine(hybrid._HybridEngine):
 
     staging: Any = None  # a mutant's stage_spec_decode_metadata; None: vLLM's
 
-    def __init__(self, config: Any, device: torch.device, mode: str) -> None:
-        with on_the_cpu(self.staging):  # the capture runs build the graphs' metadata
-            super().__init__(config, device, mode)
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(on_the_cpu(self.staging))
-        return stack
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return on_the_cpu(self.staging)
 
     def linear_group(self) -> tuple[type, Any]:
         # KimiK3DeltaAttention is a GDN layer (mamba_type GDN_ATTN); its state shapes

@@ -245,6 +245,7 @@ class _MLAEngine(v1._Engine):
     """A V1 runner whose attention layer is an MLA layer on the Triton MLA backend."""
 
     backend = staticmethod(_backend)  # the MLA backend class, of its layers
+    freeze = staticmethod(_freeze)
     kv_cache_dtype = "auto"  # CacheConfig.cache_dtype: the model's (bf16)
 
     def attention_group(self) -> tuple[type, Any]:
@@ -263,7 +264,6 @@ class _MLAEngine(v1._Engine):
         layers[_LAYER] = _mla_layer(vc, self.backend())
         if drafting.DRAFT_LAYER in layers:  # the MTP layer is an MLA layer too
             layers[drafting.DRAFT_LAYER] = _mla_layer(vc, self.backend())
-        self.recorder.freeze = _freeze
         # The KV cache's dtype, which the builders read of the cache config (an fp8
         # cache is a byte a value: KVCacheSpec's dtype for it, kv_cache_dtype_str_to_dtype).
         vc.cache_config = copy.copy(vc.cache_config)

@@ -137,12 +137,12 @@ class _OctaveEngine(_RocmAttnEngine):
 
     backend = staticmethod(_octave)
     head_size = 256  # _KERNEL_HEAD_SIZE: the only one
+    freeze = staticmethod(_freeze)
 
     def attention_group(self) -> tuple[type, Any]:
         vc = self.vllm_config
         vc.cache_config = copy.copy(vc.cache_config)
         vc.cache_config.cache_dtype = "octave_k3v4"
-        self.recorder.freeze = _freeze
         return super().attention_group()
 
     def resolves_to(self, mode: Any) -> Any:

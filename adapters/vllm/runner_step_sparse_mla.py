@@ -44,7 +44,6 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-import torch
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -138,10 +137,10 @@ class _SparseMLAEngine(mla._MLAEngine):
     """A V1 runner of a sparse-attention MLA model on the FlashMLA sparse backend."""
 
     backend = staticmethod(_backend)
+    freeze = staticmethod(_freeze)
 
-    def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
-        with sm90():
-            super().__init__(config, device, mode)
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return sm90()  # 132 SMs
 
     def attention_group(self) -> tuple[type, Any]:
         vc = self.vllm_config
@@ -149,15 +148,7 @@ class _SparseMLAEngine(mla._MLAEngine):
         vc.model_config = copy.copy(vc.model_config)
         vc.model_config.hf_text_config = copy.copy(vc.model_config.hf_text_config)
         vc.model_config.hf_text_config.index_topk = INDEX_TOPK
-        made = super().attention_group()
-        self.recorder.freeze = _freeze
-        return made
-
-    def _context(self) -> Any:
-        stack = contextlib.ExitStack()
-        stack.enter_context(super()._context())
-        stack.enter_context(sm90())
-        return stack
+        return super().attention_group()
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)

@@ -104,6 +104,8 @@ def _freeze(meta: Any) -> SimpleNamespace:
 class _TurboQuantEngine(v1._Engine):
     """A V1 runner whose attention layer is on TurboQuant."""
 
+    freeze = staticmethod(_freeze)
+
     def attention_group(self) -> tuple[type, Any]:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -113,7 +115,6 @@ class _TurboQuantEngine(v1._Engine):
         layers = vc.compilation_config.static_forward_context
         if drafting.DRAFT_LAYER in layers:
             layers[drafting.DRAFT_LAYER] = drafting.draft_layer(vc, _backend())
-        self.recorder.freeze = _freeze
         spec = FullAttentionSpec(
             block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
             dtype=torch.bfloat16,

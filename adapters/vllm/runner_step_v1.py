@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -390,8 +390,21 @@ class _Engine:
     # The drafter the speculative config makes (runner_step_speculator's kinds: MTP keeps
     # the tiny model's own MTP layer, an EagleProposer).
     speculator = speculating.MTP
+    # The engine's copy of its attention metadata, taken as a consumer reads it
+    # (_Seen.freeze); None: the metadata object itself.
+    freeze: Callable[[Any], Any] | None = None
+
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        """What the backend reads of the GPU and its vendor packages, stood in while the
+        engine is built (its capture runs build metadata) and at every step (nothing
+        here; a vendor backend's engine names its own)."""
+        return contextlib.nullcontext()
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+        with self.platform():
+            self._build(config, device, mode)
+
+    def _build(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         import vllm.v1.worker.gpu_model_runner as gmr
         from vllm.config import CUDAGraphMode, set_current_vllm_config
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -399,6 +412,7 @@ class _Engine:
 
         self.config, self.device = config, device
         self.recorder = _Recorder()
+        self.recorder.freeze = self.freeze
         # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
         # (the V1 drafter's is set below).
         vc = self.vllm_config = _vllm_config(config, mode, self.speculator)
@@ -619,7 +633,10 @@ class _Engine:
     def _context(self) -> Any:
         from vllm.config import set_current_vllm_config
 
-        return set_current_vllm_config(self.vllm_config)
+        stack = contextlib.ExitStack()
+        stack.enter_context(set_current_vllm_config(self.vllm_config))
+        stack.enter_context(self.platform())
+        return stack
 
 
 # -- one step ------------------------------------------------------------------------------
