@@ -539,6 +539,12 @@ REQUIRES["runner_step_flash_attn"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backend", "AttentionCGSupport"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+# runner_step_triton_flash_attn: runner_step_flash_attn's engine on the composite of the
+# Triton and FlashAttention backends, routed by MMPrefixAttentionRouting.
+REQUIRES["runner_step_triton_flash_attn"] = REQUIRES["runner_step_flash_attn"] + (
+    Api("vllm.v1.attention.backends.triton_flash_attn", "TritonFlashAttentionBackend"),
+    Api("vllm.v1.attention.backends.composite", "MMPrefixAttentionRouting.capture_variant"),
+)  # fmt: skip
 # runner_step_flashmla: runner_step_mla's engine on the FlashMLA backend, its KV cache
 # fp8; the SM count and FlashMLA's schedule calls looked up in flashmla.py.
 REQUIRES["runner_step_flashmla"] = REQUIRES["runner_step_mla"] + (

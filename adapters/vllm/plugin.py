@@ -552,6 +552,42 @@ def _runner_step_flash_attn() -> list[Implementation]:
     ]
 
 
+_triton_flash_attn_hook = functools.partial(_lazy, "runner_step_triton_flash_attn")
+
+
+def _runner_step_triton_flash_attn() -> list[Implementation]:
+    """``vllm-v1``'s step on the Triton/FlashAttention composite backend, and a mutant of
+    its routing's capture child."""
+    return [
+        _step_impl(
+            "runner_step_triton_flash_attn",
+            "run",
+            name="vllm-v1-triton-flash-attn",
+            description="installed vLLM (V1 runner) on the Triton/FlashAttention composite "
+            "as on an sm90 GPU (FA3): vllm-v1's step with its attention layer on "
+            "TRITON_FLASH_ATTN (vllm/v1/attention/backends/composite.py: "
+            "CompositeAttentionMetadataBuilder routing each build and capture to a child), "
+            "the child each build is tagged with and FlashAttention's fields judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_triton_flash_attn",
+            "capture_variant_general",
+            name="vllm-v1-triton-flash-attn-capture-variant-general",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, Triton/FlashAttention composite) with "
+            "MMPrefixAttentionRouting.capture_variant 0: capture runs build the Triton "
+            "child's metadata while replays of text steps select FlashAttention's",
+            trigger=_triton_flash_attn_hook("trigger_capture"),
+            reach=_hybrid_hook("reach_full_graphs"),
+            smallest=_triton_flash_attn_hook("smallest_capture"),
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_aiter_fa() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm AITER FlashAttention backend."""
     return [
@@ -1484,6 +1520,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
+            *_runner_step_triton_flash_attn(),
             *_runner_step_aiter_fa(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),
