@@ -625,6 +625,16 @@ REQUIRES["runner_step_aiter_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + 
     Api("vllm.platforms.interface", "Platform.num_compute_units"),
 )  # fmt: skip
 
+# runner_step_sparse_mla_fp8: runner_step_sparse_mla's engine, its cache fp8_ds_mla:
+# FlashMLA's schedule call and torch looked up in flashmla_sparse.py.
+REQUIRES["runner_step_sparse_mla_fp8"] = REQUIRES["runner_step_sparse_mla"] + (
+    Api("vllm.v1.attention.backends.mla.flashmla_sparse",
+        "FlashMLASparseMetadataBuilder._build_fp8_separate_prefill_decode"),
+    Api("vllm.v1.attention.backends.mla.flashmla_sparse", "get_mla_metadata"),
+    Api("vllm.v1.attention.backends.mla.flashmla_sparse", "torch"),
+    Api("vllm.v1.attention.ops.flashmla", "FlashMLASchedMeta"),
+)  # fmt: skip
+
 # runner_step_backends: runner_step_v1's engine beside runner_step_flash_attn's,
 # runner_step_flashinfer's, runner_step_mla's, runner_step_flashmla's,
 # runner_step_aiter_fa's and runner_step_aiter_mla's (their entries: every API each

@@ -673,6 +673,9 @@ def _runner_step_turboquant() -> list[Implementation]:
     ]
 
 
+_sparse_fp8_hook = functools.partial(_lazy, "runner_step_sparse_mla_fp8")
+
+
 def _runner_step_sparse_mla() -> list[Implementation]:
     """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse."""
     return [
@@ -688,6 +691,33 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             "uniform split, req_id_per_token in the builder's buffer), every field its "
             "kernels read judged",
             declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_sparse_mla_fp8",
+            "run",
+            name="vllm-v1-flashmla-sparse-fp8",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model on the "
+            "FlashMLA sparse backend as on an sm90 GPU, its KV cache fp8_ds_mla and 64 "
+            "heads a rank: vllm-v1-flashmla-sparse's step through the separate "
+            "prefill/decode FP8 path (FlashMLASparseMetadataBuilder."
+            "_build_fp8_separate_prefill_decode: the decodes' kernel rows, each prefill's "
+            "workspace start and chunk), every field its kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_sparse_mla_fp8",
+            "workspace_by_query",
+            name="vllm-v1-flashmla-sparse-fp8-workspace-by-query",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, FlashMLA sparse, fp8 cache) with "
+            "_build_fp8_separate_prefill_decode starting each prefill's workspace at the "
+            "earlier prefills' query tokens, not their keys",
+            trigger=_sparse_fp8_hook("trigger_workspace"),
+            reach=_sparse_fp8_hook("reach_prefill"),
+            smallest=_sparse_fp8_hook("smallest_workspace"),
             traced=True,
         ),
     ]

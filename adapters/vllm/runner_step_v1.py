@@ -401,6 +401,7 @@ class _Engine:
         return contextlib.nullcontext()
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+        self.config, self.device = config, device  # what platform() may read
         with self.platform():
             self._build(config, device, mode)
 
