@@ -47,6 +47,33 @@ def in_sys_modules(modules: dict[str, types.ModuleType]) -> Iterator[None]:
                 sys.modules[name] = value  # type: ignore[assignment]
 
 
+class _Unpinned:
+    """``torch`` as a module calls it on a CPU: ``zeros`` without ``pin_memory`` (CPU-only
+    torch has no pinned allocator), everything else torch's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.zeros(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def unpinned(module: types.ModuleType, device: Any) -> Iterator[None]:
+    """``module``'s ``torch`` with ``zeros`` unpinned, where ``device`` is a CPU: a
+    builder that stages host tensors in pinned memory on a GPU, the same tensors here."""
+    if getattr(device, "type", None) != "cpu":
+        yield
+        return
+    with mock.patch.object(module, "torch", _Unpinned()):
+        yield
+
+
 def _asserts_cuda(node: ast.stmt) -> bool:
     return isinstance(node, ast.Assert) and "is_cuda" in ast.unparse(node.test)
 

@@ -30,3 +30,21 @@ def test_a_module_already_there_is_put_back():
     with in_sys_modules({"json": types.ModuleType("json")}):
         assert sys.modules["json"] is not original
     assert sys.modules["json"] is original
+
+
+def test_a_module_stages_in_unpinned_memory_on_a_cpu_alone():
+    """On a CPU a module's ``torch.zeros(..., pin_memory=True)`` makes the same tensor
+    unpinned (CPU-only torch has no pinned allocator); the rest of torch is torch's; on
+    another device the module is left as it is."""
+    import torch
+    from attnfuzz.adapters.standins import unpinned
+
+    builder = types.ModuleType("attnfuzz_test_builder")
+    builder.torch = torch  # type: ignore[attr-defined]
+    with unpinned(builder, torch.device("cpu")):
+        staged = builder.torch.zeros(3, dtype=torch.int32, pin_memory=True)
+        assert staged.tolist() == [0, 0, 0] and not staged.is_pinned()
+        assert builder.torch.arange(2).tolist() == [0, 1]
+    assert builder.torch is torch
+    with unpinned(builder, torch.device("meta")):
+        assert builder.torch is torch

@@ -27,8 +27,8 @@ cudagraph mode FULL into FULL_AND_PIECEWISE, and a FULL graph replays a uniform 
 Stood in beyond ``vllm-v1``: pinned host memory, which the builder asks for by name
 (``torch.zeros(..., pin_memory=True)`` for the extends' chunk offsets) and CPU-only torch
 cannot allocate: on a CPU the module's ``torch.zeros`` makes the same tensor unpinned
-(:class:`_Unpinned`); the values are the same either way. The builder is otherwise
-plain torch, and ``rocm_aiter_ops.is_shuffle_kv_cache_enabled()`` is False (no
+(:func:`attnfuzz.adapters.standins.unpinned`); the values are the same either way. The
+builder is otherwise plain torch, and ``rocm_aiter_ops.is_shuffle_kv_cache_enabled()`` is False (no
 ``VLLM_ROCM_SHUFFLE_KV_CACHE``), as it is by default on ROCm. The model has no
 ``Attention`` layer, so no sliding window and no KV sharing
 (``AiterKVSharingMetadata``) is built. The model's attention
@@ -62,6 +62,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import unpinned
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
@@ -212,18 +213,6 @@ def _aiter_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
     return out
 
 
-class _Unpinned:
-    """``torch`` as ``rocm_aiter_fa.py`` calls it on a CPU: ``zeros`` without
-    ``pin_memory`` (no pinned allocator here), everything else torch's own."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        return torch.zeros(*args, **kwargs)
-
-
 class _AiterFAEngine(v1._Engine):
     """A V1 runner whose attention layer is on the AITER FlashAttention backend."""
 
@@ -234,8 +223,7 @@ class _AiterFAEngine(v1._Engine):
 
         stack = contextlib.ExitStack()
         stack.enter_context(super()._context())
-        if self.device.type == "cpu":
-            stack.enter_context(mock.patch.object(rocm_aiter_fa, "torch", _Unpinned()))
+        stack.enter_context(unpinned(rocm_aiter_fa, self.device))
         return stack
 
     def attention_group(self) -> tuple[type, Any]:

@@ -57,6 +57,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import unpinned
 from attnfuzz.adapters.vllm import runner_step_sparse_mla as sparse
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -73,18 +74,6 @@ declines = sparse.declines
 declines_config = sparse.declines_config
 
 
-class _Unpinned:
-    """``torch`` as ``flashmla_sparse.py`` calls it on a CPU: ``zeros`` without
-    ``pin_memory`` (no pinned allocator here), everything else torch's own."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
-        return torch.zeros(*args, **kwargs)
-
-
 @contextlib.contextmanager
 def flashmla_fp8(device: torch.device) -> Iterator[None]:
     """FlashMLA's schedule call as its interface makes it, and (on a CPU) no pinning."""
@@ -94,10 +83,10 @@ def flashmla_fp8(device: torch.device) -> Iterator[None]:
     def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[Any, None]:
         return FlashMLASchedMeta(), None  # filled by the first kernel call
 
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(module, "get_mla_metadata", get_mla_metadata))
-        if device.type == "cpu":
-            stack.enter_context(mock.patch.object(module, "torch", _Unpinned()))
+    with (
+        mock.patch.object(module, "get_mla_metadata", get_mla_metadata),
+        unpinned(module, device),
+    ):
         yield
 
 
