@@ -254,6 +254,29 @@ REQUIRES["runner_step_aiter_unified"] = REQUIRES["runner_step_aiter"] + (
         "scatter_req_to_token_to_page_table_kernel",
     ),
 )
+_QSA = "sglang.srt.layers.attention.qwen_sparse_attn_backend"
+# runner_step_qwen_sparse: runner_step's engine on the QSA backend (a Qwen4-Exp profile,
+# its QSA pool), the replay through the graph-metadata kernels a CUDA GPU runs.
+REQUIRES["runner_step_qwen_sparse"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api("sglang.srt.layers.attention.attention_registry", "create_qsa_backend"),
+    Api(_QSA, "QwenSparseAttnBackend.init_forward_metadata"),
+    Api(_QSA, "QwenSparseAttnBackend.init_cuda_graph_state"),
+    Api(_QSA, "QwenSparseAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_QSA, "QwenSparseAttnBackend._replay_cuda_graph_metadata", keyword="num_padding"),
+    Api(_QSA, "QwenSparseAttnBackend._can_replay_with_gpu_kernels"),
+    Api(_QSA, "QwenSparseAttnBackend._update_qsa_cuda_graph_metadata"),
+    Api("sglang.srt.layers.attention.qsa.graph_metadata", "launch_graph_metadata"),
+    Api("sglang.srt.layers.attention.qsa.graph_metadata", "supports_graph_metadata_kernels"),
+    Api("sglang.srt.mem_cache.qsa_kv_pool", "QSATokenToKVPool"),
+    Api(
+        "sglang.srt.mem_cache.allocation_sizing",
+        "get_req_to_token_extra_context_len",
+    ),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _XPU = "sglang.srt.layers.attention.xpu_backend"
 # runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
 REQUIRES["runner_step_xpu"] = (

@@ -574,6 +574,67 @@ def _runner_step_aiter() -> list[Implementation]:
     ]
 
 
+def _qwen_sparse() -> Any:
+    """The QSA runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_qwen_sparse
+
+    return runner_step_qwen_sparse
+
+
+def _reach_qwen_sparse_replay(trace: Trace) -> bool:
+    return _qwen_sparse().reach_replay(trace)
+
+
+def _trigger_qwen_sparse_page_table_off_buffer(trace: Trace) -> bool:
+    return _qwen_sparse().trigger_page_table_off_buffer(trace)
+
+
+def _smallest_qwen_sparse_page_table_off_buffer() -> Trace:
+    return _qwen_sparse().smallest_page_table_off_buffer()
+
+
+def _runner_step_qwen_sparse() -> list[Implementation]:
+    """SGLang's decode graph runner step on the Qwen sparse-attention (QSA) backend, and a
+    defect of its graph metadata re-created."""
+    backend = "layers/attention/qwen_sparse_attn_backend.py:QwenSparseAttnBackend"
+    # Pages of 64 tokens (arg_groups/model_overrides/qwen4_exp.py); a verify no wider than
+    # the compress ratio, an extend over whole compression groups (declines).
+    pages = {
+        "fixes": {"block_size": 64},
+        "declines": sglang.EngineCall("runner_step_qwen_sparse", "declines"),
+        "traced": True,
+    }
+    return [
+        sglang_impl(
+            "runner_step_qwen_sparse",
+            "run",
+            name="sglang-qwen-sparse",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (create_qsa_backend) on a "
+            "Qwen4-Exp QSA profile and mem_cache/qsa_kv_pool.py:QSATokenToKVPool, pages of "
+            "64 (eager init_forward_metadata of decode, target verify and extend with its "
+            "compression write plan, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay: qsa/graph_metadata.py:launch_graph_metadata interpreted, "
+            "the path a CUDA GPU takes); pinned host memory stood in",
+            **pages,
+        ),
+        sglang_impl(
+            "runner_step_qwen_sparse",
+            "run_page_table_off_buffer",
+            name="sglang-qwen-sparse-page-table-off-buffer",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose replay refreshes a copy of the "
+            "graph's compressed page table (msgspec.structs.replace of the frozen metadata, "
+            "then held as forward_metadata), not the buffer the graph captured: the replay "
+            "reads the capture's table",
+            trigger=_trigger_qwen_sparse_page_table_off_buffer,
+            reach=_reach_qwen_sparse_replay,
+            smallest=_smallest_qwen_sparse_page_table_off_buffer,
+            **pages,
+        ),
+    ]
+
+
 def _hybrid() -> Any:
     """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_hybrid
@@ -997,6 +1058,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_aiter(),
+        *_runner_step_qwen_sparse(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
         *_runner_step_short_conv(),
