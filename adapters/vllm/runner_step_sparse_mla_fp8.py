@@ -277,6 +277,8 @@ def reach_prefill(trace: Trace | Case) -> bool:
 def trigger_workspace(trace: Trace | Case) -> bool:
     """A step of two prefills or more, one before the last with context (a chunk of
     its prompt computed before): its keys outnumber its queries."""
+    if trace.config.runner != "v1":
+        return False
     for case in trace.cases() if isinstance(trace, Trace) else [trace]:
         prefills = _prefills(case)
         if any(case.batch.num_computed_tokens[i] > 0 for i in prefills[:-1]):
