@@ -20,9 +20,9 @@ sparse metadata ``vllm-v1-flashmla-sparse`` judges:
 Stood in beyond ``vllm-v1-flashmla-sparse``, as a CUDA build with FlashMLA has it:
 ``get_mla_metadata`` where ``flashmla_sparse.py`` looks it up, by its contract
 (``vllm/third_party/flashmla/flash_mla_interface.py``: an empty ``FlashMLASchedMeta``
-that the first kernel call fills, and None); ``torch`` in ``flashmla_sparse.py`` with
-``zeros`` unpinned on a CPU (no pinned allocator here; the builder pins the workspace
-starts it stages).
+that the first kernel call fills, and None: :func:`.runner_step_flashmla.get_mla_metadata`);
+``torch`` in ``flashmla_sparse.py`` with ``zeros`` unpinned on a CPU (no pinned
+allocator here; the builder pins the workspace starts it stages).
 
 Fields: ``vllm-v1-flashmla-sparse``'s, and ``sparse_fp8.*``, each with what its consumer
 (``FlashMLASparseImpl._forward_fp8_kv_separate_prefill_decode``) accepts:
@@ -58,6 +58,7 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.standins import unpinned
+from attnfuzz.adapters.vllm import runner_step_flashmla as flashmla
 from attnfuzz.adapters.vllm import runner_step_sparse_mla as sparse
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -78,13 +79,9 @@ declines_config = sparse.declines_config
 def flashmla_fp8(device: torch.device) -> Iterator[None]:
     """FlashMLA's schedule call as its interface makes it, and (on a CPU) no pinning."""
     from vllm.v1.attention.backends.mla import flashmla_sparse as module
-    from vllm.v1.attention.ops.flashmla import FlashMLASchedMeta
-
-    def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[Any, None]:
-        return FlashMLASchedMeta(), None  # filled by the first kernel call
 
     with (
-        mock.patch.object(module, "get_mla_metadata", get_mla_metadata),
+        mock.patch.object(module, "get_mla_metadata", flashmla.get_mla_metadata),
         unpinned(module, device),
     ):
         yield
