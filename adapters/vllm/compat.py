@@ -625,6 +625,21 @@ REQUIRES["runner_step_aiter_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + 
     Api("vllm.platforms.interface", "Platform.num_compute_units"),
 )  # fmt: skip
 
+# runner_step_sparse_swa: runner_step_v1's engine with its attention layer DeepSeek-V4's
+# SWA cache on the sparse SWA backend, the platform and FlashMLA's planner looked up in
+# sparse_swa.py; the prefill chunk plan as DeepseekV4Attention's chunk size cuts it.
+REQUIRES["runner_step_sparse_swa"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "DeepseekSparseSWABackend"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "DeepseekV4SWACache"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "DeepseekSparseSWAMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa",
+        "DeepseekSparseSWAMetadata.get_prefill_chunk_plan"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "current_platform"),
+    Api("vllm.v1.attention.backends.mla.sparse_swa", "get_mla_metadata"),
+    Api("vllm.models.deepseek_v4.attention", "DeepseekV4Attention.PREFILL_CHUNK_SIZE"),
+)  # fmt: skip
+
 # runner_step_sparse_mla_fp8: runner_step_sparse_mla's engine, its cache fp8_ds_mla:
 # FlashMLA's schedule call and torch looked up in flashmla_sparse.py.
 REQUIRES["runner_step_sparse_mla_fp8"] = REQUIRES["runner_step_sparse_mla"] + (

@@ -851,6 +851,45 @@ def _runner_step_aiter_mla_sparse() -> list[Implementation]:
     ]
 
 
+_sparse_swa_hook = functools.partial(_lazy, "runner_step_sparse_swa")
+
+
+def _runner_step_sparse_swa() -> list[Implementation]:
+    """``vllm-v1``'s step of DeepSeek-V4's sliding-window cache on the sparse SWA
+    backend, and a mutant of its window's clamp."""
+    # DeepseekSparseSWABackend.get_supported_kernel_block_sizes: multiples of 32.
+    pages = {"fixes": {"block_size": 32}, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_sparse_swa",
+            "run",
+            name="vllm-v1-sparse-swa",
+            description="installed vLLM (V1 runner) of DeepSeek-V4's sliding-window cache "
+            "(DeepseekV4SWACache, window 64, fp8_ds_mla) on DEEPSEEK_SPARSE_SWA as on an "
+            "sm90 GPU (vllm/v1/attention/backends/mla/sparse_swa.py: "
+            "DeepseekSparseSWAMetadataBuilder.__init__, build: each token's window of KV "
+            "slots and its length by _compute_swa_indices_and_lens_kernel, the prefills' "
+            "gather lengths and chunk plan, the tile-scheduler plans), FlashMLA's "
+            "get_mla_metadata stood in, every field its consumers read judged",
+            **pages,
+        ),
+        _step_impl(
+            "runner_step_sparse_swa",
+            "window_unclamped",
+            name="vllm-v1-sparse-swa-window-unclamped",
+            kind="mutant",
+            description="installed vLLM (V1 runner, sparse SWA) with "
+            "DeepseekSparseSWAMetadataBuilder.build handing "
+            "_compute_swa_indices_and_lens_kernel no window: a token's window starts at "
+            "its sequence's first position, its length past the index width",
+            trigger=_sparse_swa_hook("trigger_past_window"),
+            reach=_sparse_swa_hook("reach_swa"),
+            smallest=_sparse_swa_hook("smallest_past_window"),
+            **pages,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1558,6 +1597,7 @@ VLLM = Engine(
             *_runner_step_flashmla(),
             *_runner_step_aiter_mla(),
             *_runner_step_aiter_mla_sparse(),
+            *_runner_step_sparse_swa(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
