@@ -75,12 +75,12 @@ runner of its own kernels, its reference) is judged on, in place of its kind's
 search at seed 0), so 120 judge about as many steps as the 300 cases of a one-step
 search."""
 
-PASSING_ENGINE_TRACES = 15
+PASSING_ENGINE_TRACES = 12
 """Generated traces an engine implementation that lives across steps is judged on (in
 place of its kind's :data:`PASSING_EXAMPLES`), after every mutant's smallest trace:
 each trace is several whole steps of the engine's own Python (a runner step: seconds
-each on a 2-core machine, for more than a dozen implementations), so the suite's
-search is sized by this count; the nightly run judges :data:`NIGHTLY_ENGINE_TRACES`
+each on a 2-core machine, for some eighty implementations), so the suite's search is
+sized by this count (CI's engine tier is most of its time); the nightly run judges :data:`NIGHTLY_ENGINE_TRACES`
 at another seed, and a campaign or ``benchmarks/surface.py`` (200 per implementation)
 searches longer."""
 
