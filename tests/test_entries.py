@@ -94,6 +94,7 @@ def accepts(target, impl, case) -> bool:
 
 SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-backends"): 8,
+    ("runner-step", "sglang-deepseek-v4"): 4,
     ("runner-step", "sglang-eagle-worker"): 8,
     ("runner-step", "sglang-multi-layer-eagle"): 8,
     ("runner-step", "sglang-multi-layer-eagle-worker"): 8,
@@ -109,8 +110,10 @@ graph runners (SGLang's attention backends side by side; a graph runner per draf
 layer; prefill graphs beside the decode graphs, every size of both captured when an
 engine starts; the EAGLE workers' target, draft and draft-extend graph runners; vLLM's
 V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code:
-10 to 16 s a trace on a 2-core machine), in place of its kind's budget: the engine
-tier stays small; a campaign or a nightly run searches longer."""
+10 to 16 s a trace on a 2-core machine; SGLang's DeepSeek-V4 backend, whose metadata a
+graph builds anew at every replay through a dozen interpreted Triton kernels), in place
+of its kind's budget: the engine tier stays small; a campaign or a nightly run searches
+longer."""
 
 
 @pytest.mark.parametrize("target, impl", SEARCHED)

@@ -295,6 +295,30 @@ _HYBRID_ENGINE = REQUIRES["runner_step"] + (
     Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
     Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
     Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
+_DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
+_DSV4_KERNELS = "sglang.kernels.ops.attention.dsv4"
+# runner_step_deepseek_v4: runner_step's engine on the DeepSeek-V4 backend (its pool and
+# SWA allocator), the full metadata built in the graph; the CUDA-only JIT planners stood in.
+REQUIRES["runner_step_deepseek_v4"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._run_in_graph_metadata_prep"),
+    Api("sglang.srt.layers.attention.attention_registry", "create_dsv4_backend"),
+    Api(_DSV4, "DeepseekV4AttnBackend.init_forward_metadata"),
+    Api(_DSV4, "DeepseekV4AttnBackend.init_forward_metadata_in_graph"),
+    Api(_DSV4, "DeepseekV4AttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_DSV4, "DeepseekV4AttnBackend.replay_cuda_graph_metadata_from", keyword="temp_metadata"),
+    Api(_DSV4, "DeepseekV4AttnBackend.make_core_attn_metadata"),
+    Api(_DSV4, "DSV4RawDecodeMetadata"),
+    Api(_DSV4, "_is_cuda"),
+    Api(f"{_DSV4_KERNELS}.attn_metadata_kernels", "_inputs_on_cuda"),
+    Api(f"{_DSV4_KERNELS}.compress", "_jit_compress_plan_module"),
+    Api(f"{_DSV4_KERNELS}.attn", "_jit_metadata_module"),
+    Api(f"{_DSV4_KERNELS}.topk", "_jit_topk_v2_module"),
+    Api("sglang.srt.mem_cache.deepseek_v4_memory_pool", "DeepSeekV4TokenToKVPool"),
+    Api("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator.set_full_to_swa_mapping"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 REQUIRES["runner_step_hybrid"] = _HYBRID_ENGINE + (

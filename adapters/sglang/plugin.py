@@ -686,6 +686,65 @@ def _runner_step_hybrid() -> list[Implementation]:
             smallest=_smallest_hybrid_padding_by_fill,
             declines=declines,
             traced=True,
+def _deepseek_v4() -> Any:
+    """The DeepSeek-V4 runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_deepseek_v4
+
+    return runner_step_deepseek_v4
+
+
+def _reach_deepseek_v4_past_window(trace: Trace) -> bool:
+    return _deepseek_v4().reach_past_window(trace)
+
+
+def _smallest_deepseek_v4_swa_lengths_unclamped() -> Trace:
+    return _deepseek_v4().smallest_swa_lengths_unclamped()
+
+
+def _runner_step_deepseek_v4() -> list[Implementation]:
+    """SGLang's decode graph runner step on the DeepSeek-V4 backend, and a defect of its
+    graph metadata re-created."""
+    backend = "layers/attention/deepseek_v4_backend.py:DeepseekV4AttnBackend"
+    # Pages of 256 tokens (arg_groups/model_overrides/deepseek_v4.py); any other declined.
+    pages = {
+        "fixes": {"block_size": 256},
+        "declines": sglang.EngineCall("runner_step_deepseek_v4", "declines"),
+        "traced": True,
+    }
+    return [
+        sglang_impl(
+            "runner_step_deepseek_v4",
+            "run",
+            name="sglang-deepseek-v4",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (create_dsv4_backend) on a "
+            "DeepSeek-V4 model (compress ratios 0, 4, 128; window 128) and "
+            "mem_cache/deepseek_v4_memory_pool.py:DeepSeekV4TokenToKVPool with its SWA "
+            "allocator, pages of 256 (eager init_forward_metadata of decode, target verify "
+            "and extend, init_cuda_graph_state, init_forward_metadata_out_graph at capture "
+            "and replay, init_forward_metadata_in_graph run by the graph stand-in at capture "
+            "and at each replay; its Triton metadata kernels interpreted, the path a CUDA "
+            "GPU takes); FlashMLA, DeepGEMM and three CUDA-only JIT planners stood in by "
+            "their contract",
+            **pages,
+        ),
+        sglang_impl(
+            "runner_step_deepseek_v4",
+            "run_swa_lengths_unclamped",
+            name="sglang-deepseek-v4-swa-lengths-unclamped",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose sliding-window lengths are not "
+            "clamped to the window (_page_table_positions_kernel's minimum with swa_window "
+            "dropped): past 128 keys swa_topk_lengths reaches past the 128 indices FlashMLA "
+            "is handed, in every build",
+            trigger=_reach_deepseek_v4_past_window,
+            reach=_reach_deepseek_v4_past_window,
+            smallest=_smallest_deepseek_v4_swa_lengths_unclamped,
+            **pages,
+        ),
+    ]
+
+
         ),
     ]
 
@@ -1168,6 +1227,7 @@ def _runner_step_multi_layer_eagle() -> list[Implementation]:
             "layer's replay the verify's accept counts as the window (pr21987's kind): the "
             "Triton backend's replay reads a prefix of seq_lens - accepted keys, the "
             "unaccepted drafts' slots too",
+        *_runner_step_deepseek_v4(),
             trigger=_trigger_multi_layer_eagle_accept_length_layout,
             reach=_reach_multi_layer_eagle_replay,
             smallest=_smallest_multi_layer_eagle_accept_length_layout,
