@@ -365,6 +365,19 @@ REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "resolve_prefill_backend"),
     Api(_PREFILL_RUNNER, "graph_capture"),
     Api(_PREFILL_RUNNER, "get_or_create_global_graph_capture_stream"),
+_INKLING = "sglang.srt.layers.attention.linear.inkling_sconv_backend"
+# runner_step_inkling_sconv: runner_step_short_conv's engine, Inkling's conv-state backend
+# (its metadata written in the graph), the mamba extra buffer and its Triton kernels.
+REQUIRES["runner_step_inkling_sconv"] = REQUIRES["runner_step_short_conv"] + (
+    Api(_INKLING, "InklingShortConvHybridAttnBackend.init_forward_metadata_in_graph"),
+    Api(_INKLING, "InklingShortConvAttnBackend._prepare_slot_indices"),
+    Api(_INKLING, "InklingShortConvAttnBackend._refresh_track_conv_indices"),
+    Api(_INKLING, "InklingShortConvAttnBackend.conv_state_metadata"),
+    Api("sglang.srt.configs.inkling", "InklingConvCacheParams"),
+    Api("sglang.srt.models.inkling_common.kernels.sconv", "fused_extend_sconv_metadata"),
+    Api("sglang.kernels.ops.mamba.sconv_tracking", "fill_track_conv_indices"),
+    Api("sglang.srt.runtime_context", "mamba_checkpoint_grid"),
+)
     Api(
         "sglang.srt.model_executor.cuda_graph_buffer_registry",
         "CudaGraphBufferRegistry.fill_from",

@@ -930,6 +930,63 @@ def _runner_step_prefill_graph() -> list[Implementation]:
     """SGLang's step with its prefill CUDA-graph runner on, and a defect of its padding
     re-created."""
     runner = "runner/prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
+def _inkling_sconv() -> Any:
+    """The Inkling short-conv runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_inkling_sconv
+
+    return runner_step_inkling_sconv
+
+
+def _reach_inkling_sconv_extend(trace: Trace) -> bool:
+    return _inkling_sconv().reach_extend(trace)
+
+
+def _trigger_inkling_sconv_track_unclamped(trace: Trace) -> bool:
+    return _inkling_sconv().trigger_track_unclamped(trace)
+
+
+def _smallest_inkling_sconv_track_unclamped() -> Trace:
+    return _inkling_sconv().smallest_track_unclamped()
+
+
+def _runner_step_inkling_sconv() -> list[Implementation]:
+    """SGLang's decode graph runner step of an Inkling model (its short-conv state
+    backend beside full attention), and a defect of its track windows re-created."""
+    backend = "layers/attention/linear/inkling_sconv_backend.py:InklingShortConvAttnBackend"
+    # The mamba extra buffer Inkling requires: pages dividing the track interval.
+    declines = sglang.EngineCall("runner_step_inkling_sconv", "declines")
+    return [
+        sglang_impl(
+            "runner_step_inkling_sconv",
+            "run",
+            name="sglang-inkling-sconv",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-short-conv) over "
+            "inkling_sconv_backend.py:InklingShortConvHybridAttnBackend with Triton and "
+            f"{backend} on a HybridReqToTokenPool with the mamba extra buffer (eager "
+            "init_forward_metadata; init_forward_metadata_in_graph at capture and replay: "
+            "the fused slot gather, decode/verify sconv metadata, track indices; an "
+            "extend's fill_track_conv_indices; Triton kernels under the interpreter)",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_inkling_sconv",
+            "run_track_unclamped",
+            name="sglang-inkling-sconv-track-unclamped",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose fill_track_conv_indices "
+            "kernel leaves out its clamp to the step's tokens: an extend's untracked or "
+            "short request snapshots a conv window at negative token indices",
+            trigger=_trigger_inkling_sconv_track_unclamped,
+            reach=_reach_inkling_sconv_extend,
+            smallest=_smallest_inkling_sconv_track_unclamped,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
     # No speculative decoding (can_replay_locally refuses a target verify).
     declines = sglang.EngineCall("runner_step_prefill_graph", "declines")
     return [
@@ -1174,6 +1231,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_eagle_worker(),
     ]
 
+        *_runner_step_inkling_sconv(),
 
 def _multi_layer_eagle() -> Any:
     """The multi-layer EAGLE runner-step adapter, imported when a mutant's case is
