@@ -277,24 +277,6 @@ REQUIRES["runner_step_qwen_sparse"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
-_XPU = "sglang.srt.layers.attention.xpu_backend"
-# runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
-REQUIRES["runner_step_xpu"] = (
-    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
-    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
-    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
-    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
-    Api(_XPU, "XPUAttentionBackend.init_forward_metadata"),
-    Api(_XPU, "XPUAttentionBackend.init_cuda_graph_state"),
-    Api(_XPU, "XPUAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
-)
-_HYBRID_LINEAR = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
-# What runner_step_hybrid's engine calls whichever its linear backend: the hybrid
-# backend's out-of-graph fan-out, the base class's metadata, the pool's state slots.
-_HYBRID_ENGINE = REQUIRES["runner_step"] + (
-    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
-    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
 _DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
 _DSV4_KERNELS = "sglang.kernels.ops.attention.dsv4"
 # runner_step_deepseek_v4: runner_step's engine on the DeepSeek-V4 backend (its pool and
@@ -319,6 +301,24 @@ REQUIRES["runner_step_deepseek_v4"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_XPU = "sglang.srt.layers.attention.xpu_backend"
+# runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
+REQUIRES["runner_step_xpu"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+    Api(_XPU, "XPUAttentionBackend.init_forward_metadata"),
+    Api(_XPU, "XPUAttentionBackend.init_cuda_graph_state"),
+    Api(_XPU, "XPUAttentionBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+)
+_HYBRID_LINEAR = "sglang.srt.layers.attention.hybrid_linear_attn_backend"
+# What runner_step_hybrid's engine calls whichever its linear backend: the hybrid
+# backend's out-of-graph fan-out, the base class's metadata, the pool's state slots.
+_HYBRID_ENGINE = REQUIRES["runner_step"] + (
+    Api(_HYBRID_LINEAR, "HybridLinearAttnBackend.init_forward_metadata_out_graph"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._replay_metadata", keyword="num_padding"),
+    Api(_HYBRID_LINEAR, "MambaAttnBackendBase._forward_metadata"),
     Api("sglang.srt.mem_cache.memory_pool", "HybridReqToTokenPool.free_mamba_cache"),
 )
 REQUIRES["runner_step_hybrid"] = _HYBRID_ENGINE + (
@@ -347,6 +347,19 @@ REQUIRES["runner_step_short_conv"] = _HYBRID_ENGINE + (
     Api(_SHORT_CONV, "ShortConvAttnBackend._refresh_cache_indices"),
     Api(_SHORT_CONV, "ShortConvAttnBackend.conv_state_metadata"),
 )
+_INKLING = "sglang.srt.layers.attention.linear.inkling_sconv_backend"
+# runner_step_inkling_sconv: runner_step_short_conv's engine, Inkling's conv-state backend
+# (its metadata written in the graph), the mamba extra buffer and its Triton kernels.
+REQUIRES["runner_step_inkling_sconv"] = REQUIRES["runner_step_short_conv"] + (
+    Api(_INKLING, "InklingShortConvHybridAttnBackend.init_forward_metadata_in_graph"),
+    Api(_INKLING, "InklingShortConvAttnBackend._prepare_slot_indices"),
+    Api(_INKLING, "InklingShortConvAttnBackend._refresh_track_conv_indices"),
+    Api(_INKLING, "InklingShortConvAttnBackend.conv_state_metadata"),
+    Api("sglang.srt.configs.inkling", "InklingConvCacheParams"),
+    Api("sglang.srt.models.inkling_common.kernels.sconv", "fused_extend_sconv_metadata"),
+    Api("sglang.kernels.ops.mamba.sconv_tracking", "fill_track_conv_indices"),
+    Api("sglang.srt.runtime_context", "mamba_checkpoint_grid"),
+)
 # runner_step_mamba2: runner_step_hybrid's engine, the linear layers Mamba2's.
 REQUIRES["runner_step_mamba2"] = _HYBRID_ENGINE + (
     Api(_HYBRID_LINEAR, "Mamba2AttnBackend.init_forward_metadata"),
@@ -365,19 +378,6 @@ REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
     Api(_PREFILL_RUNNER, "resolve_prefill_backend"),
     Api(_PREFILL_RUNNER, "graph_capture"),
     Api(_PREFILL_RUNNER, "get_or_create_global_graph_capture_stream"),
-_INKLING = "sglang.srt.layers.attention.linear.inkling_sconv_backend"
-# runner_step_inkling_sconv: runner_step_short_conv's engine, Inkling's conv-state backend
-# (its metadata written in the graph), the mamba extra buffer and its Triton kernels.
-REQUIRES["runner_step_inkling_sconv"] = REQUIRES["runner_step_short_conv"] + (
-    Api(_INKLING, "InklingShortConvHybridAttnBackend.init_forward_metadata_in_graph"),
-    Api(_INKLING, "InklingShortConvAttnBackend._prepare_slot_indices"),
-    Api(_INKLING, "InklingShortConvAttnBackend._refresh_track_conv_indices"),
-    Api(_INKLING, "InklingShortConvAttnBackend.conv_state_metadata"),
-    Api("sglang.srt.configs.inkling", "InklingConvCacheParams"),
-    Api("sglang.srt.models.inkling_common.kernels.sconv", "fused_extend_sconv_metadata"),
-    Api("sglang.kernels.ops.mamba.sconv_tracking", "fill_track_conv_indices"),
-    Api("sglang.srt.runtime_context", "mamba_checkpoint_grid"),
-)
     Api(
         "sglang.srt.model_executor.cuda_graph_buffer_registry",
         "CudaGraphBufferRegistry.fill_from",

@@ -635,57 +635,6 @@ def _runner_step_qwen_sparse() -> list[Implementation]:
     ]
 
 
-def _hybrid() -> Any:
-    """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
-    from attnfuzz.adapters.sglang import runner_step_hybrid
-
-    return runner_step_hybrid
-
-
-def _trigger_hybrid_padding_by_fill(trace: Trace) -> bool:
-    return _hybrid().trigger_padding_by_fill(trace)
-
-
-def _reach_hybrid_verify_replay(trace: Trace) -> bool:
-    return _hybrid().reach_verify_replay(trace)
-
-
-def _smallest_hybrid_padding_by_fill() -> Trace:
-    return _hybrid().smallest_padding_by_fill()
-
-
-def _runner_step_hybrid() -> list[Implementation]:
-    """SGLang's decode graph runner step of a hybrid GDN model, and a defect of its
-    linear backend's graph metadata re-created."""
-    backend = "layers/attention/hybrid_linear_attn_backend.py:HybridLinearAttnBackend"
-    # Pages of one token only (arg_groups/mamba_hook.py: validate_mamba_no_buffer).
-    declines = sglang.EngineCall("runner_step_hybrid", "declines")
-    return [
-        sglang_impl(
-            "runner_step_hybrid",
-            "run",
-            name="sglang-hybrid-gdn",
-            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
-            f"DecodeCudaGraphRunner (as sglang) over {backend} (Triton full attention, "
-            "linear/gdn_backend.py:GDNAttnBackend: eager _forward_metadata, "
-            "init_cuda_graph_state, _replay_metadata at capture and replay), rows and "
-            "state slots in mem_cache/memory_pool.py:HybridReqToTokenPool across steps",
-            declines=declines,
-            traced=True,
-        ),
-        sglang_impl(
-            "runner_step_hybrid",
-            "run_padding_by_fill",
-            name="sglang-hybrid-gdn-padding-by-fill",
-            kind="mutant",
-            description=f"installed SGLang's {backend} whose GDN replay counts padding rows "
-            "by the seq_lens fill value (_replay_metadata without the runner's "
-            "num_padding): a verify's request of one committed token loses its state slot",
-            trigger=_trigger_hybrid_padding_by_fill,
-            reach=_reach_hybrid_verify_replay,
-            smallest=_smallest_hybrid_padding_by_fill,
-            declines=declines,
-            traced=True,
 def _deepseek_v4() -> Any:
     """The DeepSeek-V4 runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_deepseek_v4
@@ -745,6 +694,57 @@ def _runner_step_deepseek_v4() -> list[Implementation]:
     ]
 
 
+def _hybrid() -> Any:
+    """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_hybrid
+
+    return runner_step_hybrid
+
+
+def _trigger_hybrid_padding_by_fill(trace: Trace) -> bool:
+    return _hybrid().trigger_padding_by_fill(trace)
+
+
+def _reach_hybrid_verify_replay(trace: Trace) -> bool:
+    return _hybrid().reach_verify_replay(trace)
+
+
+def _smallest_hybrid_padding_by_fill() -> Trace:
+    return _hybrid().smallest_padding_by_fill()
+
+
+def _runner_step_hybrid() -> list[Implementation]:
+    """SGLang's decode graph runner step of a hybrid GDN model, and a defect of its
+    linear backend's graph metadata re-created."""
+    backend = "layers/attention/hybrid_linear_attn_backend.py:HybridLinearAttnBackend"
+    # Pages of one token only (arg_groups/mamba_hook.py: validate_mamba_no_buffer).
+    declines = sglang.EngineCall("runner_step_hybrid", "declines")
+    return [
+        sglang_impl(
+            "runner_step_hybrid",
+            "run",
+            name="sglang-hybrid-gdn",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (Triton full attention, "
+            "linear/gdn_backend.py:GDNAttnBackend: eager _forward_metadata, "
+            "init_cuda_graph_state, _replay_metadata at capture and replay), rows and "
+            "state slots in mem_cache/memory_pool.py:HybridReqToTokenPool across steps",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_hybrid",
+            "run_padding_by_fill",
+            name="sglang-hybrid-gdn-padding-by-fill",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose GDN replay counts padding rows "
+            "by the seq_lens fill value (_replay_metadata without the runner's "
+            "num_padding): a verify's request of one committed token loses its state slot",
+            trigger=_trigger_hybrid_padding_by_fill,
+            reach=_reach_hybrid_verify_replay,
+            smallest=_smallest_hybrid_padding_by_fill,
+            declines=declines,
+            traced=True,
         ),
     ]
 
@@ -879,57 +879,6 @@ def _runner_step_kda() -> list[Implementation]:
     ]
 
 
-def _runner_step_mamba2() -> list[Implementation]:
-    """SGLang's decode graph runner step of a Mamba2 hybrid model."""
-    return [
-        sglang_impl(
-            "runner_step_mamba2",
-            "run",
-            name="sglang-hybrid-mamba2",
-            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
-            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
-            "hybrid_linear_attn_backend.py:HybridLinearAttnBackend with Mamba2AttnBackend "
-            "(eager init_forward_metadata: mamba/mamba2_metadata.py:Mamba2Metadata."
-            "prepare_mixed; init_forward_metadata_out_graph at capture and replay: "
-            "prepare_decode)",
-            # sglang-hybrid-gdn's engine: pages of one token only.
-            declines=sglang.EngineCall("runner_step_mamba2", "declines"),
-            traced=True,
-        ),
-    ]
-
-
-def _prefill_graph() -> Any:
-    """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
-    from attnfuzz.adapters.sglang import runner_step_prefill_graph
-
-    return runner_step_prefill_graph
-
-
-def _reach_padded_prefill(trace: Trace) -> bool:
-    return _prefill_graph().reach_padded_prefill(trace)
-
-
-def _smallest_prefill_padding_slot_sentinel() -> Trace:
-    return _prefill_graph().smallest_padding_slot_sentinel()
-
-
-def _trigger_stale_padding_slots(trace: Trace) -> bool:
-    return _prefill_graph().trigger_stale_padding_slots(trace)
-
-
-def _reach_stale_padding_slots(trace: Trace) -> bool:
-    return _prefill_graph().reach_stale_padding_slots(trace)
-
-
-def _smallest_stale_padding_slots() -> Trace:
-    return _prefill_graph().smallest_stale_padding_slots()
-
-
-def _runner_step_prefill_graph() -> list[Implementation]:
-    """SGLang's step with its prefill CUDA-graph runner on, and a defect of its padding
-    re-created."""
-    runner = "runner/prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
 def _inkling_sconv() -> Any:
     """The Inkling short-conv runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_inkling_sconv
@@ -987,6 +936,57 @@ def _runner_step_inkling_sconv() -> list[Implementation]:
     ]
 
 
+def _runner_step_mamba2() -> list[Implementation]:
+    """SGLang's decode graph runner step of a Mamba2 hybrid model."""
+    return [
+        sglang_impl(
+            "runner_step_mamba2",
+            "run",
+            name="sglang-hybrid-mamba2",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang-hybrid-gdn) over layers/attention/"
+            "hybrid_linear_attn_backend.py:HybridLinearAttnBackend with Mamba2AttnBackend "
+            "(eager init_forward_metadata: mamba/mamba2_metadata.py:Mamba2Metadata."
+            "prepare_mixed; init_forward_metadata_out_graph at capture and replay: "
+            "prepare_decode)",
+            # sglang-hybrid-gdn's engine: pages of one token only.
+            declines=sglang.EngineCall("runner_step_mamba2", "declines"),
+            traced=True,
+        ),
+    ]
+
+
+def _prefill_graph() -> Any:
+    """The prefill-graph runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_prefill_graph
+
+    return runner_step_prefill_graph
+
+
+def _reach_padded_prefill(trace: Trace) -> bool:
+    return _prefill_graph().reach_padded_prefill(trace)
+
+
+def _smallest_prefill_padding_slot_sentinel() -> Trace:
+    return _prefill_graph().smallest_padding_slot_sentinel()
+
+
+def _trigger_stale_padding_slots(trace: Trace) -> bool:
+    return _prefill_graph().trigger_stale_padding_slots(trace)
+
+
+def _reach_stale_padding_slots(trace: Trace) -> bool:
+    return _prefill_graph().reach_stale_padding_slots(trace)
+
+
+def _smallest_stale_padding_slots() -> Trace:
+    return _prefill_graph().smallest_stale_padding_slots()
+
+
+def _runner_step_prefill_graph() -> list[Implementation]:
+    """SGLang's step with its prefill CUDA-graph runner on, and a defect of its padding
+    re-created."""
+    runner = "runner/prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
     # No speculative decoding (can_replay_locally refuses a target verify).
     declines = sglang.EngineCall("runner_step_prefill_graph", "declines")
     return [
@@ -1175,9 +1175,11 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_trtllm_mha(),
         *_runner_step_aiter(),
         *_runner_step_qwen_sparse(),
+        *_runner_step_deepseek_v4(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
         *_runner_step_short_conv(),
+        *_runner_step_inkling_sconv(),
         *_runner_step_mamba2(),
         *_runner_step_kda(),
         *_runner_step_prefill_graph(),
@@ -1231,7 +1233,6 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_eagle_worker(),
     ]
 
-        *_runner_step_inkling_sconv(),
 
 def _multi_layer_eagle() -> Any:
     """The multi-layer EAGLE runner-step adapter, imported when a mutant's case is
@@ -1285,7 +1286,6 @@ def _runner_step_multi_layer_eagle() -> list[Implementation]:
             "layer's replay the verify's accept counts as the window (pr21987's kind): the "
             "Triton backend's replay reads a prefix of seq_lens - accepted keys, the "
             "unaccepted drafts' slots too",
-        *_runner_step_deepseek_v4(),
             trigger=_trigger_multi_layer_eagle_accept_length_layout,
             reach=_reach_multi_layer_eagle_replay,
             smallest=_smallest_multi_layer_eagle_accept_length_layout,
