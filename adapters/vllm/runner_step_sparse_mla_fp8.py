@@ -70,9 +70,20 @@ NUM_HEADS = 64
 """Query heads a rank: DeepSeek-V3.2's 128 at tensor parallelism 2, at least
 ``MIN_HEADS_FOR_BF16_PREFILL``, so the builder takes the separate prefill/decode path."""
 
-prepare = sparse.prepare
-declines = sparse.declines
-declines_config = sparse.declines_config
+
+def prepare() -> None:
+    """Import vLLM's V1 runner and the FlashMLA sparse backend before a judge forks."""
+    sparse.prepare()
+
+
+def declines(case: Case) -> str | None:
+    """Why this engine does not run ``case``: ``vllm-v1-flashmla-sparse``'s cases."""
+    return sparse.declines(case)
+
+
+def declines_config(config: EngineConfig) -> str | None:
+    """:func:`declines` of an engine of ``config`` alone (its step not read)."""
+    return sparse.declines_config(config)
 
 
 @contextlib.contextmanager
