@@ -80,9 +80,9 @@ PASSING_ENGINE_TRACES = 12
 place of its kind's :data:`PASSING_EXAMPLES`), after every mutant's smallest trace:
 each trace is several whole steps of the engine's own Python (a runner step: seconds
 each on a 2-core machine, for some eighty implementations), so the suite's search is
-sized by this count (CI's engine tier is most of its time); the nightly run judges :data:`NIGHTLY_ENGINE_TRACES`
-at another seed, and a campaign or ``benchmarks/surface.py`` (200 per implementation)
-searches longer."""
+sized by this count (CI's engine tier is most of its time); the nightly run judges
+:data:`NIGHTLY_ENGINE_TRACES` at another seed, and a campaign or
+``benchmarks/surface.py`` (200 per implementation) searches longer."""
 
 NIGHTLY_ENGINE_TRACES = 40
 """Generated traces the nightly run judges an engine implementation that lives across
