@@ -254,6 +254,24 @@ REQUIRES["runner_step_aiter_unified"] = REQUIRES["runner_step_aiter"] + (
         "scatter_req_to_token_to_page_table_kernel",
     ),
 )
+_WAVE = "sglang.srt.layers.attention.wave_backend"
+# runner_step_wave: runner_step's engine on the Wave backend (ROCm), its device's compute
+# units stood in (wave_ops imports wave_lang, stood in by the adapter: not probed here).
+REQUIRES["runner_step_wave"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api("sglang.srt.layers.attention.attention_registry", "create_wave_backend"),
+    Api(_WAVE, "WaveAttnBackend.init_forward_metadata"),
+    Api(_WAVE, "WaveAttnBackend.init_cuda_graph_state"),
+    Api(_WAVE, "WaveAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_WAVE, "WaveAttnBackend._apply_cuda_graph_metadata", keyword="seq_lens"),
+    Api(_WAVE, "WaveAttnBackend._build_cuda_graph_forward_metadata"),
+    Api(_WAVE, "get_device_core_count"),
+    Api("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton"),
+    Api("sglang.kernels.ops.attention.metadata", "get_num_kv_splits_triton"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _QSA = "sglang.srt.layers.attention.qwen_sparse_attn_backend"
 # runner_step_qwen_sparse: runner_step's engine on the QSA backend (a Qwen4-Exp profile,
 # its QSA pool), the replay through the graph-metadata kernels a CUDA GPU runs.

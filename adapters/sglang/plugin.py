@@ -574,6 +574,87 @@ def _runner_step_aiter() -> list[Implementation]:
     ]
 
 
+def _wave() -> Any:
+    """The Wave runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_wave
+
+    return runner_step_wave
+
+
+def _reach_wave_verify_replay(trace: Trace) -> bool:
+    return _wave().reach_verify_replay(trace)
+
+
+def _smallest_wave_verify_prefix_with_drafts() -> Trace:
+    return _wave().smallest_verify_prefix_with_drafts()
+
+
+def _reach_wave_verify_graph(trace: Trace) -> bool:
+    return _wave().reach_verify_graph(trace)
+
+
+def _trigger_wave_verify_mask_overflow(trace: Trace) -> bool:
+    return _wave().trigger_mask_overflow(trace)
+
+
+def _smallest_wave_verify_mask_overflow() -> Trace:
+    return _wave().smallest_mask_overflow()
+
+
+def _runner_step_wave() -> list[Implementation]:
+    """SGLang's decode graph runner step on the Wave backend (ROCm), and a defect of its
+    graph metadata re-created."""
+    backend = "layers/attention/wave_backend.py:WaveAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_wave",
+            "run",
+            name="sglang-wave",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (create_wave_backend) on an "
+            "MI300X's 304 compute units (eager init_forward_metadata of decode, target "
+            "verify and extend, init_cuda_graph_state, init_forward_metadata_out_graph at "
+            "capture and replay: _apply_cuda_graph_metadata; "
+            "create_flashinfer_kv_indices_triton and get_num_kv_splits_triton "
+            "interpreted); the wave_lang package stood in while the engine steps (its "
+            "compiler and kernels refuse)",
+            declines=sglang.EngineCall("runner_step_wave", "declines"),
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_wave",
+            "run_verify_prefix_with_drafts",
+            name="sglang-wave-verify-prefix-with-drafts",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose graph verify metadata "
+            "(_apply_cuda_graph_metadata) counts the drafts into each request's cached "
+            "prefix (seq_lens + num_draft_tokens, FlashInfer's verify kv_indptr): "
+            "kv_indptr, kv_indices and mask_indptr",
+            declines=sglang.EngineCall("runner_step_wave", "declines"),
+            trigger=_reach_wave_verify_replay,
+            reach=_reach_wave_verify_replay,
+            smallest=_smallest_wave_verify_prefix_with_drafts,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_wave",
+            "run_verify_mask_overflow",
+            name="sglang-wave-verify-mask-overflow",
+            kind="mutant",
+            description=f"installed SGLang's {backend}, unmodified: init_cuda_graph_state "
+            "sizes cuda_graph_custom_mask max_bs * max_context_len, and "
+            "_apply_cuda_graph_metadata copies a verify's whole custom mask (N * (seq_len "
+            "+ N) entries a request) into it, which raises once the batch's entries pass "
+            "the buffer (at a replay) or N * (N + 1) passes the context (at capture) (a "
+            "finding of SGLang's own, kept apart)",
+            trigger=_trigger_wave_verify_mask_overflow,
+            reach=_reach_wave_verify_graph,
+            smallest=_smallest_wave_verify_mask_overflow,
+            traced=True,
+        ),
+    ]
+
+
 def _qwen_sparse() -> Any:
     """The QSA runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_qwen_sparse
@@ -1174,6 +1255,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
         *_runner_step_aiter(),
+        *_runner_step_wave(),
         *_runner_step_qwen_sparse(),
         *_runner_step_deepseek_v4(),
         *_runner_step_hybrid(),
