@@ -430,11 +430,13 @@ def trigger_past_window(trace: Trace | Case) -> bool:
 
 
 def smallest_past_window() -> Trace:
-    """One request prefills ``window + 1`` tokens in one step (3 pages of 32): its last
-    token, at position 64, reads 65 keys where its row holds 64."""
+    """One request prefills ``window + 1`` tokens in one step (3 pages of 32), on an
+    engine without graphs (none is needed; and an engine of graph mode with no capture
+    size is one vLLM refuses to make): its last token, at position 64, reads 65 keys
+    where its row holds 64."""
     config = EngineConfig(
         max_model_len=WINDOW + 2, max_num_seqs=1, max_num_batched_tokens=WINDOW + 1,
-        block_size=BLOCK_SIZE, runner="v1",
+        block_size=BLOCK_SIZE, cudagraph_capture_sizes=(), cudagraph_mode="NONE", runner="v1",
     )  # fmt: skip
     step = Batch((0,), (WINDOW + 1,), req_ids=(0,), pages=((1, 2, 3),), new_pages=(3,))
     return Trace(config, (step,))
