@@ -115,7 +115,14 @@ def without_cuda_asserts(fn: Callable[..., Any]) -> Callable[..., Any]:
     numbers, so that a traceback points where the code under test is. The engines'
     Triton wrappers open with such an assert (SGLang's, vLLM's Kimi K3 staging); the
     rest of each runs under the Triton interpreter."""
-    module = ast.fix_missing_locations(ast.Module(body=[stripped_tree(fn)], type_ignores=[]))
+    return recompiled(fn, stripped_tree(fn))
+
+
+def recompiled(fn: Callable[..., Any], definition: ast.FunctionDef) -> Callable[..., Any]:
+    """``fn`` compiled anew from ``definition`` (its own source, changed), in the engine's
+    file and at its line numbers; its globals (names patched there are seen), defaults and
+    keyword defaults ``fn``'s."""
+    module = ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))
     code = compile(module, fn.__code__.co_filename, "exec")
     namespace: dict[str, Any] = {}
     exec(code, fn.__globals__, namespace)  # noqa: S102 - the engine's own source, recompiled

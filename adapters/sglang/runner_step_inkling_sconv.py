@@ -99,7 +99,7 @@ from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_hybrid as hybrid
 from attnfuzz.adapters.sglang import runner_step_short_conv as short_conv
-from attnfuzz.adapters.standins import function_tree
+from attnfuzz.adapters.standins import function_tree, recompiled
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace, as_trace
@@ -172,15 +172,7 @@ def placed_on_cuda(fn: Callable[..., Any]) -> Callable[..., Any]:
     unchanged. Its globals are its module's (names patched there are seen)."""
     definition = function_tree(fn)
     definition.decorator_list = []
-    placed = _OnCuda().visit(definition)
-    module = ast.fix_missing_locations(ast.Module(body=[placed], type_ignores=[]))
-    code = compile(module, fn.__code__.co_filename, "exec")
-    namespace: dict[str, Any] = {}
-    exec(code, fn.__globals__, namespace)  # noqa: S102 - the engine's own source, recompiled
-    copy = namespace[fn.__name__]
-    copy.__defaults__, copy.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
-    copy.__wrapped_original__ = fn
-    return copy
+    return recompiled(fn, _OnCuda().visit(definition))
 
 
 @functools.cache
