@@ -187,7 +187,8 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
     registration order, except those ``impl`` was never meant to run (outside
     the engine values it fixes). For an implementation that lives across steps
     (``traced``) they are traces (a case on its own: a trace of one step); for
-    any other, the mutants' traces are left out."""
+    any other, the mutants' traces are left out. Mutants that share one smallest case
+    give it once: judging it again would only repeat its verdict."""
     out: list[Case | Trace] = []
     for mutant in target.implementations.values():
         if kind_of(mutant) != "mutant" or mutant.smallest is None:
@@ -201,7 +202,9 @@ def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
                 target.refuse_unfixed(impl, trace.case(k))
         except InvalidCase:
             continue  # e.g. a mutant's case of another top-k than ``impl`` is built for
-        out.append(trace if impl.traced else found)
+        case = trace if impl.traced else found
+        if case not in out:
+            out.append(case)
     return out
 
 

@@ -256,6 +256,17 @@ def test_explicit_examples_are_judged_first_in_order():
     assert seen[:2] == [first, second] and len(seen) == 5
 
 
+def test_mutants_that_share_a_smallest_case_give_it_once():
+    # mtp-seq-lens' re-created PR 42135 mutants and their upstream twins fail one case.
+    target = get_target(TARGET)
+    mutants = [i for i in target.implementations.values() if i.smallest is not None]
+    wanted = [m.smallest() for m in mutants]
+    assert len(wanted) > len({repr(c) for c in wanted}), "no two mutants share a case"
+    cases = smallest_cases(target, target.resolve("triton"))
+    assert all(c in cases for c in wanted)
+    assert all(a != b for k, a in enumerate(cases) for b in cases[k + 1 :])
+
+
 def test_a_failing_explicit_example_ends_the_run_unshrunk():
     target = get_target(TARGET)
     impl = target.resolve("pr42135-strided")
