@@ -33,6 +33,7 @@ from attnfuzz.harness.testing import (
     PASSING_TRACES,
     assert_detected,
     assert_passes,
+    engine_marks,
     entry_params,
     example_violations,
     judge_example,
@@ -204,16 +205,30 @@ def test_mutant_is_detected(target, mutant):
     assert_detected(target, mutant)
 
 
-@pytest.mark.parametrize("target", target_names())
-def test_every_trigger_implies_its_reach(target):
+def _mutants_by_engine() -> list:
+    """``(target, engine)`` for each engine (None: attnfuzz's own) that has mutants of
+    the target, with that engine's marks: the engine tier (``-m vllm``) checks its own
+    mutants' triggers, which the tier without engines never registers."""
+    out = []
+    for name in target_names():
+        by_engine = {m.engine: m for m in get_target(name).mutants}
+        for engine, mutant in sorted(by_engine.items(), key=lambda kv: kv[0] or ""):
+            marks = engine_marks(mutant)
+            out.append(pytest.param(name, engine, marks=marks, id=f"{name}/{engine or 'own'}"))
+    return out
+
+
+@pytest.mark.parametrize("target, engine", _mutants_by_engine())
+def test_every_trigger_implies_its_reach(target, engine):
     t = get_target(target)
+    mutants = [m for m in t.mutants if m.engine == engine]
 
     @settings(
         max_examples=300, database=None, deadline=None, suppress_health_check=list(HealthCheck)
     )
     @given(t.cases())
     def check(case):
-        for impl in t.mutants:
+        for impl in mutants:
             assert impl.reach(case) or not impl.trigger(case), impl.name
 
     check()

@@ -133,7 +133,7 @@ from attnfuzz.adapters.sglang.runner_step import arrive_then_step
 from attnfuzz.adapters.standins import in_sys_modules, no_collections
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 PAGE_SIZE = 256
 """``deepseek_v4_backend.py``: "the system hardcodes page_size=256" (and the model
@@ -805,10 +805,11 @@ def run_swa_lengths_unclamped(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 run_swa_lengths_unclamped.new_engine = SWA_LENGTHS_UNCLAMPED.new_engine  # type: ignore[attr-defined]
 
 
-def reach_past_window(trace: Trace) -> bool:
+def reach_past_window(trace: Trace | Case) -> bool:
     """A step of a request past the window: a query token of more than 128 keys, whose
-    window length the clamp bounds."""
-    return any(n > SWA_WINDOW for case in trace.cases() for n in case.batch.seq_lens)
+    window length the clamp bounds (a case alone: a trace of one step)."""
+    steps = as_trace(trace).cases()
+    return any(n > SWA_WINDOW for case in steps for n in case.batch.seq_lens)
 
 
 def smallest_swa_lengths_unclamped() -> Trace:
