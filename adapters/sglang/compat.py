@@ -295,6 +295,20 @@ REQUIRES["runner_step_qwen_sparse"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_MINIMAX = "sglang.srt.layers.attention.minimax_sparse_backend"
+# runner_step_minimax_sparse: runner_step's engine on a MiniMax-M3 model (Triton beside its
+# sparse backend, on ROCm), a verify's rows built in the graph.
+REQUIRES["runner_step_minimax_sparse"] = REQUIRES["runner_step"] + (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._run_in_graph_metadata_prep"),
+    Api("sglang.srt.layers.attention.attention_registry", "attn_backend_wrapper"),
+    Api(_MINIMAX, "MiniMaxHybridAttnBackend.init_forward_metadata_in_graph"),
+    Api(_MINIMAX, "MiniMaxSparseAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_MINIMAX, "MiniMaxSparseAttnBackend._init_rocm_linear_verify_metadata"),
+    Api(_MINIMAX, "MiniMaxSparseAttnBackend._resolve_extend_meta"),
+    Api(_MINIMAX, "is_gfx95_supported"),
+    Api("sglang.srt.mem_cache.memory_pool", "MiniMaxSparseKVPool"),
+    Api("sglang.srt.mem_cache.memory_pool", "get_minimax_sparse_index_dtype"),
+)
 _DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
 _DSV4_KERNELS = "sglang.kernels.ops.attention.dsv4"
 # runner_step_deepseek_v4: runner_step's engine on the DeepSeek-V4 backend (its pool and

@@ -716,6 +716,59 @@ def _runner_step_qwen_sparse() -> list[Implementation]:
     ]
 
 
+def _minimax_sparse() -> Any:
+    """The MiniMax-M3 sparse runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_minimax_sparse
+
+    return runner_step_minimax_sparse
+
+
+def _reach_minimax_sparse_verify(trace: Trace) -> bool:
+    return _minimax_sparse().reach_verify(trace)
+
+
+def _trigger_minimax_sparse_verify_bound_without_drafts(trace: Trace) -> bool:
+    return _minimax_sparse().trigger_verify_bound_without_drafts(trace)
+
+
+def _smallest_minimax_sparse_verify_bound_without_drafts() -> Trace:
+    return _minimax_sparse().smallest_verify_bound_without_drafts()
+
+
+def _runner_step_minimax_sparse() -> list[Implementation]:
+    """SGLang's decode graph runner step of a MiniMax-M3 sparse-attention model on ROCm, and
+    a defect of its verify's score bound re-created."""
+    backend = "layers/attention/minimax_sparse_backend.py:MiniMaxSparseAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_minimax_sparse",
+            "run",
+            name="sglang-minimax-sparse",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang) over minimax_sparse_backend.py:"
+            f"MiniMaxHybridAttnBackend with Triton and {backend} (attn_backend_wrapper, a "
+            "MiniMax-M3 profile, mem_cache/memory_pool.py:MiniMaxSparseKVPool; eager "
+            "init_forward_metadata and an extend's _resolve_extend_meta; "
+            "init_forward_metadata_out_graph at capture and replay; ROCm's linear verify "
+            "rows in init_forward_metadata_in_graph); the platform ROCm's (an MI300X)",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_minimax_sparse",
+            "run_verify_bound_without_drafts",
+            name="sglang-minimax-sparse-verify-bound-without-drafts",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose init_forward_metadata_out_graph "
+            "leaves out ROCm's _max_seqlen_k += speculative_num_draft_tokens: a verify's "
+            "score buffer sized for the committed prefix, its draft rows scoring past it",
+            trigger=_trigger_minimax_sparse_verify_bound_without_drafts,
+            reach=_reach_minimax_sparse_verify,
+            smallest=_smallest_minimax_sparse_verify_bound_without_drafts,
+            traced=True,
+        ),
+    ]
+
+
 def _deepseek_v4() -> Any:
     """The DeepSeek-V4 runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_deepseek_v4
@@ -1257,6 +1310,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_aiter(),
         *_runner_step_wave(),
         *_runner_step_qwen_sparse(),
+        *_runner_step_minimax_sparse(),
         *_runner_step_deepseek_v4(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
