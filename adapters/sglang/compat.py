@@ -309,6 +309,29 @@ REQUIRES["runner_step_minimax_sparse"] = REQUIRES["runner_step"] + (
     Api("sglang.srt.mem_cache.memory_pool", "MiniMaxSparseKVPool"),
     Api("sglang.srt.mem_cache.memory_pool", "get_minimax_sparse_index_dtype"),
 )
+_MINICPM = "sglang.srt.layers.attention.minicpm"
+# runner_step_minicpm_sparse: runner_step_fa3's engine, the MiniCPM sparse backend layered on
+# it (a MiniCPM-SALA profile), its compressed cache reserved from SGLang's allocator.
+REQUIRES["runner_step_minicpm_sparse"] = REQUIRES["runner_step_fa3"] + (
+    Api("sglang.srt.layers.attention.attention_registry", "create_minicpm_flashattn_backend"),
+    Api(f"{_MINICPM}.backend", "MiniCPMSparseBackend.init_forward_metadata"),
+    Api(f"{_MINICPM}.backend", "MiniCPMSparseBackend.init_cuda_graph_state"),
+    Api(
+        f"{_MINICPM}.backend",
+        "MiniCPMSparseBackend.init_forward_metadata_out_graph",
+        keyword="in_capture",
+    ),
+    Api(f"{_MINICPM}.backend", "MiniCPMSparseBackend._replay_sparse_graph_metadata"),
+    Api(f"{_MINICPM}.sparse_utils", "MiniCPMSparseMetadata"),
+    Api(f"{_MINICPM}.cache", "MiniCPMCompressedCache.alloc_to_lengths"),
+    Api("sglang.srt.configs.minicpm", "MiniCPMHybridConfig"),
+    Api("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_aux_to_lengths"),
+    Api(
+        "sglang.srt.mem_cache.allocation_sizing",
+        "get_req_to_token_extra_context_len",
+    ),
+)
 _DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
 _DSV4_KERNELS = "sglang.kernels.ops.attention.dsv4"
 # runner_step_deepseek_v4: runner_step's engine on the DeepSeek-V4 backend (its pool and

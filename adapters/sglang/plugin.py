@@ -769,6 +769,67 @@ def _runner_step_minimax_sparse() -> list[Implementation]:
     ]
 
 
+def _minicpm_sparse() -> Any:
+    """The MiniCPM sparse runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_minicpm_sparse
+
+    return runner_step_minicpm_sparse
+
+
+def _reach_minicpm_sparse_replay(trace: Trace) -> bool:
+    return _minicpm_sparse().reach_replay(trace)
+
+
+def _trigger_minicpm_sparse_table_rebound(trace: Trace) -> bool:
+    return _minicpm_sparse().trigger_table_rebound(trace)
+
+
+def _smallest_minicpm_sparse_table_rebound() -> Trace:
+    return _minicpm_sparse().smallest_table_rebound()
+
+
+def _runner_step_minicpm_sparse() -> list[Implementation]:
+    """SGLang's decode graph runner step on the MiniCPM sparse-attention backend, and a
+    defect of its graph metadata re-created."""
+    backend = "layers/attention/minicpm/backend.py:MiniCPMSparseBackend"
+    # Pages of one token (minicpm/cache.py); no speculative decoding (declines).
+    pages = {
+        "fixes": {"block_size": 1},
+        "declines": sglang.EngineCall("runner_step_minicpm_sparse", "declines"),
+        "traced": True,
+    }
+    return [
+        sglang_impl(
+            "runner_step_minicpm_sparse",
+            "run",
+            name="sglang-minicpm-sparse",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang-fa3) over {backend} "
+            "(create_minicpm_flashattn_backend) on a MiniCPM-SALA sparse profile and "
+            "minicpm/cache.py:MiniCPMCompressedCache over TokenToKVPoolAllocator (eager "
+            "init_forward_metadata of decode and extend: update_batch_for_sparse, "
+            "sparse_utils' compression metadata and sparse plans; init_cuda_graph_state; "
+            "init_forward_metadata_out_graph at capture and replay); FlashAttention 3's "
+            "scheduler by its contract, the vendor top-k kernels never called",
+            **pages,
+        ),
+        sglang_impl(
+            "runner_step_minicpm_sparse",
+            "run_table_rebound",
+            name="sglang-minicpm-sparse-table-rebound",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose _replay_sparse_graph_metadata "
+            "rebinds each compression level's table to the pool's rows instead of copying "
+            "them into the graph's buffer: the backend's forward_metadata is right, the "
+            "graph reads the capture's table",
+            trigger=_trigger_minicpm_sparse_table_rebound,
+            reach=_reach_minicpm_sparse_replay,
+            smallest=_smallest_minicpm_sparse_table_rebound,
+            **pages,
+        ),
+    ]
+
+
 def _deepseek_v4() -> Any:
     """The DeepSeek-V4 runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_deepseek_v4
@@ -1311,6 +1372,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_wave(),
         *_runner_step_qwen_sparse(),
         *_runner_step_minimax_sparse(),
+        *_runner_step_minicpm_sparse(),
         *_runner_step_deepseek_v4(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
