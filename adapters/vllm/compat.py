@@ -640,6 +640,21 @@ REQUIRES["runner_step_sparse_swa"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.models.deepseek_v4.attention", "DeepseekV4Attention.PREFILL_CHUNK_SIZE"),
 )  # fmt: skip
 
+# runner_step_minimax_m3: runner_step_v1's engine with MiniMax M3's sparse layers, its
+# KV-cache and attention groups vLLM's own. The MiniMax M3 modules themselves are not
+# named here: their package's __init__ imports the model's vision tower (torchvision,
+# absent from the CPU install), so the adapter imports them without it (_modules) and
+# a probe here could not; the backend registry's entry says the release has them.
+REQUIRES["runner_step_minimax_m3"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.registry", "AttentionBackendEnum.MINIMAX_M3_SPARSE"),
+    Api("vllm.config.attention", "AttentionConfig.resolve_indexer_kv_dtype"),
+    Api("vllm.config.attention", "MiniMaxM3MSADecodeBackend"),
+    Api("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups"),
+    Api("vllm.v1.kv_cache_interface", "SparseCacheRole"),
+    Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_attn_backend"),
+    Api("vllm.v1.worker.utils", "customize_attention_spec"),
+)  # fmt: skip
+
 # runner_step_sparse_mla_fp8: runner_step_sparse_mla's engine, its cache fp8_ds_mla:
 # FlashMLA's schedule call and torch looked up in flashmla_sparse.py.
 REQUIRES["runner_step_sparse_mla_fp8"] = REQUIRES["runner_step_sparse_mla"] + (

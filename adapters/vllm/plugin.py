@@ -890,6 +890,47 @@ def _runner_step_sparse_swa() -> list[Implementation]:
     ]
 
 
+_minimax_m3_hook = functools.partial(_lazy, "runner_step_minimax_m3")
+
+
+def _runner_step_minimax_m3() -> list[Implementation]:
+    """``vllm-v1``'s step of MiniMax M3's block-sparse attention layers (the main attend
+    and the lightning indexer), and a mutant of the prefills' query offsets."""
+    # MiniMaxM3SparseBackend / MiniMaxM3IndexerBackend.get_supported_kernel_block_sizes: 128.
+    pages = {"fixes": {"block_size": 128}, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_minimax_m3",
+            "run",
+            name="vllm-v1-minimax-m3-sparse",
+            description="installed vLLM (V1 runner) of MiniMax M3's sparse attention layers "
+            "(select_main_backend_and_impl_cls, MiniMaxM3Indexer and its index cache, top-k "
+            "8 blocks, bf16) as on an sm100 GPU, one KV-cache group of vLLM's grouping "
+            "(vllm/models/minimax_m3: MiniMaxM3SparseMSAMetadataBuilder on "
+            "MiniMaxM3SparseMetadataBuilder.build: the decode/prefill split, decode "
+            "seq_lens and query length, rebased prefill offsets, cumulative KV lengths "
+            "and the CSR's KV blocks; MiniMaxM3IndexerTritonMetadataBuilder.build), the "
+            "platform and the tensor-parallel world size stood in, every field the attend "
+            "and the indexer kernels read judged",
+            **pages,
+        ),
+        _step_impl(
+            "runner_step_minimax_m3",
+            "offsets_unrebased",
+            name="vllm-v1-minimax-m3-sparse-prefill-offsets-unrebased",
+            kind="mutant",
+            description="installed vLLM (V1 runner, MiniMax M3 sparse) with "
+            "MiniMaxM3SparseMetadataBuilder.build handing the prefills the batch's query "
+            "offsets not rebased to the first prefill token: after decodes, the prefill "
+            "attend reads query rows past its own",
+            trigger=_minimax_m3_hook("trigger_decodes_and_prefills"),
+            reach=_minimax_m3_hook("reach_m3"),
+            smallest=_minimax_m3_hook("smallest_decodes_and_prefills"),
+            **pages,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1598,6 +1639,7 @@ VLLM = Engine(
             *_runner_step_aiter_mla(),
             *_runner_step_aiter_mla_sparse(),
             *_runner_step_sparse_swa(),
+            *_runner_step_minimax_m3(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
