@@ -96,6 +96,8 @@ def accepts(target, impl, case) -> bool:
 SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-backends"): 8,
     ("runner-step", "sglang-deepseek-v4"): 4,
+    ("runner-step", "sglang-deepseek-v4-hip-radix"): 4,
+    ("runner-step", "sglang-deepseek-v4-hip-radix-draft"): 4,
     ("runner-step", "sglang-eagle-worker"): 8,
     ("runner-step", "sglang-multi-layer-eagle"): 8,
     ("runner-step", "sglang-multi-layer-eagle-worker"): 8,

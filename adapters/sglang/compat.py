@@ -356,6 +356,39 @@ REQUIRES["runner_step_deepseek_v4"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_DSV4_HIP = "sglang.srt.layers.attention.deepseek_v4_backend_hip_radix"
+# runner_step_deepseek_v4_hip: runner_step_deepseek_v4's engine, the backend ROCm's (HIP
+# radix): the platform queries it makes answered as an MI300X, its raw decode copy
+# recompiled; its EAGLE draft runner_step_draft's, on the HIP multi-step backend.
+REQUIRES["runner_step_deepseek_v4_hip"] = (
+    REQUIRES["runner_step_deepseek_v4"]
+    + REQUIRES["runner_step_draft"]
+    + (
+        Api("sglang.srt.layers.attention.attention_registry", "_is_hip"),
+        Api(_DSV4_HIP, "DeepseekV4HipRadixBackend.init_forward_metadata"),
+        Api(_DSV4_HIP, "DeepseekV4HipRadixBackend.init_forward_metadata_in_graph"),
+        Api(
+            _DSV4_HIP,
+            "DeepseekV4HipRadixBackend.init_forward_metadata_out_graph",
+            keyword="in_capture",
+        ),
+        Api(_DSV4_HIP, "DeepseekV4HipRadixBackend._move_to_device"),
+        Api(_DSV4_HIP, "DSV4RawDecodeMetadata.copy_"),
+        Api(_DSV4_HIP, "DeepseekV4MultiStepBackend.init_forward_metadata_out_graph"),
+        Api(_DSV4_HIP, "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph"),
+        Api(_DSV4_HIP, "_GraphBucket.DECODE_OR_IDLE"),
+        Api(_DSV4_HIP, "torch"),
+        Api("sglang.srt.layers.attention.dsv4.metadata", "is_hip"),
+        Api("sglang.srt.layers.attention.dsv4.unified_kv_gate", "is_hip"),
+        Api("sglang.srt.layers.attention.dsv4.compressor_v2", "_is_hip"),
+        Api("sglang.srt.mem_cache.deepseek_v4_memory_pool", "_is_hip"),
+        Api(
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+            "DeepSeekV4TokenToKVPool.register_mapping",
+        ),
+        Api("sglang.srt.utils", "is_hip"),
+    )
+)
 _XPU = "sglang.srt.layers.attention.xpu_backend"
 # runner_step_xpu: runner_step_fa3's engine (its FA3 metadata), the backend Intel XPU's.
 REQUIRES["runner_step_xpu"] = (

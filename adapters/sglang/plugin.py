@@ -889,6 +889,87 @@ def _runner_step_deepseek_v4() -> list[Implementation]:
     ]
 
 
+def _deepseek_v4_hip() -> Any:
+    """The DeepSeek-V4 HIP radix runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_deepseek_v4_hip
+
+    return runner_step_deepseek_v4_hip
+
+
+def _reach_deepseek_v4_hip_decode_replay(trace: Trace) -> bool:
+    return _deepseek_v4_hip().reach_decode_replay(trace)
+
+
+def _trigger_deepseek_v4_hip_out_loc_stale(trace: Trace) -> bool:
+    return _deepseek_v4_hip().trigger_out_loc_stale(trace)
+
+
+def _smallest_deepseek_v4_hip_out_loc_stale() -> Trace:
+    return _deepseek_v4_hip().smallest_out_loc_stale()
+
+
+def _runner_step_deepseek_v4_hip() -> list[Implementation]:
+    """SGLang's decode graph runner step on DeepSeek-V4's HIP radix backend (ROCm), and a
+    defect of its decode graph's raw metadata re-created."""
+    backend = "layers/attention/deepseek_v4_backend_hip_radix.py:DeepseekV4HipRadixBackend"
+    # Pages of 256 tokens, as on CUDA (DeepseekV4HipRadixBackend.__init__ asserts them).
+    pages = {
+        "fixes": {"block_size": 256},
+        "declines": sglang.EngineCall("runner_step_deepseek_v4_hip", "declines"),
+        "traced": True,
+    }
+    return [
+        sglang_impl(
+            "runner_step_deepseek_v4_hip",
+            "run",
+            name="sglang-deepseek-v4-hip-radix",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (create_dsv4_backend on "
+            "ROCm) on the DeepSeek-V4 engine of sglang-deepseek-v4 (eager "
+            "init_forward_metadata of decode, target verify and extend, "
+            "init_cuda_graph_state, init_forward_metadata_out_graph at capture and replay: "
+            "the decode's raw metadata, the verify's whole metadata copied into the "
+            "captured one by DSV4Metadata.copy_; init_forward_metadata_in_graph run by the "
+            "graph stand-in at capture and at each replay; its Triton metadata kernels "
+            "interpreted); the platform an MI300X's (gfx942), three CUDA-only JIT "
+            "planners stood in by their contract",
+            **pages,
+        ),
+        sglang_impl(
+            "runner_step_deepseek_v4_hip",
+            "run_draft",
+            name="sglang-deepseek-v4-hip-radix-draft",
+            description="installed SGLang: the EAGLE draft after each target step of "
+            "sglang-deepseek-v4-hip-radix's engine: speculative/"
+            "eagle_draft_cuda_graph_runner.py:EAGLEDraftCudaGraphRunner (as "
+            "sglang-eagle-draft) over deepseek_v4_backend_hip_radix.py:"
+            "DeepseekV4MultiStepBackend (eager init_forward_metadata, init_cuda_graph_state, "
+            "init_forward_metadata_out_graph at capture and replay, "
+            "init_forward_metadata_in_graph of every draft step run by the graph stand-in) "
+            "on the draft's pool (one NextN layer, SWA only, over the target's full-to-SWA "
+            "mapping); the draft model's extend on DeepseekV4HipRadixBackend; the platform "
+            "an MI300X's",
+            fixes={"block_size": 256},
+            declines=sglang.EngineCall("runner_step_deepseek_v4_hip", "declines_draft"),
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_deepseek_v4_hip",
+            "run_out_loc_stale",
+            name="sglang-deepseek-v4-hip-radix-out-loc-stale",
+            kind="mutant",
+            description=f"installed SGLang's {backend} whose DSV4RawDecodeMetadata.copy_ "
+            "forgets out_cache_loc: the decode graph's recorded metadata derives every "
+            "replay's c4_out_loc and c128_out_loc from the capture's zeros, the compressors "
+            "writing a completed group into the padding page",
+            trigger=_trigger_deepseek_v4_hip_out_loc_stale,
+            reach=_reach_deepseek_v4_hip_decode_replay,
+            smallest=_smallest_deepseek_v4_hip_out_loc_stale,
+            **pages,
+        ),
+    ]
+
+
 def _hybrid() -> Any:
     """The hybrid GDN runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_hybrid
@@ -1374,6 +1455,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_minimax_sparse(),
         *_runner_step_minicpm_sparse(),
         *_runner_step_deepseek_v4(),
+        *_runner_step_deepseek_v4_hip(),
         *_runner_step_hybrid(),
         *_runner_step_lightning(),
         *_runner_step_short_conv(),
