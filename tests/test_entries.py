@@ -103,6 +103,7 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-multi-layer-eagle-worker"): 8,
     ("runner-step", "sglang-prefill-graph"): 8,
     ("runner-step", "vllm"): 8,
+    ("runner-step", "vllm-v1-deepseek-v41"): 4,
     ("runner-step", "vllm-dflash"): 8,
     ("runner-step", "vllm-mtp-modules"): 8,
     ("runner-step", "vllm-standalone-ar"): 8,

@@ -655,6 +655,47 @@ REQUIRES["runner_step_minimax_m3"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.worker.utils", "customize_attention_spec"),
 )  # fmt: skip
 
+# runner_step_deepseek_v41: runner_step_sparse_swa's engine (its SWA fields) with
+# DeepSeek-V4.1's caches made by their constructors, grouped by vLLM's planner; the
+# platform, DeepGEMM's and DeepSelect's queries and DeepGEMM's schedule looked up where
+# the modules read them; the builder the mutant recompiles.
+REQUIRES["runner_step_deepseek_v41"] = REQUIRES["runner_step_sparse_swa"] + (
+    Api("vllm.models.deepseek_v41.attention", "DeepseekV4Attention.get_kv_cache_spec"),
+    Api("vllm.models.deepseek_v41.attention", "DeepseekV4Attention.PREFILL_CHUNK_SIZE"),
+    Api("vllm.models.deepseek_v41.attention", "DeepseekV4IndexerCache"),
+    Api("vllm.models.deepseek_v41.attention", "_resolve_dsv4_kv_cache_dtype"),
+    Api("vllm.models.deepseek_v41.attention", "_use_v41_mxfp8_kv_record"),
+    Api("vllm.models.deepseek_v41.attention", "_indexer_k_cache_head_dim"),
+    Api("vllm.models.deepseek_v41.attention", "current_platform"),
+    Api("vllm.models.deepseek_v41.nvidia.flashmla", "DeepseekV4FlashMLAAttention.backend_cls"),
+    Api("vllm.models.deepseek_v41.nvidia.flashmla",
+        "DeepseekV4FlashMLAAttention.swa_backend_cls"),
+    Api("vllm.models.deepseek_v41.compressor", "CompressorStateCache"),
+    Api("vllm.models.deepseek_v41.compressor", "CompressorMetadataBuilder.build"),
+    Api("vllm.models.deepseek_v41.sparse_mla", "DeepseekV4SparseMLAMetadataBuilder.build"),
+    Api("vllm.models.deepseek_v41.sparse_mla", "DeepseekV41SparseSWAMetadataBuilder.build"),
+    Api("vllm.models.deepseek_v41.sparse_mla", "current_platform"),
+    Api("vllm.v1.attention.backends.mla.sparse_indexer",
+        "DeepseekV41SparseIndexerMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mla.sparse_indexer", "current_platform"),
+    Api("vllm.v1.attention.backends.mla.sparse_indexer", "has_deep_gemm_sparse_mqa"),
+    Api("vllm.v1.attention.backends.mla.sparse_indexer", "has_deep_select"),
+    Api("vllm.v1.attention.backends.mla.indexer", "current_platform"),
+    Api("vllm.v1.attention.backends.mla.indexer", "has_deep_gemm"),
+    Api("vllm.v1.attention.backends.mla.indexer", "num_compute_units"),
+    Api("vllm.v1.attention.backends.mla.indexer", "get_paged_mqa_logits_metadata"),
+    Api("vllm.v1.attention.backends.mla.indexer", "get_max_prefill_buffer_size"),
+    Api("vllm.v1.attention.backends.mla.indexer", "dsa_indexer_uses_fp4"),
+    Api("vllm.model_executor.kernels.attention.dsa.sparse_mqa_logits",
+        "get_deep_select_stride_requirement"),
+    Api("vllm.v1.attention.backends.utils", "get_supported_kv_cache_layouts"),
+    Api("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout"),
+    Api("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups"),
+    Api("vllm.v1.kv_cache_interface", "CircularBufferSpec"),
+    Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_attn_backend"),
+    Api("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.get_kv_cache_spec"),
+)  # fmt: skip
+
 # runner_step_sparse_mla_fp8: runner_step_sparse_mla's engine, its cache fp8_ds_mla:
 # FlashMLA's schedule call and torch looked up in flashmla_sparse.py.
 REQUIRES["runner_step_sparse_mla_fp8"] = REQUIRES["runner_step_sparse_mla"] + (

@@ -931,6 +931,49 @@ def _runner_step_minimax_m3() -> list[Implementation]:
     ]
 
 
+_deepseek_v41_hook = functools.partial(_lazy, "runner_step_deepseek_v41")
+
+
+def _runner_step_deepseek_v41() -> list[Implementation]:
+    """``vllm-v1``'s step of DeepSeek-V4.1's attention layers (compressed MLA, indexer,
+    compressor ring, SWA), and a mutant of the sparse indexer's prefill rows."""
+    # DeepseekV4Attention.__init__: the SWA cache's pages are 32 tokens (the trace's).
+    pages = {"fixes": {"block_size": 32}, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_deepseek_v41",
+            "run",
+            name="vllm-v1-deepseek-v41",
+            description="installed vLLM (V1 runner) of DeepSeek-V4.1's attention layers as "
+            "DeepseekV4FlashMLAAttention makes their caches on an sm100 GPU (compress "
+            "ratios 1 and 2, MXFP4 indexer with sparse logits, a compressor ring, SWA "
+            "window 64, an SWA-only MTP layer), KV-cache and attention groups vLLM's own, "
+            "so that DeepseekV4SparseMLAMetadataBuilder, "
+            "DeepseekV41SparseIndexerMetadataBuilder (over the V3.2 indexer's varlen "
+            "build), DeepseekV41SparseSWAMetadataBuilder and CompressorMetadataBuilder "
+            "build every step and capture; the platform, DeepGEMM's and DeepSelect's "
+            "queries and schedule, FlashMLA's planner stood in; every field their "
+            "consumers read judged",
+            **pages,
+        ),
+        _step_impl(
+            "runner_step_deepseek_v41",
+            "sparse_rows_shared",
+            name="vllm-v1-deepseek-v41-sparse-rows-shared",
+            kind="mutant",
+            description="installed vLLM (V1 runner, DeepSeek-V4.1) with "
+            "DeepseekV41SparseIndexerMetadataBuilder.build slicing each prefill chunk's "
+            "sparse-logits scratch from the first prefill token: after decodes, the "
+            "first chunk shares the decode rows' scratch, which later consumer layers "
+            "reuse",
+            trigger=_deepseek_v41_hook("trigger_sparse_decodes_and_prefills"),
+            reach=_deepseek_v41_hook("reach_v41"),
+            smallest=_deepseek_v41_hook("smallest_sparse_decodes_and_prefills"),
+            **pages,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1640,6 +1683,7 @@ VLLM = Engine(
             *_runner_step_aiter_mla_sparse(),
             *_runner_step_sparse_swa(),
             *_runner_step_minimax_m3(),
+            *_runner_step_deepseek_v41(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),
