@@ -201,11 +201,14 @@ def test_the_mutant_fails_safe_padding_on_its_smallest_trace():
         assert ("safe padding", how, "swa_topk_lengths") in found
 
 
-def test_the_raw_out_loc_the_graph_copies_is_read_by_no_field():
-    """The captured raw metadata's ``out_cache_loc`` left stale at a replay (``copy_``
-    forgetting it) changes only ``raw_out_loc`` and the C4 / C128 write locations, which no
-    consumer of V4 on CUDA reads: the SWA write locations come from the runner's own
-    buffer (``init_forward_metadata_in_graph``). No field here tells, by design."""
+def test_a_stale_raw_out_loc_changes_no_field_of_a_cuda_replay():
+    """The captured raw metadata's ``out_cache_loc`` left stale at a replay (its values
+    put back after ``replay_cuda_graph_metadata_from``) changes no field on CUDA: the SWA
+    write locations come from the runner's own buffer
+    (``init_forward_metadata_in_graph``), and the C4 / C128 write locations the
+    compressors read (``_get_out_loc``, judged) come out as an eager build's. HIP's
+    backend, which copies the raw metadata (``DSV4RawDecodeMetadata.copy_``), is where
+    such a copy can go stale (``sglang-deepseek-v4-hip-radix-out-loc-stale``)."""
     from attnfuzz.adapters.sglang import runner_step_deepseek_v4 as dsv4
 
     class Stale(dsv4.DeepseekV4Engine):
@@ -226,6 +229,7 @@ def test_the_raw_out_loc_the_graph_copies_is_read_by_no_field():
     life_ = dsv4._MutantLife(Stale)
     *_, out = life(life_, dsv4.smallest_swa_lengths_unclamped())
     assert ref.violations(out) == []
+    assert _values(out, "replay", "c4_out_loc") == _values(out, "eager", "c4_out_loc")
     assert _values(out, "replay", "swa_out_cache_loc") == _values(out, "eager", "swa_out_cache_loc")
 
 

@@ -109,10 +109,10 @@ Mutant (a re-created defect of the window's metadata):
 ``sglang-deepseek-v4-swa-lengths-unclamped`` (``_page_table_positions_kernel``'s window
 length not clamped to the window, ``tl.minimum(seq_len, swa_window)`` dropped: past 128
 keys a query's ``swa_topk_lengths`` reaches past the 128 indices FlashMLA is handed; safe
-padding, in every build). A defect of the graph's raw copy alone is not one: the captured
-raw metadata's ``seq_lens`` and ``req_pool_indices`` are views of the runner's buffers, and
-its ``out_cache_loc`` (``raw_out_loc``) feeds only ``c4_out_loc`` / ``c128_out_loc``, which
-no consumer of V4 on CUDA reads (HIP's backend and V4.1's low-ratio compressors do).
+padding, in every build). The captured raw metadata's ``seq_lens`` and
+``req_pool_indices`` are views of the runner's buffers; its ``out_cache_loc``
+(``raw_out_loc``) feeds ``c4_out_loc`` / ``c128_out_loc``, where the compressors write
+(``compressor_v2.py``: ``_get_out_loc``), judged as such.
 """
 
 from __future__ import annotations
@@ -626,6 +626,16 @@ class DeepseekV4Engine(decode._Engine):
         c128 = pool.get_extra_key_buffer(layer).shape[0] * pool.get_extra_key_page_size(layer)
         return swa, c128
 
+    def compressed_rows(self) -> tuple[int, int]:
+        """The rows (compressed slots) the C4 and C128 layers' caches hold: the C4 layer's
+        extra cache and its indexer's key cache (both written at ``c4_out_loc``, the
+        smaller bounding it), the C128 layer's extra cache."""
+        pool = self.runner.token_to_kv_pool
+        c4 = COMPRESS_RATIOS.index(4)
+        core = pool.get_extra_key_buffer(c4).shape[0] * pool.get_extra_key_page_size(c4)
+        index = pool.get_index_k_with_scale_buffer(c4).shape[0] * pool.get_index_k_page_size(4)
+        return min(core, index), self.cache_rows()[1]
+
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """What the consumers read of ``DSV4Metadata`` ``metadata`` for ``rows`` requests
         and ``tokens`` tokens (padding included), copied now; none of the raw metadata
@@ -640,6 +650,7 @@ class DeepseekV4Engine(decode._Engine):
         swa = decode.host(core.swa_page_indices)
         swa_lens = decode.host(core.swa_topk_lengths)
         swa_rows, c128_rows = self.cache_rows()
+        c4_rows = self.compressed_rows()[0]
         c128 = decode.host(core.c128_page_indices)
         c128_lens = decode.host(core.c128_topk_lengths_clamp1)
         page_table = decode.host(core.page_table)
@@ -703,6 +714,13 @@ class DeepseekV4Engine(decode._Engine):
             # entries of each row read.
             Field("c128_topk_lengths_clamp1", "tokens", c128_lens, (1, c128.shape[1])),
             Field("c128_page_indices", "tokens", c128, (-1, c128_rows - 1), row_lengths=c128_lens),
+            # CompressorBackendMixin.forward_unified (dsv4/compressor_v2.py; the uniform-FP8
+            # path's forward_compress_uniform_fp8 alike) hands compress_norm_rope_store
+            # out_loc=c4_out_loc / c128_out_loc (_get_out_loc): its kernel writes a token's
+            # compressed key at out_loc[token] of the C4 layer's and its indexer's caches,
+            # and of the C128 layer's.
+            Field("c4_out_loc", "tokens", decode.host(core.c4_out_loc), (0, c4_rows - 1)),
+            Field("c128_out_loc", "tokens", decode.host(core.c128_out_loc), (0, c128_rows - 1)),
         )
 
     def kv_read(

@@ -252,16 +252,6 @@ class HipRadixEngine(dsv4.DeepseekV4Engine):
         pool = self.runner.token_to_kv_pool
         return pool.get_swa_key_buffer_radix(0).shape[0] * pool.get_swa_key_page_size()
 
-    def compressed_rows(self) -> tuple[int, int]:
-        """The rows (compressed slots) the C4 and C128 layers' caches hold: the C4 layer's
-        extra cache and its indexer's key cache (both written at ``c4_out_loc``, the
-        smaller bounding it), the C128 layer's extra cache."""
-        pool = self.runner.token_to_kv_pool
-        c4 = dsv4.COMPRESS_RATIOS.index(4)
-        core = pool.get_extra_key_buffer(c4).shape[0] * pool.get_extra_key_page_size(c4)
-        index = pool.get_index_k_with_scale_buffer(c4).shape[0] * pool.get_index_k_page_size(4)
-        return min(core, index), self.cache_rows()[1]
-
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """What the kernels an MI300X runs read of ``DSV4Metadata`` ``metadata`` for
         ``rows`` requests and ``tokens`` tokens (padding included), copied now; none of
