@@ -476,6 +476,28 @@ REQUIRES["runner_step_prefill_graph"] = REQUIRES["runner_step"] + (
         "BreakableCudaGraphBackend",
     ),
 )
+# runner_step_fa3_prefill_graph.py: the prefill runner's FULL graph and chunked-prefix
+# capture on FA3 (an MLA model), the decode steps as runner_step_fa3.
+REQUIRES["runner_step_fa3_prefill_graph"] = (
+    REQUIRES["runner_step_prefill_graph"]
+    + REQUIRES["runner_step_fa3"]
+    + (
+        Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner._populate_chunked_prefix_buffers"),
+        Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner._prepare_chunked_prefix_replay"),
+        Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.capture_prepare"),
+        Api(_PREFILL_RUNNER, "PrefillCudaGraphRunner.execute"),
+        Api(_FA3, "FlashAttentionBackend._init_full_cg_prefill_metadata"),
+        Api(_FA3, "FlashAttentionBackend.supports_full_cuda_graph_chunked_prefix"),
+        Api(
+            "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend",
+            "FullCudaGraphBackend",
+        ),
+        Api(
+            "sglang.srt.model_executor.model_runner_components.misc_utils",
+            "maybe_disable_chunked_prefix_cache",
+        ),
+    )
+)
 # runner_step_backends.py runs the Triton, FA3, FlashInfer, TRT-LLM MHA and AITER runner
 # steps side by side.
 REQUIRES["runner_step_backends"] = (

@@ -1310,6 +1310,66 @@ def _runner_step_prefill_graph() -> list[Implementation]:
     ]
 
 
+def _fa3_prefill_graph() -> Any:
+    """The FA3 FULL prefill-graph runner-step adapter, imported when a mutant's trace is
+    judged."""
+    from attnfuzz.adapters.sglang import runner_step_fa3_prefill_graph
+
+    return runner_step_fa3_prefill_graph
+
+
+def _reach_fa3_chunked_prefix(trace: Trace) -> bool:
+    return _fa3_prefill_graph().reach_chunked_prefix(trace)
+
+
+def _trigger_fa3_stale_rounded_chunks(trace: Trace) -> bool:
+    return _fa3_prefill_graph().trigger_stale_rounded_chunks(trace)
+
+
+def _smallest_fa3_stale_rounded_chunks() -> Trace:
+    return _fa3_prefill_graph().smallest_stale_rounded_chunks()
+
+
+def _runner_step_fa3_prefill_graph() -> list[Implementation]:
+    """SGLang's step with a FULL prefill CUDA graph on FA3 and its chunked-prefix cache,
+    and a defect of the chunk buffers' population re-created."""
+    runner = "runner/prefill_cuda_graph_runner.py:PrefillCudaGraphRunner"
+    # No speculative decoding (can_replay_locally refuses a target verify).
+    declines = sglang.EngineCall("runner_step_fa3_prefill_graph", "declines")
+    return [
+        sglang_impl(
+            "runner_step_fa3_prefill_graph",
+            "run",
+            name="sglang-fa3-prefill-graph",
+            description=f"installed SGLang: {runner} with a FULL graph on an MLA model over "
+            "layers/attention/flashattention_backend.py:FlashAttentionBackend (__init__ and "
+            "capture of every token count and chunked-prefix variant: "
+            "_prepare_chunked_prefix_capture, _populate_chunked_prefix_buffers with the "
+            "Triton kernel create_chunked_prefix_cache_kv_indices; can_run_graph; execute: "
+            "load_batch's slot-padded buffers, _prepare_chunked_prefix_replay, "
+            "_init_full_cg_prefill_metadata) for the extends it covers, the decode steps as "
+            "sglang-fa3; a FULL graph stand-in",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3_prefill_graph",
+            "run_stale_rounded_chunks",
+            name="sglang-fa3-prefill-graph-stale-rounded-chunks",
+            kind="mutant",
+            description=f"installed SGLang's {runner} whose _populate_chunked_prefix_buffers "
+            "refreshes the chunk lengths and offsets of the chunks a batch's prefix reaches "
+            "only: a replay rounded up to a larger chunk variant reads its last chunks' "
+            "stale lengths over zeroed indices",
+            trigger=_trigger_fa3_stale_rounded_chunks,
+            reach=_reach_fa3_chunked_prefix,
+            smallest=_smallest_fa3_stale_rounded_chunks,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _flashinfer() -> Any:
     """The FlashInfer runner-step adapter, imported when a mutant's case is judged (it
     imports torch, never when the plugin loads)."""
@@ -1463,6 +1523,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_mamba2(),
         *_runner_step_kda(),
         *_runner_step_prefill_graph(),
+        *_runner_step_fa3_prefill_graph(),
         *_runner_step_backends(),
         sglang_impl(
             "runner_step_draft",
