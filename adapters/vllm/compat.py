@@ -519,6 +519,18 @@ REQUIRES["runner_step_v1_step3p5"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.propose"),
     Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.set_per_group_attn_metadata"),
 )  # fmt: skip
+# runner_step_v1_ngram: runner_step_v1's engine, its speculative config's ngram_gpu drafter
+# (whose kernel also finds the tokens that make its drafts) and the runner's invalid-draft
+# trim; the trimmed copy of the scheduler output the runner keeps until sample_tokens.
+REQUIRES["runner_step_v1_ngram"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.config.speculative", "SpeculativeConfig.use_ngram_gpu"),
+    Api("vllm.v1.spec_decode.ngram_proposer_gpu", "NgramProposerGPU.propose"),
+    Api("vllm.v1.spec_decode.ngram_proposer_gpu", "NgramGPUKernel.forward"),
+    Api("vllm.v1.spec_decode.ngram_proposer_gpu", "update_scheduler_for_invalid_drafts"),
+    Api("vllm.v1.spec_decode.ngram_proposer_gpu", "update_ngram_gpu_tensors_incremental"),
+    Api(_V1_RUNNER, "GPUModelRunner.take_draft_token_ids"),
+    Api(_V1_RUNNER, "ExecuteModelState"),
+)  # fmt: skip
 # runner_step_mla: runner_step_v1's engine with its attention layer an MLA layer on the
 # Triton MLA backend, whose builder is MLACommonMetadataBuilder; the prefill backend is
 # vLLM's own choice for the platform.

@@ -974,6 +974,49 @@ def _runner_step_deepseek_v41() -> list[Implementation]:
     ]
 
 
+_v1_ngram_hook = functools.partial(_lazy, "runner_step_v1_ngram")
+
+
+def _runner_step_v1_ngram() -> list[Implementation]:
+    """``vllm-v1``'s step with the GPU n-gram drafter (its invalid-draft trim), and a
+    mutant of its token rows."""
+    # The n-gram drafter reserves no lookahead (VllmConfig.num_lookahead_tokens: 0).
+    ngram = {"lookahead": None, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_v1_ngram",
+            "run",
+            name="vllm-v1-ngram-gpu",
+            description="installed vLLM (V1 runner) with the GPU n-gram drafter "
+            "(speculative method ngram_gpu: vllm/v1/spec_decode/ngram_proposer_gpu.py:"
+            "NgramProposerGPU): vllm-v1's step, each running request's scheduled drafts "
+            "trimmed to the valid ones the last proposal counted "
+            "(update_scheduler_for_invalid_drafts in _update_states, before "
+            "_prepare_inputs builds the step's offsets, positions and slots), the n-gram "
+            "token tensors kept (update_ngram_gpu_tensors_incremental), and the proposal "
+            "in the runner's own sample_tokens; the engine's tokens chosen so that the "
+            "matcher proposes the trace's drafts",
+            **ngram,
+        ),
+        _step_impl(
+            "runner_step_v1_ngram",
+            "run_moved_rows_stale",
+            name="vllm-v1-ngram-gpu-moved-rows-stale",
+            kind="mutant",
+            description="installed vLLM (V1 runner, GPU n-gram drafter) with "
+            "update_ngram_gpu_tensors_incremental's first-run branch (every step under "
+            "synchronous scheduling) copying the new requests' token rows only: a request "
+            "condense moved keeps the tokens of the one that left its row on the device, "
+            "the drafter matches there, and the next step's trim cuts its drafts by that "
+            "count",
+            trigger=_v1_ngram_hook("trigger_moved_rows_stale"),
+            reach=_v1_ngram_hook("reach_ngram"),
+            smallest=_v1_ngram_hook("smallest_moved_rows_stale"),
+            **ngram,
+        ),
+    ]
+
+
 _flashinfer_hook = functools.partial(_lazy, "runner_step_flashinfer")
 
 
@@ -1684,6 +1727,7 @@ VLLM = Engine(
             *_runner_step_sparse_swa(),
             *_runner_step_minimax_m3(),
             *_runner_step_deepseek_v41(),
+            *_runner_step_v1_ngram(),
             *_runner_step_flashinfer(),
             *_runner_step_backends(),
             *_runner_step_unpadded_drafts(),

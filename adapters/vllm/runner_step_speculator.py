@@ -72,6 +72,9 @@ DFLASH = "dflash"
 STEP3P5_MTP = "step3p5_mtp"
 """A Step3.5 model's MTP layers a draft (:data:`TINY_STEP3P5`): the V1 runner's
 ``Step3p5MTPProposer``."""
+NGRAM_GPU = "ngram_gpu"
+"""The GPU n-gram drafter (no draft model; n-grams of one token, ``prompt_lookup_min`` and
+``prompt_lookup_max`` 1): the V1 runner's ``NgramProposerGPU``."""
 
 TINY_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -135,6 +138,14 @@ def _speculative_config(kind: str, num_spec: int) -> Any:
     elif kind == MTP_MODULES:
         method = MTP
         model = {**_engine.TINY_DEEPSEEK_V32, "num_nextn_predict_layers": num_spec}
+    elif kind == NGRAM_GPU:
+        # No draft model: the drafts follow the first earlier occurrence of a request's
+        # last token in its own tokens.
+        return SpeculativeConfig(
+            method=kind, num_speculative_tokens=num_spec, prompt_lookup_min=1,
+            prompt_lookup_max=1, target_model_config=base.model_config,
+            target_parallel_config=base.parallel_config,
+        )  # fmt: skip
     else:
         raise ValueError(f"attnfuzz: no speculative config of kind {kind!r}")
     draft = Path(_engine.model_dir()) / kind
