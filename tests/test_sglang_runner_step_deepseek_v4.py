@@ -8,10 +8,15 @@ import sys
 from typing import Any
 
 import pytest
+from attnfuzz.adapters.sglang.testing import (
+    arrive_past_the_window_then_decode,
+    deepseek_v4_swa_slot,
+    life,
+    requires_sglang,
+    violations_found,
+)
 from attnfuzz.adapters.sglang.testing import field_values as _values
-from attnfuzz.adapters.sglang.testing import life, requires_sglang, scheduled
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import EngineConfig
 from attnfuzz.reference.trace import Trace
 
 pytestmark = requires_sglang
@@ -24,32 +29,9 @@ def _life(trace: Trace, name: str = "run") -> list[ref.RunnerStepOutputs]:
     return life(getattr(runner_step_deepseek_v4, name), trace)
 
 
-def _found(out: ref.RunnerStepOutputs) -> set[tuple[str, str, str]]:
-    return {(v.prop, v.build, v.field) for v in ref.violations(out)}
-
-
-def _arrive_then_decode(num_spec: int) -> Trace:
-    """Three requests arrive (150, 3 and 1 tokens: the first past the window of 128), then
-    decode (or verify) together: three requests in the graph of four. Pages of 256: a
-    page each."""
-    w = num_spec + 1
-    config = EngineConfig(max_model_len=200, max_num_seqs=4, max_num_batched_tokens=256,
-                          block_size=256, num_spec=num_spec,
-                          cudagraph_capture_sizes=(2 * w, 4 * w))  # fmt: skip
-    pages = ((1,), (2,), (3,))
-    return Trace(
-        config,
-        (
-            scheduled((0, 0, 0), (150, 3, 1), (0, 1, 2), pages, (1, 1, 1)),
-            scheduled((150, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
-        ),
-    )
-
-
-def _swa(page: int, offset: int, pages: int = 7) -> int:
-    """The SWA slot of full page ``page``'s ``offset``: the engine pairs page ``p`` with SWA
-    page ``pages - p`` (``runner_step.pool_pages``: 4 requests of a page, and 3)."""
-    return (pages - page) * 256 + offset
+_found = violations_found
+_arrive_then_decode = arrive_past_the_window_then_decode
+_swa = deepseek_v4_swa_slot
 
 
 def test_a_decode_of_three_requests_replays_the_graph_of_four():

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from attnfuzz.adapters.sglang import ENGINE, unavailable
 from attnfuzz.harness.testing import require_variable, spec_config
-from attnfuzz.reference.batch import Batch
-from attnfuzz.reference.runner_step import RunnerStepOutputs, make_inputs
+from attnfuzz.reference.batch import Batch, EngineConfig
+from attnfuzz.reference.runner_step import RunnerStepOutputs, make_inputs, violations
 from attnfuzz.reference.trace import Trace
 
 _REASON = unavailable()
@@ -59,6 +59,36 @@ def arrive_then_decode(num_spec: int) -> Trace:
             scheduled((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
         ),
     )
+
+
+def arrive_past_the_window_then_decode(num_spec: int) -> Trace:
+    """DeepSeek-V4's pages of 256: three requests arrive (150, 3 and 1 tokens: the first
+    past the window of 128), then decode (or verify) together: three requests in the
+    graph of four. Pages of 256: a page each."""
+    w = num_spec + 1
+    config = EngineConfig(max_model_len=200, max_num_seqs=4, max_num_batched_tokens=256,
+                          block_size=256, num_spec=num_spec,
+                          cudagraph_capture_sizes=(2 * w, 4 * w))  # fmt: skip
+    pages = ((1,), (2,), (3,))
+    return Trace(
+        config,
+        (
+            scheduled((0, 0, 0), (150, 3, 1), (0, 1, 2), pages, (1, 1, 1)),
+            scheduled((150, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
+        ),
+    )
+
+
+def deepseek_v4_swa_slot(page: int, offset: int, pages: int = 7) -> int:
+    """The SWA slot of full page ``page``'s ``offset`` in DeepSeek-V4's engines: they pair
+    page ``p`` with SWA page ``pages - p`` (``runner_step.pool_pages``: 4 requests of a
+    page, and 3)."""
+    return (pages - page) * 256 + offset
+
+
+def violations_found(out: RunnerStepOutputs) -> set[tuple[str, str, str]]:
+    """Each violation of ``out`` as (property, build, field)."""
+    return {(v.prop, v.build, v.field) for v in violations(out)}
 
 
 def arrive_chunk_decode() -> Trace:
