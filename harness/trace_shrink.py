@@ -19,7 +19,8 @@ with
 
 1. ``max_num_seqs`` lowered by as many requests as the trace's fullest step
    lost, and ``max_num_batched_tokens`` by as many tokens as its largest step
-   lost (each limit keeps its slack over what it bounds);
+   lost (each limit keeps its slack over what it bounds), the pages renumbered
+   into the smaller KV cache (:func:`compact_pages`);
 2. ``max_num_seqs`` lowered alone, as in 1;
 3. the limits as they were (a request the failure does not need).
 
@@ -115,6 +116,22 @@ def without_step(trace: Trace, k: int) -> Trace | None:
     return Trace(trace.config, tuple(steps), trace.params, trace.dtype)
 
 
+def compact_pages(trace: Trace) -> Trace:
+    """``trace`` with its pages renumbered in order, 1 up (0 up where it holds the
+    null page): the same pages shared and reused by the same requests, under fewer
+    numbers. A request dropped leaves gaps in the numbering, and a trace whose limits
+    drop with it must name only pages of the smaller KV cache
+    (:func:`~attnfuzz.reference.batch.kv_cache_pages`)."""
+    held = sorted({p for step in trace.steps for row in step.pages for p in row})
+    first = 0 if held and held[0] == 0 else 1
+    number = {p: first + i for i, p in enumerate(held)}
+    steps = tuple(
+        dataclasses.replace(step, pages=tuple(tuple(number[p] for p in row) for row in step.pages))
+        for step in trace.steps
+    )
+    return dataclasses.replace(trace, steps=steps)
+
+
 def _peaks(trace: Trace) -> tuple[int, int]:
     """The trace's fullest step's request count and its largest step's token count."""
     return (
@@ -148,7 +165,9 @@ def tied_moves(trace: Trace) -> Iterator[Trace]:
         for candidate in (both, lowered, config):
             if candidate not in seen:
                 seen.append(candidate)
-                yield dataclasses.replace(cut, config=candidate)
+                # Lowered limits, a smaller KV cache: the pages renumbered into it.
+                pages = cut if candidate == config else compact_pages(cut)
+                yield dataclasses.replace(pages, config=candidate)
 
 
 def shrink_tied(

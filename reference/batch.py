@@ -156,6 +156,14 @@ class EngineConfig:
         return cls(**d)
 
 
+def kv_cache_pages(config: EngineConfig) -> int:
+    """Pages of the KV cache a runner of ``config`` allocates: the null page 0,
+    ``max_blocks_per_seq`` pages for each of ``max_num_seqs`` requests, and a spare one;
+    every page the scheduler hands out lies below (a trace's numbers pages from 1,
+    freed ones reused first; a step on its own draws among ``sum(pages) + 2``)."""
+    return 2 + config.max_num_seqs * config.max_blocks_per_seq
+
+
 BLOCK_TABLE_TOKEN_ALIGNMENT = 128
 """Tokens a row of the model runner's block table is aligned to."""
 

@@ -14,6 +14,7 @@ from attnfuzz.reference.batch import (
     CommonMetadata,
     EngineConfig,
     cdiv,
+    kv_cache_pages,
 )
 from attnfuzz.reference.runner import mode_problem, step_plan
 
@@ -100,6 +101,11 @@ def scheduler_violations(config: EngineConfig, batch: Batch) -> list[str]:
     held: list[int] = [p for row in batch.pages for p in row]
     if len(set(held)) != len(held) or any(p < 0 for p in held):
         out.append("requests' pages must be distinct and >= 0")
+    if held and max(held) >= kv_cache_pages(config):
+        out.append(
+            f"page {max(held)} past the KV cache's {kv_cache_pages(config)} pages "
+            f"(max_num_seqs={config.max_num_seqs} requests of {config.max_blocks_per_seq})"
+        )
     for r, (row, new, seq_len) in enumerate(
         zip(batch.pages, batch.new_pages, batch.seq_lens, strict=True)
     ):

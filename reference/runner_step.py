@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, kv_cache_pages
 from attnfuzz.reference.persistent_batch import (
     PAD_PAGE,
     PAD_SLOT_ID,
@@ -509,14 +509,6 @@ def violations(out: RunnerStepOutputs) -> list[Violation]:
 # -- what a runner of attnfuzz's own builds from (its own implementation and the
 # reference's): the pages of its KV cache, the ranges its consumers accept, its
 # dispatch and its capture runs. An engine's adapter reads these from the engine.
-
-
-def kv_cache_pages(config: EngineConfig) -> int:
-    """Pages of the KV cache a runner of ``config`` allocates: the null page 0,
-    ``max_blocks_per_seq`` pages for each of ``max_num_seqs`` requests, and a spare one;
-    every page the scheduler hands out lies below (a trace's numbers pages from 1,
-    freed ones reused first; a step on its own draws among ``sum(pages) + 2``)."""
-    return 2 + config.max_num_seqs * config.max_blocks_per_seq
 
 
 def consumer_ranges(config: EngineConfig, tokens: int) -> dict[str, tuple[int, int]]:

@@ -255,7 +255,11 @@ class _Scheduler:
         self.running.remove(req)
         self.release(req)
         if preempted:
-            req.prompt_len, req.computed = req.computed, 0
+            # Back, it recomputes every token it had (vLLM's Scheduler._preempt_request
+            # resets num_computed_tokens; SGLang's retract keeps origin_input_ids and
+            # output_ids): a decode its computed tokens, a prefill cut short its whole
+            # prompt still.
+            req.prompt_len, req.computed = max(req.prompt_len, req.computed), 0
             self.waiting.append(req)
         else:
             self.finished.append(req.req_id)

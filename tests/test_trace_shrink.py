@@ -119,6 +119,34 @@ def test_without_step_drops_the_first_step_or_one_whose_requests_end_there():
     refuse_invalid_trace(TARGET, cut)
 
 
+def test_a_lowered_limit_renumbers_the_pages_into_the_smaller_kv_cache():
+    """Dropping a request and lowering ``max_num_seqs`` with it shrinks the KV cache
+    (``kv_cache_pages``: 34 pages for 2 requests of 16): the pages left are
+    renumbered into it, the same pages for the same requests. Left as they were, the
+    trace names a page past the cache, a life no engine can have, and is refused."""
+    config = spec_config(
+        num_spec=0, cudagraph_mode="NONE", cudagraph_capture_sizes=(), max_num_seqs=3
+    )
+    first = Batch((0,), (4,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    full = (tuple(range(3, 19)), tuple(range(19, 35)))  # 16 pages each: 63 tokens
+    second = Batch(
+        (4, 0, 0), (1, 63, 63), req_ids=(0, 1, 2), pages=((1, 2), *full), new_pages=(1, 16, 16)
+    )
+    trace = Trace(config, (first, second), PARAMS)
+    refuse_invalid_trace(TARGET, trace)
+    cut = without_request(trace, 1)
+    assert cut is not None
+    as_it_was = dataclasses.replace(cut, config=dataclasses.replace(config, max_num_seqs=2))
+    with pytest.raises(InvalidCase, match="page 34 past the KV cache's 34 pages"):
+        refuse_invalid_trace(TARGET, as_it_was)
+    lowered = [m for m in tied_moves(trace) if m.config.max_num_seqs == 2 and len(m.steps) == 2]
+    assert len(lowered) == 4  # request 2, then request 1, dropped: both limits, then one
+    for move in lowered:
+        refuse_invalid_trace(TARGET, move)
+        assert move.steps[1].pages == ((1, 2), full[0])
+        assert move.steps[1].req_ids[0] == 0
+
+
 def test_without_the_first_step_a_request_that_rejected_drafts_is_no_first_step():
     """Dropping step 0 makes a request that drafted in step 1 new there: no engine's
     request rejects drafts in its first step (none were proposed), and its next step's

@@ -508,15 +508,20 @@ def test_a_step_says_each_request_s_prompt():
 @given(traces())
 def test_drawn_traces_say_each_request_s_prompt(trace):
     """Every step says each request's prompt; a request keeps it while it stays, and
-    prefills (no drafts) until it has computed it."""
+    prefills (no drafts) until it has computed it. Back from preemption it recomputes
+    all it had: a prefill cut short its whole prompt, a decode at least its prompt."""
     said: dict[int, int] = {}
+    reached: dict[int, int] = {}  # tokens each request had computed at its last step
     for step in trace.steps:
         assert len(step.prompt_lens) == step.num_reqs
         said_now = (step.req_ids, step.prompt_lens, step.num_computed_tokens, step.q_lens)
         lives = zip(*said_now, strict=True)
         for rid, prompt, computed, q in lives:
-            if rid in said and computed:  # not back from preemption, recomputing
+            if rid in said and computed:
                 assert said[rid] == prompt
+            elif rid in said:  # back from preemption, recomputing
+                cut_short = reached[rid] < said[rid]
+                assert prompt == said[rid] if cut_short else prompt >= said[rid]
             if computed < prompt:
                 assert computed + q <= prompt
-            said[rid] = prompt
+            said[rid], reached[rid] = prompt, computed + q

@@ -53,11 +53,10 @@ KV-cache group lists the draft layer ``vllm-v1`` gives every drafter, which no f
 reads.
 
 Declined: what ``vllm-v1`` declines (with no lookahead: the n-gram drafter writes no
-KV), engines without drafts, pages past the engine's KV cache (:func:`pool_declines`),
-a running request's drafts its tokens cannot give (:func:`drafts_declines`), and a step
-after which the drafter does not propose (:func:`fits_declines`). Left out: asynchronous
-scheduling (the scheduler's placeholder drafts, the runner's optimistic counts) and the
-unpadded drafter batch.
+KV), engines without drafts, a running request's drafts its tokens cannot give
+(:func:`drafts_declines`), and a step after which the drafter does not propose
+(:func:`fits_declines`). Left out: asynchronous scheduling (the scheduler's placeholder
+drafts, the runner's optimistic counts) and the unpadded drafter batch.
 """
 
 from __future__ import annotations
@@ -72,7 +71,6 @@ from attnfuzz.adapters import standins
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step import num_blocks
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.persistent_batch import new_to_engine
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
@@ -98,24 +96,7 @@ def declines(case: Case) -> str | None:
     propose."""
     if case.config.num_spec == 0:
         return "no speculative config: the step is vllm-v1's"
-    return (
-        v1.declines(case, no_lookahead)
-        or pool_declines(case)
-        or drafts_declines(case)
-        or fits_declines(case)
-    )
-
-
-def pool_declines(case: Case) -> str | None:
-    """A page past the engine's KV cache (:func:`.runner_step.num_blocks` pages: what
-    every request at its longest holds, the null page and two spare), which a trace
-    whose ``max_num_seqs`` was lowered after its pages were drawn may name; the engine's
-    scheduler never hands one out."""
-    top = num_blocks(case.config) - 1
-    for rid, pages in zip(case.batch.request_ids, case.batch.pages, strict=False):
-        if any(p > top for p in pages):
-            return f"request {rid} holds a page past the engine's KV cache [0, {top}]"
-    return None
+    return v1.declines(case, no_lookahead) or drafts_declines(case) or fits_declines(case)
 
 
 def drafts_declines(case: Case) -> str | None:
