@@ -1126,6 +1126,9 @@ _v1_dflash_hook = functools.partial(_lazy, "runner_step_v1_dflash")
 _step3p5_hook = functools.partial(_lazy, "runner_step_v1_step3p5")
 
 
+_profile_hook = functools.partial(_lazy, "runner_step_profile")
+
+
 def _runner_step_dbo() -> list[Implementation]:
     """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
     metadata."""
@@ -1501,6 +1504,21 @@ def _runner_step() -> list[Implementation]:
             trigger=_trigger_dummy_past_row,
             reach=_reach_piecewise_capture,
             smallest=_smallest_dummy_past_row,
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_profile",
+            "run_state_slots",
+            name="vllm-profile-state-slots",
+            kind="mutant",
+            description="installed vLLM (V2 runner) whose capture's dummy block tables give "
+            "each dummy request a state slot (page 1 + i, as prepare_dummy_attn's valid "
+            "state slots): over the minimal KV cache of the worker's start-up "
+            "profile_cudagraph_memory, the largest dummy batch names a page past it",
+            declines="declines",
+            trigger=_profile_hook("trigger_state_slots"),
+            reach=_profile_hook("reach_profile"),
+            smallest=_profile_hook("smallest_state_slots"),
             traced=True,
         ),
     ]

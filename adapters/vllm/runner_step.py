@@ -115,7 +115,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -196,6 +196,7 @@ class _Seen:
     positions: torch.Tensor
     batch: Any = None
     linear: Any = None  # a second KV-cache group's metadata (a hybrid model's state layer)
+    pages: int | None = None  # the KV cache's pages when it ran (None: the engine's)
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -209,7 +210,7 @@ class _Seen:
                     for k, v in vars(self.linear).items()
                 }
             )
-        return _Seen(meta, self.positions.clone(), linear=linear)
+        return _Seen(meta, self.positions.clone(), linear=linear, pages=self.pages)
 
 
 @dataclass
@@ -227,6 +228,9 @@ class _Recorder:
     speculator_where: str = speculating.WHERE  # the speculator's class, in vLLM
     replaying: bool = False  # a draft graph replays (its forwards are the replay's)
     linear_layer: str | None = None  # the target's layer of a second KV-cache group
+    # The pages of the KV cache the runner holds now: the worker's, or the minimal one
+    # of its start-up profiling (None: the engine's).
+    kv_pages: Callable[[], int | None] = lambda: None
 
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
@@ -237,7 +241,7 @@ class _Recorder:
         linear = None
         if layer == _LAYER and self.linear_layer is not None:
             linear = metadata[self.linear_layer]
-        return _Seen(metadata[layer], positions, linear=linear)
+        return _Seen(metadata[layer], positions, linear=linear, pages=self.kv_pages())
 
     def forward(self, positions: torch.Tensor) -> None:
         seen = self.handed(positions)
@@ -325,8 +329,14 @@ def _graphs(recorder: _Recorder) -> Iterator[None]:
         """``BreakableCUDAGraphWrapper``: a piecewise graph whose captured pieces do
         nothing; the model runs (what its breaks run eagerly, attention, reads)."""
 
+        _all_instances: list[Any] = []  # their pools, which profiling swaps: none here
+
         def __init__(self, model: Any, vllm_config: Any, key_fn: Any = None) -> None:
             self.model = model
+
+        @staticmethod
+        def clear_all_graphs() -> None:
+            return None
 
         def __call__(self, **inputs: Any) -> Any:
             return self.model(**inputs)
@@ -365,20 +375,22 @@ def num_blocks(config: EngineConfig) -> int:
     return config.max_num_seqs * config.max_blocks_per_seq + 3
 
 
+def kv_cache_spec(config: EngineConfig) -> Any:
+    """The attention layer's KV-cache spec (:func:`.runner_step_speculator.kv_cache_spec`)."""
+    return speculating.kv_cache_spec(config.block_size)
+
+
 def kv_cache_config(config: EngineConfig, layers: list[str]) -> Any:
     """The ``KVCacheConfig`` the worker hands ``initialize_kv_cache``: one KV-cache group
     of full attention over ``layers`` (the target's, and the draft's where the
     speculator's layer shares it, as an MTP layer does), :func:`num_blocks` pages, no
     tensors (nothing is allocated: :func:`_cpu_runner`)."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    spec = FullAttentionSpec(
-        block_size=config.block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
-    )
     return KVCacheConfig(
         num_blocks=num_blocks(config),
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
+        kv_cache_groups=[KVCacheGroupSpec(list(layers), kv_cache_spec(config))],
     )
 
 
@@ -416,8 +428,10 @@ def _attention_layer(vc: Any, config: EngineConfig) -> Any:
         def get_attn_backend(self) -> type:
             return backend
 
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the worker's KVCacheConfig is given (kv_cache_config)
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            # What the worker's get_kv_cache_spec reads before it profiles the graphs'
+            # memory (the KVCacheConfig after it is the worker's: kv_cache_config).
+            return kv_cache_spec(config)
 
     return TargetLayer()
 
@@ -439,6 +453,20 @@ def _vllm_config(config: EngineConfig, mode: str, speculator: str) -> Any:
     return vc
 
 
+class _GraphPools:
+    """``current_platform`` as ``cudagraph_utils`` asks it: CUDA graph pools, a handle a
+    token (no graph is captured here); ``profile_cudagraph_memory`` swaps the class's
+    global pool for a throwaway one and back."""
+
+    _global_graph_pool: Any = None
+
+    def get_global_graph_pool(self) -> Any:
+        return type(self)._global_graph_pool
+
+    def graph_pool_handle(self) -> Any:
+        return object()
+
+
 @contextlib.contextmanager
 def _cpu_runner(device: torch.device) -> Iterator[None]:
     """What ``GPUModelRunner.__init__``, ``initialize_kv_cache`` and ``capture_model``
@@ -449,8 +477,9 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
     which do not run, read); the accelerator's memory queries around the capture (how
     much the graphs took); the workspace lock after it (``Worker.init_device``'s
     workspace manager, process-wide: :func:`._engine.worker_workspace` makes the
-    engine's); the global graph pool; the memory profiler's and the capture's garbage
-    collections (:func:`..standins.no_collections`). Host memory for the buffers
+    engine's); the device synchronizations; the graph pools (:class:`_GraphPools`);
+    the memory profiler's and the capture's garbage collections
+    (:func:`..standins.no_collections`). Host memory for the buffers
     (:func:`.slot_mapping.host_memory`)."""
 
     import vllm.v1.worker.gpu.cudagraph_utils as cg
@@ -471,7 +500,8 @@ def _cpu_runner(device: torch.device) -> Iterator[None]:
             (model_runner, "init_kv_cache", lambda *a, **k: {}),
             (model_runner, "lock_workspace", nothing),
             (cg, "get_pp_group", _one_rank),
-            (cg, "current_platform", SimpleNamespace(get_global_graph_pool=nothing)),
+            (torch.accelerator, "synchronize", nothing),
+            (cg, "current_platform", _GraphPools()),
         ):
             stack.enter_context(mock.patch.object(owner, name, value))
         yield
@@ -533,6 +563,8 @@ class _Engine:
             loader = SimpleNamespace(load_model=load_model)
             with mock.patch("vllm.v1.worker.gpu.model_runner.get_model_loader", lambda c: loader):
                 r.load_model()
+            self.recorder.kv_pages = self.kv_pages
+            self.profile()
             layers = [_LAYER] + ([speculating.DRAFT_LAYER] if r.speculator is not None else [])
             r.initialize_kv_cache(self.kv_cache_config(layers))
             resolved = r.cudagraph_manager.cudagraph_mode
@@ -545,6 +577,45 @@ class _Engine:
     def target_model(self) -> _Model:
         """The model the stood-in loader loads (:class:`_Model`)."""
         return _Model(self.recorder)
+
+    def kv_pages(self) -> int | None:
+        """The pages of the KV cache the runner holds now (None: none yet)."""
+        kv = getattr(self.runner, "kv_cache_config", None)
+        return None if kv is None else int(kv.num_blocks)
+
+    profiles = True
+    """Whether the worker profiles the graphs' memory before it sizes the KV cache."""
+
+    def profile(self) -> None:
+        """``Worker.determine_available_memory``'s ``profile_cudagraph_memory``, before the
+        real KV cache, wherever the mode captures graphs: a minimal KV cache
+        (``_init_minimal_kv_cache_for_profiling``: one page a request, at most the
+        largest capture size), the speculator's and the target's graphs captured over it
+        (the largest two FULL ones), then torn down (``_teardown_profiling_state``).
+        Every forward of it a ``capture`` build, judged over the minimal cache's pages.
+        The KV-cache layout resolved first, as ``EngineCore._initialize_kv_caches`` does
+        before the workers profile."""
+        from vllm.config import CUDAGraphMode
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+        from vllm.v1.attention.backends.utils import (
+            get_supported_kv_cache_layouts,
+            resolve_kv_cache_layout,
+        )
+
+        r, recorder = self.runner, self.recorder
+        if not self.profiles or r.compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
+            return
+        backends = get_current_attn_backends(self.vllm_config)
+        layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+        specs = r.get_kv_cache_spec()
+        resolve_kv_cache_layout(self.vllm_config, [layouts], list(specs.values()))
+        recorder.kind = "capture"
+        recorder.where = "cudagraph_utils.py: profile_cudagraph_memory"
+        try:
+            with _graphs(recorder):
+                r.profile_cudagraph_memory()
+        finally:
+            recorder.kind = None
 
     def configure(self, vc: Any) -> Any:
         """The engine's ``VllmConfig``, as the model's config makes it."""
@@ -941,7 +1012,10 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
     decides by design (which row of the persistent state a request holds)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
-    slots = num_blocks(config) * config.block_size
+    # The attention pages of the KV cache the forward ran over: the worker's, fewer in
+    # start-up profiling's minimal cache.
+    pages = min(seen.pages or num_blocks(config), num_blocks(config))
+    slots = pages * config.block_size
     out = [
         # triton_unified_attention.py kernel_unified_attention_*: a sequence's query rows
         # are q[query_start_loc[i] : query_start_loc[i + 1]] of the padded token rows.
@@ -963,7 +1037,7 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
             "block_table",
             "requests",
             _np(m.block_table),
-            (0, num_blocks(config) - 1),
+            (0, pages - 1),
             row_lengths=-(-_np(m.seq_lens).astype(np.int64) // config.block_size),
         ),  # fmt: skip
         # triton_reshape_and_cache_flash.py: a token's slot in the cache; PAD_SLOT_ID

@@ -63,17 +63,18 @@ DRAFT_LAYER = "model.layers.2.self_attn.attn"
 WHERE = "v1/spec_decode/llm_base_proposer.py: SpecDecodeBaseProposer.propose"
 
 
-def _draft_layer(vllm_config: Any) -> Any:
+def _draft_layer(vllm_config: Any, spec: Any = None) -> Any:
     """The draft model's attention layer, its backend the target's (Triton)."""
     from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
 
-    return draft_layer(vllm_config, TritonAttentionBackend)
+    return draft_layer(vllm_config, TritonAttentionBackend, spec)
 
 
-def draft_layer(vllm_config: Any, backend: type) -> Any:
+def draft_layer(vllm_config: Any, backend: type, spec: Any = None) -> Any:
     """The draft model's attention layer, as the static forward context holds it: its
     backend ``backend`` (the target's: the drafter's ``initialize_attn_backend`` asks
-    it), its heads the model's."""
+    it), its heads the model's, its KV-cache spec ``spec`` (None: the target's
+    KV-cache group holds the layer, which the worker's ``KVCacheConfig`` says)."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     class DraftLayer(AttentionLayerBase):
@@ -82,8 +83,8 @@ def draft_layer(vllm_config: Any, backend: type) -> Any:
         def get_attn_backend(self) -> type:
             return backend
 
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the target's KV-cache group holds the layer (initialize_kv_cache)
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return spec
 
     return DraftLayer()
 

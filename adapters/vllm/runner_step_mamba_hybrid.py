@@ -69,9 +69,10 @@ def state_blocks(config: EngineConfig, slot: int) -> list[int]:
     return hybrid.state_blocks(config, slot)
 
 
-def _gdn_layer() -> Any:
+def _gdn_layer(spec: Any) -> Any:
     """The linear-attention layer, as the model registers it in the static forward
-    context (``init_attn_backend`` asks it its backend): GDN's."""
+    context (``init_attn_backend`` asks it its backend): GDN's, its state spec ``spec``
+    (:func:`_gdn_spec`, what the worker reads before it profiles the graphs' memory)."""
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 
@@ -79,10 +80,27 @@ def _gdn_layer() -> Any:
         def get_attn_backend(self) -> type:
             return GDNAttentionBackend
 
-        def get_kv_cache_spec(self, vllm_config: Any) -> None:
-            return None  # the worker's KVCacheConfig is given
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return spec
 
     return LinearLayer()
+
+
+def _gdn_spec(config: EngineConfig) -> Any:
+    """The GDN layer's ``MambaSpec``: vLLM's default cache mode (``none``), ``1 + num_spec``
+    blocks a request; its states the conv state (width - 1 + num_spec rows; width 4) and
+    the recurrent state, whose sizes reach no metadata."""
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return MambaSpec(
+        block_size=config.max_model_len,
+        shapes=((3 + config.num_spec, 8), (1, 4, 4)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+        mamba_cache_mode="none",
+        num_speculative_blocks=config.num_spec,
+    )
 
 
 class _MambaHybridEngine(runner_step._Engine):
@@ -105,7 +123,7 @@ class _MambaHybridEngine(runner_step._Engine):
         return vc
 
     def layers(self) -> dict[str, Any]:
-        return {**super().layers(), LINEAR_LAYER: _gdn_layer()}
+        return {**super().layers(), LINEAR_LAYER: _gdn_layer(_gdn_spec(self.config))}
 
     def pool_size(self) -> int:
         """The block pool: the attention pages, then every state slot's blocks."""
@@ -113,23 +131,11 @@ class _MambaHybridEngine(runner_step._Engine):
         return runner_step.num_blocks(config) + config.max_num_seqs * (1 + config.num_spec)
 
     def kv_cache_config(self, layers: list[str]) -> Any:
-        """The attention group, then the GDN layer's: a ``MambaSpec`` of vLLM's default
-        cache mode (``none``), ``1 + num_spec`` blocks a request."""
-        from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
-        from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec
+        """The attention group, then the GDN layer's (:func:`_gdn_spec`)."""
+        from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
         kv = super().kv_cache_config(layers)
-        # A GDN layer's states: the conv state (width - 1 + num_spec rows; width 4)
-        # and the recurrent state; their sizes reach no metadata.
-        spec = MambaSpec(
-            block_size=self.config.max_model_len,
-            shapes=((3 + self.config.num_spec, 8), (1, 4, 4)),
-            dtypes=(torch.float32, torch.float32),
-            mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
-            mamba_cache_mode="none",
-            num_speculative_blocks=self.config.num_spec,
-        )
-        kv.kv_cache_groups.append(KVCacheGroupSpec([LINEAR_LAYER], spec))
+        kv.kv_cache_groups.append(KVCacheGroupSpec([LINEAR_LAYER], _gdn_spec(self.config)))
         kv.num_blocks = self.pool_size()
         return kv
 

@@ -206,6 +206,16 @@ def runs(config: Any, vc: Any) -> bool:
     )
 
 
+def kv_cache_spec(block_size: int) -> Any:
+    """The attention layers' KV-cache spec: full attention over pages of ``block_size``,
+    one head of 16 (no attention kernel reads the cache here)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=16, dtype=torch.float32
+    )
+
+
 def make(runner: Any, recorder: Any) -> Any:
     """The speculator ``GPUModelRunner.__init__`` made (``init_speculator``), readied for
     the runner's ``load_model``: its draft model stood in (reporting to
@@ -216,7 +226,11 @@ def make(runner: Any, recorder: Any) -> Any:
 
     def load_draft_model(target_model: Any, target_attn_layer_names: set[str]) -> Any:
         # What load_eagle_model leaves: the draft layer registered, the model loaded.
-        vc.compilation_config.static_forward_context[DRAFT_LAYER] = drafting._draft_layer(vc)
+        # Its KV-cache spec the target's, which the worker reads before it profiles the
+        # graphs' memory (runner_step._Engine.profile).
+        vc.compilation_config.static_forward_context[DRAFT_LAYER] = drafting._draft_layer(
+            vc, kv_cache_spec(vc.cache_config.block_size)
+        )
         model = _DFlashDraftModel if is_dflash(speculator) else _ModuleDraftModel
         return model(recorder.draft_forward, speculator.hidden_size, False)
 
