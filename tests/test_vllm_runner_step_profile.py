@@ -96,3 +96,42 @@ def test_dummy_state_slots_past_the_profiling_cache_are_caught():
         outs[0], builds=tuple(b for b in outs[0].builds if b.where != PROFILE)
     )
     assert ref.violations(worker) == []
+
+
+def test_v1_start_up_profiles_the_graphs_over_a_minimal_kv_cache(monkeypatch):
+    """The V1 runner (``vllm-v1``) likewise: ``GPUModelRunner.profile_cudagraph_memory``
+    initializes its KV cache at ``min(max_num_reqs, max capture size) = 2`` pages
+    (``_init_minimal_kv_cache_for_profiling``: vLLM's own ``initialize_kv_cache``) and
+    captures the first two descriptors of each mode over it; then the engine's own
+    cache (7 pages). The profiling capture's forwards are judged within 2 pages: the
+    same block table that passes within the worker's cache fails there with a page
+    past it."""
+    a = adapter()  # before vLLM
+    import vllm.v1.worker.gpu_model_runner as gmr
+    from attnfuzz.adapters.vllm import runner_step, runner_step_v1
+
+    calls = Calls(monkeypatch)
+    calls.count(gmr.GPUModelRunner, "_init_minimal_kv_cache_for_profiling")
+    calls.count(gmr.GPUModelRunner, "_cleanup_profiling_kv_cache")
+    v2 = a.smallest_state_slots()
+    trace = dataclasses.replace(v2, config=dataclasses.replace(v2.config, runner="v1"))
+    outs = run(runner_step_v1.RunnerStepEngine(), trace)
+    assert calls["_init_minimal_kv_cache_for_profiling"] == 1
+    assert calls["_cleanup_profiling_kv_cache"] == 1
+    assert ref.violations(outs[0]) == []
+    where = "gpu_model_runner.py: GPUModelRunner.profile_cudagraph_memory"
+    captures = [b for b in outs[0].builds if b.how == "capture" and b.field("block_table")]
+    profiled = [b for b in captures if b.where == where]
+    worker = [b for b in captures if b.where != where]
+    assert profiled and worker
+    assert {b.field("block_table").accepts for b in profiled} == {(0, 1)}
+    assert {b.field("block_table").accepts for b in worker} == {
+        (0, runner_step.num_blocks(trace.config) - 1)
+    }
+    # A page one past the profiling cache: safe padding fails on the profiling build.
+    build = profiled[0]
+    table = build.field("block_table")
+    table.values[-1, 0] = 2
+    out = dataclasses.replace(outs[0], builds=(build,))
+    found = ref.safe_padding(out)
+    assert [(v.field, v.detail.endswith(": 2")) for v in found] == [("block_table", True)]

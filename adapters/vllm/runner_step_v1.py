@@ -176,6 +176,7 @@ class _Seen:
     linear: Any = None
     # The engine's copy of the attention metadata's fields (None: the Triton backend's).
     freeze: Any = None
+    pages: int | None = None  # the KV cache's pages when it ran (None: the engine's)
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -193,7 +194,7 @@ class _Seen:
                 n: v.clone() if isinstance(v, torch.Tensor) else v
                 for n, v in vars(self.linear).items()
             })  # fmt: skip
-        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze)
+        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze, self.pages)
 
 
 @dataclass
@@ -215,6 +216,9 @@ class _Recorder:
     logits: Any = None
     linear_layer: str | None = None  # a second KV-cache group's layer, if the model has one
     freeze: Any = None  # the engine's copy of its attention metadata (_Seen.freeze)
+    # The pages of the KV cache the runner holds now: the worker's, or the minimal one
+    # of its start-up profiling (None: the engine's).
+    kv_pages: Callable[[], int | None] = lambda: None
 
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
@@ -231,6 +235,7 @@ class _Recorder:
             positions,
             linear,
             self.freeze,
+            self.kv_pages(),
         )
 
     def draft_forward(self, positions: torch.Tensor) -> None:
@@ -326,6 +331,20 @@ class _Event:
         pass
 
 
+class _GraphPools:
+    """The platform as ``profile_cudagraph_memory`` asks it: a throwaway graph pool's
+    handle a token (no graph is captured here), the rest the platform's."""
+
+    def __init__(self, platform: Any) -> None:
+        self.platform = platform
+
+    def graph_pool_handle(self) -> Any:
+        return object()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.platform, name)
+
+
 def _one_rank() -> Any:
     """``get_pp_group()``: a single pipeline stage."""
     return SimpleNamespace(is_first_rank=True, is_last_rank=True, ranks=[0], world_size=1)
@@ -409,7 +428,7 @@ class _Engine:
         import vllm.v1.worker.gpu_model_runner as gmr
         from vllm.config import CUDAGraphMode, set_current_vllm_config
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
+        from vllm.v1.worker.utils import AttentionGroup
 
         self.config, self.device = config, device
         self.recorder = _Recorder()
@@ -434,6 +453,7 @@ class _Engine:
             mock.patch("torch.cuda.Event", lambda *a, **k: _Event()),
         ):
             r = self.runner = gmr.GPUModelRunner(vc, device)
+            self.recorder.kv_pages = self.kv_pages
             layers = [_LAYER]
             if r.speculative_config is not None:
                 # load_model: the drafter's model and its layer, in the target's group.
@@ -450,16 +470,13 @@ class _Engine:
             kv = KVCacheConfig(
                 num_blocks=self.pool_size(), kv_cache_tensors=[], kv_cache_groups=groups
             )
-            r.kv_cache_config = kv
-            # initialize_attn_backend: the mode the backends keep, then the groups.
-            r._check_and_update_cudagraph_mode([{b} for b in backends], kv.kv_cache_groups)
+            self.set_up_kv_cache(kv, attn_groups)
             resolved = vc.compilation_config.cudagraph_mode
             if resolved != self.resolves_to(CUDAGraphMode[mode]):
                 raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
-            r.attn_groups = attn_groups
-            r.initialize_metadata_builders(kv, prepare_kernel_block_sizes(kv, r.attn_groups))
-            r.may_reinitialize_input_batch(kv)
             r.model = self.load(resolved)
+            if self.profiles and resolved != CUDAGraphMode.NONE:
+                self.profile()
         self.held: set[str] = set()
         # The tokens of each request new to the engine whose prompt the step alone does
         # not tell (a fresh engine's warm-up of a request its twin is still recomputing).
@@ -467,6 +484,85 @@ class _Engine:
         # Each request's tokens (prompt and outputs) before the last step it was told.
         self.tokens: dict[str, int] = {}
         self.capture()
+
+    def kv_pages(self) -> int | None:
+        """The pages of the KV cache the runner holds now (None: none yet)."""
+        kv = getattr(self.runner, "kv_cache_config", None)
+        return None if kv is None else int(kv.num_blocks)
+
+    def set_up_kv_cache(self, kv: Any, attn_groups: list[list[Any]]) -> None:
+        """What ``initialize_kv_cache`` sets up of the KV-cache config ``kv`` (it also
+        allocates the cache and binds the layers, of which there are none here):
+        ``initialize_attn_backend``'s mode the backends keep and its groups
+        ``attn_groups``, their builders, the input batch of their block sizes."""
+        from vllm.v1.worker.utils import prepare_kernel_block_sizes
+
+        r = self.runner
+        r.kv_cache_config = kv
+        backends = [{groups[0].backend} for groups in attn_groups]
+        r._check_and_update_cudagraph_mode(backends, kv.kv_cache_groups)
+        r.attn_groups = attn_groups
+        r.initialize_metadata_builders(kv, prepare_kernel_block_sizes(kv, r.attn_groups))
+        r.may_reinitialize_input_batch(kv)
+
+    profiles = True
+    """Whether the worker profiles the graphs' memory before it sets up the KV cache."""
+
+    def profile(self) -> None:
+        """``Worker.determine_available_memory``'s ``profile_cudagraph_memory``, run as a
+        CUDA worker runs it, after ``load_model`` and before ``initialize_kv_cache``: the
+        KV-cache layout resolved as ``EngineCore._initialize_kv_caches`` does, a minimal
+        KV cache (``_init_minimal_kv_cache_for_profiling``: vLLM's own
+        ``initialize_kv_cache`` over ``min(max_num_reqs, max capture size)`` pages, from
+        the layers' specs, each layer this engine's groups name), the first two
+        descriptors of each mode captured over it (``_warmup_and_capture``, the first
+        FULL one with ``profile_seq_lens``), then ``_cleanup_profiling_kv_cache``. Each
+        forward a ``capture`` build, judged over the minimal cache's pages. The engine's
+        KV cache set up again after it (:meth:`set_up_kv_cache`), as the worker's
+        ``initialize_kv_cache`` does."""
+        import vllm.v1.worker.gpu_model_runner as gmr
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+        from vllm.v1.attention.backends.utils import (
+            get_supported_kv_cache_layouts,
+            record_kv_cache_layout,
+            resolve_kv_cache_layout,
+        )
+
+        r, vc, recorder = self.runner, self.vllm_config, self.recorder
+        kv, attn_groups = r.kv_cache_config, r.attn_groups
+        # The model's attention layers, as its construction registers them: each a
+        # backend and a spec (the stand-in layer the draft model's is).
+        context = vc.compilation_config.static_forward_context
+        registered = dict(context)
+        for group, groups in zip(kv.kv_cache_groups, attn_groups, strict=True):
+            for name in group.layer_names:
+                context[name] = drafting.draft_layer(vc, groups[0].backend, group.kv_cache_spec)
+        backends = get_current_attn_backends(vc)
+        layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
+        layout = resolve_kv_cache_layout(vc, [layouts], list(r.get_kv_cache_spec().values()))
+        record_kv_cache_layout(r.cache_config, layout.name)  # Worker.set_kv_cache_layout
+        del r.kv_cache_config  # no KV cache before the worker's start-up profiling
+        r.attn_groups = []
+        recorder.kind = "capture"
+        recorder.where = "gpu_model_runner.py: GPUModelRunner.profile_cudagraph_memory"
+        try:
+            with (
+                host_memory(self.device),
+                _graphs(recorder),
+                self._context(),
+                mock.patch.object(gmr, "current_platform", _GraphPools(gmr.current_platform)),
+                mock.patch.object(gmr, "graph_capture", lambda device: contextlib.nullcontext()),
+                # The device's synchronizations and memory queries: no device here.
+                mock.patch("torch.accelerator.synchronize", lambda *a, **k: None),
+                mock.patch("torch.accelerator.empty_cache", lambda *a, **k: None),
+                mock.patch("torch.accelerator.get_memory_info", lambda *a, **k: (0, 0)),
+            ):
+                r.profile_cudagraph_memory()
+        finally:
+            recorder.kind = None
+            context.clear()
+            context.update(registered)
+        self.set_up_kv_cache(kv, attn_groups)
 
     def load(self, resolved: Any) -> Any:
         """``load_model``'s model as the runner calls it: a FULL graph wrapper around the
@@ -878,7 +974,10 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
     positions)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
-    slots = num_blocks(config) * config.block_size
+    # The attention pages of the KV cache the forward ran over: the worker's, fewer in
+    # start-up profiling's minimal cache.
+    pages = min(seen.pages or num_blocks(config), num_blocks(config))
+    slots = pages * config.block_size
     out = []
     if m is not None:
         out += [
@@ -899,7 +998,7 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
                 "block_table",
                 "requests",
                 _np(m.block_table),
-                (0, num_blocks(config) - 1),
+                (0, pages - 1),
                 row_lengths=-(-_np(m.seq_lens).astype(np.int64) // config.block_size),
             ),
         ]
