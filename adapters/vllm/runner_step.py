@@ -9,7 +9,9 @@ itself. What runs unchanged:
   (``RequestState``, ``InputBuffers``, ``init_speculator``, the LoRA state, the
   draft tokens handler), ``load_model`` (``init_model_state``, the ``Sampler``, the
   ``RejectionSampler``, the prompt logprobs and structured outputs workers, the
-  speculator's ``load_model``), ``initialize_kv_cache`` with the worker's
+  speculator's ``load_model``), the worker's start-up ``profile_cudagraph_memory``
+  over a minimal KV cache where the mode captures graphs (:meth:`_Engine.profile`),
+  ``initialize_kv_cache`` with the worker's
   ``KVCacheConfig`` (:func:`kv_cache_config`: ``init_attn_backend`` with its kernel
   block sizes and builders, ``BlockTables``, ``resolve_cudagraph_mode_and_sizes``,
   ``ModelCudaGraphManager``, the speculator's ``set_attn`` and

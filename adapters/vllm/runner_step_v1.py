@@ -10,7 +10,11 @@ padding and graph itself. What runs unchanged:
   Triton backend's ``AttentionCGSupport`` keeps, and the dispatcher's keys);
   ``execute_model`` (``_update_states``, ``_prepare_inputs``,
   ``_determine_batch_execution_and_padding``, ``_get_slot_mappings``,
-  ``_build_attention_metadata``, ``_preprocess``, ``_model_forward``); the capture as
+  ``_build_attention_metadata``, ``_preprocess``, ``_model_forward``); the worker's
+  start-up ``profile_cudagraph_memory`` where the mode captures graphs
+  (:meth:`_Engine.profile`: ``_init_minimal_kv_cache_for_profiling`` and
+  ``initialize_kv_cache`` over a minimal KV cache, ``_warmup_and_capture``,
+  ``_cleanup_profiling_kv_cache``); the capture as
   ``capture_model`` runs it (``CudagraphDispatcher.get_capture_descs``,
   ``_capture_cudagraphs``, ``_warmup_and_capture``, ``_dummy_run``); ``_dummy_run`` as
   ``Worker.execute_dummy_batch`` calls it;
