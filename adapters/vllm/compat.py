@@ -500,6 +500,15 @@ REQUIRES["runner_step_dflash"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "DFlashSpeculator.propose"),
     Api("vllm.v1.worker.gpu.spec_decode.dflash.speculator", "prepare_dflash_inputs"),
 )  # fmt: skip
+# runner_step_profile: runner_step's engine, its start-up graph-memory profiling (which
+# runner_step runs where the release has it) with the capture's dummy block tables mutated.
+REQUIRES["runner_step_profile"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.profile_cudagraph_memory"),
+    Api(_V2_GRAPHS, "_init_minimal_kv_cache_for_profiling"),
+    Api(_V2_GRAPHS, "_teardown_profiling_state"),
+    Api("vllm.v1.worker.gpu.block_table", "BlockTables.get_dummy_block_tables"),
+    Api("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout"),
+)  # fmt: skip
 # runner_step_v1_dflash: runner_step_v1's engine, its speculative config's dflash method
 # making the DFlash proposer.
 REQUIRES["runner_step_v1_dflash"] = REQUIRES["runner_step_v1"] + (

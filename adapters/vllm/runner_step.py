@@ -596,7 +596,8 @@ class _Engine:
         (the largest two FULL ones), then torn down (``_teardown_profiling_state``).
         Every forward of it a ``capture`` build, judged over the minimal cache's pages.
         The KV-cache layout resolved first, as ``EngineCore._initialize_kv_caches`` does
-        before the workers profile."""
+        before the workers profile. Nothing where the release's runner has no
+        ``profile_cudagraph_memory`` (its worker does not profile)."""
         from vllm.config import CUDAGraphMode
         from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
         from vllm.v1.attention.backends.utils import (
@@ -607,6 +608,8 @@ class _Engine:
         r, recorder = self.runner, self.recorder
         if not self.profiles or r.compilation_config.cudagraph_mode == CUDAGraphMode.NONE:
             return
+        if not hasattr(r, "profile_cudagraph_memory"):
+            return  # a release whose worker does not profile the graphs' memory
         backends = get_current_attn_backends(self.vllm_config)
         layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
         specs = r.get_kv_cache_spec()

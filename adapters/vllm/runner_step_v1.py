@@ -479,7 +479,12 @@ class _Engine:
             if resolved != self.resolves_to(CUDAGraphMode[mode]):
                 raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
             r.model = self.load(resolved)
-            if self.profiles and resolved != CUDAGraphMode.NONE:
+            # A release whose worker does not profile the graphs' memory has no such method.
+            if (
+                self.profiles
+                and resolved != CUDAGraphMode.NONE
+                and hasattr(r, "profile_cudagraph_memory")
+            ):
                 self.profile()
         self.held: set[str] = set()
         # The tokens of each request new to the engine whose prompt the step alone does
