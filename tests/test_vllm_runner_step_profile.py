@@ -135,3 +135,40 @@ def test_v1_start_up_profiles_the_graphs_over_a_minimal_kv_cache(monkeypatch):
     out = dataclasses.replace(outs[0], builds=(build,))
     found = ref.safe_padding(out)
     assert [(v.field, v.detail.endswith(": 2")) for v in found] == [("block_table", True)]
+
+
+def test_v1_profiling_hands_its_first_full_capture_fewer_keys_than_queries():
+    """What vLLM 0.33.0's V1 profiling was seen doing (kept apart, not triaged): the
+    first FULL descriptor is captured with ``profile_seq_lens = min(max_model_len,
+    max_num_tokens // num_tokens)``, here 16 // 9 = 1, below its requests' query of
+    ``1 + num_spec = 3``. The ROCm Octave backend derives each query token's key count
+    from it, ``seq_len - q_len + i + 1``, so the capture hands its decode kernel -1 and
+    0 keys: outside what the kernel reads. The worker's own captures hand it 3 keys at
+    most. Octave's engine does not profile in ``vllm-v1-rocm-octave`` (its builds are
+    the backend's, not the runner's start-up)."""
+    a = adapter()  # before vLLM
+    from attnfuzz.adapters.vllm import runner_step_rocm as rocm
+    from attnfuzz.reference.batch import Batch, EngineConfig
+
+    class ProfiledOctave(rocm._OctaveEngine):
+        profiles = True
+
+    class Engine(rocm.OctaveRunnerStepEngine):
+        engine_type = ProfiledOctave
+
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+        num_spec=2, cudagraph_capture_sizes=(3, 9), runner="v1",
+    )  # fmt: skip
+    pages = ((1,), (2,), (3,))
+    step = Batch((0, 0, 0), (2, 3, 4), req_ids=(7, 8, 9), pages=pages, new_pages=(1, 1, 1))
+    trace = Trace(config, (step,))
+    assert a is not None
+    (out,) = run(Engine(), trace)
+    found = ref.violations(out)
+    assert [(v.prop, v.field) for v in found] == [("safe padding", "octave.q_to_klen")]
+    profiled = [b for b in out.builds if b.field("octave.q_to_klen") is not None]
+    first = profiled[0]
+    assert first.where == "gpu_model_runner.py: GPUModelRunner.profile_cudagraph_memory"
+    assert first.field("seq_lens").values.tolist() == [1, 1, 1]
+    assert first.field("octave.q_to_klen").values.tolist() == [-1, 0, 1] * 3

@@ -585,7 +585,7 @@ class _Engine:
         kv = getattr(self.runner, "kv_cache_config", None)
         return None if kv is None else int(kv.num_blocks)
 
-    profiles = True
+    profiles = False
     """Whether the worker profiles the graphs' memory before it sizes the KV cache."""
 
     def profile(self) -> None:
@@ -1100,6 +1100,14 @@ def _seen_builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBu
 # -- the implementation --------------------------------------------------------------------
 
 
+class _StartUpEngine(_Engine):
+    """``vllm``'s engine: the worker's start-up, its graph-memory profiling included
+    (:meth:`_Engine.profile`). The implementations on other backends leave it out:
+    it is the runner's code, not theirs, and it doubles what building an engine costs."""
+
+    profiles = True
+
+
 class RunnerStepEngine:
     """One vLLM engine seen three ways: with the config's graphs and a data-parallel
     peer, eagerly (cudagraph mode NONE), and afresh each step."""
@@ -1109,7 +1117,7 @@ class RunnerStepEngine:
     :data:`.runner_step_speculator.STANDALONE_AR`)."""
     data_parallel = True
     """Whether the graph engine has a data-parallel peer (its dummy runs come with it)."""
-    engine_type: type[_Engine] = _Engine
+    engine_type: type[_Engine] = _StartUpEngine
     """The runner each of the three engines is."""
 
     def __init__(self) -> None:

@@ -254,10 +254,6 @@ def _fi_fields(config: EngineConfig, seen: v1._Seen, page_size: int) -> list[Fie
 class _FlashInferEngine(v1._Engine):
     """A V1 runner whose attention layer is on the FlashInfer backend, as on sm80."""
 
-    # Not profiled (runner_step_v1._Engine.profile): FlashInfer's builder reads each
-    # layer's ``impl``, which the layers the profiling start-up registers have not.
-    profiles = False
-
     freeze = staticmethod(_freeze)
 
     def platform(self) -> contextlib.AbstractContextManager[Any]:

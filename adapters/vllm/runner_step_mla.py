@@ -244,11 +244,6 @@ def _mla_fields(config: EngineConfig, seen: v1._Seen) -> list[Field]:
 class _MLAEngine(v1._Engine):
     """A V1 runner whose attention layer is an MLA layer on the Triton MLA backend."""
 
-    # Not profiled (runner_step_v1._Engine.profile): MLA's builders read the model's
-    # own attention layers (``q_lora_rank``, ``impl``), which the layers the profiling
-    # start-up registers are not.
-    profiles = False
-
     backend = staticmethod(_backend)  # the MLA backend class, of its layers
     freeze = staticmethod(_freeze)
     kv_cache_dtype = "auto"  # CacheConfig.cache_dtype: the model's (bf16)
