@@ -377,6 +377,13 @@ def num_blocks(config: EngineConfig) -> int:
     return config.max_num_seqs * config.max_blocks_per_seq + 3
 
 
+def attention_pages(config: EngineConfig, held: int | None) -> int:
+    """The attention pages a forward's block table and slots may name: the engine's
+    (:func:`num_blocks`), fewer where the runner held a smaller KV cache when it ran
+    (``held``: start-up profiling's minimal one; None: the engine's)."""
+    return min(held or num_blocks(config), num_blocks(config))
+
+
 def kv_cache_spec(config: EngineConfig) -> Any:
     """The attention layer's KV-cache spec (:func:`.runner_step_speculator.kv_cache_spec`)."""
     return speculating.kv_cache_spec(config.block_size)
@@ -1017,9 +1024,7 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
     decides by design (which row of the persistent state a request holds)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
-    # The attention pages of the KV cache the forward ran over: the worker's, fewer in
-    # start-up profiling's minimal cache.
-    pages = min(seen.pages or num_blocks(config), num_blocks(config))
+    pages = attention_pages(config, seen.pages)
     slots = pages * config.block_size
     out = [
         # triton_unified_attention.py kernel_unified_attention_*: a sequence's query rows

@@ -115,6 +115,7 @@ from attnfuzz.adapters.vllm.runner_step import (
     _peer,
     _scheduler_output,
     _vllm_config,
+    attention_pages,
     num_blocks,
 )
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
@@ -983,9 +984,7 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
     positions)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
-    # The attention pages of the KV cache the forward ran over: the worker's, fewer in
-    # start-up profiling's minimal cache.
-    pages = min(seen.pages or num_blocks(config), num_blocks(config))
+    pages = attention_pages(config, seen.pages)
     slots = pages * config.block_size
     out = []
     if m is not None:
