@@ -40,6 +40,14 @@ builds must agree and what a padding row may hold:
   holds a slot a real row of the same field names (a capture run, of no step's
   requests, is not judged). A slot in range passes safe padding, yet the padded
   forward updates a live request's state with the padding row's tokens.
+- *a dummy run writes nothing live*: a dummy run between two steps (``how="dummy"``:
+  a forward of no step's requests while the engine holds running ones, as a
+  data-parallel rank idle while its peers run a step makes) has no real rows; no
+  row of it may write a KV slot or a state slot of a request the engine held while
+  it ran: the two properties above, with the real rows those of the step's first
+  eager build whose requests the engine held then (``StepBuild.live``; a request
+  new to the step held nothing yet), on the fields by request (a field by token
+  names no request's row).
 - *micro-batch agreement*: a micro-batch of a split step (``how="microbatch"``: the
   step's tokens ``first_token`` to ``first_token + num_tokens``, run as a forward of
   its own, as vLLM's dual-batch overlap runs each half) has the real rows of the
@@ -79,6 +87,7 @@ from attnfuzz.reference.runner import StepPlan, capture_batches, step_plan
 __all__ = [
     "BUILDS",
     "FIELD_ROWS",
+    "NO_REAL_ROWS",
     "ROWS",
     "Field",
     "RunnerStepExpected",
@@ -108,12 +117,15 @@ __all__ = [
 ROWS = ("requests", "tokens", "offsets")
 # "eager": the step with no graph padding; "padded": the step as the runner pads it
 # for the graph it dispatched to; "replay": the persistent buffers after the
-# runner's replay preparation; "capture": a capture or dummy run (no real rows);
-# "fresh": the eager step on a new engine that never saw the earlier steps; "backend":
-# the eager step on another attention backend of the same engine; "microbatch": a
-# micro-batch of the step (its tokens from StepBuild.first_token on), as the runner
-# hands it to a forward of its own.
-BUILDS = ("eager", "padded", "replay", "capture", "fresh", "backend", "microbatch")
+# runner's replay preparation; "capture": a capture run, or a dummy run before the
+# engine serves (no real rows); "fresh": the eager step on a new engine that never saw
+# the earlier steps; "backend": the eager step on another attention backend of the same
+# engine; "microbatch": a micro-batch of the step (its tokens from StepBuild.first_token
+# on), as the runner hands it to a forward of its own; "dummy": a dummy run between two
+# steps, while the engine holds running requests (no real rows; StepBuild.live).
+BUILDS = ("eager", "padded", "replay", "capture", "fresh", "backend", "microbatch", "dummy")
+# The builds of no step's requests: no real rows, no sizes of the step.
+NO_REAL_ROWS = ("capture", "dummy")
 
 
 @dataclass
@@ -227,6 +239,9 @@ class StepBuild:
     # A micro-batch's first token in its step: it holds the step's tokens first_token
     # to first_token + num_tokens (its num_reqs requests, those tokens' ones).
     first_token: int = 0
+    # A dummy run's: the rows of the step's first eager build whose requests the engine
+    # held while the dummy run ran (the step's requests not new to it).
+    live: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -356,22 +371,43 @@ def safe_padding(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
+def _real_source(
+    build: StepBuild, eager: dict[int | None, StepBuild], name: str
+) -> StepBuild | None:
+    """The build whose real rows of field ``name`` hold the slots ``build`` must not
+    write: its own where it has that field and real rows, else the first eager build of
+    its sub-step (a dummy run's always: it has no real rows of its own)."""
+    if build.how != "dummy" and build.field(name) is not None:
+        return build
+    return eager.get(build.draft)
+
+
+def _live(build: StepBuild, rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` (request rows of the source build) ``build`` must not write
+    over: all of them, but for a dummy run only those the engine held while it ran."""
+    return np.isin(rows, build.live) if build.how == "dummy" else np.ones(len(rows), dtype=bool)
+
+
 def _real_reads(build: StepBuild, eager: dict[int | None, StepBuild]) -> tuple[np.ndarray, str]:
-    """The KV slots the real requests of ``build``'s step read, each with the request
-    (row) that reads it: the read entries of the real rows of the build's own
-    ``kv_slots``, else of the first eager build of its sub-step; the build named."""
-    source = build if build.field("kv_slots") is not None else eager.get(build.draft)
+    """The KV slots the real requests of ``build``'s step read (for a dummy run, those
+    the engine held while it ran), each with the request (row) that reads it: the read
+    entries of the real rows of the build's own ``kv_slots``, else of the first eager
+    build of its sub-step; the build named."""
+    source = _real_source(build, eager, "kv_slots")
     f = source.field("kv_slots") if source is not None else None
     if f is None or f.values.ndim != 2:
         return np.zeros((0, 2), dtype=np.int64), ""
     read = _read_entries(real_rows(source, f), f, source)
     rows, cols = np.nonzero(read >= 0)  # -2**31: not read; negative: no slot
+    keep = _live(build, rows)
+    rows, cols = rows[keep], cols[keep]
     return np.stack([read[rows, cols], rows]).T.astype(np.int64), source.name
 
 
 def padding_writes_no_real_kv(out: RunnerStepOutputs) -> list[Violation]:
     """No padding row of a field that names where a token's KV is written
-    (``Field.writes_kv``) holds a KV slot a real request of the same step reads."""
+    (``Field.writes_kv``) holds a KV slot a real request of the same step reads; no row
+    of a dummy run one a request the engine held while it ran reads."""
     eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
     found = []
     # A capture run is a dummy forward of no step's requests (an engine captures before
@@ -393,21 +429,35 @@ def padding_writes_no_real_kv(out: RunnerStepOutputs) -> list[Violation]:
                 first = tuple(int(i) for i in bad[0])
                 slot = int(padding[first])
                 at = [first[0] + len(real_rows(b, f)), *first[1:]]
-                detail = (f"{len(bad)} padding values name a KV slot a real request reads; "
+                whose = "a request held while it ran" if b.how == "dummy" else "a real request"
+                detail = (f"{len(bad)} {_unreal(b)} values name a KV slot {whose} reads; "
                           f"first at {at}: slot {slot}, read by request {reader[slot]} "
                           f"(kv_slots of {source})")  # fmt: skip
-                found.append(Violation("padding writes no real KV", f.name, b.name, detail))
+                found.append(Violation(_writes_prop(b, "KV"), f.name, b.name, detail))
     return found
 
 
 def padding_writes_no_real_state(out: RunnerStepOutputs) -> list[Violation]:
     """No padding row of a field that names a request's state slot
-    (``Field.writes_state``) holds a slot a real row of the same field names."""
+    (``Field.writes_state``) holds a slot a real row of the same field names; no row of
+    a dummy run one the first eager build's real row of a request the engine held while
+    it ran names."""
+    eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
     found = []
     for b in (b for b in out.builds if b.how != "capture"):
         for f in (f for f in b.fields if f.writes_state and len(f.values) > len(real_rows(b, f))):
             real = real_rows(b, f)
-            padding = f.values[len(real) :]
+            first_padding = len(real)
+            padding = f.values[first_padding:]
+            rows, whose = np.arange(len(real)), "a real request"
+            if b.how == "dummy":
+                source = _real_source(b, eager, f.name)
+                held = source.field(f.name) if source is not None else None
+                if held is None or f.rows != "requests":
+                    continue  # no eager rows of it; a field by token names no request's
+                real = real_rows(source, held)
+                rows = np.flatnonzero(_live(b, np.arange(len(real))))
+                real, whose = real[rows], f"a request held while it ran ({source.name})"
             # A negative slot (PAD_SLOT_ID) or the null slot: no request's state.
             owned = real[real >= 0]
             if f.null_slot is not None:
@@ -417,13 +467,25 @@ def padding_writes_no_real_state(out: RunnerStepOutputs) -> list[Violation]:
             if len(bad):
                 row = int(bad[0])
                 slot = int(padding.reshape(len(padding), -1)[row][hit[row]][0])
-                owner = int(np.argwhere(real == slot)[0][0])
+                owner = int(rows[np.argwhere(real == slot)[0][0]])
                 detail = (
-                    f"{len(bad)} padding rows name a state slot a real request holds; "
-                    f"first at [{row + len(real)}]: slot {slot}, request {owner}'s"
+                    f"{len(bad)} {_unreal(b)} rows name a state slot {whose} holds; "
+                    f"first at [{row + first_padding}]: slot {slot}, request {owner}'s"
                 )
-                found.append(Violation("padding writes no real state", f.name, b.name, detail))
+                found.append(Violation(_writes_prop(b, "state"), f.name, b.name, detail))
     return found
+
+
+def _unreal(build: StepBuild) -> str:
+    """What a build's rows past its real ones are, for a message."""
+    return "dummy-run" if build.how == "dummy" else "padding"
+
+
+def _writes_prop(build: StepBuild, what: str) -> str:
+    """The property a write of ``build`` into a live ``what`` (KV or state) breaks."""
+    if build.how == "dummy":
+        return "a dummy run writes nothing live"
+    return f"padding writes no real {what}"
 
 
 def _lengths_read(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:

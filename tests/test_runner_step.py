@@ -240,6 +240,44 @@ def test_a_padding_row_that_names_a_real_requests_state_slot_fails_padding_write
     assert not ref.padding_writes_no_real_state(outputs(eager, unmarked))
 
 
+def dummy(slot_mapping: list, slots: list, live: tuple[int, ...]) -> ref.StepBuild:
+    """A dummy run between two steps (no real rows): one dummy request of one token
+    padded to two requests, its KV write ``slot_mapping`` and its state slots
+    ``slots``; ``live``: the eager build's rows the engine held while it ran."""
+    fields = (
+        ref.Field("slot_mapping", "tokens", np.array(slot_mapping), (-1, 39), writes_kv=True),
+        ref.Field("state_indices", "requests", np.array(slots), (-1, 9), writes_state=True),
+    )
+    return ref.StepBuild("dummy", 0, 0, fields, live=live)
+
+
+def test_a_dummy_run_that_writes_a_held_requests_kv_or_state_fails_writes_nothing_live():
+    """A dummy run between two steps (a data-parallel rank idle while its peers run a
+    step) whose KV write or state slot names one of a request the engine held while it
+    ran: the dummy forward overwrites that request's cached key or state. With the
+    dummy branch of either property returning nothing this test fails."""
+    eager = with_state(with_kv(build("eager")), [3, 5])
+    # Both requests held: slot 18 (request 0's key 2) and state slot 5 (request 1's).
+    messages = mismatches(eager, dummy([18, -1], [5, 0], live=(0, 1)))
+    assert messages == [
+        "[dummy-run-writes-nothing-live] dummy.slot_mapping: expected no KV or state slot "
+        "of a request the engine held while it ran, got 1 dummy-run values name a KV slot "
+        "a request held while it ran reads; first at [0]: slot 18, read by request 0 "
+        "(kv_slots of eager)",
+        "[dummy-run-writes-nothing-live] dummy.state_indices: expected no KV or state slot "
+        "of a request the engine held while it ran, got 1 dummy-run rows name a state slot "
+        "a request held while it ran (eager) holds; first at [0]: slot 5, request 1's",
+    ]
+    # A request new to the step held nothing while the dummy run ran: its slots are free.
+    assert not mismatches(eager, dummy([18, -1], [3, 0], live=(1,)))
+    assert not mismatches(eager, dummy([-1, -1], [5, 0], live=(0,)))
+    # PAD_SLOT_ID and the null block write nothing; the same build as a capture run (of
+    # an engine that serves nothing yet) is not judged.
+    assert not mismatches(eager, dummy([-1, -1], [0, 0], live=(0, 1)))
+    capture = dataclasses.replace(dummy([18, -1], [5, 0], live=(0, 1)), how="capture")
+    assert not mismatches(eager, capture)
+
+
 def test_padding_writes_state_reads_a_slot_per_token_and_skips_the_null_slot():
     """A 2-D state field (a slot per query token, as a speculative decode's) fails at
     the padding row one of whose slots a real row holds. The null slot (vLLM's null

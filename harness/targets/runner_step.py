@@ -67,6 +67,7 @@ class OwnCheck(StrEnum):
     PADDING_WRITES = "padding-writes-no-real-kv"  # no padding token writes a real read slot
     PADDING_STATE = "padding-writes-no-real-state"  # no padding row names a real state slot
     MICROBATCH = "microbatch-agreement"  # a micro-batch's real rows are its cut of the eager's
+    DUMMY_WRITES = "dummy-run-writes-nothing-live"  # no dummy row names a held KV or state slot
 
 
 _CHECKS = {
@@ -78,6 +79,10 @@ _CHECKS = {
     "padding writes no real KV": (OwnCheck.PADDING_WRITES, "no real request's read slots"),
     "padding writes no real state": (OwnCheck.PADDING_STATE, "no real request's state slot"),
     "micro-batch agreement": (OwnCheck.MICROBATCH, "the eager build's rows of its tokens"),
+    "a dummy run writes nothing live": (
+        OwnCheck.DUMMY_WRITES,
+        "no KV or state slot of a request the engine held while it ran",
+    ),
 }
 
 
@@ -95,13 +100,13 @@ def compare(
         made = ", ".join(b.name for b in got.builds) or "none"
         out.append(Mismatch(Check.TYPE, "builds", "an eager build", f"builds: {made}"))
     # A drafter's sub-step is compared with the eager build of the same sub-step.
-    drafts = {b.draft for b in got.builds if b.how != "capture"} - eager - {None}
+    drafts = {b.draft for b in got.builds if b.how not in ref.NO_REAL_ROWS} - eager - {None}
     if drafts:
         want = "an eager build of each draft sub-step"
         out.append(Mismatch(Check.TYPE, "builds", want, f"none of {sorted(drafts)}"))
     first = {b.draft: b for b in reversed(tuple(got.of("eager")))}
     for b in got.builds:
-        if b.how in ("capture", "microbatch"):  # a dummy step; a micro-batch's own sizes
+        if b.how in (*ref.NO_REAL_ROWS, "microbatch"):  # a dummy step; a micro-batch's own sizes
             continue  # (no real rows; judged by micro-batch agreement)
         for size, what in (("num_reqs", "requests"), ("num_tokens", "tokens")):
             want, label = getattr(expected, size), f"the step's {what}"
