@@ -39,6 +39,7 @@ from attnfuzz.strategies.traces import (
     CHANGES,
     PEERS,
     data_parallel_peer,
+    held_through_dummy,
     page_rollbacks,
     step_change,
     traces,
@@ -81,6 +82,7 @@ REACH = (
     "a rollback across a page",
     "a rollback across a page of 16+ tokens",
     "a rollback across a page, then one token",
+    "a request held through a dummy run",
     "a step at a tile boundary",
     "a step padded past a tile",
 )
@@ -137,6 +139,8 @@ def kinds_of(trace) -> list[str]:  # noqa: ANN001
         if any(q == 1 for r, q in zip(step.req_ids, step.q_lens, strict=True) if r in rolled):
             out.append("a rollback across a page, then one token")
             break
+    if held_through_dummy(trace.steps):
+        out.append("a request held through a dummy run")
     for step in trace.steps:
         out.extend(tile_kinds(config, step) - set(out))
     return out

@@ -91,6 +91,18 @@ def data_parallel_peer(query_lens: Sequence[int], num_computed_tokens: Sequence[
     return PEERS[(sum(query_lens) + sum(num_computed_tokens) + len(query_lens)) % 4]
 
 
+def held_through_dummy(steps: Sequence[Batch]) -> bool:
+    """Whether a request of one step runs in the next, not new to it: an engine holds it
+    through whatever dummy run it makes between the two (a data-parallel rank's)."""
+    from attnfuzz.reference.persistent_batch import new_to_engine
+
+    return any(
+        set(prev.request_ids)
+        & {r for r, new in zip(step.request_ids, new_to_engine(step), strict=True) if not new}
+        for prev, step in zip(steps, steps[1:], strict=False)
+    )
+
+
 def step_change(config: EngineConfig, prev: Batch, step: Batch) -> str | None:
     """Which one of :data:`CHANGES` ``step`` makes from ``prev``, if it changes exactly
     one quantity of the same requests in the same rows (None otherwise, or if none)."""
