@@ -115,8 +115,8 @@ def test_an_idle_rank_runs_a_dummy_step_padded_to_the_peers_graph():
     config = small_config()
     step = Batch((4, 4), (2, 2), req_ids=(0, 1), pages=((1, 2), (3, 4)), new_pages=(2, 2))
     (out,) = run_trace(Trace.of_case(Case(config, step)))
-    dummy = builds(out, "capture")[-1]  # the step's own dummy run, after the capture runs
-    assert dummy.num_reqs == dummy.num_tokens == 0
+    (dummy,) = builds(out, "dummy")  # the step's own dummy run, after the capture runs
+    assert dummy.num_reqs == dummy.num_tokens == 0 and dummy.live == ()  # none held yet
     assert tokens_of(dummy) == 4  # the peer's 4 tokens, a decode graph of 4
 
 
@@ -181,7 +181,7 @@ def test_an_idle_ranks_dummy_request_outgrows_the_model_within_its_row():
     step = Batch((0, 0), (6, 6), req_ids=(0, 1), pages=((1, 2), (3, 4)), new_pages=(2, 2))
     out = adapter().RunnerStepEngine()(ref.make_inputs(Case(config, step)))
     assert ref.violations(out) == []
-    dummy = builds(out, "capture")[-1]
+    (dummy,) = builds(out, "dummy")
     assert "_dummy_run" in dummy.where and dummy.field("seq_lens").values.tolist() == [16]
     table = dummy.field("block_table").values
     assert table.shape[1] * config.block_size >= 16

@@ -178,3 +178,27 @@ def test_the_fresh_engine_keeps_the_eager_rows_through_gdn_s_reorder(one_token_s
     swapped = fresh.field("seq_lens").values.tolist() == [6, 3]
     assert swapped == one_token_short
     assert (ref.history_invariance(out) != []) == one_token_short
+
+
+def test_a_dummy_run_through_the_held_requests_rows_is_kept_apart():
+    """``vllm-v1-hybrid-dummy-held-rows``, a finding of vLLM 0.33.0 kept apart: the idle
+    rank's ``_dummy_run`` before the decode builds the GDN metadata from the persistent
+    batch's row 0, which holds the running request: the dummy request's state index is
+    that request's state block, which the layer's kernels update in place (V2 zeroes a
+    dummy run's rows). ``vllm-v1-hybrid`` does not judge a dummy run against the
+    requests it holds, so that its searches judge the rest; the kept-apart entry does."""
+    from attnfuzz.harness.registry import get_target
+
+    m = hybrid()
+    witness = m.smallest_dummy_held_rows()
+    assert m.trigger_dummy_held_rows(witness)
+    target = get_target("runner-step")
+    assert target.judge_trace(target.resolve("vllm-v1-hybrid"), witness).ok
+    verdict = target.judge_trace(target.resolve("vllm-v1-hybrid-dummy-held-rows"), witness)
+    assert not verdict.ok
+    slot = m.state_blocks(witness.config, 0)[0]
+    assert verdict.mismatches and all(
+        m.check == "dummy-run-writes-nothing-live" and m.where.startswith("dummy.")
+        and f"slot {slot}," in m.got
+        for m in verdict.mismatches
+    )  # fmt: skip

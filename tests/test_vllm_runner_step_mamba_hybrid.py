@@ -85,3 +85,26 @@ def test_gdn_s_graph_support_resolves_a_full_mode():
     config = dataclasses.replace(m.smallest_full_spec_decode().config, cudagraph_mode="FULL")
     engine = m._MambaHybridEngine(config, torch.device("cpu"), "FULL", "mtp", {})
     assert engine.runner.cudagraph_manager.cudagraph_mode.name == "FULL_AND_PIECEWISE"
+
+
+def test_a_dummy_run_through_the_last_steps_rows_fails_writes_nothing_live():
+    """``vllm-v2-mamba-hybrid-dummy-stale-rows`` (vLLM 0.26.0's
+    ``get_dummy_block_tables``): the idle rank's dummy run before the decode reads the
+    prefill's block-table row, so the GDN layer's state index of the dummy request is
+    the running request's state block, which its kernels update in place; on vLLM
+    0.33.0, which zeroes the rows first, it is the null block 0."""
+    m = adapter()
+    trace = m.smallest_dummy_stale_rows()
+    assert m.trigger_dummy_stale_rows(trace) and m.reach_dummy_run(trace)
+    slot = m.state_blocks(trace.config, 0)[0]
+    fixed = run_trace(trace)
+    assert [ref.violations(out) for out in fixed] == [[], []]
+    (dummy,) = own(fixed[1], "dummy")
+    assert dummy.live == (0,) and gdn(dummy, "non_spec_state_indices_tensor")[0] == 0
+    first, second = run_trace(trace, m.dummy_stale_rows)
+    assert ref.violations(first) == []  # no request held yet
+    found = ref.violations(second)
+    assert found and {(v.prop, v.build) for v in found} == {
+        ("a dummy run writes nothing live", "dummy")
+    }
+    assert all(f"slot {slot}," in v.detail for v in found)

@@ -107,7 +107,7 @@ def test_an_idle_rank_runs_a_dummy_step_padded_to_the_peers_graph():
     step = Batch((4, 4), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1))
     (out,) = run_trace(Trace.of_case(Case(config, step)))
     # The step's own dummy run, after the capture runs (then its drafter's dummy run).
-    dummy = [b for b in builds(out, "capture") if "execute_dummy_batch" in b.where][-1]
+    dummy = [b for b in builds(out, "dummy") if "execute_dummy_batch" in b.where][-1]
     assert dummy.num_reqs == dummy.num_tokens == 0
     assert tokens_of(dummy) == 4
 
@@ -409,3 +409,32 @@ def test_a_rejection_sampler_that_keeps_the_last_step_s_tokens_is_caught(monkeyp
     outs = run_trace(Trace(small_config(num_spec=2), REJECTING_DECODES), holds=False)
     found = {(v.prop, v.build) for v in ref.violations(outs[2])}
     assert ("history invariance", "fresh.draft1") in found
+
+
+def test_the_drafters_dummy_run_writes_the_last_proposals_slots_kept_apart():
+    """``vllm-v1-drafter-dummy-slots``, a finding of vLLM 0.33.0 kept apart: an idle
+    data-parallel rank's ``_dummy_run`` fills its slot mappings with -1 and hands them to
+    the drafter's ``dummy_run``, whose draft layer writes through the drafter's own
+    slot-mapping buffer: the prefill's slots 16-19 that the proposal after it left
+    there, keys of the request the engine still holds. ``vllm-v1`` records the drafter's
+    dummy runs as capture runs so that its searches judge the rest; the mutant-kind entry
+    judges them."""
+    from attnfuzz.harness.registry import get_target
+
+    m = adapter()
+    witness = m.smallest_drafter_dummy()
+    assert m.trigger_drafter_dummy(witness)
+    target = get_target("runner-step")
+    assert target.judge_trace(target.resolve("vllm-v1"), witness).ok
+    verdict = target.judge_trace(target.resolve("vllm-v1-drafter-dummy-slots"), witness)
+    assert not verdict.ok
+    assert {(m.check, m.where) for m in verdict.mismatches} == {
+        ("dummy-run-writes-nothing-live", "dummy.slot_mapping")
+    }
+    m.run_drafter_dummy.new_engine()
+    _, out = [m.run_drafter_dummy(ref.make_inputs(c)) for c in witness.cases()]
+    drafter = [b for b in out.of("dummy") if b.where.startswith("llm_base_proposer.py")]
+    assert [b.field("slot_mapping").values.tolist() for b in drafter] == [[16, 17, 18, 19]]
+    # The target's (its forward, and its FULL graph's replay): -1, no write.
+    targets = [b for b in out.of("dummy") if b not in drafter]
+    assert targets and all(set(b.field("slot_mapping").values.tolist()) == {-1} for b in targets)

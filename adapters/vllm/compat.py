@@ -480,6 +480,11 @@ REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
     Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
 )
+# runner_step_mamba_hybrid.dummy_stale_rows: besides its module's, the dummy runs' block
+# tables it replaces by the last step's rows (0.26.0's get_dummy_block_tables).
+REQUIRES["runner_step_mamba_hybrid.dummy_stale_rows"] = (
+    Api("vllm.v1.worker.gpu.block_table", "BlockTables.get_dummy_block_tables"),
+)
 # runner_step_standalone_ar: runner_step's engine, its speculative config's draft_model
 # method making the standalone autoregressive speculator.
 REQUIRES["runner_step_standalone_ar"] = REQUIRES["runner_step"] + (
@@ -508,6 +513,12 @@ REQUIRES["runner_step_profile"] = REQUIRES["runner_step"] + (
     Api(_V2_GRAPHS, "_teardown_profiling_state"),
     Api("vllm.v1.worker.gpu.block_table", "BlockTables.get_dummy_block_tables"),
     Api("vllm.v1.attention.backends.utils", "resolve_kv_cache_layout"),
+)  # fmt: skip
+# runner_step_v1.run_drafter_dummy: besides its module's, the drafter's dummy run that a
+# dummy step hands its slot mappings.
+REQUIRES["runner_step_v1.run_drafter_dummy"] = (
+    Api("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer.dummy_run",
+        keyword="slot_mappings"),
 )  # fmt: skip
 # runner_step_v1_dflash: runner_step_v1's engine, its speculative config's dflash method
 # making the DFlash proposer.

@@ -386,6 +386,9 @@ def _lazy(module: str, name: str) -> Any:
 _mamba_hybrid_hook = functools.partial(_lazy, "runner_step_mamba_hybrid")
 
 
+_v1_hook = functools.partial(_lazy, "runner_step_v1")
+
+
 _hybrid_hook = functools.partial(_lazy, "runner_step_hybrid")
 
 
@@ -1390,6 +1393,20 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_mamba_hybrid",
+            "dummy_stale_rows",
+            name="vllm-v2-mamba-hybrid-dummy-stale-rows",
+            kind="mutant",
+            description="installed vLLM (V2 runner, hybrid) with vLLM 0.26.0's "
+            "BlockTables.get_dummy_block_tables: an idle data-parallel rank's dummy run "
+            "reads the block-table rows the last step left, a held request's state block",
+            declines="declines",
+            trigger=_mamba_hybrid_hook("trigger_dummy_stale_rows"),
+            reach=_mamba_hybrid_hook("reach_dummy_run"),
+            smallest=_mamba_hybrid_hook("smallest_dummy_stale_rows"),
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_v1",
             "run",
             name="vllm-v1",
@@ -1504,6 +1521,36 @@ def _runner_step() -> list[Implementation]:
             trigger=_trigger_dummy_past_row,
             reach=_reach_piecewise_capture,
             smallest=_smallest_dummy_past_row,
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1",
+            "run_drafter_dummy",
+            name="vllm-v1-drafter-dummy-slots",
+            kind="mutant",
+            description="installed vLLM (V1 runner) with its dummy runs judged: an idle "
+            "data-parallel rank's SpecDecodeBaseProposer.dummy_run writes the draft layer's "
+            "KV through the slots of the last proposal (a difference of vLLM's own, "
+            "docs/findings.md)",
+            declines="declines",
+            trigger=_v1_hook("trigger_drafter_dummy"),
+            reach=_v1_hook("reach_drafter_dummy"),
+            smallest=_v1_hook("smallest_drafter_dummy"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_hybrid",
+            "dummy_held_rows",
+            name="vllm-v1-hybrid-dummy-held-rows",
+            kind="mutant",
+            description="installed vLLM (V1 runner, hybrid) with its dummy runs judged: an "
+            "idle data-parallel rank's _dummy_run builds the GDN layer's metadata from the "
+            "persistent batch's rows, a held request's state block (a difference of vLLM's "
+            "own, docs/findings.md)",
+            declines="declines",
+            trigger=_hybrid_hook("trigger_dummy_held_rows"),
+            reach=_hybrid_hook("reach_dummy_run"),
+            smallest=_hybrid_hook("smallest_dummy_held_rows"),
             traced=True,
         ),
         _step_impl(

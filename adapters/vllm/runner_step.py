@@ -87,16 +87,17 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
   as ``execute_model`` dispatched and padded it (``ExecuteModelState``);
 - ``replay``: on a FULL dispatch, what the replayed graph reads;
 - ``capture``: every forward of ``capture`` (the engine's start, each capture
-  size of the config), and each step a dummy run (``_dummy_run`` as
+  size of the config);
+- ``dummy``: each step, before it, a dummy run (``_dummy_run`` as
   ``Worker.execute_dummy_batch`` calls it) of this rank idle while the peer runs
-  the step;
+  the step, its ``live`` rows the eager build's requests not new to the step;
 - ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
 - ``fresh``: a new engine of mode NONE, its requests added as new in warm-up steps,
   then the same scheduler output;
 - each engine's speculator's sub-steps of the proposal after the last step (the draft
   prefill, ``draft`` 0, then each draft decode), as that engine's build (``eager``,
   ``padded``, ``fresh``) with ``draft`` set, a replayed draft graph's as ``replay``;
-  the draft forwards of its capture and of its dummy runs as ``capture``.
+  the draft forwards of its capture as ``capture``, of its dummy runs as ``dummy``.
 
 The engine's attention backend is Triton's, whose builder runs on the CPU: its
 ``AttentionCGSupport`` (ALWAYS, ``get_attn_cg_support``) and
@@ -116,8 +117,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -133,8 +135,15 @@ from attnfuzz.adapters.vllm.lookahead import Lookahead, num_lookahead_tokens
 from attnfuzz.adapters.vllm.lookahead import declines as lookahead_declines
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
 from attnfuzz.reference.batch import Case, EngineConfig
-from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
-from attnfuzz.strategies.traces import data_parallel_peer
+from attnfuzz.reference.runner_step import (
+    NO_REAL_ROWS,
+    Field,
+    RunnerStepInputs,
+    RunnerStepOutputs,
+    StepBuild,
+)
+from attnfuzz.reference.trace import Trace
+from attnfuzz.strategies.traces import data_parallel_peer, held_through_dummy
 
 _LAYER = "model.layers.0.self_attn.attn"  # the one attention layer of the KV-cache group
 PAD_SLOT_ID = -1  # vllm/v1/attention/backends/utils.py
@@ -249,7 +258,7 @@ class _Recorder:
         seen = self.handed(positions)
         if self.capturing is not None:
             self.capturing.read = seen
-        if self.kind == "capture":  # a step's own build is its ExecuteModelState
+        if self.kind in NO_REAL_ROWS:  # a step's own build is its ExecuteModelState
             self.seen.append((self.kind, self.where, seen.frozen()))
 
     def draft_forward(self, positions: torch.Tensor) -> None:
@@ -259,7 +268,7 @@ class _Recorder:
             return
         seen = self.handed(positions, speculating.DRAFT_LAYER).frozen()
         if self.draft is None:
-            if self.kind == "capture":
+            if self.kind in NO_REAL_ROWS:
                 where = f"{self.speculator_where} ({self.where})"
                 self.seen.append((self.kind, where, seen))
             return
@@ -1002,7 +1011,7 @@ def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
 def _dummy(engine: _Engine, peer: _Peer) -> None:
     """``Worker.execute_dummy_batch``: this rank idle while ``peer`` runs."""
     r = engine.runner
-    engine.recorder.kind = "capture"
+    engine.recorder.kind = "dummy"
     engine.recorder.where = "model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
     try:
         with host_memory(engine.device), _graphs(engine.recorder), _data_parallel(r, peer):
@@ -1092,6 +1101,23 @@ def _step_build(how: str, engine: _Engine, state: Any, **kw: Any) -> StepBuild:
     )  # fmt: skip
 
 
+def held_by_dummies(
+    dummies: list[StepBuild], inputs: RunnerStepInputs, rows: Sequence[str]
+) -> list[StepBuild]:
+    """``dummies`` (dummy runs before the step) with the rows of the step's eager build,
+    in its order ``rows`` (request ids), whose requests the engine held while they ran:
+    those not new to the step."""
+    running = {str(rid) for rid, new in zip(inputs.req_ids, inputs.is_new, strict=True) if not new}
+    live = tuple(i for i, rid in enumerate(rows) if str(rid) in running)
+    return [dataclasses.replace(b, live=live) for b in dummies]
+
+
+def held_between_steps(found: Trace | Case) -> bool:
+    """Whether a request of one step runs in the next, not new to it: the engine holds
+    it through the dummy run between the two."""
+    return held_through_dummy([found.batch] if isinstance(found, Case) else found.steps)
+
+
 def _seen_builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     """The builds the model and the graphs reported, in order; emptied."""
     out = []
@@ -1159,13 +1185,15 @@ class RunnerStepEngine:
         builds += _sample(eager, now, "eager") + _sample(graphs, now, "padded")
         if self.fresh is not None:
             builds += _sample(self.fresh, now, "fresh")
+        dummies: list[StepBuild] = []
         if self.data_parallel:
             # This rank idle while the peer runs the step (a dummy run between two steps).
             step_peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
             _dummy(graphs, step_peer)
-            builds += _seen_builds(graphs, 0, 0)
+            dummies = _seen_builds(graphs, 0, 0)
 
         state = _execute(eager, eager.output(inputs, eager.held))
+        builds += held_by_dummies(dummies, inputs, state.input_batch.req_ids)
         builds.append(_step_build("eager", eager, state))
         peer = _peer(inputs, dql) if self.data_parallel else None
         state = _execute(graphs, graphs.output(inputs, graphs.held), peer)

@@ -41,7 +41,7 @@ from unittest import mock
 
 import torch
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step import num_blocks
+from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -282,6 +282,59 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart (docs/findings.md): V1's _dummy_run builds the linear layer's
+# metadata from the persistent batch's block-table rows (commit_block_table), which hold
+# the requests the engine holds: the dummy request of row 0 names the state block of
+# the request in row 0, which the layer's kernels update in place. V2 zeroes a dummy
+# run's rows (BlockTables.get_dummy_block_tables).
+
+
+class HeldHybridRunnerStepEngine(HybridRunnerStepEngine):
+    """``vllm-v1-hybrid``'s engines, the dummy run between two steps judged against the
+    requests the engine holds while it runs."""
+
+    judges_held = True
+
+
+HELD = HeldHybridRunnerStepEngine()
+
+
+def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-hybrid-dummy-held-rows``: ``vllm-v1-hybrid`` with its dummy runs between
+    steps judged against the requests it holds."""
+    return HELD(inputs)
+
+
+dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+
+
+def reach_dummy_run(found: Trace | Case) -> bool:
+    """A V1 engine: an idle data-parallel rank runs a dummy step between two real ones."""
+    return found.config.runner == "v1"
+
+
+def trigger_dummy_held_rows(found: Trace | Case) -> bool:
+    """A request of one step that the next step runs on: the engine holds it, in its
+    persistent batch, through the dummy run between them."""
+    return reach_dummy_run(found) and held_between_steps(found)
+
+
+def smallest_dummy_held_rows() -> Trace:
+    """One request prefills 5 tokens, then decodes one: the dummy run between the two
+    names the request's state block."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+        cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE", runner="v1",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((5,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )
 
 
 # -- mutants: GDNAttentionMetadataBuilder.build with one line of its FULL-graph staging

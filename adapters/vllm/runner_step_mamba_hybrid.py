@@ -37,9 +37,12 @@ Stood in: the GDN layer (what the model registers: its backend, no weights) and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from attnfuzz.adapters.vllm import runner_step
@@ -282,5 +285,74 @@ def smallest_full_spec_decode() -> Trace:
         (
             Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
             Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )
+
+
+# -- a re-created defect: vLLM 0.26.0's BlockTables.get_dummy_block_tables, which hands a
+# dummy run the input block tables' rows as the last real step left them (0.27.0 zeroes
+# them first: "Zero the rows so dummy runs write mamba state to the reserved null block
+# rather than through the previous real step's (stale) block ids").
+
+
+@contextlib.contextmanager
+def _stale_dummy_rows() -> Iterator[None]:
+    from vllm.v1.worker.gpu.block_table import BlockTables
+
+    def get_dummy_block_tables(self: Any, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        return tuple(block_table[:num_reqs] for block_table in self.input_block_tables)
+
+    with mock.patch.object(BlockTables, "get_dummy_block_tables", get_dummy_block_tables):
+        yield
+
+
+class _StaleRows:
+    """A hybrid engine whose dummy runs read the block-table rows of the last step."""
+
+    def __init__(self) -> None:
+        self.engine = MambaHybridRunnerStepEngine()
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        with _stale_dummy_rows():
+            return self.engine(inputs)
+
+
+_STALE_ROWS = _StaleRows()
+
+
+def dummy_stale_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v2-mamba-hybrid-dummy-stale-rows``: an idle data-parallel rank's dummy run
+    between two steps names, through the block-table rows the last step left, the state
+    block of a request the engine holds, and the GDN layer updates that state in place (a
+    dummy run writes nothing live)."""
+    return _STALE_ROWS(inputs)
+
+
+dummy_stale_rows.new_engine = _STALE_ROWS.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_dummy_run(found: Trace | Case) -> bool:
+    """A V2 engine: an idle data-parallel rank runs a dummy step between two real ones."""
+    return found.config.runner == "v2"
+
+
+def trigger_dummy_stale_rows(found: Trace | Case) -> bool:
+    """A request of one step that the next step runs on: the dummy run between them
+    reads the first step's rows, that request's state block among them."""
+    return reach_dummy_run(found) and runner_step.held_between_steps(found)
+
+
+def smallest_dummy_stale_rows() -> Trace:
+    """One request prefills 5 tokens, then decodes one: the dummy run between the two
+    reads the prefill's block-table row, the request's state block."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+        cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE", runner="v2",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((5,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
         ),
     )

@@ -64,14 +64,17 @@ Builds of one step (``reference/runner_step.py``), each from its own engine obje
   ``execute_model`` handed the model (graph or not);
 - ``replay``: on a FULL dispatch, what the replayed graph reads;
 - ``capture``: every forward of the capture (warm-ups and captures, each capture size of
-  each mode), and each step a dummy run of this rank idle while the peer runs the step;
+  each mode);
+- ``dummy``: each step, before it, a dummy run of this rank idle while the peer runs
+  the step, its ``live`` rows the eager build's requests not new to the step; and the
+  drafter's dummy run inside a step it does not fit in, holding all the step's requests;
 - ``eager``: the same steps on an engine of cudagraph mode NONE, one rank;
 - ``fresh``: a new engine of mode NONE, its requests added as new in one warm-up step
   in the rows the eager engine holds them in (V1's persistent batch keeps a request in
   its row: which row is the engine's history), then the same scheduler output;
 - each engine's drafter's sub-steps of the proposal after the step, as the step's
   build (``eager``, ``padded``, ``fresh``) with ``draft`` its sub-step; its dummy runs'
-  forwards as ``capture``.
+  forwards as ``capture`` in a capture, else ``dummy``.
 
 Every build of a forward with attention metadata also states ``kv_len`` and
 ``kv_slots`` by request, the keys the backend's kernels read and the KV slot of each,
@@ -116,11 +119,20 @@ from attnfuzz.adapters.vllm.runner_step import (
     _scheduler_output,
     _vllm_config,
     attention_pages,
+    held_between_steps,
+    held_by_dummies,
     num_blocks,
 )
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Case, EngineConfig
-from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.runner_step import (
+    NO_REAL_ROWS,
+    Field,
+    RunnerStepInputs,
+    RunnerStepOutputs,
+    StepBuild,
+)
+from attnfuzz.reference.trace import Trace
 
 _WHERE = "vllm/v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model"
 
@@ -249,8 +261,10 @@ class _Recorder:
             return
         seen = self.handed(positions, drafting.DRAFT_LAYER).frozen()
         if self.draft is None:
+            # The drafter's dummy run: of a capture, else while the engine holds requests
+            # (a dummy run between steps, or a step's requests the drafter does not fit).
             where = "llm_base_proposer.py: SpecDecodeBaseProposer.dummy_run"
-            self.seen.append(("capture", where, seen))
+            self.seen.append(("capture" if self.kind == "capture" else "dummy", where, seen))
         else:
             self.drafted.append((self.kind, self.draft, seen))
             self.draft += 1
@@ -967,7 +981,7 @@ def _dummy(engine: _Engine, inputs: RunnerStepInputs) -> None:
     peer = _Peer(inputs.num_reqs, inputs.num_tokens, None, None)
     where = "gpu_model_runner.py: GPUModelRunner._dummy_run (execute_dummy_batch)"
     data_parallel = _data_parallel(r, engine.recorder, peer, inputs.query_lens)
-    with _running(engine, "capture", where, data_parallel):
+    with _running(engine, "dummy", where, data_parallel):
         r._dummy_run(r.uniform_decode_query_len, uniform_decode=True)
 
 
@@ -1049,11 +1063,13 @@ def paged_keys(
 
 def _builds(engine: _Engine, num_reqs: int, num_tokens: int) -> list[StepBuild]:
     """The builds the model and the graphs reported, in order; emptied. A step's own
-    builds have its real sizes, a capture run none."""
+    builds have its real sizes, a capture or dummy run none; a dummy run inside a step
+    holds all its requests (one between steps: :func:`.runner_step.held_by_dummies`)."""
     out = []
     for kind, where, seen in engine.recorder.seen:
-        sizes = (0, 0) if kind == "capture" else (num_reqs, num_tokens)
-        out.append(StepBuild(kind, *sizes, engine.fields(seen), where=where))
+        sizes = (0, 0) if kind in NO_REAL_ROWS else (num_reqs, num_tokens)
+        live = tuple(range(num_reqs)) if kind == "dummy" else ()
+        out.append(StepBuild(kind, *sizes, engine.fields(seen), where=where, live=live))
     engine.recorder.seen.clear()
     return out
 
@@ -1106,6 +1122,13 @@ class RunnerStepEngine:
     peer, eagerly (cudagraph mode NONE), and afresh each step."""
 
     engine_type: type[_Engine] = _StartUpEngine
+    # Whether the dummy run between two steps is judged against the requests the engine
+    # holds while it runs (a data-parallel rank that runs a dummy step while holding
+    # requests it runs after). vLLM 0.33.0's V1 runner writes through them there: its
+    # drafter through the last proposal's slots, a linear layer through the held
+    # requests' block-table rows (findings kept apart, docs/findings.md), so its
+    # implementations leave it out and the kept-apart entries judge it.
+    judges_held = False
 
     def __init__(self) -> None:
         self.new_engine()
@@ -1128,9 +1151,12 @@ class RunnerStepEngine:
         assert graphs is not None and eager is not None
         # This rank idle while the peer runs the step (a dummy run between two steps).
         _dummy(graphs, inputs)
-        builds += _builds(graphs, 0, 0)
-        builds += _step(eager, inputs, eager.output(inputs), "eager")
+        dummies = _builds(graphs, 0, 0)
+        stepped = _step(eager, inputs, eager.output(inputs), "eager")
         rows = list(eager.runner.input_batch.req_ids)
+        if self.judges_held:
+            dummies = held_by_dummies(dummies, inputs, rows)
+        builds += dummies + stepped
         peer = _peer(inputs, graphs.runner.uniform_decode_query_len)
         builds += _step(graphs, inputs, graphs.output(inputs), "padded", peer)
         held = {rid: self.pages.get(rid, ()) for rid in map(str, inputs.req_ids)}
@@ -1236,3 +1262,58 @@ class Mutated:
     def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
         with self.patch():
             return self.engine(inputs)
+
+
+# -- a finding kept apart: the drafter's dummy run writes the last proposal's draft slots
+# (docs/findings.md). vLLM 0.33.0's _dummy_run fills the target's slot mappings with -1
+# ("Dummy runs have no real slot assignments"), then hands them to the drafter's
+# dummy_run, which, the draft layer being among them, writes through its own slot-mapping
+# buffer (SpecDecodeBaseProposer._get_slot_mapping with no new mapping): what the last
+# proposal left there, the slots of the requests it drafted for.
+
+
+class HeldRunnerStepEngine(RunnerStepEngine):
+    """``vllm-v1``'s engines, the dummy run between two steps judged against the
+    requests the engine holds while it runs."""
+
+    judges_held = True
+
+
+HELD = HeldRunnerStepEngine()
+
+
+def run_drafter_dummy(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-drafter-dummy-slots``: ``vllm-v1`` with its dummy runs between steps
+    judged against the requests it holds."""
+    return HELD(inputs)
+
+
+run_drafter_dummy.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+
+
+def reach_drafter_dummy(found: Trace | Case) -> bool:
+    """A V1 engine with a drafter (its dummy runs follow the target's)."""
+    return found.config.runner == "v1" and found.config.num_spec >= 1
+
+
+def trigger_drafter_dummy(found: Trace | Case) -> bool:
+    """A request of one step that the next step runs on: the dummy run between them
+    writes where the proposal after the first drafted for it."""
+    return reach_drafter_dummy(found) and held_between_steps(found)
+
+
+def smallest_drafter_dummy() -> Trace:
+    """One request prefills 5 tokens, then decodes next_n = 2: the dummy run before the
+    decode writes its draft KV at the prefill's first slots."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+        num_spec=1, cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v1",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )
