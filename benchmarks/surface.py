@@ -546,7 +546,10 @@ def _run_one(target: str, impl: str, n: int) -> tuple[int, float, str]:
         outcome = "FAILED" if r.failed else "passed"
         examples = r.examples
     except Exception as err:  # a harness error ends one run, not the measurement
-        outcome, examples = f"error: {type(err).__name__}", 0
+        import traceback
+
+        traceback.print_exc()  # whole, on stderr; the table keeps its first line
+        outcome, examples = f"error: {type(err).__name__}: {one_line(str(err))}", 0
     return examples, time.perf_counter() - start, outcome
 
 
