@@ -260,13 +260,12 @@ def test_a_dummy_run_that_writes_a_held_requests_kv_or_state_fails_writes_nothin
     # Both requests held: slot 18 (request 0's key 2) and state slot 5 (request 1's).
     messages = mismatches(eager, dummy([18, -1], [5, 0], live=(0, 1)))
     assert messages == [
-        "[dummy-run-writes-nothing-live] dummy.slot_mapping: expected no KV or state slot "
-        "of a request the engine held while it ran, got 1 dummy-run values name a KV slot "
-        "a request held while it ran reads; first at [0]: slot 18, read by request 0 "
-        "(kv_slots of eager)",
-        "[dummy-run-writes-nothing-live] dummy.state_indices: expected no KV or state slot "
-        "of a request the engine held while it ran, got 1 dummy-run rows name a state slot "
-        "a request held while it ran (eager) holds; first at [0]: slot 5, request 1's",
+        "[dummy-run-writes-nothing-live] dummy.slot_mapping: expected no slot of a held "
+        "request, got 1 dummy-run values name a KV slot a request held while it ran reads; "
+        "first at [0]: slot 18, read by request 0 (kv_slots of eager)",
+        "[dummy-run-writes-nothing-live] dummy.state_indices: expected no slot of a held "
+        "request, got 1 dummy-run rows name a state slot a request held while it ran "
+        "(eager) holds; first at [0]: slot 5, request 1's",
     ]
     # A request new to the step held nothing while the dummy run ran: its slots are free.
     assert not mismatches(eager, dummy([18, -1], [3, 0], live=(1,)))

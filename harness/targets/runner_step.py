@@ -79,10 +79,7 @@ _CHECKS = {
     "padding writes no real KV": (OwnCheck.PADDING_WRITES, "no real request's read slots"),
     "padding writes no real state": (OwnCheck.PADDING_STATE, "no real request's state slot"),
     "micro-batch agreement": (OwnCheck.MICROBATCH, "the eager build's rows of its tokens"),
-    "a dummy run writes nothing live": (
-        OwnCheck.DUMMY_WRITES,
-        "no KV or state slot of a request the engine held while it ran",
-    ),
+    "a dummy run writes nothing live": (OwnCheck.DUMMY_WRITES, "no slot of a held request"),
 }
 
 
