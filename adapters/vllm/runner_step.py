@@ -1112,6 +1112,26 @@ def held_by_dummies(
     return [dataclasses.replace(b, live=live) for b in dummies]
 
 
+def prefill_then_decode(runner: str, num_spec: int) -> Trace:
+    """One request prefills 5 tokens, then decodes ``1 + num_spec`` (the same request in
+    two steps), on runner ``runner`` with FULL_AND_PIECEWISE graphs of 4 and 8 tokens
+    and pages of 16: the decode pads to the FULL graph of 4 tokens with drafts."""
+    from attnfuzz.reference.batch import Batch
+
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+        num_spec=num_spec, cudagraph_capture_sizes=(4, 8),
+        cudagraph_mode="FULL_AND_PIECEWISE", runner=runner,
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((5,), (1 + num_spec,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )
+
+
 def held_between_steps(found: Trace | Case) -> bool:
     """Whether a request of one step runs in the next, not new to it: the engine holds
     it through the dummy run between the two."""

@@ -41,7 +41,11 @@ from unittest import mock
 
 import torch
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks
+from attnfuzz.adapters.vllm.runner_step import (
+    held_between_steps,
+    num_blocks,
+    prefill_then_decode,
+)
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -324,17 +328,7 @@ def trigger_dummy_held_rows(found: Trace | Case) -> bool:
 def smallest_dummy_held_rows() -> Trace:
     """One request prefills 5 tokens, then decodes one: the dummy run between the two
     names the request's state block."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
-        cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE", runner="v1",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((5,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    return prefill_then_decode("v1", 0)
 
 
 # -- mutants: GDNAttentionMetadataBuilder.build with one line of its FULL-graph staging
@@ -479,18 +473,7 @@ def smallest_prefill_in_decode_graph() -> Trace:
 def smallest_full_spec_decode() -> Trace:
     """One request prefills 5 tokens, then decodes next_n = 2 tokens, padded to the
     FULL decode graph of 4 tokens (2 requests)."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
-        num_spec=1, cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v1",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    return prefill_then_decode("v1", 1)
 
 
 def trigger_full_decode(trace: Trace | Case) -> bool:

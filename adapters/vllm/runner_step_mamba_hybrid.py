@@ -275,18 +275,7 @@ def trigger_full_spec_decode(found: Trace | Case) -> bool:
 def smallest_full_spec_decode() -> Trace:
     """One request prefills 5 tokens, then decodes next_n = 2 tokens, padded to the FULL
     decode graph of 4 tokens (2 requests: one padding)."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
-        num_spec=1, cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v2",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    return runner_step.prefill_then_decode("v2", 1)
 
 
 # -- a re-created defect: vLLM 0.26.0's BlockTables.get_dummy_block_tables, which hands a
@@ -345,14 +334,4 @@ def trigger_dummy_stale_rows(found: Trace | Case) -> bool:
 def smallest_dummy_stale_rows() -> Trace:
     """One request prefills 5 tokens, then decodes one: the dummy run between the two
     reads the prefill's block-table row, the request's state block."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
-        cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE", runner="v2",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((5,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    return runner_step.prefill_then_decode("v2", 0)

@@ -122,9 +122,10 @@ from attnfuzz.adapters.vllm.runner_step import (
     held_between_steps,
     held_by_dummies,
     num_blocks,
+    prefill_then_decode,
 )
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     NO_REAL_ROWS,
     Field,
@@ -1305,15 +1306,4 @@ def trigger_drafter_dummy(found: Trace | Case) -> bool:
 def smallest_drafter_dummy() -> Trace:
     """One request prefills 5 tokens, then decodes next_n = 2: the dummy run before the
     decode writes its draft KV at the prefill's first slots."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
-        num_spec=1, cudagraph_capture_sizes=(4, 8), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v1",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (5,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((5,), (2,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    return prefill_then_decode("v1", 1)
