@@ -187,15 +187,12 @@ def test_a_dummy_run_through_the_held_requests_rows_is_kept_apart():
     that request's state block, which the layer's kernels update in place (V2 zeroes a
     dummy run's rows). ``vllm-v1-hybrid`` does not judge a dummy run against the
     requests it holds, so that its searches judge the rest; the kept-apart entry does."""
-    from attnfuzz.harness.registry import get_target
+    from attnfuzz.adapters.vllm.testing import kept_apart_verdict
 
     m = hybrid()
     witness = m.smallest_dummy_held_rows()
     assert m.trigger_dummy_held_rows(witness)
-    target = get_target("runner-step")
-    assert target.judge_trace(target.resolve("vllm-v1-hybrid"), witness).ok
-    verdict = target.judge_trace(target.resolve("vllm-v1-hybrid-dummy-held-rows"), witness)
-    assert not verdict.ok
+    verdict = kept_apart_verdict("vllm-v1-hybrid", "vllm-v1-hybrid-dummy-held-rows", witness)
     slot = m.state_blocks(witness.config, 0)[0]
     assert verdict.mismatches and all(
         m.check == "dummy-run-writes-nothing-live" and m.where.startswith("dummy.")

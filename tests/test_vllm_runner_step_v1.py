@@ -416,18 +416,15 @@ def test_the_drafters_dummy_run_writes_the_last_proposals_slots_kept_apart():
     data-parallel rank's ``_dummy_run`` fills its slot mappings with -1 and hands them to
     the drafter's ``dummy_run``, whose draft layer writes through the drafter's own
     slot-mapping buffer: the prefill's slots 16-19 that the proposal after it left
-    there, keys of the request the engine still holds. ``vllm-v1`` records the drafter's
-    dummy runs as capture runs so that its searches judge the rest; the mutant-kind entry
-    judges them."""
-    from attnfuzz.harness.registry import get_target
+    there, keys of the request the engine still holds. ``vllm-v1`` does not judge a dummy
+    run between steps against the requests it holds, so that its searches judge the rest;
+    the kept-apart entry does."""
+    from attnfuzz.adapters.vllm.testing import kept_apart_verdict
 
     m = adapter()
     witness = m.smallest_drafter_dummy()
     assert m.trigger_drafter_dummy(witness)
-    target = get_target("runner-step")
-    assert target.judge_trace(target.resolve("vllm-v1"), witness).ok
-    verdict = target.judge_trace(target.resolve("vllm-v1-drafter-dummy-slots"), witness)
-    assert not verdict.ok
+    verdict = kept_apart_verdict("vllm-v1", "vllm-v1-drafter-dummy-slots", witness)
     assert {(m.check, m.where) for m in verdict.mismatches} == {
         ("dummy-run-writes-nothing-live", "dummy.slot_mapping")
     }

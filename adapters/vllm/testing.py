@@ -62,3 +62,15 @@ def own(out: Any, how: str) -> list[Any]:
 def values(build: Any, name: str) -> list:
     """Field ``name`` of ``build``, as a list."""
     return build.field(name).values.tolist()
+
+
+def kept_apart_verdict(fixed: str, kept: str, witness: Any) -> Any:
+    """The ``runner-step`` verdict of the kept-apart entry ``kept`` on ``witness``, after
+    asserting that the implementation ``fixed`` passes it and ``kept`` does not."""
+    from attnfuzz.harness.registry import get_target
+
+    target = get_target("runner-step")
+    assert target.judge_trace(target.resolve(fixed), witness).ok
+    verdict = target.judge_trace(target.resolve(kept), witness)
+    assert not verdict.ok
+    return verdict
