@@ -92,6 +92,15 @@ DETECTING_EXAMPLES = 1000
 """Generated cases a mutant must be found within (the slow tier, ``-m slow``)."""
 
 
+def nightly_seeds(seeds: tuple[int, ...] = (1, 2)) -> list[Any]:
+    """``seeds`` as ``pytest.param``s marked ``slow`` and ``nightly``: a search test CI
+    runs at seed 0, repeated on other draws by the nightly workflow only (CI's time
+    stays sized by one seed's examples)."""
+    import pytest
+
+    return [pytest.param(s, marks=[pytest.mark.slow, pytest.mark.nightly]) for s in seeds]
+
+
 def kind_of(impl: Implementation) -> str:
     """The implementation's kind as its plain name (``"mutant"``, ...), whether the
     kind is held as a string or an enumeration member."""

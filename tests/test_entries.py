@@ -99,10 +99,12 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "sglang-deepseek-v4-hip-radix"): 4,
     ("runner-step", "sglang-deepseek-v4-hip-radix-draft"): 4,
     ("runner-step", "sglang-eagle-worker"): 8,
+    ("runner-step", "sglang-fa3-prefill-graph"): 8,
     ("runner-step", "sglang-multi-layer-eagle"): 8,
     ("runner-step", "sglang-multi-layer-eagle-worker"): 8,
     ("runner-step", "sglang-prefill-graph"): 8,
     ("runner-step", "vllm"): 8,
+    ("runner-step", "vllm-v1-backends"): 8,
     ("runner-step", "vllm-v1-deepseek-v41"): 4,
     ("runner-step", "vllm-dflash"): 8,
     ("runner-step", "vllm-mtp-modules"): 8,
@@ -113,11 +115,11 @@ SIDE_BY_SIDE_TRACES = {
 graph runners (SGLang's attention backends side by side; a graph runner per draft
 layer; prefill graphs beside the decode graphs, every size of both captured when an
 engine starts; the EAGLE workers' target, draft and draft-extend graph runners; vLLM's
-V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code:
-10 to 16 s a trace on a 2-core machine; SGLang's DeepSeek-V4 backend, whose metadata a
-graph builds anew at every replay through a dozen interpreted Triton kernels), in place
-of its kind's budget: the engine tier stays small; a campaign or a nightly run searches
-longer."""
+V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code;
+the V1 runner's step beside six backends' eager builds of it: 10 to 16 s a trace on a
+2-core machine; SGLang's DeepSeek-V4 backend, whose metadata a graph builds anew at
+every replay through a dozen interpreted Triton kernels), in place of its kind's
+budget: the engine tier stays small; a campaign or a nightly run searches longer."""
 
 
 @pytest.mark.parametrize("target, impl", SEARCHED)

@@ -33,7 +33,7 @@ from attnfuzz.harness.history_trace import (
 )
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.testing import nightly_seeds, spec_config
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.trace import Trace, trace_violations
 
@@ -154,7 +154,7 @@ def attnfuzz(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *nightly_seeds()])
 def test_a_history_dependent_run_writes_the_trace_its_history_is(tmp_path, seed):
     """The single-step search says HISTORY-DEPENDENT; its history, replayed as one
     engine's trace in a new process, fails the same way and is cut to its two steps

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from attnfuzz.harness.registry import get_target, target_names
+from attnfuzz.harness.testing import nightly_seeds
 from attnfuzz.reference.batch import build_common_metadata
 from attnfuzz.reference.invariants import metadata_violations, violations
 from attnfuzz.strategies.batches import PRODUCTION, cases, scenario_labels
@@ -289,9 +290,7 @@ def test_request_counts_at_tile_boundaries_are_drawn_only_where_the_range_reache
     assert tile_edges(15, 40) == [15, 16, 17, 31, 32, 33]
 
 
-@pytest.mark.parametrize(
-    "seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("seed", [0, *nightly_seeds()])
 def test_a_consumer_tiled_by_the_real_request_count_is_found(seed, monkeypatch):
     """``boundary_impls:real_rows_tile`` leaves the padding rows past a tile sized by the
     real request count unwritten: only a graph that pads a step past a tile boundary its

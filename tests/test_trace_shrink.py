@@ -23,7 +23,7 @@ from attnfuzz.harness.errors import InvalidCase
 from attnfuzz.harness.oracle import Mismatch, Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.testing import nightly_seeds, spec_config
 from attnfuzz.harness.trace_shrink import (
     shrink_tied,
     tied_moves,
@@ -250,9 +250,7 @@ def test_shrink_tied_judges_at_most_its_budget(budget):
     assert cut.steps[-1].num_reqs == 7 - budget // 2  # each round: the step, then a request
 
 
-@pytest.mark.parametrize(
-    "seed", [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow), 2]
-)
+@pytest.mark.parametrize("seed", [2, *nightly_seeds((0, 1))])
 def test_a_traced_run_ends_at_the_smallest_tied_trace(seed, monkeypatch):
     """The run's own shrinking (harness.runner.fuzz), on a user's stateful
     implementation kept in tests/: one request, then two, under a limit of two."""

@@ -20,7 +20,7 @@ from attnfuzz.harness.isolation import IsolatedJudge
 from attnfuzz.harness.registry import get_target, target_names
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import Implementation
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.testing import nightly_seeds, spec_config
 from attnfuzz.reference.batch import Batch, Case, build_block_table, cdiv
 from attnfuzz.reference.invariants import batch_violations
 from attnfuzz.reference.trace import Trace, step_summary, trace_violations
@@ -334,7 +334,7 @@ def _found_trace(monkeypatch, target_name: str, impl_name: str, seed: int):
 
 
 @pytest.mark.slow  # 40 s to 2 minutes a seed on the 2-core machine, shrinking included
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *nightly_seeds()])
 def test_a_defect_after_a_step_of_another_decode_length_is_found(monkeypatch, seed):
     """A user's implementation wrong only after an earlier step of the same shape with
     another decode length (tests/boundary_impls.py) is found by a derandomized trace
@@ -346,7 +346,7 @@ def test_a_defect_after_a_step_of_another_decode_length_is_found(monkeypatch, se
 
 
 @pytest.mark.slow  # 10 to 80 s a seed on the 2-core machine, shrinking included
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *nightly_seeds()])
 def test_a_defect_after_a_rollback_across_a_page_is_found(monkeypatch, seed):
     """A user's persistent batch wrong only where a rollback of drafts that reached a
     later page ends inside an earlier one and the request's next step is a single

@@ -15,7 +15,7 @@ from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.runner import fuzz
 from attnfuzz.harness.target import HarnessError, Implementation
 from attnfuzz.harness.targets import persistent_batch as target_module
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.testing import nightly_seeds, spec_config
 from attnfuzz.reference import persistent_batch as ref
 from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.trace import Trace
@@ -93,7 +93,7 @@ def test_the_engine_keeps_its_objects_across_steps_and_a_new_engine_drops_them()
 
 
 # CI searches at seed 0; seeds 1 and 2 repeat the same search on other draws, nightly.
-NIGHTLY_SEEDS = [pytest.param(s, marks=[pytest.mark.slow, pytest.mark.nightly]) for s in (1, 2)]
+NIGHTLY_SEEDS = nightly_seeds()
 
 
 @pytest.mark.parametrize("seed", [0, *NIGHTLY_SEEDS])
