@@ -109,8 +109,11 @@ past its one token is its drafts (``scheduled_spec_decode_tokens``) up to ``num_
 else a prefill chunk; its prompt is what it knew on arrival (the scheduler output alone
 does not say more).
 
-Declined: the V1 runner, and varlen decode graphs (adaptive verification needs a
-drafter with a confidence head that the runner would also run).
+Declined: the V1 runner, and varlen decode graphs. They come with adaptive
+verification, which any speculator of 0.33.0 turns on (without a confidence head its
+online acceptance estimator stands in). Its manager admits each request's drafts by
+cost curves timed during the capture runs, and by the drafter's confidences. A verdict
+on them would depend on the machine's speed, so this adapter does not drive them.
 """
 
 from __future__ import annotations
@@ -178,8 +181,9 @@ def declines_engine(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> 
         return "the V1 model runner has another execute_model (gpu_model_runner.py)"
     if case.config.varlen_decode:
         return (
-            "varlen decode graphs come with adaptive verification, which needs a drafter "
-            "with a confidence head (gpu/spec_decode/adaptive_verification.py)"
+            "varlen decode graphs come with adaptive verification, whose draft budget "
+            "follows cost curves timed at capture (gpu/spec_decode/adaptive_verification.py: "
+            "AdaptiveVerificationManager.get_num_tokens): not driven by this adapter"
         )
     return lookahead_declines(case, lookahead(case.config))
 
