@@ -111,9 +111,11 @@ does not say more).
 
 Declined: the V1 runner, and varlen decode graphs. They come with adaptive
 verification, which any speculator of 0.33.0 turns on (without a confidence head its
-online acceptance estimator stands in). Its manager admits each request's drafts by
-cost curves timed during the capture runs, and by the drafter's confidences. A verdict
-on them would depend on the machine's speed, so this adapter does not drive them.
+online acceptance estimator stands in). Its manager admits each request's drafts on
+the device, by cost curves timed during the capture runs (``set_cost_curves`` could fix
+them) and by the drafter's confidences. Not driven yet: the trace's scheduler would
+have to draw the admitted drafts, and the eager and fresh engines (no graphs, so no
+adaptive verification) be handed the step with only those.
 """
 
 from __future__ import annotations
