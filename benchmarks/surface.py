@@ -69,6 +69,7 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -546,8 +547,6 @@ def _run_one(target: str, impl: str, n: int) -> tuple[int, float, str]:
         outcome = "FAILED" if r.failed else "passed"
         examples = r.examples
     except Exception as err:  # a harness error ends one run, not the measurement
-        import traceback
-
         traceback.print_exc()  # whole, on stderr; the table keeps its first line
         outcome, examples = f"error: {type(err).__name__}: {one_line(str(err))}", 0
     return examples, time.perf_counter() - start, outcome

@@ -11,7 +11,7 @@ from attnfuzz.adapters.sglang import trtllm_mla
 from attnfuzz.adapters.sglang.testing import requires_sglang
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.targets import mla_block_table as t
-from attnfuzz.harness.testing import spec_config
+from attnfuzz.harness.testing import nightly_seeds, spec_config
 from attnfuzz.reference import mla_block_table as ref
 from attnfuzz.reference.batch import Batch, Case
 
@@ -130,7 +130,7 @@ def test_repro_refuses_a_witness_sglang_never_reaches(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.nightly) for s in (1, 2))])
+@pytest.mark.parametrize("seed", [0, *nightly_seeds()])
 def test_context_len_finding_minimizes_inside_sglangs_limits(seed, tmp_path, capsys):
     """``attnfuzz run`` finds the live context-len defect at each seed, and its
     minimized witness is a step SGLang reaches: read with SGLang's limits themselves,

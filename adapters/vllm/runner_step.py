@@ -139,7 +139,7 @@ from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm.lookahead import Lookahead, num_lookahead_tokens
 from attnfuzz.adapters.vllm.lookahead import declines as lookahead_declines
 from attnfuzz.adapters.vllm.slot_mapping import host_memory
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     NO_REAL_ROWS,
     Field,
@@ -1122,8 +1122,6 @@ def prefill_then_decode(runner: str, num_spec: int) -> Trace:
     """One request prefills 5 tokens, then decodes ``1 + num_spec`` (the same request in
     two steps), on runner ``runner`` with FULL_AND_PIECEWISE graphs of 4 and 8 tokens
     and pages of 16: the decode pads to the FULL graph of 4 tokens with drafts."""
-    from attnfuzz.reference.batch import Batch
-
     config = EngineConfig(
         max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
         num_spec=num_spec, cudagraph_capture_sizes=(4, 8),
