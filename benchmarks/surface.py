@@ -16,17 +16,23 @@ import), and each part of the surface is the union of its clauses in
   function's own name) that contains one of ``METADATA_NAMES``
   (``query_start_loc``, ``seq_len``, ``block_table``, ``slot_mapping``,
   ``attn_metadata``, ``padded``, ``kv_indptr``, ...), case ignored;
+- ``imports``: the functions that name metadata in the files named and in
+  every module of ``within`` that they import, directly or through another
+  such module (an import anywhere in a module's code counts);
 - ``every``: every function of the files named.
 
 vLLM: ``builders``, every method of ``AttentionMetadataBuilder`` and its
 subclasses anywhere in ``vllm/``; ``backend-utils``, the module-level
 functions of the attention backends that name metadata (the helpers the
 builders call) and the metadata modules under ``v1/attention/``;
-``runner-v1`` and ``runner-v2``, the metadata-naming functions of each
-runner and its input batch, and the whole of the modules whose one job is
-block tables, graph dispatch, padding and data-parallel padding;
 ``drafters``, the metadata-naming functions of V1's and V2's speculative
-decoding; ``indexer``, the sparse-attention indexer's. SGLang: ``backends``,
+decoding; ``runner-v1`` and ``runner-v2``, the metadata-naming functions of
+each runner's module and of every module of its own package that it imports
+(input batches, micro-batch slicing, context parallelism, mamba state, the
+sampler's reads of the step's offsets: whatever the runner calls), and the
+whole of the modules whose one job is block tables, graph dispatch, padding
+and data-parallel padding; ``indexer``, the sparse-attention indexer's.
+SGLang: ``backends``,
 the methods named for metadata or graphs (``init_forward_metadata*``,
 ``init_cuda_graph_state``, ``*cuda_graph*``, ...) of every
 ``AttentionBackend`` subclass under ``srt/layers/attention/``;
@@ -106,6 +112,7 @@ class Select:
     base: str = ""  # class: the base class
     names: tuple[str, ...] = ()  # class: a method's name contains one of these (none: every method)
     module_only: bool = False  # refs: functions outside classes only
+    within: tuple[str, ...] = ()  # imports: the modules an import may lead to (globs)
 
     def describe(self, package: str) -> str:
         where = ", ".join(f"`{package}/{g}`" for g in self.files)
@@ -116,6 +123,12 @@ class Select:
         if self.kind == "refs":
             scope = "module-level functions" if self.module_only else "functions"
             return f"the {scope} that name metadata in {where}"
+        if self.kind == "imports":
+            inside = ", ".join(f"`{package}/{g}`" for g in self.within)
+            return (
+                f"the functions that name metadata in {where} and in every module of "
+                f"{inside} it imports, directly or through another of them"
+            )
         return f"every function in {where}"
 
 
@@ -141,9 +154,13 @@ SURFACE: dict[str, tuple[Part, ...]] = {
             ),
         ),
         Part(
+            "drafters",
+            (Select("refs", ("v1/spec_decode/**/*.py", "v1/worker/gpu/spec_decode/**/*.py")),),
+        ),
+        Part(
             "runner-v1",
             (
-                Select("refs", ("v1/worker/gpu_model_runner.py", "v1/worker/gpu_input_batch.py")),
+                Select("imports", ("v1/worker/gpu_model_runner.py",), within=("v1/worker/*.py",)),
                 Select(
                     "every",
                     (
@@ -158,13 +175,9 @@ SURFACE: dict[str, tuple[Part, ...]] = {
             "runner-v2",
             (
                 Select(
-                    "refs",
-                    (
-                        "v1/worker/gpu/model_runner.py",
-                        "v1/worker/gpu/states.py",
-                        "v1/worker/gpu/buffer_utils.py",
-                        "v1/worker/gpu/model_states/*.py",
-                    ),
+                    "imports",
+                    ("v1/worker/gpu/model_runner.py", "v1/worker/gpu/model_states/*.py"),
+                    within=("v1/worker/gpu/**/*.py",),
                 ),
                 Select(
                     "every",
@@ -177,10 +190,6 @@ SURFACE: dict[str, tuple[Part, ...]] = {
                     ),
                 ),
             ),
-        ),
-        Part(
-            "drafters",
-            (Select("refs", ("v1/spec_decode/**/*.py", "v1/worker/gpu/spec_decode/**/*.py")),),
         ),
         Part("indexer", (Select("refs", ("model_executor/layers/sparse_attn_indexer.py",)),)),
     ),
@@ -381,10 +390,61 @@ class Source:
         return f"{path.relative_to(self.root.parent).as_posix()}:{qualname}"
 
 
+def _imported(source: Source, path: Path, tree: ast.Module) -> set[Path]:
+    """The files of the package that a module imports anywhere in its code
+    (function-level imports too): ``from a.b import c`` names ``a/b`` and, where
+    it is a module, ``a/b/c``."""
+    package = source.root.name
+    here = path.relative_to(source.root).parent.parts
+    dotted: list[tuple[str, ...]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted += [tuple(alias.name.split(".")) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                stem = (package, *here[: len(here) - node.level + 1])
+                base = (*stem, *(node.module or "").split(".")) if node.module else stem
+            else:
+                base = tuple((node.module or "").split("."))
+            dotted.append(base)
+            dotted += [(*base, alias.name) for alias in node.names]
+    out = set()
+    for parts in dotted:
+        if parts[:1] != (package,):
+            continue
+        for candidate in (
+            source.root.joinpath(*parts[1:]).with_suffix(".py"),
+            source.root.joinpath(*parts[1:], "__init__.py"),
+        ):
+            if candidate.is_file():
+                out.add(candidate)
+    return out
+
+
+def import_closure(source: Source, starts: Sequence[Path], within: Sequence[str]) -> list[Path]:
+    """``starts`` and every module of ``within`` they import, directly or through
+    another module of ``within``."""
+    allowed = set(source.files(within))
+    found, frontier = set(starts), list(starts)
+    while frontier:
+        path = frontier.pop()
+        if (tree := source.tree(path)) is None:
+            continue
+        for module in _imported(source, path, tree) & allowed:
+            if module not in found:
+                found.add(module)
+                frontier.append(module)
+    return sorted(found)
+
+
 def select(source: Source, clause: Select) -> Iterator[Function]:
     """The functions one clause selects."""
     if clause.kind == "class":
         trees, classes = subclasses(source, source.files(clause.files), clause.base)
+    elif clause.kind == "imports":
+        paths = import_closure(source, source.files(clause.files), clause.within)
+        trees = {p: t for p in paths if (t := source.tree(p)) is not None}
+        classes = set()
     else:
         trees, classes = source.trees(clause.files), set()
     for path, tree in trees.items():
@@ -392,7 +452,7 @@ def select(source: Source, clause: Select) -> Iterator[Function]:
             if clause.kind == "class":
                 chosen = cls is not None and cls.name in classes
                 chosen = chosen and (not clause.names or any(w in node.name for w in clause.names))
-            elif clause.kind == "refs":
+            elif clause.kind in ("refs", "imports"):
                 chosen = not (clause.module_only and cls is not None) and names_metadata(node)
             elif clause.kind == "every":
                 chosen = True

@@ -82,6 +82,36 @@ FAKE = {
             def sample(self, logits):
                 return logits.argmax()
         """,
+    # A runner and the modules it imports: one directly, one through another
+    # (relatively, inside a function), one by ``from package import module``;
+    # a module of the same directory it never imports.
+    "worker/model_runner.py": """
+        from fake.worker.input_prep import prepare
+
+        def step(batch):
+            from fake.worker import padding
+            return padding.pad(prepare(batch).query_start_loc)
+        """,
+    "worker/input_prep.py": """
+        def prepare(batch):
+            from .slots import fill
+            return fill(batch.slot_mapping)
+        """,
+    "worker/slots.py": """
+        def fill(slot_mapping):
+            return slot_mapping
+
+        def log(message):
+            return message
+        """,
+    "worker/padding.py": """
+        def pad(seq_lens):
+            return seq_lens
+        """,
+    "worker/unused.py": """
+        def other(block_table):
+            return block_table
+        """,
     "layers/backend.py": """
         class AttentionBackend:
             def init_forward_metadata(self, batch): ...
@@ -156,6 +186,20 @@ def test_the_refs_rule_takes_the_functions_that_name_metadata(surface, package):
     }
     module_level = surface.Select("refs", ("attention/**/*.py",), module_only=True)
     assert names(surface.select(source, module_level)) == {"attention/backend.py:split_decodes"}
+
+
+def test_the_imports_rule_follows_the_runners_imports_inside_its_package(surface, package):
+    clause = surface.Select(
+        "imports", ("worker/model_runner.py",), within=("worker/input_prep.py", "worker/slots.py")
+    )
+    assert names(surface.select(surface.Source(package), clause)) == {
+        "worker/model_runner.py:step",
+        "worker/input_prep.py:prepare",
+        "worker/slots.py:fill",  # reached through input_prep's relative import
+    }  # padding.py is imported but outside `within`; unused.py is never imported
+    inside = surface.Select("imports", ("worker/model_runner.py",), within=("worker/*.py",))
+    assert "worker/padding.py:pad" in names(surface.select(surface.Source(package), inside))
+    assert "worker/unused.py:other" not in names(surface.select(surface.Source(package), inside))
 
 
 def test_a_function_is_in_the_first_part_that_selects_it_and_missing_files_are_absent(
