@@ -52,10 +52,11 @@ class Implementation:
     # one (a page size): its cases draw each in this range, so that few are rejected.
     # It only narrows the search; ``admits`` is what refuses.
     params: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
-    # Engine code only: of the target's inputs (what ``fn`` takes), the text of a
-    # self-contained Python script that imports only the engine and torch, drives
-    # the engine's own code with those values and exits 1 where the defect shows
-    # (``attnfuzz export --standalone``): the reproduction an upstream issue carries.
+    # Engine code only: of the target's inputs (what ``fn`` takes; for a trace, each
+    # step's, in order), the text of a self-contained Python script that imports only
+    # the engine and torch, drives the engine's own code with those values and exits 1
+    # where the defect shows (``attnfuzz export --standalone``): the reproduction an
+    # upstream issue carries.
     standalone: Callable[[Any], str] | None = field(default=None, hash=False)
     # It lives across steps: fuzzed with traces (:meth:`Target.traces`); a mutant's
     # ``reach``, ``trigger`` then read a Trace, and ``smallest`` returns one.

@@ -26,12 +26,15 @@ def standalone_script(path: Path | str, impl: str | None = None) -> tuple[str, s
             f"{implementation.name!r} has no standalone reproduction "
             "(export --standalone is for engine findings that declare one)"
         )
-    if isinstance(case, Trace):
-        raise UsageError(f"{path} is a trace: a standalone reproduction takes one step")
-    # The case's values, built on the CPU: the script writes them in as literals.
+    # The case's values, built on the CPU: the script writes them in as literals. A
+    # trace's are each step's inputs, in order (its implementation picks the step).
     dtype = case.dtype or DEFAULT_FLOAT_DTYPE
+    cpu = torch.device("cpu")
     with fits_in_memory(target.name), using_float_dtype(dtype):
-        inputs = target.make_inputs(case, torch.device("cpu"))
+        if isinstance(case, Trace):
+            inputs = tuple(target.make_inputs(step, cpu) for step in case.cases())
+        else:
+            inputs = target.make_inputs(case, cpu)
     return implementation.standalone(inputs), implementation.name
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
-from attnfuzz.adapters.vllm import limits, lookahead, standalone
+from attnfuzz.adapters.vllm import limits, lookahead, standalone, standalone_reprefill
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
@@ -1272,6 +1272,7 @@ def _runner_step() -> list[Implementation]:
             trigger=_mtp_modules_hook("trigger_reprefill_before_prompt"),
             reach=_mtp_modules_hook("reach_reprefill"),
             smallest=_mtp_modules_hook("smallest_reprefill_before_prompt"),
+            standalone=standalone_reprefill.mtp_modules_reprefill,
             traced=True,
         ),
         _step_impl(
