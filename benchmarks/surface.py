@@ -61,7 +61,8 @@ implementations' runs and the largest functions that run no line. ``--json
 FILE``: the figures, ``{engine: {"lines_run", "lines", "branches_run",
 "branches", "parts": {part: {the same keys, "functions": {name: lines_run}}},
 "builders": {name: {the same keys, "driven"}}}}``. ``--markdown FILE``
-rewrites the section ``surface:parts`` of FILE (``docs/surface.md``).
+rewrites each measured engine's section of FILE (``docs/surface.md``:
+``surface:vllm``, ``surface:sglang``), so that one engine can be measured again alone.
 """
 
 from __future__ import annotations
@@ -857,38 +858,48 @@ def rules_table(engine: str) -> str:
 def report_lines(results: Sequence[EngineResult], n: int, seconds: float, top: int) -> list[str]:
     lines = []
     for r in results:
-        name = f"{NAMES[r.engine]} {r.release}"
-        lines += [
-            f"### {name}",
-            "",
-            f"{len(r.runs)} engine implementation{'' if len(r.runs) == 1 else 's'}, "
-            f"{n} examples each (seed 0).",
-            "",
-            *parts_table(r).splitlines(),
-            "",
-            f"Its {next(iter(r.parts))}, each a class and its methods on the surface: "
-            + builders_summary(r),
-            "",
-            *builders_table(r).splitlines(),
-            "",
-            f"The largest functions of {name}'s surface that run no line:",
-            "",
-            *[f"- {item}" for item in not_run(r, top)],
-            "",
-            "The runs:",
-            "",
-            *runs_table(r).splitlines(),
-            "",
-            "The parts (a function is in the first that selects it):",
-            "",
-            *rules_table(r.engine).splitlines(),
-            "",
-        ]
-    words = ", ".join(f"`{w}`" for w in METADATA_NAMES)
-    lines.append(f"A function names metadata where an identifier in it contains {words}.")
-    lines.append("")
-    lines.append(f"Measured in {seconds / 60:.1f} minutes, coverage.py tracing.")
+        lines += engine_lines(r, n, top)
+    lines.append(footer(seconds))
     return lines
+
+
+def footer(seconds: float) -> str:
+    words = ", ".join(f"`{w}`" for w in METADATA_NAMES)
+    return (
+        f"A function names metadata where an identifier in it contains {words}.\n\n"
+        f"Measured in {seconds / 60:.1f} minutes, coverage.py tracing."
+    )
+
+
+def engine_lines(r: EngineResult, n: int, top: int) -> list[str]:
+    """One engine's report: its parts, builders, largest functions not run, runs, rules."""
+    name = f"{NAMES[r.engine]} {r.release}"
+    return [
+        f"### {name}",
+        "",
+        f"{len(r.runs)} engine implementation{'' if len(r.runs) == 1 else 's'}, "
+        f"{n} examples each (seed 0).",
+        "",
+        *parts_table(r).splitlines(),
+        "",
+        f"Its {next(iter(r.parts))}, each a class and its methods on the surface: "
+        + builders_summary(r),
+        "",
+        *builders_table(r).splitlines(),
+        "",
+        f"The largest functions of {name}'s surface that run no line:",
+        "",
+        *[f"- {item}" for item in not_run(r, top)],
+        "",
+        "The runs:",
+        "",
+        *runs_table(r).splitlines(),
+        "",
+        "The parts (a function is in the first that selects it):",
+        "",
+        *rules_table(r.engine).splitlines(),
+        "",
+    ]
 
 
 def reader_command(argv: Sequence[str]) -> str:
@@ -928,8 +939,11 @@ def main() -> int:
     if args.json is not None:
         write_json(args.json, results)
     if args.markdown is not None:
+        # Each engine's section of its own: measuring one engine leaves the other's.
         head = f"Measured with `{reader_command(sys.argv[1:])}`."
-        write_section(args.markdown, "surface", "parts", [head, "", *lines])
+        for r in results:
+            body = [head, "", *engine_lines(r, args.examples, args.top), footer(seconds)]
+            write_section(args.markdown, "surface", r.engine, body)
     return 0 if results else 1
 
 
