@@ -301,6 +301,27 @@ def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
     assert compare(None, None, EXPECTED, outputs(build("eager"), capture)) == []
 
 
+def test_a_micro_batch_wholly_in_the_padding_is_judged_by_safety_alone():
+    """vLLM's V2 runner splits at the middle of the padded count, so its second
+    micro-batch may hold no real token: no real row to compare, its padding rows held
+    to their consumers' ranges; one past the step that claims tokens is still wrong."""
+
+    def micro(tokens: int, seq_len: int) -> ref.StepBuild:
+        values = {"query_start_loc": [0, 0], "seq_lens": [seq_len],
+                  "block_table": [[2, 0]], "slot_mapping": [-1]}  # fmt: skip
+        fields = tuple(
+            ref.Field(name, ref.FIELD_ROWS[name], np.array(v), RANGES.get(name, (0, 1)))
+            for name, v in values.items()
+        )
+        return ref.StepBuild("microbatch", 0, tokens, fields, first_token=3)
+
+    assert mismatches(build("eager"), micro(0, 3)) == []
+    (unsafe,) = compare(None, None, EXPECTED, outputs(build("eager"), micro(0, 9)))
+    assert unsafe.check == OwnCheck.SAFE_PADDING and "seq_lens" in str(unsafe)
+    (claims,) = ref.microbatch_agreement(outputs(build("eager"), micro(1, 3)))
+    assert "tokens [3, 4) of a step of 3 tokens" in claims.detail
+
+
 def test_outputs_without_an_eager_build_or_of_another_type_fail():
     (missing,) = compare(None, None, EXPECTED, outputs(build("padded", pad=True)))
     assert (missing.check, missing.where) == (Check.TYPE, "builds")

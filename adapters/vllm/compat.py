@@ -409,6 +409,19 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.worker.gpu_ubatch_wrapper", "CUDAGraphMetaData"),
         Api("vllm.compilation.cuda_graph", "CUDAGraphWrapper"),
     ),
+    # runner_step_v2_dbo: runner_step's engine with dual-batch overlap: the ranks'
+    # micro-batch decision, the micro-batched graphs, the slices and their metadata.
+    "runner_step_v2_dbo": (
+        V2_RUNNER_GATHER,
+        V2_RUNNER_PREPARE,
+        Api(_V2_DP, "sync_cudagraph_and_dp_padding", keyword="allow_ubatching"),
+        Api(_V2_GRAPHS, "CudaGraphManager._maybe_ubatch_twin"),
+        Api("vllm.v1.worker.gpu.ubatch_utils", "UBatchRunner.begin_capturable_run"),
+        Api("vllm.v1.worker.gpu.ubatch_utils", "_slice_query_start_loc"),
+        Api("vllm.v1.worker.gpu.ubatch_utils", "make_ubatch_contexts"),
+        Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.initialize_kv_cache"),
+        Api("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model"),
+    ),
     # runner_step_unpadded_drafts: runner_step_v1's engine, its drafter batch unpadded.
     "runner_step_unpadded_drafts": (
         V1_DISPATCHER,

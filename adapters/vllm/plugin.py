@@ -1120,6 +1120,9 @@ _async_hook = functools.partial(_lazy, "runner_step_v1_async")
 _dbo_hook = functools.partial(_lazy, "runner_step_dbo")
 
 
+_v2_dbo_hook = functools.partial(_lazy, "runner_step_v2_dbo")
+
+
 _dflash_hook = functools.partial(_lazy, "runner_step_dflash")
 
 
@@ -1133,8 +1136,8 @@ _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
 def _runner_step_dbo() -> list[Implementation]:
-    """``vllm-v1``'s step with dual-batch overlap, and a mutant of its micro-batch
-    metadata."""
+    """Each runner's step with dual-batch overlap (``vllm-v1``'s, ``vllm``'s), and a
+    mutant of each one's micro-batch metadata."""
     return [
         _step_impl(
             "runner_step_dbo",
@@ -1163,6 +1166,35 @@ def _runner_step_dbo() -> list[Implementation]:
             trigger=_dbo_hook("trigger_not_rebased"),
             reach=_dbo_hook("reach_microbatching"),
             smallest=_dbo_hook("smallest_not_rebased"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v2_dbo",
+            "run",
+            name="vllm-dbo",
+            description="installed vLLM (V2 runner) with dual-batch overlap (enable_dbo, "
+            "both token thresholds at their floor) beside a data-parallel peer: "
+            "vllm/v1/worker/gpu/dp_utils.py: sync_cudagraph_and_dp_padding's micro-batch "
+            "branch, cudagraph_utils.py: the micro-batched FULL graphs (_maybe_ubatch_twin, "
+            "their capture and replay), ubatch_utils.py: UBatchRunner.prepare, "
+            "create_ubatch_slices, _slice_input_batch and each micro-batch's forward "
+            "context; each micro-batch's metadata judged against the step's eager unsplit "
+            "build",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v2_dbo",
+            "run_not_rebased",
+            name="vllm-dbo-query-start-not-rebased",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V2 runner, dual-batch overlap) with "
+            "gpu/ubatch_utils.py: _slice_query_start_loc not subtracting the micro-batch's "
+            "first token: a second micro-batch's query_start_loc points past its own rows",
+            trigger=_v2_dbo_hook("trigger_not_rebased"),
+            reach=_v2_dbo_hook("reach_microbatching"),
+            smallest=_v2_dbo_hook("smallest_not_rebased"),
             traced=True,
         ),
     ]

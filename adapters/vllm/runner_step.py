@@ -249,6 +249,10 @@ class _Recorder:
     # of its start-up profiling (None: the engine's).
     kv_pages: Callable[[], int | None] = lambda: None
 
+    def new_graph(self) -> _Graph:
+        """A stood-in CUDA graph that reports here (``torch.cuda.CUDAGraph()``)."""
+        return _Graph(self)
+
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
 
@@ -358,7 +362,7 @@ def _graphs(recorder: _Recorder) -> Iterator[None]:
         def __call__(self, **inputs: Any) -> Any:
             return self.model(**inputs)
 
-    cuda = SimpleNamespace(CUDAGraph=lambda: _Graph(recorder), graph=graph)
+    cuda = SimpleNamespace(CUDAGraph=recorder.new_graph, graph=graph)
 
     class Torch:
         """``torch`` as ``cudagraph_utils`` sees it: its ``cuda`` graphs stood in."""
@@ -554,6 +558,9 @@ class _Engine:
     :func:`.runner_step_speculator.make` makes it), ``initialize_kv_cache`` with the
     worker's :func:`kv_cache_config`, and ``capture_model`` (:meth:`capture`)."""
 
+    recorder_type: type[_Recorder] = _Recorder
+    """Where the engine's model and graphs report what they read."""
+
     def __init__(
         self, config: EngineConfig, device: torch.device, mode: str, speculator: str
     ) -> None:
@@ -561,7 +568,7 @@ class _Engine:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
         self.config, self.device = config, device
-        self.recorder = _Recorder()
+        self.recorder = self.recorder_type()
         vc = self.vllm_config = self.configure(_vllm_config(config, mode, speculator))
         with (
             _cpu_runner(device),
@@ -668,6 +675,15 @@ class _Engine:
     def fields(self, seen: _Seen, *, history: bool = True) -> tuple[Field, ...]:
         """The fields of one forward's build (:func:`_fields`)."""
         return _fields(self.config, seen, history=history)
+
+    def step_seen(self, state: Any) -> _Seen:
+        """What the step's forward was handed: its ``ExecuteModelState``'s metadata."""
+        batch = state.input_batch
+        linear = self.recorder.linear_layer
+        return _Seen(
+            state.attn_metadata[_LAYER], batch.positions, batch,
+            linear=state.attn_metadata[linear] if linear is not None else None,
+        )  # fmt: skip
 
     def capture(self) -> None:
         """``GPUModelRunner.capture_model``: the target's graphs
@@ -789,8 +805,9 @@ def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
 @contextlib.contextmanager
 def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
     """The runner as rank 0 of two, the all-reduce answered with the column ``peer``'s
-    own ``dispatch_cg_and_sync_dp`` fills (as ``execute_model`` calls it: no LoRA, no
-    microbatching); one rank where ``peer`` is None."""
+    own ``dispatch_cg_and_sync_dp`` fills (as ``execute_model`` calls it: no LoRA; its
+    vote for microbatching the runner's own, as both ranks run one config); one rank
+    where ``peer`` is None."""
     from attnfuzz.adapters.vllm.runner_modes import _peer_all_reduce_v2, _peer_column_v2
     from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
 
@@ -810,7 +827,8 @@ def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
         dispatch_cg_and_sync_dp(
             runner.cudagraph_manager, peer.num_reqs, peer.num_tokens, peer.uniform, 2, 1,
             max_query_len=peer.max_query_len, num_active_loras=0, parallel_config=pc,
-            allow_ubatching=False, uniform_decode=peer.uniform == runner.decode_query_len,
+            allow_ubatching=getattr(runner, "ubatch_runner", None) is not None,
+            uniform_decode=peer.uniform == runner.decode_query_len,
         )  # fmt: skip
     try:
         with _peer_all_reduce_v2(column):
@@ -1096,11 +1114,7 @@ def _fields(config: EngineConfig, seen: _Seen, *, history: bool = True) -> tuple
 
 def _step_build(how: str, engine: _Engine, state: Any, **kw: Any) -> StepBuild:
     batch = state.input_batch
-    linear = engine.recorder.linear_layer
-    seen = _Seen(
-        state.attn_metadata[_LAYER], batch.positions, batch,
-        linear=state.attn_metadata[linear] if linear is not None else None,
-    )  # fmt: skip
+    seen = engine.step_seen(state)
     return StepBuild(
         how, batch.num_reqs, batch.num_tokens, engine.fields(seen, **kw),
         where="vllm/v1/worker/gpu/model_runner.py: GPUModelRunner.execute_model",
