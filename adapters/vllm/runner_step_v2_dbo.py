@@ -59,10 +59,10 @@ import torch
 from attnfuzz.adapters.vllm import runner_step as v2
 from attnfuzz.adapters.vllm.runner_step_dbo import NUM_UBATCHES, dbo_parallel_config
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated, paged_keys
+from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace, as_trace
-from attnfuzz.strategies.traces import data_parallel_peer
 
 _WHERE = "gpu/ubatch_utils.py: UBatchRunner"
 
@@ -182,7 +182,7 @@ class _MicroGraph(v2._Graph):
             return super().replay()
         recorder = self.recorder
         assert isinstance(recorder, _DboRecorder)
-        for i, start, seen in ((i, s, seen) for i, (s, seen) in enumerate(self.micro)):
+        for i, (start, seen) in enumerate(self.micro):
             where = f"cudagraph_utils.py: run_fullgraph, micro-batch {i}'s graph replayed"
             recorder.micro_build(seen.frozen(), start, where)
 
@@ -229,8 +229,9 @@ class _WholeSeen(v2._Seen):
 
 
 class _DboEngine(v2._Engine):
-    """A V2 engine with dual-batch overlap on; every runner call it makes runs with the
-    micro-batches' stand-ins (:func:`_micro_batches`)."""
+    """A V2 engine with dual-batch overlap on, built and captured with the micro-batches'
+    stand-ins (:func:`_micro_batches`; its steps run with them too:
+    :class:`DboRunnerStepEngine`)."""
 
     recorder_type = _DboRecorder
     recorder: _DboRecorder
@@ -393,20 +394,13 @@ def reach_microbatching(trace: Trace | Case) -> bool:
 
 
 def splits(config: EngineConfig, step: Batch) -> bool:
-    """Whether both ranks split ``step``: its data-parallel peer (:func:`.runner_step._peer`)
-    runs tokens (a uniform decode of as many one-token requests as the limits allow, or a
-    prefill one token longer than the step; none or an idle one never splits), and both
-    ranks' token counts reach the threshold (:data:`.runner_step_dbo.NUM_UBATCHES`, the
-    floor both thresholds are set at)."""
-    tokens = sum(step.q_lens)
-    which = data_parallel_peer(step.q_lens, step.num_computed_tokens)
-    if which == "uniform decode":
-        peer = min(config.max_num_seqs, config.max_num_batched_tokens)
-    elif which == "prefill":
-        peer = min(tokens + 1, config.max_num_batched_tokens, config.max_model_len)
-    else:
-        return False
-    return min(tokens, peer) >= NUM_UBATCHES
+    """Whether both ranks split ``step``: both run as many tokens as the thresholds ask
+    (:data:`.runner_step_dbo.NUM_UBATCHES`, the floor both are set at), this rank the
+    step's and its peer those :func:`.runner_step._peer` gives it (none never splits,
+    an idle one runs one token)."""
+    inputs = ref.make_inputs(Case(config, step))
+    peer = v2._peer(inputs, config.next_n)
+    return peer is not None and min(inputs.num_tokens, peer.num_tokens) >= NUM_UBATCHES
 
 
 def trigger_not_rebased(trace: Trace | Case) -> bool:
