@@ -114,3 +114,23 @@ def test_prefill_rows_rebased_share_the_decode_rows_scratch():
     assert set(values(eager, "idx2.sparse.scratch_shared")) == {1}
     failing = ref.violations(bad)
     assert {(v.prop, v.field) for v in failing} == {("safe padding", "idx2.sparse.scratch_shared")}
+
+
+def test_a_full_capture_past_a_rows_reach_is_declined_as_the_dummy_past_row_family():
+    """V1's mixed FULL captures give each dummy request the capture's token count as its
+    seq_len, which the SWA builder keeps: a FULL engine with a size past a row's reach
+    (rows of 128 tokens here) is declined; FULL_AND_PIECEWISE captures only uniform
+    decodes FULL (their seq_len the decode's), so it runs."""
+    m = deepseek_v41()
+    config = dataclasses.replace(
+        spec_decode().config,
+        max_model_len=122,
+        max_num_batched_tokens=256,
+        cudagraph_capture_sizes=(4, 232),
+    )
+    why = m.declines_config(dataclasses.replace(config, cudagraph_mode="FULL"))
+    assert why is not None and "vllm-dummy-past-row" in why
+    assert (
+        m.declines_config(dataclasses.replace(config, cudagraph_mode="FULL_AND_PIECEWISE")) is None
+    )
+    assert m.declines_config(dataclasses.replace(config, cudagraph_capture_sizes=(4, 128))) is None

@@ -246,11 +246,23 @@ def declines(case: Case) -> str | None:
 
 
 def declines_config(config: EngineConfig) -> str | None:
-    """:func:`declines` of an engine of ``config`` alone (its step not read)."""
+    """:func:`declines` of an engine of ``config`` alone (its step not read); a FULL
+    capture size past a block-table row's reach is the dummy-past-row family's (a finding
+    kept apart, docs/findings.md): V1's ``_dummy_run`` gives each dummy request of a
+    mixed FULL capture ``seq_len = max_query_len = num_tokens``, and the SWA builder keeps
+    it (Triton's capture build sets 1, so ``vllm-v1`` never meets it)."""
+    from attnfuzz.adapters.vllm.plugin import capture_past_row
+
     if config.runner == "v1" and not config.varlen_decode and config.block_size != BLOCK_SIZE:
         return (
             f"block_size {config.block_size}: DeepSeek-V4.1's SWA cache has pages of "
             f"{BLOCK_SIZE} tokens (models/deepseek_v41/attention.py DeepseekV4Attention.__init__)"
+        )
+    if config.runner == "v1" and config.cudagraph_mode == "FULL" and capture_past_row(config):
+        return (
+            "a FULL capture size past a block-table row's reach: each dummy request's "
+            "seq_len is the capture's token count, past its row (kept apart with "
+            "vllm-dummy-past-row)"
         )
     return v1.declines_config(config)
 
