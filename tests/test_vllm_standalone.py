@@ -9,32 +9,16 @@ the fixed line, the tree first on the script's path."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import requires_vllm, run_without_attnfuzz, vllm_with_lines
 from attnfuzz.harness.casefile import case_document, write_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.oracle import Verdict
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 
 pytestmark = requires_vllm
-
-# Runs the script with attnfuzz unimportable (-I: neither the checkout nor PYTHONPATH
-# on the path; the editable install's path hook answered None). A second argument,
-# where given, goes first on the path: a vLLM tree that replaces the installed one.
-BOOT = """\
-import runpy, sys
-sys.modules["attnfuzz"] = None
-script = sys.argv[1]
-if len(sys.argv) > 2:
-    sys.path.insert(0, sys.argv[2])
-sys.argv = [script]
-runpy.run_path(script, run_name="__main__")
-"""
 
 # The witness of docs/findings.md (seed 0): one request of 2 tokens (next_n = 2) padded
 # to the graph of 4, d = [2, 0].
@@ -79,42 +63,18 @@ def _export(tmp_path: Path, case: Case, implementation: str) -> Path:
     return script
 
 
-def _run_without_attnfuzz(script: Path, tree: Path | None = None) -> subprocess.CompletedProcess:
-    extra = [str(tree)] if tree is not None else []
-    return subprocess.run(
-        [sys.executable, "-I", "-c", BOOT, str(script), *extra],
-        cwd=script.parent,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.fixture(scope="module")
 def fixed_tree(tmp_path_factory) -> Path:
     """The installed vLLM, linked, with #39542's slice in both files."""
-    import importlib.util
-
-    if shutil.which("cp") is None:
-        pytest.skip("links the tree with cp -rs")
-    installed = Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations)))
-    tree = tmp_path_factory.mktemp("vllm-fixed")
-    subprocess.run(["cp", "-rs", str(installed), str(tree / "vllm")], check=True)
-    for file, line, fixed in FILES.values():
-        changed = tree / "vllm" / file
-        text = changed.resolve().read_text()
-        if text.count(line) != 1:
-            pytest.skip(f"this vLLM release's {file} has no line {line!r}")
-        changed.unlink()
-        changed.write_text(text.replace(line, fixed))
-    return tree
+    changes = {file: (line, fixed) for file, line, fixed in FILES.values()}
+    return vllm_with_lines(tmp_path_factory.mktemp("vllm-fixed"), changes)
 
 
 @pytest.mark.parametrize("implementation", IMPLS)
 def test_standalone_shows_the_writeback_failure_on_the_witness(tmp_path, implementation):
     """The witness: the installed glue fails at the write-back (exit 1); the same glue
     with #39542's slice writes the two real rows."""
-    done = _run_without_attnfuzz(_export(tmp_path, WITNESS, implementation))
+    done = run_without_attnfuzz(_export(tmp_path, WITNESS, implementation))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert "decode_lens [2, 0] (2 real decode tokens), requires_padding True" in out, out
@@ -126,7 +86,7 @@ def test_standalone_shows_the_writeback_failure_on_the_witness(tmp_path, impleme
 def test_standalone_passes_a_step_without_padding(tmp_path, implementation):
     """The same request run eagerly (no graph, no padding request): the installed glue
     writes its rows and the script exits 0."""
-    done = _run_without_attnfuzz(_export(tmp_path, EAGER, implementation))
+    done = run_without_attnfuzz(_export(tmp_path, EAGER, implementation))
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "requires_padding False" in out, out
@@ -137,7 +97,7 @@ def test_standalone_passes_a_step_without_padding(tmp_path, implementation):
 def test_standalone_passes_the_witness_on_the_fixed_glue(tmp_path, fixed_tree, implementation):
     """The witness, against the glue with #39542's slice (the tree above): no failure,
     the script finds no line to change and exits 0."""
-    done = _run_without_attnfuzz(_export(tmp_path, WITNESS, implementation), fixed_tree)
+    done = run_without_attnfuzz(_export(tmp_path, WITNESS, implementation), fixed_tree)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "as installed: topk_indices_buffer[:2] = [[" in out, out

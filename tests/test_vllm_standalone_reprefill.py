@@ -11,13 +11,10 @@ file written out with that line, the tree first on the script's path."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import requires_vllm, run_without_attnfuzz, vllm_with_lines
 from attnfuzz.harness.casefile import case_document, write_case
 from attnfuzz.harness.cli import main
 from attnfuzz.harness.oracle import Verdict
@@ -33,18 +30,6 @@ BOUNDED = (
     "num_reprefill_tokens = min(max(0, num_rejected - 1), "
     "tl.load(target_positions_ptr + query_start).to(tl.int32))"
 )
-
-# As test_vllm_standalone.py runs its scripts: attnfuzz unimportable, a second argument
-# (a vLLM tree) first on the path.
-BOOT = """\
-import runpy, sys
-sys.modules["attnfuzz"] = None
-script = sys.argv[1]
-if len(sys.argv) > 2:
-    sys.path.insert(0, sys.argv[2])
-sys.argv = [script]
-runpy.run_path(script, run_name="__main__")
-"""
 
 
 def _smallest() -> Trace:
@@ -72,42 +57,18 @@ def _export(tmp_path: Path, trace: Trace) -> Path:
     return script
 
 
-def _run_without_attnfuzz(script: Path, tree: Path | None = None) -> subprocess.CompletedProcess:
-    extra = [str(tree)] if tree is not None else []
-    return subprocess.run(
-        [sys.executable, "-I", "-c", BOOT, str(script), *extra],
-        cwd=script.parent,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.fixture(scope="module")
 def bounded_tree(tmp_path_factory) -> Path:
     """The installed vLLM, linked, with the re-prefill count bounded."""
-    import importlib.util
-
     from attnfuzz.adapters.vllm.standalone_reprefill import LINE
 
-    if shutil.which("cp") is None:
-        pytest.skip("links the tree with cp -rs")
-    installed = Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations)))
-    tree = tmp_path_factory.mktemp("vllm-bounded")
-    subprocess.run(["cp", "-rs", str(installed), str(tree / "vllm")], check=True)
-    changed = tree / "vllm" / FILE
-    text = changed.resolve().read_text()
-    if text.count(LINE) != 1:
-        pytest.skip(f"this vLLM release's {FILE} has no line {LINE!r}")
-    changed.unlink()
-    changed.write_text(text.replace(LINE, BOUNDED))
-    return tree
+    return vllm_with_lines(tmp_path_factory.mktemp("vllm-bounded"), {FILE: (LINE, BOUNDED)})
 
 
 def test_standalone_shows_a_draft_position_below_zero_on_the_witness(tmp_path):
     """The smallest trace: one token before a query of four, three rejected; the kernel
     as installed re-prefills two tokens, the first at position -1 (exit 1)."""
-    done = _run_without_attnfuzz(_export(tmp_path, _smallest()))
+    done = run_without_attnfuzz(_export(tmp_path, _smallest()))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     assert "request 0: 1 tokens before a query of 4, 3 rejected: draft positions [-1, 0, 1]" in out
@@ -116,7 +77,7 @@ def test_standalone_shows_a_draft_position_below_zero_on_the_witness(tmp_path):
 
 def test_standalone_passes_two_rejected_drafts(tmp_path):
     """Two drafts rejected: one token re-prefilled, at position 0; the script exits 0."""
-    done = _run_without_attnfuzz(_export(tmp_path, _two_rejected()))
+    done = run_without_attnfuzz(_export(tmp_path, _two_rejected()))
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "2 rejected: draft positions [0, 1, 2]" in out, out
@@ -125,7 +86,7 @@ def test_standalone_passes_two_rejected_drafts(tmp_path):
 def test_standalone_passes_the_witness_with_the_reprefill_bounded(tmp_path, bounded_tree):
     """The witness against the kernel with the bound (the tree above): one token
     re-prefilled, at position 0, and the script exits 0."""
-    done = _run_without_attnfuzz(_export(tmp_path, _smallest()), bounded_tree)
+    done = run_without_attnfuzz(_export(tmp_path, _smallest()), bounded_tree)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "3 rejected: draft positions [0, 1]" in out, out

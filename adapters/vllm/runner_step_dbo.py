@@ -271,27 +271,35 @@ class DboRunnerStepEngine(v1.RunnerStepEngine):
         graphs = self.graphs
         assert isinstance(graphs, _DboEngine)
         starts, graphs.first_tokens = graphs.first_tokens, []
-        if not any(b.how == "microbatch" for b in out.builds):
-            return out
-        # The step's requests in the runner's batch order, their query lengths the
-        # scheduler's: which requests a micro-batch's tokens belong to.
-        q = dict(zip(map(str, inputs.req_ids), inputs.query_lens, strict=True))
-        cu = np.cumsum([0] + [q[rid] for rid in graphs.runner.input_batch.req_ids])
-        builds: list[StepBuild] = []
-        for b in out.builds:
-            if b.how == "microbatch":
-                start = starts.pop(0)
-                tokens = len(b.field("positions").values)  # the micro-batch's, padded
-                stop = min(start + tokens, inputs.num_tokens)
-                reqs = int(np.searchsorted(cu, stop, "left")) - int(
-                    np.searchsorted(cu, start, "right") - 1
-                )
-                b = StepBuild(
-                    b.how, max(reqs, 0), max(stop - start, 0), b.fields, b.where,
-                    draft=b.draft, first_token=start,
-                )  # fmt: skip
-            builds.append(b)
-        return RunnerStepOutputs(tuple(builds))
+        return with_micro_batch_sizes(out, inputs, graphs.runner.input_batch.req_ids, starts)
+
+
+def with_micro_batch_sizes(
+    out: RunnerStepOutputs, inputs: RunnerStepInputs, order: Any, starts: list[int]
+) -> RunnerStepOutputs:
+    """``out`` with each ``microbatch`` build given its first token (``starts``, in the
+    order the builds were recorded) and real sizes: its token slice less the DP and graph
+    padding, and the requests whose query overlaps it (``order``: the step's request ids
+    in the runner's batch order, their query lengths the scheduler's)."""
+    if not any(b.how == "microbatch" for b in out.builds):
+        return out
+    q = dict(zip(map(str, inputs.req_ids), inputs.query_lens, strict=True))
+    cu = np.cumsum([0] + [q[rid] for rid in order])
+    starts = list(starts)
+    builds: list[StepBuild] = []
+    for b in out.builds:
+        if b.how == "microbatch":
+            start = starts.pop(0)
+            tokens = len(b.field("positions").values)  # the micro-batch's, padded
+            stop = min(start + tokens, inputs.num_tokens)
+            first = int(np.searchsorted(cu, start, "right")) - 1
+            reqs = int(np.searchsorted(cu, stop, "left")) - first
+            b = StepBuild(
+                b.how, max(reqs, 0), max(stop - start, 0), b.fields, b.where,
+                draft=b.draft, first_token=start,
+            )  # fmt: skip
+        builds.append(b)
+    return RunnerStepOutputs(tuple(builds))
 
 
 ENGINE = DboRunnerStepEngine()

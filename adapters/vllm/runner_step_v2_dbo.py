@@ -57,11 +57,15 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step as v2
-from attnfuzz.adapters.vllm.runner_step_dbo import NUM_UBATCHES, dbo_parallel_config
+from attnfuzz.adapters.vllm.runner_step_dbo import (
+    NUM_UBATCHES,
+    dbo_parallel_config,
+    with_micro_batch_sizes,
+)
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated, paged_keys
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
-from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
 _WHERE = "gpu/ubatch_utils.py: UBatchRunner"
@@ -320,27 +324,9 @@ class DboRunnerStepEngine(v2.RunnerStepEngine):
         graphs = self.graphs
         assert isinstance(graphs, _DboEngine)
         starts, graphs.recorder.first_tokens = graphs.recorder.first_tokens, []
-        if not any(b.how == "microbatch" for b in out.builds):
-            return out
-        # The step's requests in the runner's batch order, their query lengths the
-        # scheduler's: which requests a micro-batch's tokens belong to.
-        assert graphs.last is not None
-        q = dict(zip(map(str, inputs.req_ids), inputs.query_lens, strict=True))
-        cu = np.cumsum([0] + [q[rid] for rid in graphs.last.state.input_batch.req_ids])
-        builds: list[StepBuild] = []
-        for b in out.builds:
-            if b.how == "microbatch":
-                start = starts.pop(0)
-                tokens = len(b.field("positions").values)  # the micro-batch's, padded
-                stop = min(start + tokens, inputs.num_tokens)
-                first = int(np.searchsorted(cu, start, "right")) - 1
-                reqs = int(np.searchsorted(cu, stop, "left")) - first
-                b = StepBuild(
-                    b.how, max(reqs, 0), max(stop - start, 0), b.fields, b.where,
-                    draft=b.draft, first_token=start,
-                )  # fmt: skip
-            builds.append(b)
-        return RunnerStepOutputs(tuple(builds))
+        assert graphs.last is not None  # the step's ExecuteModelState: its batch order
+        order = graphs.last.state.input_batch.req_ids
+        return with_micro_batch_sizes(out, inputs, order, starts)
 
 
 ENGINE = DboRunnerStepEngine()

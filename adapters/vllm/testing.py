@@ -74,3 +74,56 @@ def kept_apart_verdict(fixed: str, kept: str, witness: Any) -> Any:
     verdict = target.judge_trace(target.resolve(kept), witness)
     assert not verdict.ok
     return verdict
+
+
+# Runs a standalone script with attnfuzz unimportable (-I: neither the checkout nor
+# PYTHONPATH on the path; the editable install's path hook answered None). A second
+# argument, where given, goes first on the path: a vLLM tree that replaces the installed one.
+_BOOT = """\
+import runpy, sys
+sys.modules["attnfuzz"] = None
+script = sys.argv[1]
+if len(sys.argv) > 2:
+    sys.path.insert(0, sys.argv[2])
+sys.argv = [script]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run_without_attnfuzz(script: Any, tree: Any = None) -> Any:
+    """``script`` (a path) run in a new interpreter where attnfuzz cannot be imported,
+    ``tree`` (a vLLM tree, :func:`vllm_with_lines`) first on its path: its
+    ``CompletedProcess``."""
+    import subprocess
+    import sys
+
+    extra = [str(tree)] if tree is not None else []
+    return subprocess.run(
+        [sys.executable, "-I", "-c", _BOOT, str(script), *extra],
+        cwd=script.parent, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def vllm_with_lines(into: Any, changes: dict[str, tuple[str, str]]) -> Any:
+    """The installed vLLM linked into ``into`` (``cp -rs``), each file of ``changes``
+    (a path under the package: its line and the line in its place) written out changed;
+    the directory to put first on a script's path. Skips the test where a file has no
+    such line (another release) or ``cp`` is missing."""
+    import importlib.util
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("cp") is None:
+        pytest.skip("links the tree with cp -rs")
+    installed = Path(next(iter(importlib.util.find_spec("vllm").submodule_search_locations)))
+    tree = Path(into)
+    subprocess.run(["cp", "-rs", str(installed), str(tree / "vllm")], check=True)
+    for file, (line, fixed) in changes.items():
+        changed = tree / "vllm" / file
+        text = changed.resolve().read_text()
+        if text.count(line) != 1:
+            pytest.skip(f"this vLLM release's {file} has no line {line!r}")
+        changed.unlink()
+        changed.write_text(text.replace(line, fixed))
+    return tree
