@@ -11,7 +11,7 @@ from typing import Any
 
 from attnfuzz.harness.definitions import Kind
 from attnfuzz.harness.errors import UsageError
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.strategies.batches import fixes_problems
 
 
@@ -66,6 +66,11 @@ class Implementation:
     # vLLM's ``VllmConfig.num_lookahead_tokens``): a drawn trace gives each request the
     # pages of those too, as the engine's scheduler does, up to ``max_model_len``.
     lookahead: Callable[[EngineConfig], int] | None = field(default=None, hash=False)
+    # Engine code whose engine decides a step's graph mode itself (the runner's own
+    # step): of an engine config and a step, the step as its engine runs it (e.g. beside
+    # the data-parallel peer its adapter puts there, never forced eager), so that where
+    # a finding reaches is planned on what ran (``harness.reachability``); None: as given.
+    as_run: Callable[[EngineConfig, Batch], Batch] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         try:

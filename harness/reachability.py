@@ -38,7 +38,7 @@ from attnfuzz.harness.callers import (
     runner_limits,
 )
 from attnfuzz.harness.errors import PlannerRefuses, PlannerUnbound
-from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner import (
     RUNNERS,
     StepPlan,
@@ -145,6 +145,7 @@ def reachability(
     engine: str | None = None,
     callee: Callee | None = None,
     version: str | None = None,
+    as_run: Callable[[EngineConfig, Batch], Batch] | None = None,
 ) -> Reachability:
     """The (runner, mode) pairs in which the engine runs the faulting code on this
     step's metadata; ``judge_fails(case)`` judges the implementation, ``refused(case)``
@@ -154,9 +155,11 @@ def reachability(
     cudagraph modes under which some call in the installed release (``version``, where
     given) passes the case's values are planned, a FULL step is judged unpadded where
     that configuration pads no request, and the configuration those calls need is named
-    (:mod:`attnfuzz.harness.callers`)."""
+    (:mod:`attnfuzz.harness.callers`). ``as_run``: the step as the engine runs it
+    (:attr:`Implementation.as_run`), which each pair's mode is planned on."""
     plan = engine_planner(engine)
     config = case.config
+    ran = case.batch if as_run is None else as_run(config, case.batch)
     pairs: list[Pair] = []
     not_run: list[str] = []  # pairs the installed engine does not run, with why
     runners: list[str] = list(RUNNERS)
@@ -189,7 +192,7 @@ def reachability(
                 refused_modes.setdefault(runner, []).append(mode)
                 continue
             try:
-                step = plan(cfg, case.batch)
+                step = plan(cfg, case.batch if as_run is None else as_run(cfg, case.batch))
             except PlannerRefuses as err:
                 not_run.append(f"{runner} {mode} ({err})")
                 continue
@@ -248,7 +251,7 @@ def reachability(
     decided = (plan.__module__ + "." + plan.__qualname__,)
     if found is not None:
         decided += tuple(found.decided_by())
-    decided += tuple(step_plan(config, case.batch).decided_by)
+    decided += tuple(step_plan(config, ran).decided_by)
     if runs_in == "forward":
         decided += (_WHERE_PYTHON_RUNS,)
     return Reachability(status, runs_in, tuple(pairs), reason, decided)
@@ -353,7 +356,9 @@ def finding_reachability(
         callee = None
         if declared is not None and declared.callers is not None:
             callee = declared.callers(target.name, impl.name)
-        return reachability(case, target.runs_in, fails, refused, impl.engine, callee)
+        return reachability(
+            case, target.runs_in, fails, refused, impl.engine, callee, as_run=impl.as_run
+        )
     except OutOfTime:
         why = "not computed: the time budget ended first (attnfuzz repro of the case computes it)"
         return Reachability(UNKNOWN, target.runs_in, (), why)

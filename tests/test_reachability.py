@@ -82,6 +82,28 @@ def test_an_always_backend_adds_full_graphs_of_mixed_steps():
     assert steps[("v2", "FULL_DECODE_ONLY")] == "NONE"  # no mixed graphs at all
 
 
+def test_each_pair_is_planned_on_the_step_as_its_engine_runs_it():
+    """A ``runner-step`` engine's runner dispatches the step itself, beside the peer its
+    adapter puts there: a case's ``use_cudagraph = False`` forces nothing, so the pairs
+    name the graph the runner replayed, not an eager step (seed 1's case of
+    ``vllm-v1-deepseek-v41``: 4 tokens, sizes 3 and 54, an idle peer)."""
+    from attnfuzz.adapters.vllm.runner_step import never_eager, with_peer
+
+    config = EngineConfig(
+        max_model_len=38, max_num_seqs=1, max_num_batched_tokens=96, block_size=32,
+        num_spec=2, cudagraph_capture_sizes=(3, 54), cudagraph_mode="FULL",
+        cg_support="ALWAYS", runner="v1",
+    )  # fmt: skip
+    case = Case(config, Batch((0,), (4,), 0, False))
+
+    def step(as_run):
+        r = reachability(case, "runner", lambda c: True, never_refused, as_run=as_run)
+        return {(p.runner, p.cudagraph_mode): p.step for p in r.pairs}[("v1", "FULL")]
+
+    assert step(None) == "NONE"  # the case read as given: forced eager
+    assert step(never_eager) == step(with_peer) == "FULL"
+
+
 def test_a_case_file_with_reachability_conforms_and_one_without_still_reads():
     case = Case.from_dict(ROCM_CASE)
     r = reachability(case, "forward", has_padding_requests, never_refused)

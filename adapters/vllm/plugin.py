@@ -362,15 +362,6 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
-_step_impl = functools.partial(
-    vllm_impl, lookahead=lookahead.num_lookahead_tokens, admits=limits.step_admits
-)
-"""An implementation of ``runner-step``: vLLM's scheduler reserves its drafter's
-lookahead, so a drawn trace's requests hold those pages too (``Implementation.lookahead``;
-``lookahead.declines`` refuses a step without them), and keeps the model's last position
-for the token a step samples (``limits.step_admits``)."""
-
-
 def _lazy(module: str, name: str) -> Any:
     """The function ``name`` of the adapter module ``module`` (of this package), imported
     (with vLLM) when called: a mutant's trigger, reach and smallest trace are declared
@@ -382,6 +373,18 @@ def _lazy(module: str, name: str) -> Any:
     call.__name__ = call.__qualname__ = name
     return call
 
+
+_step_impl = functools.partial(
+    vllm_impl,
+    lookahead=lookahead.num_lookahead_tokens,
+    admits=limits.step_admits,
+    as_run=_lazy("runner_step", "with_peer"),
+)
+"""An implementation of ``runner-step``: vLLM's scheduler reserves its drafter's
+lookahead, so a drawn trace's requests hold those pages too (``Implementation.lookahead``;
+``lookahead.declines`` refuses a step without them), and keeps the model's last position
+for the token a step samples (``limits.step_admits``); the runner decides each step's graph
+mode beside the data-parallel peer the adapter puts there (``Implementation.as_run``)."""
 
 _mamba_hybrid_hook = functools.partial(_lazy, "runner_step_mamba_hybrid")
 
@@ -1275,6 +1278,7 @@ def _runner_step() -> list[Implementation]:
             "_prefill (the correction-token expansion kernel) and _multi_step_decode run "
             "after each step in the runner's own sample_tokens; one rank (no peer)",
             declines="declines",
+            as_run=_lazy("runner_step", "never_eager"),
             traced=True,
         ),
         _step_impl(

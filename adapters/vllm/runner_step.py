@@ -802,6 +802,28 @@ def _peer(inputs: RunnerStepInputs, dql: int) -> _Peer | None:
     return _Peer(1, tokens, None, None)
 
 
+def with_peer(config: EngineConfig, batch: Batch) -> Batch:
+    """``batch`` as the engines of ``runner-step`` run it, for the reference's
+    ``step_plan``: beside the data-parallel peer :func:`_peer` puts there (its tokens; a
+    uniform decode or not), and never forced eager (:func:`never_eager`)."""
+    sizes = SimpleNamespace(
+        config=config, query_lens=batch.q_lens, num_computed_tokens=batch.num_computed_tokens,
+        num_tokens=sum(batch.q_lens),
+    )  # fmt: skip
+    peer = _peer(sizes, config.next_n)  # type: ignore[arg-type]
+    tokens = 0 if peer is None else peer.num_tokens
+    uniform = peer is not None and peer.uniform is not None
+    return dataclasses.replace(
+        never_eager(config, batch), dp_peer_tokens=tokens, dp_peer_uniform=uniform
+    )
+
+
+def never_eager(config: EngineConfig, batch: Batch) -> Batch:
+    """``batch`` as an engine of ``runner-step`` of one rank runs it: a scheduler output
+    cannot force a step eager, so the runner dispatches it on its own."""
+    return dataclasses.replace(batch, use_cudagraph=True, dp_peer_tokens=0, dp_peer_uniform=False)
+
+
 @contextlib.contextmanager
 def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
     """The runner as rank 0 of two, the all-reduce answered with the column ``peer``'s
