@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm, run_trace, values
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -134,3 +135,131 @@ def test_a_full_capture_past_a_rows_reach_is_declined_as_the_dummy_past_row_fami
         m.declines_config(dataclasses.replace(config, cudagraph_mode="FULL_AND_PIECEWISE")) is None
     )
     assert m.declines_config(dataclasses.replace(config, cudagraph_capture_sizes=(4, 128))) is None
+
+
+def _decodes_after_prompts(config) -> Trace:
+    """Two requests prefill prompts of 4 and 6 tokens, then decode one token each."""
+    prompts = Batch(
+        (0, 0), (4, 6), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1), prompt_lens=(4, 6)
+    )
+    decodes = Batch((4, 6), (1, 1), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(0, 0))
+    return Trace(config, (prompts, decodes))
+
+
+def test_which_steps_a_full_mixed_graph_replays_with_its_captures_split():
+    """The rule the engine's entry declines by, on sizes alone: a step of mode FULL is
+    replayed right only where its real tokens are decodes, and decodes in the capture
+    too (``_dummy_run``'s ``min(P, max_num_seqs)`` requests)."""
+    m = deepseek_v41()
+    witness = m.smallest_full_split()
+    (step,) = witness.steps
+    assert m.full_split_differs(witness.config, step)  # a prefill in a capture of decodes
+    for mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE"):
+        assert not m.full_split_differs(
+            dataclasses.replace(witness.config, cudagraph_mode=mode), step
+        )
+    config = dataclasses.replace(witness.config, max_num_seqs=2, max_num_batched_tokens=16)
+    on_decodes = _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(2,)))
+    on_prefills = _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(4,)))
+    assert not m.full_split_differs(on_decodes.config, on_decodes.steps[1])
+    assert m.full_split_differs(on_prefills.config, on_prefills.steps[1])  # [2, 2] captured
+    case = witness.cases()[0]
+    assert "full-split-captured" in m.declines(case) and m.declines_engine(case) is None
+
+
+def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
+    """vLLM 0.33.0's own finding (``vllm-v1-deepseek-v41-full-split-captured``): its
+    witness, a prompt of 2 tokens replayed in a FULL graph captured on four one-token
+    requests, reads decode rows the step's build did not write (eager lengths 1 and 2,
+    replayed 0); replay equals eager alone fails, on the replay. ``vllm-v1-deepseek-v41``
+    declines the step, so its searches judge the rest."""
+    from attnfuzz.harness.errors import InvalidCase
+    from attnfuzz.harness.registry import get_target
+
+    m = deepseek_v41()
+    trace = m.smallest_full_split()
+    assert m.trigger_full_split(trace) and m.reach_full_mixed(trace)
+    (out,) = run_trace(trace, m.run)
+    (eager,) = own(out, "eager")
+    (replay,) = own(out, "replay")
+    assert values(eager, "swa.lens") == [1, 2]
+    assert values(replay, "swa.lens")[:2] == [0, 0]
+    failing = ref.violations(out)
+    assert {(v.prop, v.build) for v in failing} == {("replay equals eager", "replay")}
+    assert "swa.lens" in {v.field for v in failing}
+    target = get_target("runner-step")
+    with pytest.raises(InvalidCase, match="full-split-captured"):
+        target.judge_trace(target.resolve("vllm-v1-deepseek-v41"), trace)
+    verdict = target.judge_trace(target.resolve("vllm-v1-deepseek-v41-full-split-captured"), trace)
+    assert {x.check for x in verdict.mismatches} == {"replay-equals-eager"}
+
+
+def test_decodes_fail_in_a_full_graph_captured_on_prefills_and_pass_on_decodes():
+    """The rule's other half, on the engine: two one-token decodes replayed in a FULL
+    graph of 4 tokens captured on two requests of 2 tokens (prefills at ``next_n`` 1)
+    fail replay equals eager; in a graph of 2 captured on two decodes every property
+    holds."""
+    m = deepseek_v41()
+    config = dataclasses.replace(
+        m.smallest_full_split().config, max_num_seqs=2, max_num_batched_tokens=16
+    )
+    _, bad = run_trace(
+        _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(4,))), m.run
+    )
+    assert "replay equals eager" in {v.prop for v in ref.violations(bad)}
+    _, good = run_trace(
+        _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(2,))), m.run
+    )
+    assert own(good, "replay") and ref.violations(good) == []
+
+
+def test_a_replayed_chunk_whose_requests_are_not_the_steps_is_judged_not_a_crash():
+    """A replay's prefill chunks are its capture's, its ``token_to_req`` the step's: a
+    token whose request is none of its chunk's has no K rows there, which the fields
+    say (-1, out of range) rather than indexing past the chunk's offsets."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    m = deepseek_v41()
+    chunk = SimpleNamespace(
+        start=0, end=4, ks=np.zeros(4, dtype=np.int64), ke=np.full(4, 4), cu=np.array([0, 4]),
+        block_table=np.array([[1]]), num_reqs=1, skip=False, rows=4,
+    )  # fmt: skip
+    f = SimpleNamespace(num_decode_tokens=0, num_prefill_tokens=4, chunks=[chunk])
+    keyless = np.zeros(4, dtype=bool)
+    fields = m._chunk_fields(f, "idx1", np.array([0, 0, 1, 1]), keyless, (1, 4), 8, 4, 128)
+    by_name = {x.name: x.values.tolist() for x in fields}
+    assert by_name["idx1.prefill.k_before_request"] == [0, 0, -1, -1]
+    assert by_name["idx1.prefill.k_past_request"] == [0, 0, -1, -1]
+
+
+def test_a_prefill_token_with_no_compressed_key_may_be_in_no_chunk():
+    """vLLM makes no indexer chunk of requests with no compressed key
+    (``build_prefill_chunk_metadata``: "Skip when total_seq_lens is 0") and the indexer
+    fills every token's top-k with -1 first (``SparseMQAIndexer.forward``): a token of a
+    one-token request at ratio 2 in no chunk is covered as its consumer needs; a token
+    with keys in no chunk, or a token in two, is not. Seed 0's search met the first on
+    a step whose last request holds one token (its chunk skipped)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    m = deepseek_v41()
+    chunk = SimpleNamespace(
+        start=0, end=2, ks=np.zeros(2, dtype=np.int64), ke=np.full(2, 1), cu=np.array([0, 1]),
+        block_table=np.array([[1]]), num_reqs=1, skip=False, rows=1,
+    )  # fmt: skip
+    f = SimpleNamespace(num_decode_tokens=0, num_prefill_tokens=3, chunks=[chunk])
+    token_to_req = np.array([0, 0, 1])
+    keyless = m._keyless(token_to_req, np.array([3, 1]) // 2, 3)
+    assert keyless.tolist() == [False, False, True]
+
+    def cover(keyless, chunks):
+        f.chunks = chunks
+        fields = m._chunk_fields(f, "idx2", token_to_req, keyless, (2, 3), 8, 4, 64)
+        return {x.name: x.values.tolist() for x in fields}["idx2.prefill.cover"]
+
+    assert cover(keyless, [chunk]) == [0, 0, 0]
+    assert cover(np.zeros(3, dtype=bool), [chunk]) == [0, 0, -1]  # a keyed token in none
+    assert cover(keyless, [chunk, chunk]) == [1, 1, 0]  # tokens in two chunks

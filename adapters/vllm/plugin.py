@@ -942,7 +942,8 @@ _deepseek_v41_hook = functools.partial(_lazy, "runner_step_deepseek_v41")
 
 def _runner_step_deepseek_v41() -> list[Implementation]:
     """``vllm-v1``'s step of DeepSeek-V4.1's attention layers (compressed MLA, indexer,
-    compressor ring, SWA), and a mutant of the sparse indexer's prefill rows."""
+    compressor ring, SWA), a mutant of the sparse indexer's prefill rows, and a finding
+    of vLLM's own kept apart (a FULL mixed graph's captured split)."""
     # DeepseekV4Attention.__init__: the SWA cache's pages are 32 tokens (the trace's).
     pages = {"fixes": {"block_size": 32}, "declines": "declines", "traced": True}
     return [
@@ -976,6 +977,21 @@ def _runner_step_deepseek_v41() -> list[Implementation]:
             reach=_deepseek_v41_hook("reach_v41"),
             smallest=_deepseek_v41_hook("smallest_sparse_decodes_and_prefills"),
             **pages,
+        ),
+        _step_impl(
+            "runner_step_deepseek_v41",
+            "run",
+            name="vllm-v1-deepseek-v41-full-split-captured",
+            kind="mutant",
+            description="installed vLLM (V1 runner, DeepSeek-V4.1, cudagraph_mode FULL) on "
+            "a step whose decode/prefill split is not its graph's capture's: "
+            "DeepseekV4FlashMLAAttention.forward_mqa chose its decode and prefill paths "
+            "in Python at capture, so the replay reads SWA rows this step's build did not "
+            "write (a finding of vLLM's own, kept apart)",
+            trigger=_deepseek_v41_hook("trigger_full_split"),
+            reach=_deepseek_v41_hook("reach_full_mixed"),
+            smallest=_deepseek_v41_hook("smallest_full_split"),
+            **{**pages, "declines": "declines_engine"},
         ),
     ]
 

@@ -240,9 +240,68 @@ def sm100() -> Iterator[None]:
 
 
 def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1``'s cases, and pages other than
-    the SWA cache's."""
+    """Why this engine does not run ``case``: ``vllm-v1``'s cases, pages other than the
+    SWA cache's, and a step a FULL mixed graph replays with another split than its
+    capture's (:func:`full_split_differs`; ``vllm-v1-deepseek-v41-full-split-captured``'s:
+    a finding kept apart, docs/findings.md)."""
+    if full_split_differs(case.config, case.batch):
+        return (
+            "a step a FULL mixed graph replays that is not decodes alone on a capture of "
+            "decodes: forward_mqa's decode/prefill split and the prefill chunk plan are "
+            "fixed at capture (kept apart as vllm-v1-deepseek-v41-full-split-captured)"
+        )
+    return declines_engine(case)
+
+
+def declines_engine(case: Case) -> str | None:
+    """:func:`declines` less the split of a FULL mixed graph (the finding's own entry)."""
     return declines_config(case.config) or v1.declines(case)
+
+
+def full_split_differs(config: EngineConfig, batch: Batch) -> bool:
+    """The V1 runner replays the step (beside its data-parallel peer) in a FULL graph of
+    mode ``FULL``, where decodes and mixed steps share the graphs of one size
+    (``CUDAGraphMode.separate_routine`` is false), and the step is not decodes alone
+    replayed on decodes alone. ``DeepseekV4FlashMLAAttention.forward_mqa``
+    (``models/deepseek_v41/nvidia/flashmla.py``) picks ``_forward_prefill`` and
+    ``_forward_decode`` and their token slices from ``num_decode_tokens`` and
+    ``num_prefill_tokens`` in Python, and the prefill path's chunk plan
+    (``get_prefill_chunk_plan``) is host values too: a replay runs the capture's. A step
+    is replayed right only where every real token is a decode both in its own build and
+    in the capture's.
+
+    The capture: ``GPUModelRunner._dummy_run(P, uniform_decode=False)`` gives
+    ``R = min(P, max_num_seqs)`` requests of ``P // R`` tokens, the last ``P % R``
+    more; the step: the runner orders its decodes first (the sparse MLA builder's
+    reorder threshold, ``1 + num_spec``). Both are split by
+    ``split_decodes_and_prefills`` at the SWA builder's threshold
+    (``max_decode_query_len``: ``1 + num_spec``)."""
+    from attnfuzz.adapters.vllm.runner_step import with_peer
+    from attnfuzz.reference.runner import step_plan
+
+    if config.runner != "v1" or config.cudagraph_mode != "FULL":
+        return False
+    plan = step_plan(config, with_peer(config, batch))
+    if plan.mode != "FULL":
+        return False
+    size, next_n = plan.num_tokens_padded, config.next_n
+    dummies = min(size, config.max_num_seqs)
+    captured = [size // dummies] * dummies
+    captured[-1] += size % dummies
+    tokens = sum(batch.q_lens)
+    decodes_alone = all(q <= next_n for q in batch.q_lens)
+    return not (decodes_alone and _decode_tokens(captured, next_n) >= tokens)
+
+
+def _decode_tokens(q_lens: list[int], threshold: int) -> int:
+    """The tokens ``split_decodes_and_prefills`` counts as decodes: those of the
+    requests before the first longer than ``threshold``."""
+    tokens = 0
+    for q in q_lens:
+        if q > threshold:
+            break
+        tokens += q
+    return tokens
 
 
 def declines_config(config: EngineConfig) -> str | None:
@@ -550,6 +609,7 @@ def _indexer_fields(
     config: EngineConfig,
     f: SimpleNamespace,
     token_to_req: np.ndarray,
+    seq_lens: np.ndarray,
     shape: tuple[int, int],
     buffer: int,
 ) -> list[Field]:
@@ -586,7 +646,8 @@ def _indexer_fields(
                   np.full(len(d.seq_lens), d.schedule_stale, dtype=np.int64), (0, 0)),
         ]  # fmt: skip
     if f.chunks:
-        out += _chunk_fields(f, name, token_to_req, shape, buffer, pool, states)
+        keyless = _keyless(token_to_req, seq_lens // r, tokens)
+        out += _chunk_fields(f, name, token_to_req, keyless, shape, buffer, pool, states)
     s = f.sparse_decode
     if sparse and s is not None:
         width = s.block_table.shape[1]
@@ -614,10 +675,25 @@ def _indexer_fields(
     return out
 
 
+def _keyless(token_to_req: np.ndarray, compressed: np.ndarray, tokens: int) -> np.ndarray:
+    """Each token whose request has no compressed key yet (``seq_lens // ratio`` is 0):
+    ``build_prefill_chunk_metadata`` makes no chunk of such requests alone ("Skip when
+    total_seq_lens is 0"), and the indexers' forwards (``SparseAttnIndexer``,
+    ``SparseMQAIndexer``) fill every token's top-k with -1 before the chunks, so such a
+    token may be in no chunk: it selects no key, as it has none. A request the step does
+    not hold (a replay's capture) is not keyless."""
+    rows = token_to_req[:tokens]
+    known = (rows >= 0) & (rows < len(compressed))
+    out = np.zeros(tokens, dtype=bool)
+    out[: len(rows)] = known & (compressed[np.where(known, rows, 0)] == 0)
+    return out
+
+
 def _chunk_fields(
     f: SimpleNamespace,
     name: str,
     token_to_req: np.ndarray,
+    keyless: np.ndarray,
     shape: tuple[int, int],
     buffer: int,
     pool: int,
@@ -630,26 +706,39 @@ def _chunk_fields(
     ``token_start`` to ``token_end`` on the rows ``cu_seqlen_ks[t]`` to
     ``cu_seqlen_ke[t]`` (``fp8_fp4_mqa_logits``)."""
     requests, tokens = shape
+    # Chunks holding each token, less one for a prefill token (in exactly one: 0); a
+    # keyless token (:func:`_keyless`) may be in none.
     cover = np.zeros(tokens, dtype=np.int64)
-    cover[f.num_decode_tokens : f.num_decode_tokens + f.num_prefill_tokens] = -1  # in one: 0
+    prefill = np.zeros(tokens, dtype=bool)
+    prefill[f.num_decode_tokens : f.num_decode_tokens + f.num_prefill_tokens] = True
+    cover[prefill & ~keyless] = -1
     ks, before, past = (np.zeros(tokens, dtype=np.int64) for _ in range(3))
+    # A replay's chunks are its capture's (host values), its token_to_req the step's: a
+    # chunk's requests may then run past the step's.
+    firsts = [int(token_to_req[c.start]) for c in f.chunks]
+    ends = [first + c.num_reqs for first, c in zip(firsts, f.chunks, strict=True)]
+    requests = max([requests, *ends])
     gathered = np.zeros(requests, dtype=np.int64)
     room = np.zeros(requests, dtype=np.int64)
     tables: dict[int, np.ndarray] = {}
-    for c in f.chunks:
+    for c, first in zip(f.chunks, firsts, strict=True):
         rows = np.arange(c.start, c.end)
         cover[rows] += 1
         ks[rows] = c.ks
-        # A token's request, and that request's rows of the chunk's workspace.
-        first = int(token_to_req[c.start])
+        # A token's request, and that request's rows of the chunk's workspace; a token
+        # whose request is none of the chunk's has no rows there (-1: out of range).
         own = token_to_req[rows] - first
-        before[rows] = c.ks - c.cu[own]
-        past[rows] = c.cu[own + 1] - c.ke
+        among = (own >= 0) & (own < len(c.cu) - 1)
+        own = np.where(among, own, 0)
+        before[rows] = np.where(among, c.ks - c.cu[own], -1)
+        past[rows] = np.where(among, c.cu[own + 1] - c.ke, -1)
         if not c.skip:
             for i in range(c.num_reqs):
                 gathered[first + i] = c.cu[i + 1] - c.cu[i]
                 room[first + i] = c.rows - c.cu[i + 1]
                 tables[first + i] = c.block_table[i]
+    # A keyless token in a chunk beside keyed requests is in it once too.
+    cover[prefill & keyless] = np.maximum(cover[prefill & keyless] - 1, 0)
     width = max([len(t) for t in tables.values()], default=1)
     table = np.zeros((len(gathered), width), dtype=np.int64)
     for i, row in tables.items():
@@ -827,7 +916,7 @@ class _Engine(swa._SWAEngine):
             out += _mla_fields(self.config, m.mla[ratio], ratio, seq_lens)
             buffer = self._prefill_buffer(ratio)
             shape = (len(seq_lens), tokens)
-            out += _indexer_fields(self.config, m.idx[ratio], token_to_req, shape, buffer)
+            out += _indexer_fields(self.config, m.idx[ratio], token_to_req, seq_lens, shape, buffer)
         out += _ring_fields(self.config, m.ring, tokens, self._ring_capacity())
         return tuple(out)
 
@@ -968,4 +1057,33 @@ def smallest_sparse_decodes_and_prefills() -> Trace:
         (0, 0), (1, 2 * TOPK + 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1),
         prompt_lens=(1, 2 * TOPK + 2),
     )  # fmt: skip
+    return Trace(config, (step,))
+
+
+def trigger_full_split(trace: Trace | Case) -> bool:
+    """A step a FULL mixed graph replays with another split than its capture's
+    (:func:`full_split_differs`)."""
+    return reach_v41(trace) and any(
+        full_split_differs(trace.config, b) for b in hybrid._batches(trace)
+    )
+
+
+def reach_full_mixed(trace: Trace | Case) -> bool:
+    """A V1 engine of 32-token pages whose mode is ``FULL``: mixed steps replay graphs."""
+    c = trace.config
+    return reach_v41(trace) and c.runner == "v1" and c.cudagraph_mode == "FULL"
+
+
+def smallest_full_split() -> Trace:
+    """Seed 0's witness cut by hand: one request prefills a prompt of 2 tokens beside a
+    data-parallel peer's prefill of 3, on an engine of mode ``FULL`` whose one graph
+    holds 4 tokens. The graph was captured on four one-token dummy requests (four
+    decodes); the step's build splits its 2 tokens as a prefill and writes the prefill
+    rows, and the replay runs the decode path on decode rows this build did not write."""
+    config = EngineConfig(
+        max_model_len=2 * BLOCK_SIZE, max_num_seqs=4, max_num_batched_tokens=8,
+        block_size=BLOCK_SIZE, num_spec=0, cudagraph_capture_sizes=(4,),
+        cudagraph_mode="FULL", cg_support="ALWAYS", runner="v1",
+    )  # fmt: skip
+    step = Batch((0,), (2,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(2,))
     return Trace(config, (step,))
