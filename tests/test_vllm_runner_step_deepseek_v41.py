@@ -158,7 +158,9 @@ def test_which_steps_a_full_mixed_graph_replays_with_its_captures_split():
         assert not m.full_split_differs(
             dataclasses.replace(witness.config, cudagraph_mode=mode), step
         )
-    config = dataclasses.replace(witness.config, max_num_seqs=2, max_num_batched_tokens=16)
+    config = dataclasses.replace(
+        witness.config, max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16
+    )
     on_decodes = _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(2,)))
     on_prefills = _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(4,)))
     assert not m.full_split_differs(on_decodes.config, on_decodes.steps[1])
@@ -169,7 +171,7 @@ def test_which_steps_a_full_mixed_graph_replays_with_its_captures_split():
 
 def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
     """vLLM 0.33.0's own finding (``vllm-v1-deepseek-v41-full-split-captured``): its
-    witness, a prompt of 2 tokens replayed in a FULL graph captured on four one-token
+    witness, a prompt of 2 tokens replayed in a FULL graph captured on two one-token
     requests, reads decode rows the step's build did not write (eager lengths 1 and 2,
     replayed 0); replay equals eager alone fails, on the replay. ``vllm-v1-deepseek-v41``
     declines the step, so its searches judge the rest."""
@@ -201,8 +203,9 @@ def test_decodes_fail_in_a_full_graph_captured_on_prefills_and_pass_on_decodes()
     holds."""
     m = deepseek_v41()
     config = dataclasses.replace(
-        m.smallest_full_split().config, max_num_seqs=2, max_num_batched_tokens=16
-    )
+        m.smallest_full_split().config, max_model_len=64, max_num_seqs=2,
+        max_num_batched_tokens=16,
+    )  # fmt: skip
     _, bad = run_trace(
         _decodes_after_prompts(dataclasses.replace(config, cudagraph_capture_sizes=(4,))), m.run
     )

@@ -1075,15 +1075,17 @@ def reach_full_mixed(trace: Trace | Case) -> bool:
 
 
 def smallest_full_split() -> Trace:
-    """Seed 0's witness cut by hand: one request prefills a prompt of 2 tokens beside a
-    data-parallel peer's prefill of 3, on an engine of mode ``FULL`` whose one graph
-    holds 4 tokens. The graph was captured on four one-token dummy requests (four
+    """Seed 0's minimized witness (the search of
+    ``vllm-v1-deepseek-v41-full-split-captured``): one request prefills a prompt of 2
+    tokens beside a data-parallel peer's prefill of 2 (one token more, capped by
+    ``max_num_batched_tokens``), on an engine of mode ``FULL`` whose graphs hold 1 and
+    2 tokens. The graph of 2 was captured on two one-token dummy requests (two
     decodes); the step's build splits its 2 tokens as a prefill and writes the prefill
     rows, and the replay runs the decode path on decode rows this build did not write."""
     config = EngineConfig(
-        max_model_len=2 * BLOCK_SIZE, max_num_seqs=4, max_num_batched_tokens=8,
-        block_size=BLOCK_SIZE, num_spec=0, cudagraph_capture_sizes=(4,),
-        cudagraph_mode="FULL", cg_support="ALWAYS", runner="v1",
+        max_model_len=8, max_num_seqs=2, max_num_batched_tokens=2, block_size=BLOCK_SIZE,
+        num_spec=0, cudagraph_capture_sizes=(1, 2), cudagraph_mode="FULL",
+        cg_support="ALWAYS", runner="v1",
     )  # fmt: skip
     step = Batch((0,), (2,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(2,))
     return Trace(config, (step,))
