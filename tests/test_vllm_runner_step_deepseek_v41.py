@@ -7,7 +7,9 @@ prefill rows seen failing."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm, run_trace, values
 from attnfuzz.reference import runner_step as ref
@@ -216,20 +218,23 @@ def test_decodes_fail_in_a_full_graph_captured_on_prefills_and_pass_on_decodes()
     assert own(good, "replay") and ref.violations(good) == []
 
 
+def _one_request_chunk(tokens: int, keys: int, prefill: int) -> tuple:
+    """A prefill chunk of one request, its first ``tokens`` tokens each scoring the
+    request's ``keys`` gathered rows, and indexer metadata of ``prefill`` prefill tokens
+    holding it (what ``_freeze_indexer`` keeps of them)."""
+    chunk = SimpleNamespace(
+        start=0, end=tokens, ks=np.zeros(tokens, dtype=np.int64), ke=np.full(tokens, keys),
+        cu=np.array([0, keys]), block_table=np.array([[1]]), num_reqs=1, skip=False, rows=keys,
+    )  # fmt: skip
+    return chunk, SimpleNamespace(num_decode_tokens=0, num_prefill_tokens=prefill, chunks=[chunk])
+
+
 def test_a_replayed_chunk_whose_requests_are_not_the_steps_is_judged_not_a_crash():
     """A replay's prefill chunks are its capture's, its ``token_to_req`` the step's: a
     token whose request is none of its chunk's has no K rows there, which the fields
     say (-1, out of range) rather than indexing past the chunk's offsets."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
     m = deepseek_v41()
-    chunk = SimpleNamespace(
-        start=0, end=4, ks=np.zeros(4, dtype=np.int64), ke=np.full(4, 4), cu=np.array([0, 4]),
-        block_table=np.array([[1]]), num_reqs=1, skip=False, rows=4,
-    )  # fmt: skip
-    f = SimpleNamespace(num_decode_tokens=0, num_prefill_tokens=4, chunks=[chunk])
+    _, f = _one_request_chunk(tokens=4, keys=4, prefill=4)
     keyless = np.zeros(4, dtype=bool)
     fields = m._chunk_fields(f, "idx1", np.array([0, 0, 1, 1]), keyless, (1, 4), 8, 4, 128)
     by_name = {x.name: x.values.tolist() for x in fields}
@@ -244,16 +249,8 @@ def test_a_prefill_token_with_no_compressed_key_may_be_in_no_chunk():
     one-token request at ratio 2 in no chunk is covered as its consumer needs; a token
     with keys in no chunk, or a token in two, is not. Seed 0's search met the first on
     a step whose last request holds one token (its chunk skipped)."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
     m = deepseek_v41()
-    chunk = SimpleNamespace(
-        start=0, end=2, ks=np.zeros(2, dtype=np.int64), ke=np.full(2, 1), cu=np.array([0, 1]),
-        block_table=np.array([[1]]), num_reqs=1, skip=False, rows=1,
-    )  # fmt: skip
-    f = SimpleNamespace(num_decode_tokens=0, num_prefill_tokens=3, chunks=[chunk])
+    chunk, f = _one_request_chunk(tokens=2, keys=1, prefill=3)
     token_to_req = np.array([0, 0, 1])
     keyless = m._keyless(token_to_req, np.array([3, 1]) // 2, 3)
     assert keyless.tolist() == [False, False, True]
