@@ -171,6 +171,46 @@ def test_which_steps_a_full_mixed_graph_replays_with_its_captures_split():
     assert "full-split-captured" in m.declines(case) and m.declines_engine(case) is None
 
 
+def _decodes_beside_an_idle_rank() -> Trace:
+    """Seed 1's minimized case of ``vllm-v1-deepseek-v41``: three requests verify one
+    draft each (6 tokens); graphs of 2, 4, 6, 8 and 12 tokens, ``max_num_seqs`` 4."""
+    config = dataclasses.replace(
+        deepseek_v41().smallest_full_split().config, max_model_len=159, max_num_seqs=4,
+        max_num_batched_tokens=179, num_spec=1, cudagraph_capture_sizes=(2, 4, 6, 8, 12),
+    )  # fmt: skip
+    step = Batch(
+        (95, 147, 72), (2, 2, 2), seed=2007, req_ids=(3, 4, 5),
+        pages=((6, 7, 8, 5), (1, 2, 9, 10, 3), (11, 12, 4)), new_pages=(4, 5, 3),
+        prompt_lens=(95, 147, 72),
+    )  # fmt: skip
+    return Trace(config, (step,))
+
+
+def test_the_idle_ranks_dummy_run_replays_a_capture_holding_a_prefill():
+    """The rule covers the idle rank's dummy run beside a peer that runs the step: one
+    request of 2 tokens padded across the ranks to the peer's 6, whose FULL graph was
+    captured on requests of 1, 1, 1 and 3 tokens. The replay runs the prefill path on a
+    padding row, whose gather length (6) no build of the dummy run wrote: it would
+    gather from position -6. The step's own graph (8 tokens, captured on four decodes)
+    is replayed right."""
+    from attnfuzz.harness.errors import InvalidCase
+    from attnfuzz.harness.registry import get_target
+
+    m = deepseek_v41()
+    trace = _decodes_beside_an_idle_rank()
+    (step,) = trace.steps
+    assert m.full_split_differs(trace.config, step) and m.trigger_full_split(trace)
+    (out,) = run_trace(trace, m.run)
+    failing = ref.violations(out)
+    assert {(v.prop, v.build) for v in failing} == {("safe padding", "dummy")}
+    assert "swa.prefill.gather_start" in {v.field for v in failing}
+    target = get_target("runner-step")
+    with pytest.raises(InvalidCase, match="full-split-captured"):
+        target.judge_trace(target.resolve("vllm-v1-deepseek-v41"), trace)
+    verdict = target.judge_trace(target.resolve("vllm-v1-deepseek-v41-full-split-captured"), trace)
+    assert {x.check for x in verdict.mismatches} == {"safe-padding"}
+
+
 def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
     """vLLM 0.33.0's own finding (``vllm-v1-deepseek-v41-full-split-captured``): its
     witness, a prompt of 2 tokens replayed in a FULL graph captured on two one-token

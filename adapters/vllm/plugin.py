@@ -984,10 +984,11 @@ def _runner_step_deepseek_v41() -> list[Implementation]:
             name="vllm-v1-deepseek-v41-full-split-captured",
             kind="mutant",
             description="installed vLLM (V1 runner, DeepSeek-V4.1, cudagraph_mode FULL) on "
-            "a step its FULL mixed graph replays that is not decodes alone on a capture of "
-            "decodes: DeepseekV4FlashMLAAttention.forward_mqa chose its decode and prefill "
-            "paths, and the prefill chunk plan, in Python at capture, so the replay reads "
-            "SWA rows this step's build did not write (a finding of vLLM's own, kept apart)",
+            "a FULL mixed graph replay (the step's, or the idle rank's dummy run's) that is "
+            "not decodes alone on a capture of decodes alone: "
+            "DeepseekV4FlashMLAAttention.forward_mqa chose its decode and prefill paths, and "
+            "the prefill chunk plan, in Python at capture, so the replay reads SWA rows this "
+            "step's build did not write (a finding of vLLM's own, kept apart)",
             trigger=_deepseek_v41_hook("trigger_full_split"),
             reach=_deepseek_v41_hook("reach_full_mixed"),
             smallest=_deepseek_v41_hook("smallest_full_split"),

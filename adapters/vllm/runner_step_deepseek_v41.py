@@ -241,14 +241,16 @@ def sm100() -> Iterator[None]:
 
 def declines(case: Case) -> str | None:
     """Why this engine does not run ``case``: ``vllm-v1``'s cases, pages other than the
-    SWA cache's, and a step a FULL mixed graph replays with another split than its
-    capture's (:func:`full_split_differs`; ``vllm-v1-deepseek-v41-full-split-captured``'s:
-    a finding kept apart, docs/findings.md)."""
+    SWA cache's, and a FULL mixed graph replayed with another split than its capture's,
+    or on its capture's prefill rows (:func:`full_split_differs`;
+    ``vllm-v1-deepseek-v41-full-split-captured``'s: a finding kept apart,
+    docs/findings.md)."""
     if full_split_differs(case.config, case.batch):
         return (
-            "a step a FULL mixed graph replays that is not decodes alone on a capture of "
-            "decodes: forward_mqa's decode/prefill split and the prefill chunk plan are "
-            "fixed at capture (kept apart as vllm-v1-deepseek-v41-full-split-captured)"
+            "a FULL mixed graph replay (the step's, or the idle rank's dummy run's) that "
+            "is not decodes alone on a capture of decodes alone: forward_mqa's "
+            "decode/prefill split and the prefill chunk plan are fixed at capture (kept "
+            "apart as vllm-v1-deepseek-v41-full-split-captured)"
         )
     return declines_engine(case)
 
@@ -259,21 +261,24 @@ def declines_engine(case: Case) -> str | None:
 
 
 def full_split_differs(config: EngineConfig, batch: Batch) -> bool:
-    """The V1 runner replays the step (beside its data-parallel peer) in a FULL graph of
-    mode ``FULL``, where decodes and mixed steps share the graphs of one size
-    (``CUDAGraphMode.separate_routine`` is false), and the step is not decodes alone
-    replayed on decodes alone. ``DeepseekV4FlashMLAAttention.forward_mqa``
+    """The V1 runner replays a FULL graph of mode ``FULL``, where decodes and mixed steps
+    share the graphs of one size (``CUDAGraphMode.separate_routine`` is false), for the
+    step (beside its data-parallel peer) or for the idle rank's dummy run beside a peer
+    that runs the step, and that replay is not decodes alone on a capture of decodes
+    alone. ``DeepseekV4FlashMLAAttention.forward_mqa``
     (``models/deepseek_v41/nvidia/flashmla.py``) picks ``_forward_prefill`` and
     ``_forward_decode`` and their token slices from ``num_decode_tokens`` and
     ``num_prefill_tokens`` in Python, and the prefill path's chunk plan
-    (``get_prefill_chunk_plan``) is host values too: a replay runs the capture's. A step
-    is replayed right only where every real token is a decode both in its own build and
-    in the capture's.
+    (``get_prefill_chunk_plan``) is host values too: a replay runs the capture's. A
+    capture that holds a prefill runs the prefill path on the replay's padding rows too,
+    with prefill gather lengths no build of the replayed step wrote (the SWA builder
+    writes them only ``if num_prefills > 0``).
 
     The capture: ``GPUModelRunner._dummy_run(P, uniform_decode=False)`` gives
     ``R = min(P, max_num_seqs)`` requests of ``P // R`` tokens, the last ``P % R``
     more; the step: the runner orders its decodes first (the sparse MLA builder's
-    reorder threshold, ``1 + num_spec``). Both are split by
+    reorder threshold, ``1 + num_spec``); the dummy run (``execute_dummy_batch``): one
+    request of ``1 + num_spec`` tokens, padded across the ranks. Each is split by
     ``split_decodes_and_prefills`` at the SWA builder's threshold
     (``max_decode_query_len``: ``1 + num_spec``)."""
     from attnfuzz.adapters.vllm.runner_step import with_peer
@@ -281,27 +286,24 @@ def full_split_differs(config: EngineConfig, batch: Batch) -> bool:
 
     if config.runner != "v1" or config.cudagraph_mode != "FULL":
         return False
-    plan = step_plan(config, with_peer(config, batch))
-    if plan.mode != "FULL":
-        return False
-    size, next_n = plan.num_tokens_padded, config.next_n
-    dummies = min(size, config.max_num_seqs)
-    captured = [size // dummies] * dummies
-    captured[-1] += size % dummies
-    tokens = sum(batch.q_lens)
-    decodes_alone = all(q <= next_n for q in batch.q_lens)
-    return not (decodes_alone and _decode_tokens(captured, next_n) >= tokens)
-
-
-def _decode_tokens(q_lens: list[int], threshold: int) -> int:
-    """The tokens ``split_decodes_and_prefills`` counts as decodes: those of the
-    requests before the first longer than ``threshold``."""
-    tokens = 0
-    for q in q_lens:
-        if q > threshold:
-            break
-        tokens += q
-    return tokens
+    next_n = config.next_n
+    dummy = Batch(
+        (0,), (next_n,), 0, True, dp_peer_tokens=sum(batch.q_lens),
+        dp_peer_uniform=all(q == next_n for q in batch.q_lens),
+    )  # fmt: skip
+    for q_lens, plan in (
+        (batch.q_lens, step_plan(config, with_peer(config, batch))),
+        (dummy.q_lens, step_plan(config, dummy)),
+    ):
+        if plan.mode != "FULL":
+            continue
+        size = plan.num_tokens_padded
+        dummies = min(size, config.max_num_seqs)
+        captured = [size // dummies] * dummies
+        captured[-1] += size % dummies
+        if not (all(q <= next_n for q in q_lens) and all(q <= next_n for q in captured)):
+            return True
+    return False
 
 
 def declines_config(config: EngineConfig) -> str | None:
