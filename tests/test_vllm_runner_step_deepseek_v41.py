@@ -171,6 +171,19 @@ def test_which_steps_a_full_mixed_graph_replays_with_its_captures_split():
     assert "full-split-captured" in m.declines(case) and m.declines_engine(case) is None
 
 
+def _kept_apart_checks(trace: Trace) -> set[str]:
+    """``vllm-v1-deepseek-v41`` declines ``trace`` as the kept-apart finding's; the
+    checks its entry, ``vllm-v1-deepseek-v41-full-split-captured``, fails."""
+    from attnfuzz.harness.errors import InvalidCase
+    from attnfuzz.harness.registry import get_target
+
+    target = get_target("runner-step")
+    with pytest.raises(InvalidCase, match="full-split-captured"):
+        target.judge_trace(target.resolve("vllm-v1-deepseek-v41"), trace)
+    verdict = target.judge_trace(target.resolve("vllm-v1-deepseek-v41-full-split-captured"), trace)
+    return {x.check for x in verdict.mismatches}
+
+
 def _decodes_beside_an_idle_rank() -> Trace:
     """Seed 1's minimized case of ``vllm-v1-deepseek-v41``: three requests verify one
     draft each (6 tokens); graphs of 2, 4, 6, 8 and 12 tokens, ``max_num_seqs`` 4."""
@@ -193,9 +206,6 @@ def test_the_idle_ranks_dummy_run_replays_a_capture_holding_a_prefill():
     padding row, whose gather length (6) no build of the dummy run wrote: it would
     gather from position -6. The step's own graph (8 tokens, captured on four decodes)
     is replayed right."""
-    from attnfuzz.harness.errors import InvalidCase
-    from attnfuzz.harness.registry import get_target
-
     m = deepseek_v41()
     trace = _decodes_beside_an_idle_rank()
     (step,) = trace.steps
@@ -204,11 +214,7 @@ def test_the_idle_ranks_dummy_run_replays_a_capture_holding_a_prefill():
     failing = ref.violations(out)
     assert {(v.prop, v.build) for v in failing} == {("safe padding", "dummy")}
     assert "swa.prefill.gather_start" in {v.field for v in failing}
-    target = get_target("runner-step")
-    with pytest.raises(InvalidCase, match="full-split-captured"):
-        target.judge_trace(target.resolve("vllm-v1-deepseek-v41"), trace)
-    verdict = target.judge_trace(target.resolve("vllm-v1-deepseek-v41-full-split-captured"), trace)
-    assert {x.check for x in verdict.mismatches} == {"safe-padding"}
+    assert _kept_apart_checks(trace) == {"safe-padding"}
 
 
 def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
@@ -217,9 +223,6 @@ def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
     requests, reads decode rows the step's build did not write (eager lengths 1 and 2,
     replayed 0); replay equals eager alone fails, on the replay. ``vllm-v1-deepseek-v41``
     declines the step, so its searches judge the rest."""
-    from attnfuzz.harness.errors import InvalidCase
-    from attnfuzz.harness.registry import get_target
-
     m = deepseek_v41()
     trace = m.smallest_full_split()
     assert m.trigger_full_split(trace) and m.reach_full_mixed(trace)
@@ -231,11 +234,7 @@ def test_a_full_mixed_graph_replays_the_split_it_was_captured_with():
     failing = ref.violations(out)
     assert {(v.prop, v.build) for v in failing} == {("replay equals eager", "replay")}
     assert "swa.lens" in {v.field for v in failing}
-    target = get_target("runner-step")
-    with pytest.raises(InvalidCase, match="full-split-captured"):
-        target.judge_trace(target.resolve("vllm-v1-deepseek-v41"), trace)
-    verdict = target.judge_trace(target.resolve("vllm-v1-deepseek-v41-full-split-captured"), trace)
-    assert {x.check for x in verdict.mismatches} == {"replay-equals-eager"}
+    assert _kept_apart_checks(trace) == {"replay-equals-eager"}
 
 
 def test_decodes_fail_in_a_full_graph_captured_on_prefills_and_pass_on_decodes():
