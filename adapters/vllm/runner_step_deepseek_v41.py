@@ -298,9 +298,9 @@ def full_split_differs(config: EngineConfig, batch: Batch) -> bool:
         if plan.mode != "FULL":
             continue
         size = plan.num_tokens_padded
-        dummies = min(size, config.max_num_seqs)
-        captured = [size // dummies] * dummies
-        captured[-1] += size % dummies
+        reqs = min(size, config.max_num_seqs)  # the capture's requests
+        captured = [size // reqs] * reqs
+        captured[-1] += size % reqs
         if not (all(q <= next_n for q in q_lens) and all(q <= next_n for q in captured)):
             return True
     return False
