@@ -127,3 +127,47 @@ def test_the_mutant_fails_its_smallest_trace():
     found = {(v.prop, v.field) for out in outs for v in ref.violations(out)}
     assert ("replay equals eager", "kv_len") in found
     assert ("padding invariance", "fi.paged_kv_last_page_len") in found
+
+
+WARM_UP = "mixed_batch_attention_warmup"
+
+
+def test_the_start_up_warm_up_is_a_mixed_batch_judged_as_a_capture_run():
+    """``kernel_warmup``'s FlashInfer attention warm-up: before the capture each engine
+    runs ``_dummy_run(create_mixed_batch=True)`` of 16 tokens (one decode beside one
+    15-token prompt chunk under two requests), its build judged as a capture run's."""
+    m = fi()
+    first, _ = run_trace(smallest_full_decode(), m.run)
+    warm = [b for b in first.of("capture") if WARM_UP in b.where]
+    assert len(warm) == 3  # the graph, eager and fresh engines each start up
+    for build in warm:
+        assert values(build, "fi.decode") == [1, 0]
+        assert values(build, "fi.query_len") == [1, 15]
+        assert values(build, "kv_len") == [1, 16]
+    assert ref.violations(first) == []
+
+
+def test_a_warm_up_reading_a_page_past_the_pool_fails_safe_padding(monkeypatch):
+    """The warm-up's requests read the block table's rows as the runner holds them: page
+    ids past the pool left there (as a larger cache's would be) make its build read
+    outside the KV cache, and safe padding says so, of that build alone."""
+    m = fi()
+    start = m.v1._Engine.warm_up
+
+    def stale(engine):
+        table = engine.runner.input_batch.block_table[0].block_table
+        for held in (table.cpu, table.gpu):
+            held.fill_(engine.pool_size() + 5)
+        start(engine)
+        for held in (table.cpu, table.gpu):
+            held.zero_()  # the capture after it reads a clean table
+
+    monkeypatch.setattr(m.v1._Engine, "warm_up", stale)
+    first, _ = run_trace(smallest_full_decode(), m.run)
+    found = ref.safe_padding(first)
+    assert {(v.prop, v.field, v.build) for v in found} == {
+        ("safe padding", "fi.paged_kv_indices", "capture")
+    }
+    # The warm-up's builds alone: the engine's other builds hold every property.
+    others = tuple(b for b in first.builds if WARM_UP not in b.where)
+    assert ref.violations(dataclasses.replace(first, builds=others)) == []

@@ -17,7 +17,8 @@ padding and graph itself. What runs unchanged:
   ``_cleanup_profiling_kv_cache``); the capture as
   ``capture_model`` runs it (``CudagraphDispatcher.get_capture_descs``,
   ``_capture_cudagraphs``, ``_warmup_and_capture``, ``_dummy_run``); ``_dummy_run`` as
-  ``Worker.execute_dummy_batch`` calls it;
+  ``Worker.execute_dummy_batch`` calls it, and as ``kernel_warmup``'s attention warm-up
+  calls it before the capture (a mixed batch; FlashInfer engines: :meth:`_Engine.warm_up`);
 - ``vllm/v1/cudagraph_dispatcher.py``: ``CudagraphDispatcher`` (its keys and ``dispatch``);
 - ``vllm/v1/worker/dp_utils.py``: ``coordinate_batch_across_dp`` (the data-parallel
   padding decision);
@@ -508,7 +509,35 @@ class _Engine:
         self.prompts: dict[str, int] = {}
         # Each request's tokens (prompt and outputs) before the last step it was told.
         self.tokens: dict[str, int] = {}
+        self.warm_up()
         self.capture()
+
+    def warm_up(self) -> None:
+        """``Worker.compile_or_warm_up_model``'s ``kernel_warmup`` before the capture
+        (``model_executor/warmup/kernel_warmup.py``), of what builds attention metadata:
+        where every attention group is FlashInfer's (and the model generates),
+        ``mixed_batch_attention_warmup``, a ``_dummy_run`` of one prompt chunk beside
+        one-token decodes (``create_mixed_batch``, ``force_attention``), built on the
+        runner's fresh buffers and judged as a capture run's build. Called as vLLM calls
+        it, not the whole ``kernel_warmup``: its other warm-ups tune kernels (and import
+        vision packages) and build no metadata."""
+        from vllm.model_executor.warmup.attention_warmup import mixed_batch_attention_warmup
+
+        r = self.runner
+        groups = [group for groups in r.attn_groups for group in groups]
+        if r.is_pooling_model or not groups:
+            return
+        if not all(_backend_name(group.backend) == "FLASHINFER" for group in groups):
+            return
+        worker = SimpleNamespace(
+            model_runner=r,
+            use_v2_model_runner=False,
+            scheduler_config=self.vllm_config.scheduler_config,
+            model_config=self.vllm_config.model_config,
+        )
+        where = "attention_warmup.py: mixed_batch_attention_warmup (kernel_warmup)"
+        with _running(self, "capture", where, contextlib.nullcontext()):
+            mixed_batch_attention_warmup(worker)
 
     def kv_pages(self) -> int | None:
         """The pages of the KV cache the runner holds now (None: none yet)."""
@@ -872,6 +901,15 @@ def _output(inputs: RunnerStepInputs, held: set[str]) -> Any:
     # Scheduler.schedule: the drafts to propose, the config's (no dynamic speculation).
     out.num_spec_tokens_to_schedule = inputs.config.num_spec
     return out
+
+
+def _backend_name(backend: type) -> str | None:
+    """``kernel_warmup``'s ``_is_flashinfer_backend``: a backend's name, None where it
+    names none."""
+    try:
+        return backend.get_name()
+    except NotImplementedError:
+        return None
 
 
 @contextlib.contextmanager
