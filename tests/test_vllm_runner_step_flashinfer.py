@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm, run_trace, values
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -171,3 +172,23 @@ def test_a_warm_up_reading_a_page_past_the_pool_fails_safe_padding(monkeypatch):
     # The warm-up's builds alone: the engine's other builds hold every property.
     others = tuple(b for b in first.builds if WARM_UP not in b.where)
     assert ref.violations(dataclasses.replace(first, builds=others)) == []
+
+
+def test_a_warm_up_prefill_past_a_row_s_reach_is_declined_as_observed():
+    """``_dummy_run``'s mixed batch gives its prefill one key more than its tokens: with
+    one request (no decodes) and 16 tokens of a 16-token model in pages of 16, 17 keys,
+    past the row's one page. The engine's start-up then hands FlashInfer's plan an indptr
+    past the indices it gives (the stand-in refuses it); such configs are declined, and
+    the others warm up."""
+    m = fi()
+    base = smallest_full_decode().config
+    past = dataclasses.replace(base, max_model_len=16, max_num_seqs=1, block_size=16)
+    assert "not yet triaged" in (m.declines_config(past) or "")
+    assert m.warm_up_past_row(dataclasses.replace(past, max_num_seqs=2)) is None  # 15 + 1
+    assert m.warm_up_past_row(dataclasses.replace(past, block_size=32)) is None  # 32 reach
+    assert m.warm_up_past_row(base) is None
+    m.prepare()
+    from attnfuzz.adapters.sglang.flashinfer_stand_in import PlanContractError
+
+    with pytest.raises(PlanContractError, match="indptr reaches 2, past the 1 entries"):
+        m.FlashInferRunnerStepEngine().engine(past, torch.device("cpu"), past.cudagraph_mode)

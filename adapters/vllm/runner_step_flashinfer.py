@@ -131,7 +131,33 @@ def declines_config(config: EngineConfig) -> str | None:
             f"sizes are 16, 32 and 64 off the trtllm-gen path, the block size a multiple "
             f"of one ({_FI} FlashInferBackend.get_supported_kernel_block_sizes)"
         )
+    past = warm_up_past_row(config)
+    if config.runner == "v1" and past is not None:
+        return past
     return v1.declines_config(config)
+
+
+def warm_up_past_row(config: EngineConfig) -> str | None:
+    """The start-up's FlashInfer attention warm-up (``mixed_batch_attention_warmup``:
+    ``_dummy_run(num_tokens, create_mixed_batch=True)`` of ``min(16,
+    max_num_batched_tokens, max_model_len)`` tokens, one-token decodes then one prefill)
+    gives its prefill ``num_prefill_tokens + 1`` keys (``_dummy_run``'s mixed
+    ``seq_lens``): where that passes what a block-table row reaches, FlashInfer's plan
+    is handed an indptr past the page indices it is given. Observed on vLLM 0.33.0
+    (the stand-in's plan contract refuses it at the engine's start-up); declined until
+    it is triaged as a finding (what a GPU's kernels read there)."""
+    num_tokens = min(16, config.max_num_batched_tokens, config.max_model_len)
+    num_decodes = min(config.max_num_seqs - 1, num_tokens // 2)
+    keys = num_tokens - num_decodes + 1
+    reach = -(-config.max_model_len // config.block_size) * config.block_size
+    if keys <= reach:
+        return None
+    return (
+        f"the start-up's FlashInfer warm-up gives its prefill {keys} keys, past the "
+        f"{reach} a block-table row reaches (model_executor/warmup/attention_warmup.py "
+        f"mixed_batch_attention_warmup, gpu_model_runner.py _dummy_run "
+        f"create_mixed_batch seq_lens): observed, not yet triaged"
+    )
 
 
 # -- the engine -----------------------------------------------------------------------------
