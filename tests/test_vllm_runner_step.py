@@ -280,3 +280,57 @@ def test_each_implementation_reserves_the_lookahead_vllm_s_scheduler_does(
     declared = get_target("runner-step").implementations[impl].lookahead
     assert declared is not None
     assert declared(config) == vllm_config.num_lookahead_tokens
+
+
+def test_the_start_up_warm_up_runs_its_own_steps_and_leaves_the_buffers_to_the_first(
+    monkeypatch,
+):
+    """``warmup_kernels`` (``enable_jit_warmup``, on by default) before the capture: a
+    prefill of its own requests, decodes with and without drafts and their samples, a
+    greedy pass again under drafts, then a step finishing them. The engine holds none of
+    its requests after it, but its block tables keep their pages, which the first step
+    meets; that step holds every property."""
+    import torch
+
+    rs = adapter()
+    rs.prepare()
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    outputs: list = []
+    execute = GPUModelRunner.execute_model
+
+    def counting(self, scheduler_output, *args, **kwargs):
+        outputs.append(scheduler_output)
+        return execute(self, scheduler_output, *args, **kwargs)
+
+    monkeypatch.setattr(GPUModelRunner, "execute_model", counting)
+    config = small_config()
+    engine = rs.RunnerStepEngine().engine(config, torch.device("cpu"), config.cudagraph_mode)
+    warm = [o for o in outputs if any(r.startswith("_warmup_") for r in o.num_scheduled_tokens)]
+    assert len(warm) >= 4  # a prefill, then decodes of every shape
+    assert any(o.scheduled_spec_decode_tokens for o in warm)  # with drafts
+    assert any(o.finished_req_ids for o in outputs)  # and finished
+    r = engine.runner
+    assert not r.req_states.req_id_to_index
+    assert int(r.block_tables.block_tables[0].gpu.max()) > 0  # the warm-up's pages left
+    run_trace(Trace(config, (Batch((0,), (3,), req_ids=(0,), pages=((1,),), new_pages=(1,)),)))
+
+
+def test_a_warm_up_of_no_requests_under_drafts_is_declined_as_observed():
+    """With drafts (``decode_query_len`` 4) and a budget of 4 tokens, ``_warmup_kernels``
+    runs none of its requests of 5 prompt tokens, then decodes its request 0: vLLM
+    0.33.0's start-up raises IndexError. Such configs are declined, saying so; a budget
+    of 5 warms up."""
+    import torch
+
+    rs = adapter()
+    config = small_config(max_num_seqs=1, max_num_batched_tokens=4, num_spec=3)
+    case = Case(config, Batch((0,), (1,), req_ids=(0,), pages=((1, 2, 3, 4),), new_pages=(4,)))
+    assert "not yet triaged" in (rs.declines(case) or "")
+    budget = dataclasses.replace(config, max_num_batched_tokens=5)
+    assert rs.warm_up_without_requests(budget) is None
+    assert rs.warm_up_without_requests(dataclasses.replace(config, num_spec=0)) is None
+    rs.prepare()
+    with pytest.raises(IndexError) as raised:
+        rs.RunnerStepEngine().engine(config, torch.device("cpu"), config.cudagraph_mode)
+    assert any(str(f.path).endswith("gpu/warmup.py") for f in raised.traceback)

@@ -213,19 +213,30 @@ def test_the_proposal_after_a_step_of_more_requests_holds_that_step_s_requests()
 
 
 def _spy_rejections(monkeypatch) -> list[tuple[list[int], list[int]]]:
-    """Each ``RejectionSampler`` call's verdict: (num_sampled, num_rejected) per request."""
-    adapter()  # before vLLM
+    """Each ``RejectionSampler`` call's verdict: (num_sampled, num_rejected) per request,
+    of the steps' samples (an engine's start-up warm-up samples its own requests)."""
+    rs = adapter()  # before vLLM
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
     verdicts: list[tuple[list[int], list[int]]] = []
-    original = RejectionSampler.__call__
+    original, warm_up = RejectionSampler.__call__, rs._Engine.warm_up
+    warming = [False]
 
     def noting(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        verdicts.append((out.num_sampled.tolist(), out.num_rejected.tolist()))
+        if not warming[0]:
+            verdicts.append((out.num_sampled.tolist(), out.num_rejected.tolist()))
         return out
 
+    def warming_up(engine):
+        warming[0] = True
+        try:
+            warm_up(engine)
+        finally:
+            warming[0] = False
+
     monkeypatch.setattr(RejectionSampler, "__call__", noting)
+    monkeypatch.setattr(rs._Engine, "warm_up", warming_up)
     return verdicts
 
 

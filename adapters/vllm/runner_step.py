@@ -15,8 +15,11 @@ itself. What runs unchanged:
   ``KVCacheConfig`` (:func:`kv_cache_config`: ``init_attn_backend`` with its kernel
   block sizes and builders, ``BlockTables``, ``resolve_cudagraph_mode_and_sizes``,
   ``ModelCudaGraphManager``, the speculator's ``set_attn`` and
-  ``init_cudagraph_manager``, the model state's ``initialize_kv_cache``) and
-  ``capture_model`` (the target's graphs, then the speculator's);
+  ``init_cudagraph_manager``, the model state's ``initialize_kv_cache``), the worker's
+  kernel warm-up ``warmup_kernels`` (``v1/worker/gpu/warmup.py``: steps of its own
+  requests through ``execute_model`` and ``sample_tokens``, then finished, leaving the
+  runner's buffers as a served engine's first step finds them; :meth:`_Engine.warm_up`)
+  and ``capture_model`` (the target's graphs, then the speculator's);
 - ``GPUModelRunner``: ``execute_model`` (``update_pp_decode_requests``,
   ``finish_requests``, ``free_states``, ``add_requests``, ``update_requests``,
   ``gather_batch_req_state``, ``prepare_inputs``, ``prepare_attn``,
@@ -173,7 +176,25 @@ def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | N
             "a capture size past a block-table row's reach: the capture's dummy request "
             "outgrows its row (kept apart as vllm-dummy-past-row)"
         )
-    return declines_engine(case, lookahead)
+    return warm_up_without_requests(case.config) or declines_engine(case, lookahead)
+
+
+def warm_up_without_requests(config: EngineConfig) -> str | None:
+    """The worker's kernel warm-up (``v1/worker/gpu/warmup.py`` ``_warmup_kernels``) runs
+    ``min(max_num_seqs, max_num_batched_tokens // (decode_query_len + 1))`` requests of
+    ``decode_query_len + 1`` prompt tokens: none where the token budget is below that,
+    and under drafts it then decodes its request 0 without drafts anyway, an IndexError
+    at the engine's start-up. Observed on vLLM 0.33.0; declined until it is triaged as a
+    finding (whether vLLM's config checks let such a budget through)."""
+    prompt = config.next_n + 1
+    if config.num_spec == 0 or config.max_num_batched_tokens >= prompt:
+        return None
+    return (
+        f"the start-up warm-up's requests of {prompt} prompt tokens exceed the "
+        f"{config.max_num_batched_tokens}-token budget, so it runs none and then decodes "
+        f"its request 0 (v1/worker/gpu/warmup.py _warmup_kernels: IndexError): observed, "
+        f"not yet triaged"
+    )
 
 
 def declines_engine(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | None:
@@ -603,7 +624,76 @@ class _Engine:
                 raise RuntimeError(f"attnfuzz: vLLM resolved cudagraph_mode {mode} to {resolved}")
         self.held: set[str] = set()
         self.last: _Last | None = None
+        self.warm_up()
         self.capture()
+
+    def warm_up(self) -> None:
+        """``Worker.compile_or_warm_up_model``'s kernel warm-up of a V2 runner, before the
+        capture (``kernel_config.enable_jit_warmup``, on by default): vLLM's own
+        ``warmup_kernels`` (``v1/worker/gpu/warmup.py``) runs steps of requests of its
+        own through ``execute_model`` and ``sample_tokens`` (a prefill of every request,
+        then decodes with and without drafts, sampled with every sampling feature, the
+        greedy pass again under a speculative config), then finishes them, so that the
+        runner's buffers hold what the warm-up leaves when the first step comes, as a
+        served engine's do. Its own forwards are not judged: its requests are sized by
+        ``decode_query_len`` alone (positions past a small ``max_model_len``), for which
+        the fields' ranges here, written for the scheduler's steps, do not say what
+        their consumers accept. The logits it samples are zeros."""
+        kernel_config = getattr(self.vllm_config, "kernel_config", None)
+        if not getattr(kernel_config, "enable_jit_warmup", False):
+            return  # the worker warms up only then (a release without the option: never)
+        from vllm.v1.worker.gpu.warmup import warmup_kernels
+
+        r, recorder = self.runner, self.recorder  # recorder.kind None: nothing recorded
+
+        def compute_logits(hidden_states: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(hidden_states.shape[0], r.vocab_size, device=hidden_states.device)
+
+        def execute_model(out: Any) -> Any:
+            with host_memory(self.device), _graphs(recorder), _data_parallel(r, None):
+                return r.execute_model(out)
+
+        def sample_tokens(grammar: Any) -> Any:
+            held = r.speculator
+            if held is None and r.rejection_sampler is not None:
+                r.speculator = _HeldDrafts(r.num_speculative_steps)  # as _sample's
+            try:
+                with (
+                    host_memory(self.device),
+                    _graphs(recorder),
+                    _data_parallel(r, None),
+                    _sampling(),
+                ):
+                    return r.sample_tokens(grammar)
+            finally:
+                r.speculator = held
+
+        # What the warm-up samples with, stood in where the Triton interpreter cannot
+        # run vLLM's kernels and no metadata depends on it: its requests' sampling
+        # parameters greedy (SamplingParams.for_sampler_warmup's top-k/top-p kernels),
+        # and the grammar bitmask its prefill applies to the logits.
+        from vllm import SamplingParams
+
+        greedy = SamplingParams(temperature=0)
+        with (
+            _cpu_runner(self.device),
+            mock.patch.object(r.model, "compute_logits", compute_logits),
+            mock.patch.object(SamplingParams, "for_sampler_warmup", lambda: greedy),
+            mock.patch.object(
+                r.structured_outputs_worker, "apply_grammar_bitmask", lambda *a, **k: None
+            ),
+        ):
+            # As one rank (each step says its own peer after it); what the engine's
+            # start-up set (a DBO engine's capture, as rank 0 of two) restored after it.
+            pc, speculator = r.parallel_config, r.speculator
+            ranks = pc.data_parallel_size, pc.data_parallel_rank
+            its = (speculator.dp_size, speculator.dp_rank) if speculator is not None else None
+            try:
+                warmup_kernels(r, execute_model, sample_tokens)
+            finally:
+                pc.data_parallel_size, pc.data_parallel_rank = ranks
+                if its is not None:
+                    speculator.dp_size, speculator.dp_rank = its
 
     def target_model(self) -> _Model:
         """The model the stood-in loader loads (:class:`_Model`)."""
