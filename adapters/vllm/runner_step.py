@@ -124,6 +124,7 @@ adaptive verification) be handed the step with only those.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import functools
@@ -573,6 +574,10 @@ def _rows(config: EngineConfig) -> Iterator[None]:
         yield
 
 
+_WARMS_UP: contextvars.ContextVar[bool] = contextvars.ContextVar("warms_up", default=True)
+"""Whether an engine made now runs the worker's kernel warm-up (:meth:`_Engine.warm_up`)."""
+
+
 class _Engine:
     """One runner, built by vLLM's own code: ``GPUModelRunner.__init__``, ``load_model``
     (its model loader stood in: :class:`_Model`, the speculator's draft model as
@@ -638,7 +643,10 @@ class _Engine:
         served engine's do. Its own forwards are not judged: its requests are sized by
         ``decode_query_len`` alone (positions past a small ``max_model_len``), for which
         the fields' ranges here, written for the scheduler's steps, do not say what
-        their consumers accept. The logits it samples are zeros."""
+        their consumers accept. The logits it samples are zeros. The fresh engine of
+        *history invariance* is not warmed up (:meth:`RunnerStepEngine._fresh`)."""
+        if not _WARMS_UP.get():
+            return  # the fresh engine of history invariance (RunnerStepEngine._fresh)
         kernel_config = getattr(self.vllm_config, "kernel_config", None)
         if not getattr(kernel_config, "enable_jit_warmup", False):
             return  # the worker warms up only then (a release without the option: never)
@@ -1379,7 +1387,14 @@ class RunnerStepEngine:
         warm-up steps as the token budget takes), then the step's own output; the
         engine, whose speculator proposes after the step."""
         config = inputs.config
-        fresh = self.engine(config, inputs.device, "NONE")
+        # Not warmed up (_Engine.warm_up): a history without the warm-up's leftovers,
+        # which the engines that ran the trace have, for history invariance to set
+        # against theirs; and one warm-up a trace's engine, not one a step.
+        token = _WARMS_UP.set(False)
+        try:
+            fresh = self.engine(config, inputs.device, "NONE")
+        finally:
+            _WARMS_UP.reset(token)
         running = [i for i, new in enumerate(inputs.is_new) if not new]
         prompts = inputs.prompt_lens or (0,) * inputs.num_reqs
         budget = min(config.max_num_batched_tokens, config.max_num_seqs)
