@@ -637,8 +637,8 @@ class _Engine:
         capture (``kernel_config.enable_jit_warmup``, on by default): vLLM's own
         ``warmup_kernels`` (``v1/worker/gpu/warmup.py``) runs steps of requests of its
         own through ``execute_model`` and ``sample_tokens`` (a prefill of every request,
-        then decodes with and without drafts, sampled with every sampling feature, the
-        greedy pass again under a speculative config), then finishes them, so that the
+        then decodes with and without drafts, each sampled, the greedy pass again under
+        a speculative config), then finishes them, so that the
         runner's buffers hold what the warm-up leaves when the first step comes, as a
         served engine's do. Its own forwards are not judged: its requests are sized by
         ``decode_query_len`` alone (positions past a small ``max_model_len``), for which
