@@ -662,19 +662,14 @@ class _Engine:
                 return r.execute_model(out)
 
         def sample_tokens(grammar: Any) -> Any:
-            held = r.speculator
-            if held is None and r.rejection_sampler is not None:
-                r.speculator = _HeldDrafts(r.num_speculative_steps)  # as _sample's
-            try:
-                with (
-                    host_memory(self.device),
-                    _graphs(recorder),
-                    _data_parallel(r, None),
-                    _sampling(),
-                ):
-                    return r.sample_tokens(grammar)
-            finally:
-                r.speculator = held
+            with (
+                host_memory(self.device),
+                _graphs(recorder),
+                _data_parallel(r, None),
+                _sampling(),
+                _drafts_held(r),
+            ):
+                return r.sample_tokens(grammar)
 
         # What the warm-up samples with, stood in where the Triton interpreter cannot
         # run vLLM's kernels and no metadata depends on it: its requests' sampling
@@ -691,17 +686,7 @@ class _Engine:
                 r.structured_outputs_worker, "apply_grammar_bitmask", lambda *a, **k: None
             ),
         ):
-            # As one rank (each step says its own peer after it); what the engine's
-            # start-up set (a DBO engine's capture, as rank 0 of two) restored after it.
-            pc, speculator = r.parallel_config, r.speculator
-            ranks = pc.data_parallel_size, pc.data_parallel_rank
-            its = (speculator.dp_size, speculator.dp_rank) if speculator is not None else None
-            try:
-                warmup_kernels(r, execute_model, sample_tokens)
-            finally:
-                pc.data_parallel_size, pc.data_parallel_rank = ranks
-                if its is not None:
-                    speculator.dp_size, speculator.dp_rank = its
+            warmup_kernels(r, execute_model, sample_tokens)  # as one rank
 
     def target_model(self) -> _Model:
         """The model the stood-in loader loads (:class:`_Model`)."""
@@ -935,10 +920,21 @@ def _data_parallel(runner: Any, peer: _Peer | None) -> Iterator[None]:
     # The speculator reads the group's size where the runner does (its own copies).
     ranks = [runner.speculator] if runner.speculator is not None else []
     if peer is None:
+        # What the engine had is restored after (a DBO engine's start-up captures as
+        # rank 0 of two; its kernel warm-up runs as one rank between).
+        found = (
+            (pc.data_parallel_size, pc.data_parallel_rank),
+            [(s.dp_size, s.dp_rank) for s in ranks],
+        )
         pc.data_parallel_size, pc.data_parallel_rank = 1, 0
         for s in ranks:
             s.dp_size, s.dp_rank = 1, 0
-        yield
+        try:
+            yield
+        finally:
+            (pc.data_parallel_size, pc.data_parallel_rank), theirs = found
+            for s, (size, rank) in zip(ranks, theirs, strict=True):
+                s.dp_size, s.dp_rank = size, rank
         return
     pc.data_parallel_size, pc.data_parallel_rank = 2, 0
     for s in ranks:
@@ -995,9 +991,6 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
             )
     r.model.logits = _verdict(batch, rejected, r.vocab_size)
     r.execute_model_state = last.state
-    held = r.speculator
-    if held is None and r.rejection_sampler is not None:
-        r.speculator = _HeldDrafts(r.num_speculative_steps)
     recorder = engine.recorder
     recorder.kind, recorder.draft = how, 0
     try:
@@ -1006,12 +999,12 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
             _graphs(recorder),
             _data_parallel(r, last.peer),
             _sampling(),
+            _drafts_held(r),
         ):
             r.sample_tokens(None)
     finally:
         recorder.kind = recorder.draft = None
         r.execute_model_state = None
-        r.speculator = held
     out = []
     extra = whole = unreal = own = None
     if r.speculator is not None:
@@ -1040,6 +1033,19 @@ def _sample(engine: _Engine, now: dict[str, int], how: str | None = None) -> lis
         out.append(build)
     recorder.drafted.clear()
     return out
+
+
+@contextlib.contextmanager
+def _drafts_held(runner: Any) -> Iterator[None]:
+    """``sample_tokens`` where the runner verifies drafts but the adapter runs no
+    speculator (:class:`_HeldDrafts` proposes in its place), the runner's own after."""
+    held = runner.speculator
+    if held is None and runner.rejection_sampler is not None:
+        runner.speculator = _HeldDrafts(runner.num_speculative_steps)
+    try:
+        yield
+    finally:
+        runner.speculator = held
 
 
 class _HeldDrafts(_Standin):
