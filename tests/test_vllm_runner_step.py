@@ -316,17 +316,24 @@ def test_the_start_up_warm_up_runs_its_own_steps_and_leaves_the_buffers_to_the_f
     run_trace(Trace(config, (Batch((0,), (3,), req_ids=(0,), pages=((1,),), new_pages=(1,)),)))
 
 
-def test_a_warm_up_of_no_requests_under_drafts_is_declined_as_observed():
+def test_a_warm_up_of_no_requests_under_drafts_is_kept_apart_and_crashes_the_engine():
     """With drafts (``decode_query_len`` 4) and a budget of 4 tokens, ``_warmup_kernels``
     runs none of its requests of 5 prompt tokens, then decodes its request 0: vLLM
-    0.33.0's start-up raises IndexError. Such configs are declined, saying so; a budget
-    of 5 warms up."""
+    0.33.0's start-up raises IndexError. vLLM's config checks accept the budget (it is
+    above the lookahead of 3); a budget of 3 they refuse, and the strategies do not draw
+    it (``limits.config_admits``). ``vllm`` declines such configs, naming the entry
+    that keeps them apart; a budget of 5 warms up."""
     import torch
+    from attnfuzz.adapters.vllm import limits, plugin
+    from attnfuzz.harness.registry import get_target
 
     rs = adapter()
     config = small_config(max_num_seqs=1, max_num_batched_tokens=4, num_spec=3)
     case = Case(config, Batch((0,), (1,), req_ids=(0,), pages=((1, 2, 3, 4),), new_pages=(4,)))
-    assert "not yet triaged" in (rs.declines(case) or "")
+    assert "vllm-warmup-no-requests" in (rs.declines(case) or "")
+    assert limits.config_admits(config, num_lookahead_tokens) is None
+    refused = dataclasses.replace(config, max_num_batched_tokens=3)
+    assert "_set_max_num_scheduled_tokens" in limits.config_admits(refused, num_lookahead_tokens)
     budget = dataclasses.replace(config, max_num_batched_tokens=5)
     assert rs.warm_up_without_requests(budget) is None
     assert rs.warm_up_without_requests(dataclasses.replace(config, num_spec=0)) is None
@@ -334,3 +341,38 @@ def test_a_warm_up_of_no_requests_under_drafts_is_declined_as_observed():
     with pytest.raises(IndexError) as raised:
         rs.RunnerStepEngine().engine(config, torch.device("cpu"), config.cudagraph_mode)
     assert any(str(f.path).endswith("gpu/warmup.py") for f in raised.traceback)
+    # The entry kept apart fails its smallest trace, with the engine's own error.
+    witness = plugin._smallest_warm_up_without_requests()
+    target = get_target("runner-step")
+    assert target.unreachable(target.resolve("vllm"), witness.cases()[0]) is None
+    assert target.resolve("vllm").declines(witness.cases()[0])
+    verdict = target.judge_trace(target.resolve("vllm-warmup-no-requests"), witness)
+    assert not verdict.ok and "IndexError" in str(verdict)
+
+
+def test_the_engines_refuse_configs_vllm_s_config_checks_refuse():
+    """vLLM refuses to start with a step budget below ``max_num_seqs``
+    (``SchedulerConfig.verify_max_model_len``), or under drafts one not above the
+    drafter's lookahead (``VllmConfig._set_max_num_scheduled_tokens``: DFlash reserves
+    ``num_spec + 1``, EAGLE and MTP ``num_spec``, n-gram none): a runner-step
+    implementation refuses such a case as unreachable (``Implementation.admits``), so
+    its searches draw none and its witnesses shrink to none."""
+    from attnfuzz.adapters.vllm import limits
+    from attnfuzz.adapters.vllm.lookahead import dflash_num_lookahead_tokens
+    from attnfuzz.harness.registry import get_target
+
+    config = small_config(max_num_seqs=4, max_num_batched_tokens=3, num_spec=1)
+    assert "verify_max_model_len" in limits.config_admits(config, num_lookahead_tokens)
+    fits = dataclasses.replace(config, max_num_batched_tokens=4)
+    assert limits.config_admits(fits, num_lookahead_tokens) is None
+    dflash = dataclasses.replace(fits, max_num_seqs=1, max_num_batched_tokens=2)  # next_n 2
+    assert limits.config_admits(dflash, num_lookahead_tokens) is None
+    refused = limits.config_admits(dflash, dflash_num_lookahead_tokens)
+    assert "_set_max_num_scheduled_tokens" in refused
+    assert limits.config_admits(dflash, None) is None  # n-gram
+    target = get_target("runner-step")
+    step = Batch((0,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(2,))
+    assert "verify_max_model_len" in target.unreachable(target.resolve("vllm"), Case(config, step))
+    assert target.unreachable(target.resolve("vllm"), Case(dflash, step)) is None
+    for name in ("vllm-dflash", "vllm-v1-dflash"):
+        assert target.unreachable(target.resolve(name), Case(dflash, step)) == refused

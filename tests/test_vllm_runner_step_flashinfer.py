@@ -174,21 +174,40 @@ def test_a_warm_up_reading_a_page_past_the_pool_fails_safe_padding(monkeypatch):
     assert ref.violations(dataclasses.replace(first, builds=others)) == []
 
 
-def test_a_warm_up_prefill_past_a_row_s_reach_is_declined_as_observed():
+def test_a_warm_up_past_the_builder_s_page_indices_is_kept_apart_and_fails():
     """``_dummy_run``'s mixed batch gives its prefill one key more than its tokens: with
     one request (no decodes) and 16 tokens of a 16-token model in pages of 16, 17 keys,
-    past the row's one page. The engine's start-up then hands FlashInfer's plan an indptr
-    past the indices it gives (the stand-in refuses it); such configs are declined, and
-    the others warm up."""
+    2 pages, where ``FlashInferMetadataBuilder`` sized its page-index buffer for
+    ``max_num_seqs * cdiv(max_model_len, 16)`` = 1. The engine's start-up then hands
+    FlashInfer's plan an indptr past the indices it gives (the stand-in refuses it).
+    ``vllm-v1-flashinfer`` declines such configs, naming the entry that keeps them
+    apart, which fails its smallest trace; the others warm up (a row of vLLM's reaches
+    128 tokens: the row is not what overflows)."""
+    from attnfuzz.adapters.vllm import plugin  # noqa: F401 - the entries, registered
+    from attnfuzz.harness.registry import get_target
+
     m = fi()
     base = smallest_full_decode().config
     past = dataclasses.replace(base, max_model_len=16, max_num_seqs=1, block_size=16)
-    assert "not yet triaged" in (m.declines_config(past) or "")
-    assert m.warm_up_past_row(dataclasses.replace(past, max_num_seqs=2)) is None  # 15 + 1
-    assert m.warm_up_past_row(dataclasses.replace(past, block_size=32)) is None  # 32 reach
-    assert m.warm_up_past_row(base) is None
+    assert m.warm_up_pages(past) == (2, 1)
+    assert "vllm-v1-flashinfer-warmup-page-indices" in (m.declines_config(past) or "")
+    assert m.declines_config(past, warm_up=False) is None
+    assert m.warm_up_past_page_indices(dataclasses.replace(past, max_num_seqs=2)) is None
+    # A decode of one key, a prefill of 15 tokens and 16 keys: a page each, of 2.
+    assert m.warm_up_pages(dataclasses.replace(past, max_num_seqs=2)) == (2, 2)
+    assert m.warm_up_past_page_indices(dataclasses.replace(past, block_size=32)) is None
+    assert m.warm_up_past_page_indices(base) is None
     m.prepare()
     from attnfuzz.adapters.sglang.flashinfer_stand_in import PlanContractError
 
     with pytest.raises(PlanContractError, match="indptr reaches 2, past the 1 entries"):
         m.FlashInferRunnerStepEngine().engine(past, torch.device("cpu"), past.cudagraph_mode)
+    witness = m.smallest_warm_up_page_indices()
+    case = witness.cases()[0]
+    target = get_target("runner-step")
+    assert target.unreachable(target.resolve("vllm-v1-flashinfer"), case) is None
+    assert target.resolve("vllm-v1-flashinfer").declines(case)
+    kept = target.resolve("vllm-v1-flashinfer-warmup-page-indices")
+    assert kept.declines(case) is None and kept.trigger(witness)
+    verdict = target.judge_trace(kept, witness)
+    assert not verdict.ok and "indptr reaches 2" in str(verdict)

@@ -1,13 +1,21 @@
 """vLLM's own limits on the steps an implementation of it is given, read from its code.
 
-Imports neither vLLM nor torch: the plugin declares these limits when it loads, and
+Imports no vLLM: the plugin declares these limits when it loads, and
 the strategies draw inside them (``Implementation.admits``), so a witness of a vLLM
 implementation is a state that vLLM reaches.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+from attnfuzz.adapters.vllm.lookahead import (
+    Lookahead,
+    dflash_num_lookahead_tokens,
+    num_lookahead_tokens,
+)
+from attnfuzz.reference.batch import EngineConfig
 
 
 def drafter_admits(inputs: Any) -> str | None:
@@ -23,7 +31,52 @@ def drafter_admits(inputs: Any) -> str | None:
     return None
 
 
+def config_admits(config: EngineConfig, lookahead: Lookahead | None) -> str | None:
+    """The engine-config checks of vLLM 0.33.0 that the drawn configs can fail (a
+    served engine refuses to start on them): a step budget below ``max_num_seqs``
+    (``config/scheduler.py``, ``SchedulerConfig.verify_max_model_len``), and under
+    drafts a budget not above the drafter's lookahead (``config/vllm.py``,
+    ``VllmConfig._set_max_num_scheduled_tokens``: no slot left for a scheduled
+    token). ``lookahead`` is ``VllmConfig.num_lookahead_tokens`` of the
+    implementation's drafter (None: it reserves none)."""
+    budget = config.max_num_batched_tokens
+    if budget < config.max_num_seqs:
+        return (
+            f"max_num_batched_tokens {budget} < max_num_seqs {config.max_num_seqs}: "
+            "vLLM refuses the config (config/scheduler.py: "
+            "SchedulerConfig.verify_max_model_len)"
+        )
+    reserved = lookahead(config) if lookahead is not None and config.num_spec else 0
+    if reserved and budget <= reserved:
+        return (
+            f"max_num_batched_tokens {budget} <= the drafter's lookahead of {reserved}: "
+            "vLLM refuses the config (config/vllm.py: "
+            "VllmConfig._set_max_num_scheduled_tokens)"
+        )
+    return None
+
+
+def admits_under(inputs: Any, lookahead: Lookahead | None) -> str | None:
+    """:func:`config_admits` of the step's engine, then :func:`step_admits`'s limit on
+    its positions."""
+    return config_admits(inputs.config, lookahead) or _positions_admit(inputs)
+
+
 def step_admits(inputs: Any) -> str | None:
+    """The limits of a step of an engine whose drafter (if any) has a forward of its own
+    (EAGLE, MTP, a draft model): :func:`admits_under` its lookahead."""
+    return admits_under(inputs, num_lookahead_tokens)
+
+
+dflash_step_admits = functools.partial(admits_under, lookahead=dflash_num_lookahead_tokens)
+"""The limits of a step of an engine with a DFlash drafter (a bonus query and one a
+draft reserved)."""
+
+ngram_step_admits = functools.partial(admits_under, lookahead=None)
+"""The limits of a step of an engine with an n-gram drafter (it reserves no lookahead)."""
+
+
+def _positions_admit(inputs: Any) -> str | None:
     """vLLM 0.33.0 never schedules a token at the model's last position: a prompt of
     ``max_model_len`` tokens is refused (``v1/engine/input_processor.py``,
     ``InputProcessor._validate_model_input``: the prompt plus at least one output must

@@ -362,6 +362,41 @@ def _smallest_dummy_past_row() -> Trace:
     return Trace(config, (step,))
 
 
+def warm_up_without_requests(config: EngineConfig) -> bool:
+    """Whether the V2 worker's kernel warm-up of an engine of ``config`` runs none of its
+    requests and then decodes its request 0 anyway (``v1/worker/gpu/warmup.py``
+    ``_warmup_kernels``: ``min(max_num_seqs, max_num_batched_tokens // (decode_query_len
+    + 1))`` requests of ``decode_query_len + 1`` prompt tokens; under drafts a decode of
+    ``[0]`` without drafts whatever that count): an IndexError at vLLM 0.33.0's start-up.
+    ``decode_query_len`` is ``next_n``. vLLM's config checks let the one budget through
+    (``limits.config_admits``): ``next_n`` = the drafter's lookahead plus one, for an
+    EAGLE, MTP or draft-model drafter (DFlash reserves one slot more)."""
+    return config.num_spec > 0 and config.max_num_batched_tokens < config.next_n + 1
+
+
+def _reach_v2_drafts(trace: Trace) -> bool:
+    """The V2 worker warms its kernels up with drafts (``kernel_config.enable_jit_warmup``,
+    on by default)."""
+    return trace.config.runner == "v2" and trace.config.num_spec > 0
+
+
+def _trigger_warm_up_without_requests(trace: Trace) -> bool:
+    return _reach_v2_drafts(trace) and warm_up_without_requests(trace.config)
+
+
+def _smallest_warm_up_without_requests() -> Trace:
+    """The smallest engine of the warm-up's IndexError: one draft (``next_n`` 2), a budget
+    of 2 tokens (above the lookahead of one, so vLLM accepts it), one request at a time;
+    its first step a one-token prefill, never reached."""
+    config = EngineConfig(
+        max_model_len=8, max_num_seqs=1, max_num_batched_tokens=2, block_size=1,
+        num_spec=1, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
+        cg_support="UNIFORM_BATCH", runner="v2",
+    )  # fmt: skip
+    step = Batch((0,), (1,), 0, True, req_ids=(0,), pages=((1, 2),), new_pages=(2,))
+    return Trace(config, (step,))
+
+
 def _lazy(module: str, name: str) -> Any:
     """The function ``name`` of the adapter module ``module`` (of this package), imported
     (with vLLM) when called: a mutant's trigger, reach and smallest trace are declared
@@ -1004,7 +1039,12 @@ def _runner_step_v1_ngram() -> list[Implementation]:
     """``vllm-v1``'s step with the GPU n-gram drafter (its invalid-draft trim), and a
     mutant of its token rows."""
     # The n-gram drafter reserves no lookahead (VllmConfig.num_lookahead_tokens: 0).
-    ngram = {"lookahead": None, "declines": "declines", "traced": True}
+    ngram = {
+        "lookahead": None,
+        "admits": limits.ngram_step_admits,
+        "declines": "declines",
+        "traced": True,
+    }
     return [
         _step_impl(
             "runner_step_v1_ngram",
@@ -1073,6 +1113,21 @@ def _runner_step_flashinfer() -> list[Implementation]:
             trigger=_flashinfer_hook("trigger_stale_last_page"),
             reach=_hybrid_hook("reach_full_graphs"),
             smallest=_flashinfer_hook("smallest_stale_last_page"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_flashinfer",
+            "run",
+            name="vllm-v1-flashinfer-warmup-page-indices",
+            kind="mutant",
+            declines="declines_but_warm_up",
+            description="installed vLLM (V1 runner, FlashInfer) with one request at a "
+            "time and a model of one page of 16 tokens: the start-up's attention warm-up "
+            "hands FlashInferMetadataBuilder more pages than its page-index buffer holds "
+            "(a difference of vLLM's own, docs/findings.md)",
+            trigger=_flashinfer_hook("trigger_warm_up_page_indices"),
+            reach=_flashinfer_hook("reach_warm_up"),
+            smallest=_flashinfer_hook("smallest_warm_up_page_indices"),
             traced=True,
         ),
     ]
@@ -1332,6 +1387,7 @@ def _runner_step() -> list[Implementation]:
             "runner_step_dflash",
             "run",
             lookahead=lookahead.dflash_num_lookahead_tokens,
+            admits=limits.dflash_step_admits,
             name="vllm-dflash",
             description="installed vLLM (V2 runner) with a DFlash draft model: the vllm step, "
             "its speculative config's dflash method making vllm/v1/worker/gpu/spec_decode/"
@@ -1347,6 +1403,7 @@ def _runner_step() -> list[Implementation]:
             "runner_step_dflash",
             "run_query_slots_unpadded",
             lookahead=lookahead.dflash_num_lookahead_tokens,
+            admits=limits.dflash_step_admits,
             name="vllm-dflash-query-slots-unpadded",
             kind="mutant",
             declines="declines",
@@ -1363,6 +1420,7 @@ def _runner_step() -> list[Implementation]:
             "runner_step_v1_dflash",
             "run",
             lookahead=lookahead.dflash_num_lookahead_tokens,
+            admits=limits.dflash_step_admits,
             name="vllm-v1-dflash",
             description="installed vLLM (V1 runner) with a DFlash draft model: vllm-v1's "
             "step, its speculative config's dflash method making vllm/v1/spec_decode/"
@@ -1378,6 +1436,7 @@ def _runner_step() -> list[Implementation]:
             "runner_step_v1_dflash",
             "run_padding_slots_stale",
             lookahead=lookahead.dflash_num_lookahead_tokens,
+            admits=limits.dflash_step_admits,
             name="vllm-v1-dflash-padding-slots-stale",
             kind="mutant",
             declines="declines",
@@ -1575,6 +1634,21 @@ def _runner_step() -> list[Implementation]:
             trigger=_trigger_dummy_past_row,
             reach=_reach_piecewise_capture,
             smallest=_smallest_dummy_past_row,
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step",
+            "run",
+            name="vllm-warmup-no-requests",
+            kind="mutant",
+            description="installed vLLM (V2 runner) with drafts and a step budget of "
+            "next_n tokens, which its config checks accept: the start-up's kernel warm-up "
+            "runs none of its requests, then decodes its request 0 (an IndexError of "
+            "vLLM's own, docs/findings.md)",
+            declines="declines_engine",
+            trigger=_trigger_warm_up_without_requests,
+            reach=_reach_v2_drafts,
+            smallest=_smallest_warm_up_without_requests,
             traced=True,
         ),
         _step_impl(

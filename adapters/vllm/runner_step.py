@@ -181,20 +181,18 @@ def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | N
 
 
 def warm_up_without_requests(config: EngineConfig) -> str | None:
-    """The worker's kernel warm-up (``v1/worker/gpu/warmup.py`` ``_warmup_kernels``) runs
-    ``min(max_num_seqs, max_num_batched_tokens // (decode_query_len + 1))`` requests of
-    ``decode_query_len + 1`` prompt tokens: none where the token budget is below that,
-    and under drafts it then decodes its request 0 without drafts anyway, an IndexError
-    at the engine's start-up. Observed on vLLM 0.33.0; declined until it is triaged as a
-    finding (whether vLLM's config checks let such a budget through)."""
-    prompt = config.next_n + 1
-    if config.num_spec == 0 or config.max_num_batched_tokens >= prompt:
+    """The V2 worker's kernel warm-up of an engine of ``config`` runs none of its
+    requests and then decodes its request 0 (``plugin.warm_up_without_requests``): an
+    IndexError at vLLM 0.33.0's start-up, kept apart as ``vllm-warmup-no-requests``."""
+    from attnfuzz.adapters.vllm.plugin import warm_up_without_requests as without
+
+    if not without(config):
         return None
     return (
-        f"the start-up warm-up's requests of {prompt} prompt tokens exceed the "
+        f"the start-up warm-up's requests of {config.next_n + 1} prompt tokens exceed the "
         f"{config.max_num_batched_tokens}-token budget, so it runs none and then decodes "
-        f"its request 0 (v1/worker/gpu/warmup.py _warmup_kernels: IndexError): observed, "
-        f"not yet triaged"
+        f"its request 0 (v1/worker/gpu/warmup.py _warmup_kernels: IndexError; kept apart "
+        f"as vllm-warmup-no-requests)"
     )
 
 

@@ -55,7 +55,7 @@ from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
 
@@ -115,13 +115,20 @@ fresh one every step, freed only when the garbage collector breaks its cycles), 
 search's process out of memory."""
 
 
-def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1``'s runner cases, and block sizes
-    the FlashInfer backend has no kernel block size for."""
-    return declines_config(case.config) or v1.step_declines(case)
+def declines(case: Case, warm_up: bool = True) -> str | None:
+    """Why this engine does not run ``case``: ``vllm-v1``'s runner cases, block sizes
+    the FlashInfer backend has no kernel block size for, and (``warm_up``) engines whose
+    start-up warm-up overruns the builder's page indices (:func:`warm_up_past_page_indices`)."""
+    return declines_config(case.config, warm_up) or v1.step_declines(case)
 
 
-def declines_config(config: EngineConfig) -> str | None:
+def declines_but_warm_up(case: Case) -> str | None:
+    """:func:`declines` but for the warm-up's page indices:
+    ``vllm-v1-flashinfer-warmup-page-indices``, the finding kept apart, judges those."""
+    return declines(case, warm_up=False)
+
+
+def declines_config(config: EngineConfig, warm_up: bool = True) -> str | None:
     """:func:`declines` of an engine of ``config`` alone (its step not read)."""
     with ampere():
         supported = _backend().supports_block_size(config.block_size)
@@ -131,33 +138,71 @@ def declines_config(config: EngineConfig) -> str | None:
             f"sizes are 16, 32 and 64 off the trtllm-gen path, the block size a multiple "
             f"of one ({_FI} FlashInferBackend.get_supported_kernel_block_sizes)"
         )
-    past = warm_up_past_row(config)
+    past = warm_up_past_page_indices(config) if warm_up else None
     if config.runner == "v1" and past is not None:
         return past
     return v1.declines_config(config)
 
 
-def warm_up_past_row(config: EngineConfig) -> str | None:
-    """The start-up's FlashInfer attention warm-up (``mixed_batch_attention_warmup``:
-    ``_dummy_run(num_tokens, create_mixed_batch=True)`` of ``min(16,
-    max_num_batched_tokens, max_model_len)`` tokens, one-token decodes then one prefill)
-    gives its prefill ``num_prefill_tokens + 1`` keys (``_dummy_run``'s mixed
-    ``seq_lens``): where that passes what a block-table row reaches, FlashInfer's plan
-    is handed an indptr past the page indices it is given. Observed on vLLM 0.33.0
-    (the stand-in's plan contract refuses it at the engine's start-up); declined until
-    it is triaged as a finding (what a GPU's kernels read there)."""
+def warm_up_pages(config: EngineConfig) -> tuple[int, int]:
+    """The pages the start-up's FlashInfer attention warm-up hands the builder, and the
+    entries of the builder's page-index buffer. The warm-up
+    (``model_executor/warmup/attention_warmup.py`` ``mixed_batch_attention_warmup``)
+    runs ``_dummy_run(num_tokens, create_mixed_batch=True)`` of ``min(16,
+    max_num_batched_tokens, max_model_len)`` tokens: ``min(max_num_seqs - 1, num_tokens
+    // 2)`` one-token decodes of one key each, then one prefill of the rest with one key
+    more than its tokens (``gpu_model_runner.py`` ``_dummy_run``'s mixed ``seq_lens``).
+    ``FlashInferMetadataBuilder.__init__`` sizes ``paged_kv_indices`` by ``max_num_seqs *
+    cdiv(max_model_len, page_size)``."""
     num_tokens = min(16, config.max_num_batched_tokens, config.max_model_len)
     num_decodes = min(config.max_num_seqs - 1, num_tokens // 2)
-    keys = num_tokens - num_decodes + 1
-    reach = -(-config.max_model_len // config.block_size) * config.block_size
-    if keys <= reach:
+    prefill_keys = num_tokens - num_decodes + 1
+    pages = num_decodes + -(-prefill_keys // config.block_size)
+    return pages, config.max_num_seqs * -(-config.max_model_len // config.block_size)
+
+
+def warm_up_past_page_indices(config: EngineConfig) -> str | None:
+    """Where the warm-up's pages (:func:`warm_up_pages`) outnumber the builder's
+    page-index buffer: ``_compute_flashinfer_kv_metadata`` slices the buffer to the pages
+    (a shorter view) and its ``_copy_page_indices_kernel`` stores every page id from the
+    buffer's start, past its end; FlashInfer's plan is handed an indptr reaching past
+    the indices it is given (the stand-in's plan refuses it). Reachable with one
+    request at a time and a model of 16 tokens or fewer in whole pages; kept apart as
+    ``vllm-v1-flashinfer-warmup-page-indices`` (docs/findings.md)."""
+    pages, entries = warm_up_pages(config)
+    if pages <= entries:
         return None
     return (
-        f"the start-up's FlashInfer warm-up gives its prefill {keys} keys, past the "
-        f"{reach} a block-table row reaches (model_executor/warmup/attention_warmup.py "
-        f"mixed_batch_attention_warmup, gpu_model_runner.py _dummy_run "
-        f"create_mixed_batch seq_lens): observed, not yet triaged"
+        f"the start-up's FlashInfer warm-up hands the builder {pages} pages, past its "
+        f"page-index buffer of {entries} (model_executor/warmup/attention_warmup.py "
+        f"mixed_batch_attention_warmup; flashinfer.py FlashInferMetadataBuilder "
+        f"paged_kv_indices): kept apart as vllm-v1-flashinfer-warmup-page-indices"
     )
+
+
+def trigger_warm_up_page_indices(trace: Trace) -> bool:
+    """An engine whose warm-up pages outnumber the builder's page-index buffer."""
+    return reach_warm_up(trace) and warm_up_past_page_indices(trace.config) is not None
+
+
+def reach_warm_up(trace: Trace) -> bool:
+    """The V1 worker warms FlashInfer's attention up when every attention group is
+    FlashInfer's (``kernel_warmup``), as on this engine."""
+    return trace.config.runner == "v1"
+
+
+def smallest_warm_up_page_indices() -> Trace:
+    """The one engine of the warm-up's overrun FlashInfer's page sizes allow: a model of
+    16 tokens in one page of 16, one request at a time; the warm-up's prefill of 16
+    tokens has 17 keys, 2 pages, for a buffer of 1. Its first step, a decode padded to
+    the FULL graph, is never reached."""
+    config = EngineConfig(
+        max_model_len=16, max_num_seqs=1, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(1,), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v1",
+    )  # fmt: skip
+    step = Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,))
+    return Trace(config, (step,))
 
 
 # -- the engine -----------------------------------------------------------------------------
