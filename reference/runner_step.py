@@ -99,6 +99,7 @@ __all__ = [
     "StepBuild",
     "Violation",
     "agreement_across_backends",
+    "agreement_within_a_build",
     "capture_steps",
     "consumer_ranges",
     "dummy_values",
@@ -223,6 +224,10 @@ class Field:
     # hands out and the kernels skip; SGLang's dummy mamba slot), besides the negative
     # ones: a padding row naming it writes no request's state, whatever a real row holds.
     null_slot: int | None = None
+    # Another field of the same build whose real rows this one's must equal, read from
+    # the consumers' contract (an M-RoPE channel of a text token is its 1-D position:
+    # ``MRotaryEmbedding`` positions of text, a delta of 0); None: no such relation.
+    agrees_with: str | None = None
 
 
 @dataclass(frozen=True)
@@ -551,6 +556,24 @@ def _microbatch_against(eager: StepBuild, mb: StepBuild) -> list[Violation]:
     return out
 
 
+def agreement_within_a_build(out: RunnerStepOutputs) -> list[Violation]:
+    """Every field that names another (``Field.agrees_with``) holds the same real rows as
+    it in each build of the step's requests (a capture or dummy run has none)."""
+    found = []
+    for b in out.builds:
+        if b.how in NO_REAL_ROWS:
+            continue
+        for f in b.fields:
+            other = b.field(f.agrees_with) if f.agrees_with is not None else None
+            if other is None:
+                continue
+            want, got = real_rows(b, other), real_rows(b, f)
+            if want.shape != got.shape or not np.array_equal(want, got):
+                detail = _difference(want, got, other.name)
+                found.append(Violation("agreement within a build", f.name, b.name, detail))
+    return found
+
+
 def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
     """Every micro-batch build equals the first eager build of its sub-step cut to its
     tokens."""
@@ -561,7 +584,8 @@ def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
 
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
               agreement_across_backends, safe_padding, padding_writes_no_real_kv,
-              padding_writes_no_real_state, microbatch_agreement)  # fmt: skip
+              padding_writes_no_real_state, microbatch_agreement,
+              agreement_within_a_build)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:

@@ -1207,6 +1207,9 @@ _v1_dflash_hook = functools.partial(_lazy, "runner_step_v1_dflash")
 _step3p5_hook = functools.partial(_lazy, "runner_step_v1_step3p5")
 
 
+_mrope_hook = functools.partial(_lazy, "runner_step_v1_mrope")
+
+
 _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
@@ -1475,6 +1478,33 @@ def _runner_step() -> list[Implementation]:
             trigger=_step3p5_hook("trigger_padding_slots_stale"),
             reach=_step3p5_hook("reach_step3p5"),
             smallest=_step3p5_hook("smallest_padding_slots_stale"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_mrope",
+            "run",
+            name="vllm-v1-mrope",
+            description="installed vLLM (V1 runner) of an M-RoPE model (Qwen2-VL's "
+            "family): vllm-v1's step, its model config declaring mrope_section so that "
+            "the runner keeps mrope_positions (_init_mrope_positions from the model's "
+            "get_mrope_input_positions, _calc_mrope_positions, their copy in "
+            "_prepare_inputs) and hands the model those: each channel's row judged, and "
+            "against the 1-D positions (text tokens: every channel the position)",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_mrope",
+            "run_completion_from_tokens",
+            name="vllm-v1-mrope-completion-one-past",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, M-RoPE) with _calc_mrope_positions "
+            "counting a completion's positions from the request's tokens, its sampled "
+            "token included: every decode token's channels one past its position",
+            trigger=_mrope_hook("trigger_completion_from_tokens"),
+            reach=_mrope_hook("reach_mrope"),
+            smallest=_mrope_hook("smallest_completion_from_tokens"),
             traced=True,
         ),
         _step_impl(

@@ -196,6 +196,9 @@ class _Seen:
     # The engine's copy of the attention metadata's fields (None: the Triton backend's).
     freeze: Any = None
     pages: int | None = None  # the KV cache's pages when it ran (None: the engine's)
+    # The runner's 1-D positions of the forward's tokens where ``positions`` are an
+    # M-RoPE model's (a row a channel, :mod:`.runner_step_v1_mrope`); None: the same.
+    flat_positions: torch.Tensor | None = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -213,7 +216,8 @@ class _Seen:
                 n: v.clone() if isinstance(v, torch.Tensor) else v
                 for n, v in vars(self.linear).items()
             })  # fmt: skip
-        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze, self.pages)
+        flat = None if self.flat_positions is None else self.flat_positions.clone()
+        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze, self.pages, flat)
 
 
 @dataclass
@@ -238,6 +242,10 @@ class _Recorder:
     # The pages of the KV cache the runner holds now: the worker's, or the minimal one
     # of its start-up profiling (None: the engine's).
     kv_pages: Callable[[], int | None] = lambda: None
+    # Of a forward's token count, the runner's 1-D positions of its tokens (a view of its
+    # buffer), where the model is handed other positions (an M-RoPE model's,
+    # :mod:`.runner_step_v1_mrope`); None: the model's are those.
+    flat_positions: Callable[[int], torch.Tensor] | None = None
 
     def handed(self, positions: torch.Tensor, layer: str = _LAYER) -> _Seen:
         from vllm.forward_context import get_forward_context
@@ -255,6 +263,7 @@ class _Recorder:
             linear,
             self.freeze,
             self.kv_pages(),
+            None if self.flat_positions is None else self.flat_positions(positions.shape[-1]),
         )
 
     def draft_forward(self, positions: torch.Tensor) -> None:
@@ -283,7 +292,7 @@ class _Model(torch.nn.Module):
     def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
         if self.recorder.capturing is not None:
             self.recorder.capturing.read = self.recorder.handed(positions)
-        return torch.zeros(positions.shape[0], 1)
+        return torch.zeros(positions.shape[-1], 1)  # an M-RoPE model's: a row a channel
 
 
 class _Handed(torch.nn.Module):
@@ -456,7 +465,7 @@ class _Engine:
         self.recorder.freeze = self.freeze
         # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
         # (the V1 drafter's is set below).
-        vc = self.vllm_config = _vllm_config(config, mode, self.speculator)
+        vc = self.vllm_config = self.make_config(config, mode)
         vc.scheduler_config.async_scheduling = self.async_scheduling
         if vc.speculative_config is not None:
             vc.speculative_config = drafting.speculative_config(
@@ -511,6 +520,11 @@ class _Engine:
         self.tokens: dict[str, int] = {}
         self.warm_up()
         self.capture()
+
+    def make_config(self, config: EngineConfig, mode: str) -> Any:
+        """The engine's ``VllmConfig``: the runner's, of ``mode`` and the drafter (a
+        model of another kind changes its model config, :mod:`.runner_step_v1_mrope`)."""
+        return _vllm_config(config, mode, self.speculator)
 
     def warm_up(self) -> None:
         """``Worker.compile_or_warm_up_model``'s ``kernel_warmup`` before the capture

@@ -13,10 +13,8 @@ The reference states only the step's real sizes. The oracle checks:
 - ``type``: the outputs are :class:`~attnfuzz.reference.runner_step.RunnerStepOutputs`
   with an eager build, the one four properties compare with (without it they
   would hold by having nothing to compare), and one of each draft sub-step built;
-- one check per property (:class:`OwnCheck`), at ``<build>.<field>``:
-  ``padding-invariance``, ``replay-equals-eager``, ``history-invariance``,
-  ``agreement-across-backends``, ``safe-padding``, ``padding-writes-no-real-kv``,
-  ``padding-writes-no-real-state``, ``microbatch-agreement``.
+- one check per property of :mod:`attnfuzz.reference.runner_step` (:class:`OwnCheck`,
+  named as they are), at ``<build>.<field>``.
 
 Implementations live across steps (``traced``): history invariance needs earlier
 steps, so a search draws traces (a case on its own is a trace of one step), and
@@ -68,6 +66,7 @@ class OwnCheck(StrEnum):
     PADDING_STATE = "padding-writes-no-real-state"  # no padding row names a real state slot
     MICROBATCH = "microbatch-agreement"  # a micro-batch's real rows are its cut of the eager's
     DUMMY_WRITES = "dummy-run-writes-nothing-live"  # no dummy row names a held KV or state slot
+    WITHIN = "agreement-within-a-build"  # a field's real rows are those of the field it names
 
 
 _CHECKS = {
@@ -80,6 +79,7 @@ _CHECKS = {
     "padding writes no real state": (OwnCheck.PADDING_STATE, "no real request's state slot"),
     "micro-batch agreement": (OwnCheck.MICROBATCH, "the eager build's rows of its tokens"),
     "a dummy run writes nothing live": (OwnCheck.DUMMY_WRITES, "no slot of a held request"),
+    "agreement within a build": (OwnCheck.WITHIN, "the real rows of the field it names"),
 }
 
 

@@ -1,0 +1,203 @@
+"""vLLM's model runner V1 step with an M-RoPE model (Qwen2-VL's family), as the
+implementation ``vllm-v1-mrope`` of ``runner-step``.
+
+The engines of :mod:`.runner_step_v1` (implementation ``vllm-v1``), their model config
+declaring M-RoPE (``rope_parameters["mrope_section"]``: ``ModelConfig.uses_mrope``), so
+that vLLM 0.33.0's ``GPUModelRunner`` keeps ``mrope_positions`` (one row a position
+channel, ``mrope_num_dims``) and hands the model those instead of the 1-D positions: a
+request's prompt positions from the model's ``get_mrope_input_positions``
+(``_init_mrope_positions``, when ``_update_states`` adds it), each step's rows from
+``_calc_mrope_positions`` (the prompt's part copied, the completion's from
+``MRotaryEmbedding.get_next_input_positions_tensor``), copied row by row in
+``_prepare_inputs``; the graph's padded tokens and the dummy runs read the same buffer.
+
+Judged: each channel's row as a field of its own (``mrope.positions[c]``), by every
+property of ``vllm-v1``'s fields, and against the 1-D positions the runner computed for
+the same tokens (``Field.agrees_with``): vLLM's own contract for text ("For text-only
+inputs, each dimension has identical position IDs, making M-RoPE functionally
+equivalent to 1D-RoPE", ``GPUModelRunner.__init__``). The tokens here are text.
+
+Stood in: the model's ``get_mrope_input_positions`` (text: every channel the token's
+index, a delta of 0, as Qwen2-VL's is for a prompt with no image or video), and what
+:mod:`.runner_step_v1` stands in. Declined: drafts (the drafter's M-RoPE positions are
+not driven here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from attnfuzz.adapters.vllm import runner_step_v1 as v1
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace, as_trace
+
+prepare = v1.prepare
+
+MROPE_SECTION = (2, 1, 1)
+"""The model's M-RoPE section: three channels (T, H, W), as Qwen2-VL's."""
+
+
+def declines(case: Case) -> str | None:
+    """``vllm-v1``'s declines, and engines with drafts."""
+    if case.config.num_spec > 0:
+        return "drafts: the drafter's M-RoPE positions are not driven by this adapter"
+    return v1.declines(case)
+
+
+def _text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+    """``SupportsMRoPE.get_mrope_input_positions`` of a prompt of text: every channel the
+    token's index, a delta of 0."""
+    n = len(input_tokens)
+    return torch.arange(n, dtype=torch.int64).expand(len(MROPE_SECTION), n).clone(), 0
+
+
+class _MRoPEModel(v1._Model):
+    """``vllm-v1``'s stand-in model, of an M-RoPE architecture (``SupportsMRoPE``)."""
+
+    supports_mrope = True
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
+        return _text_positions(input_tokens, mm_features)
+
+
+class _MRoPEHanded(v1._Handed):
+    """What the runner calls as its model (``get_model`` returns it): M-RoPE's too."""
+
+    supports_mrope = True
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
+        return _text_positions(input_tokens, mm_features)
+
+
+class _MRoPEEngine(v1._Engine):
+    """A V1 engine of an M-RoPE model."""
+
+    def make_config(self, config: EngineConfig, mode: str) -> Any:
+        vc = super().make_config(config, mode)
+        vc.model_config = copy.copy(vc.model_config)
+        hf = vc.model_config.hf_config = copy.deepcopy(vc.model_config.hf_config)
+        hf.rope_parameters = {"rope_type": "default", "mrope_section": list(MROPE_SECTION)}
+        vc.model_config.hf_text_config = hf.get_text_config()
+        return vc
+
+    def load(self, resolved: Any) -> Any:
+        self.recorder.flat_positions = lambda n: self.runner.positions[:n]
+        handed = super().load(resolved)
+        return _MRoPEHanded(handed.inner, self.recorder)
+
+    def target_model(self) -> torch.nn.Module:
+        return _MRoPEModel(self.recorder)
+
+    def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
+        """``vllm-v1``'s fields of the 1-D positions, and each channel's row: a range of
+        ``max_model_len`` (the rotary cache's rows), agreeing with the 1-D positions."""
+        assert seen.flat_positions is not None
+        flat = dataclasses.replace(seen, positions=seen.flat_positions, flat_positions=None)
+        top = self.config.max_model_len - 1
+        channels = tuple(
+            # rotary_embedding/mrope.py MRotaryEmbedding.forward: cos_sin_cache[positions]
+            # of each channel's row, a section of the rotary dimensions each.
+            Field(
+                f"mrope.positions[{c}]", "tokens", v1._np(row), (0, top), agrees_with="positions"
+            )  # fmt: skip
+            for c, row in enumerate(seen.positions)
+        )
+        return super().fields(flat) + channels
+
+
+class MRoPERunnerStepEngine(v1.RunnerStepEngine):
+    """``vllm-v1``'s three engines, of an M-RoPE model."""
+
+    engine_type = _MRoPEEngine
+
+
+ENGINE = MRoPERunnerStepEngine()
+"""The engine of the implementation ``vllm-v1-mrope`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-mrope`` of ``runner-step``: the step on
+    :data:`ENGINE`, kept across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- the mutant ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _completion_from_tokens() -> Iterator[None]:
+    """The defect: ``_calc_mrope_positions`` counts a completion's positions from the
+    request's tokens (its last sampled token included) rather than from its computed
+    tokens, one past each: the context it hands
+    ``MRotaryEmbedding.get_next_input_positions_tensor`` one too long."""
+    import vllm.v1.worker.gpu_model_runner as gmr
+
+    rope = gmr.MRotaryEmbedding
+    original = rope.get_next_input_positions_tensor
+
+    def one_past(*args: Any, **kwargs: Any) -> Any:
+        kwargs["context_len"] += 1
+        return original(*args, **kwargs)
+
+    with mock.patch.object(rope, "get_next_input_positions_tensor", one_past):
+        yield
+
+
+def run_completion_from_tokens(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v1-mrope-completion-one-past``: ``vllm-v1-mrope`` with
+    :func:`_completion_from_tokens` in force."""
+    return _MUTATED(inputs)
+
+
+_MUTATED = v1.Mutated(MRoPERunnerStepEngine(), _completion_from_tokens)
+run_completion_from_tokens.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_mrope(trace: Trace | Case) -> bool:
+    """An engine ``vllm-v1-mrope`` runs: V1, no drafts."""
+    return trace.config.runner == "v1" and trace.config.num_spec == 0
+
+
+def trigger_completion_from_tokens(trace: Trace | Case) -> bool:
+    """A step that runs a request past its prompt (a decode): its completion's positions
+    come from ``get_next_input_positions_tensor``. A request's prompt is what its step
+    says (``prompt_lens``), else where its first step ended."""
+    if not reach_mrope(trace):
+        return False
+    prompts: dict[int, int] = {}
+    for b in as_trace(trace).steps:
+        ids = b.req_ids or tuple(range(len(b.q_lens)))
+        said = b.prompt_lens or (None,) * len(ids)
+        for rid, computed, q, prompt in zip(ids, b.num_computed_tokens, b.q_lens, said,
+                                            strict=True):  # fmt: skip
+            end = prompts.setdefault(rid, prompt if prompt is not None else computed + q)
+            if computed + q > end:
+                return True
+    return False
+
+
+def smallest_completion_from_tokens() -> Trace:
+    """One request prefills 3 tokens, then decodes its 4th: its position 3, which the
+    defect makes 4 in every channel."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v1",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
+            Batch((3,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
+        ),
+    )
