@@ -1210,6 +1210,9 @@ _step3p5_hook = functools.partial(_lazy, "runner_step_v1_step3p5")
 _mrope_hook = functools.partial(_lazy, "runner_step_v1_mrope")
 
 
+_v2_mrope_hook = functools.partial(_lazy, "runner_step_mrope")
+
+
 _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
@@ -1341,6 +1344,34 @@ def _runner_step() -> list[Implementation]:
             "steps; eager on a second engine, fresh on a new one (the dummy-past-row "
             "finding kept apart)",
             declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_mrope",
+            "run",
+            name="vllm-mrope",
+            description="installed vLLM (V2 runner) of an M-RoPE model (Qwen2-VL's "
+            "family): the vllm step, its model config declaring mrope_section so that the "
+            "default model state keeps a RopeState (v1/worker/gpu/mm/rope.py: "
+            "init_prefill_positions from the model's get_mrope_input_positions, "
+            "prepare_positions' _prepare_rope_positions_kernel) whose rows the model is "
+            "handed: each channel's row judged, and against the 1-D positions (text tokens: "
+            "every channel the position)",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_mrope",
+            "run_computed_one_short",
+            name="vllm-mrope-computed-one-short",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V2 runner, M-RoPE) with RopeState.prepare_positions "
+            "handing its kernel each request's computed tokens one short: every channel of a "
+            "token after a request's first step one below its position",
+            trigger=_v2_mrope_hook("trigger_computed_one_short"),
+            reach=_v2_mrope_hook("reach_mrope"),
+            smallest=_v2_mrope_hook("smallest_computed_one_short"),
             traced=True,
         ),
         _step_impl(

@@ -234,6 +234,9 @@ class _Seen:
     batch: Any = None
     linear: Any = None  # a second KV-cache group's metadata (a hybrid model's state layer)
     pages: int | None = None  # the KV cache's pages when it ran (None: the engine's)
+    # An M-RoPE model's positions, a row a channel, where the model is handed those in
+    # place of ``positions`` (:mod:`.runner_step_mrope`); None: it is handed those.
+    channels: torch.Tensor | None = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -247,7 +250,9 @@ class _Seen:
                     for k, v in vars(self.linear).items()
                 }
             )
-        return _Seen(meta, self.positions.clone(), linear=linear, pages=self.pages)
+        channels = None if self.channels is None else self.channels.clone()
+        return _Seen(meta, self.positions.clone(), linear=linear, pages=self.pages,
+                     channels=channels)  # fmt: skip
 
 
 @dataclass

@@ -51,11 +51,34 @@ def declines(case: Case) -> str | None:
     return v1.declines(case)
 
 
-def _text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+def text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
     """``SupportsMRoPE.get_mrope_input_positions`` of a prompt of text: every channel the
     token's index, a delta of 0."""
     n = len(input_tokens)
     return torch.arange(n, dtype=torch.int64).expand(len(MROPE_SECTION), n).clone(), 0
+
+
+def with_mrope(vc: Any) -> Any:
+    """``vc`` with its model config declaring M-RoPE (:data:`MROPE_SECTION`): a copy of
+    its HF config whose ``rope_parameters`` name the section."""
+    vc.model_config = copy.copy(vc.model_config)
+    hf = vc.model_config.hf_config = copy.deepcopy(vc.model_config.hf_config)
+    hf.rope_parameters = {"rope_type": "default", "mrope_section": list(MROPE_SECTION)}
+    vc.model_config.hf_text_config = hf.get_text_config()
+    return vc
+
+
+def channels(rows: torch.Tensor, vllm_config: Any) -> tuple[Field, ...]:
+    """Each channel's row of the positions an M-RoPE model was handed, a field: the
+    rotary cache's rows (``rotary_embedding/mrope.py`` ``MRotaryEmbedding``:
+    ``cos_sin_cache[positions]``, a cache of ``max_position_embeddings`` rows times a
+    factor of at least 1; the model builds it with its config's), and the 1-D positions
+    of the same tokens (text)."""
+    top = int(vllm_config.model_config.hf_text_config.max_position_embeddings) - 1
+    return tuple(
+        Field(f"mrope.positions[{c}]", "tokens", v1._np(row), (0, top), agrees_with="positions")
+        for c, row in enumerate(rows)
+    )
 
 
 class _MRoPEModel(v1._Model):
@@ -64,7 +87,7 @@ class _MRoPEModel(v1._Model):
     supports_mrope = True
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
-        return _text_positions(input_tokens, mm_features)
+        return text_positions(input_tokens, mm_features)
 
 
 class _MRoPEHanded(v1._Handed):
@@ -73,19 +96,14 @@ class _MRoPEHanded(v1._Handed):
     supports_mrope = True
 
     def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
-        return _text_positions(input_tokens, mm_features)
+        return text_positions(input_tokens, mm_features)
 
 
 class _MRoPEEngine(v1._Engine):
     """A V1 engine of an M-RoPE model."""
 
     def make_config(self, config: EngineConfig, mode: str) -> Any:
-        vc = super().make_config(config, mode)
-        vc.model_config = copy.copy(vc.model_config)
-        hf = vc.model_config.hf_config = copy.deepcopy(vc.model_config.hf_config)
-        hf.rope_parameters = {"rope_type": "default", "mrope_section": list(MROPE_SECTION)}
-        vc.model_config.hf_text_config = hf.get_text_config()
-        return vc
+        return with_mrope(super().make_config(config, mode))
 
     def load(self, resolved: Any) -> Any:
         self.recorder.flat_positions = lambda n: self.runner.positions[:n]
@@ -96,20 +114,11 @@ class _MRoPEEngine(v1._Engine):
         return _MRoPEModel(self.recorder)
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
-        """``vllm-v1``'s fields of the 1-D positions, and each channel's row: a range of
-        ``max_model_len`` (the rotary cache's rows), agreeing with the 1-D positions."""
+        """``vllm-v1``'s fields of the 1-D positions, and each channel's row
+        (:func:`channels`)."""
         assert seen.flat_positions is not None
         flat = dataclasses.replace(seen, positions=seen.flat_positions, flat_positions=None)
-        top = self.config.max_model_len - 1
-        channels = tuple(
-            # rotary_embedding/mrope.py MRotaryEmbedding.forward: cos_sin_cache[positions]
-            # of each channel's row, a section of the rotary dimensions each.
-            Field(
-                f"mrope.positions[{c}]", "tokens", v1._np(row), (0, top), agrees_with="positions"
-            )  # fmt: skip
-            for c, row in enumerate(seen.positions)
-        )
-        return super().fields(flat) + channels
+        return super().fields(flat) + channels(seen.positions, self.vllm_config)
 
 
 class MRoPERunnerStepEngine(v1.RunnerStepEngine):
@@ -172,8 +181,12 @@ def trigger_completion_from_tokens(trace: Trace | Case) -> bool:
     """A step that runs a request past its prompt (a decode): its completion's positions
     come from ``get_next_input_positions_tensor``. A request's prompt is what its step
     says (``prompt_lens``), else where its first step ended."""
-    if not reach_mrope(trace):
-        return False
+    return reach_mrope(trace) and runs_past_prompt(trace)
+
+
+def runs_past_prompt(trace: Trace | Case) -> bool:
+    """Whether a step runs a request past its prompt (what its step says,
+    ``prompt_lens``, else where its first step ended)."""
     prompts: dict[int, int] = {}
     for b in as_trace(trace).steps:
         ids = b.req_ids or tuple(range(len(b.q_lens)))
