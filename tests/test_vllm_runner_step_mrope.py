@@ -1,18 +1,30 @@
-"""vLLM 0.33.0's V2 runner with an M-RoPE model (``vllm-mrope``): the default model
-state's ``RopeState`` (``init_prefill_positions``, ``prepare_positions``' kernel) handed
-the model, each channel's row judged by the step's properties and against the 1-D
-positions, and a mutant of the computed tokens it positions from caught."""
+"""vLLM 0.33.0's runners with an M-RoPE model: V1's own ``mrope_positions``
+(``vllm-v1-mrope``: ``_init_mrope_positions``, ``_calc_mrope_positions``, their copy in
+``_prepare_inputs``) and V2's ``RopeState`` (``vllm-mrope``: ``init_prefill_positions``,
+``prepare_positions``' kernel) handed the model, each channel's row judged by the step's
+properties and against the 1-D positions (the property alone too), and a mutant of each
+runner's positions caught."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
 
 
 def adapter():
+    from attnfuzz.adapters.vllm import runner_step_v1_mrope
+
+    return runner_step_v1_mrope
+
+
+def v2_adapter():
     from attnfuzz.adapters.vllm import runner_step_mrope
 
     return runner_step_mrope
@@ -26,12 +38,99 @@ def channels(build: ref.StepBuild) -> list[list[int]]:
     return [build.field(f"mrope.positions[{c}]").values.tolist() for c in range(3)]
 
 
+def caught_on_the_decode_alone(mutant, trigger, trace: Trace) -> None:
+    """``mutant`` on ``trace`` (a prefill, then a decode of the same request): its
+    trigger holds on the trace, not on the prefill alone; the prefill holds every
+    property; the decode fails agreement within a build on each channel of every build
+    of its tokens, and nothing else."""
+    assert trigger(trace)
+    assert not trigger(Trace(trace.config, trace.steps[:1]))
+    mutant.new_engine()
+    prefill, decode = run(mutant, trace)
+    assert ref.violations(prefill) == []
+    found = {(v.prop, v.field, v.build) for v in ref.violations(decode)}
+    assert found == {
+        ("agreement within a build", f"mrope.positions[{c}]", how)
+        for c in range(3)
+        for how in ("eager", "padded", "replay", "fresh")
+    }, found
+
+
+def test_the_runner_hands_the_model_its_m_rope_positions_and_every_property_holds():
+    """A request prefills 3 tokens, then decodes its 4th on a FULL graph of 2 tokens: the
+    runner keeps ``mrope_positions`` (the model config declares ``mrope_section``), and
+    every build holds each channel's row beside the 1-D positions; the eager, padded,
+    replayed and fresh builds give every channel of the decode token its position 3.
+    Every property holds."""
+    a = adapter()
+    a.prepare()
+    engine = a.MRoPERunnerStepEngine()
+    prefill, decode = run(engine, a.smallest_completion_from_tokens())
+    runner = engine.eager.runner
+    assert runner.uses_mrope and runner.mrope_positions.gpu.shape[0] == 3
+    for out in (prefill, decode):
+        assert ref.violations(out) == []
+    (eager,) = prefill.of("eager")
+    assert channels(eager) == [[0, 1, 2]] * 3
+    for how in ("eager", "padded", "replay", "fresh"):
+        (build,) = decode.of(how)
+        assert [row[:1] for row in channels(build)] == [[3]] * 3, how
+        assert build.field("positions").values[:1].tolist() == [3], how
+
+
+def test_a_channel_that_differs_from_its_position_fails_agreement_within_a_build():
+    """The property alone: a build whose channel row differs from the 1-D positions on a
+    real token fails it; on a padding token it does not."""
+    positions = np.array([3, 1], dtype=np.int64)
+
+    def build(channel: list[int]) -> ref.StepBuild:
+        fields = (
+            ref.Field("positions", "tokens", positions),
+            ref.Field("mrope.positions[0]", "tokens", np.array(channel), agrees_with="positions"),
+        )
+        return ref.StepBuild("padded", 1, 1, fields)
+
+    assert ref.agreement_within_a_build(ref.RunnerStepOutputs((build([3, 7]),))) == []
+    (v,) = ref.agreement_within_a_build(ref.RunnerStepOutputs((build([4, 1]),)))
+    assert (v.prop, v.field, v.build) == (
+        "agreement within a build",
+        "mrope.positions[0]",
+        "padded",
+    )
+    # A capture run holds no step's tokens: not judged.
+    capture = ref.StepBuild("capture", 0, 0, build([4, 1]).fields)
+    assert ref.agreement_within_a_build(ref.RunnerStepOutputs((capture,))) == []
+
+
+def test_a_completion_counted_from_the_tokens_is_caught():
+    """The mutant ``vllm-v1-mrope-completion-one-past`` (``_calc_mrope_positions``
+    counting a completion from the request's tokens): the decode token's channels are 4
+    where its position is 3, in every build of the step; the prefill is untouched."""
+    a = adapter()
+    caught_on_the_decode_alone(
+        a.run_completion_from_tokens,
+        a.trigger_completion_from_tokens,
+        a.smallest_completion_from_tokens(),
+    )
+
+
+def test_drafts_are_declined():
+    a = adapter()
+    config = a.smallest_completion_from_tokens().config
+    step = Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,))
+    assert "drafter" in a.declines(Case(dataclasses.replace(config, num_spec=1), step))
+    assert a.declines(Case(config, step)) is None
+
+
+# -- the V2 runner ------------------------------------------------------------------------
+
+
 def test_the_model_state_hands_the_model_its_rope_positions_and_every_property_holds():
     """A request prefills 3 tokens, then decodes its 4th in a FULL graph of 2 tokens: the
     default model state keeps a ``RopeState`` of three channels, and every build of the
     step's tokens gives each channel the token's position (the decode's 3); every
     property holds."""
-    a = adapter()
+    a = v2_adapter()
     a.prepare()
     engine = a.MRoPERunnerStepEngine()
     prefill, decode = run(engine, a.smallest_computed_one_short())
@@ -50,16 +149,7 @@ def test_computed_tokens_one_short_are_caught():
     """The mutant ``vllm-mrope-computed-one-short`` (``prepare_positions`` handing its
     kernel the computed tokens one short): the decode token's channels are 2 where its
     position is 3, in every build of the step; the first prefill is untouched."""
-    a = adapter()
-    trace = a.smallest_computed_one_short()
-    assert a.trigger_computed_one_short(trace)
-    assert not a.trigger_computed_one_short(Trace(trace.config, trace.steps[:1]))
-    a.run_computed_one_short.new_engine()
-    prefill, decode = run(a.run_computed_one_short, trace)
-    assert ref.violations(prefill) == []
-    found = {(v.prop, v.field, v.build) for v in ref.violations(decode)}
-    assert found == {
-        ("agreement within a build", f"mrope.positions[{c}]", how)
-        for c in range(3)
-        for how in ("eager", "padded", "replay", "fresh")
-    }, found
+    a = v2_adapter()
+    caught_on_the_decode_alone(
+        a.run_computed_one_short, a.trigger_computed_one_short, a.smallest_computed_one_short()
+    )

@@ -34,7 +34,7 @@ from unittest import mock
 
 import torch
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
@@ -200,17 +200,9 @@ def runs_past_prompt(trace: Trace | Case) -> bool:
 
 
 def smallest_completion_from_tokens() -> Trace:
-    """One request prefills 3 tokens, then decodes its 4th: its position 3, which the
-    defect makes 4 in every channel."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
-        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v1",
-    )  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,)),
-            Batch((3,), (1,), req_ids=(7,), pages=((1,),), new_pages=(0,)),
-        ),
-    )
+    """One request prefills 3 tokens, then decodes its 4th (padded to the FULL graph of 2
+    tokens): its position 3, which the defect makes 4 in every channel
+    (:func:`.runner_step_hybrid.smallest_full_decode`)."""
+    from attnfuzz.adapters.vllm.runner_step_hybrid import smallest_full_decode
+
+    return smallest_full_decode()
