@@ -38,6 +38,20 @@ def channels(build: ref.StepBuild) -> list[list[int]]:
     return [build.field(f"mrope.positions[{c}]").values.tolist() for c in range(3)]
 
 
+def every_channel_is_the_position(prefill: ref.RunnerStepOutputs, decode: ref.RunnerStepOutputs):
+    """Every property holds on both steps; the prefill's channels are 0, 1, 2 and every
+    build of the decode's tokens gives its token position 3, in each channel and in the
+    1-D positions."""
+    for out in (prefill, decode):
+        assert ref.violations(out) == []
+    (eager,) = prefill.of("eager")
+    assert channels(eager) == [[0, 1, 2]] * 3
+    for how in ("eager", "padded", "replay", "fresh"):
+        (build,) = decode.of(how)
+        assert [row[:1] for row in channels(build)] == [[3]] * 3, how
+        assert build.field("positions").values[:1].tolist() == [3], how
+
+
 def caught_on_the_decode_alone(mutant, trigger, trace: Trace) -> None:
     """``mutant`` on ``trace`` (a prefill, then a decode of the same request): its
     trigger holds on the trace, not on the prefill alone; the prefill holds every
@@ -68,14 +82,7 @@ def test_the_runner_hands_the_model_its_m_rope_positions_and_every_property_hold
     prefill, decode = run(engine, a.smallest_completion_from_tokens())
     runner = engine.eager.runner
     assert runner.uses_mrope and runner.mrope_positions.gpu.shape[0] == 3
-    for out in (prefill, decode):
-        assert ref.violations(out) == []
-    (eager,) = prefill.of("eager")
-    assert channels(eager) == [[0, 1, 2]] * 3
-    for how in ("eager", "padded", "replay", "fresh"):
-        (build,) = decode.of(how)
-        assert [row[:1] for row in channels(build)] == [[3]] * 3, how
-        assert build.field("positions").values[:1].tolist() == [3], how
+    every_channel_is_the_position(prefill, decode)
 
 
 def test_a_channel_that_differs_from_its_position_fails_agreement_within_a_build():
@@ -136,13 +143,7 @@ def test_the_model_state_hands_the_model_its_rope_positions_and_every_property_h
     prefill, decode = run(engine, a.smallest_computed_one_short())
     rope = engine.eager.runner.model_state.rope_state
     assert rope is not None and rope.num_dims == 3
-    for out in (prefill, decode):
-        assert ref.violations(out) == []
-    (eager,) = prefill.of("eager")
-    assert channels(eager) == [[0, 1, 2]] * 3
-    for how in ("eager", "padded", "replay", "fresh"):
-        (build,) = decode.of(how)
-        assert [row[:1] for row in channels(build)] == [[3]] * 3, how
+    every_channel_is_the_position(prefill, decode)
 
 
 def test_computed_tokens_one_short_are_caught():
