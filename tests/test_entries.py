@@ -107,6 +107,7 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "vllm-v1-backends"): 8,
     ("runner-step", "vllm-v1-deepseek-v41"): 4,
     ("runner-step", "vllm-dflash"): 8,
+    ("runner-step", "vllm-mrope"): 8,
     ("runner-step", "vllm-mtp-modules"): 8,
     ("runner-step", "vllm-standalone-ar"): 8,
     ("runner-step", "vllm-v2-mamba-hybrid"): 8,
