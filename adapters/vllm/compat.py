@@ -552,6 +552,22 @@ REQUIRES["runner_step_v1_step3p5"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.propose"),
     Api("vllm.v1.spec_decode.step3p5", "Step3p5MTPProposer.set_per_group_attn_metadata"),
 )  # fmt: skip
+# runner_step_v1_mrope: runner_step_v1's engine of an M-RoPE model: the runner's own
+# mrope_positions, and the rotary embedding whose completion positions it computes.
+REQUIRES["runner_step_v1_mrope"] = REQUIRES["runner_step_v1"] + (
+    Api(_V1_RUNNER, "GPUModelRunner._calc_mrope_positions"),
+    Api(_V1_RUNNER, "GPUModelRunner._init_mrope_positions"),
+    Api(
+        "vllm.model_executor.layers.rotary_embedding",
+        "MRotaryEmbedding.get_next_input_positions_tensor",
+    ),
+)  # fmt: skip
+# runner_step_mrope: runner_step's engine of an M-RoPE model: the default model state's
+# RopeState.
+REQUIRES["runner_step_mrope"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.mm.rope", "RopeState.prepare_positions"),
+    Api("vllm.v1.worker.gpu.mm.rope", "get_rope_state"),
+)  # fmt: skip
 # runner_step_v1_ngram: runner_step_v1's engine, its speculative config's ngram_gpu drafter
 # (whose kernel also finds the tokens that make its drafts) and the runner's invalid-draft
 # trim; the trimmed copy of the scheduler output the runner keeps until sample_tokens.
