@@ -48,13 +48,8 @@ def declines(case: Case) -> str | None:
     return rs.declines(case)
 
 
-class _MRoPEModel(rs._Model):
-    """``vllm``'s stand-in model, of an M-RoPE architecture (``SupportsMRoPE``)."""
-
-    supports_mrope = True
-
-    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
-        return v1_mrope.text_positions(input_tokens, mm_features)
+class _MRoPEModel(v1_mrope.TextMRoPE, rs._Model):
+    """``vllm``'s stand-in model, of an M-RoPE architecture."""
 
     def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
         self.recorder.forward(positions)

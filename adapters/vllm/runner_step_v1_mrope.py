@@ -81,8 +81,9 @@ def channels(rows: torch.Tensor, vllm_config: Any) -> tuple[Field, ...]:
     )
 
 
-class _MRoPEModel(v1._Model):
-    """``vllm-v1``'s stand-in model, of an M-RoPE architecture (``SupportsMRoPE``)."""
+class TextMRoPE:
+    """A stand-in model's M-RoPE interface (``SupportsMRoPE``): text positions
+    (:func:`text_positions`)."""
 
     supports_mrope = True
 
@@ -90,13 +91,12 @@ class _MRoPEModel(v1._Model):
         return text_positions(input_tokens, mm_features)
 
 
-class _MRoPEHanded(v1._Handed):
+class _MRoPEModel(TextMRoPE, v1._Model):
+    """``vllm-v1``'s stand-in model, of an M-RoPE architecture."""
+
+
+class _MRoPEHanded(TextMRoPE, v1._Handed):
     """What the runner calls as its model (``get_model`` returns it): M-RoPE's too."""
-
-    supports_mrope = True
-
-    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> Any:
-        return text_positions(input_tokens, mm_features)
 
 
 class _MRoPEEngine(v1._Engine):
