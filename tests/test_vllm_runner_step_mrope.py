@@ -7,12 +7,11 @@ runner's positions caught."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
+import pytest
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import Batch, Case
+from attnfuzz.reference.batch import Batch, EngineConfig
 from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
@@ -121,12 +120,70 @@ def test_a_completion_counted_from_the_tokens_is_caught():
     )
 
 
-def test_drafts_are_declined():
+def drafted(max_model_len: int) -> Trace:
+    """One request prefills 4 tokens, then decodes twice a real token and 2 drafts (a
+    FULL graph of 3 tokens): an engine whose drafter is an M-RoPE model where
+    ``max_model_len`` is odd, a text one where it is even (``drafter_mrope``). The
+    prefill's token count is not the channels' (a forward's tokens are its positions'
+    last dimension)."""
+    config = EngineConfig(
+        max_model_len=max_model_len, max_num_seqs=1, max_num_batched_tokens=16,
+        block_size=16, num_spec=2, cudagraph_capture_sizes=(3,),
+        cudagraph_mode="FULL_AND_PIECEWISE", runner="v1",
+    )  # fmt: skip
+    steps = tuple(
+        Batch((c,), (q,), req_ids=(7,), pages=((1,),), new_pages=(int(c == 0),))
+        for c, q in ((0, 4), (4, 3), (7, 3))
+    )
+    return Trace(config, steps)
+
+
+@pytest.mark.parametrize("max_model_len", [65, 64])
+def test_a_text_and_an_m_rope_drafter_hand_their_positions_and_every_property_holds(
+    max_model_len,
+):
+    """Drafts beside an M-RoPE target: the drafter is an M-RoPE model (its own
+    ``mrope_positions``, each channel's row judged on every draft build, against its
+    first channel) or a text one (``_set_positions`` hands it the target's first channel:
+    1-D positions). Every property holds on every step, the draft builds' included."""
     a = adapter()
-    config = a.smallest_completion_from_tokens().config
-    step = Batch((0,), (3,), req_ids=(7,), pages=((1,),), new_pages=(1,))
-    assert "drafter" in a.declines(Case(dataclasses.replace(config, num_spec=1), step))
-    assert a.declines(Case(config, step)) is None
+    a.prepare()
+    engine = a.MRoPERunnerStepEngine()
+    trace = drafted(max_model_len)
+    outs = run(engine, trace)
+    mrope = a.drafter_mrope(trace.config)
+    assert mrope == (max_model_len % 2 == 1)
+    assert engine.eager.runner.drafter.uses_mrope == mrope
+    for out in outs:
+        assert ref.violations(out) == []
+    drafts = [b for b in outs[-1].builds if b.draft is not None]
+    assert drafts
+    for b in drafts:
+        assert (b.field("mrope.positions[2]") is not None) == mrope, b.name
+        assert b.field("positions") is not None
+
+
+def test_a_drafter_that_writes_one_channel_fails_agreement_within_a_build(monkeypatch):
+    """A defect of the M-RoPE drafter's own: ``_set_positions`` writes only the first
+    channel of the target's positions, the others keep what the buffer held (zeros): the
+    draft builds' other channels disagree with the first on real tokens."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    original = SpecDecodeBaseProposer._set_positions
+
+    def first_channel_only(self, num_tokens, positions):
+        if not self.uses_mrope:
+            return original(self, num_tokens, positions)
+        self.mrope_positions[:1, :num_tokens] = positions[:1]
+
+    a = adapter()
+    a.prepare()
+    monkeypatch.setattr(SpecDecodeBaseProposer, "_set_positions", first_channel_only)
+    engine = a.MRoPERunnerStepEngine()
+    outs = run(engine, drafted(65))
+    found = {(v.prop, v.field) for out in outs for v in ref.violations(out)}
+    assert ("agreement within a build", "mrope.positions[1]") in found
+    assert {prop for prop, _ in found} == {"agreement within a build"}, found
 
 
 # -- the V2 runner ------------------------------------------------------------------------

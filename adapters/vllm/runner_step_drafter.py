@@ -107,7 +107,7 @@ class DraftModel(torch.nn.Module):
         inputs_embeds: Any = None,
     ) -> Any:
         self.seen(positions)
-        out = torch.zeros(positions.shape[0], self.hidden_size)
+        out = torch.zeros(positions.shape[-1], self.hidden_size)  # M-RoPE's: a row a channel
         return (out, out.clone()) if self.returns_pair else out
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

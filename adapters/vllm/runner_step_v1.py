@@ -263,7 +263,10 @@ class _Recorder:
             linear,
             self.freeze,
             self.kv_pages(),
-            None if self.flat_positions is None else self.flat_positions(positions.shape[-1]),
+            # The target's forwards only: a drafter's positions are its own buffer's.
+            None
+            if self.flat_positions is None or layer != _LAYER
+            else self.flat_positions(positions.shape[-1]),
         )
 
     def draft_forward(self, positions: torch.Tensor) -> None:

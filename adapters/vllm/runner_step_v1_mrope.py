@@ -17,10 +17,14 @@ the same tokens (``Field.agrees_with``): vLLM's own contract for text ("For text
 inputs, each dimension has identical position IDs, making M-RoPE functionally
 equivalent to 1D-RoPE", ``GPUModelRunner.__init__``). The tokens here are text.
 
+Drafts: the drafter is an M-RoPE model too (its own ``mrope_positions``, written by
+``_set_positions`` and, between draft sub-steps, from its first channel) or a text one
+(``_set_positions`` hands it the target's first channel), chosen from the config
+(:func:`drafter_mrope`); a draft build's channels are judged against its first.
+
 Stood in: the model's ``get_mrope_input_positions`` (text: every channel the token's
 index, a delta of 0, as Qwen2-VL's is for a prompt with no image or video), and what
-:mod:`.runner_step_v1` stands in. Declined: drafts (the drafter's M-RoPE positions are
-not driven here).
+:mod:`.runner_step_v1` stands in.
 """
 
 from __future__ import annotations
@@ -44,11 +48,7 @@ MROPE_SECTION = (2, 1, 1)
 """The model's M-RoPE section: three channels (T, H, W), as Qwen2-VL's."""
 
 
-def declines(case: Case) -> str | None:
-    """``vllm-v1``'s declines, and engines with drafts."""
-    if case.config.num_spec > 0:
-        return "drafts: the drafter's M-RoPE positions are not driven by this adapter"
-    return v1.declines(case)
+declines = v1.declines
 
 
 def text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
@@ -58,13 +58,32 @@ def text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[tor
     return torch.arange(n, dtype=torch.int64).expand(len(MROPE_SECTION), n).clone(), 0
 
 
-def with_mrope(vc: Any) -> Any:
-    """``vc`` with its model config declaring M-RoPE (:data:`MROPE_SECTION`): a copy of
-    its HF config whose ``rope_parameters`` name the section."""
-    vc.model_config = copy.copy(vc.model_config)
-    hf = vc.model_config.hf_config = copy.deepcopy(vc.model_config.hf_config)
+def mrope_model(model_config: Any) -> Any:
+    """A copy of ``model_config`` declaring M-RoPE (:data:`MROPE_SECTION`): its HF
+    config's ``rope_parameters`` name the section."""
+    out = copy.copy(model_config)
+    hf = out.hf_config = copy.deepcopy(model_config.hf_config)
     hf.rope_parameters = {"rope_type": "default", "mrope_section": list(MROPE_SECTION)}
-    vc.model_config.hf_text_config = hf.get_text_config()
+    out.hf_text_config = hf.get_text_config()
+    return out
+
+
+def drafter_mrope(config: EngineConfig) -> bool:
+    """Whether the engine's drafter is an M-RoPE model too (as a vision-language model's
+    EAGLE-3 drafter is), else a text one that ``_set_positions`` hands the first channel:
+    both are engines vLLM runs. Chosen from the config (half of them, by
+    ``max_model_len``'s parity), not drawn, so that an engine keeps its drafter's kind
+    over its life."""
+    return config.num_spec > 0 and config.max_model_len % 2 == 1
+
+
+def with_mrope(vc: Any, drafter: bool = False) -> Any:
+    """``vc`` with its model config declaring M-RoPE (:func:`mrope_model`); ``drafter``:
+    its draft model's too."""
+    vc.model_config = mrope_model(vc.model_config)
+    if drafter:
+        sc = vc.speculative_config = copy.copy(vc.speculative_config)
+        sc.draft_model_config = mrope_model(sc.draft_model_config)
     return vc
 
 
@@ -103,7 +122,7 @@ class _MRoPEEngine(v1._Engine):
     """A V1 engine of an M-RoPE model."""
 
     def make_config(self, config: EngineConfig, mode: str) -> Any:
-        return with_mrope(super().make_config(config, mode))
+        return with_mrope(super().make_config(config, mode), drafter_mrope(config))
 
     def load(self, resolved: Any) -> Any:
         self.recorder.flat_positions = lambda n: self.runner.positions[:n]
@@ -116,8 +135,11 @@ class _MRoPEEngine(v1._Engine):
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         """``vllm-v1``'s fields of the 1-D positions, and each channel's row
         (:func:`channels`)."""
-        assert seen.flat_positions is not None
-        flat = dataclasses.replace(seen, positions=seen.flat_positions, flat_positions=None)
+        if seen.positions.dim() == 1:  # a text drafter's forward
+            return super().fields(seen)
+        # A drafter's M-RoPE forward has no 1-D positions beside: its first channel's.
+        one = seen.positions[0] if seen.flat_positions is None else seen.flat_positions
+        flat = dataclasses.replace(seen, positions=one, flat_positions=None)
         return super().fields(flat) + channels(seen.positions, self.vllm_config)
 
 
@@ -173,8 +195,8 @@ run_completion_from_tokens.new_engine = _MUTATED.engine.new_engine  # type: igno
 
 
 def reach_mrope(trace: Trace | Case) -> bool:
-    """An engine ``vllm-v1-mrope`` runs: V1, no drafts."""
-    return trace.config.runner == "v1" and trace.config.num_spec == 0
+    """An engine ``vllm-v1-mrope`` runs: V1."""
+    return trace.config.runner == "v1"
 
 
 def trigger_completion_from_tokens(trace: Trace | Case) -> bool:
