@@ -1,7 +1,7 @@
 """Judgements to a replaying trace: every defect of an engine's life, seeds 0-9.
 
     python benchmarks/history_traces.py [--seeds 10] [--max-examples 1000] [--subject T:I ...]
-                                        [--jobs 1] [--markdown docs/traces.md] [--section NAME]
+                                        [--jobs 1] [--markdown docs/traces.md]
 
 Each subject is run as a user runs it, ``attnfuzz run --target T --impl I --seed S
 --max-examples N`` in a new process (its judges in children of their own):
@@ -19,8 +19,7 @@ Per subject: the seeds whose run ended at a trace that failed again in new proce
 search), and the judgements that made the case, as the run counts them (``judgements
 to this case``: the search and its shrinking, and every judgement in a new process:
 replays, a history's traces). A count, not a time: it does not depend on the machine.
-``--markdown FILE`` rewrites the section ``history_traces:judgements`` of FILE
-(``--section NAME``: ``history_traces:NAME``, for subjects measured on their own).
+``--markdown FILE`` rewrites the section ``history_traces:judgements`` of FILE.
 """
 
 from __future__ import annotations
@@ -112,11 +111,6 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
     parser.add_argument("--markdown", type=Path, default=None, help="docs page to update")
-    parser.add_argument(
-        "--section", default="judgements",
-        help="the section of the page to rewrite (history_traces:SECTION): another one "
-        "holds a table of some subjects measured on their own",
-    )  # fmt: skip
     args = parser.parse_args()
     subjects = (
         [_subject(s) for s in args.subject] if args.subject else [*STATEFUL, *traced_mutants()]
@@ -158,7 +152,7 @@ def main() -> int:
         write_section(
             args.markdown,
             "history_traces",
-            args.section,
+            "judgements",
             [f"{title}: `{command}`.", "", *text.splitlines()],
         )
     return 0 if ok else 1

@@ -14,8 +14,7 @@ after the first (the scheduler's steady state, the steps SGLang's graph runners
 replay), a request preempted and resumed, a request that leaves (finished, or
 preempted), a rollback of rejected drafts, one across a page boundary
 (``strategies.traces.page_rollbacks``), one with pages of 16 tokens or more, one
-followed by a single-token step of the same request, one of those ending inside the
-page before the one it rolled back across, a step whose request count is
+followed by a single-token step of the same request, a step whose request count is
 at a tile boundary (``strategies.batches.TILE_BOUNDARIES``), one a graph pads past
 a boundary its real count is under; the share of steps each data-parallel peer of a
 vLLM runner step meets (``strategies.traces.data_parallel_peer``: not drawn, chosen
@@ -83,7 +82,6 @@ REACH = (
     "a rollback across a page",
     "a rollback across a page of 16+ tokens",
     "a rollback across a page, then one token",
-    "a rollback into the page before, then one token",
     "a request held through a dummy run",
     "a step at a tile boundary",
     "a step padded past a tile",
@@ -140,13 +138,6 @@ def kinds_of(trace) -> list[str]:  # noqa: ANN001
     for rolled, step in zip(crossed, trace.steps[1:], strict=True):
         if any(q == 1 for r, q in zip(step.req_ids, step.q_lens, strict=True) if r in rolled):
             out.append("a rollback across a page, then one token")
-            break
-    for rolled, step in zip(crossed, trace.steps[1:], strict=True):
-        # It ends inside the page before: the row last wrote a later page than its token's.
-        if any(q == 1 and r in rolled and c % config.block_size
-               for r, c, q in zip(step.req_ids, step.num_computed_tokens, step.q_lens,
-                                  strict=True)):  # fmt: skip
-            out.append("a rollback into the page before, then one token")
             break
     if held_through_dummy(trace.steps):
         out.append("a request held through a dummy run")

@@ -17,10 +17,9 @@ lengths, the real token count under the same padded size), as a scheduler's
 steady state runs them; a defect that needs an earlier step of another shape on
 the same engine meets it there.
 
-Rollbacks are weighted across page boundaries (:data:`PAGE_ODDS`): prompts that end
+Rollbacks are weighted onto page boundaries (:data:`PAGE_ODDS`): prompts that end
 just short of a page, so that the first decode's drafts cross it, rejections that
-roll back onto the boundary or inside the page before it, and a single-token step of
-the request after it.
+roll back onto the boundary, and a single-token step of the request after it.
 
 Most lives of two steps or more settle into decode steps (:data:`DECODE_ODDS`):
 from a drawn step on, no request arrives or leaves by chance, every prefill
@@ -68,14 +67,11 @@ STEADY_ODDS = 3  # one later step in three is steady
 DECODE_ODDS = 4  # three lives in four (of two steps or more) settle into decode steps
 # Rollbacks onto page boundaries, where a rollback meets the block table and the slot
 # mapping: one new prompt in PAGE_ODDS (with drafts, a page within reach) ends a few
-# tokens short of a page, so that its first decode's drafts cross it. Where a draft lies
-# on a page after the real token's, the rejection rolls back onto that page's boundary
-# one time in three, inside the page before it one time in three (where the real token
-# lies before that page's last position: the row last wrote a later page than the next
-# token's), and is drawn otherwise. After any rollback across a page, drawn so or not,
-# the request's next step is a single token two times in three (shrinking to it), or
-# one time in two where it is a decode step (shrinking away); steady steps keep their
-# lengths.
+# tokens short of a page, so that its first decode's drafts cross it; one rejection in
+# PAGE_ODDS where a draft lies on a page after the real token's rolls back onto that
+# page's boundary; the request's next step is then a single token two times in three
+# (shrinking to it), or one time in two where it is a decode step (shrinking away);
+# steady steps keep their lengths.
 PAGE_ODDS = 2
 
 
@@ -239,23 +235,16 @@ class _Scheduler:
 
     def _rejected(self, draw: st.DrawFn, req: _Request, q: int) -> int:
         """How many of ``req``'s drafts (its ``q - 1`` tokens after the real one) are
-        rejected: none, shrunk; or, where a draft lies on a page after the real token's,
-        one time in three so many that the accepted tokens end at that page's first
-        position (the page then held drafts only), one time in three so many that they end
-        inside the page before it (:data:`PAGE_ODDS`)."""
+        rejected: none, shrunk; or, one time in :data:`PAGE_ODDS` where a draft lies on a
+        page after the real token's, so many that the accepted tokens end at that page's
+        first position or the one before (the rolled-back page held drafts only)."""
         end, bs = req.computed + q, self.config.block_size
         boundary = (end - 1) // bs * bs  # the first position of the last draft's page
-        # 0: drawn (none rejected, shrunk); 1: onto the boundary; 2: inside the page before.
-        landing = draw(st.integers(0, 2)) if boundary > req.computed else 0
-        if landing == 2 and boundary - 1 > req.computed:
-            land = boundary - 1 - draw(st.integers(0, boundary - 2 - req.computed))
-        elif landing:
-            land = boundary
-        else:
-            land = end - draw(st.integers(0, q - 1))
-        if land <= boundary < end:  # rolled back across a page, drawn so or not
+        if boundary > req.computed and draw(st.integers(0, PAGE_ODDS - 1)) == PAGE_ODDS - 1:
+            land = boundary - draw(st.integers(0, 1 if boundary - 1 > req.computed else 0))
             self.page_rolled.add(req.req_id)
-        return end - land
+            return end - land
+        return draw(st.integers(0, q - 1))
 
     def release(self, req: _Request) -> None:
         self.free_pages.extend(reversed(req.pages))

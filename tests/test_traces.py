@@ -351,10 +351,9 @@ def test_a_defect_after_a_rollback_across_a_page_is_found(monkeypatch, seed):
     """A user's persistent batch wrong only where a rollback of drafts that reached a
     later page ends inside an earlier one and the request's next step is a single
     token (tests/boundary_impls.py ``last_page_slots``) is found by a derandomized
-    trace search of 1000 traces at seeds 0-2, failing at such a step. Measured (``attnfuzz
-    run --trace``, the same search): found after 98, 52 and 157 traces since the
-    scheduler draws a landing inside the page before on its own; 73, 145 and 530
-    before, with one seed of ten (7) not found in 1000; 701, 77 and 544 before configs
+    trace search of 1000 traces at seeds 0-2, failing at such a step. Measured: found
+    after 73, 145 and 592 traces, each cut to 2 steps (the rollback's step first, as
+    the engine's first step: harness.trace_shrink); 701, 77 and 544 before configs
     straddled tile boundaries; before the scheduler weighted rollbacks onto page
     boundaries, at 3 of seeds 0-5, not at seeds 0, 1 and 4."""
     from attnfuzz.strategies.traces import page_rollbacks
