@@ -48,7 +48,9 @@ MROPE_SECTION = (2, 1, 1)
 """The model's M-RoPE section: three channels (T, H, W), as Qwen2-VL's."""
 
 
-declines = v1.declines
+def declines(case: Case) -> str | None:
+    """``vllm-v1``'s declines (drafts are run: :func:`drafter_mrope`)."""
+    return v1.declines(case)
 
 
 def text_positions(input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
