@@ -641,6 +641,14 @@ REQUIRES["runner_step_aiter_fa"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.rocm_aiter_fa", "torch"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+# runner_step_cpu: runner_step_v1's engine as the CPU worker makes it (CPUModelRunner),
+# on the CPU attention backend, whose C++ scheduler is looked up in _custom_ops.
+REQUIRES["runner_step_cpu"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.worker.cpu_model_runner", "CPUModelRunner._postprocess_tensors"),
+    Api("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend"),
+    Api("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadataBuilder.build"),
+    Api("vllm._custom_ops", "cpu_attn_get_scheduler_metadata"),
+)  # fmt: skip
 # runner_step_rocm: runner_step_v1's engine on ROCm's attention and Octave backends.
 REQUIRES["runner_step_rocm"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend"),

@@ -629,6 +629,27 @@ def _runner_step_triton_flash_attn() -> list[Implementation]:
     ]
 
 
+def _runner_step_cpu() -> list[Implementation]:
+    """``vllm-v1``'s step as vLLM's CPU worker runs it, on the CPU attention backend."""
+    return [
+        _step_impl(
+            "runner_step_cpu",
+            "run",
+            name="vllm-v1-cpu",
+            description="installed vLLM (V1 runner) as its CPU worker makes it: "
+            "vllm/v1/worker/cpu_model_runner.py CPUModelRunner (its host and device buffers "
+            "made one), its attention layer on CPU_ATTN (vllm/v1/attention/backends/"
+            "cpu_attn.py: CPUAttentionMetadataBuilder.build, the C++ scheduler stood in by "
+            "its checks); the CPU platform captures no graph, so every step runs eagerly",
+            # platforms/cpu.py CpuPlatform.check_and_update_config: no capture sizes;
+            # CPUAttentionBackend.get_supported_kernel_block_sizes: multiples of 32.
+            fixes={"cudagraph_mode": "NONE", "block_size": 32},
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_aiter_fa() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm AITER FlashAttention backend."""
     return [
@@ -1972,6 +1993,7 @@ VLLM = Engine(
             *_runner_step_flash_attn(),
             *_runner_step_triton_flash_attn(),
             *_runner_step_aiter_fa(),
+            *_runner_step_cpu(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),
             *_runner_step_sparse_mla(),

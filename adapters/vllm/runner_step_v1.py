@@ -485,7 +485,7 @@ class _Engine:
             mock.patch("torch.Event", lambda *a, **k: _Event()),
             mock.patch("torch.cuda.Event", lambda *a, **k: _Event()),
         ):
-            r = self.runner = gmr.GPUModelRunner(vc, device)
+            r = self.runner = self.runner_type()(vc, device)
             self.recorder.kv_pages = self.kv_pages
             layers = [_LAYER]
             if r.speculative_config is not None:
@@ -523,6 +523,13 @@ class _Engine:
         self.tokens: dict[str, int] = {}
         self.warm_up()
         self.capture()
+
+    def runner_type(self) -> type:
+        """The runner class the worker makes: a CUDA worker's ``GPUModelRunner`` (the CPU
+        worker's subclass, :mod:`.runner_step_cpu`)."""
+        import vllm.v1.worker.gpu_model_runner as gmr
+
+        return gmr.GPUModelRunner
 
     def make_config(self, config: EngineConfig, mode: str) -> Any:
         """The engine's ``VllmConfig``: the runner's, of ``mode`` and the drafter (a
