@@ -649,6 +649,13 @@ REQUIRES["runner_step_cpu"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadataBuilder.build"),
     Api("vllm._custom_ops", "cpu_attn_get_scheduler_metadata"),
 )  # fmt: skip
+# runner_step_amx_mla: runner_step_mla's engine as the CPU worker makes it, on AMX MLA,
+# the CPU's thread count looked up in amx_mla.py.
+REQUIRES["runner_step_amx_mla"] = REQUIRES["runner_step_mla"] + REQUIRES["runner_step_cpu"] + (
+    Api("vllm.v1.attention.backends.mla.amx_mla", "AMXMLABackend"),
+    Api("vllm.v1.attention.backends.mla.amx_mla", "AMXMLAMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mla.amx_mla", "current_platform"),
+)  # fmt: skip
 # runner_step_rocm: runner_step_v1's engine on ROCm's attention and Octave backends.
 REQUIRES["runner_step_rocm"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend"),

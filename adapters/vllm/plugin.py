@@ -650,6 +650,45 @@ def _runner_step_cpu() -> list[Implementation]:
     ]
 
 
+_amx_mla_hook = functools.partial(_lazy, "runner_step_amx_mla")
+
+
+def _runner_step_amx_mla() -> list[Implementation]:
+    """``vllm-v1-mla``'s step as vLLM's CPU worker runs it on the AMX MLA backend, and a
+    mutant of its builder's prefill lengths."""
+    # platforms/cpu.py: no capture sizes; AMXMLABackend.supports_block_size: multiples
+    # of 32.
+    cpu = {"fixes": {"cudagraph_mode": "NONE", "block_size": 32}, "declines": "declines",
+           "traced": True}  # fmt: skip
+    return [
+        _step_impl(
+            "runner_step_amx_mla",
+            "run",
+            name="vllm-v1-amx-mla",
+            description="installed vLLM (V1 runner) of an MLA model as its CPU worker makes "
+            "it (CPUModelRunner) on a CPU with AMX: its MLA layer on AMX_MLA "
+            "(vllm/v1/attention/backends/mla/amx_mla.py: AMXMLAMetadataBuilder.build, the "
+            "block table expanded to req_to_token, the decodes' and prefills' lengths, pool "
+            "indices and extend offsets), every field its kernels read judged, the keys they "
+            "read through req_to_token held to the MLA metadata's",
+            **cpu,
+        ),
+        _step_impl(
+            "runner_step_amx_mla",
+            "prefill_lens_unshifted",
+            name="vllm-v1-amx-mla-prefill-lens-unshifted",
+            kind="mutant",
+            description="installed vLLM (V1 runner, CPU worker, AMX MLA) with "
+            "AMXMLAMetadataBuilder.build taking the prefills' cpu_seq_lens from the step's "
+            "first rows (the decodes') instead of the rows after them",
+            trigger=_amx_mla_hook("trigger_mixed"),
+            reach=_amx_mla_hook("reach_amx_mla"),
+            smallest=_amx_mla_hook("smallest_mixed"),
+            **cpu,
+        ),
+    ]
+
+
 def _runner_step_aiter_fa() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm AITER FlashAttention backend."""
     return [
@@ -1994,6 +2033,7 @@ VLLM = Engine(
             *_runner_step_triton_flash_attn(),
             *_runner_step_aiter_fa(),
             *_runner_step_cpu(),
+            *_runner_step_amx_mla(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),
             *_runner_step_sparse_mla(),

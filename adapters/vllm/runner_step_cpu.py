@@ -167,8 +167,9 @@ def _accelerator_kept() -> Iterator[None]:
 # -- the engine -----------------------------------------------------------------------------
 
 
-class _CPUEngine(v1._Engine):
-    """A CPU worker's V1 runner whose attention layer is on the CPU backend."""
+class CPUWorker:
+    """What an engine of :mod:`.runner_step_v1` takes from the CPU worker: its runner
+    (``CPUModelRunner``) and the platform's C++ calls stood in."""
 
     def runner_type(self) -> type:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -180,6 +181,10 @@ class _CPUEngine(v1._Engine):
         stack.enter_context(cpu_attention())
         stack.enter_context(_accelerator_kept())
         return stack
+
+
+class _CPUEngine(CPUWorker, v1._Engine):
+    """A CPU worker's V1 runner whose attention layer is on the CPU backend."""
 
     def attention_group(self) -> tuple[type, Any]:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
