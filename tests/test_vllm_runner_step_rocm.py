@@ -1,6 +1,7 @@
-"""vLLM 0.33.0's model runner V1 step on the ROCm attention backend (``vllm-v1-rocm-attn``)
-and the ROCm Octave backend (``vllm-v1-rocm-octave``) of ``runner-step``: each builder
-builds every step, judged by the step's properties."""
+"""vLLM 0.33.0's model runner V1 step on the ROCm attention backend (``vllm-v1-rocm-attn``),
+the ROCm segmented-prefill backend (``vllm-v1-rocm-segmented``) and the ROCm Octave
+backend (``vllm-v1-rocm-octave``) of ``runner-step``: each builder builds every step,
+judged by the step's properties."""
 
 from __future__ import annotations
 
@@ -44,6 +45,29 @@ def test_the_rocm_attn_builder_builds_every_step_and_capture(monkeypatch):
     assert all(set(values(b, "query_start_loc")) == {0} for b in captured)
     (replay,) = own(second, "replay")
     assert values(replay, "query_start_loc") == [0, 2, 2]
+    assert values(replay, "seq_lens") == [7, 0]
+
+
+def test_the_segmented_builder_builds_every_step_and_capture(monkeypatch):
+    """``RocmSegmentedAttentionMetadataBuilder`` (ROCm attention's builder, sized for the
+    token-major kernel: the query heads, KV heads and head size of the group) builds
+    every step and capture of the FULL spec decode: every property holds."""
+    m = rocm()
+    m.prepare()
+    from vllm.v1.attention.backends.rocm_segmented_attn import (
+        RocmSegmentedAttentionMetadataBuilder,
+    )
+
+    calls = Calls(monkeypatch)
+    calls.count(RocmSegmentedAttentionMetadataBuilder, "build", "build_for_cudagraph_capture")
+    engine = m.SegmentedRunnerStepEngine()
+    first, second = run_trace(spec_decode(), engine)
+    builder = engine.graphs.runner.attn_groups[0][0].get_metadata_builder()
+    assert isinstance(builder, RocmSegmentedAttentionMetadataBuilder)
+    assert (builder.num_heads_kv, builder.headdim) == (1, 128)
+    assert min(calls.values()) > 0 and len(calls) == 2
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    (replay,) = own(second, "replay")
     assert values(replay, "seq_lens") == [7, 0]
 
 

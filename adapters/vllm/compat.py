@@ -661,6 +661,10 @@ REQUIRES["runner_step_rocm"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend"),
     Api("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
 )  # fmt: skip
+REQUIRES["runner_step_rocm.run_segmented"] = (
+    Api("vllm.v1.attention.backends.rocm_segmented_attn", "RocmSegmentedAttentionBackend"),
+    Api("vllm.v1.attention.backends.rocm_segmented_attn", "RocmSegmentedAttentionMetadataBuilder"),
+)  # fmt: skip
 REQUIRES["runner_step_rocm.run_octave"] = (
     Api("vllm.v1.attention.backends.rocm_octave_attn", "RocmOctaveAttentionBackend"),
     Api("vllm.v1.attention.backends.rocm_octave_attn", "RocmOctaveMetadataBuilder"

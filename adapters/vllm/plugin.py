@@ -709,7 +709,7 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 
 def _runner_step_rocm() -> list[Implementation]:
-    """``vllm-v1``'s step on the ROCm attention and ROCm Octave backends."""
+    """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends."""
     return [
         _step_impl(
             "runner_step_rocm",
@@ -720,6 +720,18 @@ def _runner_step_rocm() -> list[Implementation]:
             "(vllm/v1/attention/backends/rocm_attn.py: RocmAttentionMetadataBuilder.build, "
             "build_for_cudagraph_capture, which fills the runner's seq_lens with 1 and "
             "zeroes its query_start_loc), vllm-v1's fields judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_rocm",
+            "run_segmented",
+            name="vllm-v1-rocm-segmented",
+            description="installed vLLM (V1 runner) on the ROCm segmented-prefill backend: "
+            "vllm-v1's step with its attention layer on ROCM_SEGMENTED_ATTN "
+            "(vllm/v1/attention/backends/rocm_segmented_attn.py: "
+            "RocmSegmentedAttentionMetadataBuilder, ROCM_ATTN's builder sized for its "
+            "token-major kernel), vllm-v1's fields judged",
             declines="declines",
             traced=True,
         ),

@@ -1,5 +1,6 @@
-"""vLLM's model runner V1 step on two more ROCm attention backends, as the implementations
-``vllm-v1-rocm-attn`` and ``vllm-v1-rocm-octave`` of ``runner-step``.
+"""vLLM's model runner V1 step on three more ROCm attention backends, as the
+implementations ``vllm-v1-rocm-attn``, ``vllm-v1-rocm-segmented`` and
+``vllm-v1-rocm-octave`` of ``runner-step``.
 
 The engine of :mod:`.runner_step_v1`, its attention layer (and the MTP draft layer) on:
 
@@ -13,6 +14,11 @@ The engine of :mod:`.runner_step_v1`, its attention layer (and the MTP draft lay
   the capture runs and what the runner writes over them before a replay are what this
   implementation adds to ``vllm-v1``'s. The model's attention is 1 KV head of 128,
   bf16.
+- ``ROCM_SEGMENTED_ATTN`` (``vllm/v1/attention/backends/rocm_segmented_attn.py``), the
+  token-major ROCm backend for segmented prefill: ``RocmSegmentedAttentionMetadataBuilder``
+  is ``ROCM_ATTN``'s builder (it adds the head counts and size its kernel is sized by),
+  and ``RocmSegmentedAttentionImpl.forward`` reads the same metadata (query offsets,
+  ``seq_lens``, block table, their bounds), so the fields are ``vllm-v1-rocm-attn``'s.
 - ``ROCM_OCTAVE`` (``vllm/v1/attention/backends/rocm_octave_attn.py``):
   ``RocmOctaveMetadataBuilder`` adds, per query token, its request and its causal K
   length (``q_to_req``, ``q_to_klen``: persistent buffers of ``max_num_batched_tokens``
@@ -56,9 +62,10 @@ DECODE_MAX_QUERY_LEN = 128
 
 
 def prepare() -> None:
-    """Import vLLM's V1 runner and both backends before a judge forks."""
+    """Import vLLM's V1 runner and the three backends before a judge forks."""
     v1.prepare()
     _rocm_attn()
+    _segmented()
     _octave()
 
 
@@ -67,6 +74,13 @@ def _rocm_attn() -> type:
     from vllm.v1.attention.backends.rocm_attn import RocmAttentionBackend
 
     return RocmAttentionBackend
+
+
+@functools.cache
+def _segmented() -> type:
+    from vllm.v1.attention.backends.rocm_segmented_attn import RocmSegmentedAttentionBackend
+
+    return RocmSegmentedAttentionBackend
 
 
 @functools.cache
@@ -117,6 +131,18 @@ class RocmAttnRunnerStepEngine(v1.RunnerStepEngine):
     """``vllm-v1``'s three engines, on the ROCm attention backend."""
 
     engine_type = _RocmAttnEngine
+
+
+class _SegmentedEngine(_RocmAttnEngine):
+    """A V1 runner whose attention layer is on the ROCm segmented-prefill backend."""
+
+    backend = staticmethod(_segmented)
+
+
+class SegmentedRunnerStepEngine(v1.RunnerStepEngine):
+    """``vllm-v1``'s three engines, on the ROCm segmented-prefill backend."""
+
+    engine_type = _SegmentedEngine
 
 
 # -- Octave -----------------------------------------------------------------------------------
@@ -203,6 +229,8 @@ class OctaveRunnerStepEngine(v1.RunnerStepEngine):
 
 ENGINE = RocmAttnRunnerStepEngine()
 """The engine of the implementation ``vllm-v1-rocm-attn`` of ``runner-step``."""
+SEGMENTED = SegmentedRunnerStepEngine()
+"""The engine of the implementation ``vllm-v1-rocm-segmented`` of ``runner-step``."""
 OCTAVE = OctaveRunnerStepEngine()
 """The engine of the implementation ``vllm-v1-rocm-octave`` of ``runner-step``."""
 
@@ -214,6 +242,15 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+def run_segmented(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-rocm-segmented`` of ``runner-step``: the step on
+    :data:`SEGMENTED`, kept across calls; ``run_segmented.new_engine()`` drops it."""
+    return SEGMENTED(inputs)
+
+
+run_segmented.new_engine = SEGMENTED.new_engine  # type: ignore[attr-defined]
 
 
 def run_octave(inputs: RunnerStepInputs) -> RunnerStepOutputs:
