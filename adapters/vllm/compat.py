@@ -656,6 +656,12 @@ REQUIRES["runner_step_amx_mla"] = REQUIRES["runner_step_mla"] + REQUIRES["runner
     Api("vllm.v1.attention.backends.mla.amx_mla", "AMXMLAMetadataBuilder.build"),
     Api("vllm.v1.attention.backends.mla.amx_mla", "current_platform"),
 )  # fmt: skip
+# runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
+REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"
+        ".set_head_size_v"),
+    Api("vllm.v1.kv_cache_interface", "FullAttentionSpec", keyword="head_size_v"),
+)  # fmt: skip
 # runner_step_rocm: runner_step_v1's engine on ROCm's attention and Octave backends.
 REQUIRES["runner_step_rocm"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.rocm_attn", "RocmAttentionBackend"),

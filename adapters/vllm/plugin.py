@@ -689,6 +689,24 @@ def _runner_step_amx_mla() -> list[Implementation]:
     ]
 
 
+def _runner_step_triton_diffkv() -> list[Implementation]:
+    """``vllm-v1``'s step on the Triton backend of different K and V head sizes."""
+    return [
+        _step_impl(
+            "runner_step_triton_diffkv",
+            "run",
+            name="vllm-v1-triton-diffkv",
+            description="installed vLLM (V1 runner) on the Triton backend of different K "
+            "and V head sizes, as a MiMo-V2 model makes it (K 192, V 128): vllm-v1's step "
+            "with its attention layer on TRITON_ATTN_DIFFKV "
+            "(vllm/v1/attention/backends/triton_attn_diffkv.py: "
+            "TritonAttentionDiffKVMetadataBuilder), vllm-v1's fields judged",
+            declines="declines",
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step_aiter_fa() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm AITER FlashAttention backend."""
     return [
@@ -2046,6 +2064,7 @@ VLLM = Engine(
             *_runner_step_aiter_fa(),
             *_runner_step_cpu(),
             *_runner_step_amx_mla(),
+            *_runner_step_triton_diffkv(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),
             *_runner_step_sparse_mla(),
