@@ -14,6 +14,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+from attnfuzz.harness.errors import ContractError
+
+
+class VendorContractError(ContractError):
+    """A call a vendor's function refuses (its ``TORCH_CHECK``), raised by the stand-in
+    that models the function: the engine's misuse of the vendor's contract, a finding
+    wherever it is raised (harness/blame.py), never attnfuzz's fault."""
+
 
 @contextlib.contextmanager
 def no_collections() -> Iterator[None]:

@@ -18,9 +18,14 @@ def flashmla():
 
 
 def test_the_schedule_refuses_what_flashmla_refuses():
+    """A refusal is the engine's misuse of FlashMLA's contract: a finding, though
+    attnfuzz's frame raised it (harness/blame.py), not attnfuzz's fault."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
     fm = flashmla()
-    with pytest.raises(fm.VendorContractError, match="int32"):
+    with pytest.raises(fm.VendorContractError, match="int32") as refused:
         fm.decoding_schedule(torch.tensor([3], dtype=torch.int64), 2, 1)
+    assert attnfuzz_fault(refused.value, refused.tb) is None
 
 
 def test_one_short_request_is_one_split_of_the_first_part():

@@ -88,6 +88,8 @@ def test_the_engine_puts_back_what_the_cpu_runner_changes_for_the_process():
 def test_the_scheduler_stand_in_refuses_what_the_cpp_scheduler_checks():
     """``get_scheduler_metadata``'s ``TORCH_CHECK``\\ s (the counts, the ISA hint, the
     cache dtype) and what it reads (int32 lengths and offsets of the request count)."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
     m = cpu()
     lens = torch.tensor([3, 5], dtype=torch.int32)
     offsets = torch.tensor([0, 1, 2], dtype=torch.int32)
@@ -107,8 +109,10 @@ def test_the_scheduler_stand_in_refuses_what_the_cpp_scheduler_checks():
         ({"seq_lens": lens.long()}, "seq_lens must be int32"),
         ({"query_start_loc": offsets[:2]}, "at least 3 entries"),
     ):
-        with pytest.raises(m.VendorContractError, match=said):
+        with pytest.raises(m.VendorContractError, match=said) as refused:
             ask(**changes)
+        # The engine's misuse of the C++ contract: a finding (harness/blame.py).
+        assert attnfuzz_fault(refused.value, refused.tb) is None
 
 
 def test_it_declines_pages_and_graphs_the_cpu_platform_has_not():

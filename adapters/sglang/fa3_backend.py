@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from attnfuzz.harness.errors import ContractError
+from attnfuzz.adapters.standins import VendorContractError
 
 MODULE = "sgl_kernel.flash_attn"
 """The module SGLang's FA3 backend imports its kernels from."""
@@ -45,11 +45,6 @@ DYNAMIC_SPLIT_BATCH = 992
 
 QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 """The dtypes FlashAttention 3 runs (``TORCH_CHECK`` in ``mha_fwd_get_scheduler_metadata``)."""
-
-
-class VendorContractError(ContractError):
-    """A call the vendor's function refuses (its ``TORCH_CHECK``): the engine's misuse of
-    the vendor's contract, a finding wherever it is raised (harness/blame.py)."""
 
 
 def get_scheduler_metadata(

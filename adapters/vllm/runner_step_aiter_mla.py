@@ -72,7 +72,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from attnfuzz.adapters.standins import in_sys_modules
+from attnfuzz.adapters.standins import VendorContractError, in_sys_modules
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
@@ -84,10 +84,6 @@ from attnfuzz.reference.trace import Trace
 _AITER_MLA = "vllm/v1/attention/backends/mla/rocm_aiter_mla.py"
 GCN_ARCH = "gfx942:sramecc+:xnack-"
 """An MI300X's architecture, as ``torch.cuda.get_device_properties`` names it on ROCm."""
-
-
-class VendorContractError(RuntimeError):
-    """A call AITER's own checks refuse."""
 
 
 # -- AITER, as a gfx942 GPU has it ----------------------------------------------------------

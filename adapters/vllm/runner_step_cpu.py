@@ -48,6 +48,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import VendorContractError
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Case, EngineConfig
@@ -61,10 +62,6 @@ ISAS = ("amx", "vec", "vec16", "neon", "vxe", "rvv")
 anything else fails its ``TORCH_CHECK``)."""
 CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 """The KV-cache dtypes the C++ scheduler parses (``parse_fp8_kv_dtype``)."""
-
-
-class VendorContractError(RuntimeError):
-    """A call the C++ CPU attention scheduler's own checks refuse (``TORCH_CHECK``)."""
 
 
 def prepare() -> None:

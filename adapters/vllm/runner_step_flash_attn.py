@@ -69,7 +69,8 @@ from unittest import mock
 
 import numpy as np
 import torch
-from attnfuzz.adapters.sglang.fa3_backend import QKV_DTYPES, VendorContractError
+from attnfuzz.adapters.sglang.fa3_backend import QKV_DTYPES
+from attnfuzz.adapters.standins import VendorContractError
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1

@@ -65,6 +65,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.standins import VendorContractError
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
@@ -79,10 +80,6 @@ BLOCK_SIZE = 64
 """``FlashMLABackend.get_supported_kernel_block_sizes``: pages of 64 tokens."""
 # FlashMLA's decoding schedule (get_mla_decoding_metadata, get_mla_metadata_kernel).
 _BLOCK_M, _BLOCK_N, _OVERHEAD, _TILE_ENTRIES = 64, 64, 5, 8
-
-
-class VendorContractError(RuntimeError):
-    """A call FlashMLA's own checks refuse (``TORCH_CHECK``)."""
 
 
 def prepare() -> None:
