@@ -32,7 +32,10 @@ the runner is made.
 Fields: ``vllm-v1``'s of the CPU metadata (``query_start_loc``, ``seq_lens`` and
 ``block_table``, the names ``cpu_attention_with_kv_cache`` reads them by, and the
 forward context's slot mapping, which ``do_kv_cache_update`` writes the cache by), and
-``kv_len`` and ``kv_slots`` as the kernel reads the cache (:meth:`_CPUEngine.kv_read`).
+``kv_len`` and ``kv_slots`` as the kernel reads the cache: request ``i``'s first
+``seq_lens[i]`` keys (its own step's written before, by ``do_kv_cache_update``), key
+``j`` in page ``block_table[i, j // block_size]``, as the Triton kernel reads them
+(:meth:`.runner_step_v1._Engine.kv_read`).
 
 Declined: ``vllm-v1``'s cases, and block sizes the backend has no kernel block size for
 (``CPUAttentionBackend.get_supported_kernel_block_sizes``: multiples of 32).
@@ -46,7 +49,6 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import torch
 from attnfuzz.adapters.standins import VendorContractError
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
@@ -194,14 +196,6 @@ class _CPUEngine(CPUWorker, v1._Engine):
             dtype=torch.bfloat16,
         )  # fmt: skip
         return _backend(), spec
-
-    def kv_read(self, seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Each request's keys and their KV slots as ``cpu_attention_with_kv_cache`` reads
-        them: the first ``seq_lens[i]`` keys of request ``i`` (its own step's written
-        before, by ``do_kv_cache_update``), key ``j`` in page
-        ``block_table[i, j // block_size]`` at ``j % block_size``."""
-        m = seen.meta
-        return v1.paged_keys(v1._np(m.seq_lens), v1._np(m.block_table), self.kernel_block_size())
 
 
 class CPURunnerStepEngine(v1.RunnerStepEngine):
