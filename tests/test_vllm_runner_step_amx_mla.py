@@ -86,3 +86,25 @@ def test_it_declines_pages_the_amx_backend_does_not_take():
     assert m.declines_config(config) is None
     assert "multiples of 32" in m.declines_config(dataclasses.replace(config, block_size=16))
     assert "captures none" in m.declines_config(dataclasses.replace(config, cudagraph_mode="FULL"))
+
+
+def test_pool_indices_off_the_table_are_judged_not_a_crash(monkeypatch):
+    """A builder whose decodes name rows of ``req_to_token`` it does not have: the keys
+    read through them are none, and the step fails its properties (the indices' range,
+    the two readings of the cache) instead of raising in attnfuzz's reading."""
+    m = amx()
+    m.prepare()
+    from vllm.v1.attention.backends.mla.amx_mla import AMXMLAMetadataBuilder
+
+    original = AMXMLAMetadataBuilder.build
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        meta = original(self, common_prefix_len, common_attn_metadata, fast_build)
+        if meta.decode is not None:
+            meta.decode.req_pool_indices = meta.decode.req_pool_indices + 5
+        return meta
+
+    monkeypatch.setattr(AMXMLAMetadataBuilder, "build", build)
+    outs = run_trace(m.smallest_mixed(), m.AMXMLARunnerStepEngine())
+    fields = {v.field for v in ref.violations(outs[1])}
+    assert {"amx.decode.req_pool_indices", "amx.kv_slots"} <= fields

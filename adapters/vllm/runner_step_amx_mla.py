@@ -230,12 +230,17 @@ def _amx_keys(seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
     m = seen.meta
     lengths: list[int] = []
     slots: list[np.ndarray] = []
+
+    def row(table: np.ndarray, pool: np.ndarray, i: int) -> np.ndarray:
+        # A pool index off the table reads nothing here: its field's range says why.
+        return table[pool[i]].astype(np.int64) if 0 <= pool[i] < len(table) else table[:0, 0]
+
     if m.decode is not None:
         amx = m.decode.amx
         table, pool = v1._np(amx.req_to_token), v1._np(amx.req_pool_indices)
         for i, n in enumerate(v1._np(amx.seq_lens).tolist()):
             lengths.append(n)
-            slots.append(table[pool[i], :n].astype(np.int64))
+            slots.append(row(table, pool, i)[: max(n, 0)])
     if m.prefill is not None:
         if seen.slot_mapping is None:
             raise RuntimeError("attnfuzz: an MLA prefill forward with no slot mapping")
@@ -245,7 +250,7 @@ def _amx_keys(seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
         first = v1._np(amx.extend_start_loc).astype(np.int64) + m.num_decode_tokens
         extend = v1._np(amx.extend_seq_lens).astype(np.int64)
         for i, n in enumerate(v1._np(amx.seq_lens).tolist()):
-            prefix = table[pool[i], : n - extend[i]].astype(np.int64)
+            prefix = row(table, pool, i)[: max(n - extend[i], 0)]
             keys = np.concatenate([prefix, written[first[i] : first[i] + extend[i]]])
             lengths.append(len(keys))
             slots.append(keys)
