@@ -61,9 +61,7 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-import torch
 from attnfuzz.adapters.standins import unpinned
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -227,16 +225,7 @@ class _AiterFAEngine(v1._Engine):
         return stack
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        layers = self.vllm_config.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return _backend(), spec
+        return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode

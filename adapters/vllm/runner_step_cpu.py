@@ -51,7 +51,6 @@ from unittest import mock
 
 import torch
 from attnfuzz.adapters.standins import VendorContractError
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
@@ -186,16 +185,7 @@ class _CPUEngine(CPUWorker, v1._Engine):
     """A CPU worker's V1 runner whose attention layer is on the CPU backend."""
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        layers = self.vllm_config.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:  # the MTP layer is on the CPU backend too
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return _backend(), spec
+        return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
 
 
 class CPURunnerStepEngine(v1.RunnerStepEngine):

@@ -71,7 +71,6 @@ import numpy as np
 import torch
 from attnfuzz.adapters.sglang.fa3_backend import QKV_DTYPES
 from attnfuzz.adapters.standins import VendorContractError
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -292,16 +291,7 @@ class _FlashAttnEngine(v1._Engine):
         return fa3()  # FA3 on sm90
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        layers = self.vllm_config.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return _backend(), spec
+        return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)

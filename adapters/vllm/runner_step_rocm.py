@@ -48,8 +48,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import torch
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Case
@@ -115,16 +113,9 @@ class _RocmAttnEngine(v1._Engine):
     head_size = 128
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        layers = self.vllm_config.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, self.backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=self.head_size,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return self.backend(), spec
+        return v1.bf16_attention_group(
+            self.vllm_config, self.config, self.backend(), self.head_size
+        )
 
 
 class RocmAttnRunnerStepEngine(v1.RunnerStepEngine):

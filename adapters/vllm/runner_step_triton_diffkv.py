@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
@@ -58,18 +56,11 @@ class _DiffKVEngine(v1._Engine):
     """A V1 runner whose attention layer is on the DiffKV Triton backend."""
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
         backend = _backend()
         backend.set_head_size_v(HEAD_SIZE_V)  # as MiMoV2Attention.__init__ does
-        layers = self.vllm_config.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, backend)
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            head_size_v=HEAD_SIZE_V, dtype=torch.bfloat16,
-        )  # fmt: skip
-        return backend, spec
+        return v1.bf16_attention_group(
+            self.vllm_config, self.config, backend, HEAD_SIZE, head_size_v=HEAD_SIZE_V
+        )
 
 
 class DiffKVRunnerStepEngine(v1.RunnerStepEngine):

@@ -44,7 +44,6 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-import torch
 from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_flash_attn as fa
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
@@ -101,20 +100,12 @@ class _TritonFlashAttnEngine(fa._FlashAttnEngine):
     freeze = staticmethod(_freeze)
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
         layers = self.vllm_config.compilation_config.static_forward_context
         # MMPrefixAttentionRouting.__init__ reads each layer of the group: the model's
         # attention layer, no sliding window (the target's layer of the backend).
         layers[v1._LAYER] = drafting.draft_layer(self.vllm_config, _backend())
         layers[v1._LAYER].sliding_window = None
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(self.vllm_config, _backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return _backend(), spec
+        return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode

@@ -45,8 +45,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import torch
-from attnfuzz.adapters.vllm import runner_step_drafter as drafting
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm import runner_step_v1_async as v1_async
@@ -107,19 +105,10 @@ class _TurboQuantEngine(v1._Engine):
     freeze = staticmethod(_freeze)
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
-
         vc = self.vllm_config
         vc.cache_config = copy.copy(vc.cache_config)
         vc.cache_config.cache_dtype = "turboquant_k8v4"
-        layers = vc.compilation_config.static_forward_context
-        if drafting.DRAFT_LAYER in layers:
-            layers[drafting.DRAFT_LAYER] = drafting.draft_layer(vc, _backend())
-        spec = FullAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1, head_size=HEAD_SIZE,
-            dtype=torch.bfloat16,
-        )  # fmt: skip
-        return _backend(), spec
+        return v1.bf16_attention_group(vc, self.config, _backend(), HEAD_SIZE)
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode

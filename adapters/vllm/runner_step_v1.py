@@ -1105,6 +1105,23 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
     return tuple(out)
 
 
+def bf16_attention_group(
+    vllm_config: Any, config: EngineConfig, backend: type, head_size: int, **spec: Any
+) -> tuple[type, Any]:
+    """The attention group of an engine whose attention layer (and the MTP draft layer,
+    where the drafter has one) is on ``backend``: its ``FullAttentionSpec`` of one KV
+    head of ``head_size``, bf16 (``spec``: more of the spec, a V head size)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    layers = vllm_config.compilation_config.static_forward_context
+    if drafting.DRAFT_LAYER in layers:
+        layers[drafting.DRAFT_LAYER] = drafting.draft_layer(vllm_config, backend)
+    return backend, FullAttentionSpec(
+        block_size=config.block_size, num_kv_heads=1, head_size=head_size,
+        dtype=torch.bfloat16, **spec,
+    )  # fmt: skip
+
+
 def page_slots(pages: np.ndarray, stop: int, block_size: int, start: int = 0) -> np.ndarray:
     """The KV slots of keys ``start`` to ``stop`` of a request whose block-table row is
     ``pages``: key ``j`` in page ``pages[j // block_size]`` at ``j % block_size``
