@@ -691,6 +691,20 @@ REQUIRES["runner_step_sparse_mla"] = REQUIRES["runner_step_mla"] + (
     Api("vllm.model_executor.layers.attention.sparse_mla_attention",
         "SparseMLACommonMetadataBuilder._build_req_id_per_token"),
 )  # fmt: skip
+# runner_step_flashinfer_mla_sparse: runner_step_sparse_mla's engine on FlashInfer's
+# TRT-LLM and SM120 sparse MLA backends.
+REQUIRES["runner_step_flashinfer_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + (
+    Api("vllm.v1.attention.backends.mla.flashinfer_mla_sparse",
+        "FlashInferMLASparseTRTLLMBackend"),
+    Api("vllm.v1.attention.backends.mla.flashinfer_mla_sparse",
+        "FlashInferMLASparseTRTLLMMetadataBuilder"),
+)  # fmt: skip
+REQUIRES["runner_step_flashinfer_mla_sparse.run_sm120"] = (
+    Api("vllm.v1.attention.backends.mla.flashinfer_mla_sparse",
+        "FlashInferMLASparseSM120Backend"),
+    Api("vllm.v1.attention.backends.mla.flashinfer_mla_sparse",
+        "FlashInferMLASparseMetadataBuilder"),
+)  # fmt: skip
 
 # runner_step_aiter_mla: runner_step_mla's engine on ROCm's AITER MLA backend, the GPU's
 # architecture read at import of vllm.platforms.rocm (which needs one), AITER's metadata

@@ -808,7 +808,8 @@ _sparse_fp8_hook = functools.partial(_lazy, "runner_step_sparse_mla_fp8")
 
 
 def _runner_step_sparse_mla() -> list[Implementation]:
-    """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse."""
+    """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse and
+    FlashInfer's sparse MLA backends."""
     return [
         _step_impl(
             "runner_step_sparse_mla",
@@ -849,6 +850,31 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             trigger=_sparse_fp8_hook("trigger_workspace"),
             reach=_sparse_fp8_hook("reach_prefill"),
             smallest=_sparse_fp8_hook("smallest_workspace"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_flashinfer_mla_sparse",
+            "run",
+            name="vllm-v1-flashinfer-mla-sparse",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model on "
+            "FlashInfer's TRT-LLM sparse MLA backend: vllm-v1-flashmla-sparse's step with "
+            "its MLA layer on FLASHINFER_MLA_SPARSE "
+            "(vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py: "
+            "FlashInferMLASparseTRTLLMMetadataBuilder, the head count's reorder threshold, "
+            "pages of 32), every field its kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_flashinfer_mla_sparse",
+            "run_sm120",
+            name="vllm-v1-flashinfer-mla-sparse-sm120",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model "
+            "(index_topk 2048) on FlashInfer's SM120 sparse MLA backend: "
+            "vllm-v1-flashmla-sparse's step with its MLA layer on "
+            "FLASHINFER_MLA_SPARSE_SM120 (FlashInferMLASparseMetadataBuilder), every "
+            "field its kernels read judged",
+            declines="declines_sm120",
             traced=True,
         ),
     ]

@@ -138,6 +138,7 @@ class _SparseMLAEngine(mla._MLAEngine):
 
     backend = staticmethod(_backend)
     freeze = staticmethod(_freeze)
+    index_topk = INDEX_TOPK  # the model config's
 
     def platform(self) -> contextlib.AbstractContextManager[Any]:
         return sm90()  # 132 SMs
@@ -147,7 +148,7 @@ class _SparseMLAEngine(mla._MLAEngine):
         # The indexer's top-k (DeepSeek-V3.2's index_topk), on this engine's copy.
         vc.model_config = copy.copy(vc.model_config)
         vc.model_config.hf_text_config = copy.copy(vc.model_config.hf_text_config)
-        vc.model_config.hf_text_config.index_topk = INDEX_TOPK
+        vc.model_config.hf_text_config.index_topk = self.index_topk
         return super().attention_group()
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
