@@ -656,6 +656,20 @@ REQUIRES["runner_step_amx_mla"] = REQUIRES["runner_step_mla"] + REQUIRES["runner
     Api("vllm.v1.attention.backends.mla.amx_mla", "AMXMLAMetadataBuilder.build"),
     Api("vllm.v1.attention.backends.mla.amx_mla", "current_platform"),
 )  # fmt: skip
+# runner_step_tokenspeed_mla: runner_step_mla's engine on the Tokenspeed MLA backend, its
+# spec as the runner customizes it.
+REQUIRES["runner_step_tokenspeed_mla"] = REQUIRES["runner_step_mla"] + (
+    Api("vllm.v1.attention.backends.mla.tokenspeed_mla", "TokenspeedMLABackend"),
+    Api("vllm.v1.attention.backends.mla.tokenspeed_mla", "TokenspeedMLAMetadataBuilder"),
+    Api("vllm.v1.worker.utils", "customize_attention_spec"),
+)  # fmt: skip
+# runner_step_b12x: runner_step_v1's engine on the b12x backend, its spec as the runner
+# customizes it.
+REQUIRES["runner_step_b12x"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.b12x", "B12xPagedAttentionBackend"),
+    Api("vllm.v1.attention.backends.b12x", "B12xPagedMetadataBuilder.build"),
+    Api("vllm.v1.worker.utils", "customize_attention_spec"),
+)  # fmt: skip
 # runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
 REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"

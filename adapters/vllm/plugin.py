@@ -525,8 +525,8 @@ _mla_hook = functools.partial(_lazy, "runner_step_mla")
 
 
 def _runner_step_mla() -> list[Implementation]:
-    """``vllm-v1``'s step of an MLA model on the Triton MLA backend, and a mutant of its
-    builder's decode metadata."""
+    """``vllm-v1``'s step of an MLA model on the Triton MLA and Tokenspeed MLA backends,
+    and a mutant of its builder's decode metadata."""
     return [
         _step_impl(
             "runner_step_mla",
@@ -552,6 +552,19 @@ def _runner_step_mla() -> list[Implementation]:
             trigger=_mla_hook("trigger_full_decode"),
             reach=_hybrid_hook("reach_full_graphs"),
             smallest=_mla_hook("smallest_full_decode"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_tokenspeed_mla",
+            "run",
+            name="vllm-v1-tokenspeed-mla",
+            description="installed vLLM (V1 runner) of an MLA model of DeepSeek-R1's "
+            "dimensions on the Tokenspeed MLA backend, its KV cache fp8: vllm-v1-mla's "
+            "step with its MLA layer on TOKENSPEED_MLA "
+            "(vllm/v1/attention/backends/mla/tokenspeed_mla.py: "
+            "TokenspeedMLAMetadataBuilder, pages of 32 or 64), every field of its "
+            "metadata a kernel reads judged",
+            declines="declines",
             traced=True,
         ),
     ]
@@ -727,8 +740,20 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 
 def _runner_step_rocm() -> list[Implementation]:
-    """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends."""
+    """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends,
+    and on b12x."""
     return [
+        _step_impl(
+            "runner_step_b12x",
+            "run",
+            name="vllm-v1-b12x",
+            description="installed vLLM (V1 runner) on the b12x paged attention backend: "
+            "vllm-v1's step with its attention layer on B12X "
+            "(vllm/v1/attention/backends/b12x.py: B12xPagedMetadataBuilder.build, a cache "
+            "of separate K and V planes, pages of 64 or 128), vllm-v1's fields judged",
+            declines="declines",
+            traced=True,
+        ),
         _step_impl(
             "runner_step_rocm",
             "run",
