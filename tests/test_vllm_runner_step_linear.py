@@ -182,3 +182,63 @@ def test_bailing_last_state_padded_fails_replay_equals_eager():
     found = {(v.prop, v.field) for v in ref.violations(out)}
     assert ("replay equals eager", "bailing_linear.state_by_request") in found
     assert {prop for prop, _ in found} <= {"replay equals eager", "padding invariance"}
+
+
+def test_mamba1_builds_a_decode_padded_for_a_full_graph(monkeypatch):
+    """``Mamba1AttentionMetadataBuilder`` builds a prefill of 3 tokens, then its decode
+    padded to the FULL graph of 2 requests (the padding request's state the null block),
+    replayed and built afresh; it makes no chunks (the model has none); every property
+    holds."""
+    lin = linear()
+    lin.prepare()
+    from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
+
+    calls = Calls(monkeypatch)
+    calls.count(Mamba1AttentionMetadataBuilder, "build", "build_for_cudagraph_capture")
+    trace = hybrid().smallest_full_decode()
+    first, second = run_trace(trace, lin.run_mamba1)
+    assert calls["build"] > 0 and calls["build_for_cudagraph_capture"] > 0
+    assert ref.violations(first) == [] and ref.violations(second) == []
+    (state,) = hybrid().state_blocks(trace.config, 0)
+    (prefill,) = own(first, "eager")
+    assert values(prefill, "mamba1.state_indices_tensor_p") == [state]
+    assert values(prefill, "mamba1.query_start_loc_p") == [0, 3]
+    assert prefill.field("mamba1.cu_chunk_seqlen_p") is None
+    (replay,) = own(second, "replay")
+    assert values(replay, "mamba1.state_by_request") == [state, lin.NULL_BLOCK_ID]
+
+
+def test_mamba1_declines_a_config_that_drafts():
+    """A Mamba1 layer's state has no rows for drafts: a config of ``num_spec`` 1 is
+    declined, naming the state shape."""
+    lin = linear()
+    case = next(iter(hybrid().smallest_full_spec_decode().cases()))
+    assert "mamba1_state_shape" in lin.declines_mamba1(case)
+
+
+def test_a_mamba1_padding_row_naming_a_live_state_is_unsafe(monkeypatch):
+    """``mamba1.state_indices_tensor_d``'s padding rows must name no live state: a build
+    that gives the FULL decode's padding request the first request's state fails
+    "padding writes no real state" in the padded build and its replay."""
+    lin = linear()
+    lin.prepare()
+    from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionMetadataBuilder
+
+    original = Mamba1AttentionMetadataBuilder.build
+
+    def shared(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        d = out.state_indices_tensor_d
+        if d is not None and len(d) > 1:  # the step's one request, then padding
+            d[1:] = d[0]
+        return out
+
+    monkeypatch.setattr(Mamba1AttentionMetadataBuilder, "build", shared)
+    _, second = run_trace(hybrid().smallest_full_decode(), lin.run_mamba1)
+    shared_state = {
+        (v.field, v.build)
+        for v in ref.violations(second)
+        if v.prop == "padding writes no real state"
+    }
+    assert ("mamba1.state_indices_tensor_d", "padded") in shared_state
+    assert ("mamba1.state_indices_tensor_d", "replay") in shared_state

@@ -317,6 +317,12 @@ _LINEAR_MAMBA2 = (
     Api("vllm.v1.attention.backends.mamba2_attn", "Mamba2AttentionBackend"),
     Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.MAMBA2"),
 )
+_LINEAR_MAMBA1 = (
+    *_LINEAR,
+    Api("vllm.v1.attention.backends.mamba1_attn", "Mamba1AttentionMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mamba1_attn", "Mamba1AttentionBackend"),
+    Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.MAMBA1"),
+)
 _LINEAR_PLE = (
     *_LINEAR,
     Api("vllm.v1.attention.backends.short_conv_attn", "PleShortConvAttentionMetadataBuilder"),
@@ -458,8 +464,9 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
         Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
         Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
     ),
-    # runner_step_linear: runner_step_hybrid's engine (its entry, below) with a Mamba2 or
-    # PLE short-conv layer.
+    # runner_step_linear: runner_step_hybrid's engine (its entry, below) with a Mamba1,
+    # Mamba2 or PLE short-conv layer.
+    "runner_step_linear.run_mamba1": _LINEAR_MAMBA1,
     "runner_step_linear.run_mamba2": _LINEAR_MAMBA2,
     "runner_step_linear.mamba2_pad_slot_states": _LINEAR_MAMBA2,
     "runner_step_linear.run_ple_short_conv": _LINEAR_PLE,

@@ -437,9 +437,17 @@ _mtp_modules_hook = functools.partial(_lazy, "runner_step_mtp_modules")
 
 
 def _runner_step_linear() -> list[Implementation]:
-    """``vllm-v1-hybrid``'s step with its linear layer on Mamba2 or PLE short-conv, and
-    a mutant of each builder's FULL-graph staging."""
+    """``vllm-v1-hybrid``'s step with its linear layer on Mamba1, Mamba2, PLE short-conv
+    or Bailing linear attention, and a mutant of three builders' FULL-graph staging."""
     engines = (
+        (
+            "run_mamba1",
+            "declines_mamba1",
+            "vllm-v1-mamba1",
+            "a Mamba1 layer, no drafts (vllm/v1/attention/backends/mamba1_attn.py: "
+            "Mamba1AttentionMetadataBuilder.build through mamba_attn.py's "
+            "BaseMambaAttentionMetadataBuilder, build_for_cudagraph_capture)",
+        ),
         (
             "run_mamba2",
             "declines",

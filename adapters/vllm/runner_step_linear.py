@@ -1,6 +1,6 @@
 """vLLM's model runner V1 step of a hybrid model whose linear-attention layer is of
-another backend than GDN, as the implementations ``vllm-v1-mamba2`` and
-``vllm-v1-ple-short-conv`` of ``runner-step``.
+another backend than GDN, as the implementations ``vllm-v1-mamba1``, ``vllm-v1-mamba2``,
+``vllm-v1-ple-short-conv`` and ``vllm-v1-bailing-linear`` of ``runner-step``.
 
 The engine of :mod:`.runner_step_hybrid` (a second KV-cache group of one linear layer,
 a ``MambaSpec`` of ``mamba_cache_mode="none"``, ``1 + num_spec`` state blocks a request
@@ -13,6 +13,11 @@ above the attention pages), its layer one of:
   the causal conv's program table) and ``build_for_cudagraph_capture``
   (``vllm/v1/attention/backends/mamba2_attn.py``, ``mamba_attn.py``); the model's chunk
   size is :data:`CHUNK_SIZE`;
+- ``mamba1``: a Mamba1 layer (``MambaMixer``) on ``Mamba1AttentionBackend``:
+  ``Mamba1AttentionMetadataBuilder.build`` is the base builder's
+  ``_compute_common_metadata`` (no chunks of its own: the model has no chunk size,
+  ``ModelConfig.get_mamba_chunk_size``'s 2048); its state has no rows for drafts, so a
+  config that drafts is declined (:func:`declines_mamba1`);
 - ``ple-short-conv``: the PLE short-conv layer (``models/qwen4_exp``'s
   ``PleShortConvLayer``) on ``PleShortConvAttentionBackend``: its builder's ``build``
   (a speculative split of its own, ``_build_non_spec_metadata`` through the base
@@ -125,6 +130,38 @@ def _mamba2_fields(config: EngineConfig, m: Any, tokens_pad: int, pool: int) -> 
     return out
 
 
+def _mamba1_fields(config: EngineConfig, m: Any, tokens_pad: int, pool: int) -> list:
+    """(name, rows, accepts) of every tensor of ``Mamba1AttentionMetadata`` a kernel reads:
+    ``MambaMixer.forward`` (``model_executor/layers/mamba/mamba_mixer.py``) and the
+    kernels it hands them to, each range as :func:`_mamba2_fields` reads it of the same
+    kernel."""
+    states = (NULL_BLOCK_ID, pool - 1)
+    out = []
+    if m.num_decodes:  # forward's "if has_decode": causal_conv1d_update and
+        # selective_state_update read and write the state at each decode's index.
+        out.append(("state_indices_tensor_d", "requests", states))
+    if m.num_prefills:  # ... and "if has_prefill"
+        prefills = m.num_prefills
+        # Mamba1's builder computes no chunks (Mamba2's does): a field the metadata
+        # leaves None is no field (linear_fields reports tensors only).
+        cu_chunks = m.cu_chunk_seqlen_p
+        chunks = 1 if cu_chunks is None else max(len(cu_chunks) - 1, 1)
+        out += [
+            # causal_conv1d_fn (its metadata the builder's) and selective_scan_fn.
+            ("state_indices_tensor_p", "requests", states),
+            ("query_start_loc_p", "offsets", (0, tokens_pad)),
+            ("has_initial_states_p", "requests", None),
+            # selective_scan_fn: chunk c's tokens, and each sequence's last chunk.
+            ("cu_chunk_seqlen_p", "tokens", (0, tokens_pad)),
+            ("last_chunk_indices_p", "requests", (-1, chunks - 1)),
+            # _causal_conv1d_fwd_kernel's program table, as Mamba2's.
+            ("batch_ptr", "tokens", (PAD_SLOT_ID, prefills - 1)),
+            ("token_chunk_offset_ptr", "tokens",
+             (PAD_SLOT_ID, -(-tokens_pad // CONV_BLOCK_M) - 1)),
+        ]  # fmt: skip
+    return out
+
+
 def _ple_short_conv_fields(config: EngineConfig, m: Any, tokens_pad: int, pool: int) -> list:
     """(name, rows, accepts) of every tensor of ``PleShortConvAttentionMetadata`` a
     kernel reads: ``PleShortConvLayer._short_conv_dilated_dispatch``
@@ -207,6 +244,15 @@ BACKENDS = {
             _mamba2_fields,
         ),
         LinearBackend(
+            "mamba1",
+            "vllm.v1.attention.backends.mamba1_attn:Mamba1AttentionBackend",
+            "MAMBA1",
+            # MambaStateShapeCalculator.mamba1_state_shape: the conv state (width - 1
+            # rows, no rows for drafts) and the SSM state; their sizes reach no metadata.
+            lambda num_spec: ((3, 8), (8, 4)),
+            _mamba1_fields,
+        ),
+        LinearBackend(
             "ple-short-conv",
             "vllm.v1.attention.backends.short_conv_attn:PleShortConvAttentionBackend",
             "SHORT_CONV",
@@ -250,6 +296,21 @@ def declines(case: Case) -> str | None:
             "vllm-v1-hybrid-prefill-in-decode-graph)"
         )
     return v1.declines(case)
+
+
+def declines_mamba1(case: Case) -> str | None:
+    """Why the Mamba1 engine does not run ``case``: as :func:`declines`, and a config that
+    drafts: a Mamba1 layer's state has no rows for drafts
+    (``MambaStateShapeCalculator.mamba1_state_shape`` takes no ``num_spec``) and
+    ``MambaMixer.forward`` decodes one token a request (``causal_conv1d_update``,
+    ``selective_state_update``, no accepted counts read)."""
+    if case.config.num_spec:
+        return (
+            f"num_spec {case.config.num_spec}: a Mamba1 layer's state has no rows for drafts "
+            "(mamba_utils.py MambaStateShapeCalculator.mamba1_state_shape; "
+            "mamba_mixer.py MambaMixer.forward decodes one token a request)"
+        )
+    return declines(case)
 
 
 def declines_bailing_linear(case: Case) -> str | None:
@@ -299,7 +360,20 @@ def _bailing_state_by_request(m: Any) -> torch.Tensor:
     return torch.cat((decode, m.state_indices_tensor_p.to(decode.dtype)))
 
 
+def _mamba1_state_by_request(m: Any) -> torch.Tensor:
+    """``MambaMixer.forward``: the decodes' rows (``state_indices_tensor_d``) then the
+    prefills' (``state_indices_tensor_p``), as the runner's reorder puts decodes first."""
+    decode = m.state_indices_tensor_d
+    if decode is None:
+        return m.state_indices_tensor_p
+    decode = decode[:, 0] if decode.dim() > 1 else decode
+    if m.state_indices_tensor_p is None:
+        return decode
+    return torch.cat((decode, m.state_indices_tensor_p.to(decode.dtype)))
+
+
 _STATE_BY_REQUEST = {
+    "mamba1": _mamba1_state_by_request,
     "mamba2": _mamba2_state_by_request,
     "ple-short-conv": _ple_state_by_request,
     "bailing-linear": _bailing_state_by_request,
@@ -387,6 +461,11 @@ def run_mamba2(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     return ENGINES["mamba2"](inputs)
 
 
+def run_mamba1(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-mamba1`` of ``runner-step``, as :func:`run_mamba2`."""
+    return ENGINES["mamba1"](inputs)
+
+
 def run_ple_short_conv(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     """The implementation ``vllm-v1-ple-short-conv`` of ``runner-step``, as
     :func:`run_mamba2`."""
@@ -399,6 +478,7 @@ def run_bailing_linear(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     return ENGINES["bailing-linear"](inputs)
 
 
+run_mamba1.new_engine = ENGINES["mamba1"].new_engine  # type: ignore[attr-defined]
 run_mamba2.new_engine = ENGINES["mamba2"].new_engine  # type: ignore[attr-defined]
 run_ple_short_conv.new_engine = ENGINES["ple-short-conv"].new_engine  # type: ignore[attr-defined]
 run_bailing_linear.new_engine = ENGINES["bailing-linear"].new_engine  # type: ignore[attr-defined]
