@@ -489,6 +489,21 @@ REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (
     Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
     Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAMetadataBuilder.build"),
 )  # fmt: skip
+# runner_step_kda_rocm: runner_step_hybrid's engine, its linear layer's backend Kimi K3's
+# ROCm KDA; the device chunk metadata held to GDN's host one of the same arguments.
+REQUIRES["runner_step_kda_rocm"] = REQUIRES["runner_step_hybrid"] + (
+    Api("vllm.models.kimi_k3.amd.kda_metadata", "KimiK3ROCmKDABackend"),
+    Api("vllm.models.kimi_k3.amd.kda_metadata", "KimiK3ROCmKDAMetadataBuilder.build"),
+    Api("vllm.models.kimi_k3.amd.kda_metadata",
+        "KimiK3ROCmKDAMetadataBuilder._build_chunk_metadata",
+        keyword="prefill_query_start_loc_cpu"),
+    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadataBuilder._build_chunk_metadata",
+        keyword="prefill_query_start_loc_cpu"),
+    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata.chunk_indices"),
+    Api("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata.chunk_offsets"),
+    Api("vllm.models.kimi_k3.amd.kda_metadata", "prepare_chunk_metadata_device"),
+    Api("vllm.third_party.flash_linear_attention.ops.utils", "FLA_CHUNK_SIZE"),
+)  # fmt: skip
 # runner_step_mamba_hybrid: runner_step's engine of a hybrid model: the model state
 # init_model_state picks for it and a GDN layer's KV-cache group.
 REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (

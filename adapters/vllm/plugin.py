@@ -1769,6 +1769,22 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_kda_rocm",
+            "run",
+            name="vllm-v1-kimi-k3-kda-rocm",
+            description="installed vLLM (V1 runner) of a hybrid model whose linear layer is "
+            "Kimi K3's KDA on ROCm: vllm-v1-hybrid's step on KimiK3ROCmKDABackend "
+            "(vllm/models/kimi_k3/amd/kda_metadata.py: KimiK3ROCmKDAMetadataBuilder.build, "
+            "its FLA chunk metadata built on the device by prepare_chunk_metadata_device, a "
+            "Triton kernel under the interpreter; GDN's build_for_cudagraph_capture; GDN's "
+            "UNIFORM_BATCH graphs), every field of its GDN metadata judged beside the "
+            "attention layer's, and the device chunk_indices and chunk_offsets held to the "
+            "ranges the FLA chunk kernels accept and to GDN's host "
+            "_build_chunk_metadata of the same prefill query offsets",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_kda",
             "staging_one_short",
             name="vllm-v1-kimi-k3-kda-staging-one-short",
