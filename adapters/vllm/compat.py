@@ -727,6 +727,19 @@ REQUIRES["runner_step_sparse_mla"] = REQUIRES["runner_step_mla"] + (
     Api("vllm.model_executor.layers.attention.sparse_mla_attention",
         "SparseMLACommonMetadataBuilder._build_req_id_per_token"),
 )  # fmt: skip
+# runner_step_xpu_mla_sparse: runner_step_sparse_mla's engine (its attention group) on the
+# XPU sparse MLA backend, whose builder is driven as it is (NEVER graph support).
+REQUIRES["runner_step_xpu_mla_sparse"] = REQUIRES["runner_step_mla"] + (
+    Api("vllm.v1.attention.backends.mla.xpu_mla_sparse", "XPUMLASparseBackend"),
+    Api("vllm.v1.attention.backends.mla.xpu_mla_sparse", "XPUMLASparseBackend"
+        ".get_supported_head_sizes"),
+    Api("vllm.v1.attention.backends.mla.xpu_mla_sparse", "XPUMLASparseMetadataBuilder.build"),
+    Api("vllm.v1.attention.backends.mla.xpu_mla_sparse", "XPUMLASparseMetadata"
+        ".num_decode_tokens"),
+    Api("vllm.v1.attention.backend", "AttentionBackend.supports_block_size"),
+    Api("vllm.v1.attention.backend", "AttentionBackend.supports_head_size"),
+    Api("vllm.config", "CUDAGraphMode.decode_mode"),
+)  # fmt: skip
 # runner_step_flashinfer_mla_sparse: runner_step_sparse_mla's engine on FlashInfer's
 # TRT-LLM and SM120 sparse MLA backends.
 REQUIRES["runner_step_flashinfer_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + (

@@ -841,8 +841,8 @@ _sparse_fp8_hook = functools.partial(_lazy, "runner_step_sparse_mla_fp8")
 
 
 def _runner_step_sparse_mla() -> list[Implementation]:
-    """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse and
-    FlashInfer's sparse MLA backends."""
+    """``vllm-v1-mla``'s step of a sparse-attention MLA model on FlashMLA sparse, XPU
+    sparse MLA and FlashInfer's sparse MLA backends."""
     return [
         _step_impl(
             "runner_step_sparse_mla",
@@ -883,6 +883,21 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             trigger=_sparse_fp8_hook("trigger_workspace"),
             reach=_sparse_fp8_hook("reach_prefill"),
             smallest=_sparse_fp8_hook("smallest_workspace"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_xpu_mla_sparse",
+            "run",
+            name="vllm-v1-xpu-mla-sparse",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model "
+            "(index_topk 64) on the XPU sparse MLA backend, its KV cache bf16: "
+            "vllm-v1-flashmla-sparse's step with its MLA layer (and MTP draft layer) on "
+            "XPU_MLA_SPARSE (vllm/v1/attention/backends/mla/xpu_mla_sparse.py: "
+            "XPUMLASparseMetadataBuilder.build: req_id_per_token in the builder's "
+            "zero-filled buffer, every token routed as a decode; cudagraph support NEVER, "
+            "so FULL is declined and FULL decode modes resolve to PIECEWISE), every field "
+            "its consumers read judged",
+            declines="declines",
             traced=True,
         ),
         _step_impl(
