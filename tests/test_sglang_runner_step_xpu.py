@@ -3,12 +3,28 @@
 
 from __future__ import annotations
 
-from attnfuzz.adapters.sglang.testing import arrive_then_decode as _arrive_then_decode
 from attnfuzz.adapters.sglang.testing import field_values as _values
-from attnfuzz.adapters.sglang.testing import life
+from attnfuzz.adapters.sglang.testing import life, scheduled
 from attnfuzz.adapters.sglang.testing import sglang_test as _sglang
+from attnfuzz.harness.testing import spec_config
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.trace import Trace
+
+
+def _arrive_then_decode(num_spec: int) -> Trace:
+    """Three requests arrive (5, 3 and 1 tokens), then decode (or verify) together:
+    three requests in the graph of four, on pages of 64 tokens (the least this backend
+    runs), a page each."""
+    config = spec_config(num_spec=num_spec, max_num_seqs=8, block_size=64,
+                         cudagraph_capture_sizes=(2, 4, 8, 16))  # fmt: skip
+    w, pages = config.next_n, ((1,), (2,), (3,))
+    return Trace(
+        config,
+        (
+            scheduled((0, 0, 0), (5, 3, 1), (0, 1, 2), pages, (1, 1, 1)),
+            scheduled((5, 3, 1), (w, w, w), (0, 1, 2), pages, (0, 0, 0)),
+        ),
+    )
 
 
 def _life(trace: Trace, name: str = "run"):
@@ -43,7 +59,7 @@ def test_the_xpu_backend_builds_every_build(monkeypatch):
     first, second = _life(_arrive_then_decode(num_spec=0))
     assert calls["xpu"] > 0
     assert [b.how for b in second.builds] == ["eager", "padded", "replay", "fresh"]
-    assert _values(second, "eager", "page_table") == [[1, 2], [3, 0], [5, 0]]
+    assert _values(second, "eager", "page_table") == [[1], [2], [3]]
     for how in ("padded", "replay"):
         assert _values(second, how, "cache_seqlens_int32") == [6, 4, 2, 1], how
         assert _values(second, how, "cu_seqlens_q") == [0, 1, 2, 3, 4], how
@@ -56,6 +72,20 @@ def test_a_verify_reads_its_drafts_in_the_graph_as_eagerly():
     assert _values(verify, "eager", "cache_seqlens_int32") == [7, 5, 3]
     assert _values(verify, "replay", "cache_seqlens_int32")[:3] == [7, 5, 3]
     assert ref.violations(verify) == []
+
+
+def test_the_xpu_backend_declines_the_pages_sglang_never_runs_it_with():
+    """SGLang runs intel_xpu on pages of 64 or 128 tokens (any other becomes 128)."""
+    from attnfuzz.adapters.sglang import runner_step_xpu
+    from attnfuzz.reference.batch import Batch, Case
+
+    def case(page: int) -> Case:
+        return Case(spec_config(num_spec=0, block_size=page), Batch((0,), (1,), 0, True))
+
+    for page in (1, 4, 16, 32):
+        assert "_intel_xpu_page_constraint" in runner_step_xpu.declines(case(page))
+    assert runner_step_xpu.declines(case(64)) is None
+    assert runner_step_xpu.declines(case(128)) is None
 
 
 @_sglang

@@ -255,6 +255,8 @@ def _runner_step_xpu() -> list[Implementation]:
     """SGLang's decode graph runner step on the Intel XPU attention backend, and its
     graph page table's defect re-created."""
     backend = "layers/attention/xpu_backend.py:XPUAttentionBackend"
+    # Pages of 64 or 128 tokens only (arg_groups/overrides.py).
+    declines = sglang.EngineCall("runner_step_xpu", "declines")
     return [
         sglang_impl(
             "runner_step_xpu",
@@ -265,6 +267,7 @@ def _runner_step_xpu() -> list[Implementation]:
             "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
             "at capture and replay: decode graphs as --cuda-graph-backend-decode full opts "
             "in on XPU); a graph stand-in",
+            declines=declines,
             traced=True,
         ),
         sglang_impl(
@@ -277,6 +280,7 @@ def _runner_step_xpu() -> list[Implementation]:
             trigger=_trigger_xpu_table_short_of_window,
             reach=_reach_xpu_graph,
             smallest=_smallest_xpu_table_short_of_window,
+            declines=declines,
             traced=True,
         ),
     ]

@@ -20,7 +20,13 @@ kernels (``sgl_kernel``'s XPU ops) never run, and the model runner answers the
 attributes the backend reads at construction for a plain decoder (no sliding window, no
 hybrid SWA pool, not encoder-decoder, not a draft worker).
 
-It runs every case ``sglang-fa3`` runs (the same engine and speculative options).
+It runs the cases ``sglang-fa3`` runs (the same engine and speculative options) on the
+pages SGLang runs this backend with: 64 or 128 tokens (``arg_groups/overrides.py:
+_intel_xpu_page_constraint``, for a model that is not MLA; any other page size becomes
+128), so another page size is declined (:func:`declines`). An EAGLE tree (``topk`` > 1)
+is never run here either: SGLang refuses it on pages above one token for every backend
+but FlashInfer, FA3 and Triton (``arg_groups/speculative_hook.py:_handle_eagle_family``),
+and this backend has no page of one token.
 
 Mutant: ``sglang-xpu-table-short-of-window`` (the graph's page table sized for a
 context ``next_n`` tokens short of the model's: safe padding at a replay or a verify's
@@ -33,15 +39,34 @@ from typing import Any
 
 import torch
 from attnfuzz.adapters.sglang import runner_step_fa3 as fa3
+from attnfuzz.adapters.sglang.runner_step import arrive_then_step
+from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace
 
 _XPU = "xpu_backend.py:XPUAttentionBackend"
+
+PAGE_SIZES = (64, 128)
+"""``arg_groups/overrides.py:_intel_xpu_page_constraint``: the page sizes SGLang runs the
+XPU backend with for a model that is not MLA (any other becomes 128)."""
 
 
 def prepare() -> None:
     """Import SGLang's runner and the XPU backend before a judge forks its child."""
     fa3.prepare()
     from sglang.srt.layers.attention import xpu_backend  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why SGLang never runs the XPU backend on ``case``'s config, else None."""
+    page = case.config.block_size
+    if page not in PAGE_SIZES:
+        return (
+            f"page size {page}: SGLang runs the intel_xpu backend with pages of 64 or 128 "
+            "tokens only, any other becomes 128 (arg_groups/overrides.py: "
+            "_intel_xpu_page_constraint)"
+        )
+    return None
 
 
 class XPUEngine(fa3.FA3Engine):
@@ -123,7 +148,15 @@ def run_table_short_of_window(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 run_table_short_of_window.new_engine = TABLE_SHORT_OF_WINDOW.new_engine  # type: ignore[attr-defined]
 
-# Where the mutant lives, and its smallest trace: sglang-fa3's.
+# Where the mutant lives and when it shows: sglang-fa3's.
 reach_graph = fa3.reach_graph
 trigger_table_short_of_window = fa3.trigger_table_short_of_window
-smallest_table_short_of_window = fa3.smallest_table_short_of_window
+
+
+def smallest_table_short_of_window() -> Trace:
+    """One request of 64 tokens, then its decode to the model's limit of 65, in the graph
+    of one: pages of 64 (the least this backend runs), so a table sized for 64 tokens
+    holds one page and the 65th token's key lies in a second."""
+    config = EngineConfig(max_model_len=65, max_num_seqs=1, max_num_batched_tokens=65,
+                          block_size=64, num_spec=0, cudagraph_capture_sizes=(1,))  # fmt: skip
+    return arrive_then_step(config, 64)
