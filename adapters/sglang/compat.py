@@ -507,6 +507,24 @@ REQUIRES["runner_step_backends"] = (
     + REQUIRES["runner_step_trtllm_mha"]
     + REQUIRES["runner_step_aiter"]
 )
+# runner_step_prefill_decode.py: the Triton and FA3 engines' backends, under the wrapper
+# SGLang builds when the prefill and decode backends differ.
+_HYBRID_ATTN = "sglang.srt.layers.attention.hybrid_attn_backend"
+REQUIRES["runner_step_prefill_decode"] = (
+    REQUIRES["runner_step"]
+    + REQUIRES["runner_step_fa3"]
+    + (
+        Api(_HYBRID_ATTN, "HybridAttnBackend._select_backend"),
+        Api(_HYBRID_ATTN, "HybridAttnBackend.init_forward_metadata"),
+        Api(_HYBRID_ATTN, "HybridAttnBackend.init_cuda_graph_state"),
+        Api(
+            _HYBRID_ATTN,
+            "HybridAttnBackend.init_forward_metadata_out_graph",
+            keyword="in_capture",
+        ),
+        Api(_HYBRID_ATTN, "HybridAttnBackend.__init__", keyword="prefill_backend"),
+    )
+)
 # runner_step_eagle_worker.py drives the EAGLE v2 worker over the target decode, draft and
 # draft-extend graph runners, as the three adapters before it build them.
 _EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"

@@ -286,6 +286,34 @@ def _runner_step_xpu() -> list[Implementation]:
     ]
 
 
+def _runner_step_prefill_decode() -> list[Implementation]:
+    """SGLang's decode graph runner step with FA3 for prefill and Triton for decode: the
+    wrapper SGLang builds when the two differ, under either speculative attention mode."""
+    backend = "layers/attention/hybrid_attn_backend.py:HybridAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_prefill_decode",
+            "run",
+            name="sglang-prefill-decode",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang) with --prefill-attention-backend fa3 "
+            f"--decode-attention-backend triton: {backend} (init_forward_metadata, "
+            "init_cuda_graph_state, init_forward_metadata_out_graph at capture and replay) "
+            "handing each step to the backend it selects (a verify to FA3); a graph stand-in",
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_prefill_decode",
+            "run_verify_on_decode",
+            name="sglang-prefill-decode-verify-on-decode",
+            description="installed SGLang: sglang-prefill-decode's engine under "
+            f"--speculative-attention-mode decode: {backend} hands a verify to the Triton "
+            "decode backend, whose graph state alone is made; a graph stand-in",
+            traced=True,
+        ),
+    ]
+
+
 def _fa3_tree() -> Any:
     """The FA3 tree-verify runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_fa3_tree
@@ -1508,6 +1536,7 @@ def _runner_step() -> list[Implementation]:
         ),
         *_runner_step_fa3(),
         *_runner_step_xpu(),
+        *_runner_step_prefill_decode(),
         *_runner_step_fa3_tree(),
         *_runner_step_fa3_draft(),
         *_runner_step_fa3_draft_extend(),

@@ -346,12 +346,16 @@ class _Engine:
     """The graph stand-in the decode graph runner captures into and replays."""
     EAGLE_TOPK = 1
     """``--speculative-eagle-topk`` of a speculative engine: 1, the chain draft."""
+    SERVER_ARGS: dict[str, Any] = {}
+    """Further server arguments the engine is started with (e.g. a prefill backend)."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         self.config, self.device = config, device
         self.requests: dict[int, _Request] = {}
         self.captures: list[StepBuild] = []
-        with _server_args(config, self.ATTENTION_BACKEND, self.EAGLE_TOPK) as args:
+        with _server_args(
+            config, self.ATTENTION_BACKEND, self.EAGLE_TOPK, **self.SERVER_ARGS
+        ) as args:
             self.runner = _model_runner(config, device, args)
             self.backend = self.make_backend()
             self.runner.attn_backend = self.backend
@@ -640,6 +644,7 @@ class _Engine:
         """``init_forward_metadata`` of the step's ForwardBatch, no graph (copied now)."""
         fb = self.forward_batch(inputs, mode)
         self.backend.init_forward_metadata(fb)
+        metadata = self.eager_metadata(fb)
         inputs_of = {
             "seq_lens": fb.seq_lens,
             "out_cache_loc": fb.out_cache_loc,
@@ -648,8 +653,12 @@ class _Engine:
         if how != "fresh":  # a new engine's rows are its own: history picks them
             inputs_of["req_pool_indices"] = fb.req_pool_indices
         R, T = inputs.num_reqs, inputs.num_tokens
-        fields = self._fields(R, T, inputs_of, self.backend.forward_metadata)
+        fields = self._fields(R, T, inputs_of, metadata)
         return StepBuild(how, R, T, fields, where=self.WHERE[how])
+
+    def eager_metadata(self, forward_batch: Any) -> Any:
+        """The metadata ``init_forward_metadata`` left for the forward's layers."""
+        return self.backend.forward_metadata
 
 
 def with_step_keys(
