@@ -525,6 +525,24 @@ REQUIRES["runner_step_prefill_decode"] = (
         Api(_HYBRID_ATTN, "HybridAttnBackend.__init__", keyword="prefill_backend"),
     )
 )
+# runner_step_cpu.py: the Triton engine, and the CPU backends' eager metadata beside it.
+REQUIRES["runner_step_cpu"] = REQUIRES["runner_step"] + (
+    Api(
+        "sglang.srt.layers.attention.intel_amx_backend", "IntelAMXAttnBackend.init_forward_metadata"
+    ),
+    Api(
+        "sglang.srt.layers.attention.intel_amx_backend",
+        "IntelAMXAttnBackend._build_extend_metadata",
+    ),
+    Api(
+        "sglang.srt.layers.attention.intel_amx_backend",
+        "IntelAMXAttnBackend.get_cpu_graph_seq_len_fill_value",
+    ),
+    Api(
+        "sglang.srt.layers.attention.torch_native_backend",
+        "TorchNativeAttnBackend.init_forward_metadata",
+    ),
+)
 # runner_step_eagle_worker.py drives the EAGLE v2 worker over the target decode, draft and
 # draft-extend graph runners, as the three adapters before it build them.
 _EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"

@@ -1520,6 +1520,25 @@ def _runner_step_backends() -> list[Implementation]:
     ]
 
 
+def _runner_step_cpu() -> list[Implementation]:
+    """SGLang's attention backends of a CPU server (Intel AMX, torch's SDPA), each step's
+    eager build beside the Triton engine's, held to it by agreement across backends."""
+    return [
+        sglang_impl(
+            "runner_step_cpu",
+            "run",
+            name="sglang-cpu-backends",
+            description="installed SGLang: each step as sglang runs it (Triton), and the "
+            "step's eager init_forward_metadata on the backends of --device cpu beside it: "
+            "layers/attention/intel_amx_backend.py:IntelAMXAttnBackend (its verify's and "
+            "extend's extend metadata) and torch_native_backend.py:TorchNativeAttnBackend "
+            "(no speculative configs: it has no verify); each backend's kv_len and kv_slots "
+            "as its kernels read them, against Triton's",
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         sglang_impl(
@@ -1537,6 +1556,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3(),
         *_runner_step_xpu(),
         *_runner_step_prefill_decode(),
+        *_runner_step_cpu(),
         *_runner_step_fa3_tree(),
         *_runner_step_fa3_draft(),
         *_runner_step_fa3_draft_extend(),

@@ -533,7 +533,7 @@ class _Engine:
         """What each field's consumer accepts, read from its code."""
         table = self.runner.req_to_token_pool.req_to_token
         kv_rows = self.runner.token_to_kv_pool.size + self.config.block_size
-        fill = self.backend.get_cuda_graph_seq_len_fill_value()
+        fill = self.seq_len_fill()
         return {
             # KVIndexTranslator.pack_read_stream (triton_backend.py:_fill_kv_indptr_and_indices)
             # reads req_to_token[req_pool_indices[i], :seq_lens[i]]: a row of the table...
@@ -549,6 +549,11 @@ class _Engine:
             # RotaryEmbedding.forward reads cos_sin_cache[positions]: the model's context.
             "positions": (0, self.config.max_model_len - 1),
         }
+
+    def seq_len_fill(self) -> int:
+        """The least ``seq_lens`` entry the backend's kernels are handed: the graph
+        runner's padding fill (``get_cuda_graph_seq_len_fill_value``)."""
+        return self.backend.get_cuda_graph_seq_len_fill_value()
 
     def _fields(
         self, rows: int, tokens: int, inputs_of: dict[str, torch.Tensor], metadata: Any

@@ -80,9 +80,14 @@ class EagerLife:
     config SGLang never runs the backend with (``declines``: why, else None)."""
 
     def __init__(
-        self, life: EngineLife, declines: Callable[[EngineConfig], str | None] | None = None
+        self,
+        life: EngineLife,
+        declines: Callable[[EngineConfig], str | None] | None = None,
+        shared: tuple[str, ...] | None = SHARED,
     ) -> None:
-        self.life, self.declines = life, declines
+        # shared: the fields its backend build keeps (None: all, where no field of it
+        # shares a name with a Triton field of another meaning).
+        self.life, self.declines, self.shared = life, declines, shared
 
     def __call__(self, inputs: RunnerStepInputs) -> StepBuild | None:
         if self.declines is not None and self.declines(inputs.config) is not None:
@@ -115,7 +120,8 @@ class BackendsLife:
             b = other(inputs)
             if b is None:
                 continue
-            shared = tuple(f for f in b.fields if f.name in SHARED)
+            keep = other.shared
+            shared = tuple(f for f in b.fields if keep is None or f.name in keep)
             backends.append(dataclasses.replace(b, how="backend", fields=shared))
         return RunnerStepOutputs(out.builds + tuple(backends))
 
