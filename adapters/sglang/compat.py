@@ -543,6 +543,23 @@ REQUIRES["runner_step_cpu"] = REQUIRES["runner_step"] + (
         "TorchNativeAttnBackend.init_forward_metadata",
     ),
 )
+# runner_step_tbo.py: the Triton engine under two-batch overlap, split as the scheduler does.
+_TBO = "sglang.srt.batch_overlap.two_batch_overlap"
+_TBO_BACKEND = "sglang.srt.layers.attention.tbo_backend"
+REQUIRES["runner_step_tbo"] = REQUIRES["runner_step"] + (
+    Api(_TBO, "TboDPAttentionPreparer.prepare_all_gather"),
+    Api(_TBO, "TboDPAttentionPreparer.compute_output"),
+    Api(_TBO, "TboForwardBatchPreparer.prepare"),
+    Api(_TBO, "TboForwardBatchPreparer.derive_fields_related_to_seq_len_for_two_chunk"),
+    Api(_TBO, "compute_split_indices_for_cuda_graph_replay"),
+    Api(_TBO, "_is_two_chunk_split_enabled"),
+    Api(_TBO, "_update_device_and_sum_field_from_cpu_field"),
+    Api(_TBO_BACKEND, "TboAttnBackend.init_new"),
+    Api(_TBO_BACKEND, "TboAttnBackend._dispatch_children_from_replay_view"),
+    Api("sglang.srt.layers.moe.utils", "initialize_moe_config"),
+    Api("sglang.srt.model_executor.forward_context", "forward_context"),
+    Api("sglang.srt.managers.scheduler_components.dp_attn", "_local_decode_cuda_graph_vote"),
+)
 # runner_step_eagle_worker.py drives the EAGLE v2 worker over the target decode, draft and
 # draft-extend graph runners, as the three adapters before it build them.
 _EAGLE_WORKER = "sglang.srt.speculative.eagle_worker_v2"

@@ -1539,6 +1539,63 @@ def _runner_step_cpu() -> list[Implementation]:
     ]
 
 
+def _tbo() -> Any:
+    """The two-batch overlap runner-step adapter, imported when a mutant's trace is judged."""
+    from attnfuzz.adapters.sglang import runner_step_tbo
+
+    return runner_step_tbo
+
+
+def _reach_tbo_extend(trace: Trace) -> bool:
+    return _tbo().reach_extend(trace)
+
+
+def _trigger_tbo_two_chunk_prefix_forgotten(trace: Trace) -> bool:
+    return _tbo().trigger_two_chunk_prefix_forgotten(trace)
+
+
+def _smallest_tbo_two_chunk_prefix_forgotten() -> Trace:
+    return _tbo().smallest_two_chunk_prefix_forgotten()
+
+
+def _runner_step_tbo() -> list[Implementation]:
+    """SGLang's decode graph runner step under two-batch overlap (TboAttnBackend: a primary
+    and a child backend per micro-batch), and a defect of its two-chunk split re-created."""
+    backend = "layers/attention/tbo_backend.py:TboAttnBackend"
+    # Decode graphs of an even batch size only (get_batch_sizes_to_capture).
+    declines = sglang.EngineCall("runner_step_tbo", "declines")
+    return [
+        sglang_impl(
+            "runner_step_tbo",
+            "run",
+            name="sglang-tbo",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            "DecodeCudaGraphRunner (as sglang) with --enable-two-batch-overlap "
+            f"--moe-a2a-backend deepep: the scheduler's split (TboDPAttentionPreparer, one "
+            "rank), batch_overlap/two_batch_overlap.py:TboForwardBatchPreparer's children, "
+            f"and {backend} over three Triton backends (eager, capture, replay: "
+            "_dispatch_children_from_replay_view); each micro-batch judged against the step "
+            "cut to its tokens; a graph stand-in",
+            declines=declines,
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_tbo",
+            "run_two_chunk_prefix_forgotten",
+            name="sglang-tbo-two-chunk-prefix-forgotten",
+            kind="mutant",
+            description="installed SGLang's two-batch overlap whose two-chunk split leaves the "
+            "second micro-batch's first request at its whole-batch prefix: it reads that "
+            "request's keys short of the first micro-batch's share",
+            trigger=_trigger_tbo_two_chunk_prefix_forgotten,
+            reach=_reach_tbo_extend,
+            smallest=_smallest_tbo_two_chunk_prefix_forgotten,
+            declines=declines,
+            traced=True,
+        ),
+    ]
+
+
 def _runner_step() -> list[Implementation]:
     return [
         sglang_impl(
@@ -1557,6 +1614,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_xpu(),
         *_runner_step_prefill_decode(),
         *_runner_step_cpu(),
+        *_runner_step_tbo(),
         *_runner_step_fa3_tree(),
         *_runner_step_fa3_draft(),
         *_runner_step_fa3_draft_extend(),
