@@ -50,3 +50,50 @@ def test_the_mutant_fails_its_properties_on_its_smallest_trace():
         ("padding invariance", "padded", "cu_seqlens_q"),
         ("replay equals eager", "replay", "cu_seqlens_q"),
     }
+
+
+@_sglang
+def test_the_graph_s_in_graph_metadata_runs_at_capture_and_at_each_replay(monkeypatch):
+    """FA3 writes a draft extend's metadata in the graph (init_forward_metadata_in_graph):
+    the graph stand-in runs that body at each capture and again at each replay."""
+    extend = _extend()
+    extend.prepare()
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+
+    calls = []
+    real = FlashAttentionBackend.init_forward_metadata_in_graph
+
+    def counted(self, forward_batch):
+        calls.append(forward_batch.forward_mode.is_draft_extend_v2())
+        return real(self, forward_batch)
+
+    monkeypatch.setattr(FlashAttentionBackend, "init_forward_metadata_in_graph", counted)
+    first, verify = life(extend.run, _arrive_then_decode(num_spec=1))
+    captures = sum(b.how == "capture" for b in first.builds)
+    assert captures > 0 and calls[:captures] == [True] * captures
+    assert len(calls) == captures + 1  # the verify's draft extend, replayed once
+    assert ref.violations(verify) == []
+
+
+@_sglang
+def test_an_engine_s_capture_reads_its_own_width_after_another_engine_s():
+    """SGLang shares graph runners' input buffers process-wide by name and size
+    (share_input_buffer), which one server's runners may; an engine of another config,
+    here one of a wider draft window made first in this process, is another server:
+    the later engine's capture reads its own window (2), not the earlier one's (4)."""
+    from attnfuzz.reference.batch import Batch, EngineConfig
+    from attnfuzz.reference.trace import Trace
+
+    def arrive(num_spec: int) -> Trace:
+        config = EngineConfig(max_model_len=16, max_num_seqs=1, max_num_batched_tokens=16,
+                              block_size=16, num_spec=num_spec,
+                              cudagraph_capture_sizes=(num_spec + 1,))  # fmt: skip
+        step = Batch((0,), (1,), 0, True, req_ids=(0,), pages=((1,),), new_pages=(1,))
+        return Trace(config, (step,))
+
+    extend = _extend()
+    (wide,) = life(extend.run, arrive(3))
+    (narrow,) = life(extend.run, arrive(1))
+    assert _values(wide, "capture", "cu_seqlens_q") == [0, 4]
+    assert _values(narrow, "capture", "cu_seqlens_q") == [0, 2]
+    assert ref.violations(narrow) == []

@@ -340,6 +340,24 @@ def device_capability(capability: tuple[int, int] = (9, 0)) -> Iterator[None]:
         torch.cuda.get_device_capability = real
 
 
+def new_process_buffers() -> None:
+    """Forget SGLang's process-wide pool of graph runners' input buffers
+    (``model_executor/input_buffers.py``: ``share_input_buffer`` aliases every later
+    buffer of the same name and size onto the first one registered). One server process
+    runs one configuration; attnfuzz makes engines of many in one process, and a buffer
+    an earlier engine's runner filled at its creation (a width of its own) must not be
+    what a later engine's capture reads: each new engine starts with the pool a new
+    process has. Engines already made keep their buffers; the runners of one engine
+    still share theirs, as in SGLang."""
+    try:
+        from sglang.srt.model_executor import input_buffers
+    except ImportError:  # a release before the pool
+        return
+    pool = getattr(input_buffers, "_forward_input_buffer_pool", None)
+    if pool is not None:
+        pool.clear()
+
+
 def prepare() -> None:
     """Import what every adapter shares, once: SGLang's runtime context, with the
     parallel ranks of one process (tensor, attention and decode-context rank 0)."""

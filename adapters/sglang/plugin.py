@@ -459,8 +459,9 @@ def _runner_step_fa3_draft_extend() -> list[Implementation]:
             "run_window_forgotten",
             name="sglang-fa3-eagle-draft-extend-window-forgotten",
             kind="mutant",
-            description=f"installed SGLang's {backend} whose graph draft-extend metadata "
-            "takes one query token a request (the window forgotten): cu_seqlens_q",
+            description=f"installed SGLang's {backend} whose in-graph draft-extend metadata "
+            "(init_forward_metadata_in_graph, written last at each replay) takes one query "
+            "token a request (the window forgotten): cu_seqlens_q",
             trigger=_reach_fa3_draft_extend_replay,
             reach=_reach_fa3_draft_extend_replay,
             smallest=_smallest_fa3_draft_extend_window_forgotten,

@@ -810,6 +810,7 @@ class EngineLife:
         self.prepare()
         if self.engine is None or self.key != (inputs.config, inputs.device):
             self.key = (inputs.config, inputs.device)
+            _engine.new_process_buffers()  # another config: another server process
             self.engine = self.make(inputs.config, inputs.device, graphs)
         return self.engine
 

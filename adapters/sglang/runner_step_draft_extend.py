@@ -91,15 +91,48 @@ def declines(case: Case) -> str | None:
 
 class _ExtendGraph(decode._Graph):
     """The draft-extend runner's graph: a capture records the backend's metadata; a
-    replay hands back the runner's logits and hidden-state buffers, unwritten."""
+    replay hands back the runner's logits and hidden-state buffers, unwritten. With
+    :attr:`RUNS_BODY`, a capture also runs ``run_once`` (the backend's in-graph metadata
+    preparation, ``init_forward_metadata_in_graph``, then a draft model forward that
+    computes nothing), as the warmup before a CUDA graph's capture does, and a replay
+    runs it again, as the graph's recorded kernels run again on the buffers they
+    captured: for a backend whose in-graph preparation writes metadata (FA3's); the
+    Triton backend's is the base class's no-op."""
+
+    RUNS_BODY = False
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__(runner)
+        self.bodies: dict[Any, Any] = {}
+
+    def capture_one(
+        self, shape_key: Any, forward_fn: Any, capture_inputs: Any = None,
+        post_warmup_hook: Any = None,
+    ) -> None:  # fmt: skip
+        if self.RUNS_BODY:
+            forward_fn()
+            self.bodies[shape_key] = forward_fn
+        super().capture_one(shape_key, forward_fn, capture_inputs, post_warmup_hook)
 
     def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
+        if self.RUNS_BODY:
+            self.bodies[shape_key]()
         b = self.runner.buffers
         return LogitsProcessorOutput(
             next_token_logits=b.next_token_logits_buffer, hidden_states=b.hidden_states
         )
+
+    def cleanup(self) -> None:
+        self.bodies.clear()
+        super().cleanup()
+
+
+def draft_model() -> Any:
+    """The draft model the graph's body runs: its forward computes nothing (its
+    attention layers read the metadata the in-graph preparation wrote, never write it)."""
+    return decode._engine.StandIn(shared_experts_config=None, forward=lambda *a, **k: None)
 
 
 # -- one engine ---------------------------------------------------------------------------------
@@ -109,6 +142,9 @@ class _ExtendEngine:
     """One EAGLE engine's draft extend: the target's request rows (``runner_step._Engine``,
     no decode graph runner: its draft model runner), the draft model's Triton backend,
     and the draft-extend graph runner, built with the engine."""
+
+    GRAPH: type[_ExtendGraph] = _ExtendGraph
+    """The graph stand-in the draft-extend runner captures into and replays."""
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -152,7 +188,7 @@ class _ExtendEngine:
 
         engine = self
 
-        class _Recording(_ExtendGraph):
+        class _Recording(self.GRAPH):  # type: ignore[name-defined,misc]
             def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
                 super().capture_one(shape_key, *args, **kwargs)
                 # The capture's batch of shape_key.size requests, at the buffers'

@@ -23,7 +23,14 @@ Fields: ``sglang-fa3``'s (the runner's ``seq_lens``, ``req_pool_indices``,
 ``out_cache_loc``, ``positions``; ``cache_seqlens_int32``, ``page_table``,
 ``cu_seqlens_q``, ``cu_seqlens_k``; ``kv_len``, ``kv_slots``).
 
-Mutant: ``sglang-fa3-eagle-draft-extend-window-forgotten`` (the replay's
+The graph's body (``run_once``) runs at capture and at each replay
+(:class:`_InGraphExtendGraph`), so the
+replay's metadata is what the in-graph preparation
+(``init_forward_metadata_in_graph``: ``kernels/ops/attention/metadata.py:
+draft_extend_set_metadata``, a Triton kernel) writes after the out-of-graph one, as on
+a GPU.
+
+Mutant: ``sglang-fa3-eagle-draft-extend-window-forgotten`` (the in-graph preparation's
 ``cu_seqlens_q`` of one token a request, the window's ``num_tokens_per_req``
 forgotten): padding invariance and replay equals eager on a replayed draft extend.
 """
@@ -72,10 +79,19 @@ def _at(build: StepBuild) -> StepBuild:
     return dataclasses.replace(build, where=_WHERE[build.how])
 
 
+class _InGraphExtendGraph(extend._ExtendGraph):
+    """The draft-extend graph whose body runs at capture and replay: FA3 writes the draft
+    extend's metadata in the graph (``init_forward_metadata_in_graph``)."""
+
+    RUNS_BODY = True
+
+
 class FA3ExtendEngine(extend._ExtendEngine):
     """One EAGLE engine's draft extend on FlashAttention 3: the target's rows on an
     :class:`~attnfuzz.adapters.sglang.runner_step_fa3.FA3Engine` whose backend is the
     draft model's ``FlashAttentionBackend``, and the draft-extend graph runner."""
+
+    GRAPH = _InGraphExtendGraph
 
     def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
         self.config, self.device = config, device
@@ -86,6 +102,7 @@ class FA3ExtendEngine(extend._ExtendEngine):
         self.runner.model_config.is_draft_model = True
         self.runner.model_config.spec_hidden_size = self.runner.model_config.hidden_size
         self.runner.model_config.model_is_mrope = False  # a text model's positions
+        self.runner.model = extend.draft_model()
         with decode._server_args(config, "fa3"), fa3_backend.flash_attn_module():
             # DraftBackendFactory._create_fa3_prefill_backend: the draft extend's.
             self.backend = self.make_backend()
@@ -145,21 +162,22 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 
 
 class _WindowForgotten(FA3ExtendEngine):
-    """The replay's ``cu_seqlens_q`` of one token a request: ``_apply_cuda_graph_metadata``'s
-    draft-extend lengths taken as the accepted tokens' (1) for the fixed window of
-    ``num_tokens_per_req``."""
+    """The replay's ``cu_seqlens_q`` of one token a request: the graph's in-graph
+    draft-extend metadata (``init_forward_metadata_in_graph``'s ``draft_extend_set_metadata``,
+    which writes last at every replay) taking the accepted tokens' length (1) for the fixed
+    window of ``num_tokens_per_req``."""
 
     def make_backend(self) -> Any:
         backend = super().make_backend()
-        apply = backend._apply_cuda_graph_metadata
+        in_graph = backend.init_forward_metadata_in_graph
 
-        def one_a_request(*args: Any, **kwargs: Any) -> None:
-            apply(*args, **kwargs)
-            if kwargs["forward_mode"].is_draft_extend_v2():
-                q = backend.forward_metadata.cu_seqlens_q
+        def one_a_request(forward_batch: Any) -> None:
+            in_graph(forward_batch)
+            if forward_batch.forward_mode.is_draft_extend_v2():
+                q = backend.draft_extend_metadata[forward_batch.batch_size].cu_seqlens_q
                 q[1:].copy_(torch.arange(1, q.numel(), dtype=q.dtype))
 
-        backend._apply_cuda_graph_metadata = one_a_request
+        backend.init_forward_metadata_in_graph = one_a_request
         return backend
 
 
