@@ -97,3 +97,34 @@ def test_a_fault_of_the_draft_extend_worker_stand_in_is_an_attnfuzz_error(monkey
         t.judge_trace(t.resolve("sglang-eagle-draft-extend"), Trace(config, steps), "cpu")
     message = str(err.value)
     assert "draft_extend_attn_backend" in message and "attnfuzz error" in message, message
+
+
+def test_a_fault_of_the_two_batch_overlap_rank_stand_in_is_an_attnfuzz_error(monkeypatch):
+    """The rank's ScheduleBatch that SGLang's TboDPAttentionPreparer reads is attnfuzz's
+    (``_engine.StandIn``): a field it lacks fails in attnfuzz, though SGLang's preparer
+    is the code that read it, never as a finding on SGLang."""
+    from attnfuzz.adapters.sglang import _engine, runner_step_tbo
+
+    real = _engine.StandIn
+
+    class WithoutExtendLens(real):
+        def __init__(self, **fields):
+            fields.pop("extend_lens", None)
+            super().__init__(**fields)
+
+    monkeypatch.setattr(_engine, "StandIn", WithoutExtendLens)
+    t = get_target("runner-step")
+    trace = runner_step_tbo.smallest_two_chunk_prefix_forgotten()
+    with pytest.raises(HarnessError) as err:
+        t.judge_trace(t.resolve("sglang-tbo"), trace, "cpu")
+    assert "extend_lens" in str(err.value) and "attnfuzz error" in str(err.value)
+
+
+def test_sglang_s_own_two_batch_overlap_defect_stays_a_finding():
+    """The two-chunk split's defect, in SGLang's function (re-created): a finding."""
+    from attnfuzz.adapters.sglang import runner_step_tbo
+
+    t = get_target("runner-step")
+    trace = runner_step_tbo.smallest_two_chunk_prefix_forgotten()
+    verdict = t.judge_trace(t.resolve("sglang-tbo-two-chunk-prefix-forgotten"), trace, "cpu")
+    assert not verdict.ok and "microbatch-agreement" in str(verdict)

@@ -100,6 +100,7 @@ def test_configs_whose_decode_graphs_two_batch_overlap_cannot_capture_are_declin
     get_batch_sizes_to_capture asserts. One above max_num_seqs (an odd bound rounded
     up): the capture overflows the Triton backend's buffers (not yet triaged)."""
     from attnfuzz.adapters.sglang import runner_step_tbo
+    from attnfuzz.adapters.sglang.runner_step import graph_batch_sizes
     from attnfuzz.harness.testing import spec_config
     from attnfuzz.reference.batch import Batch, Case
 
@@ -107,10 +108,10 @@ def test_configs_whose_decode_graphs_two_batch_overlap_cannot_capture_are_declin
         return Case(spec_config(**config), Batch((0,), (1,), 0, True))
 
     none_left = case(num_spec=0, max_num_seqs=1, cudagraph_capture_sizes=(1,))
-    assert runner_step_tbo.captured_batch_sizes(none_left.config) == []
+    assert graph_batch_sizes(none_left.config, alignment=2) == []
     assert "get_batch_sizes_to_capture" in runner_step_tbo.declines(none_left)
     rounded_up = case(num_spec=0, max_num_seqs=3, cudagraph_capture_sizes=(2, 8))
-    assert runner_step_tbo.captured_batch_sizes(rounded_up.config) == [2, 4]
+    assert graph_batch_sizes(rounded_up.config, alignment=2) == [2, 4]
     assert "overflows" in runner_step_tbo.declines(rounded_up)
     assert runner_step_tbo.declines(case(num_spec=1, max_num_seqs=4,
                                          cudagraph_capture_sizes=(4, 16))) is None  # fmt: skip

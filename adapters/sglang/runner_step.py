@@ -760,9 +760,12 @@ class EngineLife:
     def prepare(self) -> None:
         prepare()
 
+    engine_class: type[_Engine] = _Engine
+    """The engine a life makes (:meth:`make`)."""
+
     def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        """A new engine; ``graphs``: with its graph runner, captured."""
-        return _Engine(config, device, graphs=graphs)
+        """A new :attr:`engine_class`; ``graphs``: with its graph runner, captured."""
+        return self.engine_class(config, device, graphs=graphs)
 
     def core(self, engine: Any) -> _Engine:
         """The target model's engine of ``engine`` (its requests, pools and rows)."""
@@ -846,18 +849,21 @@ def _listed(built: StepBuild | list[StepBuild]) -> list[StepBuild]:
 # -- where a mutant of a backend lives: the steps the decode graph replays -----------------
 
 
-def graph_batch_sizes(config: Any) -> list[int]:
+def graph_batch_sizes(config: Any, alignment: int = 1) -> list[int]:
     """The decode graphs' batch sizes: the capture sizes over ``next_n``
     (``runner_step._server_args``) as ``base_cuda_graph_runner.py:
-    get_batch_sizes_to_capture`` clamps them to ``max_running_requests``; none
-    without CUDA graphs (``--disable-cuda-graph``)."""
+    get_batch_sizes_to_capture`` keeps them: multiples of ``alignment``
+    (``get_cuda_graph_batch_size_alignment``: 2 under two-batch overlap) up to
+    ``max_running_requests`` rounded up to one, that bound added where a larger size was
+    asked for; none without CUDA graphs (``--disable-cuda-graph``)."""
     if config.cudagraph_mode == "NONE":
         return []
     w = config.next_n
     sizes = {s // w for s in config.cudagraph_capture_sizes if s >= w} or {1}
-    if max(sizes) > config.max_num_seqs:
-        sizes.add(config.max_num_seqs)
-    return sorted(s for s in sizes if s <= config.max_num_seqs)
+    bound = cdiv(config.max_num_seqs, alignment) * alignment
+    if max(sizes) > bound:
+        sizes.add(bound)
+    return sorted(s for s in sizes if s % alignment == 0 and s <= bound)
 
 
 def replayed(trace: Trace | Case) -> list[RunnerStepInputs]:

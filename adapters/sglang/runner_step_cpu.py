@@ -229,9 +229,6 @@ class _Life(decode.EngineLife):
     def prepare(self) -> None:
         prepare()
 
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return self.engine_class(config, device, graphs=graphs)
-
 
 ENGINES = BackendsLife(
     decode.EngineLife(),

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_fa3 as fa3
@@ -149,9 +148,6 @@ class PrefillDecodeLife(decode.EngineLife):
 
     def prepare(self) -> None:
         prepare()
-
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return self.engine_class(config, device, graphs=graphs)
 
     def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
         return decode._server_args(config, attention_backend, **self.engine_class.SERVER_ARGS)

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
-from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     Field,
     RunnerStepInputs,
@@ -111,25 +111,11 @@ def tbo_args(config: EngineConfig) -> Iterator[Any]:
         yield args
 
 
-def captured_batch_sizes(config: EngineConfig) -> list[int]:
-    """The decode graph batch sizes SGLang captures under two-batch overlap
-    (``base_cuda_graph_runner.py:get_batch_sizes_to_capture``): those asked for (the
-    case's capture sizes, in requests) that are even (``get_cuda_graph_batch_size_alignment``
-    is 2) and at most ``max_running_requests`` rounded up to even, that bound added where a
-    larger size was asked for."""
-    w = config.next_n
-    asked = {s // w for s in config.cudagraph_capture_sizes if s >= w} or {1}
-    bound = cdiv(config.max_num_seqs, 2) * 2
-    kept = {s for s in asked if s % 2 == 0 and s <= bound}
-    if max(asked) > bound:
-        kept.add(bound)
-    return sorted(kept)
-
-
 def declines(case: Case) -> str | None:
     """Why ``case``'s config is not run under two-batch overlap, else None:
 
-    - no decode graph batch size is left (:func:`captured_batch_sizes`):
+    - no decode graph batch size is left (``runner_step.graph_batch_sizes`` under the
+      alignment of 2 two-batch overlap sets):
       ``get_batch_sizes_to_capture`` asserts one is, and SGLang does not start;
     - one is above ``max_num_seqs`` (an odd ``max_running_requests`` rounded up): the
       capture of it overflows the Triton backend's graph buffers, which are sized by the
@@ -141,7 +127,7 @@ def declines(case: Case) -> str | None:
     config = case.config
     if config.cudagraph_mode == "NONE":
         return None
-    sizes = captured_batch_sizes(config)
+    sizes = decode.graph_batch_sizes(config, alignment=2)
     if not sizes:
         return (
             "no decode graph batch size two-batch overlap can split (even, at most "
@@ -333,17 +319,8 @@ class TboEngine(decode._Engine):
             ),  # fmt: skip
             *(Field(f"mb.{f.name}", f.rows, f.values, f.accepts, f.row_lengths) for f in own),
         )
-        values = {f.name: f.values for f in (*fields[:5], *own)}
-        lengths, slots = self.kv_read(values, metadata)
-        table = np.zeros((len(lengths), self.runner.req_to_token_pool.req_to_token.shape[1]),
-                         dtype=np.int64)  # fmt: skip
-        for r, row in enumerate(slots):
-            row = row[: table.shape[1]]
-            table[r, : len(row)] = row
-        fields += (
-            Field("kv_len", "requests", lengths),
-            Field("kv_slots", "requests", table, row_lengths=lengths),
-        )
+        # The child's reads, from its fields under the names its kernels' reader knows.
+        fields += self.kv_fields((*fields[:5], *own), metadata)
         where = f"{_TBO}: child {'a' if first == 0 else 'b'} of the {of} step"
         return StepBuild("microbatch", real_reqs, real_tokens, fields, where=where,
                          first_token=first)  # fmt: skip
@@ -394,11 +371,10 @@ class TboEngine(decode._Engine):
 class TboLife(decode.EngineLife):
     """The engine of ``sglang-tbo``: :class:`TboEngine`, kept across a life's steps."""
 
+    engine_class = TboEngine
+
     def prepare(self) -> None:
         prepare()
-
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return TboEngine(config, device, graphs=graphs)
 
     def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
         return tbo_args(config)
@@ -464,8 +440,7 @@ class _PrefixForgotten(TboEngine):
 
 
 class _MutantLife(TboLife):
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return _PrefixForgotten(config, device, graphs=graphs)
+    engine_class = _PrefixForgotten
 
 
 PREFIX_FORGOTTEN = _MutantLife()
