@@ -692,6 +692,11 @@ REQUIRES["runner_step_b12x"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.b12x", "B12xPagedMetadataBuilder.build"),
     Api("vllm.v1.worker.utils", "customize_attention_spec"),
 )  # fmt: skip
+# runner_step_hpc: runner_step_v1's engine on the HPC backend, hpc-ops' scheduler stood in.
+REQUIRES["runner_step_hpc"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.hpc_attn", "HpcAttentionBackend"),
+    Api("vllm.v1.attention.backends.hpc_attn", "HpcAttnMetadataBuilder.build"),
+)  # fmt: skip
 # runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
 REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"

@@ -749,8 +749,20 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 def _runner_step_rocm() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends,
-    and on b12x."""
+    and on b12x and HPC."""
     return [
+        _step_impl(
+            "runner_step_hpc",
+            "run",
+            name="vllm-v1-hpc",
+            description="installed vLLM (V1 runner) on the HPC attention backend: "
+            "vllm-v1's step with its attention layer on HPC_ATTN "
+            "(vllm/v1/attention/backends/hpc_attn.py: HpcAttnMetadataBuilder.build, its "
+            "uniform decode split and the decode task map of hpc-ops' scheduler, stood "
+            "in), the fields the HPC kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
         _step_impl(
             "runner_step_b12x",
             "run",

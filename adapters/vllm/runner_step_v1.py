@@ -739,7 +739,7 @@ class _Engine:
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
         """Every field a consumer reads of one forward (:func:`_fields`), and what the
         backend's kernels read of the KV cache (:meth:`kv_fields`)."""
-        return _fields(self.config, seen) + self.kv_fields(seen)
+        return _fields(self.config, seen, self.kernel_block_size()) + self.kv_fields(seen)
 
     def kernel_block_size(self) -> int:
         """The attention group's kernel block size: the unit of its block table
@@ -1055,14 +1055,20 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu").numpy().copy()
 
 
-def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
+def _fields(
+    config: EngineConfig, seen: _Seen, kernel_block: int | None = None
+) -> tuple[Field, ...]:
     """Every field a consumer reads of one forward, padding rows included, with the range
     the consumer accepts (a forward with no attention metadata: its slot mapping and
-    positions)."""
+    positions). ``kernel_block``: the block table's unit where the backend splits a page
+    into kernel blocks (``prepare_kernel_block_sizes``; None: a page); a slot's number is
+    the same in either unit."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     pages = attention_pages(config, seen.pages)
     slots = pages * config.block_size
+    unit = kernel_block or config.block_size
+    blocks = pages * (config.block_size // unit)
     out = []
     if m is not None:
         out += [
@@ -1075,16 +1081,16 @@ def _fields(config: EngineConfig, seen: _Seen) -> tuple[Field, ...]:
                 "seq_lens",
                 "requests",
                 _np(m.seq_lens),
-                (0, int(m.block_table.shape[1]) * config.block_size),
+                (0, int(m.block_table.shape[1]) * unit),
             ),
-            # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks);
-            # the kernel reads a row's first cdiv(seq_lens[i], block_size) pages.
+            # ... block_table[i, j] indexes the KV cache's pages (KVCacheConfig.num_blocks),
+            # or their kernel blocks; the kernel reads a row's first cdiv(seq_lens[i], unit).
             Field(
                 "block_table",
                 "requests",
                 _np(m.block_table),
-                (0, pages - 1),
-                row_lengths=-(-_np(m.seq_lens).astype(np.int64) // config.block_size),
+                (0, blocks - 1),
+                row_lengths=-(-_np(m.seq_lens).astype(np.int64) // unit),
             ),
         ]
     if seen.slot_mapping is not None:
