@@ -697,6 +697,13 @@ REQUIRES["runner_step_hpc"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.hpc_attn", "HpcAttentionBackend"),
     Api("vllm.v1.attention.backends.hpc_attn", "HpcAttnMetadataBuilder.build"),
 )  # fmt: skip
+# runner_step_qsa: runner_step_v1's engine with QSA's two side caches and their builder.
+REQUIRES["runner_step_qsa"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.models.qwen4_exp.common.qsa_cache", "QSAMetadataBuilder.build"),
+    Api("vllm.models.qwen4_exp.common.qsa_cache", "QSAKeyStateCache.get_kv_cache_spec"),
+    Api("vllm.models.qwen4_exp.common.qsa_cache", "QSACompressedKeyCache.get_kv_cache_spec"),
+    Api("vllm.models.qwen4_exp.nvidia.indexer_qsa", "QSAIndexer._metadata"),
+)  # fmt: skip
 # runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
 REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"

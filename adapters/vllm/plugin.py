@@ -749,8 +749,20 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 def _runner_step_rocm() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends,
-    and on b12x and HPC."""
+    and on b12x and HPC; and a model whose indexer keeps QSA's side caches."""
     return [
+        _step_impl(
+            "runner_step_qsa",
+            "run",
+            name="vllm-v1-qsa",
+            description="installed vLLM (V1 runner) of a model with a QSA indexer: "
+            "vllm-v1's step with the indexer's raw key ring and compressed key cache as "
+            "KV-cache groups of their own (vllm/models/qwen4_exp/common/qsa_cache.py: "
+            "QSAMetadataBuilder.build of each), read by QSAIndexer._metadata, every "
+            "token's request, position, visible blocks and slots judged",
+            declines="declines",
+            traced=True,
+        ),
         _step_impl(
             "runner_step_hpc",
             "run",

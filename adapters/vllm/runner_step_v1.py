@@ -445,6 +445,9 @@ class _Engine:
     # The engine's copy of its attention metadata, taken as a consumer reads it
     # (_Seen.freeze); None: the metadata object itself.
     freeze: Callable[[Any], Any] | None = None
+    # Where the model and the graphs report what they read (an engine that reads more of
+    # the forward context than one layer's metadata reports it in its own).
+    recorder_type: type[_Recorder] = _Recorder
 
     def platform(self) -> contextlib.AbstractContextManager[Any]:
         """What the backend reads of the GPU and its vendor packages, stood in while the
@@ -464,7 +467,7 @@ class _Engine:
         from vllm.v1.worker.utils import AttentionGroup
 
         self.config, self.device = config, device
-        self.recorder = _Recorder()
+        self.recorder = self.recorder_type()
         self.recorder.freeze = self.freeze
         # The V2 speculator's choice is V2's: MTP leaves the speculative config as it is
         # (the V1 drafter's is set below).
