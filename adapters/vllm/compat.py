@@ -704,6 +704,12 @@ REQUIRES["runner_step_qsa"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.models.qwen4_exp.common.qsa_cache", "QSACompressedKeyCache.get_kv_cache_spec"),
     Api("vllm.models.qwen4_exp.nvidia.indexer_qsa", "QSAIndexer._metadata"),
 )  # fmt: skip
+# runner_step_inkling: runner_step_v1's engine with Inkling's short-convolution state group.
+REQUIRES["runner_step_inkling"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.models.inkling.nvidia.sconv_swa_attn", "InklingSconvMetadataBuilder.build"),
+    Api("vllm.models.inkling.nvidia.sconv_swa_attn", "InklingConvState.get_kv_cache_spec"),
+    Api("vllm.models.inkling.amd.sconv_swa_attn", "InklingSconvMetadataBuilder.build"),
+)  # fmt: skip
 # runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
 REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"

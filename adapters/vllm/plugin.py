@@ -749,8 +749,27 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 def _runner_step_rocm() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends,
-    and on b12x and HPC; and a model whose indexer keeps QSA's side caches."""
+    and on b12x and HPC; a model whose indexer keeps QSA's side caches; Inkling's."""
     return [
+        *(
+            _step_impl(
+                "runner_step_inkling",
+                attr,
+                name=name,
+                description=f"installed vLLM (V1 runner) of an Inkling model ({where}): "
+                "vllm-v1's step with the short convolutions' state as a sliding-window "
+                f"KV-cache group of 4-token blocks (vllm/models/inkling/{where}/"
+                "sconv_swa_attn.py: InklingSconvMetadataBuilder.build, its Triton "
+                "seq_idx/query_start kernel), every token's request, first row and slot "
+                "judged",
+                declines="declines",
+                traced=True,
+            )
+            for attr, name, where in (
+                ("run", "vllm-v1-inkling", "nvidia"),
+                ("run_rocm", "vllm-v1-inkling-rocm", "amd"),
+            )
+        ),
         _step_impl(
             "runner_step_qsa",
             "run",
