@@ -710,6 +710,12 @@ REQUIRES["runner_step_inkling"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.models.inkling.nvidia.sconv_swa_attn", "InklingConvState.get_kv_cache_spec"),
     Api("vllm.models.inkling.amd.sconv_swa_attn", "InklingSconvMetadataBuilder.build"),
 )  # fmt: skip
+# runner_step_kpool_tail: runner_step_v1's engine with a kpool tail ring group.
+REQUIRES["runner_step_kpool_tail"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.mla.indexer", "KpoolTailBackend"),
+    Api("vllm.v1.attention.backends.mla.indexer", "KpoolTailMetadataBuilder.build"),
+    Api("vllm.v1.kv_cache_interface", "CircularBufferSpec", keyword="dcp_sharded"),
+)  # fmt: skip
 # runner_step_triton_diffkv: runner_step_v1's engine on the DiffKV Triton backend.
 REQUIRES["runner_step_triton_diffkv"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.triton_attn_diffkv", "TritonAttentionDiffKVBackend"

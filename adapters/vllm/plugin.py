@@ -749,8 +749,21 @@ def _runner_step_aiter_fa() -> list[Implementation]:
 
 def _runner_step_rocm() -> list[Implementation]:
     """``vllm-v1``'s step on the ROCm attention, segmented-prefill and Octave backends,
-    and on b12x and HPC; a model whose indexer keeps QSA's side caches; Inkling's."""
+    and on b12x and HPC; a model whose indexer keeps QSA's side caches, or a kpool tail
+    ring; Inkling's."""
     return [
+        _step_impl(
+            "runner_step_kpool_tail",
+            "run",
+            name="vllm-v1-kpool-tail",
+            description="installed vLLM (V1 runner) of a model whose kpool indexer keeps "
+            "its in-progress pool in a per-request ring: vllm-v1's step with the ring as "
+            "a KV-cache group of its own on KPOOL_TAIL (v1/attention/backends/mla/"
+            "indexer.py: KpoolTailMetadataBuilder.build, compute_kpool_tail_slot_mapping), "
+            "every token's ring slot judged",
+            declines="declines",
+            traced=True,
+        ),
         *(
             _step_impl(
                 "runner_step_inkling",

@@ -128,14 +128,45 @@ class _Recorder(v1._Recorder):
         return seen
 
 
-class _QSAEngine(v1._Engine):
-    """A V1 runner whose attention layer's indexer keeps QSA's two side caches."""
-
-    recorder_type = _Recorder
+class RingBlocks(v1._Engine):
+    """A V1 runner whose KV-cache groups past the attention's are a per-request ring (a
+    ``CircularBufferSpec``: one block a request, its first page, given when it is new to
+    the engine, a fresh engine's placeholder the null block) or the attention's pages."""
 
     def __init__(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         self.pages: dict[str, int] = {}  # each request's pages this engine was told of
         super().__init__(config, device, mode)
+
+    def output(self, inputs: RunnerStepInputs) -> Any:
+        """``vllm-v1``'s scheduler output, each request's pages given to every group."""
+        out = super().output(inputs)
+        for new in out.scheduled_new_reqs:
+            new.block_ids = self._groups(new.req_id, list(new.block_ids[0]), 0)
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if ids is not None:
+                held = 0 if rid in cached.resumed_req_ids else self.pages.get(rid, 0)
+                cached.new_block_ids[i] = self._groups(rid, list(ids[0]), held)
+        return out
+
+    def _groups(self, rid: str, pages: list[int], held: int) -> tuple[list[int], ...]:
+        """Each group's block ids of the pages ``pages`` a request gains, after the
+        ``held`` it has."""
+        from vllm.v1.kv_cache_interface import CircularBufferSpec
+
+        self.pages[rid] = held + len(pages)
+        ring = [] if held else pages[:1] or [NULL_BLOCK_ID]
+        groups = self.runner.kv_cache_config.kv_cache_groups
+        return tuple(
+            ring if isinstance(g.kv_cache_spec, CircularBufferSpec) else pages for g in groups
+        )
+
+
+class _QSAEngine(RingBlocks):
+    """A V1 runner whose attention layer's indexer keeps QSA's two side caches."""
+
+    recorder_type = _Recorder
 
     def more_groups(self) -> list[tuple[type, str, Any]]:
         cache = _modules().cache
@@ -157,27 +188,6 @@ class _QSAEngine(v1._Engine):
 
         # QSAMetadataBuilder's UNIFORM_BATCH: FULL becomes FULL_AND_PIECEWISE.
         return CUDAGraphMode.FULL_AND_PIECEWISE if mode == CUDAGraphMode.FULL else mode
-
-    def output(self, inputs: RunnerStepInputs) -> Any:
-        """``vllm-v1``'s scheduler output, each request's pages given to the QSA groups
-        too (module docstring)."""
-        out = super().output(inputs)
-        for new in out.scheduled_new_reqs:
-            new.block_ids = self._groups(new.req_id, list(new.block_ids[0]), 0)
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            ids = cached.new_block_ids[i]
-            if ids is not None:
-                held = 0 if rid in cached.resumed_req_ids else self.pages.get(rid, 0)
-                cached.new_block_ids[i] = self._groups(rid, list(ids[0]), held)
-        return out
-
-    def _groups(self, rid: str, pages: list[int], held: int) -> tuple[list[int], ...]:
-        """The attention group's, the ring's and the compressed group's block ids of the
-        pages ``pages`` a request gains, after the ``held`` it has."""
-        self.pages[rid] = held + len(pages)
-        ring = [] if held else pages[:1] or [NULL_BLOCK_ID]
-        return (pages, ring, pages)
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         out = super().fields(seen)
