@@ -79,3 +79,24 @@ def test_a_tail_slot_mapping_made_anew_each_build_fails_replay_equals_eager(monk
     _, second = run_trace(spec_decode(), m.KpoolTailRunnerStepEngine())
     stale = {v.field for v in ref.violations(second) if v.prop == "replay equals eager"}
     assert "kpool.slot_mapping" in stale
+
+
+def test_a_dummy_run_into_the_held_requests_ring_is_kept_apart():
+    """``vllm-v1-kpool-tail-dummy-held-rows``, a finding of vLLM 0.33.0 kept apart: the
+    idle rank's ``_dummy_run`` before the decode builds the ring's metadata from the
+    persistent batch's row 0, which holds the running request: the dummy tokens store
+    into that request's ring (block 1). ``vllm-v1-kpool-tail`` does not judge a dummy run
+    against the requests it holds; the kept-apart entry does."""
+    from attnfuzz.adapters.vllm.testing import kept_apart_verdict
+
+    m = kpool_tail()
+    witness = m.smallest_dummy_held_rows()
+    assert m.trigger_dummy_held_rows(witness)
+    verdict = kept_apart_verdict(
+        "vllm-v1-kpool-tail", "vllm-v1-kpool-tail-dummy-held-rows", witness
+    )
+    assert verdict.mismatches and all(
+        x.check == "dummy-run-writes-nothing-live" and x.where == "dummy.kpool.ring_block"
+        and "slot 1," in x.got
+        for x in verdict.mismatches
+    )  # fmt: skip

@@ -22,7 +22,16 @@ torch path runs. Its graphs: ``AttentionCGSupport.ALWAYS``.
 The consumer is the kpool indexer's tail store (``SparseAttnIndexerKpool``): each
 token's raw K and gate score at its slot. Fields, beside ``vllm-v1``'s:
 ``kpool.slot_mapping`` (a slot of the ring's blocks or -1; a padding token's no real
-token's, ``writes_state``).
+token's, ``writes_state``) and ``kpool.ring_block``, the ring block each request's tokens
+store into (the null block where none: a padding request's is no real one's).
+
+Kept apart, ``vllm-v1-kpool-tail-dummy-held-rows``: the same engine with its dummy runs
+between steps judged against the requests it holds. V1's ``_dummy_run`` builds the
+metadata from the persistent batch's block-table rows, so the dummy request of row 0
+takes the held request's ring block, and the slot mapping function stores the dummy
+tokens there (its Triton kernel's comment: "the runners give dummy and padding requests
+the null block, which must never be written"), as ``vllm-v1-hybrid-dummy-held-rows``
+finds for a GDN layer's state.
 
 The ring's block is a request's first page (:class:`.runner_step_qsa.RingBlocks`).
 
@@ -39,10 +48,11 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step import num_blocks
-from attnfuzz.adapters.vllm.runner_step_qsa import RingBlocks
+from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks, prefill_then_decode
+from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace
 
 _TAIL = "vllm/models/glm5next/common/attention.py"
 KPOOL = 4  # the indexer's pool (index_kpool)
@@ -104,12 +114,24 @@ class _KpoolTailEngine(RingBlocks):
         m = seen.linear
         if seen.meta is None or m is None:
             return out
-        slots = num_blocks(self.config) * ring_rows(self.config)
+        pool, ring = num_blocks(self.config), ring_rows(self.config)
+        slots = v1._np(m.slot_mapping).astype(np.int64)
         # SparseAttnIndexerKpool stores each token's raw K and gate score at its slot
         # (-1: none); a padding token's names no real token's.
-        tail = Field("kpool.slot_mapping", "tokens", v1._np(m.slot_mapping).astype(np.int64),
-                     (-1, slots - 1), writes_state=True, null_slot=-1)  # fmt: skip
-        return (*out, tail)
+        tail = Field("kpool.slot_mapping", "tokens", slots, (-1, pool * ring - 1),
+                     writes_state=True, null_slot=-1)  # fmt: skip
+        # The ring block each request's tokens store into (the null block: none), the
+        # ring a request keeps across steps: a padding or dummy request's is no real or
+        # held request's.
+        starts = v1._np(seen.meta.query_start_loc).astype(np.int64)
+        blocks = np.zeros(max(len(starts) - 1, 0), dtype=np.int64)
+        for i in range(len(blocks)):
+            own = slots[starts[i] : starts[i + 1]]
+            own = own[own >= 0]
+            blocks[i] = int(own.max()) // ring if len(own) else NULL_BLOCK_ID
+        ring_block = Field("kpool.ring_block", "requests", blocks, (NULL_BLOCK_ID, pool - 1),
+                           writes_state=True, null_slot=NULL_BLOCK_ID)  # fmt: skip
+        return (*out, tail, ring_block)
 
 
 class KpoolTailRunnerStepEngine(v1.RunnerStepEngine):
@@ -130,3 +152,38 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart: V1's dummy run stores into a held request's tail ring
+# (docs/findings.md).
+
+
+class HeldKpoolTailRunnerStepEngine(KpoolTailRunnerStepEngine):
+    """``vllm-v1-kpool-tail``'s engines, the dummy run between two steps judged against
+    the requests the engine holds while it runs."""
+
+    judges_held = True
+
+
+HELD = HeldKpoolTailRunnerStepEngine()
+
+
+def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-kpool-tail-dummy-held-rows``: ``vllm-v1-kpool-tail`` with its dummy runs
+    between steps judged against the requests it holds."""
+    return HELD(inputs)
+
+
+dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+
+
+def trigger_dummy_held_rows(found: Trace | Case) -> bool:
+    """A V1 engine, a request of one step that the next runs on: the engine holds it,
+    and its ring, through the dummy run between them."""
+    return found.config.runner == "v1" and held_between_steps(found)
+
+
+def smallest_dummy_held_rows() -> Trace:
+    """One request prefills 5 tokens, then decodes one: the dummy run between the two
+    stores into the request's ring (block 1)."""
+    return prefill_then_decode("v1", 0)
