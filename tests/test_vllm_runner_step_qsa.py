@@ -31,21 +31,25 @@ def spec_decode() -> Trace:
 
 def test_both_qsa_builders_build_every_step_and_capture(monkeypatch):
     """Each side cache's builder builds the prefill, the verify (eager, padded, replayed)
-    and the capture runs; every property holds. The prefill stores each key in the
-    request's ring (block 1, 8 rows) and its first group's state at position 3 (page 1,
-    4 states a page); the verify's padding tokens store nothing."""
+    and the capture runs, through the Triton kernel; every property holds. The prefill
+    stores each key in the request's ring (block 1, 8 rows) and its first group's state
+    at position 3 (page 1, 4 states a page); the verify's padding tokens store nothing."""
     m = qsa()
     m.prepare()
+    from vllm.models.qwen4_exp.common import qsa_cache
     from vllm.models.qwen4_exp.common.qsa_cache import QSAMetadataBuilder
 
     calls = Calls(monkeypatch)
     calls.count(QSAMetadataBuilder, "build")
+    calls.count(qsa_cache, "build_qsa_metadata_triton", "_build_qsa_metadata_torch")
     engine = m.QSARunnerStepEngine()
     first, second = run_trace(spec_decode(), engine)
     builders = [g[0].get_metadata_builder() for g in engine.graphs.runner.attn_groups[1:]]
     assert [type(b) for b in builders] == [QSAMetadataBuilder, QSAMetadataBuilder]
     assert [b.is_circular_buffer for b in builders] == [True, False]
     assert calls["build"] > 0
+    # The Triton kernel builds every QSA metadata, as on a GPU; the torch path none.
+    assert calls["build_qsa_metadata_triton"] > 0 and calls["_build_qsa_metadata_torch"] == 0
     assert ref.violations(first) == [] and ref.violations(second) == []
     (prefill,) = own(first, "eager")
     assert values(prefill, "qsa.raw.slot_mapping") == [8, 9, 10, 11, 12]

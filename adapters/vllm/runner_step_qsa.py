@@ -14,7 +14,8 @@ as ``QSAIndexer.__init__`` in ``models/qwen4_exp/nvidia/indexer_qsa.py`` makes t
 Each is a KV-cache group of its own on ``QSAStateBackend``, whose ``QSAMetadataBuilder``
 builds every step, capture run and draft build of the group: the decode/prefill split
 (threshold ``1 + num_spec``, uniform), ``decode_query_len``, and through
-``build_qsa_metadata`` (vLLM's torch path where Triton is absent, as here) each token's
+``build_qsa_metadata`` (its Triton kernel, as a GPU build binds it: :func:`triton_path`;
+vLLM binds a torch path where Triton is absent, as on this machine) each token's
 request, its logical position (-1 past the step's tokens), its visible compressed
 blocks, and its slot: the ring's (``circular_qsa_slot_mapping``: the request's one block,
 the position modulo the ring, only a request's last ring-full of tokens), or the
@@ -45,12 +46,16 @@ Declined: ``vllm-v1``'s cases, and pages the ring does not divide
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters.sglang._engine import interpreter_bool_masks
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
@@ -163,10 +168,28 @@ class RingBlocks(v1._Engine):
         )
 
 
+@contextlib.contextmanager
+def triton_path() -> Iterator[None]:
+    """``build_qsa_metadata`` as a GPU build with Triton binds it: the Triton kernel (here
+    under Triton's interpreter, with the boolean masks a compiled kernel has), no
+    programmatic dependent launch (``_metadata_launch_pdl``: a launch option, not a
+    value the kernel computes)."""
+    cache = _modules().cache
+    interpreter_bool_masks()
+    with (
+        mock.patch.object(cache, "build_qsa_metadata", cache.build_qsa_metadata_triton),
+        mock.patch.object(cache, "_metadata_launch_pdl", lambda: False),
+    ):
+        yield
+
+
 class _QSAEngine(RingBlocks):
     """A V1 runner whose attention layer's indexer keeps QSA's two side caches."""
 
     recorder_type = _Recorder
+
+    def platform(self) -> contextlib.AbstractContextManager[Any]:
+        return triton_path()
 
     def more_groups(self) -> list[tuple[type, str, Any]]:
         cache = _modules().cache
