@@ -49,7 +49,7 @@ import torch
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks, prefill_then_decode
-from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks
+from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks, ring_declines
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -88,12 +88,9 @@ def declines(case: Case) -> str | None:
 
 def declines_config(config: EngineConfig) -> str | None:
     """:func:`declines` of an engine of ``config`` alone (its step not read)."""
-    if config.runner == "v1" and not config.varlen_decode and config.block_size % ring_rows(config):
-        return (
-            f"block_size {config.block_size}: the kpool tail ring of {ring_rows(config)} rows "
-            f"must divide the attention block size ({_TAIL} Glm5NextTailCache.get_kv_cache_spec)"
-        )
-    return v1.declines_config(config)
+    return ring_declines(
+        config, ring_rows(config), "kpool tail", f"{_TAIL} Glm5NextTailCache.get_kv_cache_spec"
+    )
 
 
 class _KpoolTailEngine(RingBlocks):

@@ -100,10 +100,19 @@ def declines(case: Case) -> str | None:
 
 def declines_config(config: EngineConfig) -> str | None:
     """:func:`declines` of an engine of ``config`` alone (its step not read)."""
-    if config.runner == "v1" and not config.varlen_decode and config.block_size % ring_rows(config):
+    return ring_declines(
+        config, ring_rows(config), "QSA key", f"{_QSA} QSAKeyStateCache.get_kv_cache_spec"
+    )
+
+
+def ring_declines(config: EngineConfig, rows: int, ring: str, where: str) -> str | None:
+    """Why a V1 engine of ``config`` with a ring of ``rows`` rows beside its attention
+    does not run: ``vllm-v1``'s reasons, and pages the ring does not divide (``where``
+    asserts it)."""
+    if config.runner == "v1" and not config.varlen_decode and config.block_size % rows:
         return (
-            f"block_size {config.block_size}: the QSA key ring of {ring_rows(config)} rows "
-            f"must divide the attention block size ({_QSA} QSAKeyStateCache.get_kv_cache_spec)"
+            f"block_size {config.block_size}: the {ring} ring of {rows} rows must divide "
+            f"the attention block size ({where})"
         )
     return v1.declines_config(config)
 
