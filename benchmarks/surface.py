@@ -718,19 +718,37 @@ def engine_result(
 # kernels and server packages a CPU lacks), then each module imported, in a process
 # of its own (an import may leave state behind).
 _IMPORTS = """
-import importlib, json, sys
+import json, sys
+sys.path.insert(0, {here!r})
 import attnfuzz.kernels._triton
 from attnfuzz.adapters.{engine} import _engine
+from surface import import_each
 _engine.prepare()
-out = {{}}
-for module in json.loads(sys.argv[1]):
-    try:
-        importlib.import_module(module)
-        out[module] = None
-    except BaseException as exc:
-        out[module] = f"{{type(exc).__name__}}: {{str(exc).strip()}}"
-print("imports:" + json.dumps(out))
+print("imports:" + json.dumps(import_each(json.loads(sys.argv[1]))))
 """
+
+
+def import_each(modules: Sequence[str]) -> dict[str, str | None]:
+    """Each of ``modules`` imported in turn: None where it imports, else its error.
+
+    A failed import's orphans are dropped: a package whose ``__init__`` raises leaves
+    the submodules it loaded first in ``sys.modules`` without it, and a later module
+    importing one of them would import only because of the order
+    (``vllm.vllm_flash_attn``'s ``flash_attn_interface``, on a CPU). The rest stays: a
+    module imported again would register its custom ops twice."""
+    out: dict[str, str | None] = {}
+    for module in modules:
+        before = set(sys.modules)
+        try:
+            importlib.import_module(module)
+            out[module] = None
+        except BaseException as exc:  # an import's verdict, whatever it raised
+            out[module] = f"{type(exc).__name__}: {str(exc).strip()}"
+            for name in set(sys.modules) - before:
+                parents = [name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)]
+                if any(p not in sys.modules for p in parents):
+                    del sys.modules[name]
+    return out
 
 
 def module_of(name: str) -> str:
@@ -753,7 +771,8 @@ def import_verdicts(engine: str, names: Sequence[str]) -> dict[str, str | None]:
 
     modules = sorted({module_of(n) for n in names})
     done = subprocess.run(
-        [sys.executable, "-c", _IMPORTS.format(engine=engine), json.dumps(modules)],
+        [sys.executable, "-c", _IMPORTS.format(engine=engine, here=str(Path(__file__).parent)),
+         json.dumps(modules)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     for line in done.stdout.splitlines():

@@ -339,3 +339,32 @@ def test_the_command_written_to_the_docs_names_no_output_file(surface):
     argv = ["--examples", "50", "--json", "out.json", "--markdown", "docs/surface.md"]
     assert surface.reader_command(argv) == "python benchmarks/surface.py --examples 50"
     assert surface.reader_command(["--json=x.json"]) == "python benchmarks/surface.py"
+
+
+def test_a_module_imports_or_not_whatever_failed_before_it(surface, tmp_path, monkeypatch):
+    """A package whose ``__init__`` raises after loading a submodule leaves that
+    submodule behind; a module importing it later is still reported as not importing
+    (as vLLM's ``flashattn_mla_sparse`` after another module's failed import of
+    ``vllm.vllm_flash_attn``), and a module that imports stays imported."""
+    pkg = tmp_path / "fa_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from fa_pkg.interface import kernel\nraise ImportError('no CUDA extension')\n"
+    )
+    (pkg / "interface.py").write_text("def kernel():\n    pass\n")
+    (tmp_path / "first_user.py").write_text("import fa_pkg\n")
+    (tmp_path / "second_user.py").write_text("from fa_pkg.interface import kernel\n")
+    (tmp_path / "plain.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ["first_user", "second_user", "plain", "fa_pkg", "fa_pkg.interface"]
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    verdicts = surface.import_each(["first_user", "second_user", "plain"])
+    assert verdicts == {
+        "first_user": "ImportError: no CUDA extension",
+        "second_user": "ImportError: no CUDA extension",
+        "plain": None,
+    }
+    assert "plain" in sys.modules and "fa_pkg.interface" not in sys.modules
+    for name in names:
+        sys.modules.pop(name, None)
