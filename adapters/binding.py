@@ -38,6 +38,9 @@ class Api:
     attr: str = ""  # a dotted path inside the module, "" for the module itself
     keyword: str = ""  # a parameter the callable at ``attr`` must take
     since: str = ""  # the first release that has it: for the install hint only
+    # "module:function", a context manager the adapter imports ``module`` within (a
+    # stand-in for a vendor package that the module imports and a CPU lacks)
+    within: str = ""
 
     def __str__(self) -> str:
         where = f"{self.module}.{self.attr}" if self.attr else self.module
@@ -82,7 +85,7 @@ def _missing(api: Api) -> str | None:
         why = f"importing {package} failed (its set-up): {type(err).__name__}: {err}"
         return ImportFailed(one_line(why))
     try:
-        with engine_prints_to_stderr():
+        with engine_prints_to_stderr(), _within(api):
             obj = importlib.import_module(api.module)
     except Exception as err:  # noqa: BLE001 - a probe: the import error is the answer
         why = one_line(f"importing {api.module} failed: {type(err).__name__}: {err}")
@@ -99,6 +102,14 @@ def _missing(api: Api) -> str | None:
         if api.keyword not in parameters:
             return f"{api} is missing (no {api.keyword}= parameter)"
     return None
+
+
+def _within(api: Api) -> contextlib.AbstractContextManager[Any]:
+    """The context the adapter imports ``api.module`` within (``Api.within``)."""
+    if not api.within:
+        return contextlib.nullcontext()
+    module, function = api.within.split(":")
+    return getattr(importlib.import_module(module), function)()
 
 
 def install_hint(

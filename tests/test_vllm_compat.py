@@ -7,10 +7,12 @@ sweep (``benchmarks/releases.py``), not here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from attnfuzz.adapters import vllm
@@ -78,6 +80,31 @@ def test_an_api_is_found_by_module_attribute_and_keyword(fake_release):
     why = compat.Api(f"{FAKE}.builder", "Builder._load_ptr").missing()
     assert why == f"{FAKE}.builder.Builder._load_ptr is missing"
     assert not compat.has(compat.Api(f"{FAKE}.absent"))
+
+
+_VENDOR = f"{FAKE}_vendor"  # a vendor package this machine lacks
+
+
+@contextlib.contextmanager
+def vendor_standin():
+    """``_VENDOR`` importable for the block, as an adapter's stand-in makes it."""
+    with mock.patch.dict(sys.modules, {_VENDOR: types.ModuleType(_VENDOR)}):
+        yield
+
+
+def test_an_api_whose_module_the_adapter_imports_within_a_standin_is_found(
+    fake_release, tmp_path, monkeypatch
+):
+    """A module that imports a vendor package at its top is missing by itself (the
+    import error says so) and found within the stand-in the adapter imports it in."""
+    (tmp_path / f"{FAKE}_needs_vendor.py").write_text(f"import {_VENDOR}\nclass Backend: ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, f"{FAKE}_needs_vendor", raising=False)
+    plain = compat.Api(f"{FAKE}_needs_vendor", "Backend")
+    assert f"No module named '{_VENDOR}'" in plain.missing()
+    within = compat.Api(f"{FAKE}_needs_vendor", "Backend", within=f"{__name__}:vendor_standin")
+    assert within.missing() is None
+    assert _VENDOR not in sys.modules  # the stand-in is gone after the probe
 
 
 def test_a_partially_installed_module_is_its_import_error_in_one_line(fake_release):

@@ -778,6 +778,17 @@ REQUIRES["runner_step_flashinfer_mla_sparse.run_sm120"] = (
     Api("vllm.v1.attention.backends.mla.flashinfer_mla_sparse",
         "FlashInferMLASparseMetadataBuilder"),
 )  # fmt: skip
+# runner_step_flashattn_mla_sparse: runner_step_sparse_mla's engine on FlashAttention's
+# sparse MLA backend.
+# The backend's module is imported with vllm.vllm_flash_attn's package stood in (its
+# __init__ raises without the CUDA extensions), as the adapter imports it.
+_FA_PACKAGE = "attnfuzz.adapters.vllm.runner_step_flashattn_mla_sparse:fa_package"
+REQUIRES["runner_step_flashattn_mla_sparse"] = REQUIRES["runner_step_sparse_mla"] + (
+    Api("vllm.v1.attention.backends.mla.flashattn_mla_sparse", "FlashAttnMLASparseBackend",
+        within=_FA_PACKAGE),
+    Api("vllm.v1.attention.backends.mla.flashattn_mla_sparse",
+        "FlashAttnMLASparseMetadataBuilder", within=_FA_PACKAGE),
+)  # fmt: skip
 
 # runner_step_aiter_mla: runner_step_mla's engine on ROCm's AITER MLA backend, the GPU's
 # architecture read at import of vllm.platforms.rocm (which needs one), AITER's metadata

@@ -996,6 +996,20 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             declines="declines_sm120",
             traced=True,
         ),
+        _step_impl(
+            "runner_step_flashattn_mla_sparse",
+            "run",
+            name="vllm-v1-flashattn-mla-sparse",
+            description="installed vLLM (V1 runner) of a sparse-attention MLA model on "
+            "FlashAttention's sparse MLA backend: vllm-v1-flashmla-sparse's step with its "
+            "MLA layer on FLASH_ATTN_MLA_SPARSE "
+            "(vllm/v1/attention/backends/mla/flashattn_mla_sparse.py: "
+            "FlashAttnMLASparseMetadataBuilder, its head count's reorder threshold, pages "
+            "of 64; vllm.vllm_flash_attn's package stood in for the import), every field "
+            "its kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
     ]
 
 
