@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import inspect
 import sys
 import textwrap
@@ -21,6 +24,71 @@ class VendorContractError(ContractError):
     """A call a vendor's function refuses (its ``TORCH_CHECK``), raised by the stand-in
     that models the function: the engine's misuse of the vendor's contract, a finding
     wherever it is raised (harness/blame.py), never attnfuzz's fault."""
+
+
+class Unused:
+    """Any attribute of a stood-in package: usable as a base class or an annotation at
+    import time; calling it says it is a stand-in."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Unused:
+        return Unused(f"{self._name}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self._name} is attnfuzz's stand-in; the engine called it")
+
+    def __mro_entries__(self, bases: tuple) -> tuple:
+        return (object,)
+
+
+def _attribute_of(owner: str) -> Callable[[str], Unused]:
+    def attribute(attr: str) -> Unused:
+        if attr.startswith("__"):  # __file__, __version__: what tools probe modules for
+            raise AttributeError(attr)
+        return Unused(f"{owner}.{attr}")
+
+    return attribute
+
+
+class EmptyPackages(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers an import of :attr:`packages` (and of any module inside them) with an
+    empty package, each attribute an :class:`Unused`."""
+
+    packages: tuple[str, ...] = ()
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] in self.packages:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _attribute_of(spec.name)  # type: ignore[attr-defined]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def packages_stood_in(*packages: str) -> Iterator[None]:
+    """``packages`` importable for the block as :class:`EmptyPackages` where they do
+    not import (a package a CPU install lacks, imported at load by an engine module
+    that never calls it here); after the block no new import finds them and they leave
+    ``sys.modules``. A module the block imported keeps what it bound of them."""
+    absent = [p for p in packages if importlib.util.find_spec(p) is None]
+    finder = type("StoodIn", (EmptyPackages,), {"packages": tuple(absent)})()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [m for m in sys.modules if m.split(".")[0] in absent]:
+            if isinstance(getattr(sys.modules[name], "__loader__", None), EmptyPackages):
+                del sys.modules[name]
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
 from attnfuzz.adapters.standins import in_sys_modules
 
 
@@ -48,3 +49,24 @@ def test_a_module_stages_in_unpinned_memory_on_a_cpu_alone():
     assert builder.torch is torch
     with unpinned(builder, torch.device("meta")):
         assert builder.torch is torch
+
+
+def test_a_package_this_install_lacks_is_stood_in_for_the_block_alone(tmp_path, monkeypatch):
+    """An engine module importing an absent package at load imports within the block,
+    keeps what it bound, and the package is gone after; a package that imports is left
+    as it is."""
+    from attnfuzz.adapters.standins import Unused, packages_stood_in
+
+    (tmp_path / "attnfuzz_test_engine_mod.py").write_text(
+        "from attnfuzz_test_absent.transforms import Resize\nimport json\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "attnfuzz_test_engine_mod", raising=False)
+    with packages_stood_in("attnfuzz_test_absent", "json"):
+        import attnfuzz_test_engine_mod  # type: ignore[import-not-found]
+    assert isinstance(attnfuzz_test_engine_mod.Resize, Unused)
+    assert not any(m.startswith("attnfuzz_test_absent") for m in sys.modules)
+    assert attnfuzz_test_engine_mod.json is sys.modules["json"]  # the real one
+    with pytest.raises(ModuleNotFoundError):  # the stand-in did not outlive its block
+        import attnfuzz_test_absent  # type: ignore[import-not-found]  # noqa: F401
+    sys.modules.pop("attnfuzz_test_engine_mod", None)

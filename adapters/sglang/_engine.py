@@ -35,7 +35,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -43,6 +43,7 @@ import torch
 
 # First: decides TRITON_INTERPRET (set where there is no CUDA), which the lines below read.
 from attnfuzz.kernels import _triton  # isort: skip
+from attnfuzz.adapters.standins import EmptyPackages  # isort: skip
 
 
 class StandIn(types.SimpleNamespace):
@@ -63,48 +64,10 @@ STAND_IN_PACKAGES = ("torchvision",)
 """Packages SGLang imports at load and never calls in the metadata code driven here."""
 
 
-class _Unused:
-    """Any attribute of a stood-in package: usable as a base class or an
-    annotation at import time; calling it says it is a stand-in."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str) -> _Unused:
-        return _Unused(f"{self._name}.{attr}")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self._name} is attnfuzz's stand-in; SGLang called it")
-
-    def __mro_entries__(self, bases: tuple) -> tuple:
-        return (object,)
-
-
-def _attribute_of(owner: str) -> Callable[[str], _Unused]:
-    def attribute(attr: str) -> _Unused:
-        if attr.startswith("__"):  # __file__, __version__: what tools probe modules for
-            raise AttributeError(attr)
-        return _Unused(f"{owner}.{attr}")
-
-    return attribute
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _StandInFinder(EmptyPackages):
     """Answers ``import torchvision`` and ``import torchvision.x.y`` with empty packages."""
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name.split(".")[0] in STAND_IN_PACKAGES:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        module.__getattr__ = _attribute_of(spec.name)  # type: ignore[attr-defined]
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        pass
+    packages = STAND_IN_PACKAGES
 
 
 TRANSFORMERS_WITHOUT_GATE = (5, 23)
