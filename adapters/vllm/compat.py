@@ -780,6 +780,15 @@ REQUIRES["runner_step_flashinfer_mla_sparse.run_sm120"] = (
 )  # fmt: skip
 # runner_step_flashattn_mla_sparse: runner_step_sparse_mla's engine on FlashAttention's
 # sparse MLA backend.
+# runner_step_step5_dsa: runner_step_flash_attn's engine on Step5's DSA backend, whose
+# package imports torchvision at load (stood in for that import, as the adapter does).
+_NO_TORCHVISION = "attnfuzz.adapters.vllm.runner_step_step5_dsa:torchvision_stood_in"
+REQUIRES["runner_step_step5_dsa"] = REQUIRES["runner_step_flash_attn"] + (
+    Api("vllm.models.step5.nvidia.sparse_attention", "Step5DSAAttentionBackend",
+        within=_NO_TORCHVISION),
+    Api("vllm.models.step5.nvidia.sparse_attention", "Step5DSAMetadataBuilder.build",
+        within=_NO_TORCHVISION),
+)  # fmt: skip
 # The backend's module is imported with vllm.vllm_flash_attn's package stood in (its
 # __init__ raises without the CUDA extensions), as the adapter imports it.
 _FA_PACKAGE = "attnfuzz.adapters.vllm.runner_step_flashattn_mla_sparse:fa_package"

@@ -598,6 +598,19 @@ def _runner_step_flash_attn() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_step5_dsa",
+            "run",
+            name="vllm-v1-step5-dsa",
+            description="installed vLLM (V1 runner) of a Step5 model's DSA attention: "
+            "vllm-v1-flash-attn's step with its attention layer on STEP5_DSA "
+            "(vllm/models/step5/nvidia/sparse_attention.py: Step5DSAMetadataBuilder.build, "
+            "FlashAttention's metadata with the request count and host query offsets the "
+            "DSA forward reads; the prefill plan needs the model's sparse impl, not made "
+            "here), every field its kernels read judged",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_flash_attn",
             "scheduler_tail_kept",
             name="vllm-v1-flash-attn-scheduler-tail-kept",
