@@ -788,6 +788,13 @@ REQUIRES["runner_step_step5_dsa"] = REQUIRES["runner_step_flash_attn"] + (
         within=_NO_TORCHVISION),
     Api("vllm.models.step5.nvidia.sparse_attention", "Step5DSAMetadataBuilder.build",
         within=_NO_TORCHVISION),
+    Api("vllm.models.step5.nvidia.csa_tail_ring", "Step5CSATailRing.get_kv_cache_spec",
+        within=_NO_TORCHVISION),
+    Api("vllm.models.step5.nvidia.csa_tail_ring", "Step5CSATailRing.bind_kv_cache",
+        within=_NO_TORCHVISION),
+    Api("vllm.models.step5.nvidia.csa_tail_ring", "Step5CSATailRingMetadataBuilder.build",
+        within=_NO_TORCHVISION),
+    Api("vllm.v1.kv_cache_interface", "CircularBufferSpec"),
 )  # fmt: skip
 # The backend's module is imported with vllm.vllm_flash_attn's package stood in (its
 # __init__ raises without the CUDA extensions), as the adapter imports it.

@@ -606,8 +606,25 @@ def _runner_step_flash_attn() -> list[Implementation]:
             "(vllm/models/step5/nvidia/sparse_attention.py: Step5DSAMetadataBuilder.build, "
             "FlashAttention's metadata with the request count and host query offsets the "
             "DSA forward reads; the prefill plan needs the model's sparse impl, not made "
-            "here), every field its kernels read judged",
+            "here) and its CSA tail ring's group (csa_tail_ring.py: "
+            "Step5CSATailRingMetadataBuilder.build, _ring_metadata_kernel), every field "
+            "its kernels read judged",
             declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_step5_dsa",
+            "dummy_held_rows",
+            name="vllm-v1-step5-dsa-dummy-held-rows",
+            kind="mutant",
+            description="installed vLLM (V1 runner, Step5's DSA attention and CSA tail "
+            "ring) with its dummy runs judged: an idle data-parallel rank's _dummy_run "
+            "builds the ring's metadata from the persistent batch's rows and stores into "
+            "a held request's ring (a difference of vLLM's own, docs/findings.md)",
+            declines="declines",
+            trigger=_lazy("runner_step_kpool_tail", "trigger_dummy_held_rows"),
+            reach=_hybrid_hook("reach_dummy_run"),
+            smallest=_lazy("runner_step_kpool_tail", "smallest_dummy_held_rows"),
             traced=True,
         ),
         _step_impl(

@@ -22,15 +22,38 @@ adds what the DSA forward reads beside FlashAttention's metadata:
 Its graphs (``get_cudagraph_support``): ``UNIFORM_SINGLE_TOKEN_DECODE`` without drafts,
 ``UNIFORM_BATCH`` with them; a FULL mixed mode becomes FULL_AND_PIECEWISE.
 
-Stood in: ``torchvision`` for the backend module's import alone (the ``step5`` package
+Stood in: ``torchvision`` for the two modules' import alone (the ``step5`` package
 imports its vision model, whose processor imports ``torchvision`` at load; the CPU
 install has none and the metadata code never calls it).
 
-Fields: ``vllm-v1-flash-attn``'s, and ``step5.query_start_loc_cpu`` (the host offsets of
-the first ``num_actual_reqs`` requests, each within the step's tokens).
+The indexer keeps its open CSA region's raw rows in a ring
+(``vllm/models/step5/nvidia/csa_tail_ring.py``): a ``Step5CSATailRing`` layer made by its
+own constructor beside the attention layer, its ``CircularBufferSpec`` its own
+``get_kv_cache_spec`` (the attention's page, ``7 + num_spec`` rows of 1 KB at least), a
+KV-cache group of its own, one block a request (its first page,
+:class:`.runner_step_qsa.RingBlocks`), its cache bound as ``bind_kv_cache_to_layers``
+binds it (a contiguous cache: a block's ring is its page's rows). Its
+``Step5CSATailRingMetadataBuilder.build`` runs ``_ring_metadata_kernel`` (under Triton's
+interpreter) on every build: each token's ring base (its request's block times the rows a
+block, -1 where the block is the null block or the token is not scheduled) and ring row
+(``base + position % capacity`` for the positions a later step may replay, else -1).
+Its graphs: ``AttentionCGSupport.ALWAYS``.
+
+Fields: ``vllm-v1-flash-attn``'s, ``step5.query_start_loc_cpu`` (the host offsets of the
+first ``num_actual_reqs`` requests, each within the step's tokens) and the ring's:
+``step5.ring.slot_mapping`` (a padding token's row no real token's), ``step5.ring.base``
+and ``step5.ring.block`` (each request's ring block, the null block where none).
+
+Kept apart, ``vllm-v1-step5-dsa-dummy-held-rows``: the dummy runs between steps judged
+against the requests the engine holds. V1's ``_dummy_run`` builds from the persistent
+batch's block-table rows, so the dummy request of row 0 takes the held request's block,
+and the kernel, which skips only the null block ("Dummy and capture batches map every
+request to the shared null block 0 ... never write it"), stores the dummy token in that
+request's ring: the mechanism of ``vllm-v1-kpool-tail-dummy-held-rows``.
 
 Declined: ``vllm-v1-flash-attn``'s cases (pages of multiples of 16: the FlashAttention
-backend's kernel block sizes, which Step5's backend inherits).
+backend's kernel block sizes, which Step5's backend inherits), and pages too small for
+the ring (``get_kv_cache_spec`` raises ``ValueError``: "increase --block-size").
 """
 
 from __future__ import annotations
@@ -40,13 +63,20 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+import torch
 from attnfuzz.adapters.standins import packages_stood_in
 from attnfuzz.adapters.vllm import runner_step_flash_attn as fa
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
+from attnfuzz.adapters.vllm.runner_step import num_blocks
+from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 
+_RING = "vllm/models/step5/nvidia/csa_tail_ring.py"
 HEAD_SIZE = 192  # Step5DSAAttentionBackend.supports_head_size
+RING_LAYER = "model.layers.0.self_attn.csa_tail_ring"
+ROW_BYTES = 1024  # csa_tail_ring.py _ROW_BYTES: one bf16 [index_k | index_z] row
 
 
 def prepare() -> None:
@@ -68,13 +98,35 @@ def _backend() -> type:
     return Step5DSAAttentionBackend
 
 
+@functools.cache
+def _ring_layer_type() -> type:
+    with torchvision_stood_in():
+        from vllm.models.step5.nvidia.csa_tail_ring import Step5CSATailRing
+
+    return Step5CSATailRing
+
+
+def page_bytes(config: EngineConfig) -> int:
+    """A page of the attention's KV cache: keys and values of 1 KV head of 192, bf16."""
+    return config.block_size * 2 * HEAD_SIZE * torch.bfloat16.itemsize
+
+
 def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1-flash-attn``'s cases."""
-    return fa.declines(case)
+    """Why this engine does not run ``case``: ``vllm-v1-flash-attn``'s cases, and pages
+    too small for the ring."""
+    return declines_config(case.config) or fa.declines(case)
 
 
 def declines_config(config: EngineConfig) -> str | None:
     """:func:`declines` of an engine of ``config`` alone (its step not read)."""
+    page, needed = page_bytes(config), 7 + config.num_spec
+    if config.runner == "v1" and not config.varlen_decode:
+        if page % ROW_BYTES or page // ROW_BYTES < needed:
+            return (
+                f"block_size {config.block_size}: the CSA tail ring needs {needed} rows of "
+                f"{ROW_BYTES} bytes in one {page}-byte KV page "
+                f"({_RING} Step5CSATailRing.get_kv_cache_spec raises ValueError)"
+            )
     return fa.declines_config(config)
 
 
@@ -87,13 +139,35 @@ def _freeze(meta: Any) -> SimpleNamespace:
     return out
 
 
-class _Step5DSAEngine(fa._FlashAttnEngine):
-    """A V1 runner whose attention layer is on Step5's DSA backend."""
+class _Step5DSAEngine(RingBlocks, fa._FlashAttnEngine):
+    """A V1 runner whose attention layer is on Step5's DSA backend, its indexer's open
+    region in a CSA tail ring."""
 
     freeze = staticmethod(_freeze)
 
     def attention_group(self) -> tuple[type, Any]:
         return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
+
+    def more_groups(self) -> list[tuple[type, str, Any]]:
+        """The ring, a layer made by its own constructor beside the attention layer, its
+        spec its own ``get_kv_cache_spec`` of the attention's, its cache bound as
+        ``bind_kv_cache_to_layers`` binds it (a contiguous cache: a block's ring is its
+        page's rows)."""
+        _, main_spec = self.attention_group()
+        main = SimpleNamespace(get_kv_cache_spec=lambda vllm_config: main_spec)
+        ring = _ring_layer_type()(
+            prefix=RING_LAYER, main_layer_name=v1._LAYER,
+            num_speculative_tokens=self.config.num_spec,
+            static_forward_context={v1._LAYER: main},
+        )  # fmt: skip
+        spec = ring.get_kv_cache_spec(self.vllm_config)
+        ring.bind_kv_cache(
+            torch.zeros(self.pool_size(), spec.page_size_bytes // 2, dtype=torch.bfloat16)
+        )
+        self.vllm_config.compilation_config.static_forward_context[RING_LAYER] = ring
+        self.ring = ring
+        self.recorder.linear_layer = RING_LAYER
+        return [(ring.get_attn_backend(), RING_LAYER, spec)]
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode
@@ -110,7 +184,33 @@ class _Step5DSAEngine(fa._FlashAttnEngine):
         tokens_pad = int(seen.positions.shape[0])
         host = Field("step5.query_start_loc_cpu", "offsets",
                      v1._np(seen.meta.query_start_loc_cpu), (0, tokens_pad))  # fmt: skip
-        return (*out, host)
+        out = (*out, host)
+        m = seen.linear
+        if m is None:
+            return out
+        rows, capacity = self.ring.rows_per_block, self.ring.capacity
+        top = (num_blocks(self.config) - 1) * rows + capacity - 1
+        slots = v1._np(m.slot_mapping).astype(np.int64)
+        # The DSA layer stores each token's raw index row at its ring row (-1: none) and
+        # replays the open region's rows from base; a padding token's names no real one's.
+        ring = [
+            Field("step5.ring.slot_mapping", "tokens", slots, (-1, top),
+                  writes_state=True, null_slot=-1),
+            Field("step5.ring.base", "tokens", v1._np(m.base).astype(np.int64),
+                  (-1, top - capacity + 1)),
+        ]  # fmt: skip
+        # The ring block each request's tokens store into (the null block: none): a
+        # padding or dummy request's is no real or held request's.
+        starts = v1._np(seen.meta.query_start_loc).astype(np.int64)
+        blocks = np.zeros(max(len(starts) - 1, 0), dtype=np.int64)
+        for i in range(len(blocks)):
+            own = slots[starts[i] : starts[i + 1]]
+            own = own[own >= 0]
+            blocks[i] = int(own.max()) // rows if len(own) else NULL_BLOCK_ID
+        ring.append(Field("step5.ring.block", "requests", blocks,
+                          (NULL_BLOCK_ID, num_blocks(self.config) - 1),
+                          writes_state=True, null_slot=NULL_BLOCK_ID))  # fmt: skip
+        return (*out, *ring)
 
 
 class Step5DSARunnerStepEngine(fa.FlashAttnRunnerStepEngine):
@@ -130,3 +230,26 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart: V1's dummy run stores into a held request's CSA tail ring, as
+# vllm-v1-kpool-tail-dummy-held-rows's into its kpool ring (docs/findings.md).
+
+
+class HeldStep5DSARunnerStepEngine(Step5DSARunnerStepEngine):
+    """``vllm-v1-step5-dsa``'s engines, the dummy run between two steps judged against
+    the requests the engine holds while it runs."""
+
+    judges_held = True
+
+
+HELD = HeldStep5DSARunnerStepEngine()
+
+
+def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-step5-dsa-dummy-held-rows``: ``vllm-v1-step5-dsa`` with its dummy runs
+    between steps judged against the requests it holds."""
+    return HELD(inputs)
+
+
+dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
