@@ -58,7 +58,11 @@ def test_the_hpc_builder_builds_every_step_and_capture(monkeypatch):
 
 
 def test_the_task_map_records_each_schedule_and_refuses_what_overruns_it():
-    """The stand-in's schedule of the decodes, and the calls hpc-ops' op refuses."""
+    """The stand-in's schedule of the decodes, and the calls hpc-ops' op refuses: each
+    refusal the engine's misuse of hpc-ops' contract, a finding (harness/blame.py), never
+    attnfuzz's fault."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
     m = hpc()
     task_map = m.get_attention_decode_task_workspace(2, 128, 1)
     lengths = torch.tensor([7, 0], dtype=torch.int32)
@@ -73,8 +77,9 @@ def test_the_task_map_records_each_schedule_and_refuses_what_overruns_it():
         (torch.tensor([7], dtype=torch.int32), 1, 5, "5 queries"),
     ]
     for lengths, heads, queries, message in refusals:
-        with pytest.raises(VendorContractError, match=message):
+        with pytest.raises(VendorContractError, match=message) as refused:
             m.assign_attention_decode_task(lengths, task_map, heads, queries, True)
+        assert attnfuzz_fault(refused.value, refused.tb) is None
 
 
 def test_pages_off_the_kernel_page_and_more_than_three_drafts_are_declined():

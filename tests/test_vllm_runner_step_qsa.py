@@ -92,7 +92,10 @@ def test_a_ring_slot_mapping_made_anew_each_build_fails_replay_equals_eager(monk
 
 def test_caches_whose_splits_disagree_are_refused_by_the_indexer(monkeypatch):
     """``QSAIndexer._metadata`` runs on every forward: a compressed cache's metadata of
-    another decode query length is refused as the indexer refuses it."""
+    another decode query length is refused as the indexer refuses it, in vLLM's frame:
+    the engine's refusal, a finding (harness/blame.py), never attnfuzz's fault."""
+    from attnfuzz.harness.blame import attnfuzz_fault
+
     m = qsa()
     m.prepare()
     from vllm.models.qwen4_exp.common.qsa_cache import QSAMetadataBuilder
@@ -106,5 +109,6 @@ def test_caches_whose_splits_disagree_are_refused_by_the_indexer(monkeypatch):
         return metadata
 
     monkeypatch.setattr(QSAMetadataBuilder, "build", skewed)
-    with pytest.raises(RuntimeError, match="splits disagree"):
+    with pytest.raises(RuntimeError, match="splits disagree") as refused:
         run_trace(spec_decode(), m.QSARunnerStepEngine())
+    assert attnfuzz_fault(refused.value, refused.tb) is None
