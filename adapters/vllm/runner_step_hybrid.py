@@ -295,23 +295,11 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # run's rows (BlockTables.get_dummy_block_tables).
 
 
-class HeldHybridRunnerStepEngine(HybridRunnerStepEngine):
-    """``vllm-v1-hybrid``'s engines, the dummy run between two steps judged against the
-    requests the engine holds while it runs."""
-
-    judges_held = True
-
-
-HELD = HeldHybridRunnerStepEngine()
-
-
-def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-hybrid-dummy-held-rows``: ``vllm-v1-hybrid`` with its dummy runs between
-    steps judged against the requests it holds."""
-    return HELD(inputs)
-
-
-dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+dummy_held_rows = v1.judging_held(
+    HybridRunnerStepEngine,
+    "``vllm-v1-hybrid-dummy-held-rows``: ``vllm-v1-hybrid`` with its dummy runs between "
+    "steps judged against the requests it holds.",
+)
 
 
 def reach_dummy_run(found: Trace | Case) -> bool:

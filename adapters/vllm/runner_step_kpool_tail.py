@@ -155,23 +155,11 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # (docs/findings.md).
 
 
-class HeldKpoolTailRunnerStepEngine(KpoolTailRunnerStepEngine):
-    """``vllm-v1-kpool-tail``'s engines, the dummy run between two steps judged against
-    the requests the engine holds while it runs."""
-
-    judges_held = True
-
-
-HELD = HeldKpoolTailRunnerStepEngine()
-
-
-def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-kpool-tail-dummy-held-rows``: ``vllm-v1-kpool-tail`` with its dummy runs
-    between steps judged against the requests it holds."""
-    return HELD(inputs)
-
-
-dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+dummy_held_rows = v1.judging_held(
+    KpoolTailRunnerStepEngine,
+    "``vllm-v1-kpool-tail-dummy-held-rows``: ``vllm-v1-kpool-tail`` with its dummy runs between "
+    "steps judged against the requests it holds.",
+)
 
 
 def trigger_dummy_held_rows(found: Trace | Case) -> bool:

@@ -236,20 +236,8 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # vllm-v1-kpool-tail-dummy-held-rows's into its kpool ring (docs/findings.md).
 
 
-class HeldStep5DSARunnerStepEngine(Step5DSARunnerStepEngine):
-    """``vllm-v1-step5-dsa``'s engines, the dummy run between two steps judged against
-    the requests the engine holds while it runs."""
-
-    judges_held = True
-
-
-HELD = HeldStep5DSARunnerStepEngine()
-
-
-def dummy_held_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-step5-dsa-dummy-held-rows``: ``vllm-v1-step5-dsa`` with its dummy runs
-    between steps judged against the requests it holds."""
-    return HELD(inputs)
-
-
-dummy_held_rows.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+dummy_held_rows = v1.judging_held(
+    Step5DSARunnerStepEngine,
+    "``vllm-v1-step5-dsa-dummy-held-rows``: ``vllm-v1-step5-dsa`` with its dummy runs between "
+    "steps judged against the requests it holds.",
+)

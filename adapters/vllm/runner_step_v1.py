@@ -1361,23 +1361,25 @@ class Mutated:
 # proposal left there, the slots of the requests it drafted for.
 
 
-class HeldRunnerStepEngine(RunnerStepEngine):
-    """``vllm-v1``'s engines, the dummy run between two steps judged against the
-    requests the engine holds while it runs."""
+def judging_held(engine_type: type[RunnerStepEngine], doc: str) -> Any:
+    """An implementation on ``engine_type``'s engines (kept across calls; its
+    ``new_engine()`` drops them) with the dummy run between two steps judged against the
+    requests the engine holds while it runs (``judges_held``): a finding kept apart."""
+    held = type(f"Held{engine_type.__name__}", (engine_type,), {"judges_held": True})()
 
-    judges_held = True
+    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        return held(inputs)
 
-
-HELD = HeldRunnerStepEngine()
-
-
-def run_drafter_dummy(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-drafter-dummy-slots``: ``vllm-v1`` with its dummy runs between steps
-    judged against the requests it holds."""
-    return HELD(inputs)
+    run.__doc__ = doc
+    run.new_engine = held.new_engine  # type: ignore[attr-defined]
+    return run
 
 
-run_drafter_dummy.new_engine = HELD.new_engine  # type: ignore[attr-defined]
+run_drafter_dummy = judging_held(
+    RunnerStepEngine,
+    "``vllm-v1-drafter-dummy-slots``: ``vllm-v1`` with its dummy runs between steps "
+    "judged against the requests it holds.",
+)
 
 
 def reach_drafter_dummy(found: Trace | Case) -> bool:
