@@ -112,3 +112,21 @@ def test_caches_whose_splits_disagree_are_refused_by_the_indexer(monkeypatch):
     with pytest.raises(RuntimeError, match="splits disagree") as refused:
         run_trace(spec_decode(), m.QSARunnerStepEngine())
     assert attnfuzz_fault(refused.value, refused.tb) is None
+
+
+def test_a_dummy_run_into_the_held_requests_raw_ring_is_kept_apart():
+    """``vllm-v1-qsa-dummy-held-rows``, a finding of vLLM 0.33.0 kept apart: the dummy run
+    before the decode builds the raw ring's metadata from the persistent batch's row 0,
+    which holds the running request: the dummy token stores into that request's ring
+    (block 1, slot 4: the prefill's position 4). ``vllm-v1-qsa`` does not judge a dummy
+    run against the requests it holds; the kept-apart entry does."""
+    from attnfuzz.adapters.vllm import runner_step_kpool_tail
+    from attnfuzz.adapters.vllm.testing import kept_apart_verdict
+
+    witness = runner_step_kpool_tail.smallest_dummy_held_rows()
+    verdict = kept_apart_verdict("vllm-v1-qsa", "vllm-v1-qsa-dummy-held-rows", witness)
+    assert verdict.mismatches and all(
+        x.check == "dummy-run-writes-nothing-live" and x.where == "dummy.qsa.raw.ring_block"
+        and "slot 1," in x.got
+        for x in verdict.mismatches
+    )  # fmt: skip

@@ -841,6 +841,21 @@ def _runner_step_rocm() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_qsa",
+            "dummy_held_rows",
+            name="vllm-v1-qsa-dummy-held-rows",
+            kind="mutant",
+            description="installed vLLM (V1 runner, a QSA indexer) with its dummy runs "
+            "judged: an idle data-parallel rank's _dummy_run builds the raw key ring's "
+            "metadata from the persistent batch's rows and stores into a held request's "
+            "ring (a difference of vLLM's own, docs/findings.md)",
+            declines="declines",
+            trigger=_lazy("runner_step_kpool_tail", "trigger_dummy_held_rows"),
+            reach=_hybrid_hook("reach_dummy_run"),
+            smallest=_lazy("runner_step_kpool_tail", "smallest_dummy_held_rows"),
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_hpc",
             "run",
             name="vllm-v1-hpc",

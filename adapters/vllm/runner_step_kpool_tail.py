@@ -49,7 +49,7 @@ import torch
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks, prefill_then_decode
-from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks, ring_declines
+from attnfuzz.adapters.vllm.runner_step_qsa import RingBlocks, ring_block_field, ring_declines
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -117,18 +117,9 @@ class _KpoolTailEngine(RingBlocks):
         # (-1: none); a padding token's names no real token's.
         tail = Field("kpool.slot_mapping", "tokens", slots, (-1, pool * ring - 1),
                      writes_state=True, null_slot=-1)  # fmt: skip
-        # The ring block each request's tokens store into (the null block: none), the
-        # ring a request keeps across steps: a padding or dummy request's is no real or
-        # held request's.
-        starts = v1._np(seen.meta.query_start_loc).astype(np.int64)
-        blocks = np.zeros(max(len(starts) - 1, 0), dtype=np.int64)
-        for i in range(len(blocks)):
-            own = slots[starts[i] : starts[i + 1]]
-            own = own[own >= 0]
-            blocks[i] = int(own.max()) // ring if len(own) else NULL_BLOCK_ID
-        ring_block = Field("kpool.ring_block", "requests", blocks, (NULL_BLOCK_ID, pool - 1),
-                           writes_state=True, null_slot=NULL_BLOCK_ID)  # fmt: skip
-        return (*out, tail, ring_block)
+        # The ring block each request's tokens store into (the null block: none).
+        starts = v1._np(seen.meta.query_start_loc)
+        return (*out, tail, ring_block_field("kpool.ring_block", slots, starts, ring, pool))
 
 
 class KpoolTailRunnerStepEngine(v1.RunnerStepEngine):

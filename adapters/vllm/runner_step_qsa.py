@@ -31,10 +31,18 @@ layer: ``qsa.raw.*`` and ``qsa.cmp.*``, each token's request (``token_to_req``, 
 the step's requests), logical position (up to ``max_model_len - 1``; any negative is none:
 the kernels compress no group that ends before ``ratio - 1``), slot (``-1``,
 ``PAD_SLOT_ID``, or a slot of its cache: the pool's blocks times the ring's rows or a
-page's states; a padding token's must be no real token's, ``writes_state``), and the
-compressed cache's visible blocks (0 to ``max_model_len // ratio``). Not reported: the
+page's states; a padding token's must be no real token's, ``writes_state``), the
+compressed cache's visible blocks (0 to ``max_model_len // ratio``), and
+``qsa.raw.ring_block``, the ring block each request's tokens store into (the null block
+where none; a padding or dummy request's no real or held request's). Not reported: the
 compressed cache's ``k_work_metadata`` (rows of compression work, neither tokens nor
 requests).
+
+Kept apart, ``vllm-v1-qsa-dummy-held-rows``: the dummy runs between steps judged against
+the requests the engine holds. V1's ``_dummy_run`` builds from the persistent batch's
+block-table rows, so the dummy request of row 0 takes the held request's ring block and
+the ring slot mapping stores the dummy token there: the mechanism of
+``vllm-v1-kpool-tail-dummy-held-rows``.
 
 The scheduler's pages are the trace's: the compressed group's block table is them (its
 pages are the attention's size), the ring's block a request's first page, given when it
@@ -47,6 +55,7 @@ Declined: ``vllm-v1``'s cases, and pages the ring does not divide
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -177,6 +186,24 @@ class RingBlocks(v1._Engine):
         )
 
 
+def ring_block_field(
+    name: str, slots: np.ndarray, starts: np.ndarray, rows: int, pool: int
+) -> Field:
+    """The ring block each request's tokens store into, read off their ring slots
+    (``slots``, -1 or less for none; ``rows`` rows a block; the step's query offsets
+    ``starts``): the ring a request keeps across steps, the null block where it stores
+    none. A padding or dummy request's is no real or held request's."""
+    starts = starts.astype(np.int64)
+    blocks = np.full(max(len(starts) - 1, 0), NULL_BLOCK_ID, dtype=np.int64)
+    for i in range(len(blocks)):
+        own = slots[starts[i] : starts[i + 1]]
+        own = own[own >= 0]
+        if len(own):
+            blocks[i] = int(own.max()) // rows
+    return Field(name, "requests", blocks, (NULL_BLOCK_ID, pool - 1),
+                 writes_state=True, null_slot=NULL_BLOCK_ID)  # fmt: skip
+
+
 @contextlib.contextmanager
 def triton_path() -> Iterator[None]:
     """``build_qsa_metadata`` as a GPU build with Triton binds it: the Triton kernel (here
@@ -253,13 +280,12 @@ class _QSAEngine(RingBlocks):
         # qsa_select_paged_*: a token sees its first visible_blocks compressed states.
         more.append(Field("qsa.cmp.visible_blocks", "tokens", q.cmp_visible_blocks,
                           (0, config.max_model_len // RATIO)))  # fmt: skip
-        return (*out, *(_as_int64(f) for f in more))
-
-
-def _as_int64(f: Field) -> Field:
-    values = f.values if isinstance(f.values, np.ndarray) else v1._np(f.values)
-    return Field(f.name, f.rows, values.astype(np.int64), f.accepts,
-                 writes_state=f.writes_state, null_slot=f.null_slot)  # fmt: skip
+        more = [dataclasses.replace(f, values=np.asarray(f.values, dtype=np.int64)) for f in more]
+        # The raw ring block each request's tokens store into.
+        raw = v1._np(q.raw_slot_mapping).astype(np.int64)
+        starts = v1._np(seen.meta.query_start_loc)
+        ring = ring_block_field("qsa.raw.ring_block", raw, starts, ring_rows(config), pool)
+        return (*out, *more, ring)
 
 
 class QSARunnerStepEngine(v1.RunnerStepEngine):
@@ -281,3 +307,13 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart: V1's dummy run stores into a held request's raw key ring, as
+# vllm-v1-kpool-tail-dummy-held-rows's into its kpool ring (docs/findings.md).
+
+dummy_held_rows = v1.judging_held(
+    QSARunnerStepEngine,
+    "``vllm-v1-qsa-dummy-held-rows``: ``vllm-v1-qsa`` with its dummy runs between steps "
+    "judged against the requests it holds.",
+)

@@ -69,7 +69,7 @@ from attnfuzz.adapters.standins import packages_stood_in
 from attnfuzz.adapters.vllm import runner_step_flash_attn as fa
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
-from attnfuzz.adapters.vllm.runner_step_qsa import NULL_BLOCK_ID, RingBlocks
+from attnfuzz.adapters.vllm.runner_step_qsa import RingBlocks, ring_block_field
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 
@@ -199,17 +199,10 @@ class _Step5DSAEngine(RingBlocks, fa._FlashAttnEngine):
             Field("step5.ring.base", "tokens", v1._np(m.base).astype(np.int64),
                   (-1, top - capacity + 1)),
         ]  # fmt: skip
-        # The ring block each request's tokens store into (the null block: none): a
-        # padding or dummy request's is no real or held request's.
-        starts = v1._np(seen.meta.query_start_loc).astype(np.int64)
-        blocks = np.zeros(max(len(starts) - 1, 0), dtype=np.int64)
-        for i in range(len(blocks)):
-            own = slots[starts[i] : starts[i + 1]]
-            own = own[own >= 0]
-            blocks[i] = int(own.max()) // rows if len(own) else NULL_BLOCK_ID
-        ring.append(Field("step5.ring.block", "requests", blocks,
-                          (NULL_BLOCK_ID, num_blocks(self.config) - 1),
-                          writes_state=True, null_slot=NULL_BLOCK_ID))  # fmt: skip
+        # The ring block each request's tokens store into (the null block: none).
+        starts = v1._np(seen.meta.query_start_loc)
+        pool = num_blocks(self.config)
+        ring.append(ring_block_field("step5.ring.block", slots, starts, rows, pool))
         return (*out, *ring)
 
 
