@@ -146,15 +146,17 @@ class _Step5DSAEngine(RingBlocks, fa._FlashAttnEngine):
     freeze = staticmethod(_freeze)
 
     def attention_group(self) -> tuple[type, Any]:
-        return v1.bf16_attention_group(self.vllm_config, self.config, _backend(), HEAD_SIZE)
+        backend, self.main_spec = v1.bf16_attention_group(
+            self.vllm_config, self.config, _backend(), HEAD_SIZE
+        )
+        return backend, self.main_spec
 
     def more_groups(self) -> list[tuple[type, str, Any]]:
         """The ring, a layer made by its own constructor beside the attention layer, its
         spec its own ``get_kv_cache_spec`` of the attention's, its cache bound as
         ``bind_kv_cache_to_layers`` binds it (a contiguous cache: a block's ring is its
         page's rows)."""
-        _, main_spec = self.attention_group()
-        main = SimpleNamespace(get_kv_cache_spec=lambda vllm_config: main_spec)
+        main = SimpleNamespace(get_kv_cache_spec=lambda vllm_config: self.main_spec)
         ring = _ring_layer_type()(
             prefix=RING_LAYER, main_layer_name=v1._LAYER,
             num_speculative_tokens=self.config.num_spec,
