@@ -115,7 +115,8 @@ def test_repro_says_when_the_installed_engine_differs(monkeypatch, capsys):
 
 def test_every_adapter_the_plugin_names_is_a_function_of_its_module():
     """The plugin names adapter functions by module and attribute (importing an adapter
-    sets vLLM up, some import vLLM): a rename must fail here, not when it runs."""
+    sets vLLM up, some import vLLM): a rename must fail here, not when it runs. A module
+    defines one with ``def`` or binds one a helper made (``judging_held``)."""
     from attnfuzz.adapters.vllm.plugin import VLLM
 
     adapters = Path(vllm.__file__).parent
@@ -129,6 +130,13 @@ def test_every_adapter_the_plugin_names_is_a_function_of_its_module():
                 assert isinstance(call, vllm.EngineCall), (target, impl.name, call)
                 tree = ast.parse((adapters / f"{call.module}.py").read_text())
                 defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+                defined |= {
+                    t.id
+                    for n in tree.body
+                    if isinstance(n, ast.Assign)
+                    for t in n.targets
+                    if isinstance(t, ast.Name)
+                }
                 assert call.attr in defined, f"{target}/{impl.name}: no {call!r}"
                 named += 1
     assert named >= sum(len(impls) for impls in VLLM.implementations.values())
