@@ -197,23 +197,8 @@ class _AMXMLAEngine(cpu.CPUWorker, mla._MLAEngine):
         which must equal them (*agreement within a build*): two readings of one cache."""
         if seen.meta is None:
             return ()
-        readings = [self.kv_read(seen), _amx_keys(seen)]
-        bs = self.kernel_block_size()
-        widest = [len(s) for _, slots in readings for s in slots]
-        width = max([-(-self.config.max_model_len // bs) * bs, *widest])
-        out = []
-        for prefix, (lengths, slots) in zip(("", "amx."), readings, strict=True):
-            table = np.zeros((len(lengths), width), dtype=np.int64)
-            for r, row in enumerate(slots):
-                table[r, : len(row)] = row
-            agrees = prefix != ""
-            out += [
-                Field(f"{prefix}kv_len", "requests", lengths,
-                      agrees_with="kv_len" if agrees else None),
-                Field(f"{prefix}kv_slots", "requests", table, row_lengths=lengths,
-                      agrees_with="kv_slots" if agrees else None),
-            ]  # fmt: skip
-        return tuple(out)
+        readings = {"": self.kv_read(seen), "amx.": _amx_keys(seen)}
+        return v1.kv_reading_fields(self.config, self.kernel_block_size(), readings)
 
 
 def _amx_keys(seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:

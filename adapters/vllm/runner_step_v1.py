@@ -762,16 +762,7 @@ class _Engine:
         ``cdiv(max_model_len, block_size)`` pages), in every build."""
         if seen.meta is None:
             return ()
-        lengths, slots = self.kv_read(seen)
-        bs = self.kernel_block_size()
-        width = max([-(-self.config.max_model_len // bs) * bs] + [len(s) for s in slots])
-        table = np.zeros((len(lengths), width), dtype=np.int64)
-        for r, row in enumerate(slots):
-            table[r, : len(row)] = row
-        return (
-            Field("kv_len", "requests", lengths),
-            Field("kv_slots", "requests", table, row_lengths=lengths),
-        )
+        return kv_reading_fields(self.config, self.kernel_block_size(), {"": self.kv_read(seen)})
 
     def kv_read(self, seen: _Seen) -> tuple[np.ndarray, list[np.ndarray]]:
         """Each request's keys and their KV slots, as the Triton backend's kernel reads
@@ -1138,6 +1129,29 @@ def page_slots(pages: np.ndarray, stop: int, block_size: int, start: int = 0) ->
     reaches (its range is judged on the table)."""
     keys = np.arange(max(start, 0), max(min(stop, len(pages) * block_size), 0))
     return pages[keys // block_size].astype(np.int64) * block_size + keys % block_size
+
+
+def kv_reading_fields(
+    config: EngineConfig, bs: int, readings: dict[str, tuple[np.ndarray, list[np.ndarray]]]
+) -> tuple[Field, ...]:
+    """``kv_len`` and ``kv_slots`` of each reading of one cache (the first is named
+    ``kv_len``/``kv_slots``; each other, under its prefix, must equal it: two kernels of
+    one step reading the same keys, *agreement within a build*). A row of slots is as
+    wide as a block-table row reaches (at least ``cdiv(max_model_len, bs)`` pages) and
+    as the widest reading."""
+    widest = [len(s) for _, slots in readings.values() for s in slots]
+    width = max([-(-config.max_model_len // bs) * bs, *widest])
+    out: list[Field] = []
+    for i, (prefix, (lengths, slots)) in enumerate(readings.items()):
+        table = np.zeros((len(lengths), width), dtype=np.int64)
+        for r, row in enumerate(slots):
+            table[r, : len(row)] = row
+        out += [
+            Field(f"{prefix}kv_len", "requests", lengths, agrees_with="kv_len" if i else None),
+            Field(f"{prefix}kv_slots", "requests", table, row_lengths=lengths,
+                  agrees_with="kv_slots" if i else None),
+        ]  # fmt: skip
+    return tuple(out)
 
 
 def paged_keys(
