@@ -840,6 +840,17 @@ REQUIRES["runner_step_sparse_swa"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.models.deepseek_v4.attention", "DeepseekV4Attention.PREFILL_CHUNK_SIZE"),
 )  # fmt: skip
 
+# runner_step_sparse_swa_cpu: runner_step_sparse_swa's engine as the CPU worker makes it,
+# the CPU platform's builder of the SWA cache, the plans' layer types looked up in
+# sparse_swa.py.
+REQUIRES["runner_step_sparse_swa_cpu"] = (
+    REQUIRES["runner_step_sparse_swa"] + REQUIRES["runner_step_cpu"] + (
+        Api("vllm.models.deepseek_v4.cpu.cpu_mla",
+            "DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler"),
+        Api("vllm.v1.attention.backends.mla.sparse_swa", "_LAYER_TYPE_SWAONLY"),
+    )
+)  # fmt: skip
+
 # runner_step_minimax_m3: runner_step_v1's engine with MiniMax M3's sparse layers, its
 # KV-cache and attention groups vLLM's own. The MiniMax M3 modules themselves are not
 # named here: their package's __init__ imports the model's vision tower (torchvision,

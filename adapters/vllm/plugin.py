@@ -1225,6 +1225,62 @@ def _runner_step_sparse_swa() -> list[Implementation]:
     ]
 
 
+_sparse_swa_cpu_hook = functools.partial(_lazy, "runner_step_sparse_swa_cpu")
+
+
+def _runner_step_sparse_swa_cpu() -> list[Implementation]:
+    """``vllm-v1-sparse-swa``'s step as vLLM's CPU worker runs it, a difference of vLLM's
+    own kept apart, and a mutant of the CPU layer's reading."""
+    # platforms/cpu.py: no capture sizes; DeepseekV4Attention.__init__: the SWA cache's
+    # pages of 64 (DeepseekV4SWACache's default); drafts not driven (the module's
+    # docstring says why).
+    cpu = {"fixes": {"cudagraph_mode": "NONE", "block_size": 64, "next_n": 1},
+           "declines": "declines", "traced": True}  # fmt: skip
+    return [
+        _step_impl(
+            "runner_step_sparse_swa_cpu",
+            "run",
+            name="vllm-v1-sparse-swa-cpu",
+            description="installed vLLM (V1 runner) of DeepSeek-V4's sliding-window cache "
+            "as its CPU worker makes it (CPUModelRunner) on the CPU platform: "
+            "DeepseekV4CPUSparseSWAMetadataBuilder (vllm/models/deepseek_v4/cpu/cpu_mla.py) "
+            "over the shared build, its tile-scheduler plans stood in by no plan of every "
+            "layer type; vllm-v1-sparse-swa's fields, and the keys "
+            "DeepseekV4CPUAttention.forward_mqa reads (each token's window through its "
+            "request's block-table row) held to them",
+            **cpu,
+        ),
+        _step_impl(
+            "runner_step_sparse_swa_cpu",
+            "tile_keys",
+            name="vllm-v1-sparse-swa-cpu-tile-keys",
+            kind="mutant",
+            description="installed vLLM (V1 runner, CPU worker, DeepSeek-V4's SWA cache) "
+            "with DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler as it ships: "
+            "its plans name three layer types, the shared build reads five, and every build "
+            "raises KeyError 'c1a' (a difference of vLLM's own, docs/findings.md)",
+            trigger=_sparse_swa_cpu_hook("trigger_any_step"),
+            reach=_sparse_swa_cpu_hook("reach_cpu_swa"),
+            smallest=_sparse_swa_cpu_hook("smallest_any_step"),
+            **cpu,
+        ),
+        _step_impl(
+            "runner_step_sparse_swa_cpu",
+            "prefill_owner_zeroed",
+            name="vllm-v1-sparse-swa-cpu-prefill-owner-zeroed",
+            kind="mutant",
+            description="installed vLLM (V1 runner, CPU worker, DeepSeek-V4's SWA cache) "
+            "with the CPU builder's token_to_req_indices left at zero for the prefill "
+            "tokens: the CPU layer reads a later prefill's window through the first "
+            "request's pages",
+            trigger=_sparse_swa_cpu_hook("trigger_prefill_past_first_row"),
+            reach=_sparse_swa_cpu_hook("reach_cpu_swa"),
+            smallest=_sparse_swa_cpu_hook("smallest_prefill_past_first_row"),
+            **cpu,
+        ),
+    ]
+
+
 _minimax_m3_hook = functools.partial(_lazy, "runner_step_minimax_m3")
 
 
@@ -2292,6 +2348,7 @@ VLLM = Engine(
             *_runner_step_aiter_mla(),
             *_runner_step_aiter_mla_sparse(),
             *_runner_step_sparse_swa(),
+            *_runner_step_sparse_swa_cpu(),
             *_runner_step_minimax_m3(),
             *_runner_step_deepseek_v41(),
             *_runner_step_v1_ngram(),
