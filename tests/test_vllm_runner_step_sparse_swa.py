@@ -109,3 +109,53 @@ def test_a_window_left_unclamped_reads_past_its_row():
     assert values(eager, "swa.lens")[-2:] == [64, 65]
     failing = ref.violations(bad)
     assert {(v.prop, v.field) for v in failing} == {("safe padding", "swa.lens")}
+
+
+def test_the_drafter_s_later_sub_steps_keep_its_first_pass_s_request_map():
+    """Two requests prefill 2 tokens each, two drafts: the drafter's first pass maps its
+    tokens ``[0, 0, 1, 1]`` as its offsets place them; its second sub-step (one token a
+    request, offsets ``[0, 1, 2]``) is handed ``[0, 0]``, so request 1's draft token
+    reads request 0's window (slots 32 to 35 of page 1, not 64 to 66 of its page 2).
+    The kept-apart implementation says so; ``vllm-v1-sparse-swa`` leaves that map of the
+    later sub-steps unjudged."""
+    m = sparse_swa()
+    m.prepare()
+    trace = m.smallest_draft_requests_stale()
+    (main,) = run_trace(trace, m.SparseSWARunnerStepEngine())
+    assert ref.violations(main) == []
+    (kept,) = run_trace(trace, m.draft_requests_stale)
+    found = ref.violations(kept)
+    assert {(v.prop, v.field) for v in found} == {
+        ("agreement within a build", "swa.token_to_req_indices")
+    }
+    assert {v.build for v in found} == {"eager.draft1", "padded.draft1", "fresh.draft1"}
+    builds = {b.name: b for b in kept.builds}
+    assert values(builds["eager.draft0"], "swa.token_to_req_indices") == [0, 0, 1, 1]
+    later = builds["eager.draft1"]
+    assert values(later, "swa.token_request") == [0, 1]
+    assert values(later, "swa.token_to_req_indices") == [0, 0]
+    assert later.field("swa.indices").values[1][:4].tolist() == [32, 33, 34, 35]
+    assert values(later, "swa.slot_mapping") == [34, 66]
+
+
+def test_a_request_map_against_its_offsets_fails_on_a_mutated_map(monkeypatch):
+    """The agreement judges the map wherever it is wrong, not only in drafts: a build
+    that hands every token to request 0 fails it on the target's own step."""
+    m = sparse_swa()
+    m.prepare()
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadataBuilder
+
+    original = DeepseekSparseSWAMetadataBuilder.build
+
+    def build(self, *args, **kwargs):
+        meta = original(self, *args, **kwargs)
+        meta.token_to_req_indices.zero_()
+        return meta
+
+    monkeypatch.setattr(DeepseekSparseSWAMetadataBuilder, "build", build)
+    trace = m.smallest_draft_requests_stale()
+    trace = Trace(dataclasses.replace(trace.config, num_spec=0), trace.steps)
+    (out,) = run_trace(trace, m.SparseSWARunnerStepEngine())
+    assert ("agreement within a build", "swa.token_to_req_indices", "eager") in {
+        (v.prop, v.field, v.build) for v in ref.violations(out)
+    }

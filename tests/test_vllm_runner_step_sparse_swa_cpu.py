@@ -59,6 +59,19 @@ def test_the_cpu_builder_builds_and_the_cpu_layer_reads_the_keys_the_metadata_na
     assert prefills.field("swa.tile_sched_fresh") is None
 
 
+def test_with_drafts_the_first_pass_reads_alike_on_both_readings():
+    """Two drafts a step: the drafter's first pass (the step's tokens) reads its windows
+    alike on both readings; its later sub-step has no CPU reading (kept apart)."""
+    m = swa_cpu()
+    m.prepare()
+    outs = run_trace(prefills_then_decodes(2), m.SparseSWACPURunnerStepEngine())
+    assert [ref.violations(o) for o in outs] == [[], []]
+    builds = {b.name: b for b in outs[1].builds}
+    first, later = builds["eager.draft0"], builds["eager.draft1"]
+    assert values(first, "cpu.kv_len") == values(first, "kv_len") == [8, 6]
+    assert later.field("cpu.kv_len") is None
+
+
 def test_the_cpu_builder_as_it_ships_fails_every_build_and_the_error_is_vllm_s():
     """``build_tile_scheduler`` of the CPU builder names the V4 layer types only; the
     shared build reads ``c1a`` too: a ``KeyError`` raised inside vLLM (a finding, not
@@ -73,22 +86,22 @@ def test_the_cpu_builder_as_it_ships_fails_every_build_and_the_error_is_vllm_s()
     assert attnfuzz_fault(shipped.value, shipped.tb) is None
 
 
-def test_the_mutant_fails_only_the_cpu_reading_on_its_smallest_trace():
-    """The prefill tokens' requests left at zero: the second prefill's window read
-    through the first request's page (slots 64 on, not 192), which only the CPU reading
-    sees (the prefills' gather goes by request)."""
+def test_the_mutant_fails_the_request_map_and_the_cpu_reading_on_its_smallest_trace():
+    """The prefill tokens' requests left at zero: the map disagrees with the query
+    offsets, and the second prefill's window is read through the first request's page
+    (slots 64 on, not 192) by the CPU layer alone (the prefills' gather goes by
+    request, so the CUDA reading is unchanged)."""
     m = swa_cpu()
     m.prepare()
     (out,) = run_trace(m.smallest_prefill_past_first_row(), m.prefill_owner_zeroed)
     found = ref.violations(out)
     assert found and {v.prop for v in found} == {"agreement within a build"}
-    assert {v.field for v in found} == {"cpu.kv_len", "cpu.kv_slots"}
+    assert {v.field for v in found} == {"swa.token_to_req_indices", "cpu.kv_len", "cpu.kv_slots"}
 
 
-def test_graphs_and_drafts_are_declined():
+def test_graphs_are_declined():
     m = swa_cpu()
     trace = m.smallest_any_step()
     config = dataclasses.replace(trace.config, cudagraph_mode="FULL", cudagraph_capture_sizes=(1,))
     assert "captures none" in m.declines_config(config)
-    assert "not triaged" in m.declines_config(dataclasses.replace(trace.config, num_spec=1))
     assert m.declines_config(trace.config) is None

@@ -1222,6 +1222,21 @@ def _runner_step_sparse_swa() -> list[Implementation]:
             smallest=_sparse_swa_hook("smallest_past_window"),
             **pages,
         ),
+        _step_impl(
+            "runner_step_sparse_swa",
+            "draft_requests_stale",
+            name="vllm-v1-sparse-swa-draft-requests-stale",
+            kind="mutant",
+            description="installed vLLM (V1 runner, sparse SWA) with the drafter's every "
+            "sub-step judged: propose rewrites the query offsets of its later sub-steps in "
+            "place and keeps the first pass's token_to_req_indices cache on "
+            "CommonAttentionMetadata, so a draft token reads another request's window (a "
+            "difference of vLLM's own, docs/findings.md)",
+            trigger=_sparse_swa_hook("trigger_draft_requests_stale"),
+            reach=_sparse_swa_hook("reach_drafts"),
+            smallest=_sparse_swa_hook("smallest_draft_requests_stale"),
+            **pages,
+        ),
     ]
 
 
@@ -1232,10 +1247,9 @@ def _runner_step_sparse_swa_cpu() -> list[Implementation]:
     """``vllm-v1-sparse-swa``'s step as vLLM's CPU worker runs it, a difference of vLLM's
     own kept apart, and a mutant of the CPU layer's reading."""
     # platforms/cpu.py: no capture sizes; DeepseekV4Attention.__init__: the SWA cache's
-    # pages of 64 (DeepseekV4SWACache's default); drafts not driven (the module's
-    # docstring says why).
-    cpu = {"fixes": {"cudagraph_mode": "NONE", "block_size": 64, "next_n": 1},
-           "declines": "declines", "traced": True}  # fmt: skip
+    # pages of 64 (DeepseekV4SWACache's default).
+    cpu = {"fixes": {"cudagraph_mode": "NONE", "block_size": 64}, "declines": "declines",
+           "traced": True}  # fmt: skip
     return [
         _step_impl(
             "runner_step_sparse_swa_cpu",

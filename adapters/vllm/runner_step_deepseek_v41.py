@@ -906,7 +906,7 @@ class _Engine(swa._SWAEngine):
         if seen.meta is None:
             return v1._fields(self.config, seen)
         m = seen.meta
-        own = v1._Seen(m.swa, seen.slot_mapping, seen.positions)
+        own = v1._Seen(m.swa, seen.slot_mapping, seen.positions, draft=seen.draft)
         out = list(swa._SWAEngine.fields(self, own)) + _swa_extra(self.config, m.swa, "swa")
         if not m.target:
             return tuple(out)

@@ -56,6 +56,11 @@ request, seq_lens, the block table, ``replay_start``; the query offsets; of the
 prefills, their seq_lens, gather lengths and the room each has in its chunk's
 workspace; of the decodes, whether the step's tile-scheduler plan is fresh. And
 ``kv_len``/``kv_slots``: the keys each request's tokens read (:meth:`_SWAEngine.kv_read`).
+Each token's request must be the one the query offsets place it in (``swa.token_request``,
+*agreement within a build*), on the target's forward and the drafter's first pass: vLLM
+0.33.0's V1 drafter hands its later sub-steps its first pass's map, a difference of its
+own kept apart as ``vllm-v1-sparse-swa-draft-requests-stale``
+(:attr:`_SWAEngine.stale_drafts_judged`).
 
 Not driven: the vision variant's in-image visibility (``_build_image_visibility``: a
 ``DeepseekV4Config`` with vision layers and a step's multimodal spans), the DSpark
@@ -238,8 +243,20 @@ def _prefill_room(m: SimpleNamespace) -> np.ndarray:
     return room
 
 
-def _swa_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
-    """Every field of the SWA metadata a consumer reads, with what it accepts."""
+def token_requests(query_start_loc: np.ndarray, tokens: int) -> np.ndarray:
+    """The request of each of ``tokens`` token rows as the query offsets place it (row
+    ``r`` holds tokens ``query_start_loc[r]`` to ``query_start_loc[r + 1]``); a row past
+    the last offset, ``len(query_start_loc) - 1``: no request's."""
+    ends = query_start_loc[1:].astype(np.int64)
+    return np.searchsorted(ends, np.arange(tokens), side="right").astype(np.int64)
+
+
+def _swa_fields(
+    config: EngineConfig, seen: v1._Seen, bs: int, stale_drafts_judged: bool = True
+) -> list[Field]:
+    """Every field of the SWA metadata a consumer reads, with what it accepts.
+    ``stale_drafts_judged``: the drafter's later sub-steps' request of each token held
+    to the query offsets too (:attr:`_SWAEngine.stale_drafts_judged`)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     slots = num_blocks(config) * config.block_size
@@ -247,6 +264,8 @@ def _swa_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
     rows = len(seq_lens)
     reach = int(m.block_table.shape[1]) * bs
     indices, lens = _by_token(m)
+    owner, qsl = v1._np(m.token_to_req_indices), v1._np(m.query_start_loc)
+    judged = stale_drafts_judged or not seen.draft  # the target's forward or first pass
     out = [
         # _forward_decode -> flash_mla_with_kvcache(indices=decode_swa_indices,
         # topk_length=decode_swa_lens): token t attends to the first lens[t] KV slots of
@@ -254,9 +273,11 @@ def _swa_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
         Field("swa.lens", "tokens", lens, (0, m.width)),
         Field("swa.indices", "tokens", indices, (-1, slots - 1), row_lengths=lens),
         # compute_global_topk_indices_and_lens (a compressed layer's decode): a token's
-        # request's row of the block table, a valid token's only.
-        Field("swa.token_to_req_indices", "tokens", v1._np(m.token_to_req_indices),
-              (0, max(rows - 1, 0))),
+        # request's row of the block table, a valid token's only; the request the query
+        # offsets place it in (*agreement within a build*).
+        Field("swa.token_to_req_indices", "tokens", owner, (0, max(rows - 1, 0)),
+              agrees_with="swa.token_request" if judged else None),
+        Field("swa.token_request", "tokens", token_requests(qsl, len(owner))),
         Field("swa.is_valid_token", "tokens", v1._np(m.is_valid_token).astype(np.int64),
               (0, 1)),
         # DeepseekV4Attention's cache insert (fused_deepseek_v4_qnorm_rope_kv_rope_quant_
@@ -264,7 +285,7 @@ def _swa_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
         Field("swa.slot_mapping", "tokens", v1._np(m.slot_mapping), (-1, slots - 1),
               writes_kv=True),
         # _forward_prefill: query_start_loc (device and host) cut the prefills' rows.
-        Field("swa.query_start_loc", "offsets", v1._np(m.query_start_loc), (0, tokens_pad)),
+        Field("swa.query_start_loc", "offsets", qsl, (0, tokens_pad)),
         # ... dequantize_and_gather_k_cache reads a prefill's keys up to seq_lens[i]
         # through its block-table row (block_table[num_decodes:]).
         Field("swa.seq_lens", "requests", seq_lens, (0, reach)),
@@ -303,6 +324,13 @@ class _SWAEngine(v1._Engine):
     """A V1 runner whose attention layer is DeepSeek-V4's SWA cache."""
 
     freeze = staticmethod(_freeze)
+    stale_drafts_judged = False
+    """Whether the drafter's sub-steps after its first pass are held to their query
+    offsets (each token's request, and what is read through it): vLLM 0.33.0's V1
+    drafter hands them its first pass's request map (``CommonAttentionMetadata.
+    _token_to_req_indices_cache``, kept while ``propose`` rewrites the offsets in
+    place), a difference of vLLM's own kept apart as
+    ``vllm-v1-sparse-swa-draft-requests-stale`` (docs/findings.md)."""
 
     def platform(self) -> contextlib.AbstractContextManager[Any]:
         return sm90()
@@ -332,7 +360,8 @@ class _SWAEngine(v1._Engine):
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
-        swa = [] if seen.meta is None else _swa_fields(self.config, seen, self.kernel_block_size())
+        bs, judged = self.kernel_block_size(), self.stale_drafts_judged
+        swa = [] if seen.meta is None else _swa_fields(self.config, seen, bs, judged)
         return v1._fields(self.config, no_meta) + tuple(swa) + self.kv_fields(seen)
 
     def kv_read(self, seen: v1._Seen) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -381,6 +410,57 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart: the drafter's later sub-steps keep its first pass's request map --
+
+
+class _StaleDraftsEngine(_SWAEngine):
+    stale_drafts_judged = True
+
+
+class StaleDraftsRunnerStepEngine(SparseSWARunnerStepEngine):
+    """``vllm-v1-sparse-swa``'s engines, the drafter's every sub-step judged."""
+
+    engine_type = _StaleDraftsEngine
+
+
+_STALE = StaleDraftsRunnerStepEngine()
+
+
+def draft_requests_stale(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-sparse-swa-draft-requests-stale``: ``vllm-v1-sparse-swa`` with the
+    drafter's sub-steps after its first pass held to their query offsets."""
+    return _STALE(inputs)
+
+
+draft_requests_stale.new_engine = _STALE.new_engine  # type: ignore[attr-defined]
+
+
+def reach_drafts(trace: Trace | Case) -> bool:
+    """An engine of ``vllm-v1-sparse-swa`` whose drafter runs a sub-step after its first
+    pass (``propose``'s loop: two drafts or more)."""
+    return reach_swa(trace) and trace.config.num_spec >= 2
+
+
+def trigger_draft_requests_stale(trace: Trace | Case) -> bool:
+    """A step of two requests or more, one of more than one token: the first pass's map
+    then differs from one token a request in some of the first rows."""
+    return reach_drafts(trace) and any(
+        len(b.q_lens) > 1 and max(b.q_lens) > 1 for b in hybrid._batches(trace)
+    )
+
+
+def smallest_draft_requests_stale() -> Trace:
+    """Two requests prefill 2 tokens each on pages 1 and 2, two drafts: the first pass
+    maps its tokens to ``[0, 0, 1, 1]``; the second sub-step, one token a request, reads
+    ``[0, 0]``: request 1's draft token reads request 0's window."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=8, block_size=BLOCK_SIZE,
+        num_spec=2, cudagraph_capture_sizes=(), cudagraph_mode="NONE", runner="v1",
+    )  # fmt: skip
+    step = Batch((0, 0), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1))
+    return Trace(config, (step,))
 
 
 # -- mutant: DeepseekSparseSWAMetadataBuilder.build with its window dropped ----------------

@@ -34,13 +34,12 @@ V4.1 types too (``tile_sched[_LAYER_TYPE_C1A]``), so that every build raises
 ``vllm-v1-sparse-swa-cpu-tile-keys`` (the builder as it ships; docs/findings.md). The
 CPU platform captures no graph: every engine is of cudagraph mode NONE.
 
-Not driven: drafts. With the MTP layer drafting, a draft sub-step's positions (what the
-drafter hands the model, which the CPU layer reads) and the builder's windows (from the
-draft's seq_lens, which the CUDA layer reads) were seen one key apart (a request of
-2 prompt tokens, 2 drafts: 3 keys against 4 at the second sub-step); which of vLLM's
-values is right is not triaged, so no verdict is given on it.
+In the drafter's sub-steps after its first pass the CPU reading is not taken: vLLM
+0.33.0's V1 drafter hands them its first pass's request map (kept apart as
+``vllm-v1-sparse-swa-draft-requests-stale``, :mod:`.runner_step_sparse_swa`), through
+which both readings go, differently.
 
-Declined: ``vllm-v1-sparse-swa``'s cases, graphs, and drafts.
+Declined: ``vllm-v1-sparse-swa``'s cases, and graphs.
 """
 
 from __future__ import annotations
@@ -79,8 +78,7 @@ def _builder() -> type:
 
 
 def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1-sparse-swa``'s cases, graphs, and
-    drafts."""
+    """Why this engine does not run ``case``: ``vllm-v1-sparse-swa``'s cases, and graphs."""
     return declines_config(case.config) or swa.declines(case)
 
 
@@ -90,11 +88,6 @@ def declines_config(config: EngineConfig) -> str | None:
         return (
             "CUDA graphs: the CPU platform captures none (platforms/cpu.py "
             "CpuPlatform.check_and_update_config empties cudagraph_capture_sizes)"
-        )
-    if config.num_spec:
-        return (
-            "drafts: a draft sub-step's positions and the SWA builder's windows were seen "
-            "one key apart, not triaged (module docstring)"
         )
     return swa.declines_config(config)
 
@@ -209,7 +202,11 @@ class _CPUSWAEngine(cpu.CPUWorker, swa._SWAEngine):
         (:func:`cpu_keys`), which must equal them."""
         if seen.meta is None:
             return ()
-        readings = {"": self.kv_read(seen), "cpu.": cpu_keys(seen)}
+        readings = {"": self.kv_read(seen)}
+        if self.stale_drafts_judged or not seen.draft:
+            # A later sub-step's keys go through vLLM's stale request map (the engine's
+            # stale_drafts_judged): kept apart.
+            readings["cpu."] = cpu_keys(seen)
         return v1.kv_reading_fields(self.config, self.kernel_block_size(), readings)
 
 
@@ -277,9 +274,10 @@ def smallest_any_step() -> Trace:
 @contextlib.contextmanager
 def _prefill_owner_zeroed() -> Iterator[None]:
     """``DeepseekV4CPUSparseSWAMetadataBuilder.build`` fills ``token_to_req_indices`` for
-    the decode tokens only, its prefill tokens' left at the buffer's zero: the CUDA
-    reading (the prefills' gather, by request) is unchanged, but the CPU layer maps a
-    prefill token of any row but the first through the first row's pages."""
+    the decode tokens only, its prefill tokens' left at the buffer's zero: the map
+    disagrees with the query offsets, and while the CUDA reading (the prefills' gather,
+    by request) is unchanged, the CPU layer maps a prefill token of any row but the
+    first through the first row's pages."""
     builder = _builder()
     original = builder.build
 
@@ -305,8 +303,7 @@ prefill_owner_zeroed.new_engine = _MUTANT.engine.new_engine  # type: ignore[attr
 
 
 def reach_cpu_swa(trace: Trace | Case) -> bool:
-    """An engine ``vllm-v1-sparse-swa-cpu`` runs: V1, no graphs, no drafts, pages the
-    backend takes."""
+    """An engine ``vllm-v1-sparse-swa-cpu`` runs: V1, no graphs, pages the backend takes."""
     return declines_config(trace.config) is None
 
 

@@ -199,6 +199,8 @@ class _Seen:
     # The runner's 1-D positions of the forward's tokens where ``positions`` are an
     # M-RoPE model's (a row a channel, :mod:`.runner_step_v1_mrope`); None: the same.
     flat_positions: torch.Tensor | None = None
+    # The drafter's sub-step of the forward (0: its first pass; None: not a draft's).
+    draft: int | None = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -217,7 +219,8 @@ class _Seen:
                 for n, v in vars(self.linear).items()
             })  # fmt: skip
         flat = None if self.flat_positions is None else self.flat_positions.clone()
-        return _Seen(meta, slots, self.positions.clone(), linear, self.freeze, self.pages, flat)
+        positions = self.positions.clone()
+        return _Seen(meta, slots, positions, linear, self.freeze, self.pages, flat, self.draft)
 
 
 @dataclass
@@ -273,7 +276,9 @@ class _Recorder:
         """What a draft forward read: a sub-step of a proposal, else a dummy run's."""
         if self.kind is None:
             return
-        seen = self.handed(positions, drafting.DRAFT_LAYER).frozen()
+        seen = self.handed(positions, drafting.DRAFT_LAYER)
+        seen.draft = self.draft
+        seen = seen.frozen()
         if self.draft is None:
             # The drafter's dummy run: of a capture, else while the engine holds requests
             # (a dummy run between steps, or a step's requests the drafter does not fit).
