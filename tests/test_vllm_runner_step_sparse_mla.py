@@ -85,3 +85,27 @@ def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
     _, second = run_trace(spec_decode(), m.SparseMLARunnerStepEngine())
     unsafe = {v.field for v in ref.violations(second) if v.prop == "safe padding"}
     assert unsafe == {"sparse.req_id_per_token"}
+
+
+def test_the_drafter_s_later_sub_steps_hand_req_id_per_token_the_first_pass_s_map():
+    """Two requests prefill 2 tokens each, two drafts: the sparse builder's
+    ``req_id_per_token`` of the drafter's second sub-step is the first pass's first two
+    rows, ``[0, 0]``, where the offsets place its tokens in requests 0 and 1: request 1's
+    draft token's top-k positions become request 0's KV slots. The kept-apart
+    implementation says so; ``vllm-v1-flashmla-sparse`` leaves that map of the later
+    sub-steps unjudged."""
+    m = sparse()
+    m.prepare()
+    trace = m.smallest_draft_requests_stale()
+    (main,) = run_trace(trace, m.SparseMLARunnerStepEngine())
+    assert ref.violations(main) == []
+    (kept,) = run_trace(trace, m.draft_requests_stale)
+    found = ref.violations(kept)
+    assert {(v.prop, v.field) for v in found} == {
+        ("agreement within a build", "sparse.req_id_per_token")
+    }
+    assert {v.build for v in found} == {"eager.draft1", "padded.draft1", "fresh.draft1"}
+    builds = {b.name: b for b in kept.builds}
+    assert values(builds["eager.draft0"], "sparse.req_id_per_token") == [0, 0, 1, 1]
+    assert values(builds["eager.draft1"], "sparse.req_id_per_token") == [0, 0]
+    assert values(builds["eager.draft1"], "sparse.token_request") == [0, 1]

@@ -975,6 +975,23 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_sparse_mla",
+            "draft_requests_stale",
+            name="vllm-v1-flashmla-sparse-draft-requests-stale",
+            kind="mutant",
+            description="installed vLLM (V1 runner, FlashMLA sparse) with the drafter's "
+            "every sub-step judged: propose rewrites the query offsets of its later "
+            "sub-steps in place and keeps the first pass's token_to_req_indices cache on "
+            "CommonAttentionMetadata, so req_id_per_token turns a draft token's top-k "
+            "positions into another request's KV slots (a difference of vLLM's own, "
+            "docs/findings.md)",
+            declines="declines",
+            trigger=_lazy("runner_step_sparse_mla", "trigger_draft_requests_stale"),
+            reach=_lazy("runner_step_sparse_mla", "reach_drafts"),
+            smallest=_lazy("runner_step_sparse_mla", "smallest_draft_requests_stale"),
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_sparse_mla_fp8",
             "run",
             name="vllm-v1-flashmla-sparse-fp8",

@@ -24,7 +24,10 @@ Stood in, as a CUDA build on an sm90 GPU has it: ``num_compute_units`` where
 at ``__init__``; with a bf16 cache they are not read).
 
 Fields: ``vllm-v1``'s of the step (the forward context's slot mapping, the positions)
-and ``sparse.*``: ``req_id_per_token`` (tokens, each its request's row), ``seq_lens``
+and ``sparse.*``: ``req_id_per_token`` (tokens, each its request's row: the request
+the query offsets place it in, ``sparse.token_request``, on the target's forward and
+the drafter's first pass; vLLM 0.33.0's V1 drafter hands its later sub-steps its first
+pass's map, kept apart as ``vllm-v1-flashmla-sparse-draft-requests-stale``), ``seq_lens``
 and ``block_table`` by request (a row's first ``cdiv(seq_lens[i], page size)`` pages,
 no top-k position reaching past its sequence), the prefills' query offsets. No
 ``kv_len``/``kv_slots``: the keys are the indexer's choice, not the metadata's.
@@ -47,8 +50,9 @@ import numpy as np
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import num_blocks
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace, as_trace
 
 _SPARSE = "vllm/v1/attention/backends/mla/flashmla_sparse.py"
 SMS = 132
@@ -102,13 +106,17 @@ def _freeze(meta: Any) -> SimpleNamespace:
     return SimpleNamespace(
         num_decodes=meta.num_decodes, num_prefills=meta.num_prefills,
         req_id_per_token=meta.req_id_per_token.clone(), seq_lens=meta.seq_lens.clone(),
-        block_table=meta.block_table.clone(),
+        block_table=meta.block_table.clone(), query_start_loc=meta.query_start_loc.clone(),
         prefill_query_start_loc=None if prefill is None else prefill.query_start_loc.clone(),
     )  # fmt: skip
 
 
-def _sparse_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]:
-    """Every field of the sparse MLA metadata a kernel reads, with what it accepts."""
+def _sparse_fields(
+    config: EngineConfig, seen: v1._Seen, bs: int, map_judged: bool = True
+) -> list[Field]:
+    """Every field of the sparse MLA metadata a kernel reads, with what it accepts.
+    ``map_judged``: each token's request held to the query offsets
+    (``_Engine.request_map_judged``)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     seq_lens = v1._np(m.seq_lens)
@@ -116,9 +124,10 @@ def _sparse_fields(config: EngineConfig, seen: v1._Seen, bs: int) -> list[Field]
     reach = int(m.block_table.shape[1]) * bs
     out = [
         # triton_convert_req_index_to_global_index: token t's top-k positions are read
-        # through block_table[req_id_per_token[t]], a request's row of this step.
-        Field("sparse.req_id_per_token", "tokens", v1._np(m.req_id_per_token),
-              (0, max(rows - 1, 0))),
+        # through block_table[req_id_per_token[t]], a request's row of this step: the
+        # request the query offsets place it in.
+        *v1.request_map_fields("sparse.req_id_per_token", v1._np(m.req_id_per_token),
+                               v1._np(m.query_start_loc), rows, map_judged),
         # ... positions below seq_lens[i] (the indexer's causal extent) ...
         Field("sparse.seq_lens", "requests", seq_lens, (0, reach)),
         # ... in the row's first cdiv(seq_lens[i], page size) pages of the latent cache.
@@ -155,7 +164,8 @@ class _SparseMLAEngine(mla._MLAEngine):
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
         sparse = []
         if seen.meta is not None:
-            sparse = _sparse_fields(self.config, seen, self.kernel_block_size())
+            bs, judged = self.kernel_block_size(), self.request_map_judged(seen)
+            sparse = _sparse_fields(self.config, seen, bs, judged)
         return v1._fields(self.config, no_meta) + tuple(sparse)
 
 
@@ -176,3 +186,57 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 
 
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- a finding kept apart: the drafter's later sub-steps keep its first pass's request map --
+
+
+class _StaleDraftsEngine(_SparseMLAEngine):
+    stale_drafts_judged = True
+
+
+class StaleDraftsRunnerStepEngine(SparseMLARunnerStepEngine):
+    """``vllm-v1-flashmla-sparse``'s engines, the drafter's every sub-step judged."""
+
+    engine_type = _StaleDraftsEngine
+
+
+_STALE = StaleDraftsRunnerStepEngine()
+
+
+def draft_requests_stale(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """``vllm-v1-flashmla-sparse-draft-requests-stale``: ``vllm-v1-flashmla-sparse``
+    with the drafter's sub-steps after its first pass held to their query offsets."""
+    return _STALE(inputs)
+
+
+draft_requests_stale.new_engine = _STALE.new_engine  # type: ignore[attr-defined]
+
+
+def reach_drafts(trace: Trace | Case) -> bool:
+    """An engine of ``vllm-v1-flashmla-sparse`` whose drafter runs a sub-step after its
+    first pass (two drafts or more)."""
+    return (
+        trace.config.runner == "v1"
+        and trace.config.num_spec >= 2
+        and (declines_config(trace.config) is None)
+    )
+
+
+def trigger_draft_requests_stale(trace: Trace | Case) -> bool:
+    """A step of two requests or more, one of more than one token (the first pass's map
+    then differs from one token a request in some of the first rows)."""
+    return reach_drafts(trace) and any(
+        len(b.q_lens) > 1 and max(b.q_lens) > 1 for b in as_trace(trace).steps
+    )
+
+
+def smallest_draft_requests_stale() -> Trace:
+    """Two requests prefill 2 tokens each on pages 1 and 2 (of 64), two drafts: the
+    second sub-step hands request 1's draft token request 0's row."""
+    config = EngineConfig(
+        max_model_len=128, max_num_seqs=2, max_num_batched_tokens=8, block_size=64,
+        num_spec=2, cudagraph_capture_sizes=(), cudagraph_mode="NONE", runner="v1",
+    )  # fmt: skip
+    step = Batch((0, 0), (2, 2), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1))
+    return Trace(config, (step,))

@@ -60,7 +60,7 @@ Each token's request must be the one the query offsets place it in (``swa.token_
 *agreement within a build*), on the target's forward and the drafter's first pass: vLLM
 0.33.0's V1 drafter hands its later sub-steps its first pass's map, a difference of its
 own kept apart as ``vllm-v1-sparse-swa-draft-requests-stale``
-(:attr:`_SWAEngine.stale_drafts_judged`).
+(``_Engine.stale_drafts_judged`` of :mod:`.runner_step_v1`).
 
 Not driven: the vision variant's in-image visibility (``_build_image_visibility``: a
 ``DeepseekV4Config`` with vision layers and a step's multimodal spans), the DSpark
@@ -243,20 +243,12 @@ def _prefill_room(m: SimpleNamespace) -> np.ndarray:
     return room
 
 
-def token_requests(query_start_loc: np.ndarray, tokens: int) -> np.ndarray:
-    """The request of each of ``tokens`` token rows as the query offsets place it (row
-    ``r`` holds tokens ``query_start_loc[r]`` to ``query_start_loc[r + 1]``); a row past
-    the last offset, ``len(query_start_loc) - 1``: no request's."""
-    ends = query_start_loc[1:].astype(np.int64)
-    return np.searchsorted(ends, np.arange(tokens), side="right").astype(np.int64)
-
-
 def _swa_fields(
-    config: EngineConfig, seen: v1._Seen, bs: int, stale_drafts_judged: bool = True
+    config: EngineConfig, seen: v1._Seen, bs: int, map_judged: bool = True
 ) -> list[Field]:
     """Every field of the SWA metadata a consumer reads, with what it accepts.
-    ``stale_drafts_judged``: the drafter's later sub-steps' request of each token held
-    to the query offsets too (:attr:`_SWAEngine.stale_drafts_judged`)."""
+    ``map_judged``: each token's request held to the query offsets
+    (``_Engine.request_map_judged``)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     slots = num_blocks(config) * config.block_size
@@ -264,8 +256,7 @@ def _swa_fields(
     rows = len(seq_lens)
     reach = int(m.block_table.shape[1]) * bs
     indices, lens = _by_token(m)
-    owner, qsl = v1._np(m.token_to_req_indices), v1._np(m.query_start_loc)
-    judged = stale_drafts_judged or not seen.draft  # the target's forward or first pass
+    qsl = v1._np(m.query_start_loc)
     out = [
         # _forward_decode -> flash_mla_with_kvcache(indices=decode_swa_indices,
         # topk_length=decode_swa_lens): token t attends to the first lens[t] KV slots of
@@ -274,10 +265,9 @@ def _swa_fields(
         Field("swa.indices", "tokens", indices, (-1, slots - 1), row_lengths=lens),
         # compute_global_topk_indices_and_lens (a compressed layer's decode): a token's
         # request's row of the block table, a valid token's only; the request the query
-        # offsets place it in (*agreement within a build*).
-        Field("swa.token_to_req_indices", "tokens", owner, (0, max(rows - 1, 0)),
-              agrees_with="swa.token_request" if judged else None),
-        Field("swa.token_request", "tokens", token_requests(qsl, len(owner))),
+        # offsets place it in.
+        *v1.request_map_fields("swa.token_to_req_indices", v1._np(m.token_to_req_indices),
+                               qsl, rows, map_judged),
         Field("swa.is_valid_token", "tokens", v1._np(m.is_valid_token).astype(np.int64),
               (0, 1)),
         # DeepseekV4Attention's cache insert (fused_deepseek_v4_qnorm_rope_kv_rope_quant_
@@ -324,13 +314,6 @@ class _SWAEngine(v1._Engine):
     """A V1 runner whose attention layer is DeepSeek-V4's SWA cache."""
 
     freeze = staticmethod(_freeze)
-    stale_drafts_judged = False
-    """Whether the drafter's sub-steps after its first pass are held to their query
-    offsets (each token's request, and what is read through it): vLLM 0.33.0's V1
-    drafter hands them its first pass's request map (``CommonAttentionMetadata.
-    _token_to_req_indices_cache``, kept while ``propose`` rewrites the offsets in
-    place), a difference of vLLM's own kept apart as
-    ``vllm-v1-sparse-swa-draft-requests-stale`` (docs/findings.md)."""
 
     def platform(self) -> contextlib.AbstractContextManager[Any]:
         return sm90()
@@ -360,7 +343,7 @@ class _SWAEngine(v1._Engine):
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
-        bs, judged = self.kernel_block_size(), self.stale_drafts_judged
+        bs, judged = self.kernel_block_size(), self.request_map_judged(seen)
         swa = [] if seen.meta is None else _swa_fields(self.config, seen, bs, judged)
         return v1._fields(self.config, no_meta) + tuple(swa) + self.kv_fields(seen)
 

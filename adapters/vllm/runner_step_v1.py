@@ -758,6 +758,19 @@ class _Engine:
         kernel = self.runner.attn_groups[0][0].kernel_block_size
         return int(kernel or self.runner.input_batch.block_table[0].block_size)
 
+    stale_drafts_judged = False
+    """Whether a builder's map of each token to its request is held to the query offsets
+    in the drafter's sub-steps after its first pass too: vLLM 0.33.0's V1 drafter hands
+    them its first pass's map (``SpecDecodeBaseProposer.propose`` rewrites the offsets of
+    its ``CommonAttentionMetadata`` in place, whose ``_token_to_req_indices_cache`` stays
+    set), a difference of vLLM's own kept apart (docs/findings.md)."""
+
+    def request_map_judged(self, seen: _Seen) -> bool:
+        """Whether ``seen``'s map of each token to its request is held to its offsets:
+        the target's forward and the drafter's first pass, every sub-step where
+        :attr:`stale_drafts_judged`."""
+        return self.stale_drafts_judged or not seen.draft
+
     def kv_fields(self, seen: _Seen) -> tuple[Field, ...]:
         """``kv_len`` and ``kv_slots`` by request, derived from the forward's attention
         metadata as the backend's kernels read it (:meth:`kv_read`): what every backend
@@ -1134,6 +1147,29 @@ def page_slots(pages: np.ndarray, stop: int, block_size: int, start: int = 0) ->
     reaches (its range is judged on the table)."""
     keys = np.arange(max(start, 0), max(min(stop, len(pages) * block_size), 0))
     return pages[keys // block_size].astype(np.int64) * block_size + keys % block_size
+
+
+def token_requests(query_start_loc: np.ndarray, tokens: int) -> np.ndarray:
+    """The request of each of ``tokens`` token rows as the query offsets place it (row
+    ``r`` holds tokens ``query_start_loc[r]`` to ``query_start_loc[r + 1]``); a row past
+    the last offset, ``len(query_start_loc) - 1``: no request's."""
+    ends = query_start_loc[1:].astype(np.int64)
+    return np.searchsorted(ends, np.arange(tokens), side="right").astype(np.int64)
+
+
+def request_map_fields(
+    name: str, owner: np.ndarray, query_start_loc: np.ndarray, rows: int, judged: bool
+) -> list[Field]:
+    """A builder's map of each token to its request's row (``name``: a row of the step's
+    block table, so in range), and, where ``judged``, the request the step's query
+    offsets place the token in (``<prefix>.token_request``), which the map must equal
+    (*agreement within a build*)."""
+    request = f"{name.rsplit('.', 1)[0]}.token_request"
+    out = [Field(name, "tokens", owner, (0, max(rows - 1, 0)),
+                 agrees_with=request if judged else None)]  # fmt: skip
+    if judged:
+        out.append(Field(request, "tokens", token_requests(query_start_loc, len(owner))))
+    return out
 
 
 def kv_reading_fields(
