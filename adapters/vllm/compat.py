@@ -671,6 +671,13 @@ REQUIRES["runner_step_cpu"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.attention.backends.cpu_attn", "CPUAttentionMetadataBuilder.build"),
     Api("vllm._custom_ops", "cpu_attn_get_scheduler_metadata"),
 )  # fmt: skip
+# runner_step_flex: runner_step_v1's engine on the FlexAttention backend.
+REQUIRES["runner_step_flex"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionBackend"),
+    Api("vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder.build"),
+    Api("vllm.v1.attention.backend", "CommonAttentionMetadata.compute_num_computed_tokens"),
+)  # fmt: skip
+
 # runner_step_amx_mla: runner_step_mla's engine as the CPU worker makes it, on AMX MLA,
 # the CPU's thread count looked up in amx_mla.py.
 REQUIRES["runner_step_amx_mla"] = REQUIRES["runner_step_mla"] + REQUIRES["runner_step_cpu"] + (

@@ -701,6 +701,44 @@ def _runner_step_cpu() -> list[Implementation]:
     ]
 
 
+_flex_hook = functools.partial(_lazy, "runner_step_flex")
+
+
+def _runner_step_flex() -> list[Implementation]:
+    """``vllm-v1``'s step on the FlexAttention backend, and a difference of vLLM's own
+    kept apart."""
+    # FlexAttentionBackend.get_supported_kernel_block_sizes: multiples of 16.
+    pages = {"fixes": {"block_size": 16}, "declines": "declines", "traced": True}
+    return [
+        _step_impl(
+            "runner_step_flex",
+            "run",
+            name="vllm-v1-flex",
+            description="installed vLLM (V1 runner) on FLEX_ATTENTION "
+            "(vllm/v1/attention/backends/flex_attention.py: FlexAttentionMetadataBuilder."
+            "build: the inverted block table, the persistent offsets, seq_lens and "
+            "decode_offset, the block mask), decode_offset held to seq_lens - query_lens, "
+            "the keys read as the kernel's mask makes them",
+            **pages,
+        ),
+        _step_impl(
+            "runner_step_flex",
+            "draft_offsets_stale",
+            name="vllm-v1-flex-draft-offsets-stale",
+            kind="mutant",
+            description="installed vLLM (V1 runner, FlexAttention) with the drafter's "
+            "every sub-step judged: propose rewrites the query offsets of its later "
+            "sub-steps in place and keeps the first pass's compute_num_computed_tokens "
+            "cache, so a draft token's logical position is its first pass's and it sees "
+            "too few keys (a difference of vLLM's own, docs/findings.md)",
+            trigger=_flex_hook("trigger_draft_offsets_stale"),
+            reach=_flex_hook("reach_drafts"),
+            smallest=_flex_hook("smallest_draft_offsets_stale"),
+            **pages,
+        ),
+    ]
+
+
 _amx_mla_hook = functools.partial(_lazy, "runner_step_amx_mla")
 
 
@@ -2371,6 +2409,7 @@ VLLM = Engine(
             *_runner_step_aiter_fa(),
             *_runner_step_cpu(),
             *_runner_step_amx_mla(),
+            *_runner_step_flex(),
             *_runner_step_triton_diffkv(),
             *_runner_step_rocm(),
             *_runner_step_turboquant(),

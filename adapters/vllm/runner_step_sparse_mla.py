@@ -116,7 +116,7 @@ def _sparse_fields(
 ) -> list[Field]:
     """Every field of the sparse MLA metadata a kernel reads, with what it accepts.
     ``map_judged``: each token's request held to the query offsets
-    (``_Engine.request_map_judged``)."""
+    (``_Engine.offsets_judged``)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     seq_lens = v1._np(m.seq_lens)
@@ -164,7 +164,7 @@ class _SparseMLAEngine(mla._MLAEngine):
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
         sparse = []
         if seen.meta is not None:
-            bs, judged = self.kernel_block_size(), self.request_map_judged(seen)
+            bs, judged = self.kernel_block_size(), self.offsets_judged(seen)
             sparse = _sparse_fields(self.config, seen, bs, judged)
         return v1._fields(self.config, no_meta) + tuple(sparse)
 

@@ -248,7 +248,7 @@ def _swa_fields(
 ) -> list[Field]:
     """Every field of the SWA metadata a consumer reads, with what it accepts.
     ``map_judged``: each token's request held to the query offsets
-    (``_Engine.request_map_judged``)."""
+    (``_Engine.offsets_judged``)."""
     m = seen.meta
     tokens_pad = int(seen.positions.shape[0])
     slots = num_blocks(config) * config.block_size
@@ -343,7 +343,7 @@ class _SWAEngine(v1._Engine):
 
     def fields(self, seen: v1._Seen) -> tuple[Field, ...]:
         no_meta = v1._Seen(None, seen.slot_mapping, seen.positions)
-        bs, judged = self.kernel_block_size(), self.request_map_judged(seen)
+        bs, judged = self.kernel_block_size(), self.offsets_judged(seen)
         swa = [] if seen.meta is None else _swa_fields(self.config, seen, bs, judged)
         return v1._fields(self.config, no_meta) + tuple(swa) + self.kv_fields(seen)
 

@@ -203,7 +203,7 @@ class _CPUSWAEngine(cpu.CPUWorker, swa._SWAEngine):
         if seen.meta is None:
             return ()
         readings = {"": self.kv_read(seen)}
-        if self.request_map_judged(seen):
+        if self.offsets_judged(seen):
             # A later sub-step's keys go through vLLM's stale request map (the engine's
             # stale_drafts_judged): kept apart.
             readings["cpu."] = cpu_keys(seen)

@@ -759,16 +759,20 @@ class _Engine:
         return int(kernel or self.runner.input_batch.block_table[0].block_size)
 
     stale_drafts_judged = False
-    """Whether a builder's map of each token to its request is held to the query offsets
-    in the drafter's sub-steps after its first pass too: vLLM 0.33.0's V1 drafter hands
-    them its first pass's map (``SpecDecodeBaseProposer.propose`` rewrites the offsets of
-    its ``CommonAttentionMetadata`` in place, whose ``_token_to_req_indices_cache`` stays
-    set), a difference of vLLM's own kept apart (docs/findings.md)."""
+    """Whether what a builder derives from the query offsets through
+    ``CommonAttentionMetadata``'s caches (each token's request,
+    ``token_to_req_indices``; each request's computed tokens,
+    ``compute_num_computed_tokens``) is held to the offsets in the drafter's sub-steps
+    after its first pass too: vLLM 0.33.0's V1 drafter hands them its first pass's
+    (``SpecDecodeBaseProposer.propose`` rewrites the offsets of its
+    ``CommonAttentionMetadata`` in place; its ``_token_to_req_indices_cache`` and
+    ``_num_computed_tokens_cache`` stay set), a difference of vLLM's own kept apart
+    (docs/findings.md)."""
 
-    def request_map_judged(self, seen: _Seen) -> bool:
-        """Whether ``seen``'s map of each token to its request is held to its offsets:
-        the target's forward and the drafter's first pass, every sub-step where
-        :attr:`stale_drafts_judged`."""
+    def offsets_judged(self, seen: _Seen) -> bool:
+        """Whether what ``seen``'s builder derives from the query offsets is held to
+        them: on the target's forward and the drafter's first pass, on every sub-step
+        where :attr:`stale_drafts_judged`."""
         return self.stale_drafts_judged or not seen.draft
 
     def kv_fields(self, seen: _Seen) -> tuple[Field, ...]:
