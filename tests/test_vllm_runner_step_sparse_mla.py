@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from attnfuzz.adapters.vllm.testing import Calls, own, requires_vllm, run_trace, values
+from attnfuzz.adapters.vllm.testing import (
+    Calls,
+    own,
+    requires_vllm,
+    run_trace,
+    unsafe_with_req_id_per_token_shifted,
+    values,
+)
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
@@ -72,18 +79,9 @@ def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
     every token one request on fails it."""
     m = sparse()
     m.prepare()
-    from vllm.model_executor.layers.attention.sparse_mla_attention import (
-        SparseMLACommonMetadataBuilder,
+    unsafe = unsafe_with_req_id_per_token_shifted(
+        monkeypatch, spec_decode(), m.SparseMLARunnerStepEngine()
     )
-
-    original = SparseMLACommonMetadataBuilder._build_req_id_per_token
-
-    def shifted(self, common_attn_metadata):
-        return original(self, common_attn_metadata) + 1
-
-    monkeypatch.setattr(SparseMLACommonMetadataBuilder, "_build_req_id_per_token", shifted)
-    _, second = run_trace(spec_decode(), m.SparseMLARunnerStepEngine())
-    unsafe = {v.field for v in ref.violations(second) if v.prop == "safe padding"}
     assert unsafe == {"sparse.req_id_per_token"}
 
 

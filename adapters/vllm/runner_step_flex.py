@@ -165,26 +165,12 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # -- a finding kept apart: the drafter's later sub-steps keep its first pass's offsets -----
 
 
-class _StaleDraftsEngine(_FlexEngine):
-    stale_drafts_judged = True
-
-
-class StaleDraftsRunnerStepEngine(FlexRunnerStepEngine):
-    """``vllm-v1-flex``'s engines, the drafter's every sub-step judged."""
-
-    engine_type = _StaleDraftsEngine
-
-
-_STALE = StaleDraftsRunnerStepEngine()
-
-
-def draft_offsets_stale(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-flex-draft-offsets-stale``: ``vllm-v1-flex`` with the drafter's
-    sub-steps after its first pass held to their query offsets."""
-    return _STALE(inputs)
-
-
-draft_offsets_stale.new_engine = _STALE.new_engine  # type: ignore[attr-defined]
+draft_offsets_stale = v1.kept_apart(
+    FlexRunnerStepEngine,
+    "``vllm-v1-flex-draft-offsets-stale``: ``vllm-v1-flex`` with the drafter's "
+    "sub-steps after its first pass held to their query offsets.",
+    stale_drafts_judged=True,
+)
 
 
 def reach_drafts(trace: Trace | Case) -> bool:

@@ -398,26 +398,12 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # -- a finding kept apart: the drafter's later sub-steps keep its first pass's request map --
 
 
-class _StaleDraftsEngine(_SWAEngine):
-    stale_drafts_judged = True
-
-
-class StaleDraftsRunnerStepEngine(SparseSWARunnerStepEngine):
-    """``vllm-v1-sparse-swa``'s engines, the drafter's every sub-step judged."""
-
-    engine_type = _StaleDraftsEngine
-
-
-_STALE = StaleDraftsRunnerStepEngine()
-
-
-def draft_requests_stale(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-sparse-swa-draft-requests-stale``: ``vllm-v1-sparse-swa`` with the
-    drafter's sub-steps after its first pass held to their query offsets."""
-    return _STALE(inputs)
-
-
-draft_requests_stale.new_engine = _STALE.new_engine  # type: ignore[attr-defined]
+draft_requests_stale = v1.kept_apart(
+    SparseSWARunnerStepEngine,
+    "``vllm-v1-sparse-swa-draft-requests-stale``: ``vllm-v1-sparse-swa`` with the "
+    "drafter's sub-steps after its first pass held to their query offsets.",
+    stale_drafts_judged=True,
+)
 
 
 def reach_drafts(trace: Trace | Case) -> bool:

@@ -232,26 +232,12 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # -- a finding kept apart: the CPU builder's plans lack the V4.1 layer types ---------------
 
 
-class _ShippedPlansEngine(_CPUSWAEngine):
-    plans_stood_in = False
-
-
-class ShippedPlansRunnerStepEngine(SparseSWACPURunnerStepEngine):
-    """``vllm-v1-sparse-swa-cpu``'s engines, the CPU builder's plans as vLLM ships them."""
-
-    engine_type = _ShippedPlansEngine
-
-
-_SHIPPED = ShippedPlansRunnerStepEngine()
-
-
-def tile_keys(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-    """``vllm-v1-sparse-swa-cpu-tile-keys``: ``vllm-v1-sparse-swa-cpu`` with
-    ``DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler`` as vLLM ships it."""
-    return _SHIPPED(inputs)
-
-
-tile_keys.new_engine = _SHIPPED.new_engine  # type: ignore[attr-defined]
+tile_keys = v1.kept_apart(
+    SparseSWACPURunnerStepEngine,
+    "``vllm-v1-sparse-swa-cpu-tile-keys``: ``vllm-v1-sparse-swa-cpu`` with "
+    "``DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler`` as vLLM ships it.",
+    plans_stood_in=False,
+)
 
 
 def trigger_any_step(trace: Trace | Case) -> bool:

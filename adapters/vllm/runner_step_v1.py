@@ -1434,6 +1434,23 @@ def judging_held(engine_type: type[RunnerStepEngine], doc: str) -> Any:
     return run
 
 
+def kept_apart(engine_type: type[RunnerStepEngine], doc: str, **engine: Any) -> Any:
+    """An implementation on ``engine_type``'s engines whose engine (``engine_type.
+    engine_type``) has the attributes ``engine`` (as ``stale_drafts_judged=True``): a
+    finding kept apart, judged where the main implementation leaves it. Its engines are
+    kept across calls; its ``new_engine()`` drops them."""
+    inner = engine_type.engine_type
+    kept = type(f"KeptApart{inner.__name__}", (inner,), engine)
+    runner = type(f"KeptApart{engine_type.__name__}", (engine_type,), {"engine_type": kept})()
+
+    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        return runner(inputs)
+
+    run.__doc__ = doc
+    run.new_engine = runner.new_engine  # type: ignore[attr-defined]
+    return run
+
+
 run_drafter_dummy = judging_held(
     RunnerStepEngine,
     "``vllm-v1-drafter-dummy-slots``: ``vllm-v1`` with its dummy runs between steps "

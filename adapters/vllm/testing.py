@@ -64,6 +64,25 @@ def values(build: Any, name: str) -> list:
     return build.field(name).values.tolist()
 
 
+def unsafe_with_req_id_per_token_shifted(monkeypatch: Any, trace: Any, run: Any) -> set[str]:
+    """The fields safe padding fails in the last step of ``trace`` on ``run`` when
+    ``SparseMLACommonMetadataBuilder._build_req_id_per_token`` puts every token one
+    request on (the sparse MLA builders' shared map)."""
+    from attnfuzz.reference import runner_step as ref
+    from vllm.model_executor.layers.attention.sparse_mla_attention import (
+        SparseMLACommonMetadataBuilder as Builder,
+    )
+
+    original = Builder._build_req_id_per_token
+
+    def shifted(self: Any, common_attn_metadata: Any) -> Any:
+        return original(self, common_attn_metadata) + 1
+
+    monkeypatch.setattr(Builder, "_build_req_id_per_token", shifted)
+    last = run_trace(trace, run)[-1]
+    return {v.field for v in ref.violations(last) if v.prop == "safe padding"}
+
+
 def kept_apart_verdict(fixed: str, kept: str, witness: Any) -> Any:
     """The ``runner-step`` verdict of the kept-apart entry ``kept`` on ``witness``, after
     asserting that the implementation ``fixed`` passes it and ``kept`` does not."""
