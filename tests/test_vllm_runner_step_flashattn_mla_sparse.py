@@ -8,6 +8,7 @@ import dataclasses
 
 from attnfuzz.adapters.vllm.testing import (
     Calls,
+    full_spec_decode,
     own,
     requires_vllm,
     run_trace,
@@ -15,7 +16,6 @@ from attnfuzz.adapters.vllm.testing import (
     values,
 )
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
 
@@ -24,16 +24,6 @@ def flashattn_sparse():
     from attnfuzz.adapters.vllm import runner_step_flashattn_mla_sparse
 
     return runner_step_flashattn_mla_sparse
-
-
-def spec_decode() -> Trace:
-    """``smallest_full_spec_decode`` at pages of 64: a prefill of 5 tokens, then a verify
-    of 2 padded to the FULL graph of 2 requests."""
-    from attnfuzz.adapters.vllm import runner_step_hybrid
-
-    trace = runner_step_hybrid.smallest_full_spec_decode()
-    config = dataclasses.replace(trace.config, block_size=64, max_model_len=128)
-    return Trace(config, trace.steps)
 
 
 def test_the_builder_builds_every_step_and_capture(monkeypatch):
@@ -49,7 +39,7 @@ def test_the_builder_builds_every_step_and_capture(monkeypatch):
     calls = Calls(monkeypatch)
     calls.count(FlashAttnMLASparseMetadataBuilder, "build", "build_for_cudagraph_capture")
     made = m.FlashAttnRunnerStepEngine()
-    first, second = run_trace(spec_decode(), made)
+    first, second = run_trace(full_spec_decode(), made)
     builder = made.graphs.runner.attn_groups[0][0].get_metadata_builder()
     assert type(builder) is FlashAttnMLASparseMetadataBuilder
     # __init__: 2 heads a rank are no count the table lists, so 256; one DCP rank.
@@ -67,7 +57,7 @@ def test_the_builder_builds_every_step_and_capture(monkeypatch):
 def test_pages_the_backend_has_no_kernel_for_are_declined():
     """Pages of 32 are not multiples of 64 (``get_supported_kernel_block_sizes``)."""
     m = flashattn_sparse()
-    config = spec_decode().config
+    config = full_spec_decode().config
     assert m.declines_config(config) is None
     assert "multiples of 64" in m.declines_config(dataclasses.replace(config, block_size=32))
 
@@ -78,6 +68,6 @@ def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
     m = flashattn_sparse()
     m.prepare()
     unsafe = unsafe_with_req_id_per_token_shifted(
-        monkeypatch, spec_decode(), m.FlashAttnRunnerStepEngine()
+        monkeypatch, full_spec_decode(), m.FlashAttnRunnerStepEngine()
     )
     assert unsafe == {"sparse.req_id_per_token"}

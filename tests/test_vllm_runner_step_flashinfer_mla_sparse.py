@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 from attnfuzz.adapters.vllm.testing import (
     Calls,
+    full_spec_decode,
     own,
     requires_vllm,
     run_trace,
@@ -17,7 +18,6 @@ from attnfuzz.adapters.vllm.testing import (
     values,
 )
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
 
@@ -26,16 +26,6 @@ def flashinfer_sparse():
     from attnfuzz.adapters.vllm import runner_step_flashinfer_mla_sparse
 
     return runner_step_flashinfer_mla_sparse
-
-
-def spec_decode(block_size: int = 64) -> Trace:
-    """``smallest_full_spec_decode`` at pages of ``block_size``: a prefill of 5 tokens,
-    then a verify of 2 padded to the FULL graph of 2 requests."""
-    from attnfuzz.adapters.vllm import runner_step_hybrid
-
-    trace = runner_step_hybrid.smallest_full_spec_decode()
-    config = dataclasses.replace(trace.config, block_size=block_size, max_model_len=128)
-    return Trace(config, trace.steps)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +47,7 @@ def test_each_builder_builds_every_step_and_capture(monkeypatch, engine, builder
     calls = Calls(monkeypatch)
     calls.count(cls, "build", "build_for_cudagraph_capture")
     made = getattr(m, engine)()
-    first, second = run_trace(spec_decode(block_size), made)
+    first, second = run_trace(full_spec_decode(block_size), made)
     assert type(made.graphs.runner.attn_groups[0][0].get_metadata_builder()) is cls
     assert min(calls.values()) > 0 and len(calls) == 2
     assert ref.violations(first) == [] and ref.violations(second) == []
@@ -73,8 +63,8 @@ def test_the_trtllm_builder_takes_the_drafter_s_in_place_update():
     drafter update its decode metadata in place; FlashInfer's SM120 builder does not."""
     m = flashinfer_sparse()
     trtllm, sm120 = m.TRTLLMRunnerStepEngine(), m.SM120RunnerStepEngine()
-    run_trace(spec_decode(), trtllm)
-    run_trace(spec_decode(), sm120)
+    run_trace(full_spec_decode(), trtllm)
+    run_trace(full_spec_decode(), sm120)
     builders = [e.graphs.runner.attn_groups[0][0].get_metadata_builder() for e in (trtllm, sm120)]
     assert [b.supports_draft_decode_metadata_update for b in builders] == [True, False]
     assert sm120.graphs.vllm_config.model_config.hf_text_config.index_topk == 2048
@@ -83,7 +73,7 @@ def test_the_trtllm_builder_takes_the_drafter_s_in_place_update():
 def test_pages_the_backend_has_no_kernel_for_are_declined():
     """Pages of 32 are the TRT-LLM backend's, not SM120's (multiples of 64); 16 neither's."""
     m = flashinfer_sparse()
-    config = spec_decode().config
+    config = full_spec_decode().config
     assert m.declines_config(dataclasses.replace(config, block_size=32)) is None
     assert "multiples of 32" in m.declines_config(dataclasses.replace(config, block_size=16))
     assert "multiples of 64" in m.declines_config_sm120(dataclasses.replace(config, block_size=32))
@@ -95,6 +85,6 @@ def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
     m = flashinfer_sparse()
     m.prepare()
     unsafe = unsafe_with_req_id_per_token_shifted(
-        monkeypatch, spec_decode(32), m.TRTLLMRunnerStepEngine()
+        monkeypatch, full_spec_decode(32), m.TRTLLMRunnerStepEngine()
     )
     assert unsafe == {"sparse.req_id_per_token"}

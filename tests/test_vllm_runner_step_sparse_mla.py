@@ -5,10 +5,9 @@ per-token request map judged by the step's properties."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from attnfuzz.adapters.vllm.testing import (
     Calls,
+    full_spec_decode,
     own,
     requires_vllm,
     run_trace,
@@ -28,15 +27,6 @@ def sparse():
     return runner_step_sparse_mla
 
 
-def spec_decode() -> Trace:
-    """``smallest_full_spec_decode`` at pages of 64 (the backend's)."""
-    from attnfuzz.adapters.vllm import runner_step_hybrid
-
-    trace = runner_step_hybrid.smallest_full_spec_decode()
-    config = dataclasses.replace(trace.config, block_size=64, max_model_len=128)
-    return Trace(config, trace.steps)
-
-
 def test_the_sparse_builder_builds_a_verify_padded_for_a_full_graph(monkeypatch):
     """A prefill, then a verify of 2 tokens padded to the FULL graph of 2 requests: each
     token's request in the builder's buffer, the padding tokens given a row of the
@@ -47,7 +37,7 @@ def test_the_sparse_builder_builds_a_verify_padded_for_a_full_graph(monkeypatch)
 
     calls = Calls(monkeypatch)
     calls.count(FlashMLASparseMetadataBuilder, "build", "build_for_cudagraph_capture")
-    first, second = run_trace(spec_decode(), m.SparseMLARunnerStepEngine())
+    first, second = run_trace(full_spec_decode(), m.SparseMLARunnerStepEngine())
     assert min(calls.values()) > 0 and len(calls) == 2
     assert ref.violations(first) == [] and ref.violations(second) == []
     (eager,) = own(second, "eager")
@@ -62,7 +52,7 @@ def test_a_step_of_unequal_queries_has_prefills_after_the_uniform_decodes():
     """With ``require_uniform``, a verify of 2 tokens beside a chunk of 5 more: the
     verify is the decode, the chunk a prefill, its query offsets from its first token."""
     m = sparse()
-    config = spec_decode().config
+    config = full_spec_decode().config
     steps = (
         Batch((0, 0), (3, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(1, 1)),
         Batch((3, 5), (2, 5), req_ids=(0, 1), pages=((1,), (2,)), new_pages=(0, 0)),
@@ -80,7 +70,7 @@ def test_a_token_mapped_past_the_step_s_requests_is_unsafe(monkeypatch):
     m = sparse()
     m.prepare()
     unsafe = unsafe_with_req_id_per_token_shifted(
-        monkeypatch, spec_decode(), m.SparseMLARunnerStepEngine()
+        monkeypatch, full_spec_decode(), m.SparseMLARunnerStepEngine()
     )
     assert unsafe == {"sparse.req_id_per_token"}
 

@@ -1420,35 +1420,35 @@ class Mutated:
 # proposal left there, the slots of the requests it drafted for.
 
 
+def kept_apart(
+    engine_type: type[RunnerStepEngine],
+    doc: str,
+    runner: dict[str, Any] | None = None,
+    **engine: Any,
+) -> Any:
+    """An implementation on ``engine_type``'s engines, with the attributes ``runner`` on
+    ``engine_type`` and ``engine`` on its engine (``engine_type.engine_type``; as
+    ``stale_drafts_judged=True``): a finding kept apart, judged where the main
+    implementation leaves it. Its engines are kept across calls; its ``new_engine()``
+    drops them."""
+    attributes = dict(runner or {})
+    if engine:
+        inner = engine_type.engine_type
+        attributes["engine_type"] = type(f"KeptApart{inner.__name__}", (inner,), engine)
+    kept = type(f"KeptApart{engine_type.__name__}", (engine_type,), attributes)()
+
+    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        return kept(inputs)
+
+    run.__doc__ = doc
+    run.new_engine = kept.new_engine  # type: ignore[attr-defined]
+    return run
+
+
 def judging_held(engine_type: type[RunnerStepEngine], doc: str) -> Any:
-    """An implementation on ``engine_type``'s engines (kept across calls; its
-    ``new_engine()`` drops them) with the dummy run between two steps judged against the
-    requests the engine holds while it runs (``judges_held``): a finding kept apart."""
-    held = type(f"Held{engine_type.__name__}", (engine_type,), {"judges_held": True})()
-
-    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        return held(inputs)
-
-    run.__doc__ = doc
-    run.new_engine = held.new_engine  # type: ignore[attr-defined]
-    return run
-
-
-def kept_apart(engine_type: type[RunnerStepEngine], doc: str, **engine: Any) -> Any:
-    """An implementation on ``engine_type``'s engines whose engine (``engine_type.
-    engine_type``) has the attributes ``engine`` (as ``stale_drafts_judged=True``): a
-    finding kept apart, judged where the main implementation leaves it. Its engines are
-    kept across calls; its ``new_engine()`` drops them."""
-    inner = engine_type.engine_type
-    kept = type(f"KeptApart{inner.__name__}", (inner,), engine)
-    runner = type(f"KeptApart{engine_type.__name__}", (engine_type,), {"engine_type": kept})()
-
-    def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        return runner(inputs)
-
-    run.__doc__ = doc
-    run.new_engine = runner.new_engine  # type: ignore[attr-defined]
-    return run
+    """:func:`kept_apart` with the dummy run between two steps judged against the
+    requests the engine holds while it runs (``judges_held``)."""
+    return kept_apart(engine_type, doc, runner={"judges_held": True})
 
 
 run_drafter_dummy = judging_held(

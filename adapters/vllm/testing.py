@@ -64,6 +64,20 @@ def values(build: Any, name: str) -> list:
     return build.field(name).values.tolist()
 
 
+def full_spec_decode(block_size: int = 64) -> Any:
+    """``runner_step_hybrid.smallest_full_spec_decode`` at pages of ``block_size`` (a
+    sparse MLA backend's 64 by default) and 128 positions: a prefill of 5 tokens, then
+    a verify of 2 padded to the FULL graph of 2 requests."""
+    import dataclasses
+
+    from attnfuzz.adapters.vllm import runner_step_hybrid
+    from attnfuzz.reference.trace import Trace
+
+    trace = runner_step_hybrid.smallest_full_spec_decode()
+    config = dataclasses.replace(trace.config, block_size=block_size, max_model_len=128)
+    return Trace(config, trace.steps)
+
+
 def unsafe_with_req_id_per_token_shifted(monkeypatch: Any, trace: Any, run: Any) -> set[str]:
     """The fields safe padding fails in the last step of ``trace`` on ``run`` when
     ``SparseMLACommonMetadataBuilder._build_req_id_per_token`` puts every token one
