@@ -32,6 +32,16 @@ class CaseTooLarge(UsageError):
     """A case whose metadata, inputs or reference do not fit in this machine's memory."""
 
 
+class Interrupted(KeyboardInterrupt):  # noqa: N818 - a KeyboardInterrupt, named as one
+    """SIGINT or SIGTERM, raised by attnfuzz's own handler: a ``KeyboardInterrupt``
+    to every ``except``, but not one CPython takes for the program's end. A
+    handler's exception lands wherever the main thread is, and CPython remembers
+    a bare ``KeyboardInterrupt`` that leaves code run by ``exec`` of a string
+    (``dataclasses`` makes each ``__repr__`` so, as torch loads): caught by the
+    command, it still made the process end by SIGINT (status -2 to its parent)
+    instead of the 130 the command returned. The check is on the exact class."""
+
+
 class HarnessError(Exception):
     """attnfuzz's own code failed while judging (an adapter's glue, a stand-in, a
     reference, the harness): no verdict on the implementation, never a finding.

@@ -20,6 +20,7 @@ import torch
 from attnfuzz.harness.errors import (  # noqa: F401 (re-exported: the older home)
     CaseTooLarge,
     HarnessError,
+    Interrupted,
     InvalidCase,
     UsageError,
 )
@@ -73,7 +74,7 @@ def sigint_noted() -> Iterator[list[int]]:
         if callable(handler):
             handler(signum, frame)
         elif handler == signal.SIG_DFL:
-            raise KeyboardInterrupt
+            raise Interrupted
 
     for signum in previous:
         signal.signal(signum, note)

@@ -338,6 +338,33 @@ def test_a_signal_while_the_command_loads_ends_it_quietly(tmp_path, after_s):
     assert not (tmp_path / "cases").exists() or not any((tmp_path / "cases").iterdir())
 
 
+_INTERRUPT_INSIDE_EXEC = """
+import os, signal, sys
+from attnfuzz.harness.cli.run import Signals
+with Signals() as signals:
+    try:
+        exec("os.kill(os.getpid(), signal.SIGINT)\\nwhile True: pass")
+    except KeyboardInterrupt:
+        print("caught")
+sys.exit(128 + signals.signum)
+"""
+
+
+def test_a_signal_caught_inside_exec_leaves_the_exit_status_to_the_command(tmp_path):
+    """The moment a SIGINT lands is chance: inside code run by ``exec`` of a string
+    (a dataclass's generated methods, as torch loads), a bare ``KeyboardInterrupt``
+    leaving it made CPython end a ``python -m`` process by SIGINT at exit (status
+    -2), though the command caught it and returned 130. Here the landing place is
+    fixed. Run with ``-m`` as the command is: a script's ``sys.exit`` exits at once."""
+    (tmp_path / "interrupt_inside_exec.py").write_text(_INTERRUPT_INSIDE_EXEC)
+    path = [str(tmp_path), str(TESTS), *sys.path]
+    done = subprocess.run([sys.executable, "-m", "interrupt_inside_exec"], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)),
+                          timeout=120)  # fmt: skip
+    assert done.stdout.strip() == "caught", done.stderr
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+
+
 def test_a_trace_of_more_steps_than_the_cap_is_refused_in_one_line(tmp_path, capsys):
     """64 steps at most: a trace's replay is bounded (each step its own timeout)."""
     from attnfuzz.harness.casefile import case_document, write_case

@@ -34,6 +34,7 @@ from attnfuzz.harness.definitions import (
     invoked_as,
     repro_command,
 )
+from attnfuzz.harness.errors import Interrupted
 
 if TYPE_CHECKING:  # the command imports what it runs when it runs
     from attnfuzz.harness.cli.found import Found, HistoryDependent
@@ -145,7 +146,7 @@ class Signals:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signum, self._got = signum, True
-        raise KeyboardInterrupt
+        raise Interrupted
 
     def _unraisable(self, unraisable: Any) -> None:
         # Our KeyboardInterrupt landed where Python ignores exceptions (a garbage
