@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # torch: the engines' answers to ``attnfuzz list`` are asked 
 ENTRY_POINT_GROUP = "attnfuzz.engines"
 _NAME = re.compile(r"[a-z][a-z0-9_]*")  # a pytest marker and ATTNFUZZ_REQUIRE_<NAME>
 
+DEFAULT_RUNNER = "the default"
+"""What :attr:`Engine.runners` says of the runner a release serves unless told otherwise."""
+
 StepPlanner = Callable[[Any, "Batch"], "StepPlan"]
 """``planner(config, batch) -> StepPlan``, as :func:`attnfuzz.reference.runner.step_plan`."""
 
@@ -82,6 +85,14 @@ class Engine:
     production, for an engine whose steps the reference's runner rules do not
     describe (they model vLLM's runners): reachability judges the finding at each
     site instead of planning the step. None: :attr:`planner` or the reference's rules."""
+
+    runners: Callable[[], Mapping[str, str]] | None = None
+    """How the installed release picks its model runner, read from its code: runner
+    (:data:`attnfuzz.reference.runner.RUNNERS`) -> the configuration that serves it,
+    :data:`DEFAULT_RUNNER` for the one it serves unless told otherwise (called only
+    where :attr:`unavailable` is None). A finding live only on runners other than the
+    default is live with that configuration, and its reason names it. None: the
+    runners are taken as equally served."""
 
     callers: Callable[[str, str], Callee | None] | None = None
     """``callers(target, impl)``: the engine function that implementation runs and what

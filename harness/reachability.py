@@ -222,9 +222,11 @@ def reachability(
     for runner, modes in refused_modes.items():
         not_run.append(f"{runner} {', '.join(modes)} ({_modes_refused(found, runner)})")
     live = [p for p in pairs if p.python_runs and p.fails]
+    served = _served(engine, {p.runner for p in live})
     if live:
         where = ", ".join(f"{p.runner} {p.cudagraph_mode} ({p.step})" for p in live)
         reason = f"the engine runs the faulting {runs_in} code on this step in {where}"
+        reason += f"; {served[1]}" if served else ""
         status = LIVE
     elif refused_modes and not any(p.step == "FULL replay" for p in pairs):
         reason = (
@@ -249,12 +251,35 @@ def reachability(
         skipped = f"{engine_here} does not run {'; '.join(not_run)}"
         reason, status = (f"{reason}; {skipped}", status) if pairs else (skipped, UNKNOWN)
     decided = (plan.__module__ + "." + plan.__qualname__,)
+    decided += (served[0],) if served else ()
     if found is not None:
         decided += tuple(found.decided_by())
     decided += tuple(step_plan(config, ran).decided_by)
     if runs_in == "forward":
         decided += (_WHERE_PYTHON_RUNS,)
     return Reachability(status, runs_in, tuple(pairs), reason, decided)
+
+
+def _served(engine: str | None, runners: set[str]) -> tuple[str, str] | None:
+    """Where every runner a finding is live on is one the installed release serves only
+    when configured so (:attr:`Engine.runners`): the function that read it, and what
+    the reason adds (each runner's configuration, the default named)."""
+    declared = engines.get(engine) if engine is not None else None
+    if not runners or declared is None or declared.runners is None:
+        return None
+    if declared.unavailable() is not None:
+        return None
+    how = declared.runners()
+    if not how or any(how.get(r) == engines.DEFAULT_RUNNER for r in runners):
+        return None
+    release = f"{declared.name} {declared.installed_version()}"
+    default = [r for r, h in how.items() if h == engines.DEFAULT_RUNNER]
+    said = "; ".join(f"{release} serves {r} only with {how.get(r, 'no known configuration')}"
+                     for r in sorted(runners))  # fmt: skip
+    if default:
+        said += f" ({' and '.join(default)} unless told otherwise)"
+    getter = declared.runners
+    return f"{getter.__module__}.{getter.__qualname__}", said
 
 
 def _modes_refused(found: Any, runner: str) -> str:

@@ -104,6 +104,52 @@ def test_each_pair_is_planned_on_the_step_as_its_engine_runs_it():
     assert step(never_eager) == step(with_peer) == "FULL"
 
 
+def _engine_serving(monkeypatch, how: dict[str, str]) -> None:
+    """An installed engine ``fake`` (release 1.0) whose runners are served as ``how`` says."""
+    from attnfuzz.harness import engines
+
+    fake = engines.Engine(
+        name="fake", install="", installed_version=lambda: "1.0", unavailable=lambda: None,
+        status=lambda: "", runners=lambda: how,
+    )  # fmt: skip
+    monkeypatch.setattr(engines, "get", lambda name: fake if name == "fake" else None)
+
+
+def test_a_finding_live_only_on_a_runner_served_when_configured_names_the_configuration(
+    monkeypatch,
+):
+    """:attr:`Engine.runners`: live on V1 alone, where the release serves V2 unless told
+    otherwise, the finding is live with V1's configuration, and the reason says so (it
+    is no finding of the release's default deployment)."""
+    from attnfuzz.harness.engines import DEFAULT_RUNNER
+
+    _engine_serving(monkeypatch, {"v1": "SOME_SWITCH=0", "v2": DEFAULT_RUNNER})
+    case = Case.from_dict(ROCM_CASE)
+
+    def on_v1_full(c: Case) -> bool:
+        return c.config.runner == "v1" and has_padding_requests(c)
+
+    r = reachability(case, "builder", on_v1_full, never_refused, engine="fake")
+    assert r.status == LIVE
+    assert "fake 1.0 serves v1 only with SOME_SWITCH=0 (v2 unless told otherwise)" in r.reason
+    assert any("<lambda>" in d for d in r.decided_by)
+    # Live on the default runner too: nothing to add.
+    r = reachability(case, "builder", has_padding_requests, never_refused, engine="fake")
+    assert r.status == LIVE and "serves" not in r.reason
+
+
+def test_a_release_that_serves_v1_by_default_adds_nothing_to_a_v1_finding(monkeypatch):
+    from attnfuzz.harness.engines import DEFAULT_RUNNER
+
+    _engine_serving(monkeypatch, {"v1": DEFAULT_RUNNER, "v2": "SOME_SWITCH=1"})
+    case = Case.from_dict(ROCM_CASE)
+    r = reachability(
+        case, "builder", lambda c: c.config.runner == "v1" and has_padding_requests(c),
+        never_refused, engine="fake",
+    )  # fmt: skip
+    assert r.status == LIVE and "serves" not in r.reason
+
+
 def test_a_case_file_with_reachability_conforms_and_one_without_still_reads():
     case = Case.from_dict(ROCM_CASE)
     r = reachability(case, "forward", has_padding_requests, never_refused)

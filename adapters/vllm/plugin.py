@@ -22,6 +22,7 @@ from attnfuzz.adapters import vllm
 from attnfuzz.adapters.vllm import compat as vllm_compat
 from attnfuzz.adapters.vllm import implementation as vllm_impl
 from attnfuzz.adapters.vllm import limits, lookahead, standalone, standalone_reprefill
+from attnfuzz.adapters.vllm.runner_choice import runner_choice
 from attnfuzz.harness.callers import Argument, Callee, Condition
 from attnfuzz.harness.engines import Engine, ShippedBug, StepPlanner
 from attnfuzz.harness.errors import PlannerUnbound
@@ -2432,6 +2433,7 @@ VLLM = Engine(
         "unpadding": _unpadding(),
     },
     planner=_planner,
+    runners=runner_choice,
     shipped_bugs=SHIPPED_BUGS,
     callers=_callers,
 )
