@@ -46,3 +46,23 @@ def test_a_v1_only_finding_of_vllm_names_how_its_release_serves_v1():
     assert r.status == LIVE
     assert "serves v1 only with VLLM_USE_V2_MODEL_RUNNER=0" in r.reason
     assert "attnfuzz.adapters.vllm.runner_choice.runner_choice" in r.decided_by
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        # A release whose variable is False unset: V1 unless it is set.
+        ({"VLLM_USE_V2_MODEL_RUNNER": lambda: False}, {"v1": DEFAULT_RUNNER,
+                                                       "v2": "VLLM_USE_V2_MODEL_RUNNER=1"}),
+        ({"VLLM_USE_V2_MODEL_RUNNER": lambda: True}, {"v1": "VLLM_USE_V2_MODEL_RUNNER=0",
+                                                      "v2": DEFAULT_RUNNER}),
+        ({}, {"v1": DEFAULT_RUNNER}),  # no variable: no V2 runner to choose
+        (None, {}),  # no table this reading knows: nothing said
+    ],
+)  # fmt: skip
+def test_what_the_variable_means_unset_decides_the_default(monkeypatch, table, expected):
+    import vllm.envs as envs
+    from attnfuzz.adapters.vllm.runner_choice import runner_choice
+
+    monkeypatch.setattr(envs, "environment_variables", table)
+    assert runner_choice() == expected

@@ -27,7 +27,10 @@ def runner_choice() -> dict[str, str]:
     import vllm.envs as envs
     from vllm.config import VllmConfig
 
-    read = envs.environment_variables.get(VARIABLE)
+    variables = getattr(envs, "environment_variables", None)
+    if not isinstance(variables, dict):  # not the table this reading knows
+        return {}
+    read = variables.get(VARIABLE)
     if read is None:  # no variable: the V1 runner alone
         return {"v1": DEFAULT_RUNNER}
     with mock.patch.dict(os.environ):
