@@ -24,10 +24,7 @@ refuses more than 3 drafts (its ``__init__``: the decode kernel's ``mtp`` is 0 t
 
 Stood in, as the ``hpc`` package (it is CUDA only) where ``hpc_attn.py`` imports it:
 the two scheduling calls, by the contract ``hpc/attention.py`` writes for them
-(:func:`get_attention_decode_task_workspace`, :func:`assign_attention_decode_task`).
-The vendor's schedule (48-byte tasks of 64-key tiles dealt to the CTAs) is its own;
-the stand-in's workspace keeps what a schedule is made of instead: the requests, the
-queries of each, whether the lengths count the step's keys, each request's keys.
+(:mod:`attnfuzz.adapters.hpc_ops`, shared with SGLang's HPC-Ops backend).
 
 Fields: ``vllm-v1``'s, of what the HPC kernels read: ``query_start_loc`` as they find
 each request's queries (the decodes at multiples of ``decode_query_len``, then the
@@ -47,15 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.machinery
-import types
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-from attnfuzz.adapters.standins import VendorContractError, in_sys_modules
+from attnfuzz.adapters.hpc_ops import MAX_QUERIES, hpc, stale_entries
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.reference.batch import Case, EngineConfig
@@ -64,7 +58,7 @@ from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOu
 _HPC = "vllm/v1/attention/backends/hpc_attn.py"
 HEAD_SIZE = 128  # HpcAttentionBackend.get_supported_head_sizes
 KERNEL_PAGE = 64  # HpcAttentionBackend.get_supported_kernel_block_sizes
-MAX_DRAFTS = 3  # HpcAttnMetadataBuilder.__init__: the decode kernel's mtp is 0 to 3
+MAX_DRAFTS = MAX_QUERIES - 1  # HpcAttnMetadataBuilder.__init__: the decode kernel's mtp
 
 
 def prepare() -> None:
@@ -78,89 +72,6 @@ def _backend() -> type:
     from vllm.v1.attention.backends.hpc_attn import HpcAttentionBackend
 
     return HpcAttentionBackend
-
-
-# -- hpc-ops' decode scheduler, as hpc/attention.py writes its contract ------------------------
-
-# The stand-in workspace, int32: hpc's header words (2: KV heads, 3: requests it is made
-# for), then attnfuzz's record of the last schedule.
-_HEADS, _MAX_BATCH, _MAX_SEQLEN, _BATCH, _NUM_SEQ_Q, _NEW_KV, _LENGTHS = 2, 3, 4, 5, 6, 7, 8
-
-
-def get_attention_decode_task_workspace(
-    max_num_batch: int, max_seqlen: int, num_head_kv: int, min_process_len: int = 512
-) -> torch.Tensor:
-    """``hpc.get_attention_decode_task_workspace``: the task map of decodes of up to
-    ``max_num_batch`` requests of ``max_seqlen`` keys on ``num_head_kv`` KV heads (no
-    schedule yet: the batch word is -1)."""
-    workspace = torch.zeros(_LENGTHS + max_num_batch, dtype=torch.int32)
-    workspace[[_HEADS, _MAX_BATCH, _MAX_SEQLEN, _BATCH]] = torch.tensor(
-        [num_head_kv, max_num_batch, max_seqlen, -1], dtype=torch.int32
-    )
-    return workspace
-
-
-def schedule(num_seq_kvcache: torch.Tensor, num_seq_q: int, new_kv_included: bool) -> list[int]:
-    """The record a schedule of these requests leaves in the workspace (from ``_BATCH``)."""
-    lengths = [int(n) for n in num_seq_kvcache.tolist()]
-    return [len(lengths), int(num_seq_q), int(bool(new_kv_included)), *lengths]
-
-
-def assign_attention_decode_task(
-    num_seq_kvcache: torch.Tensor,
-    task_map: torch.Tensor,
-    num_head_kv: int,
-    mtp: int,
-    new_kv_included: bool,
-    min_process_len: int = 512,
-) -> torch.Tensor:
-    """``hpc.assign_attention_decode_task``: fills ``task_map`` with the schedule of the
-    decodes of ``num_seq_kvcache`` keys (int32, one a request). Its fourth argument is
-    named ``mtp`` there, but the op takes the query tokens a request (``num_seq_q = mtp
-    + 1``), as ``assign_attention_decode_task_adaptive``, which calls the same op, says
-    ("passing mtp here ... yields an empty task_map"). Refused, as the op would overrun
-    or misread its workspace: lengths not int32 of one dimension, more requests than
-    the workspace was made for, a length past its ``max_seqlen``, other KV heads, a
-    query count outside 1 to 4 (the decode kernels' ``mtp`` 0 to 3)."""
-    op = "hpc.assign_attention_decode_task"
-    if num_seq_kvcache.dtype != torch.int32 or num_seq_kvcache.dim() != 1:
-        raise VendorContractError(
-            f"{op}: num_seq_kvcache must be int32 of one dimension, got "
-            f"{num_seq_kvcache.dtype} {tuple(num_seq_kvcache.shape)}"
-        )
-    words = task_map.view(torch.int32)
-    heads, max_batch, max_seqlen = (int(words[i]) for i in (_HEADS, _MAX_BATCH, _MAX_SEQLEN))
-    lengths = num_seq_kvcache.tolist()
-    if num_head_kv != heads:
-        raise VendorContractError(f"{op}: {num_head_kv} KV heads, the task map's are {heads}")
-    if len(lengths) > max_batch:
-        raise VendorContractError(f"{op}: {len(lengths)} requests, the task map holds {max_batch}")
-    longest = max(lengths, default=0) + (0 if new_kv_included else mtp)
-    if longest > max_seqlen:
-        raise VendorContractError(
-            f"{op}: a request of {longest} keys, the task map's max_seqlen is {max_seqlen}"
-        )
-    if not 1 <= mtp <= MAX_DRAFTS + 1:
-        raise VendorContractError(f"{op}: {mtp} queries a request, the kernels take 1 to 4")
-    record = schedule(num_seq_kvcache, mtp, new_kv_included)
-    words[_BATCH : _BATCH + len(record)] = torch.tensor(record, dtype=torch.int32)
-    return task_map
-
-
-def hpc_module() -> types.ModuleType:
-    """The ``hpc`` package as ``hpc_attn.py`` calls it (importable: it has a spec)."""
-    module = types.ModuleType("hpc")
-    module.__spec__ = importlib.machinery.ModuleSpec("hpc", None)
-    module.get_attention_decode_task_workspace = get_attention_decode_task_workspace
-    module.assign_attention_decode_task = assign_attention_decode_task
-    return module
-
-
-@contextlib.contextmanager
-def hpc() -> Iterator[None]:
-    """``hpc`` importable, the stand-in (this machine has no CUDA build of it)."""
-    with in_sys_modules({"hpc": hpc_module()}):
-        yield
 
 
 # -- declines --------------------------------------------------------------------------------
@@ -200,10 +111,7 @@ def _freeze(meta: Any) -> SimpleNamespace:
         starts += [ndt + int(q) for q in meta.qo_indptr.tolist()[1:]]
     stale = None
     if nd > 0 and meta.task_map is not None:
-        words = meta.task_map.view(torch.int32)
-        want = torch.tensor(schedule(meta.seq_lens[:nd], dql, True), dtype=torch.int32)
-        got = words[_BATCH : _BATCH + len(want)]
-        stale = int((got != want).sum())
+        stale = stale_entries(meta.task_map, meta.seq_lens[:nd], dql)
     return SimpleNamespace(
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         seq_lens=meta.seq_lens.clone(), block_table=meta.block_table_tensor.clone(),
