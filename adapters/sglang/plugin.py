@@ -524,6 +524,28 @@ def _runner_step_trtllm_mha() -> list[Implementation]:
     ]
 
 
+def _runner_step_hpc_ops() -> list[Implementation]:
+    """SGLang's decode graph runner step on the HPC-Ops backend."""
+    backend = "layers/attention/hpc_ops_backend.py:HPCOpsAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_hpc_ops",
+            "run",
+            name="sglang-hpc-ops",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} (eager "
+            "init_forward_metadata, init_cuda_graph_state, init_forward_metadata_out_graph "
+            "at capture and replay, init_forward_metadata_in_graph run by the graph "
+            "stand-in at capture and at each replay; its Triton kernels interpreted); "
+            "hpc-ops' decode scheduler stood in, the GPU an sm90",
+            # arg_groups/overrides.py makes any other page size 64; attention_registry.py:
+            # create_hpc_ops_backend refuses speculative decoding.
+            fixes={"block_size": 64, "next_n": 1},
+            traced=True,
+        ),
+    ]
+
+
 def _aiter() -> Any:
     """The AITER runner-step adapter, imported when a mutant's trace is judged."""
     from attnfuzz.adapters.sglang import runner_step_aiter
@@ -1621,6 +1643,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3_draft_extend(),
         *_runner_step_flashinfer(),
         *_runner_step_trtllm_mha(),
+        *_runner_step_hpc_ops(),
         *_runner_step_aiter(),
         *_runner_step_wave(),
         *_runner_step_qwen_sparse(),
