@@ -1,6 +1,7 @@
-"""SGLang's attention backends of a CPU server beside the Triton engine (runner-step's
-``sglang-cpu-backends``): Intel AMX's and torch SDPA's eager builds, held to Triton's by
-agreement across backends, and the kernel stand-ins Intel AMX is built with."""
+"""SGLang's attention backends of a CPU server, and torch's FlexAttention one, beside the
+Triton engine (runner-step's ``sglang-cpu-backends``): Intel AMX's, torch SDPA's and
+FlexAttention's eager builds, held to Triton's by agreement across backends, and the
+kernel stand-ins Intel AMX is built with."""
 
 from __future__ import annotations
 
@@ -27,20 +28,46 @@ def test_both_cpu_backends_read_the_keys_triton_reads_on_a_decode():
     arrive, step = life(runner_step_cpu.run, arrive_then_decode(num_spec=0))
     for out in (arrive, step):
         triton = _eager(out)
-        for where in ("intel_amx_backend.py", "torch_native_backend.py"):
+        for where in ("intel_amx_backend.py", "torch_native_backend.py", "torch_flex_backend.py"):
             backend = _backend(out, where)
             assert backend["kv_len"] == triton["kv_len"], where
             assert backend["kv_slots"] == triton["kv_slots"], where
         assert ref.violations(out) == []
     assert _backend(step, "intel_amx_backend.py")["kv_len"] == [6, 4, 2]
     assert "amx.seq_lens" not in _backend(step, "intel_amx_backend.py")  # a decode: none
+    # FlexAttention's masks: an extend's pads each request's queries to its sequence.
+    assert _backend(arrive, "torch_flex_backend.py")["flex.q_len"] == [5, 3, 1]
+    assert _backend(step, "torch_flex_backend.py")["flex.q_len"] == [1, 1, 1]
+    assert _backend(step, "torch_flex_backend.py")["flex.kv_len"] == [6, 4, 2]
+
+
+@_sglang
+def test_a_flex_mask_short_of_its_request_s_keys_fails_agreement_within_the_build(monkeypatch):
+    """A FlexAttention backend whose decode masks take the KV before the step's token (its
+    key forgotten): the forward would hand flex_attention a mask of one key fewer than
+    the keys it reads; ``flex.kv_len`` disagrees with ``seq_lens``."""
+    from attnfuzz.adapters.sglang import runner_step_cpu
+
+    runner_step_cpu.prepare()
+    from sglang.srt.layers.attention import torch_flex_backend
+
+    real = torch_flex_backend.create_block_mask
+
+    def one_short(mask_mod, b, h, q_len, kv_len, **kwargs):
+        short = mask_mod is torch_flex_backend.TorchFlexAttnBackend._decode_mask
+        return real(mask_mod, b, h, q_len, kv_len - 1 if short else kv_len, **kwargs)
+
+    monkeypatch.setattr(torch_flex_backend, "create_block_mask", one_short)
+    _, step = life(runner_step_cpu.run, arrive_then_decode(num_spec=0))
+    found = {(v.prop, v.field) for v in ref.violations(step)}
+    assert ("agreement within a build", "flex.kv_len") in found
 
 
 @_sglang
 def test_intel_amx_derives_a_verify_s_extend_metadata_and_torch_native_is_declined():
     """A verify of two tokens a request: Intel AMX's extend metadata, from the verify's
     spec_info, is the whole KV (prefix and window), the window, and each request's first
-    token; torch_native, with no verify, runs no build of it."""
+    token; torch_native and flex_attention, with no verify, run no build of it."""
     from attnfuzz.adapters.sglang import runner_step_cpu
 
     _, verify = life(runner_step_cpu.run, arrive_then_decode(num_spec=1))
@@ -49,7 +76,8 @@ def test_intel_amx_derives_a_verify_s_extend_metadata_and_torch_native_is_declin
     assert amx["amx.extend_seq_lens"] == [2, 2, 2]
     assert amx["amx.extend_start_loc"] == [0, 2, 4]
     assert amx["kv_slots"] == _eager(verify)["kv_slots"]
-    assert not [b for b in verify.builds if b.where.startswith("torch_native_backend.py")]
+    for where in ("torch_native_backend.py", "torch_flex_backend.py"):
+        assert not [b for b in verify.builds if b.where.startswith(where)]
     assert ref.violations(verify) == []
 
 

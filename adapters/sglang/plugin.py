@@ -1554,9 +1554,10 @@ def _runner_step_cpu() -> list[Implementation]:
             description="installed SGLang: each step as sglang runs it (Triton), and the "
             "step's eager init_forward_metadata on the backends of --device cpu beside it: "
             "layers/attention/intel_amx_backend.py:IntelAMXAttnBackend (its verify's and "
-            "extend's extend metadata) and torch_native_backend.py:TorchNativeAttnBackend "
-            "(no speculative configs: it has no verify); each backend's kv_len and kv_slots "
-            "as its kernels read them, against Triton's",
+            "extend's extend metadata) and torch_native_backend.py:TorchNativeAttnBackend, "
+            "and torch_flex_backend.py:TorchFlexAttnBackend (its block masks' sizes; the "
+            "last two take no speculative configs: they have no verify); each backend's "
+            "kv_len and kv_slots as its kernels read them, against Triton's",
             traced=True,
         ),
     ]

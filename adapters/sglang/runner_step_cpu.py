@@ -1,11 +1,13 @@
-"""SGLang's attention backends of a CPU server beside the Triton engine, as the
-implementation ``sglang-cpu-backends`` of ``runner-step``.
+"""SGLang's attention backends of a CPU server, and torch's FlexAttention one, beside
+the Triton engine, as the implementation ``sglang-cpu-backends`` of ``runner-step``.
 
 On ``--device cpu`` SGLang picks ``intel_amx`` on x86 and ``torch_native`` on arm64
-(``arg_groups/platform_hook.py:handle_cpu_backends``). Each step of a trace runs on the
-Triton engine of ``sglang`` (:class:`~attnfuzz.adapters.sglang.runner_step.EngineLife`:
-its capture, eager, padded, replay and fresh builds, all reported) and eagerly on an
-engine of each of those two backends, each keeping its own requests' rows across the
+(``arg_groups/platform_hook.py:handle_cpu_backends``); ``flex_attention`` is torch's
+own too, run wherever torch is (graphs disabled, ``arg_groups/attention_hook.py``).
+Each step of a trace runs on the Triton engine of ``sglang``
+(:class:`~attnfuzz.adapters.sglang.runner_step.EngineLife`: its capture, eager, padded,
+replay and fresh builds, all reported) and eagerly on an engine of each of those three
+backends, each keeping its own requests' rows across the
 trace (:class:`~attnfuzz.adapters.sglang.runner_step_backends.BackendsLife`). What runs,
 unchanged (SGLang 0.5.23):
 
@@ -15,11 +17,17 @@ unchanged (SGLang 0.5.23):
   ``draft_token_num`` tokens; an extend);
 - ``layers/attention/torch_native_backend.py``: ``TorchNativeAttnBackend``: ``__init__``
   and ``init_forward_metadata``. It keeps no metadata of its own: its forward reads the
-  runner's ``req_to_token`` rows, ``seq_lens`` and extend lengths.
+  runner's ``req_to_token`` rows, ``seq_lens`` and extend lengths;
+- ``layers/attention/torch_flex_backend.py``: ``TorchFlexAttnBackend``: ``__init__`` and
+  ``init_forward_metadata``: a block mask a request (torch's ``create_block_mask``), of
+  ``seq_len`` queries by ``seq_len`` keys for an extend (the forward pads each
+  request's queries to its whole sequence), of 1 by ``seq_len`` for a decode.
 
 Each backend's build is reported as a ``backend`` build with every field it holds: the
 step's inputs, Intel AMX's extend metadata (``amx.seq_lens``, ``amx.extend_seq_lens``,
-``amx.extend_start_loc``, each with the range ``extend_attention_cpu`` accepts), and
+``amx.extend_start_loc``, each with the range ``extend_attention_cpu`` accepts),
+FlexAttention's masks' sizes (``flex.q_len``, ``flex.kv_len``: each request's mask's,
+the keys' held to ``seq_lens``, which its forward reads the keys by), and
 ``kv_len`` and ``kv_slots`` as that backend's kernels read them
 (:meth:`IntelAMXEngine.kv_read`, :meth:`TorchNativeEngine.kv_read`). The property
 *agreement across backends* holds each field it shares with the Triton eager build to
@@ -27,9 +35,9 @@ that build's; safe padding holds every field to its range.
 
 Not run: the CPU graph runner (``model_executor/cpu_graph_runner.py``, a
 ``torch.compile`` capture of the whole model), which calls the same eager
-``init_forward_metadata`` at replay. Declined: a speculative config on ``torch_native``,
-which has no verify path (its ``forward_extend`` reads ``extend_prefix_lens``, which a
-target verify's batch does not carry).
+``init_forward_metadata`` at replay. Declined: a speculative config on ``torch_native``
+and on ``flex_attention``, which have no verify path (their ``forward_extend`` reads
+``extend_prefix_lens``, which a target verify's batch does not carry).
 
 Stand-ins, besides the step's: the two CPU attention kernels ``IntelAMXAttnBackend``
 looks up when built (``torch.ops.sgl_kernel.decode_attention_cpu`` and
@@ -64,7 +72,11 @@ _OPS_LIBRARY: list[Any] = []  # the stand-in operators' library, kept alive once
 def prepare() -> None:
     """Import SGLang's runner and both CPU backends before a judge forks its child."""
     decode.prepare()
-    from sglang.srt.layers.attention import intel_amx_backend, torch_native_backend  # noqa: F401
+    from sglang.srt.layers.attention import (  # noqa: F401
+        intel_amx_backend,
+        torch_flex_backend,
+        torch_native_backend,
+    )
 
 
 @contextlib.contextmanager
@@ -211,11 +223,63 @@ class TorchNativeEngine(decode._Engine):
         return lengths, _request_reads(self.runner.req_to_token_pool.req_to_token, rows, lengths)
 
 
+class TorchFlexEngine(decode._Engine):
+    """One SGLang engine whose model runner's attention backend is torch's FlexAttention."""
+
+    ATTENTION_BACKEND = "flex_attention"
+    WHERE = {
+        **decode._WHERE,
+        "eager": "torch_flex_backend.py:TorchFlexAttnBackend.init_forward_metadata",
+        "fresh": "torch_flex_backend.py:TorchFlexAttnBackend.init_forward_metadata (a new engine)",
+    }
+
+    def make_backend(self) -> Any:
+        from sglang.srt.layers.attention.torch_flex_backend import TorchFlexAttnBackend
+
+        return TorchFlexAttnBackend(self.runner)
+
+    def seq_len_fill(self) -> int:
+        """0: no graph pads its batches (SGLang disables graphs with this backend,
+        ``arg_groups/attention_hook.py``)."""
+        return 0
+
+    def eager_metadata(self, forward_batch: Any) -> Any:
+        """The masks the forward reads, a request each (an extend's or a decode's), and
+        the batch's rows."""
+        b = self.backend
+        masks = (
+            b.extend_block_masks if forward_batch.forward_mode.is_extend() else b.decode_block_masks
+        )
+        return _engine.StandIn(masks=list(masks), req_pool_indices=forward_batch.req_pool_indices)
+
+    def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
+        """Each request's mask's sizes: ``_run_flex_forward_extend`` and
+        ``_run_flex_forward_decode`` hand ``flex_attention`` mask ``b`` beside request
+        ``b``'s keys, ``req_to_token[row, :seq_lens[b]]``: its key count must be that."""
+        sizes = np.array([[int(n) for n in m.seq_lengths] for m in metadata.masks], dtype=np.int64)
+        sizes = sizes.reshape(-1, 2)
+        width = self.runner.req_to_token_pool.req_to_token.shape[1]
+        return (
+            Field("flex.q_len", "requests", sizes[:, 0], (1, width)),
+            Field("flex.kv_len", "requests", sizes[:, 1], (0, width), agrees_with="seq_lens"),
+        )
+
+    def kv_read(
+        self, values: dict[str, np.ndarray], metadata: Any
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Both forwards read each request's ``req_to_token[row, :seq_lens[b]]`` (the
+        step's keys written first)."""
+        lengths = values["seq_lens"]
+        rows = decode.host(metadata.req_pool_indices)
+        return lengths, _request_reads(self.runner.req_to_token_pool.req_to_token, rows, lengths)
+
+
 def declines_torch_native(config: EngineConfig) -> str | None:
-    """A speculative config: ``TorchNativeAttnBackend`` has no verify path."""
+    """A speculative config: ``TorchNativeAttnBackend`` (and ``TorchFlexAttnBackend``)
+    has no verify path."""
     if config.num_spec:
         return (
-            "torch_native has no target verify: its forward_extend reads "
+            "torch_native and flex_attention have no target verify: forward_extend reads "
             "extend_prefix_lens, which a verify's batch does not carry"
         )
     return None
@@ -235,6 +299,7 @@ ENGINES = BackendsLife(
     # Every field kept: none shares a name with a Triton field of another meaning.
     EagerLife(_Life(IntelAMXEngine), shared=None),
     EagerLife(_Life(TorchNativeEngine), declines_torch_native, shared=None),
+    EagerLife(_Life(TorchFlexEngine), declines_torch_native, shared=None),
 )
 """The engines of the implementation ``sglang-cpu-backends`` of ``runner-step``."""
 
