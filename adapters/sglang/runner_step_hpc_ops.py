@@ -21,8 +21,8 @@ besides, unchanged (SGLang 0.5.23):
 
 Stood in: the ``hpc`` package (:mod:`attnfuzz.adapters.hpc_ops`, the decode
 scheduler's contract; its bf16 decode takes a task map, so SGLang schedules every
-decode, ``_bf16_decode_supports_task_map``); the GPU's compute capability, 9.0
-(``__init__`` refuses any other); and, for ``__init__`` only, the model's attention
+decode, ``_bf16_decode_supports_task_map``); where there is no GPU, its compute
+capability, 9.0 (``__init__`` refuses any other); and, for ``__init__`` only, the model's attention
 shape the backend requires (head dim 128, 8 query heads a KV head: ``_SUPPORTED_HEAD_DIM``,
 ``_SUPPORTED_GQA_GROUP_SIZES``), which no metadata reads but the task map's KV heads (1).
 The KV cache is bf16; its buffers are never read.
@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -117,7 +116,7 @@ class HPCOpsEngine(decode._Engine):
             get_num_kv_heads=lambda tp_size, dcp_size=1: 1,
             context_len=runner.model_config.context_len,
         )
-        capability = mock.patch.object(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+        capability = _engine.device_capability((9, 0))  # where there is no GPU to ask
         with self.planning(), capability, _patched(runner, "model_config", shape):
             return hpc_ops_backend.HPCOpsAttnBackend(runner)
 
