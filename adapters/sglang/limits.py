@@ -57,15 +57,36 @@ SCHEDULER_MARGIN = 4
 """``context_len - 4``: the longest prefix a running request verifies (module docstring)."""
 
 
+FLASHMLA_PAGE_LOG2 = (6, 6)
+"""FlashMLA's one page size, 64 (``_mla_backend_page_constraints``; ``flashmla_backend.py``
+``PAGE_SIZE``): the draws of SGLang's FlashMLA implementations."""
+
+
 def trtllm_mla_admits(inputs: MlaBlockTableInputs) -> str | None:
     """Why SGLang never gives TRT-LLM MLA this step (module docstring), else None."""
-    from attnfuzz.reference.mla_block_table import TARGET_VERIFY
-
     if inputs.page_size not in TRTLLM_MLA_PAGE_SIZES:
         return (
             f"page size {inputs.page_size}: SGLang runs TRT-LLM MLA with pages of 32 or 64 "
             "tokens only (arg_groups/overrides.py: _mla_backend_page_constraints)"
         )
+    return _scheduled_prefix(inputs)
+
+
+def flashmla_admits(inputs: MlaBlockTableInputs) -> str | None:
+    """Why SGLang never gives FlashMLA this step: pages other than 64, or a prefix past
+    what its scheduler lets a request reach (module docstring), else None."""
+    if inputs.page_size != 64:
+        return (
+            f"page size {inputs.page_size}: SGLang runs FlashMLA with pages of 64 tokens "
+            "only (arg_groups/overrides.py: _mla_backend_page_constraints)"
+        )
+    return _scheduled_prefix(inputs)
+
+
+def _scheduled_prefix(inputs: MlaBlockTableInputs) -> str | None:
+    """Why no running request of SGLang's verifies this step's prefix, else None."""
+    from attnfuzz.reference.mla_block_table import TARGET_VERIFY
+
     N, context_len = inputs.next_n, inputs.context_len
     verify = inputs.phase == TARGET_VERIFY
     seq_lens = [int(x) for x in inputs.seq_lens.cpu()]

@@ -157,6 +157,41 @@ def _mla_block_table() -> list[Implementation]:
             standalone=standalone.trtllm_mla_context_len,
             **reachable,
         ),
+        *_flashmla(t, limits),
+    ]
+
+
+def _flashmla(t: Any, limits: Any) -> list[Implementation]:
+    """SGLang's FlashMLA backend on the same steps: pages of 64, the scheduler's limits."""
+    backend = "installed SGLang: layers/attention/flashmla_backend.py:FlashMLABackend"
+    reachable = {
+        "admits": limits.flashmla_admits,
+        "params": {"mla_page_log2": limits.FLASHMLA_PAGE_LOG2},
+    }
+    return [
+        sglang_impl(
+            "flashmla",
+            "run",
+            name="sglang-flashmla",
+            description=f"{backend}.init_forward_metadata (eager), init_cuda_graph_state and "
+            "init_forward_metadata_out_graph (capture, padded replay); model context_len "
+            "the request-to-token table's width; flash_mla's schedule stood in",
+            **reachable,
+        ),
+        sglang_impl(
+            "flashmla",
+            "run_context_len",
+            name="sglang-flashmla-context-len",
+            kind="mutant",
+            description=f"{backend} as SGLang sizes it, context_len = max_model_len: the "
+            "graph block table's (context_len + 64) // 64 pages a row lack the last page of "
+            "a KV past them (a live defect, at contexts 61 to 63 past a multiple of 64)",
+            trigger=t.trigger_kv_past_flashmla_table,
+            reach=t.reach_speculative_replay,
+            smallest=t.smallest_kv_past_flashmla_table,
+            fixes={"max_model_len": t.FLASHMLA_CONTEXT_LEN},
+            **reachable,
+        ),
     ]
 
 

@@ -60,7 +60,9 @@ computing a value a field here reports:
 
 - FlashMLA (the ``flash_mla`` wheel, :data:`FLASH_MLA`): ``get_mla_metadata()`` returns an
   empty ``FlashMLASchedMeta``, which the first decode kernel fills (its vendor's own
-  behaviour: no computation); its kernels refuse (no forward runs);
+  behaviour: no computation); ``get_mla_decoding_metadata``, the legacy schedule SGLang's
+  dense FlashMLA backend asks for (:mod:`.flashmla`), its shapes; its kernels refuse (no
+  forward runs);
 - DeepGEMM (``deep_gemm``, :data:`DEEP_GEMM`): ``get_num_sms`` (a device property: 4 SMs)
   and ``get_paged_mqa_logits_metadata``, the paged-MQA logits schedule
   (:func:`~attnfuzz.adapters.sglang.dsa_backend.paged_mqa_schedule`), read by the indexer's
@@ -130,7 +132,7 @@ import torch
 from attnfuzz.adapters.sglang import _engine, dsa_backend
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang.runner_step import arrive_then_step
-from attnfuzz.adapters.standins import in_sys_modules, no_collections
+from attnfuzz.adapters.standins import VendorContractError, in_sys_modules, no_collections
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace, as_trace
@@ -199,6 +201,39 @@ def get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[FlashMLASchedMeta, None
     return FlashMLASchedMeta(), None
 
 
+NUM_SMS = 132
+"""The SM count the legacy schedule's parts are reckoned from (an H100's)."""
+
+
+def get_mla_decoding_metadata(
+    cache_seqlens: torch.Tensor,
+    num_q_tokens_per_head_k: int,
+    num_heads_k: int,
+    num_heads_q: int | None = None,
+    is_fp8_kvcache: bool = False,
+    topk: int | None = None,
+    use_legacy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_mla.get_mla_decoding_metadata``: the legacy split-KV schedule, as tensors
+    (``flash_mla_interface.get_mla_metadata`` with ``cache_seqlens``, SGLang's dense
+    FlashMLA backend). Its shapes are the vendor's: ``tile_scheduler_metadata``
+    ``[num_sm_parts, 8]`` int32, ``num_sm_parts = sms // num_heads_k //
+    cdiv(num_q_tokens_per_head_k, 64)``; ``num_splits`` ``[batch + 1]`` int32. Its
+    values (the split points) are the vendor's own: the stand-in's are one split a
+    request. Refused, as the op's checks refuse: lengths not int32 of one dimension.
+    ``use_legacy`` picks the wheel's kernel set; the legacy one's schedule is this."""
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise VendorContractError(
+            "flash_mla.get_mla_decoding_metadata: seqlens_k must be int32 of one "
+            f"dimension, got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+        )
+    parts = max(NUM_SMS // num_heads_k // -(-num_q_tokens_per_head_k // 64), 1)
+    device = cache_seqlens.device
+    schedule = torch.zeros((parts, 8), dtype=torch.int32, device=device)
+    splits = torch.arange(cache_seqlens.shape[0] + 1, dtype=torch.int32, device=device)
+    return schedule, splits
+
+
 def _package(name: str, **names: Any) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__path__ = []  # type: ignore[attr-defined]  # a package: its submodules import
@@ -212,11 +247,11 @@ def _flash_mla() -> dict[str, types.ModuleType]:
         n: _refused(f"flash_mla.{n}")
         for n in (
             "flash_mla_with_kvcache",
-            "get_mla_decoding_metadata",
             "flash_mla_sparse_fwd",
             "fused_norm_rope_attn_rope_cast",
         )
     }
+    kernels["get_mla_decoding_metadata"] = get_mla_decoding_metadata  # type: ignore[assignment]
     interface = _package(
         "flash_mla.flash_mla_interface", FlashMLASchedMeta=FlashMLASchedMeta, **kernels
     )

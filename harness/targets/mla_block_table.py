@@ -46,6 +46,12 @@ SGLANG_CONTEXT_LEN = 4096
 width to 4096-token multiples (``_calc_padded_blocks``), and real contexts
 (4096, 32768, 163840) are such multiples."""
 
+FLASHMLA_CONTEXT_LEN = 4095
+"""A model context FlashMLA's graph block table fits with one token to spare: its rows
+are ``(context_len + 64) // 64`` pages of 64 (``flashmla_backend.py``
+``init_cuda_graph_state``), 4096 tokens here; a context a multiple of 64 has a page to
+spare."""
+
 
 class OwnCheck(StrEnum):
     """mla-block-table's own checks, beside the oracle's generic ones."""
@@ -172,6 +178,29 @@ def trigger_kv_past_context(case: Case) -> bool:
     block table sized by the context lacks its last pages (exact where the
     table is the context's width, as SGLang's is at :data:`SGLANG_CONTEXT_LEN`)."""
     return reach_speculative_replay(case) and max(ref.kv_lens_of(case)) > case.config.max_model_len
+
+
+def trigger_kv_past_flashmla_table(case: Case) -> bool:
+    """A replayed step whose longest KV passes what FlashMLA's graph block table rows
+    reach, ``(context_len + 64) // 64`` pages of 64 tokens."""
+    reach = (case.config.max_model_len + 64) // 64 * 64
+    return reach_speculative_replay(case) and max(ref.kv_lens_of(case)) > reach
+
+
+def smallest_kv_past_flashmla_table() -> Case:
+    """One request verified with two draft tokens (N = 3) in the graph of one request, at
+    the longest prefix SGLang reaches (:mod:`attnfuzz.adapters.sglang.limits`) in a
+    context of :data:`FLASHMLA_CONTEXT_LEN`: ``context_len - 4`` committed, plus the S = 3
+    tokens the verify before accepted (the accept count of seed 4), which an overlapped
+    step adds before its length check. Its KV is 4094 + 3 = 4097 tokens: 65 pages of 64
+    in a graph table of 64. N = 2 never crosses: its KV reaches at most 4095 + 0."""
+    from attnfuzz.harness.testing import spec_config
+
+    config = spec_config(
+        num_spec=2, max_model_len=FLASHMLA_CONTEXT_LEN, cudagraph_capture_sizes=(3,)
+    )
+    params = (("mla_page_log2", 6), ("mla_phase", 0))
+    return Case(config, Batch((FLASHMLA_CONTEXT_LEN - 2,), (1,), seed=4), params)
 
 
 def smallest_kv_past_context() -> Case:
