@@ -192,6 +192,24 @@ def test_guard_block_table_keeps_the_rows_and_takes_a_writes_overflow():
     assert storage[2].tolist() == [-1, -1, -1]
 
 
+def test_the_writer_leaves_a_kv_past_the_row_unwritten(monkeypatch):
+    """The context-len witness replayed: its row lacks the last page, and
+    ``create_flashmla_kv_indices_triton`` writes nothing past the row (the spare row
+    stays as the guard filled it): the defect is the kernel's read, not a write."""
+    kept = {}
+    guard = trtllm_mla.guard_block_table
+
+    def keep(backend, rows=trtllm_mla.GUARD_ROWS):
+        guard(backend, rows)
+        kept["table"] = backend.decode_cuda_graph_kv_indices
+
+    monkeypatch.setattr(trtllm_mla, "guard_block_table", keep)
+    got = trtllm_mla.run_context_len(ref.make_inputs(t.smallest_kv_past_context()))
+    assert got.block_kv_indices.shape[1] == 128
+    storage = torch.as_strided(kept["table"], (2, 128), (128, 1))  # the spare row too
+    assert storage[1].tolist() == [-1] * 128
+
+
 def test_stand_ins_restore_the_modules():
     from sglang.srt.layers.attention import flashinfer_mla_backend as parent
     from sglang.srt.layers.attention import trtllm_mla_backend as module

@@ -24,8 +24,9 @@ TRTLLMMLABackend.init_cuda_graph_state (layers/attention/trtllm_mla_backend.py)
 gives each graph request _calc_padded_blocks(context_len) pages, while a request
 being verified holds up to context_len - 4 + S committed tokens plus the N of the
 step (managers/scheduler.py, speculative/eagle_worker_v2.py): its KV can pass
-the context, and create_flashmla_kv_indices_triton then writes its last pages
-past its row. Needs only torch and sglang; exits 1 where the row is too narrow.
+the context, and its row then lacks its last pages, which the decode kernel reads
+through the row (one entry past it). Needs only torch and sglang; exits 1 where
+the row is too narrow.
 """
 
 import math

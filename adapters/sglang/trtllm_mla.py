@@ -161,12 +161,12 @@ def kv_indices_buffer(backend: Any, max_bs: int) -> torch.Tensor:
 def guard_block_table(backend: Any, rows: int = GUARD_ROWS) -> None:
     """Give the graph's block-table buffer ``rows`` spare rows past its end.
 
-    ``create_flashmla_kv_indices_triton`` masks its stores by the request's pages
-    only, not the row's width: a KV longer than the row writes its last pages into
-    the next row, and past the buffer for the last one (on a GPU, into whatever
-    the allocator placed there). The buffer is reallocated with spare rows and the
-    backend keeps a view of its first ``max_bs`` rows, so that the interpreter
-    never writes outside a tensor; every row the backend has is unchanged."""
+    ``create_flashmla_kv_indices_triton`` runs a grid over the row's width, so a KV
+    longer than the row leaves its last pages unwritten (observed: the spare row
+    stays untouched, tests/test_sglang_trtllm_mla.py); the spare rows keep the
+    interpreter from writing outside a tensor whatever a release's grid. The buffer
+    is reallocated with spare rows and the backend keeps a view of its first
+    ``max_bs`` rows; every row the backend has is unchanged."""
     table = backend.decode_cuda_graph_kv_indices
     spare = torch.full((table.shape[0] + rows, table.shape[1]), -1, dtype=table.dtype)
     spare[: table.shape[0]] = table
