@@ -97,3 +97,29 @@ def test_standalone_trtllm_mla_context_len_shows_the_wrong_width(tmp_path, seq_l
     )
     assert line in done.stdout, done.stdout + done.stderr
     assert ("too narrow" in done.stdout) == wrong
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "wrong"),
+    [(t.FLASHMLA_CONTEXT_LEN - 2, True), (t.FLASHMLA_CONTEXT_LEN - 3, False)],
+    ids=["witness", "fits"],
+)
+def test_standalone_flashmla_context_len_shows_the_wrong_width(tmp_path, seq_len, wrong):
+    """FlashMLA's witness (a verified KV of 4097 tokens: 65 pages of 64) shows the 64-page
+    row and exits 1; one token shorter (4096) fits its row and the script exits 0."""
+    witness = t.smallest_kv_past_flashmla_table()
+    case = dataclasses.replace(witness, batch=Batch((seq_len,), (1,), seed=4))
+    verdict = Verdict([Mismatch("shape", "block_kv_indices", "[1, at least 65]", "[1, 64]")])
+    assert main(_export(tmp_path, case, "sglang-flashmla-context-len", verdict)) == 0
+    script = tmp_path / "repro.py"
+    source = script.read_text()
+    assert "import attnfuzz" not in source and "from attnfuzz" not in source
+    done = _run_without_attnfuzz(script)
+    assert done.returncode == (1 if wrong else 0), done.stdout + done.stderr
+    kv = seq_len + 1 + witness.config.next_n
+    line = (
+        f"request 0: block_kv_indices row width: 64 pages; the request's KV of {kv} tokens "
+        f"needs {-(-kv // 64)} pages of 64"
+    )
+    assert line in done.stdout, done.stdout + done.stderr
+    assert ("too narrow" in done.stdout) == wrong

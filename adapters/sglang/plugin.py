@@ -190,6 +190,7 @@ def _flashmla(t: Any, limits: Any) -> list[Implementation]:
             reach=t.reach_speculative_replay,
             smallest=t.smallest_kv_past_flashmla_table,
             fixes={"max_model_len": t.FLASHMLA_CONTEXT_LEN},
+            standalone=standalone.flashmla_context_len,
             **reachable,
         ),
     ]
