@@ -226,6 +226,19 @@ REQUIRES["runner_step_trtllm_mha"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_HPC_OPS = "sglang.srt.layers.attention.hpc_ops_backend"
+REQUIRES["runner_step_hpc_ops"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view"),
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner._run_in_graph_metadata_prep"),
+    Api(_HPC_OPS, "HPCOpsAttnBackend.init_forward_metadata"),
+    Api(_HPC_OPS, "HPCOpsAttnBackend.init_cuda_graph_state"),
+    Api(_HPC_OPS, "HPCOpsAttnBackend.init_forward_metadata_out_graph", keyword="in_capture"),
+    Api(_HPC_OPS, "HPCOpsAttnBackend.init_forward_metadata_in_graph"),
+    Api(_HPC_OPS, "HPCOpsAttnBackend._assign_decode_tasks"),
+    Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 _AITER = "sglang.srt.layers.attention.aiter_backend"
 # runner_step_aiter: runner_step's engine on the AITER backend (MHA), the names its try:
 # block binds where aiter imports bound by the adapter (unified_attention_3d_mtp needs
@@ -542,6 +555,10 @@ REQUIRES["runner_step_cpu"] = REQUIRES["runner_step"] + (
         "sglang.srt.layers.attention.torch_native_backend",
         "TorchNativeAttnBackend.init_forward_metadata",
     ),
+    Api(
+        "sglang.srt.layers.attention.torch_flex_backend",
+        "TorchFlexAttnBackend.init_forward_metadata",
+    ),
 )
 # runner_step_tbo.py: the Triton engine under two-batch overlap, split as the scheduler does.
 _TBO = "sglang.srt.batch_overlap.two_batch_overlap"
@@ -707,6 +724,23 @@ TRTLLM_MLA_FORMS = (
         DRAFT_EXTEND_FILL,
     ),
     (TRTLLM_MLA_CAPTURE_OLD, TRTLLM_MLA_REPLAY_OLD, EAGLE_DRAFT_ACCEPT_LENGTH),  # 0.5.9, 0.5.10
+)
+
+# adapters/sglang/flashmla.py: trtllm_mla.py's runner and steps (its 0.5.2x form) over
+# FlashMLA's graph metadata, called as 0.5.2x's runners call it.
+_FLASHMLA = "sglang.srt.layers.attention.flashmla_backend"
+_FLASH_MLA_WHEEL = "attnfuzz.adapters.sglang.flashmla:vendor"  # the wheel, or its stand-in
+REQUIRES["flashmla"] = (
+    *(
+        Api(_FLASHMLA, f"FlashMLABackend.{name}", keyword=keyword, within=_FLASH_MLA_WHEEL)
+        for name, keyword in (
+            ("init_forward_metadata", ""),
+            ("init_cuda_graph_state", ""),
+            ("init_forward_metadata_out_graph", "in_capture"),
+            ("_apply_decode_target_verify_metadata", ""),
+        )
+    ),
+    *TRTLLM_MLA_FORMS[0][2:],
 )
 
 

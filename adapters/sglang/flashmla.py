@@ -57,7 +57,7 @@ PAGE_SIZE = 64
 
 
 @contextlib.contextmanager
-def _vendor() -> Iterator[None]:
+def vendor() -> Iterator[None]:
     """``flash_mla`` importable: the wheel where it imports, else the stand-in package."""
     try:
         import flash_mla  # noqa: F401
@@ -71,7 +71,7 @@ def _vendor() -> Iterator[None]:
 def prepare() -> None:
     """Import SGLang and the backend before a judge forks its child."""
     trtllm_mla.prepare()
-    with _vendor():
+    with vendor():
         from sglang.srt.layers.attention import flashmla_backend  # noqa: F401
 
 
@@ -162,7 +162,7 @@ def _run(inputs: MlaBlockTableInputs, *, context_len: int | None = None) -> MlaB
     prepare()
     width = inputs.req_to_token.shape[1]
     device = inputs.req_to_token.device
-    with _vendor(), _server_args(inputs) as args, _engine.device_capability((9, 0)):
+    with vendor(), _server_args(inputs) as args, _engine.device_capability((9, 0)):
         from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
 
         context = width if context_len is None else context_len
