@@ -97,3 +97,60 @@ def test_where_the_mutant_reaches():
     assert tree.reach_tree_verify_replay(two) and not tree.trigger_mask_unsorted(two)
     chain = Trace(dataclasses.replace(trace.config, topk=1), trace.steps)
     assert not tree.reach_tree_verify_replay(chain)
+
+
+# -- a sliding-window model ---------------------------------------------------------------------
+
+
+def test_the_sliding_window_tree_verify_declines_pages_past_one_token():
+    tree = _tree()
+    config = tree.smallest_mask_unsorted().config
+    assert tree.declines_swa(Case(config, ())) is None
+    why = tree.declines_swa(Case(dataclasses.replace(config, block_size=4), ()))
+    assert "page_size == 1" in why
+    assert "chain" in tree.declines_swa(Case(dataclasses.replace(config, topk=1), ()))
+
+
+def _swa_verify() -> list[ref.RunnerStepOutputs]:
+    """One request of 5 tokens, then its verify of a tree of three (the root, two
+    children) in the graph of two requests (a padding one), on pages of one token."""
+    from attnfuzz.reference.batch import EngineConfig
+
+    config = EngineConfig(
+        max_model_len=16, max_num_seqs=2, max_num_batched_tokens=16, block_size=1, num_spec=2,
+        topk=2, cudagraph_capture_sizes=(6,),
+    )  # fmt: skip
+    return life(_tree().run_swa, arrive_then_step(config, 5))
+
+
+@_sglang
+def test_a_sliding_window_tree_verify_merges_each_token_s_keys_in_every_build():
+    """Each draft token's window keys (``swa_spec_metadata``) are its request's prefix
+    then its tree path's, eager, padded and replayed: the cascade's keys."""
+    first, verify = _swa_verify()
+    assert ref.violations(first) == [] and ref.violations(verify) == []
+    for how in ("eager", "padded", "replay"):
+        lens = _values(verify, how, "swa.cache_seqlens_int32")
+        # Request 0: 5 committed, then the root (1 key), each child 2 (root and itself).
+        assert lens[:3] == [6, 7, 7], how
+        assert lens == _values(verify, how, "swa.cascade_len"), how
+        assert _values(verify, how, "swa.page_table") == _values(verify, how, "swa.cascade_slots")
+
+
+@_sglang
+def test_a_window_merge_that_drops_the_tree_fails_agreement_within_the_build(monkeypatch):
+    """A merge that keeps the prefix alone (the expanded keys forgotten) hands the window
+    layers too few keys: ``swa.cache_seqlens_int32`` and ``swa.page_table`` disagree with
+    the cascade's in every build."""
+    from sglang.srt.layers.attention import flashattention_backend as fab
+
+    real = fab.prepare_swa_spec_page_table_triton
+
+    def prefix_only(dst, a, b, len_a, len_b, n):
+        return real(dst, a, b, len_a, len_b.clone().zero_(), n)
+
+    monkeypatch.setattr(fab, "prepare_swa_spec_page_table_triton", prefix_only)
+    _, verify = _swa_verify()
+    found = {(v.prop, v.build, v.field) for v in ref.violations(verify)}
+    for how in ("eager", "replay"):
+        assert ("agreement within a build", how, "swa.page_table") in found, found

@@ -325,6 +325,11 @@ REQUIRES["runner_step_minimax_sparse"] = REQUIRES["runner_step"] + (
 _MINICPM = "sglang.srt.layers.attention.minicpm"
 # runner_step_minicpm_sparse: runner_step_fa3's engine, the MiniCPM sparse backend layered on
 # it (a MiniCPM-SALA profile), its compressed cache reserved from SGLang's allocator.
+# runner_step_fa3_tree.run_swa: the tree verify's merged window keys.
+REQUIRES["runner_step_fa3_tree.run_swa"] = (
+    Api(_FA3, "FlashAttentionBackend._init_sliding_window_attn_spec_metadata"),
+    Api(f"{_FA3}", "prepare_swa_spec_page_table_triton"),
+)
 REQUIRES["runner_step_minicpm_sparse"] = REQUIRES["runner_step_fa3"] + (
     Api("sglang.srt.layers.attention.attention_registry", "create_minicpm_flashattn_backend"),
     Api(f"{_MINICPM}.backend", "MiniCPMSparseBackend.init_forward_metadata"),

@@ -388,6 +388,19 @@ def _runner_step_fa3_tree() -> list[Implementation]:
         ),
         sglang_impl(
             "runner_step_fa3_tree",
+            "run_swa",
+            name="sglang-fa3-tree-swa",
+            description="installed SGLang: sglang-fa3-tree's step on a model with a sliding "
+            f"window (no sliding-window pool): {backend}'s swa_spec_metadata of a tree "
+            "verify (_init_sliding_window_attn_spec_metadata, prepare_swa_spec_page_table_"
+            "triton interpreted), eager, captured and replayed, each draft token's window "
+            "keys held to the cascade's; pages of one token",
+            fixes={"block_size": 1},
+            declines=sglang.EngineCall("runner_step_fa3_tree", "declines_swa"),
+            traced=True,
+        ),
+        sglang_impl(
+            "runner_step_fa3_tree",
             "run_mask_unsorted",
             name="sglang-fa3-tree-mask-unsorted",
             kind="mutant",

@@ -259,6 +259,98 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 
 
+# -- a sliding-window model: the tree's keys merged for the window layers ------------------------
+
+SWA_WINDOW = 4
+"""The model's sliding window (``model_runner.sliding_window_size``): any window makes
+``FlashAttentionBackend.has_swa``; the merged metadata does not depend on its size."""
+
+
+def declines_swa(case: Case) -> str | None:
+    """:func:`declines`, and pages other than one token: ``_init_sliding_window_attn_spec_
+    metadata`` asserts ``page_size == 1`` ("doesn't support topk > 1 speculative decoding
+    with page size > 1 sliding window attention")."""
+    if case.config.block_size != 1:
+        return (
+            f"page size {case.config.block_size}: FA3's sliding-window tree verify runs on "
+            "pages of one token only (flashattention_backend.py: "
+            "_init_sliding_window_attn_spec_metadata asserts page_size == 1)"
+        )
+    return declines(case)
+
+
+class SWATreeEngine(TreeEngine):
+    """:class:`TreeEngine` of a model with a sliding window and no sliding-window pool
+    (``has_swa`` without ``use_sliding_window_kv_pool``): a tree verify also builds
+    ``swa_spec_metadata``, the keys of each draft token for the window layers, the
+    prefix's and the tree's merged (``_init_sliding_window_attn_spec_metadata``,
+    ``prepare_swa_spec_page_table_triton``), eager and, from the graph's
+    ``target_verify_metadata_topk_swa`` buffers, at capture and replay."""
+
+    def make_backend(self) -> Any:
+        self.runner.sliding_window_size = SWA_WINDOW
+        return super().make_backend()
+
+    def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
+        fields = super().metadata_fields(rows, tokens, metadata)
+        main, expand = self._pair(metadata)
+        swa = getattr(main, "swa_spec_metadata", None)
+        if expand is None or swa is None:
+            return fields
+        N, host = self.config.next_n, decode.host
+        lens = host(swa.cache_seqlens_int32[: rows * N])
+        table = host(swa.page_table[: rows * N])
+        table[np.arange(table.shape[1])[None, :] >= lens[:, None]] = 0
+        # forward_extend hands a window layer flash_attn_with_kvcache(page_table=swa's,
+        # cache_seqlens=swa's, cu_seqlens_q one a token): token t reads the keys
+        # swa.page_table[t, :cache_seqlens[t]], pages of one slot. They must be the keys
+        # the cascade of the other layers gives the token: its request's prefix
+        # (page_table[b, :cache_seqlens[b]]), then its expanded row.
+        prefix_lens = host(main.cache_seqlens_int32[:rows])
+        prefix = host(main.page_table[:rows])
+        ex_lens = host(expand.cache_seqlens_int32[: rows * N])
+        ex_table = host(expand.page_table[: rows * N])
+        cascade = np.zeros_like(table)
+        cascade_lens = np.zeros_like(lens)
+        for t in range(rows * N):
+            b = t // N
+            keys = np.concatenate([prefix[b, : prefix_lens[b]], ex_table[t, : ex_lens[t]]])
+            cascade_lens[t] = len(keys)
+            cascade[t, : min(len(keys), table.shape[1])] = keys[: table.shape[1]]
+        slots = self.runner.token_to_kv_pool.size + self.config.block_size
+        return fields + (
+            Field(
+                "swa.cache_seqlens_int32", "tokens", lens, (0, table.shape[1]),
+                agrees_with="swa.cascade_len",
+            ),
+            Field(
+                "swa.page_table", "tokens", table, (0, slots - 1), row_lengths=lens,
+                agrees_with="swa.cascade_slots",
+            ),
+            Field("swa.cu_seqlens_k", "offsets", host(swa.cu_seqlens_k[: rows * N + 1])),
+            Field("swa.cascade_len", "tokens", cascade_lens),
+            Field("swa.cascade_slots", "tokens", cascade),
+        )  # fmt: skip
+
+
+class SWATreeLife(TreeLife):
+    """The engine of ``sglang-fa3-tree-swa``."""
+
+    engine_class = SWATreeEngine
+
+
+SWA_ENGINE = SWATreeLife()
+
+
+def run_swa(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``sglang-fa3-tree-swa`` of ``runner-step``: the step on
+    :data:`SWA_ENGINE`, kept across calls; ``run_swa.new_engine()`` drops it."""
+    return SWA_ENGINE(inputs)
+
+
+run_swa.new_engine = SWA_ENGINE.new_engine  # type: ignore[attr-defined]
+
+
 # -- the mutant: the replay's expanded page table unsorted ------------------------------------
 
 
