@@ -55,6 +55,9 @@ def test_every_adapter_the_plugin_names_is_a_function_of_its_module():
             tree = ast.parse((adapters / f"{call.module}.py").read_text())
             defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
             assert call.attr in defined, f"{target}/{impl.name}: no {call!r}"
+            # A judge warms the child it forks with the module's prepare(): without one,
+            # every child imports SGLang anew (seconds a case).
+            assert "prepare" in defined, f"{call.module}: no prepare()"
             named += 1
     assert named == sum(len(impls) for impls in SGLANG.implementations.values()) > 0
 

@@ -325,6 +325,14 @@ REQUIRES["runner_step_minimax_sparse"] = REQUIRES["runner_step"] + (
 _MINICPM = "sglang.srt.layers.attention.minicpm"
 # runner_step_minicpm_sparse: runner_step_fa3's engine, the MiniCPM sparse backend layered on
 # it (a MiniCPM-SALA profile), its compressed cache reserved from SGLang's allocator.
+# runner_step_fa3_local: sglang-fa3's engine on a model with chunked (local) attention.
+_LOCAL = "sglang.srt.layers.attention.local_attention"
+REQUIRES["runner_step_fa3_local"] = REQUIRES["runner_step_fa3"] + (
+    Api(_FA3, "FlashAttentionBackend._maybe_init_local_attn_builder"),
+    Api(_LOCAL, "LocalAttentionMetadataBuilder.build_for_capture"),
+    Api(_LOCAL, "LocalAttentionMetadataBuilder.update_for_replay"),
+    Api(_LOCAL, "make_local_attention_virtual_batches"),
+)
 # runner_step_fa3_tree.run_swa: the tree verify's merged window keys.
 REQUIRES["runner_step_fa3_tree.run_swa"] = (
     Api(_FA3, "FlashAttentionBackend._init_sliding_window_attn_spec_metadata"),

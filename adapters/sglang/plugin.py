@@ -387,6 +387,17 @@ def _runner_step_fa3_tree() -> list[Implementation]:
             traced=True,
         ),
         sglang_impl(
+            "runner_step_fa3_local",
+            "run",
+            name="sglang-fa3-local",
+            description="installed SGLang: sglang-fa3's step on a model with chunked "
+            "(local) attention layers (chunks of 4 tokens): layers/attention/"
+            "local_attention.py:LocalAttentionMetadataBuilder (build, build_for_capture, "
+            "update_for_replay), each query token's local keys held to its chunk's",
+            declines=sglang.EngineCall("runner_step_fa3_local", "declines"),
+            traced=True,
+        ),
+        sglang_impl(
             "runner_step_fa3_tree",
             "run_swa",
             name="sglang-fa3-tree-swa",

@@ -85,6 +85,9 @@ class FA3Engine(decode._Engine):
         "(FlashAttentionBackend._init_full_cg_decode_metadata, in_capture)",
     }
 
+    LOCAL_ATTENTION = False
+    """Whether the model has chunked (local) attention layers (``sglang-fa3-local``)."""
+
     def make_backend(self) -> Any:
         """``FlashAttentionBackend(model_runner)`` (``fa_impl_ver`` 3), on what the
         backend reads of the model runner besides the Triton backend's."""
@@ -92,7 +95,7 @@ class FA3Engine(decode._Engine):
 
         self.runner.kv_cache_dtype = KV_CACHE_DTYPE
         self.runner.kv_cache_dtype_str = "auto"
-        self.runner.model_config.is_local_attention_model = False
+        self.runner.model_config.is_local_attention_model = self.LOCAL_ATTENTION
         with fa3_backend.flash_attn_module():
             return FlashAttentionBackend(self.runner)
 
