@@ -20,11 +20,16 @@ decides:
 
 A stand-in that refuses arguments its vendor operation refuses raises
 :class:`ContractError` on purpose: that is the engine's misuse of the
-vendor's contract, a finding wherever it is raised.
+vendor's contract, a finding wherever it is raised. A call that an attnfuzz
+function's own signature refuses (``TypeError: f() got an unexpected keyword
+argument``: Python raises it in the caller's frame, before the callee runs) is
+attnfuzz's fault: a stand-in that lacks a parameter its vendor's function
+takes says nothing of the engine that passed it.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -119,6 +124,41 @@ def _owner(frame: FrameType) -> str:
     return "under test"  # the user's own code (a module:attribute, a test file)
 
 
+# What Python says of a call its callee's signature refuses, naming the callee.
+_SIGNATURE = re.compile(
+    r"^(?P<name>[\w.]+)\(\) (got an unexpected keyword argument|got multiple values for "
+    r"argument|takes \d+ positional argument|takes from \d+ to \d+ positional|missing \d+ "
+    r"required)"
+)
+
+
+def _refusing_callee(err: BaseException, frame: FrameType) -> object | None:
+    """The attnfuzz function whose signature refused the call ``frame`` made (``err``
+    a binding ``TypeError`` naming it), found among the names the frame sees and their
+    attributes; None where it is no attnfuzz function."""
+    match = _SIGNATURE.match(str(err)) if type(err) is TypeError else None
+    if match is None:
+        return None
+    name = match["name"].rpartition(".")[2]
+    seen = [*frame.f_locals.values(), *frame.f_globals.values()]
+    for obj in seen + [_attribute(o, name) for o in seen if not isinstance(o, str)]:
+        fn = _attribute(obj, "__func__") or obj
+        module = str(_attribute(fn, "__module__") or "")
+        code = _attribute(fn, "__code__")
+        if _attribute(fn, "__name__") == name and module.startswith("attnfuzz.") and code:
+            return fn
+    return None
+
+
+def _attribute(obj: object, name: str) -> object | None:
+    """``obj.name``, or None where reading it raises anything (a lazy module's, a
+    stand-in's ``__getattr__``): blame only reads, and must not fail while reading."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # noqa: BLE001 - an attribute blame cannot read is one it does not use
+        return None
+
+
 def attnfuzz_fault(err: BaseException, tb: TracebackType | None) -> Fault | None:
     """The :class:`Fault` when attnfuzz's own code raised ``err``, else None (a finding).
 
@@ -131,14 +171,19 @@ def attnfuzz_fault(err: BaseException, tb: TracebackType | None) -> Fault | None
         owner = _owner(frame)
         if owner == "library":
             continue
+        code = frame.f_code
         if owner == "under test":
-            return None
-        path = Path(frame.f_code.co_filename).resolve()
+            callee = _refusing_callee(err, frame)
+            if callee is None:
+                return None
+            code = callee.__code__  # the stand-in's definition is the fault's place
+            line = code.co_firstlineno
+        path = Path(code.co_filename).resolve()
         try:
             file = path.relative_to(_PACKAGE_ROOT).as_posix()
         except ValueError:
             file = path.name
         text = str(err).strip().splitlines()
         error = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-        return Fault(file, line, frame.f_code.co_name, error)
+        return Fault(file, line, code.co_name, error)
     return None

@@ -115,6 +115,29 @@ def test_a_stand_ins_contract_refusal_is_a_finding_its_own_fault_is_not():
     assert fault is not None and fault.file == "adapters/vllm/vendor_ops_probe.py"
 
 
+def test_a_call_a_stand_ins_signature_refuses_is_the_stand_ins_fault():
+    """The engine calls a vendor function with a keyword the stand-in lacks: Python raises
+    in the engine's frame, before the stand-in runs, yet the stand-in is what is wrong
+    (its vendor's function takes that keyword). A call the engine's own function refuses
+    stays a finding."""
+    stand_in = module_code(
+        "attnfuzz.adapters.sglang.vendor_probe",
+        "def get_schedule(lens, heads):\n    return lens\n",
+    )
+    caller = module_code(
+        "sglang.kernels.ops._probe",
+        "def plan(lens):\n    return vendor.get_schedule(lens, 1, use_legacy=True)\n"
+        "def own(lens, heads):\n    return lens\n"
+        "def plan_own(lens):\n    return own(lens, 1, use_legacy=True)\n",
+    )
+    caller.vendor = stand_in
+    fault = fault_of(caller.plan, [1])
+    assert fault is not None, "a stand-in's missing keyword blamed on the engine"
+    assert fault.file == "adapters/sglang/vendor_probe.py" and fault.line == 1
+    assert fault.function == "get_schedule" and "unexpected keyword" in fault.error
+    assert fault_of(caller.plan_own, [1]) is None
+
+
 def test_the_users_code_and_our_kernels_are_under_test():
     user = module_code("my_project.builders", "def build(inputs):\n    return inputs.nope\n")
     assert fault_of(user.build, Inputs()) is None
