@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from attnfuzz.adapters.sglang import _engine, trtllm_mla
 from attnfuzz.adapters.sglang.runner_step_deepseek_v4 import FLASH_MLA, NUM_SMS
+from attnfuzz.adapters.sglang.runner_step_flashinfer import _OnDevice as OnDevice
 from attnfuzz.adapters.standins import in_sys_modules
 from attnfuzz.reference.mla_block_table import (
     TARGET_VERIFY,
@@ -75,29 +76,15 @@ def prepare() -> None:
         from sglang.srt.layers.attention import flashmla_backend  # noqa: F401
 
 
-class _OnDevice:
+class _OnDevice(OnDevice):
     """``torch`` as ``flashmla_backend`` sees it where there is no CUDA: its ``"cuda"``
-    graph buffers on the step's device, and the device's SM count (``NUM_SMS``), which
-    sizes the schedule's buffer; everything else torch's own."""
-
-    ALLOCATORS = ("empty", "zeros", "ones", "full")
+    graph buffers on the step's device (:class:`.runner_step_flashinfer._OnDevice`), and
+    the device's SM count (``NUM_SMS``), which sizes the schedule's buffer."""
 
     def __init__(self, device: torch.device) -> None:
-        self._device = device
+        super().__init__(device)
         props = _engine.StandIn(multi_processor_count=NUM_SMS)
         self.cuda = _engine.StandIn(get_device_properties=lambda device=None: props)
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(torch, name)
-        if name not in self.ALLOCATORS:
-            return real
-
-        def allocate(*args: Any, **kwargs: Any) -> Any:
-            if str(kwargs.get("device")) == "cuda":
-                kwargs["device"] = self._device
-            return real(*args, **kwargs)
-
-        return allocate
 
 
 @contextlib.contextmanager
@@ -127,18 +114,6 @@ def _guard(backend: Any, rows: int = trtllm_mla.GUARD_ROWS) -> None:
     backend.cuda_graph_kv_indices = spare.to(table.device)[: table.shape[0]]
 
 
-def _server_args(inputs: MlaBlockTableInputs) -> Any:
-    N = inputs.next_n
-    return _engine.server_args(
-        attention_backend="flashmla",
-        speculative_algorithm="EAGLE",
-        speculative_num_draft_tokens=N,
-        speculative_num_steps=max(N - 1, 1),
-        speculative_eagle_topk=1,
-        page_size=inputs.page_size,
-    )
-
-
 def _outputs(backend: Any, inputs: MlaBlockTableInputs, seq_lens: torch.Tensor) -> Any:
     """What ``forward_extend`` hands ``flash_mla_with_kvcache`` (module docstring), for a
     forward batch of ``seq_lens`` (the graph's, padding included, in a replay)."""
@@ -162,7 +137,8 @@ def _run(inputs: MlaBlockTableInputs, *, context_len: int | None = None) -> MlaB
     prepare()
     width = inputs.req_to_token.shape[1]
     device = inputs.req_to_token.device
-    with vendor(), _server_args(inputs) as args, _engine.device_capability((9, 0)):
+    server = trtllm_mla._server_args(inputs, "flashmla")
+    with vendor(), server as args, _engine.device_capability((9, 0)):
         from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
 
         context = width if context_len is None else context_len

@@ -57,7 +57,11 @@ from attnfuzz.adapters import hpc_ops
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang.runner_step_flashinfer import _patched
-from attnfuzz.adapters.sglang.runner_step_trtllm_mha import _computes_nothing, _RecordedGraph
+from attnfuzz.adapters.sglang.runner_step_trtllm_mha import (
+    TRTLLMMHALife,
+    _computes_nothing,
+    _RecordedGraph,
+)
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 
 DTYPE = torch.bfloat16
@@ -185,21 +189,14 @@ class HPCOpsEngine(decode._Engine):
         return lens, [decode.page_slots(table[b], lens[b], page) for b in range(len(lens))]
 
 
-class HPCOpsLife(decode.EngineLife):
+class HPCOpsLife(TRTLLMMHALife):
     """The engine of ``sglang-hpc-ops``: :class:`HPCOpsEngine`, kept across a life's
-    steps; its graph's replay run with ``hpc`` importable."""
+    steps; its graph's replay run with ``hpc`` importable (the engine's ``planning``)."""
 
-    engine_class: type[HPCOpsEngine] = HPCOpsEngine
+    engine_class: type[HPCOpsEngine] = HPCOpsEngine  # type: ignore[assignment]
 
     def prepare(self) -> None:
         prepare()
-
-    def make(self, config: Any, device: torch.device, graphs: bool) -> HPCOpsEngine:
-        return self.engine_class(config, device, graphs=graphs)
-
-    def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
-        with engine.planning():
-            return super().graph_builds(engine, inputs, mode)
 
 
 ENGINE = HPCOpsLife()

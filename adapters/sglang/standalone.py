@@ -17,6 +17,75 @@ from attnfuzz.harness.errors import UsageError
 if TYPE_CHECKING:
     from attnfuzz.reference.mla_block_table import MlaBlockTableInputs
 
+# What both MLA scripts build alike: one rank's server arguments of an EAGLE run on the
+# backend, the request-to-token pool and the model runner its __init__ reads.
+_MODEL_RUNNER = """\
+# One process of one rank, and the server arguments of an EAGLE run on BACKEND_NAME.
+parallel = get_parallel()
+ranks = dict(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
+parallel.override_permanently(**{{k: v for k, v in ranks.items() if hasattr(type(parallel), k)}})
+args = get_context().override_server_args(
+    device=DEVICE,
+    attention_backend="BACKEND_ARG",
+    speculative_algorithm="EAGLE",
+    speculative_num_draft_tokens=N,
+    speculative_num_steps=max(N - 1, 1),
+    speculative_eagle_topk=1,
+    page_size=PAGE_SIZE,
+)
+args.__enter__()
+
+# The request-to-token pool (every token its own KV slot) and a model runner
+# holding what BACKEND_CLASS.__init__ reads of it.
+req_to_token = torch.arange(math.prod(POOL_SHAPE), dtype=torch.int32, device=DEVICE)
+req_to_token = req_to_token.view(POOL_SHAPE)
+kv_pool = SimpleNamespace(start_layer=0)
+translator = None
+try:  # mem_cache/kv_index_translator.py, where the release has it
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+    translator = KVIndexTranslator(
+        req_to_token=req_to_token,
+        token_to_kv_pool_allocator=None,
+        token_to_kv_pool=kv_pool,
+        page_size=PAGE_SIZE,
+        device=DEVICE,
+    )
+except ImportError:
+    pass
+model_runner = SimpleNamespace(
+    model_config=SimpleNamespace(
+        context_len=CONTEXT_LEN,  # as SGLang sizes it: max_model_len
+        num_attention_heads=16,
+        get_num_kv_heads=lambda tp_size: 1,
+        kv_lora_rank=512,  # DeepSeek's MLA: the metadata depends on none of these
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=512,
+        scaling=1.0,
+        is_encoder_decoder=False,
+    ),
+    device=DEVICE,
+    req_to_token_pool=SimpleNamespace(size=POOL_SHAPE[0] - 1, req_to_token=req_to_token),
+    token_to_kv_pool=kv_pool,
+    kv_index_translator=translator,
+    page_size=PAGE_SIZE,
+    kv_cache_dtype=DTYPE,
+    dtype=DTYPE,
+    max_running_requests=POOL_SHAPE[0] - 1,
+    is_draft_worker=MODE != "TARGET_VERIFY",
+    gpu_id=0,
+    server_args=args,
+)
+"""
+
+
+def _with_runner(template: str, marker: str, name: str, arg: str, cls: str) -> str:
+    """``template`` with :data:`_MODEL_RUNNER` of backend ``arg`` where ``marker`` is."""
+    block = _MODEL_RUNNER.replace("BACKEND_NAME", name).replace("BACKEND_ARG", arg)
+    return template.replace(marker, block.replace("BACKEND_CLASS", cls))
+
+
 TRTLLM_MLA_CONTEXT_LEN = '''\
 """SGLang TRT-LLM MLA: the CUDA-graph block table is sized by the model's context_len.
 
@@ -72,63 +141,7 @@ if not GPU:  # stand in the CUDA-only pieces __init__ builds; the metadata never
     zeros = torch.zeros
     torch.zeros = lambda *a, pin_memory=False, **k: zeros(*a, **k)
 
-# One process of one rank, and the server arguments of an EAGLE run on TRT-LLM MLA.
-parallel = get_parallel()
-ranks = dict(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
-parallel.override_permanently(**{{k: v for k, v in ranks.items() if hasattr(type(parallel), k)}})
-args = get_context().override_server_args(
-    device=DEVICE,
-    attention_backend="trtllm_mla",
-    speculative_algorithm="EAGLE",
-    speculative_num_draft_tokens=N,
-    speculative_num_steps=max(N - 1, 1),
-    speculative_eagle_topk=1,
-    page_size=PAGE_SIZE,
-)
-args.__enter__()
-
-# The request-to-token pool (every token its own KV slot) and a model runner
-# holding what TRTLLMMLABackend.__init__ reads of it.
-req_to_token = torch.arange(math.prod(POOL_SHAPE), dtype=torch.int32, device=DEVICE)
-req_to_token = req_to_token.view(POOL_SHAPE)
-kv_pool = SimpleNamespace(start_layer=0)
-translator = None
-try:  # mem_cache/kv_index_translator.py, where the release has it
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-
-    translator = KVIndexTranslator(
-        req_to_token=req_to_token,
-        token_to_kv_pool_allocator=None,
-        token_to_kv_pool=kv_pool,
-        page_size=PAGE_SIZE,
-        device=DEVICE,
-    )
-except ImportError:
-    pass
-model_runner = SimpleNamespace(
-    model_config=SimpleNamespace(
-        context_len=CONTEXT_LEN,  # as SGLang sizes it: max_model_len
-        num_attention_heads=16,
-        get_num_kv_heads=lambda tp_size: 1,
-        kv_lora_rank=512,  # DeepSeek's MLA: the metadata depends on none of these
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=512,
-        scaling=1.0,
-        is_encoder_decoder=False,
-    ),
-    device=DEVICE,
-    req_to_token_pool=SimpleNamespace(size=POOL_SHAPE[0] - 1, req_to_token=req_to_token),
-    token_to_kv_pool=kv_pool,
-    kv_index_translator=translator,
-    page_size=PAGE_SIZE,
-    kv_cache_dtype=DTYPE,
-    dtype=DTYPE,
-    max_running_requests=POOL_SHAPE[0] - 1,
-    is_draft_worker=MODE != "TARGET_VERIFY",
-    gpu_id=0,
-    server_args=args,
-)
+<<MODEL_RUNNER_TRTLLM>>
 backend = trtllm_mla_backend.TRTLLMMLABackend(model_runner)
 mode = getattr(ForwardMode, MODE)
 
@@ -253,63 +266,7 @@ if not GPU:  # stand in the wrappers the parent's __init__ builds; the metadata 
     flashinfer_mla_backend.BatchMLAPagedAttentionWrapper = lambda *a, **k: None
     flashinfer_mla_backend.BatchPrefillWithRaggedKVCacheWrapper = lambda *a, **k: None
 
-# One process of one rank, and the server arguments of an EAGLE run on FlashMLA.
-parallel = get_parallel()
-ranks = dict(attn_dcp_rank=0, attn_tp_rank=0, tp_rank=0)
-parallel.override_permanently(**{{k: v for k, v in ranks.items() if hasattr(type(parallel), k)}})
-args = get_context().override_server_args(
-    device=DEVICE,
-    attention_backend="flashmla",
-    speculative_algorithm="EAGLE",
-    speculative_num_draft_tokens=N,
-    speculative_num_steps=max(N - 1, 1),
-    speculative_eagle_topk=1,
-    page_size=PAGE_SIZE,
-)
-args.__enter__()
-
-# The request-to-token pool (every token its own KV slot) and a model runner
-# holding what FlashMLABackend.__init__ reads of it.
-req_to_token = torch.arange(math.prod(POOL_SHAPE), dtype=torch.int32, device=DEVICE)
-req_to_token = req_to_token.view(POOL_SHAPE)
-kv_pool = SimpleNamespace(start_layer=0)
-translator = None
-try:  # mem_cache/kv_index_translator.py, where the release has it
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-
-    translator = KVIndexTranslator(
-        req_to_token=req_to_token,
-        token_to_kv_pool_allocator=None,
-        token_to_kv_pool=kv_pool,
-        page_size=PAGE_SIZE,
-        device=DEVICE,
-    )
-except ImportError:
-    pass
-model_runner = SimpleNamespace(
-    model_config=SimpleNamespace(
-        context_len=CONTEXT_LEN,  # as SGLang sizes it: max_model_len
-        num_attention_heads=16,
-        get_num_kv_heads=lambda tp_size: 1,
-        kv_lora_rank=512,  # DeepSeek's MLA: the metadata depends on none of these
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=512,
-        scaling=1.0,
-        is_encoder_decoder=False,
-    ),
-    device=DEVICE,
-    req_to_token_pool=SimpleNamespace(size=POOL_SHAPE[0] - 1, req_to_token=req_to_token),
-    token_to_kv_pool=kv_pool,
-    kv_index_translator=translator,
-    page_size=PAGE_SIZE,
-    kv_cache_dtype=DTYPE,
-    dtype=DTYPE,
-    max_running_requests=POOL_SHAPE[0] - 1,
-    is_draft_worker=MODE != "TARGET_VERIFY",
-    gpu_id=0,
-    server_args=args,
-)
+<<MODEL_RUNNER_FLASHMLA>>
 backend = flashmla_backend.FlashMLABackend(model_runner)
 mode = getattr(ForwardMode, MODE)
 
@@ -381,7 +338,11 @@ def trtllm_mla_context_len(inputs: MlaBlockTableInputs) -> str:
             "the case is an eager step: the context-len finding is in the graph replay, "
             "so there is nothing to reproduce"
         )
-    return TRTLLM_MLA_CONTEXT_LEN.format(
+    script = _with_runner(
+        TRTLLM_MLA_CONTEXT_LEN, "<<MODEL_RUNNER_TRTLLM>>", "TRT-LLM MLA", "trtllm_mla",
+        "TRTLLMMLABackend",
+    )  # fmt: skip
+    return script.format(
         context_len=inputs.context_len,
         page_size=inputs.page_size,
         next_n=inputs.next_n,
@@ -404,7 +365,10 @@ def flashmla_context_len(inputs: MlaBlockTableInputs) -> str:
             "the case is an eager step: the context-len defect is in the graph replay, "
             "so there is nothing to reproduce"
         )
-    return FLASHMLA_CONTEXT_LEN.format(
+    script = _with_runner(
+        FLASHMLA_CONTEXT_LEN, "<<MODEL_RUNNER_FLASHMLA>>", "FlashMLA", "flashmla", "FlashMLABackend"
+    )
+    return script.format(
         context_len=inputs.context_len,
         next_n=inputs.next_n,
         mode="TARGET_VERIFY" if inputs.phase == TARGET_VERIFY else "DRAFT_EXTEND_V2",

@@ -260,10 +260,11 @@ def _model_runner(inputs: MlaBlockTableInputs, context_len: int, server_args: An
     )
 
 
-def _server_args(inputs: MlaBlockTableInputs) -> Any:
+def _server_args(inputs: MlaBlockTableInputs, backend: str = "trtllm_mla") -> Any:
+    """An EAGLE run's server arguments on ``backend`` (``--attention-backend``)."""
     N = inputs.next_n
     return _engine.server_args(
-        attention_backend="trtllm_mla",
+        attention_backend=backend,
         speculative_algorithm="EAGLE",
         speculative_num_draft_tokens=N,
         speculative_num_steps=max(N - 1, 1),
