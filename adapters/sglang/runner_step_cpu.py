@@ -223,8 +223,9 @@ class TorchNativeEngine(decode._Engine):
         return lengths, _request_reads(self.runner.req_to_token_pool.req_to_token, rows, lengths)
 
 
-class TorchFlexEngine(decode._Engine):
-    """One SGLang engine whose model runner's attention backend is torch's FlexAttention."""
+class TorchFlexEngine(TorchNativeEngine):
+    """One SGLang engine whose model runner's attention backend is torch's FlexAttention:
+    torch SDPA's engine (no graph, the same reads of ``req_to_token``), its own masks."""
 
     ATTENTION_BACKEND = "flex_attention"
     WHERE = {
@@ -237,11 +238,6 @@ class TorchFlexEngine(decode._Engine):
         from sglang.srt.layers.attention.torch_flex_backend import TorchFlexAttnBackend
 
         return TorchFlexAttnBackend(self.runner)
-
-    def seq_len_fill(self) -> int:
-        """0: no graph pads its batches (SGLang disables graphs with this backend,
-        ``arg_groups/attention_hook.py``)."""
-        return 0
 
     def eager_metadata(self, forward_batch: Any) -> Any:
         """The masks the forward reads, a request each (an extend's or a decode's), and
@@ -263,15 +259,6 @@ class TorchFlexEngine(decode._Engine):
             Field("flex.q_len", "requests", sizes[:, 0], (1, width)),
             Field("flex.kv_len", "requests", sizes[:, 1], (0, width), agrees_with="seq_lens"),
         )
-
-    def kv_read(
-        self, values: dict[str, np.ndarray], metadata: Any
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Both forwards read each request's ``req_to_token[row, :seq_lens[b]]`` (the
-        step's keys written first)."""
-        lengths = values["seq_lens"]
-        rows = decode.host(metadata.req_pool_indices)
-        return lengths, _request_reads(self.runner.req_to_token_pool.req_to_token, rows, lengths)
 
 
 def declines_torch_native(config: EngineConfig) -> str | None:

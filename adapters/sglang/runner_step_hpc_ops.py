@@ -61,6 +61,7 @@ from attnfuzz.adapters.sglang.runner_step_trtllm_mha import (
     TRTLLMMHALife,
     _computes_nothing,
     _RecordedGraph,
+    paged_rows,
 )
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 
@@ -148,22 +149,10 @@ class HPCOpsEngine(decode._Engine):
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """``HPCOpsMetadata``'s fields for ``rows`` requests and ``tokens`` tokens
         (padding included), copied now."""
-        acc, page = self.accepts(), self.config.block_size
-        lens = decode.host(metadata.cache_seqlens_int32[:rows])
-        table = decode.host(metadata.page_table[:rows])
         # forward_decode hands attention_decode_bf16 block_ids=page_table and
         # num_seq_kvcache=cache_seqlens_int32 (new_kv_included: the step's keys counted),
-        # every row; forward_extend the prefill kernel the same with cu_seqlens_q. Row b
-        # reads block_ids[b, :cdiv(seq_lens[b], page_size)].
-        reach = min(table.shape[1] * page, self.backend.max_context_len)
-        read = -(-lens // page)
-        # Past its read pages a row holds no value of SGLang's (the eager table is
-        # torch.empty; both writers stop at cache_seqlens): the rows as the kernels read.
-        table[np.arange(table.shape[1])[None, :] >= read[:, None]] = 0
-        out = [
-            Field("cache_seqlens_int32", "requests", lens, (0, reach)),
-            Field("page_table", "requests", table, acc["page_table"], row_lengths=read),
-        ]
+        # every row; forward_extend the prefill kernel the same with cu_seqlens_q.
+        out = list(paged_rows(self, metadata, rows))
         if metadata.cu_seqlens_q is not None:  # an extend's (the prefill kernel's)
             qo = decode.host(metadata.cu_seqlens_q[: rows + 1])
             out.append(Field("cu_seqlens_q", "offsets", qo, (0, tokens)))

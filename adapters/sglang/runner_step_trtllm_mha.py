@@ -239,25 +239,11 @@ class TRTLLMMHAEngine(FlashInferEngine):
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """``TRTLLMMHAMetadata``'s fields for ``rows`` requests and ``tokens`` tokens
         (padding included), copied now."""
-        acc, page = self.accepts(), self.config.block_size
-        lens = decode.host(metadata.cache_seqlens_int32[:rows])
-        table = decode.host(metadata.page_table[:rows])
         # forward_decode (_run_fixed_q_len_decode) and forward_extend hand flashinfer's
         # trtllm-gen kernels block_tables=page_table and seq_lens=cache_seqlens_int32,
-        # every row, with max_seq_len (max_kv_len) = self.max_context_len: row b reads
-        # block_tables[b, :cdiv(seq_lens[b], page_size)], a length at most max_seq_len
-        # (the kernels size their work by it) and at most the row's reach.
-        reach = min(table.shape[1] * page, self.backend.max_context_len)
-        read = -(-lens // page)
-        # What a row holds past its read pages is no value of SGLang's: the eager table
-        # is torch.empty, the graph's keeps a longer request's pages, and both of SGLang's
-        # writers stop there by contract (update_trtllm_mha_graph_metadata: "consumers
-        # must bound reads by cache_seqlens"; _fill_page_table_device: "the actual writes
-        # stay bounded by cache_seqlens"). The field is the rows as the kernels read them.
-        table[np.arange(table.shape[1])[None, :] >= read[:, None]] = 0
+        # every row, with max_seq_len (max_kv_len) = self.max_context_len (paged_rows).
         out = [
-            Field("cache_seqlens_int32", "requests", lens, (0, reach)),
-            Field("page_table", "requests", table, acc["page_table"], row_lengths=read),
+            *paged_rows(self, metadata, rows),
             # The context kernel (an extend) reads q[cum_seq_lens_q[b] : cum_seq_lens_q[b
             # + 1]] of the forward's tokens; the decode kernel of a verify the same rows
             # by q_len_per_req, which this preset states alike.
@@ -286,6 +272,29 @@ class TRTLLMMHAEngine(FlashInferEngine):
         lens, table = values["cache_seqlens_int32"], values["page_table"]
         page = self.config.block_size
         return lens, [decode.page_slots(table[b], lens[b], page) for b in range(len(lens))]
+
+
+def paged_rows(engine: Any, metadata: Any, rows: int) -> tuple[Field, Field]:
+    """``cache_seqlens_int32`` and ``page_table`` of ``rows`` requests as a paged kernel
+    of ``engine``'s backend reads them (TRT-LLM MHA's, HPC-Ops'): row ``b`` reads
+    ``page_table[b, :cdiv(cache_seqlens[b], page_size)]``, a length at most the
+    backend's ``max_context_len`` (the kernels size their work by it) and the row's reach.
+
+    What a row holds past its read pages is no value of SGLang's: the eager table is
+    ``torch.empty``, the graph's keeps a longer request's pages, and SGLang's writers
+    stop there by contract (``update_trtllm_mha_graph_metadata``: "consumers must bound
+    reads by cache_seqlens"; ``_fill_page_table_device``: "the actual writes stay bounded
+    by cache_seqlens"). The field is the rows as the kernels read them."""
+    page = engine.config.block_size
+    lens = decode.host(metadata.cache_seqlens_int32[:rows])
+    table = decode.host(metadata.page_table[:rows])
+    reach = min(table.shape[1] * page, engine.backend.max_context_len)
+    read = -(-lens // page)
+    table[np.arange(table.shape[1])[None, :] >= read[:, None]] = 0
+    return (
+        Field("cache_seqlens_int32", "requests", lens, (0, reach)),
+        Field("page_table", "requests", table, engine.accepts()["page_table"], row_lengths=read),
+    )
 
 
 @contextlib.contextmanager
