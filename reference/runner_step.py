@@ -109,6 +109,7 @@ __all__ = [
     "microbatch_agreement",
     "padding_invariance",
     "padding_writes_no_real_kv",
+    "queries_read_their_own_keys",
     "real_rows",
     "reference",
     "replay_equals_eager",
@@ -228,6 +229,12 @@ class Field:
     # the consumers' contract (an M-RoPE channel of a text token is its 1-D position:
     # ``MRotaryEmbedding`` positions of text, a delta of 0); None: no such relation.
     agrees_with: str | None = None
+    # For a field that names the KV slot each row's query writes its key to: another
+    # field of the same build, 2-D with a row per row of this one, whose read entries
+    # (its ``row_lengths``) are the slots that query attends to, read from the consumers'
+    # code; a causal query attends to its own key, so each real row's slot is among
+    # them. None: no such relation.
+    read_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -574,6 +581,36 @@ def agreement_within_a_build(out: RunnerStepOutputs) -> list[Violation]:
     return found
 
 
+def queries_read_their_own_keys(out: RunnerStepOutputs) -> list[Violation]:
+    """Every real row of a field that names where a query writes its key and the field
+    that query reads (``Field.read_in``) reads that key: a causal query attends to
+    itself, in each build of the step's requests (a capture or dummy run has none)."""
+    found = []
+    for b in out.builds:
+        if b.how in NO_REAL_ROWS:
+            continue
+        for f in b.fields:
+            reads = b.field(f.read_in) if f.read_in is not None else None
+            if reads is None:
+                continue
+            written = real_rows(b, f)
+            read = _read_entries(real_rows(b, reads), reads, b)
+            if read.ndim != 2 or len(read) != len(written):
+                detail = f"{len(written)} real rows; {reads.name} {tuple(read.shape)}"
+                found.append(Violation("queries read their own keys", f.name, b.name, detail))
+                continue
+            unread = np.flatnonzero(~(read == written[:, None]).any(axis=1))
+            if len(unread):
+                r = int(unread[0])
+                seen = read[r][read[r] != -(2**31)]
+                detail = (f"{len(unread)} of {len(written)} real rows write a key they do not "
+                          f"read; first row {r} writes slot {int(written[r])}, reads "
+                          f"{len(seen)} slots of {reads.name}"
+                          f"{f' (last {int(seen[-1])})' if len(seen) else ''}")  # fmt: skip
+                found.append(Violation("queries read their own keys", f.name, b.name, detail))
+    return found
+
+
 def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
     """Every micro-batch build equals the first eager build of its sub-step cut to its
     tokens."""
@@ -585,7 +622,7 @@ def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,
               agreement_across_backends, safe_padding, padding_writes_no_real_kv,
               padding_writes_no_real_state, microbatch_agreement,
-              agreement_within_a_build)  # fmt: skip
+              agreement_within_a_build, queries_read_their_own_keys)  # fmt: skip
 
 
 def violations(out: RunnerStepOutputs) -> list[Violation]:

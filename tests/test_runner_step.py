@@ -292,6 +292,45 @@ def test_padding_writes_state_reads_a_slot_per_token_and_skips_the_null_slot():
     assert ref.padding_writes_no_real_state(outputs(eager, unnamed))
 
 
+def with_windows(b: ref.StepBuild, windows: list, lengths: list) -> ref.StepBuild:
+    """``b`` with each token's window of key slots (``windows``, ``lengths`` of each row
+    read), its ``slot_mapping`` naming the window it writes into (``Field.read_in``)."""
+    fields = [
+        dataclasses.replace(f, read_in="windows") if f.name == "slot_mapping" else f
+        for f in b.fields
+    ]
+    fields.append(
+        ref.Field("windows", "tokens", np.array(windows), (-1, 39), row_lengths=np.array(lengths))
+    )
+    return dataclasses.replace(b, fields=tuple(fields))
+
+
+def test_a_query_whose_window_lacks_the_key_it_writes_fails_reading_its_own_key():
+    """Each real token reads the slot it writes (``slot_mapping`` 19, 28, 10 among the
+    read entries of its window); a window that ends one key short of it fails, in every
+    build of the step's requests, and says which row. A padding token, an entry past a
+    row's length and a capture run are not judged. With the property returning nothing
+    this test fails."""
+    windows, lengths = [[18, 19, -1], [27, 28, 5], [9, 10, 0]], [2, 2, 2]
+    assert not mismatches(with_windows(build("eager"), windows, lengths))
+    padded = with_windows(build("padded", pad=True), [*windows, [0, 0, 0]], [*lengths, 1])
+    assert not ref.queries_read_their_own_keys(outputs(padded))
+    short = with_windows(build("eager"), windows, [2, 1, 2])  # 28 no longer read
+    (message,) = mismatches(short)
+    assert message == (
+        "[queries-read-their-own-keys] eager.slot_mapping: expected each slot among those "
+        "its query reads, got 1 of 3 real rows write a key they do not read; first row 1 "
+        "writes slot 28, reads 1 slots of windows (last 27)"
+    )
+    capture = dataclasses.replace(short, how="capture", num_reqs=0, num_tokens=0)
+    assert not ref.queries_read_their_own_keys(outputs(capture))
+    unmarked = with_windows(build("eager"), windows, [2, 1, 2])
+    unmarked = dataclasses.replace(
+        unmarked, fields=tuple(dataclasses.replace(f, read_in=None) for f in unmarked.fields)
+    )
+    assert not ref.queries_read_their_own_keys(outputs(unmarked))
+
+
 def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
     short = ref.StepBuild("padded", 3, 3, build("padded", pad=True).fields)
     found = compare(None, None, EXPECTED, outputs(build("eager"), short))

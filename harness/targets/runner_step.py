@@ -7,9 +7,8 @@ made (eager, padded for a graph, what a replay leaves in the graph's buffers, it
 capture runs, the same step on a new engine), each field as its consumer reads it.
 The reference states only the step's real sizes. The oracle checks:
 
-- ``values``: every build but a capture run or a micro-batch (another backend's too)
-  reports the step's real request and token counts (``<build>.num_reqs``, ``<build>.num_tokens``;
-  a drafter's sub-step, ``<build>.draft<k>``, its requests);
+- ``values``: every build but a capture run or a micro-batch (another backend's too) reports
+  the step's real sizes (``<build>.num_reqs``, ``.num_tokens``; a draft's ``.draft<k>``);
 - ``type``: the outputs are :class:`~attnfuzz.reference.runner_step.RunnerStepOutputs`
   with an eager build, the one four properties compare with (without it they
   would hold by having nothing to compare), and one of each draft sub-step built;
@@ -67,6 +66,7 @@ class OwnCheck(StrEnum):
     MICROBATCH = "microbatch-agreement"  # a micro-batch's real rows are its cut of the eager's
     DUMMY_WRITES = "dummy-run-writes-nothing-live"  # no dummy row names a held KV or state slot
     WITHIN = "agreement-within-a-build"  # a field's real rows are those of the field it names
+    OWN_KEY = "queries-read-their-own-keys"  # a query attends to the key it writes
 
 
 _CHECKS = {
@@ -80,6 +80,7 @@ _CHECKS = {
     "micro-batch agreement": (OwnCheck.MICROBATCH, "the eager build's rows of its tokens"),
     "a dummy run writes nothing live": (OwnCheck.DUMMY_WRITES, "no slot of a held request"),
     "agreement within a build": (OwnCheck.WITHIN, "the real rows of the field it names"),
+    "queries read their own keys": (OwnCheck.OWN_KEY, "each slot among those its query reads"),
 }
 
 
