@@ -141,8 +141,9 @@ class ShippedBug:
     impl: str
     last_buggy: str
     """The last release that ships it."""
-    first_fixed: str
-    """The first release with the fix."""
+    first_fixed: str | None
+    """The first release with the fix; None: no supported release has one (a defect
+    present in the newest release attnfuzz supports, as far as it was observed)."""
     what: str
     checks: tuple[str, ...] = ()
     """The checks whose failure is this bug; empty: any."""

@@ -112,7 +112,7 @@ def test_the_graph_keeps_what_it_captured_while_the_backend_rebinds_fields():
     import dataclasses
 
     import torch
-    from attnfuzz.adapters.sglang.runner_step_deepseek_v4_hip import _structure
+    from attnfuzz.adapters.sglang.runner_step_deepseek_v4_draft import structure
 
     @dataclasses.dataclass
     class Core:
@@ -123,7 +123,7 @@ def test_the_graph_keeps_what_it_captured_while_the_backend_rebinds_fields():
         core: Core
 
     live = Metadata(Core(torch.zeros(2)))
-    captured = _structure(live)
+    captured = structure(live)
     live.core.loc = None
     assert captured.core.loc is not None and captured.core is not live.core
 

@@ -382,6 +382,25 @@ REQUIRES["runner_step_deepseek_v4"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_own_plan"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+_DSV4 = "sglang.srt.layers.attention.deepseek_v4_backend"
+_DSV4_FACTORY = "sglang.srt.layers.attention.deepseek_v4_trtllm_backend"
+# runner_step_deepseek_v4_draft: runner_step_deepseek_v4's engine, runner_step_draft's EAGLE
+# draft runner, on the CUDA multi-step backend the factory makes.
+REQUIRES["runner_step_deepseek_v4_draft"] = (
+    REQUIRES["runner_step_deepseek_v4"]
+    + REQUIRES["runner_step_draft"]
+    + (
+        Api(_DSV4_FACTORY, "create_deepseek_v4_multistep_backend"),
+        Api(_DSV4_FACTORY, "create_deepseek_v4_attn_backend"),
+        Api(_DSV4, "DeepseekV4MultiStepBackend.init_forward_metadata_out_graph"),
+        Api(_DSV4, "DeepseekV4MultiStepBackend.init_forward_metadata_in_graph"),
+        Api(_DSV4, "_GraphBucket.DECODE_OR_IDLE"),
+        Api(
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+            "DeepSeekV4TokenToKVPool.register_mapping",
+        ),
+    )
+)
 _DSV4_HIP = "sglang.srt.layers.attention.deepseek_v4_backend_hip_radix"
 # runner_step_deepseek_v4_hip: runner_step_deepseek_v4's engine, the backend ROCm's (HIP
 # radix): the platform queries it makes answered as an MI300X, its raw decode copy

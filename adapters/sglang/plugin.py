@@ -988,6 +988,25 @@ def _runner_step_deepseek_v4() -> list[Implementation]:
             **pages,
         ),
         sglang_impl(
+            "runner_step_deepseek_v4_draft",
+            "run",
+            name="sglang-deepseek-v4-draft",
+            description="installed SGLang: the EAGLE draft after each target step of "
+            "sglang-deepseek-v4's engine: speculative/eagle_draft_cuda_graph_runner.py:"
+            "EAGLEDraftCudaGraphRunner (as sglang-eagle-draft) over deepseek_v4_backend.py:"
+            "DeepseekV4MultiStepBackend as deepseek_v4_trtllm_backend.py's factory makes it "
+            "(eager init_forward_metadata, init_cuda_graph_state, "
+            "init_forward_metadata_out_graph at capture and replay, "
+            "init_forward_metadata_in_graph of every draft step run by the graph stand-in; "
+            "each step's slice of the shared out_cache_loc) on the draft's pool (one NextN "
+            "layer, SWA only, over the target's full-to-SWA mapping); the draft model's "
+            "extend on DeepseekV4AttnBackend; FlashMLA, DeepGEMM and the JIT planners "
+            "stood in as for sglang-deepseek-v4",
+            fixes={"block_size": 256},
+            declines=sglang.EngineCall("runner_step_deepseek_v4_draft", "declines"),
+            traced=True,
+        ),
+        sglang_impl(
             "runner_step_deepseek_v4",
             "run_swa_lengths_unclamped",
             name="sglang-deepseek-v4-swa-lengths-unclamped",

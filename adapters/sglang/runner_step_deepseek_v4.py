@@ -656,10 +656,16 @@ class DeepseekV4Engine(decode._Engine):
         """The rows (token slots) of the SWA cache and of the C128 layer's extra cache, as
         ``_forward_attention`` views them for FlashMLA: ``[pages, page_size, 1, bytes]``."""
         pool = self.runner.token_to_kv_pool
-        swa = pool.get_swa_key_buffer_radix(0).shape[0] * pool.get_swa_key_page_size()
         layer = COMPRESS_RATIOS.index(128)
         c128 = pool.get_extra_key_buffer(layer).shape[0] * pool.get_extra_key_page_size(layer)
-        return swa, c128
+        return self.swa_rows(), c128
+
+    def swa_rows(self) -> int:
+        """The rows (token slots) of the SWA cache, as ``_forward_attention`` views it for
+        the attention kernel: ``[pages, swa_page_size, 1, bytes]`` (the target's pool, or a
+        draft's)."""
+        pool = self.runner.token_to_kv_pool
+        return pool.get_swa_key_buffer_radix(0).shape[0] * pool.get_swa_key_page_size()
 
     def compressed_rows(self) -> tuple[int, int]:
         """The rows (compressed slots) the C4 and C128 layers' caches hold: the C4 layer's
@@ -674,7 +680,8 @@ class DeepseekV4Engine(decode._Engine):
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """What the consumers read of ``DSV4Metadata`` ``metadata`` for ``rows`` requests
         and ``tokens`` tokens (padding included), copied now; none of the raw metadata
-        (its tensors are the runner's inputs, judged as such)."""
+        (its tensors are the runner's inputs, judged as such). A draft's (``need_compress``
+        False: no compressed layer, no indexer) holds the window alone."""
         if not _full(metadata):
             return ()
         core = metadata.core_attn_metadata
@@ -684,23 +691,12 @@ class DeepseekV4Engine(decode._Engine):
         lens = decode.host(core.seq_lens_casual)
         swa = decode.host(core.swa_page_indices)
         swa_lens = decode.host(core.swa_topk_lengths)
-        swa_rows, c128_rows = self.cache_rows()
-        c4_rows = self.compressed_rows()[0]
-        c128 = decode.host(core.c128_page_indices)
-        c128_lens = decode.host(core.c128_topk_lengths_clamp1)
-        page_table = decode.host(core.page_table)
-        return (
+        swa_rows = self.swa_rows()
+        out = [
             # make_core_attn_metadata: each query token's causal length; init_compression_
             # metadata's kernel and the compressors read it. A query reads at least its own
             # key (the padding fill 1) and at most the request-to-token row.
             Field("seq_lens_casual", "tokens", lens, (1, table.shape[1])),
-            # Its position (RoPE, the compressors): below the model's context.
-            Field(
-                "positions_casual",
-                "tokens",
-                decode.host(core.positions_casual),
-                (0, self.config.max_model_len - 1),
-            ),
             # flash_mla_with_kvcache (_forward_attention): indices=swa_page_indices,
             # topk_length=swa_topk_lengths; it reads indices[t, :topk_length[t]] of the SWA
             # cache (get_swa_key_buffer_radix: swa_size + page_size rows), -1 an empty
@@ -709,17 +705,38 @@ class DeepseekV4Engine(decode._Engine):
             Field("swa_topk_lengths", "tokens", swa_lens, (1, swa.shape[1])),
             Field("swa_page_indices", "tokens", swa, (-1, swa_rows - 1), row_lengths=swa_lens),
             # store_cache writes each token's SWA key at swa_out_cache_loc (the SWA cache's
-            # rows), padding tokens' included.
+            # rows), padding tokens' included, before the attention reads the window: a
+            # causal query's window ends at its own key.
             Field(
                 "swa_out_cache_loc",
                 "tokens",
                 decode.host(core.swa_out_cache_loc),
                 (0, swa_rows - 1),
                 writes_kv=True,
+                read_in="swa_page_indices",
             ),
-            # The C4 indexer (PagedIndexerMetadata: page_table, compressed_seq_lens) and
-            # init_compression_metadata read page_table[t, :cdiv(seq_lens_casual, 256)]:
-            # the KV pool's pages.
+        ]
+        if metadata.indexer_metadata is not None:
+            out += self._compressed_fields(core, lens)
+        return tuple(out)
+
+    def _compressed_fields(self, core: Any, lens: np.ndarray) -> list[Field]:
+        """What the C4 indexer, the compressed layers' attention and the compressors read."""
+        c4_rows, c128_rows = self.compressed_rows()
+        c128 = decode.host(core.c128_page_indices)
+        c128_lens = decode.host(core.c128_topk_lengths_clamp1)
+        page_table = decode.host(core.page_table)
+        return [
+            # The query's position: the C4 indexer's query RoPE (C4IndexerBackendMixin's
+            # core_metadata.positions), below the model's context.
+            Field(
+                "positions_casual",
+                "tokens",
+                decode.host(core.positions_casual),
+                (0, self.config.max_model_len - 1),
+            ),
+            # The C4 indexer (PagedIndexerMetadata: page_table, compressed_seq_lens) reads
+            # page_table[t, :cdiv(seq_lens_casual, 256)]: the KV pool's pages.
             Field(
                 "page_table",
                 "tokens",
@@ -727,17 +744,17 @@ class DeepseekV4Engine(decode._Engine):
                 (0, self.pages() - 1),
                 row_lengths=-(-lens // PAGE_SIZE),
             ),
-            # The indexer's compressed_seq_lens (c4_topk_lengths_raw): its logits kernel
-            # reads compressed slots [0, len) of the row's pages (page_table's width times
-            # the 64 C4 slots a page holds).
+            # Its compressed_seq_lens (c4_topk_lengths_raw): compressed slots [0, len) of
+            # the row's pages (page_table's width times the 64 C4 slots a page holds).
             Field(
                 "c4_topk_lengths_raw",
                 "tokens",
                 decode.host(core.c4_topk_lengths_raw),
                 (0, page_table.shape[1] * (PAGE_SIZE // 4)),
             ),
-            # flash_mla_with_kvcache at ratio 4: extra_topk_length of the indexer's top-k
-            # (c4_sparse_page_indices, index_topk wide), at least one (clamp1).
+            # The attention at ratio 4: extra_topk_length of the indexer's top-k
+            # (c4_sparse_page_indices, index_topk wide), at least one (sparse_buffers'
+            # minimum of the clamp-1 length with index_topk).
             Field(
                 "c4_sparse_topk_lengths",
                 "tokens",
@@ -745,18 +762,17 @@ class DeepseekV4Engine(decode._Engine):
                 (1, core.c4_sparse_page_indices.shape[1]),
             ),
             # ...at ratio 128: extra_indices_in_kvcache=c128_page_indices (slots of the
-            # layer's extra cache, -1 empty), extra_topk_length=c128_topk_lengths_clamp1
-            # entries of each row read.
+            # layer's extra cache, -1 empty), extra_topk_length=c128_topk_lengths_clamp1.
             Field("c128_topk_lengths_clamp1", "tokens", c128_lens, (1, c128.shape[1])),
             Field("c128_page_indices", "tokens", c128, (-1, c128_rows - 1), row_lengths=c128_lens),
-            # CompressorBackendMixin.forward_unified (dsv4/compressor_v2.py; the uniform-FP8
-            # path's forward_compress_uniform_fp8 alike) hands compress_norm_rope_store
-            # out_loc=c4_out_loc / c128_out_loc (_get_out_loc): its kernel writes a token's
-            # compressed key at out_loc[token] of the C4 layer's and its indexer's caches,
-            # and of the C128 layer's.
+            # CompressorBackendMixin.forward_unified hands compress_norm_rope_store
+            # out_loc=c4_out_loc / c128_out_loc (_get_out_loc): its kernel
+            # (fused_norm_rope_v2.cuh, CompressDecode / CompressExtend) writes a token's
+            # compressed key at out_loc[token] (paged: out_loc >> page bits) of the C4
+            # layer's and its indexer's caches, and of the C128 layer's.
             Field("c4_out_loc", "tokens", decode.host(core.c4_out_loc), (0, c4_rows - 1)),
             Field("c128_out_loc", "tokens", decode.host(core.c128_out_loc), (0, c128_rows - 1)),
-        )
+        ]
 
     def kv_read(
         self, values: dict[str, np.ndarray], metadata: Any

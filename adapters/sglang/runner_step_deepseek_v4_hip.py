@@ -50,8 +50,9 @@ writes. The platform is an MI300X (gfx942), what SGLang's default path does ther
 
 The graph (:class:`_InGraphMetadata`): the sibling's stand-in (a capture runs the body,
 the hook, the body; a replay runs the body again and writes its tensors into the captured
-ones), keeping a capture as the tensors the graph's kernels read (:func:`_structure`: the
-backend goes on rebinding fields of the one object a verify graph keeps) and running the
+ones), keeping a capture as the tensors the graph's kernels read
+(:func:`runner_step_deepseek_v4_draft.structure`: the backend goes on rebinding fields of
+the one object a verify graph keeps) and running the
 replay's body over a copy of what ``load_batch`` left (a replay runs no Python: the
 fields the body rebinds stay as ``load_batch`` left them).
 
@@ -71,7 +72,8 @@ attention), ``c4_out_loc`` and ``c128_out_loc`` (the compressors' writes,
 ``compress_norm_rope_store``). And ``kv_len`` and ``kv_slots``: the window each request's
 last query token reads and its SWA slots.
 
-The draft (:class:`HipRadixDraftEngine`): ``runner_step_draft``'s EAGLE draft runner
+The draft (:class:`HipRadixDraftEngine`, ``runner_step_deepseek_v4_draft``'s on ROCm's
+backend): ``runner_step_draft``'s EAGLE draft runner
 (``EAGLEDraftCudaGraphRunner`` whole) over ``DeepseekV4MultiStepBackend`` (``__init__``,
 its ``init_forward_metadata``, ``init_cuda_graph_state``, ``init_forward_metadata_out_graph``
 at capture and replay, ``init_forward_metadata_in_graph``, ``on_after_cuda_graph_warmup``)
@@ -93,8 +95,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import copy
-import dataclasses
 import functools
 import importlib
 import types
@@ -102,13 +102,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import torch
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_deepseek_v4 as dsv4
+from attnfuzz.adapters.sglang import runner_step_deepseek_v4_draft as v4draft
 from attnfuzz.adapters.sglang import runner_step_draft as draft
 from attnfuzz.adapters.sglang.runner_step import arrive_then_step, replayed
-from attnfuzz.adapters.standins import function_tree, no_collections, recompiled
+from attnfuzz.adapters.standins import function_tree, recompiled
 from attnfuzz.reference.batch import Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs, StepBuild
 from attnfuzz.reference.trace import Trace
@@ -165,19 +165,6 @@ def rocm() -> Iterator[None]:
         yield
 
 
-def _structure(obj: Any) -> Any:
-    """``obj``'s dataclasses copied (their tensors the same objects): what a graph captured
-    of a metadata object the backend goes on rebinding fields of."""
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    out = copy.copy(obj)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name, None)
-        if dataclasses.is_dataclass(value):
-            setattr(out, f.name, _structure(value))
-    return out
-
-
 class _InGraphMetadata(dsv4._InGraphMetadata):
     """The CUDA sibling's graph stand-in, its capture kept as the tensors the graph's
     kernels read: the HIP backend's verify graph keeps one metadata object per batch size
@@ -186,14 +173,14 @@ class _InGraphMetadata(dsv4._InGraphMetadata):
 
     def capture_one(self, shape_key: Any, *args: Any, **kwargs: Any) -> None:
         super().capture_one(shape_key, *args, **kwargs)
-        self.graphs[shape_key] = _structure(self.graphs[shape_key])
+        self.graphs[shape_key] = v4draft.structure(self.graphs[shape_key])
 
     def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
         # The body runs over a copy of what load_batch left: a replay runs no Python, so
         # the fields the recorded body rebinds stay as load_batch left them.
         backend = self.runner.attn_backend
         left = backend.forward_metadata
-        backend.forward_metadata = _structure(left)
+        backend.forward_metadata = v4draft.structure(left)
         try:
             return super().replay(shape_key, static_forward_batch, **kwargs)
         finally:
@@ -245,13 +232,6 @@ class HipRadixEngine(dsv4.DeepseekV4Engine):
         metadata, a verify's captured metadata as ``DSV4Metadata.copy_`` refreshed it."""
         return self.backend.forward_metadata
 
-    def swa_rows(self) -> int:
-        """The rows (token slots) of the SWA cache, as ``_forward_attention`` views it for
-        the attention kernel: ``[pages, swa_page_size, 1, bytes]`` (the target's pool, or a
-        draft's)."""
-        pool = self.runner.token_to_kv_pool
-        return pool.get_swa_key_buffer_radix(0).shape[0] * pool.get_swa_key_page_size()
-
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """What the kernels an MI300X runs read of ``DSV4Metadata`` ``metadata`` for
         ``rows`` requests and ``tokens`` tokens (padding included), copied now; none of
@@ -293,65 +273,12 @@ class HipRadixEngine(dsv4.DeepseekV4Engine):
                     decode.host(core.swa_out_cache_loc),
                     (0, self.swa_rows() - 1),
                     writes_kv=True,
+                    read_in="swa_page_indices",  # a causal query's window ends at its key
                 )
             )
         if metadata.indexer_metadata is not None:
             out += self._compressed_fields(core, lens)
         return tuple(out)
-
-    def _compressed_fields(self, core: Any, lens: np.ndarray) -> list[Field]:
-        """What the C4 indexer, the compressed layers' attention and the compressors read."""
-        c4_rows, c128_rows = self.compressed_rows()
-        c128 = decode.host(core.c128_page_indices)
-        c128_lens = decode.host(core.c128_topk_lengths_clamp1)
-        page_table = decode.host(core.page_table)
-        return [
-            # The query's position: the C4 indexer's query RoPE (C4IndexerBackendMixin's
-            # core_metadata.positions), below the model's context.
-            Field(
-                "positions_casual",
-                "tokens",
-                decode.host(core.positions_casual),
-                (0, self.config.max_model_len - 1),
-            ),
-            # The C4 indexer (PagedIndexerMetadata: page_table, compressed_seq_lens) reads
-            # page_table[t, :cdiv(seq_lens_casual, 256)]: the KV pool's pages.
-            Field(
-                "page_table",
-                "tokens",
-                page_table,
-                (0, self.pages() - 1),
-                row_lengths=-(-lens // dsv4.PAGE_SIZE),
-            ),
-            # Its compressed_seq_lens (c4_topk_lengths_raw): compressed slots [0, len) of
-            # the row's pages (page_table's width times the 64 C4 slots a page holds).
-            Field(
-                "c4_topk_lengths_raw",
-                "tokens",
-                decode.host(core.c4_topk_lengths_raw),
-                (0, page_table.shape[1] * (dsv4.PAGE_SIZE // 4)),
-            ),
-            # The attention at ratio 4: extra_topk_length of the indexer's top-k
-            # (c4_sparse_page_indices, index_topk wide), at least one (sparse_buffers'
-            # minimum of the clamp-1 length with index_topk).
-            Field(
-                "c4_sparse_topk_lengths",
-                "tokens",
-                decode.host(core.c4_sparse_topk_lengths),
-                (1, core.c4_sparse_page_indices.shape[1]),
-            ),
-            # ...at ratio 128: extra_indices_in_kvcache=c128_page_indices (slots of the
-            # layer's extra cache, -1 empty), extra_topk_length=c128_topk_lengths_clamp1.
-            Field("c128_topk_lengths_clamp1", "tokens", c128_lens, (1, c128.shape[1])),
-            Field("c128_page_indices", "tokens", c128, (-1, c128_rows - 1), row_lengths=c128_lens),
-            # CompressorBackendMixin.forward_unified hands compress_norm_rope_store
-            # out_loc=c4_out_loc / c128_out_loc (_get_out_loc): its kernel
-            # (fused_norm_rope_v2.cuh, CompressDecode / CompressExtend) writes a token's
-            # compressed key at out_loc[token] (paged: out_loc >> page bits) of the C4
-            # layer's and its indexer's caches, and of the C128 layer's.
-            Field("c4_out_loc", "tokens", decode.host(core.c4_out_loc), (0, c4_rows - 1)),
-            Field("c128_out_loc", "tokens", decode.host(core.c128_out_loc), (0, c128_rows - 1)),
-        ]
 
 
 class HipRadixLife(dsv4.DeepseekV4Life):
@@ -384,242 +311,45 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # -- the EAGLE draft: the multi-step backend ---------------------------------------------------
 
 
-def dsv4_args(config: EngineConfig) -> Any:
-    """The server arguments of ``sglang-deepseek-v4``'s engine (its model override's)."""
-    return dsv4._server_args(config)
-
-
 def declines_draft(case: Case) -> str | None:
     """Why SGLang runs no DeepSeek-V4 draft decode for ``case``'s config on ROCm, else
-    None: pages of any size but 256, or fewer than two draft steps (no multi-step draft
-    backend, no draft graph runner)."""
-    return dsv4.declines(case) or draft.declines(case)
+    None: as on CUDA (:func:`runner_step_deepseek_v4_draft.declines`)."""
+    return v4draft.declines(case)
 
 
-class _DraftInGraph(decode._Graph):
-    """The EAGLE draft runner's graph where there is no CUDA, for the multi-step backend,
-    whose every draft step builds its metadata inside the graph
-    (``EAGLEDraftCudaGraphRunner.capture_one_shape``'s ``run_once`` opens with
-    ``DeepseekV4MultiStepBackend.init_forward_metadata_in_graph``). A capture runs the
-    body as the decode graph's stand-in does (a warmup, the backend's
-    ``on_after_cuda_graph_warmup``, the capture) and keeps each step's metadata as the
-    capture made it; a replay runs the body again over the raw metadata each step's
-    graph captured (what the recorded kernels read: the last step's too, which no replay
-    preparation refreshes) and writes what it builds into the captured tensors."""
+class HipRadixDraftEngine(v4draft.DeepseekV4DraftEngine):
+    """:class:`runner_step_deepseek_v4_draft.DeepseekV4DraftEngine` on ROCm: the target's
+    engine :class:`HipRadixEngine`, the draft's extend backend
+    ``DeepseekV4HipRadixBackend(draft_model_runner, skip_prefill=False)`` and HIP's
+    ``DeepseekV4MultiStepBackend`` (``draft_utils.py:_create_dsv4_decode_backend`` on HIP),
+    on the platform an MI300X answers."""
 
-    def __init__(self, runner: Any) -> None:
-        super().__init__(runner)
-        self.bodies: dict[Any, Any] = {}
-
-    def _steps(self) -> list[Any]:
-        return self.runner.draft_attn_backend.attn_backends
-
-    def _attending(self) -> list[Any]:
-        """The steps whose attention the graph runs (``draft_forward`` breaks before the
-        last step's forward): the metadata the graph's kernels read."""
-        return self._steps()[:-1]
-
-    def capture_one(
-        self,
-        shape_key: Any,
-        forward_fn: Any,
-        capture_inputs: Any = None,
-        post_warmup_hook: Any = None,
-    ) -> None:
-        forward_fn()
-        if post_warmup_hook is not None:
-            post_warmup_hook()
-        forward_fn()
-        self.bodies[shape_key] = forward_fn
-        self.graphs[shape_key] = [_structure(b.forward_metadata) for b in self._attending()]
-
-    def replay(self, shape_key: Any, static_forward_batch: Any, **kwargs: Any) -> Any:
-        hip = importlib.import_module(BACKEND_MODULE)
-        bucket = hip._GraphBucket.DECODE_OR_IDLE
-        steps = self._steps()
-        left = [b.forward_metadata for b in steps]
-        try:
-            for b in steps:
-                raw = b.cuda_graph_metadata_of_bucket_and_bs[bucket][shape_key.size]
-                b.forward_metadata = _structure(raw)
-            self.bodies[shape_key]()
-            for captured, b in zip(self.graphs[shape_key], self._attending(), strict=True):
-                dsv4.rewrite(captured, b.forward_metadata)
-        finally:
-            for b, metadata in zip(steps, left, strict=True):
-                b.forward_metadata = metadata
-        return self.runner.eagle_worker.draft_forward_output(shape_key.size)
-
-
-class HipRadixDraftEngine(draft._DraftEngine):
-    """One DeepSeek-V4 EAGLE engine's draft on ROCm: the target's engine
-    (:class:`HipRadixEngine`, no decode graph runner) whose model runner becomes the
-    draft's, its KV pool the draft's (one NextN layer of compress ratio 0, SWA only, over
-    the target allocator's full-to-SWA mapping, as ``kv_cache_configurator.py:
-    _build_dsv4_kv_pool`` and the draft's ``register_mapping`` make it), the draft's
-    extend backend (``DeepseekV4HipRadixBackend(draft_model_runner, skip_prefill=False)``),
-    the multi-step backend and the EAGLE draft graph runner."""
-
-    GRAPH = _DraftInGraph
     WHERE = {
-        "eager": "deepseek_v4_backend_hip_radix.py:DeepseekV4MultiStepBackend."
-        "init_forward_metadata",
-        "fresh": "deepseek_v4_backend_hip_radix.py:DeepseekV4MultiStepBackend."
-        "init_forward_metadata (a new engine)",
-        "padded": "eagle_draft_cuda_graph_runner.py:EAGLEDraftCudaGraphRunner.execute "
-        "(buffers; DeepseekV4MultiStepBackend.init_forward_metadata_out_graph's raw metadata)",
-        "replay": "eagle_draft_cuda_graph_runner.py:EAGLEDraftCudaGraphRunner.execute (each "
-        "draft step's metadata the graph captured, rewritten by the recorded "
-        "init_forward_metadata_in_graph)",
-        "capture": "eagle_draft_cuda_graph_runner.py:EAGLEDraftCudaGraphRunner."
-        "capture_one_shape (DeepseekV4MultiStepBackend.init_forward_metadata_out_graph, "
-        "then init_forward_metadata_in_graph)",
+        how: where.replace("deepseek_v4_backend.py:", "deepseek_v4_backend_hip_radix.py:")
+        for how, where in v4draft.DeepseekV4DraftEngine.WHERE.items()
     }
-
-    def __init__(self, config: EngineConfig, device: torch.device, graphs: bool) -> None:
-        with rocm():
-            super().__init__(config, device, graphs)
+    platform = staticmethod(rocm)
 
     def make_target(self, config: EngineConfig, device: torch.device) -> HipRadixEngine:
         return HipRadixEngine(config, device, graphs=False)
 
-    def make_draft_backend(self) -> Any:
-        """The draft's pool and extend backend, then ``DeepseekV4MultiStepBackend(
-        draft_model_runner, topk, speculative_num_steps)``
-        (``draft_utils.py:_create_dsv4_decode_backend`` on HIP)."""
-        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
-        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
-
+    def make_backends(self, runner: Any) -> tuple[Any, Any]:
         hip = importlib.import_module(BACKEND_MODULE)
-        runner, config, target = self.runner, self.config, self.engine
-        tokens = target.pages() * dsv4.PAGE_SIZE
-        with dsv4_args(config):
-            # deepseek_v4_nextn.py: COMPRESS_RATIO_NEXTN_LAYER, the draft's one layer.
-            pool = DeepSeekV4TokenToKVPool(
-                max_num_reqs=config.max_num_seqs,
-                num_req_slots=runner.req_to_token_pool.req_to_token.shape[0],
-                swa_size=tokens,
-                c4_size=tokens // 4,
-                c128_size=tokens // 128,
-                c4_state_pool_size=tokens // 4,
-                c128_state_pool_size=tokens // 128,
-                page_size=dsv4.PAGE_SIZE,
-                swa_page_size=dsv4.PAGE_SIZE,
-                sliding_window=dsv4.SWA_WINDOW,
-                dtype=dsv4.KV_DTYPE,
-                c4_state_dtype=torch.float32,
-                c128_state_dtype=torch.float32,
-                qk_nope_head_dim=448,
-                qk_rope_head_dim=64,
-                indexer_head_dim=128,
-                layer_num=1,
-                device=str(self.device),
-                enable_memory_saver=False,
-                compression_ratios=[0],
-                online_mtp_max_draft_tokens=config.next_n,
-                full_size=tokens,
-                is_draft_worker=True,
-            )
-            pool.register_mapping(target.allocator.full_to_swa_index_mapping)
-            runner.token_to_kv_pool = pool
-            runner.kv_index_translator = KVIndexTranslator(
-                req_to_token=runner.req_to_token_pool.req_to_token,
-                token_to_kv_pool_allocator=target.allocator,
-                token_to_kv_pool=pool,
-                page_size=dsv4.PAGE_SIZE,
-                device=str(self.device),
-            )
-            target.backend = hip.DeepseekV4HipRadixBackend(runner, skip_prefill=False)
-            target.runner.attn_backend = target.backend
-            return hip.DeepseekV4MultiStepBackend(runner, draft.EAGLE_TOPK, self.num_steps)
-
-    def _worker(self) -> Any:
-        """The EAGLE worker stand-in, its ``draft_forward`` advancing the positions by the
-        attending steps as ``EagleWorkerV2.draft_forward`` does (``draft_topk1_postprocess``
-        adds 1 a step), which ``run_once`` then takes back."""
-        worker = super()._worker()
-        own, advance = worker.draft_forward, self.num_steps - 1
-
-        def draft_forward(forward_batch: Any) -> tuple:
-            forward_batch.positions.add_(advance)
-            return own(forward_batch)
-
-        worker.draft_forward = draft_forward
-        return worker
-
-    def _graph_runner(self) -> Any:
-        with dsv4_args(self.config), no_collections():
-            return super()._graph_runner()
-
-    def attending(self) -> list[Any]:
-        """The backends of the draft steps whose attention runs (``draft_forward`` breaks
-        before the last step's forward)."""
-        return self.draft_backend.attn_backends[: self.num_steps - 1]
-
-    def _fields(
-        self, rows: int, inputs_of: dict[str, torch.Tensor], steps: list[Any]
-    ) -> tuple[Field, ...]:
-        """The draft's inputs (:class:`runner_step_draft._DraftEngine`'s), and what each
-        attending draft step's kernels read of its ``DSV4Metadata`` (a row a request: one
-        token a step), named ``<field>.<step>``; none of a raw metadata."""
-        inputs = super()._fields(rows, inputs_of, [])
-        out = list(inputs)
-        fields: tuple[Field, ...] = ()
-        for s, metadata in enumerate(m for m in steps if dsv4._full(m)):
-            fields = self.engine.metadata_fields(rows, rows, metadata)
-            out += [dataclasses.replace(f, name=f"{f.name}.{s}", rows="requests") for f in fields]
-        if fields:
-            # The last attending step reads every key the earlier ones read, and its own:
-            # the keys of the draft as a whole (the target engine's kv_read of its window).
-            seq_lens = next(f for f in inputs if f.name == "seq_lens")
-            out += self.engine.kv_fields((seq_lens, *fields), None)
-        return tuple(out)
-
-    def eager(self, inputs: RunnerStepInputs, how: str = "eager") -> StepBuild:
-        """``DeepseekV4MultiStepBackend.init_forward_metadata`` of the draft, no graph:
-        each attending step's backend builds its own metadata (copied now), which is then
-        put back to what it was: a step the graph replays runs no eager build."""
-        fb = self.draft_batch(inputs)
-        backends = self.draft_backend.attn_backends
-        left = [b.forward_metadata for b in backends]
-        with rocm():
-            try:
-                self.draft_backend.init_forward_metadata(fb)
-                steps = [b.forward_metadata for b in self.attending()]
-                inputs_of = {"seq_lens": fb.seq_lens, "out_cache_loc": fb.out_cache_loc}
-                inputs_of["positions"] = fb.positions
-                if how != "fresh":  # a new engine's rows are its own: history picks them
-                    inputs_of["req_pool_indices"] = fb.req_pool_indices
-                R, T = inputs.num_reqs, inputs.num_tokens
-                fields = self._fields(R, inputs_of, steps)
-            finally:
-                for b, metadata in zip(backends, left, strict=True):
-                    b.forward_metadata = metadata
-        return StepBuild(how, R, T, fields, self.WHERE[how])
+        return (
+            hip.DeepseekV4HipRadixBackend(runner, skip_prefill=False),
+            hip.DeepseekV4MultiStepBackend(runner, draft.EAGLE_TOPK, self.num_steps),
+        )
 
 
-class HipRadixDraftLife(draft.DraftLife):
+class HipRadixDraftLife(v4draft.DeepseekV4DraftLife):
     """The draft of ``sglang-deepseek-v4-hip-radix-draft`` across the steps of one engine:
     :class:`HipRadixDraftEngine`; the draft model's extend on its own HIP backend."""
 
+    engine_class = HipRadixDraftEngine
+
     def prepare(self) -> None:
         prepare()
-        draft.prepare()
-
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return HipRadixDraftEngine(config, device, graphs=graphs)
-
-    def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
-        return dsv4_args(config)
-
-    def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
-        with rocm():
-            return super().graph_builds(engine, inputs, mode)
-
-    def persistent(self, engine: Any) -> list[Any]:
-        """What each attending step's backend holds after the replay's preparation: the
-        raw metadata (the runner's buffers, judged as the draft's inputs)."""
-        return [b.forward_metadata for b in engine.attending()]
+        v4draft.prepare()
 
 
 DRAFT = HipRadixDraftLife()

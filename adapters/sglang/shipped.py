@@ -46,5 +46,15 @@ SHIPPED_BUGS = (
         "before #27545's stride (it needs no topk > 1); 0.5.13's "
         "_update_draft_extend_buffers subtracts extend_seq_lens (`kv_lens = "
         "seq_lens - extend_seq_lens`) in the same rewrite"),
+    ShippedBug("dsv4-draft-window", "runner-step", "sglang-deepseek-v4-draft", "0.5.23", None,
+        "DeepseekV4AttnBackend.make_forward_metadata_from_raw_decode builds every EAGLE "
+        "draft step's sliding window from the accepted prefix's seq_lens (no "
+        "speculative_step_id + 1, which HIP's backend adds): draft step s writes its key "
+        "at position seq_len + s and its window ends at seq_len - 1, so no draft step "
+        "reads its own key or an earlier step's",
+        checks=("queries-read-their-own-keys",), first_buggy="0.5.23",
+        note="observed on 0.5.23 only (earlier releases and later ones not run); "
+        "#24750 (closed unmerged) proposed mirroring FA3's draft-decode lengths here"),
 )  # fmt: skip
-"""SGLang's shipped defects, each with its last buggy and first fixed release."""
+"""SGLang's shipped defects, each with its last buggy and first fixed release (None: no
+supported release has the fix)."""
