@@ -333,6 +333,16 @@ REQUIRES["runner_step_fa3_local"] = REQUIRES["runner_step_fa3"] + (
     Api(_LOCAL, "LocalAttentionMetadataBuilder.update_for_replay"),
     Api(_LOCAL, "make_local_attention_virtual_batches"),
 )
+# runner_step_dots: sglang-fa3's engine on a hybrid sliding-window pool, Dots' wrapper on it.
+_DOTS = "sglang.srt.layers.attention.dots_hybrid_backend"
+REQUIRES["runner_step_dots"] = REQUIRES["runner_step_fa3"] + (
+    Api(_DOTS, "wrap_dots_attention_backend"),
+    Api(_DOTS, "DotsSWAMLAAttnBackend._init_prefill_metadata"),
+    Api(_DOTS, "torch"),
+    Api(_FA3, "FlashAttentionBackend._get_swa_write_locations"),
+    Api("sglang.srt.mem_cache.swa_memory_pool", "SWAKVPool.translate_loc_from_full_to_swa"),
+    Api("sglang.srt.mem_cache.allocator.swa", "SWATokenToKVPoolAllocator.set_full_to_swa_mapping"),
+)
 # runner_step_fa3_tree.run_swa: the tree verify's merged window keys.
 REQUIRES["runner_step_fa3_tree.run_swa"] = (
     Api(_FA3, "FlashAttentionBackend._init_sliding_window_attn_spec_metadata"),

@@ -398,6 +398,20 @@ def _runner_step_fa3_tree() -> list[Implementation]:
             traced=True,
         ),
         sglang_impl(
+            "runner_step_dots",
+            "run",
+            name="sglang-dots-swa-mla",
+            description="installed SGLang: sglang-fa3's step on a Dots3 model's hybrid "
+            "sliding-window pool (mem_cache/swa_memory_pool.py:SWAKVPool, its "
+            "SWATokenToKVPoolAllocator's mapping): FlashAttentionBackend's sliding-window "
+            "pool paths (swa_page_table, swa_out_cache_loc; eager, captured, replayed) under "
+            "layers/attention/dots_hybrid_backend.py:DotsSWAMLAAttnBackend (as "
+            "wrap_dots_attention_backend makes it), an extend's SWA-MLA prefill metadata; "
+            "each held to the allocator's mapping of the full layers' reads and writes",
+            declines=sglang.EngineCall("runner_step_dots", "declines"),
+            traced=True,
+        ),
+        sglang_impl(
             "runner_step_fa3_tree",
             "run_swa",
             name="sglang-fa3-tree-swa",
