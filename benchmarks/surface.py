@@ -598,6 +598,17 @@ def implementations(engine: str, targets: Sequence[str] | None) -> list[tuple[st
     return jobs
 
 
+def _shipped_bug(target: str, impl: str) -> object | None:
+    """The defect of its engine's installed release ``impl`` of ``target`` is declared to
+    fail on (``Engine.shipped_bug``), or None."""
+    from attnfuzz.harness import engines
+    from attnfuzz.harness.registry import get_target
+
+    name = get_target(target).implementations[impl].engine
+    engine = engines.get(name) if name is not None else None
+    return engine.shipped_bug(target, impl) if engine is not None else None
+
+
 def _run_one(target: str, impl: str, n: int) -> tuple[int, float, str]:
     """One implementation's search, judged in this process: examples, seconds, outcome."""
     import attnfuzz
@@ -606,6 +617,9 @@ def _run_one(target: str, impl: str, n: int) -> tuple[int, float, str]:
     try:
         r = attnfuzz.run(target, impl, max_examples=n, seed=0)
         outcome = "FAILED" if r.failed else "passed"
+        bug = _shipped_bug(target, impl) if r.failed else None
+        if bug is not None:  # the engine's own defect, declared: what the run should find
+            outcome = f"fails: {bug.ref} (shipped in {bug.last_buggy})"
         examples = r.examples
     except Exception as err:  # a harness error ends one run, not the measurement
         traceback.print_exc()  # whole, on stderr; the table keeps its first line

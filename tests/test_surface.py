@@ -368,3 +368,22 @@ def test_a_module_imports_or_not_whatever_failed_before_it(surface, tmp_path, mo
     assert "plain" in sys.modules and "fa_pkg.interface" not in sys.modules
     for name in names:
         sys.modules.pop(name, None)
+
+
+def test_a_run_that_meets_its_engines_declared_defect_says_so(surface, monkeypatch):
+    """An engine implementation that fails on a defect its engine declares for the
+    installed release is tabled as failing on that defect, not as an unexplained
+    failure; any other failure stays ``FAILED``."""
+    from attnfuzz.harness import engines
+    from attnfuzz.harness.engines import ShippedBug
+
+    bug = ShippedBug("ref-1", "runner-step", "sglang-fa3", "0.5.23", None, "a defect")
+    sglang = engines.get("sglang")  # declared by attnfuzz's plugin, installed or not
+
+    def shipped_bug(self, target: str, impl: str) -> ShippedBug | None:
+        return bug if impl == "sglang-fa3" else None
+
+    monkeypatch.setattr(type(sglang), "shipped_bug", shipped_bug)
+    assert surface._shipped_bug("runner-step", "sglang-fa3") is bug
+    assert surface._shipped_bug("runner-step", "sglang-wave") is None
+    assert surface._shipped_bug("runner-step", "triton") is None  # not an engine's
