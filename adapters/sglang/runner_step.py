@@ -741,6 +741,60 @@ def _as_left(*backends: Any) -> Iterator[None]:
             t.copy_(saved)
 
 
+class SWAAllocated:
+    """For an engine (:class:`_Engine`) whose KV pool is a hybrid sliding-window one:
+    SGLang's ``mem_cache/allocator/swa.py:SWATokenToKVPoolAllocator`` over it, which owns
+    the full-to-SWA slot mapping and registers it with the pool, and the request-to-token
+    translator over both. Each full page a request gains is paired with a distinct SWA
+    page (:meth:`swa_page`), as a real allocator that frees and reuses pages in another
+    order makes them differ."""
+
+    config: EngineConfig
+    device: torch.device
+    runner: Any
+
+    def pages(self) -> int:
+        """The KV pool's pages, the padding page 0 included."""
+        return pool_pages(self.config)
+
+    def swa_page(self, page: int) -> int:
+        """The SWA page the allocator pairs with full page ``page``: never the same id
+        but for the padding page 0."""
+        return 0 if page == 0 else self.pages() - page
+
+    def allocate_swa(self, pool: Any, dtype: torch.dtype) -> None:
+        """The model runner's pool ``pool``, its allocator and translator."""
+        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+        page, runner = self.config.block_size, self.runner
+        tokens = self.pages() * page
+        self.allocator = SWATokenToKVPoolAllocator(
+            tokens, tokens, page, dtype, str(self.device), pool, need_sort=False
+        )
+        runner.token_to_kv_pool = pool
+        runner.token_to_kv_pool_allocator = self.allocator
+        runner.kv_index_translator = KVIndexTranslator(
+            req_to_token=runner.req_to_token_pool.req_to_token,
+            token_to_kv_pool_allocator=self.allocator,
+            token_to_kv_pool=pool,
+            page_size=page,
+            device=str(self.device),
+        )
+
+    def admit(self, inputs: RunnerStepInputs) -> None:
+        """The step's requests (:meth:`_Engine.admit`), and the SWA page of each full
+        page they gain, as the allocator maps it (``set_full_to_swa_mapping``)."""
+        super().admit(inputs)  # type: ignore[misc]
+        page = self.config.block_size
+        for gained in inputs.new_block_ids:
+            for p in gained:
+                offsets = torch.arange(page)
+                self.allocator.set_full_to_swa_mapping(
+                    p * page + offsets, self.swa_page(p) * page + offsets
+                )
+
+
 class EngineLife:
     """One SGLang engine across the steps of one life, made anew for another config:
     the driver every SGLang implementation of ``runner-step`` shares. Per step, the

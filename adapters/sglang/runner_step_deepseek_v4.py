@@ -521,7 +521,7 @@ def _full(metadata: Any) -> bool:
     return hasattr(metadata, "core_attn_metadata")
 
 
-class DeepseekV4Engine(decode._Engine):
+class DeepseekV4Engine(decode.SWAAllocated, decode._Engine):
     """One SGLang engine whose model runner's attention backend is DeepSeek-V4's."""
 
     ATTENTION_BACKEND = "dsv4"
@@ -543,24 +543,13 @@ class DeepseekV4Engine(decode._Engine):
         with vendors():
             super().__init__(config, device, graphs)
 
-    def pages(self) -> int:
-        """The KV pool's pages, the padding page 0 included."""
-        return decode.pool_pages(self.config)
-
-    def swa_page(self, page: int) -> int:
-        """The SWA page the engine's allocator pairs with full page ``page`` (module
-        docstring): never the same id but for the padding page 0."""
-        return 0 if page == 0 else self.pages() - page
-
     def make_backend(self) -> Any:
         """``create_dsv4_backend(model_runner)`` (the registry's ``dsv4``), over the pool
         and allocator SGLang makes for DeepSeek-V4, on what the backend reads of the model
         runner besides the Triton backend's."""
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
         from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
-        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from transformers import PretrainedConfig
 
         runner, config = self.runner, self.config
@@ -591,10 +580,8 @@ class DeepseekV4Engine(decode._Engine):
             online_mtp_max_draft_tokens=config.next_n if config.num_spec else 0,
             full_size=tokens,
         )
-        # Registers its full-to-SWA mapping with the pool (register_mapping).
-        self.allocator = SWATokenToKVPoolAllocator(
-            tokens, tokens, PAGE_SIZE, KV_DTYPE, str(self.device), pool, need_sort=False
-        )
+        # The allocator registers its full-to-SWA mapping with the pool (register_mapping).
+        self.allocate_swa(pool, KV_DTYPE)
         hf_config = PretrainedConfig(
             architectures=["DeepseekV4ForCausalLM"],
             model_type="deepseek_v4",
@@ -607,15 +594,6 @@ class DeepseekV4Engine(decode._Engine):
         # "DSV4 MQA head_dim = qk_nope_head_dim(448) + qk_rope_head_dim(64) = 512".
         model_config.head_dim = model_config.v_head_dim = 512
         model_config.is_multimodal = False
-        runner.token_to_kv_pool = pool
-        runner.token_to_kv_pool_allocator = self.allocator
-        runner.kv_index_translator = KVIndexTranslator(
-            req_to_token=runner.req_to_token_pool.req_to_token,
-            token_to_kv_pool_allocator=self.allocator,
-            token_to_kv_pool=pool,
-            page_size=PAGE_SIZE,
-            device=str(self.device),
-        )
         runner.kv_cache_dtype = runner.dtype = KV_DTYPE
         runner.sliding_window_size = SWA_WINDOW
         runner.model = _engine.StandIn(
@@ -628,17 +606,6 @@ class DeepseekV4Engine(decode._Engine):
     def _graph_runner(self) -> Any:
         with no_collections():
             return super()._graph_runner()
-
-    def admit(self, inputs: RunnerStepInputs) -> None:
-        """The step's requests (the Triton engine's), and the SWA page of each full page
-        they gain, as the SWA allocator maps it (``set_full_to_swa_mapping``)."""
-        super().admit(inputs)
-        for gained in inputs.new_block_ids:
-            for page in gained:
-                offsets = torch.arange(PAGE_SIZE)
-                self.allocator.set_full_to_swa_mapping(
-                    page * PAGE_SIZE + offsets, self.swa_page(page) * PAGE_SIZE + offsets
-                )
 
     def eager(self, inputs: RunnerStepInputs, mode: str, how: str = "eager") -> StepBuild:
         with vendors():

@@ -92,31 +92,20 @@ def unpinned() -> Iterator[None]:
         yield
 
 
-class SWAPoolEngine(fa3.FA3Engine):
+class SWAPoolEngine(decode.SWAAllocated, fa3.FA3Engine):
     """One SGLang engine on FlashAttention 3 whose KV pool is a hybrid sliding-window one
     (``SWAKVPool``: ``use_sliding_window_kv_pool``), its allocator SGLang's."""
-
-    def pages(self) -> int:
-        return decode.pool_pages(self.config)
-
-    def swa_page(self, page: int) -> int:
-        """The SWA page the allocator pairs with full page ``page``: never the same id but
-        for the padding page 0."""
-        return 0 if page == 0 else self.pages() - page
 
     def make_backend(self) -> Any:
         """``SWAKVPool`` (two MHA pools: layer 0 sliding-window, layer 1 full) and its
         ``SWATokenToKVPoolAllocator`` (which registers the mapping with the pool), the
         translator over them, then the FA3 backend."""
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
         runner, page = self.runner, self.config.block_size
-        tokens = self.pages() * page
         pool = SWAKVPool(
-            size=tokens,
-            size_swa=tokens,
+            size=self.pages() * page,
+            size_swa=self.pages() * page,
             page_size=page,
             dtype=fa3.KV_CACHE_DTYPE,
             head_num=1,
@@ -126,34 +115,11 @@ class SWAPoolEngine(fa3.FA3Engine):
             device=str(self.device),
             enable_memory_saver=False,
         )
-        self.allocator = SWATokenToKVPoolAllocator(
-            tokens, tokens, page, fa3.KV_CACHE_DTYPE, str(self.device), pool, need_sort=False
-        )
-        runner.token_to_kv_pool = pool
-        runner.token_to_kv_pool_allocator = self.allocator
-        runner.kv_index_translator = KVIndexTranslator(
-            req_to_token=runner.req_to_token_pool.req_to_token,
-            token_to_kv_pool_allocator=self.allocator,
-            token_to_kv_pool=pool,
-            page_size=page,
-            device=str(self.device),
-        )
+        self.allocate_swa(pool, fa3.KV_CACHE_DTYPE)
         runner.sliding_window_size = SWA_WINDOW
         backend = super().make_backend()
         assert backend.use_sliding_window_kv_pool
         return backend
-
-    def admit(self, inputs: RunnerStepInputs) -> None:
-        """The step's requests (the Triton engine's), and the SWA page of each full page
-        they gain, as the SWA allocator maps it (``set_full_to_swa_mapping``)."""
-        super().admit(inputs)
-        page = self.config.block_size
-        for gained in inputs.new_block_ids:
-            for p in gained:
-                offsets = torch.arange(page)
-                self.allocator.set_full_to_swa_mapping(
-                    p * page + offsets, self.swa_page(p) * page + offsets
-                )
 
     def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
         """FA3's fields, and the window layers' table and writes, each held to the
