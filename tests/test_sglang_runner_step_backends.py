@@ -53,17 +53,19 @@ def _by_backend(out: ref.RunnerStepOutputs) -> dict[str, ref.StepBuild]:
 @_sglang
 @pytest.mark.parametrize("num_spec", [0, 1])
 def test_every_backend_reads_the_same_keys_at_the_same_slots(num_spec):
-    """Three requests arrive (an extend: Triton and FlashInfer read the step's own keys
-    from the forward, FA3 and AITER from the cache), then decode or verify their next_n
-    tokens (Triton's and AITER's verify offsets hold the prefix alone, FlashInfer's the
-    window too): each backend's fields differ, the keys they read do not."""
+    """Three requests arrive (an extend: Triton, FlashInfer and FlashInfer MLA read the
+    step's own keys from the forward, FA3 and AITER from the cache), then decode or
+    verify their next_n tokens (Triton's and AITER's verify offsets hold the prefix
+    alone, FlashInfer's and FlashInfer MLA's the window too): each backend's fields
+    differ, the keys they read do not."""
     rb = _backends()
     w = 1 + num_spec
     arrival, step = life(rb.run, arrive_then_decode(num_spec))
     for out, lengths in ((arrival, [5, 3, 1]), (step, [5 + w, 3 + w, 1 + w])):
         builds = _by_backend(out)
         assert sorted(builds) == [
-            "aiter_backend", "flashattention_backend", "flashinfer_backend", "triton_backend",
+            "aiter_backend", "flashattention_backend", "flashinfer_backend",
+            "flashinfer_mla_backend", "triton_backend",
         ]  # fmt: skip
         for name, b in builds.items():
             assert b.field("kv_len").values.tolist() == lengths, name

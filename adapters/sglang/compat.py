@@ -333,6 +333,22 @@ REQUIRES["runner_step_fa3_local"] = REQUIRES["runner_step_fa3"] + (
     Api(_LOCAL, "LocalAttentionMetadataBuilder.update_for_replay"),
     Api(_LOCAL, "make_local_attention_virtual_batches"),
 )
+# runner_step_flashinfer_mla: the decode graph runner over FlashInfer's MLA backend.
+_FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
+REQUIRES["runner_step_flashinfer_mla"] = (
+    Api(_DECODE_RUNNER, "DecodeCudaGraphRunner.load_batch"),
+    Api(_FLASHINFER_MLA, "FlashInferMLAAttnBackend.init_forward_metadata"),
+    Api(_FLASHINFER_MLA, "FlashInferMLAAttnBackend._apply_cuda_graph_metadata"),
+    Api(
+        _FLASHINFER_MLA,
+        "FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
+        keyword="in_capture",
+    ),
+    Api(_FLASHINFER_MLA, "FlashInferMLAIndicesUpdaterDecode.call_begin_forward", keyword="plan"),
+    Api(_FLASHINFER_MLA, "FlashInferMLAIndicesUpdaterPrefill.call_begin_forward", keyword="plan"),
+    Api(_FLASHINFER_MLA, "fast_mla_decode_plan"),
+    Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
+)
 # runner_step_dots: sglang-fa3's engine on a hybrid sliding-window pool, Dots' wrapper on it.
 _DOTS = "sglang.srt.layers.attention.dots_hybrid_backend"
 REQUIRES["runner_step_dots"] = REQUIRES["runner_step_fa3"] + (

@@ -435,10 +435,14 @@ def _refuse(*args: Any, **kwargs: Any) -> Any:
 
 
 def stand_in() -> types.ModuleType:
-    """The module ``flashinfer`` as far as SGLang's FlashInfer backend plans with it."""
+    """The module ``flashinfer`` as far as SGLang's FlashInfer and FlashInfer-MLA
+    backends plan with it."""
+    from attnfuzz.adapters.sglang.flashinfer_mla_stand_in import BatchMLAPagedAttentionWrapper
+
     module = types.ModuleType("flashinfer")
     for name in NAMES:
         setattr(module, name, globals()[name])
+    module.BatchMLAPagedAttentionWrapper = BatchMLAPagedAttentionWrapper  # type: ignore[attr-defined]
     module.merge_state = _refuse  # type: ignore[attr-defined]
     return module
 
@@ -455,18 +459,18 @@ def vendor_imports() -> bool:
 
 
 @contextlib.contextmanager
-def bound(module: types.ModuleType) -> Iterator[None]:
-    """While SGLang's FlashInfer backend (``module``) is built or plans: the names it
-    binds from ``flashinfer`` at import are the vendor's where it imports, else the
+def bound(module: types.ModuleType, names: tuple[str, ...] = NAMES) -> Iterator[None]:
+    """While an SGLang FlashInfer backend (``module``) is built or plans: the ``names``
+    it binds from ``flashinfer`` at import are the vendor's where it imports, else the
     stand-ins (``module``'s own and ``sys.modules['flashinfer']``), restored after."""
     if vendor_imports():
         yield
         return
     missing = object()
     fake = stand_in()
-    saved = {name: getattr(module, name, missing) for name in NAMES}
+    saved = {name: getattr(module, name, missing) for name in names}
     saved_module = sys.modules.get("flashinfer")
-    for name in NAMES:
+    for name in names:
         setattr(module, name, getattr(fake, name))
     sys.modules["flashinfer"] = fake
     try:

@@ -1588,6 +1588,26 @@ def _runner_step_flashinfer() -> list[Implementation]:
     ]
 
 
+def _runner_step_flashinfer_mla() -> list[Implementation]:
+    """SGLang's decode graph runner step on FlashInfer's MLA backend."""
+    backend = "layers/attention/flashinfer_mla_backend.py:FlashInferMLAAttnBackend"
+    return [
+        sglang_impl(
+            "runner_step_flashinfer_mla",
+            "run",
+            name="sglang-flashinfer-mla",
+            description="installed SGLang: runner/decode_cuda_graph_runner.py:"
+            f"DecodeCudaGraphRunner (as sglang) over {backend} on a DeepSeek MLA profile "
+            "(eager init_forward_metadata: decode, verify, ragged and paged extend; "
+            "init_forward_metadata_out_graph at capture and replay, fast_mla_decode_plan "
+            "and fast_mla_prefill_plan; FlashInferMLAIndicesUpdaterDecode/Prefill); "
+            "flashinfer's MLA and ragged wrappers by their contract where flashinfer is not "
+            "built (the plan's schedule in its workspace); a graph stand-in",
+            traced=True,
+        ),
+    ]
+
+
 def _backends() -> Any:
     """The side-by-side runner-step adapter, imported when a mutant's case is judged."""
     from attnfuzz.adapters.sglang import runner_step_backends
@@ -1736,6 +1756,7 @@ def _runner_step() -> list[Implementation]:
         *_runner_step_fa3_draft(),
         *_runner_step_fa3_draft_extend(),
         *_runner_step_flashinfer(),
+        *_runner_step_flashinfer_mla(),
         *_runner_step_trtllm_mha(),
         *_runner_step_hpc_ops(),
         *_runner_step_aiter(),

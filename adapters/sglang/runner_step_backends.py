@@ -5,7 +5,8 @@ Each step of a trace runs on the Triton engine of ``sglang``
 (:class:`~attnfuzz.adapters.sglang.runner_step.EngineLife`: its capture, eager,
 padded, replay and fresh builds, all reported) and on an engine of each other
 backend of SGLang 0.5.23, FlashAttention 3 (``sglang-fa3``'s), FlashInfer
-(``sglang-flashinfer``'s), on pages of 16 tokens or more TRT-LLM MHA
+(``sglang-flashinfer``'s), FlashInfer's MLA backend on an MLA model
+(``sglang-flashinfer-mla``'s), on pages of 16 tokens or more TRT-LLM MHA
 (``sglang-trtllm-mha``'s; SGLang runs it on no smaller page) and ROCm's AITER
 (``sglang-aiter``'s, MHA on gfx942), each keeping its own requests' rows across the
 trace.
@@ -18,6 +19,7 @@ backend's engine derives from its own metadata as its kernels read it
 (``kv_read`` of :class:`~attnfuzz.adapters.sglang.runner_step._Engine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_fa3.FA3Engine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_flashinfer.FlashInferEngine`, of
+:class:`~attnfuzz.adapters.sglang.runner_step_flashinfer_mla.FlashInferMLAEngine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_trtllm_mha.TRTLLMMHAEngine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_aiter.AiterEngine`). The
 property *agreement across backends* holds them to the Triton eager build's; a
@@ -42,6 +44,7 @@ from attnfuzz.adapters.sglang import (
     runner_step_aiter,
     runner_step_fa3,
     runner_step_flashinfer,
+    runner_step_flashinfer_mla,
     runner_step_trtllm_mha,
 )
 from attnfuzz.adapters.sglang.runner_step import EngineLife, arrive_then_step, step_mode
@@ -67,9 +70,10 @@ what each backend derives from its own metadata."""
 
 
 def prepare() -> None:
-    """Import SGLang's runner and its four backends before a judge forks its child."""
+    """Import SGLang's runner and its five backends before a judge forks its child."""
     runner_step_fa3.prepare()
     runner_step_flashinfer.prepare()
+    runner_step_flashinfer_mla.prepare()
     runner_step_trtllm_mha.prepare()
     runner_step_aiter.prepare()
 
@@ -130,6 +134,7 @@ ENGINES = BackendsLife(
     decode.EngineLife(),
     runner_step_fa3.FA3Life(),
     runner_step_flashinfer.FlashInferLife(),
+    runner_step_flashinfer_mla.FlashInferMLALife(),
     EagerLife(runner_step_trtllm_mha.TRTLLMMHALife(), runner_step_trtllm_mha.declines_config),
     runner_step_aiter.AiterLife(),
 )

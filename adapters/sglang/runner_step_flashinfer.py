@@ -53,6 +53,7 @@ the draft window: replay equals eager, padding invariance).
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,9 @@ class _OnDevice:
         def allocate(*args: Any, **kwargs: Any) -> Any:
             if str(kwargs.get("device")) == "cuda":
                 kwargs["device"] = self._device
+            # Host buffers pinned for copies to a GPU: CPU-only torch refuses the pin,
+            # which changes no value.
+            kwargs.pop("pin_memory", None)
             return real(*args, **kwargs)
 
         return allocate
@@ -148,13 +152,18 @@ class FlashInferEngine(decode._Engine):
         "(FlashInferAttnBackend.init_forward_metadata_out_graph, in_capture)",
     }
 
+    BACKEND_MODULE = "flashinfer_backend"
+    """The module of ``sglang.srt.layers.attention`` the backend plans in."""
+    FLASHINFER_NAMES = flashinfer_stand_in.NAMES
+    """What that module binds from ``flashinfer`` at import."""
+
     @contextlib.contextmanager
     def planning(self) -> Iterator[None]:
         """While the backend is built or plans: FlashInfer's names where it does not
         import, and, without CUDA, its ``"cuda"`` allocations on the engine's device."""
-        from sglang.srt.layers.attention import flashinfer_backend as module
-
-        with flashinfer_stand_in.bound(module), contextlib.ExitStack() as stack:
+        module = importlib.import_module(f"sglang.srt.layers.attention.{self.BACKEND_MODULE}")
+        names = self.FLASHINFER_NAMES
+        with flashinfer_stand_in.bound(module, names), contextlib.ExitStack() as stack:
             if not torch.cuda.is_available():
                 stack.enter_context(_patched(module, "torch", _OnDevice(self.device)))
             yield
