@@ -300,6 +300,13 @@ def trtllm_old_release(monkeypatch):
     """SGLang as 0.5.9 looks to the TRT-LLM MLA adapter: the backend with the capture/replay
     pair, ``EagleDraftInput`` and no ``EagleDraftExtendInput``, none of 0.5.23's kernels,
     translator, replay view or draft-extend fill (None in ``sys.modules``: import fails)."""
+    # The runner's ForwardBatch module is in every release: loaded as a process running
+    # the adapter has it, before the later releases' modules it imports are hidden.
+    from attnfuzz.adapters.sglang import trtllm_mla
+
+    trtllm_mla.prepare()
+    import sglang.srt.model_executor.forward_batch_info  # noqa: F401
+
     backend = types.ModuleType(compat.TRTLLM_MLA_BACKEND.module)
     backend.TRTLLMMLABackend = TRTLLMMLABackend  # type: ignore[attr-defined]
     eagle_info = types.ModuleType(compat.EAGLE_DRAFT_ACCEPT_LENGTH.module)
