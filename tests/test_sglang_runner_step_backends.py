@@ -45,27 +45,30 @@ def _backends():
 
 
 def _by_backend(out: ref.RunnerStepOutputs) -> dict[str, ref.StepBuild]:
-    """The step's eager build by each backend, by the file of its function."""
+    """The step's eager build by each backend, by the file of its function (and its
+    model's attention where the file serves two)."""
     builds = [b for b in out.builds if b.how in ("eager", "backend")]
-    return {b.where.split(".py")[0]: b for b in builds}
+    return {b.where.split(".py")[0] + (" (MLA)" if "MLA model" in b.where else ""): b
+            for b in builds}  # fmt: skip
 
 
 @_sglang
 @pytest.mark.parametrize("num_spec", [0, 1])
 def test_every_backend_reads_the_same_keys_at_the_same_slots(num_spec):
     """Three requests arrive (an extend: Triton, FlashInfer and FlashInfer MLA read the
-    step's own keys from the forward, FA3 and AITER from the cache), then decode or
-    verify their next_n tokens (Triton's and AITER's verify offsets hold the prefix
-    alone, FlashInfer's and FlashInfer MLA's the window too): each backend's fields
-    differ, the keys they read do not."""
+    step's own keys from the forward, FA3 and AITER from the cache, AITER MLA from the
+    forward where no request has a prefix), then decode or verify their next_n tokens
+    (Triton's and AITER's verify offsets hold the prefix alone, FlashInfer's, FlashInfer
+    MLA's and AITER MLA's the window too): each backend's fields differ, the keys they
+    read do not."""
     rb = _backends()
     w = 1 + num_spec
     arrival, step = life(rb.run, arrive_then_decode(num_spec))
     for out, lengths in ((arrival, [5, 3, 1]), (step, [5 + w, 3 + w, 1 + w])):
         builds = _by_backend(out)
         assert sorted(builds) == [
-            "aiter_backend", "flashattention_backend", "flashinfer_backend",
-            "flashinfer_mla_backend", "triton_backend",
+            "aiter_backend", "aiter_backend (MLA)", "flashattention_backend",
+            "flashinfer_backend", "flashinfer_mla_backend", "triton_backend",
         ]  # fmt: skip
         for name, b in builds.items():
             assert b.field("kv_len").values.tolist() == lengths, name

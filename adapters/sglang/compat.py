@@ -255,6 +255,11 @@ REQUIRES["runner_step_aiter"] = (
     Api("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.bind_runner_slots"),
     Api("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.alloc_rows"),
 )
+# runner_step_aiter_mla: runner_step_aiter's engine on an MLA model (no persistent kernel).
+REQUIRES["runner_step_aiter_mla"] = REQUIRES["runner_step_aiter"] + (
+    Api(_AITER, "AiterMlaIndicesUpdaterPrefill.update_single_wrapper"),
+    Api(_AITER, "_use_mla_ps_kernel"),
+)
 # runner_step_aiter_unified: runner_step_aiter's engine with SGLANG_USE_AITER_UNIFIED_ATTN=1:
 # the page-table decode, and the extend's unified forward (its page table built there).
 REQUIRES["runner_step_aiter_unified"] = REQUIRES["runner_step_aiter"] + (

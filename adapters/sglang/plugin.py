@@ -672,6 +672,17 @@ def _runner_step_aiter() -> list[Implementation]:
             traced=True,
         ),
         sglang_impl(
+            "runner_step_aiter_mla",
+            "run",
+            name="sglang-aiter-mla",
+            description=f"installed SGLang: sglang-aiter's step on an MLA model of 16 heads "
+            f"a rank and a bf16 cache: {backend}'s MLA branches (eager decode, target verify "
+            "and extend through AiterMlaIndicesUpdaterPrefill; init_cuda_graph_state and "
+            "_apply_cuda_graph_metadata at capture and replay), aiter's persistent MLA "
+            "kernel off as the backend chooses for that shape (no scheduler plans)",
+            traced=True,
+        ),
+        sglang_impl(
             "runner_step_aiter",
             "run_decode_indptr_off_buffer",
             name="sglang-aiter-decode-indptr-off-buffer",

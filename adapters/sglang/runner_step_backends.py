@@ -8,8 +8,8 @@ backend of SGLang 0.5.23, FlashAttention 3 (``sglang-fa3``'s), FlashInfer
 (``sglang-flashinfer``'s), FlashInfer's MLA backend on an MLA model
 (``sglang-flashinfer-mla``'s), on pages of 16 tokens or more TRT-LLM MHA
 (``sglang-trtllm-mha``'s; SGLang runs it on no smaller page) and ROCm's AITER
-(``sglang-aiter``'s, MHA on gfx942), each keeping its own requests' rows across the
-trace.
+(``sglang-aiter``'s, MHA on gfx942; ``sglang-aiter-mla``'s, an MLA model), each
+keeping its own requests' rows across the trace.
 Of those, the step's eager build alone is reported, as a ``backend`` build (its
 ``where`` naming the backend's function): their engines run no graph (the graph
 builds of each backend are its own implementation's to judge) and make no fresh
@@ -21,7 +21,8 @@ backend's engine derives from its own metadata as its kernels read it
 :class:`~attnfuzz.adapters.sglang.runner_step_flashinfer.FlashInferEngine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_flashinfer_mla.FlashInferMLAEngine`, of
 :class:`~attnfuzz.adapters.sglang.runner_step_trtllm_mha.TRTLLMMHAEngine`, of
-:class:`~attnfuzz.adapters.sglang.runner_step_aiter.AiterEngine`). The
+:class:`~attnfuzz.adapters.sglang.runner_step_aiter.AiterEngine`, of
+:class:`~attnfuzz.adapters.sglang.runner_step_aiter_mla.AiterMLAEngine`). The
 property *agreement across backends* holds them to the Triton eager build's; a
 field one backend names its own way (``kv_indptr`` is the prefix for Triton's
 verify, the prefix and its window for FlashInfer's) is left out.
@@ -42,6 +43,7 @@ from typing import Any
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import (
     runner_step_aiter,
+    runner_step_aiter_mla,
     runner_step_fa3,
     runner_step_flashinfer,
     runner_step_flashinfer_mla,
@@ -70,7 +72,7 @@ what each backend derives from its own metadata."""
 
 
 def prepare() -> None:
-    """Import SGLang's runner and its five backends before a judge forks its child."""
+    """Import SGLang's runner and its backends before a judge forks its child."""
     runner_step_fa3.prepare()
     runner_step_flashinfer.prepare()
     runner_step_flashinfer_mla.prepare()
@@ -137,6 +139,7 @@ ENGINES = BackendsLife(
     runner_step_flashinfer_mla.FlashInferMLALife(),
     EagerLife(runner_step_trtllm_mha.TRTLLMMHALife(), runner_step_trtllm_mha.declines_config),
     runner_step_aiter.AiterLife(),
+    runner_step_aiter_mla.AiterMLALife(),
 )
 """The engines of the implementation ``sglang-backends`` of ``runner-step``."""
 

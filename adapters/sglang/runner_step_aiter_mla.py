@@ -1,0 +1,158 @@
+"""SGLang's decode graph runner step on the AITER backend (ROCm) of an MLA model, as the
+implementation ``sglang-aiter-mla`` of ``runner-step``.
+
+``sglang-aiter``'s engine (:mod:`~attnfuzz.adapters.sglang.runner_step_aiter`: the same
+step, ``aiter`` stood in, an MI300X), its model a DeepSeek MLA profile of 16 query heads
+a rank (DeepSeek-V3's 128 over tensor-parallel 8) and a bf16 KV cache. For that shape
+``AiterAttnBackend.__init__`` turns aiter's persistent MLA kernel off
+(``_use_mla_ps_kernel``: 16 heads without zero padding, KV not fp8), so no metadata call
+plans with aiter's MLA schedulers (``get_mla_metadata_v1``: the stand-in's refuse, as in
+``sglang-aiter``). What runs besides ``sglang-aiter``'s, unchanged (SGLang 0.5.23):
+
+- ``AiterAttnBackend.__init__``'s MLA set-up (``qo_indptr_``, the head padding mode, the
+  persistent-kernel choice); ``init_forward_metadata``'s MLA branches: a decode (its
+  ``qo_indptr`` from ``kv_last_page_len``), a target verify (``kv_indptr`` over the
+  committed prefix and its drafts, ``qo_indptr`` of ``draft_num`` rows a request), an
+  extend through ``AiterMlaIndicesUpdaterPrefill.update_single_wrapper``;
+- ``init_cuda_graph_state``'s MLA buffers (``cuda_graph_kv_last_page_len``) and
+  ``_apply_cuda_graph_metadata``'s MLA branches at capture and replay.
+
+Fields: ``sglang-aiter``'s inputs, and what ``mla_decode_fwd`` (a decode, a verify) and
+an extend's kernels read of ``ForwardMetadata``: ``kv_indptr`` and ``qo_indptr`` as
+offsets, ``kv_indices`` by request, ``kv_last_page_len`` (the page size 1: ones) and
+``max_q_len``; ``kv_len`` and ``kv_slots`` (:meth:`AiterMLAEngine.kv_read`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from attnfuzz.adapters.sglang import runner_step as decode
+from attnfuzz.adapters.sglang import runner_step_aiter as aiter
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+
+HEADS = 16
+"""Query heads a rank: DeepSeek-V3's 128 over tensor-parallel 8."""
+
+KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM = 32, 8, 16
+"""The MLA profile's dimensions: no metadata value depends on them."""
+
+
+def prepare() -> None:
+    aiter.prepare()
+
+
+@dataclass
+class _Built:
+    """``ForwardMetadata`` and the mode it was built for (a decode's and a verify's MLA
+    metadata name their mode by no field)."""
+
+    mode: str
+    metadata: Any
+
+
+class AiterMLAEngine(aiter.AiterEngine):
+    """One SGLang engine of an MLA model whose attention backend is AITER."""
+
+    WHERE = {how: f"{where} (an MLA model)" for how, where in aiter.AiterEngine.WHERE.items()}
+
+    def make_backend(self) -> Any:
+        """``AiterAttnBackend(model_runner)`` on a DeepSeek MLA profile of
+        :data:`HEADS` query heads a rank."""
+        from sglang.srt.configs.model_config import AttentionArch
+
+        model = self.runner.model_config
+        model.attention_arch = AttentionArch.MLA
+        model.num_attention_heads = HEADS
+        model.get_num_kv_heads = lambda tp_size, dcp_size=1: 1
+        model.kv_lora_rank, model.qk_rope_head_dim = KV_LORA_RANK, QK_ROPE_HEAD_DIM
+        model.qk_nope_head_dim = QK_NOPE_HEAD_DIM
+        model.v_head_dim = KV_LORA_RANK
+        model.scaling = (QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5
+        self.runner.use_mla_backend = True
+        return super().make_backend()
+
+    def accepts(self) -> dict[str, tuple[int, int]]:
+        """``sglang-aiter``'s ranges, less the bound of its MHA decode kernel's partitions:
+        ``mla_decode_fwd`` has none. ``create_flashinfer_kv_indices_triton`` reads
+        ``req_to_token[req_pool_indices[i], :seq_lens[i]]`` (the table's width), and every
+        request holds a key (a decode's own, a verify's committed prefix)."""
+        acc = super().accepts()
+        acc["seq_lens"] = (1, self.runner.req_to_token_pool.req_to_token.shape[1])
+        return acc
+
+    def forward_batch(self, inputs: RunnerStepInputs, mode: str) -> Any:
+        self.mode = mode
+        return super().forward_batch(inputs, mode)
+
+    def eager_metadata(self, forward_batch: Any) -> _Built:
+        return _Built(self.mode, self.backend.forward_metadata)
+
+    def persistent_metadata(self, mode: str) -> _Built:
+        return _Built(mode, self.backend.forward_metadata)
+
+    def _built(self, metadata: Any) -> _Built:
+        """A graph's metadata: a verify's on a speculative engine, else a decode's."""
+        if isinstance(metadata, _Built):
+            return metadata
+        return _Built("verify" if self.config.num_spec else "decode", metadata)
+
+    def metadata_fields(self, rows: int, tokens: int, metadata: Any) -> tuple[Field, ...]:
+        """What the MLA kernels read of ``ForwardMetadata`` for ``rows`` requests and
+        ``tokens`` tokens (padding included), copied now."""
+        built = self._built(metadata)
+        m = built.metadata
+        # mla_decode_fwd (a decode, a verify) and the extend's gather
+        # (torch.index_select(K_Buffer, 0, kv_indices) over kv_indptr) read row i's
+        # kv_indices[kv_indptr[i] : kv_indptr[i + 1]], queries qo_indptr[i] :
+        # qo_indptr[i + 1]: the Triton step's fields and ranges.
+        view = decode._engine.StandIn(
+            kv_indptr=m.kv_indptr, kv_indices=m.kv_indices, qo_indptr=m.qo_indptr
+        )
+        out = list(decode._Engine.metadata_fields(self, rows, tokens, view))
+        # mla_decode_fwd's kv_last_page_len: the last page's keys of each request, at
+        # page size 1 a key (1 <= kv_last_page_len <= page_size).
+        last = decode.host(m.kv_last_page_len[:rows])
+        out.append(Field("kv_last_page_len", "requests", last, (1, 1)))
+        # The kernels' grid covers max_q_len (max_seqlen_q) query rows of a request.
+        out.append(Field("max_q_len", "requests", np.full(rows, int(m.max_q_len)), (1, tokens)))
+        return tuple(out)
+
+    def kv_read(
+        self, values: dict[str, np.ndarray], metadata: Any
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Each request's keys and their KV slots: ``mla_decode_fwd``'s (a decode, a
+        verify) and a prefixed extend's (``forward_extend`` gathers them through
+        ``kv_indices``), row ``i``'s ``kv_indices[kv_indptr[i] : kv_indptr[i + 1]]`` from
+        the cache; an extend with no prefix (``forward_extend``: ``extend_no_prefix``,
+        every request's keys its queries) the step's own ``k``, its tokens
+        ``qo_indptr[i] : qo_indptr[i + 1]``."""
+        cached = np.diff(values["kv_indptr"])
+        slots = [values["kv_indices"][r, : max(n, 0)] for r, n in enumerate(cached)]
+        queries = np.diff(values["qo_indptr"])
+        if self._built(metadata).mode != "extend" or not (cached == queries).all():
+            return cached, slots
+        none = np.zeros_like(cached)
+        empty = [s[:0] for s in slots]
+        return decode.with_step_keys(none, empty, values["qo_indptr"], values["out_cache_loc"])
+
+
+class AiterMLALife(aiter.AiterLife):
+    """The engine of ``sglang-aiter-mla``: :class:`AiterMLAEngine`."""
+
+    engine_class = AiterMLAEngine
+
+
+ENGINE = AiterMLALife()
+"""The engine of the implementation ``sglang-aiter-mla`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``sglang-aiter-mla`` of ``runner-step``: the step on
+    :data:`ENGINE`, kept across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
