@@ -563,21 +563,29 @@ def _microbatch_against(eager: StepBuild, mb: StepBuild) -> list[Violation]:
     return out
 
 
-def agreement_within_a_build(out: RunnerStepOutputs) -> list[Violation]:
-    """Every field that names another (``Field.agrees_with``) holds the same real rows as
-    it in each build of the step's requests (a capture or dummy run has none)."""
-    found = []
+def _related(out: RunnerStepOutputs, relation: str) -> Iterator[tuple[StepBuild, Field, Field]]:
+    """Each build of the step's requests (a capture or dummy run has none), each field
+    that names another of its build through ``relation`` (a ``Field`` attribute), and
+    that other field."""
     for b in out.builds:
         if b.how in NO_REAL_ROWS:
             continue
         for f in b.fields:
-            other = b.field(f.agrees_with) if f.agrees_with is not None else None
-            if other is None:
-                continue
-            want, got = real_rows(b, other), real_rows(b, f)
-            if want.shape != got.shape or not np.array_equal(want, got):
-                detail = _difference(want, got, other.name)
-                found.append(Violation("agreement within a build", f.name, b.name, detail))
+            name = getattr(f, relation)
+            other = b.field(name) if name is not None else None
+            if other is not None:
+                yield b, f, other
+
+
+def agreement_within_a_build(out: RunnerStepOutputs) -> list[Violation]:
+    """Every field that names another (``Field.agrees_with``) holds the same real rows as
+    it in each build of the step's requests (a capture or dummy run has none)."""
+    found = []
+    for b, f, other in _related(out, "agrees_with"):
+        want, got = real_rows(b, other), real_rows(b, f)
+        if want.shape != got.shape or not np.array_equal(want, got):
+            detail = _difference(want, got, other.name)
+            found.append(Violation("agreement within a build", f.name, b.name, detail))
     return found
 
 
@@ -586,28 +594,22 @@ def queries_read_their_own_keys(out: RunnerStepOutputs) -> list[Violation]:
     that query reads (``Field.read_in``) reads that key: a causal query attends to
     itself, in each build of the step's requests (a capture or dummy run has none)."""
     found = []
-    for b in out.builds:
-        if b.how in NO_REAL_ROWS:
+    for b, f, reads in _related(out, "read_in"):
+        written = real_rows(b, f)
+        read = _read_entries(real_rows(b, reads), reads, b)
+        if read.ndim != 2 or len(read) != len(written):
+            detail = f"{len(written)} real rows; {reads.name} {tuple(read.shape)}"
+            found.append(Violation("queries read their own keys", f.name, b.name, detail))
             continue
-        for f in b.fields:
-            reads = b.field(f.read_in) if f.read_in is not None else None
-            if reads is None:
-                continue
-            written = real_rows(b, f)
-            read = _read_entries(real_rows(b, reads), reads, b)
-            if read.ndim != 2 or len(read) != len(written):
-                detail = f"{len(written)} real rows; {reads.name} {tuple(read.shape)}"
-                found.append(Violation("queries read their own keys", f.name, b.name, detail))
-                continue
-            unread = np.flatnonzero(~(read == written[:, None]).any(axis=1))
-            if len(unread):
-                r = int(unread[0])
-                seen = read[r][read[r] != -(2**31)]
-                detail = (f"{len(unread)} of {len(written)} real rows write a key they do not "
-                          f"read; first row {r} writes slot {int(written[r])}, reads "
-                          f"{len(seen)} slots of {reads.name}"
-                          f"{f' (last {int(seen[-1])})' if len(seen) else ''}")  # fmt: skip
-                found.append(Violation("queries read their own keys", f.name, b.name, detail))
+        unread = np.flatnonzero(~(read == written[:, None]).any(axis=1))
+        if len(unread):
+            r = int(unread[0])
+            seen = read[r][read[r] != -(2**31)]
+            detail = (f"{len(unread)} of {len(written)} real rows write a key they do not "
+                      f"read; first row {r} writes slot {int(written[r])}, reads "
+                      f"{len(seen)} slots of {reads.name}"
+                      f"{f' (last {int(seen[-1])})' if len(seen) else ''}")  # fmt: skip
+            found.append(Violation("queries read their own keys", f.name, b.name, detail))
     return found
 
 

@@ -761,20 +761,28 @@ class DeepseekV4Engine(decode.SWAAllocated, decode._Engine):
         return super().kv_fields(fields, metadata)
 
 
-class DeepseekV4Life(decode.EngineLife):
-    """The engine of ``sglang-deepseek-v4``: :class:`DeepseekV4Engine`, kept across a
-    life's steps; its graph's replay with the stand-ins in place."""
+class DeepseekV4Served:
+    """What a life of a DeepSeek-V4 engine, the target's or its draft's, adds to its
+    driver: SGLang imported as this module imports it, DeepSeek-V4's server arguments,
+    and an engine of its :attr:`engine_class`."""
 
-    engine_class: type[DeepseekV4Engine] = DeepseekV4Engine
+    engine_class: type
 
     def prepare(self) -> None:
         prepare()
 
-    def make(self, config: Any, device: torch.device, graphs: bool) -> DeepseekV4Engine:
+    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
         return self.engine_class(config, device, graphs=graphs)
 
     def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
         return _server_args(config)
+
+
+class DeepseekV4Life(DeepseekV4Served, decode.EngineLife):
+    """The engine of ``sglang-deepseek-v4``: :class:`DeepseekV4Engine`, kept across a
+    life's steps; its graph's replay with the stand-ins in place."""
+
+    engine_class: type[DeepseekV4Engine] = DeepseekV4Engine
 
     def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
         with vendors():

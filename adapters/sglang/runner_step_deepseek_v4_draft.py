@@ -302,19 +302,13 @@ class DeepseekV4DraftEngine(draft._DraftEngine):
         return StepBuild(how, R, T, fields, self.WHERE[how])
 
 
-class DeepseekV4DraftLife(draft.DraftLife):
+class DeepseekV4DraftLife(dsv4.DeepseekV4Served, draft.DraftLife):
     """The draft of ``sglang-deepseek-v4-draft`` across the steps of one engine."""
 
     engine_class: type[DeepseekV4DraftEngine] = DeepseekV4DraftEngine
 
     def prepare(self) -> None:
-        prepare()
-
-    def make(self, config: EngineConfig, device: torch.device, graphs: bool) -> Any:
-        return self.engine_class(config, device, graphs=graphs)
-
-    def server_args(self, config: EngineConfig, attention_backend: str) -> Any:
-        return dsv4._server_args(config)
+        prepare()  # the draft runner's modules besides the target's
 
     def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
         with self.engine_class.platform():
