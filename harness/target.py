@@ -36,6 +36,7 @@ from attnfuzz.harness.errors import (
 from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.harness.implementation import Implementation
 from attnfuzz.harness.oracle import Check, Mismatch
+from attnfuzz.harness.stack import on_own_stack
 from attnfuzz.harness.traces import refuse_continuing
 from attnfuzz.reference.batch import (
     DEFAULT_FLOAT_DTYPE,
@@ -270,7 +271,7 @@ class Target:
         """:func:`attnfuzz.harness.traces.judge_trace`: ``impl`` over ``trace``'s steps."""
         from attnfuzz.harness.traces import judge_trace
 
-        return judge_trace(self, impl, trace, device, clock)
+        return on_own_stack(judge_trace, self, impl, trace, device, clock)
 
     def refuse_unfixed(self, impl: Implementation, case: Case, where: str | None = None) -> None:
         """Raise :class:`InvalidCase` (one line) when ``case`` differs from a field
@@ -393,8 +394,7 @@ class Target:
         device: torch.device | str | None = None,
         clock: Counter | None = None,
     ) -> Verdict:
-        """Run ``impl`` on ``case`` and compare it with the reference: see
-        :func:`attnfuzz.harness.judging.judge`."""
+        """``impl`` on ``case``, held to the reference: :func:`.judging.judge`."""
         from attnfuzz.harness.judging import judge  # judging needs this module as a type only
 
-        return judge(self, impl, case, device, clock)
+        return on_own_stack(judge, self, impl, case, device, clock)
