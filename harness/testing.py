@@ -15,7 +15,7 @@ of what that search covered read the same run.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from attnfuzz.harness.oracle import Verdict
@@ -191,16 +191,21 @@ def entry_params(
     return out
 
 
-def smallest_cases(target: Target, impl: Implementation) -> list[Case | Trace]:
+def smallest_cases(
+    target: Target, impl: Implementation, engines: Collection[str | None] | None = None
+) -> list[Case | Trace]:
     """The smallest case of each of ``target``'s mutants that has one, in
     registration order, except those ``impl`` was never meant to run (outside
     the engine values it fixes). For an implementation that lives across steps
     (``traced``) they are traces (a case on its own: a trace of one step); for
     any other, the mutants' traces are left out. Mutants that share one smallest case
-    give it once: judging it again would only repeat its verdict."""
+    give it once: judging it again would only repeat its verdict. ``engines``: only
+    the mutants of these engines (None in it: attnfuzz's own); by default every one."""
     out: list[Case | Trace] = []
     for mutant in target.implementations.values():
         if kind_of(mutant) != "mutant" or mutant.smallest is None:
+            continue
+        if engines is not None and mutant.engine not in engines:
             continue
         found = mutant.smallest()
         if isinstance(found, Trace) and not impl.traced:
@@ -228,7 +233,14 @@ def assert_passes(
     ``max_examples`` generated cases (by default the kind's :data:`PASSING_EXAMPLES`)
     find nothing. ``traced``: generate traces of one engine's steps (by default only
     for an implementation that lives across steps). The run is made once per
-    process (see :func:`_once`)."""
+    process (see :func:`_once`).
+
+    An engine's implementation that lives across steps is judged here on the smallest
+    traces of its own engine's mutants and of attnfuzz's own only: another engine's
+    mutant's trace was written to reach that engine's code; here it is one more trace,
+    of seconds (each builds, warms up and captures engines), that claims to reach
+    nothing. The nightly ``test_passes_each_mutants_smallest_case`` judges every
+    mutant's smallest trace on every such implementation."""
     t = get_target(target)
     i = t.resolve(impl)
     traced = i.traced if traced is None else traced
@@ -236,7 +248,8 @@ def assert_passes(
     if traced and i.traced:
         default = PASSING_ENGINE_TRACES if kind_of(i) == "engine" else PASSING_OWN_TRACES
     budget = max_examples if max_examples is not None else default
-    explicit = smallest_cases(t, i) if traced == i.traced else []
+    engines = (None, i.engine) if i.engine is not None and i.traced else None
+    explicit = smallest_cases(t, i, engines) if traced == i.traced else []
 
     def run() -> RunResult:
         result = fuzz(

@@ -147,9 +147,10 @@ def test_passes_a_derandomized_trace_search(target, impl):
 
 def _judged_by_its_search(param):
     """``param`` with the ``slow`` and ``nightly`` marks where the implementation is an
-    engine's that lives across steps: its derandomized search above judges each of these
-    traces first (explicit examples; it stops at the first failing one), each a whole
-    engine life of seconds; this test's use, naming every failing one, is nightly's."""
+    engine's that lives across steps, each trace a whole engine life of seconds: its
+    derandomized search above judges first those of its own engine's mutants and of
+    attnfuzz's own (explicit examples; it stops at the first failing one); this test,
+    judging every mutant's and naming every failing one, is nightly's."""
     target, name = param.values
     impl = get_target(target).implementations[name]
     late = [pytest.mark.slow, pytest.mark.nightly] if impl.engine and impl.traced else []
