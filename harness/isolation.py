@@ -44,6 +44,7 @@ from attnfuzz.harness.errors import HarnessError, UsageError
 from attnfuzz.harness.faults import crash_mismatch, describe_fault, exit_detail, timeout_mismatch
 from attnfuzz.harness.lifetime import die_with_parent, scratch_dir
 from attnfuzz.harness.oracle import Check, Mismatch, Verdict
+from attnfuzz.harness.stack import on_own_stack
 from attnfuzz.harness.target import Implementation, Target
 from attnfuzz.harness.traces import judge_trace
 from attnfuzz.reference.batch import Case
@@ -118,7 +119,7 @@ def _child(
         try:
             if traced:
                 trace = Trace.from_dict(message)
-                verdict = judge_trace(target, impl, trace, device, clock, on_step)
+                verdict = on_own_stack(judge_trace, target, impl, trace, device, clock, on_step)
             else:
                 verdict = target.judge(impl, Case.from_dict(message), device, clock)
             reply: tuple = ("verdict", _verdict_state(verdict), dict(clock))

@@ -7,7 +7,8 @@ import resource
 import sys
 
 import pytest
-from attnfuzz.harness import traces
+from attnfuzz.harness import isolation, traces
+from attnfuzz.harness.oracle import Verdict
 from attnfuzz.harness.registry import get_target
 from attnfuzz.harness.stack import on_own_stack
 from attnfuzz.harness.target import Implementation, Kind
@@ -93,3 +94,19 @@ def test_every_judgement_runs_on_its_own_stack(monkeypatch):
     monkeypatch.setattr(traces, "judge_trace", lambda *a: seen.append(_runs_on_own_stack()))
     target.judge_trace(impl, Trace(hand_case((1,), (3,)).config, ()))
     assert seen == [True, True]
+
+
+def test_an_isolated_childs_trace_runs_on_its_own_stack(monkeypatch):
+    """A trace judged in a child process (a campaign's, ``--isolate``) is judged there
+    from the child's own frames, not through :meth:`Target.judge_trace`."""
+
+    def judge_trace(*args) -> Verdict:  # noqa: ANN002
+        if not _runs_on_own_stack():
+            raise AssertionError("judged straight from the child's loop")
+        return Verdict()
+
+    monkeypatch.setattr(isolation, "judge_trace", judge_trace)  # the forked child's too
+    target = get_target("slot-mapping")
+    with isolation.IsolatedJudge(target, target.resolve("triton")) as judge:
+        case = hand_case((1,), (3,))
+        assert judge.judge_trace(Trace(case.config, (case.batch,))).ok
