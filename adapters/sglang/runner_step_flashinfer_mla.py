@@ -34,7 +34,7 @@ Builds: those of :mod:`~attnfuzz.adapters.sglang.runner_step`: ``capture``, ``ea
 graph's wrapper holds and its indices buffer), ``fresh``.
 
 Fields: the runner's ``seq_lens``, ``req_pool_indices``, ``out_cache_loc`` and
-``positions``, and what the MLA kernel reads (:func:`_Read`): ``qo_indptr`` and
+``positions``, and what the MLA kernel reads (:class:`_Read`): ``qo_indptr`` and
 ``kv_indptr`` as offsets, ``kv_len_arr`` by request, ``kv_read_end`` (the end of each
 request's pages in the indices buffer) and ``kv_indices`` (each request's pages, from
 ``kv_indptr[i]``, ``kv_len_arr[i]`` of them: pages of one token, as SGLang plans). And
