@@ -307,6 +307,25 @@ def _never_called(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("attnfuzz's stand-in model: the graph stand-in never runs a forward")
 
 
+KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM = 32, 8, 16
+"""The dimensions of :func:`mla_profile`'s model: MLA plans are handed them, no metadata
+value depends on them."""
+
+
+def mla_profile(runner: Any) -> None:
+    """The stand-in ``runner`` (:func:`_model_runner`) as one of a DeepSeek MLA model, what an
+    MLA backend reads of it at construction: ``use_mla_backend``, the model config's
+    attention architecture, its latent and rope/nope head dimensions and softmax scale."""
+    from sglang.srt.configs.model_config import AttentionArch
+
+    runner.use_mla_backend = True
+    model = runner.model_config
+    model.attention_arch = AttentionArch.MLA
+    model.kv_lora_rank, model.qk_rope_head_dim = KV_LORA_RANK, QK_ROPE_HEAD_DIM
+    model.qk_nope_head_dim = QK_NOPE_HEAD_DIM
+    model.scaling = (QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5
+
+
 # -- one engine ---------------------------------------------------------------------------------
 
 

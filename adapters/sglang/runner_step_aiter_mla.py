@@ -36,9 +36,6 @@ from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOu
 HEADS = 16
 """Query heads a rank: DeepSeek-V3's 128 over tensor-parallel 8."""
 
-KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM = 32, 8, 16
-"""The MLA profile's dimensions: no metadata value depends on them."""
-
 
 def prepare() -> None:
     aiter.prepare()
@@ -61,17 +58,11 @@ class AiterMLAEngine(aiter.AiterEngine):
     def make_backend(self) -> Any:
         """``AiterAttnBackend(model_runner)`` on a DeepSeek MLA profile of
         :data:`HEADS` query heads a rank."""
-        from sglang.srt.configs.model_config import AttentionArch
-
+        decode.mla_profile(self.runner)
         model = self.runner.model_config
-        model.attention_arch = AttentionArch.MLA
         model.num_attention_heads = HEADS
         model.get_num_kv_heads = lambda tp_size, dcp_size=1: 1
-        model.kv_lora_rank, model.qk_rope_head_dim = KV_LORA_RANK, QK_ROPE_HEAD_DIM
-        model.qk_nope_head_dim = QK_NOPE_HEAD_DIM
-        model.v_head_dim = KV_LORA_RANK
-        model.scaling = (QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5
-        self.runner.use_mla_backend = True
+        model.v_head_dim = decode.KV_LORA_RANK
         return super().make_backend()
 
     def accepts(self) -> dict[str, tuple[int, int]]:

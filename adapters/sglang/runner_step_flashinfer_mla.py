@@ -57,9 +57,6 @@ from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOu
 PAGE_SIZE = 1
 """The page size SGLang plans the MLA wrapper with (``call_begin_forward`` hands ``1``)."""
 
-KV_LORA_RANK, QK_ROPE_HEAD_DIM, QK_NOPE_HEAD_DIM = 32, 8, 16
-"""The MLA profile's dimensions: the plan is handed them, no value depends on them."""
-
 
 def prepare() -> None:
     """Import SGLang's runner and FlashInfer MLA backend before a judge forks its child."""
@@ -107,17 +104,11 @@ class FlashInferMLAEngine(flashinfer.FlashInferEngine):
 
     def make_backend(self) -> Any:
         """``FlashInferMLAAttnBackend(model_runner)`` on a DeepSeek MLA model profile."""
-        from sglang.srt.configs.model_config import AttentionArch
         from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
 
         runner = self.runner
         runner.kv_cache_dtype = runner.dtype = flashinfer.DTYPE
-        runner.use_mla_backend = True
-        model = runner.model_config
-        model.attention_arch = AttentionArch.MLA
-        model.kv_lora_rank, model.qk_rope_head_dim = KV_LORA_RANK, QK_ROPE_HEAD_DIM
-        model.qk_nope_head_dim = QK_NOPE_HEAD_DIM
-        model.scaling = (QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM) ** -0.5
+        decode.mla_profile(runner)
         with self.planning():
             return FlashInferMLAAttnBackend(runner)
 
