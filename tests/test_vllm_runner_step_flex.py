@@ -103,3 +103,33 @@ def test_pages_not_a_multiple_of_16_are_declined():
     config = m.smallest_draft_offsets_stale().config
     assert "multiples of 16" in m.declines_config(dataclasses.replace(config, block_size=8))
     assert m.declines_config(config) is None
+
+
+def test_a_full_capture_past_the_model_length_s_pages_raises_and_is_declined():
+    """FULL graphs of a 66-token capture under ``max_model_len`` 48 (pages of 16, rows of
+    8 columns): each dummy request's seq_len 66 takes 5 columns, the builder's persistent
+    buffer 3 (the trace CI's search drew). The kept-apart entry raises in the capture;
+    ``vllm-v1-flex`` declines it; FULL_AND_PIECEWISE (FULL for uniform decodes only), and
+    a capture within the pages, run."""
+    from attnfuzz.harness.registry import get_target
+
+    m = flex()
+    config = dataclasses.replace(
+        m.smallest_capture_past_model_len().config, max_model_len=48, max_num_seqs=7,
+        max_num_batched_tokens=90, num_spec=2, cudagraph_capture_sizes=(6, 39, 66),
+    )  # fmt: skip
+    step = Batch((0, 0), (15, 31), req_ids=(0, 1), pages=((1, 2), (3, 4, 5)), new_pages=(2, 3))
+    trace = Trace(config, (step,))
+    assert m.capture_past_model_len(config)
+    why = m.declines(trace.case(0))
+    assert why is not None and "vllm-v1-flex-capture-past-model-len" in why
+    assert m.declines_engine(trace.case(0)) is None
+    target = get_target("runner-step")
+    verdict = target.judge_trace(target.resolve("vllm-v1-flex-capture-past-model-len"), trace)
+    assert not verdict.ok and "RuntimeError" in str(verdict)
+    for fine in (
+        dataclasses.replace(config, cudagraph_mode="FULL_AND_PIECEWISE"),
+        dataclasses.replace(config, cudagraph_capture_sizes=(6, 39, 48)),
+    ):
+        assert not m.capture_past_model_len(fine)
+        assert target.judge_trace(target.resolve("vllm-v1-flex"), Trace(fine, (step,))).ok

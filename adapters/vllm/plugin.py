@@ -737,6 +737,20 @@ def _runner_step_flex() -> list[Implementation]:
             smallest=_flex_hook("smallest_draft_offsets_stale"),
             **pages,
         ),
+        _step_impl(
+            "runner_step_flex",
+            "run",
+            name="vllm-v1-flex-capture-past-model-len",
+            kind="mutant",
+            description="installed vLLM (V1 runner, FlexAttention, FULL graphs) with a "
+            "capture size past max_model_len's pages: each dummy request's seq_len is the "
+            "capture's token count, and the capture build's block mask outgrows its "
+            "persistent buffer (a RuntimeError of vLLM's own at start-up, docs/findings.md)",
+            trigger=_flex_hook("trigger_capture_past_model_len"),
+            reach=_flex_hook("reach_full_capture"),
+            smallest=_flex_hook("smallest_capture_past_model_len"),
+            **{**pages, "declines": "declines_engine"},
+        ),
     ]
 
 

@@ -32,8 +32,10 @@ context's slot mapping and positions), ``flex.decode_offset`` and ``flex.context
 by request, and ``kv_len``/``kv_slots`` as above. The block mask itself is the
 ``flex-block-mask`` target's.
 
-Declined: ``vllm-v1``'s cases, and pages that are not a multiple of 16
-(``FlexAttentionBackend.get_supported_kernel_block_sizes``).
+Declined: ``vllm-v1``'s cases, pages that are not a multiple of 16
+(``FlexAttentionBackend.get_supported_kernel_block_sizes``), and FULL engines whose
+capture's dummy requests outgrow the builder's persistent block-mask buffer (a
+difference of vLLM's own kept apart as ``vllm-v1-flex-capture-past-model-len``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 
 import numpy as np
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv, runner_table_width
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
@@ -68,9 +70,39 @@ def _backend() -> type:
 
 
 def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1``'s cases, and pages the backend
-    takes no kernel block of."""
+    """Why this engine does not run ``case``: :func:`declines_engine`'s, and an engine
+    whose capture raises in the builder (:func:`capture_past_model_len`, kept apart)."""
+    if capture_past_model_len(case.config):
+        return (
+            "a FULL capture size past max_model_len's pages: each dummy request's seq_len "
+            f"is the capture's token count, wider than {_FLEX} FlexAttentionMetadataBuilder's "
+            "persistent_kv_indices (kept apart as vllm-v1-flex-capture-past-model-len)"
+        )
+    return declines_engine(case)
+
+
+def declines_engine(case: Case) -> str | None:
+    """Why the engine runs ``case`` through other code: ``vllm-v1``'s cases, and pages
+    the backend takes no kernel block of."""
     return declines_config(case.config) or v1.declines(case)
+
+
+def capture_past_model_len(config: EngineConfig) -> bool:
+    """Whether an engine of ``config`` raises while it captures its graphs (vLLM 0.33.0,
+    ``flex_attention.py``). A FULL engine captures every size as a mixed batch, and
+    ``gpu_model_runner.py`` ``_dummy_run`` gives each dummy request ``seq_len =
+    max_query_len = num_tokens``; ``build_for_cudagraph_capture`` keeps that
+    ``max_seq_len``, so ``_build_block_mask_direct`` takes ``cdiv(max_seq_len,
+    block_size)`` columns of the runner's block table (as many as it has: rows are whole
+    128-token spans, ``runner_table_width``) per query block, and ``copy_to_persistent``
+    copies them into ``persistent_kv_indices``, sized for ``cdiv(max_model_len,
+    block_size)`` pages: wider, it raises (a shape mismatch)."""
+    if config.runner != "v1" or config.cudagraph_mode != "FULL":
+        return False
+    size = max(config.cudagraph_capture_sizes, default=0)
+    width = runner_table_width(config.max_model_len, config.block_size)
+    columns = min(cdiv(size, config.block_size), width)
+    return columns > cdiv(config.max_model_len, config.block_size)
 
 
 def declines_config(config: EngineConfig) -> str | None:
@@ -192,5 +224,32 @@ def smallest_draft_offsets_stale() -> Trace:
     config = EngineConfig(
         max_model_len=16, max_num_seqs=1, max_num_batched_tokens=4, block_size=KERNEL_BLOCK,
         num_spec=2, cudagraph_capture_sizes=(), cudagraph_mode="NONE", runner="v1",
+    )  # fmt: skip
+    return Trace(config, (Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,)),))
+
+
+# -- a finding kept apart: a FULL capture size past max_model_len's pages raises --------------
+
+
+def reach_full_capture(trace: Trace | Case) -> bool:
+    """An engine of ``vllm-v1-flex``'s that captures FULL graphs of mixed batches."""
+    c = trace.config
+    return c.runner == "v1" and c.cudagraph_mode == "FULL" and declines_config(c) is None
+
+
+def trigger_capture_past_model_len(trace: Trace | Case) -> bool:
+    """A capture size whose dummy requests take more block-table columns than
+    ``max_model_len``'s pages (:func:`capture_past_model_len`)."""
+    return reach_full_capture(trace) and capture_past_model_len(trace.config)
+
+
+def smallest_capture_past_model_len() -> Trace:
+    """One page of 16 tokens a request (``max_model_len`` 16) and a capture of 32 tokens:
+    the dummy request's seq_len 32 takes two columns of its row of eight, the persistent
+    buffer one. The step (a one-token prefill) is never reached."""
+    config = EngineConfig(
+        max_model_len=16, max_num_seqs=1, max_num_batched_tokens=32, block_size=KERNEL_BLOCK,
+        num_spec=0, cudagraph_capture_sizes=(32,), cudagraph_mode="FULL", cg_support="ALWAYS",
+        runner="v1",
     )  # fmt: skip
     return Trace(config, (Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,)),))
