@@ -75,7 +75,7 @@ runner of its own kernels, its reference) is judged on, in place of its kind's
 search at seed 0), so 120 judge about as many steps as the 300 cases of a one-step
 search."""
 
-PASSING_ENGINE_TRACES = 12
+PASSING_ENGINE_TRACES = 6
 """Generated traces an engine implementation that lives across steps is judged on (in
 place of its kind's :data:`PASSING_EXAMPLES`), after every mutant's smallest trace:
 each trace is several whole steps of the engine's own Python (a runner step: seconds
