@@ -94,3 +94,50 @@ def test_a_graph_last_page_of_no_key_fails_safe_padding(monkeypatch):
     _, step = life(m.run, arrive_then_decode(0))
     found = {(v.field, v.build) for v in ref.violations(step)}
     assert {("kv_last_page_len", "padded"), ("kv_last_page_len", "replay")} <= found, found
+
+
+# -- sglang-aiter-mla-persist: aiter's persistent MLA kernel and its scheduler's plan ---------
+
+
+@pytest.mark.parametrize("num_spec", [0, 2])
+def test_the_persistent_kernel_is_planned_for_each_build_s_own_offsets(num_spec):
+    """32 heads a rank: the backend keeps aiter's persistent MLA kernel on, and every
+    decode or verify build (eager, padded, replayed, fresh) hands the kernel a plan made
+    for its own offsets (``schedule_stale`` 0); the module's globals are put back after
+    each engine's calls; every property holds."""
+    m = _m()
+    from sglang.srt.layers.attention import aiter_backend
+
+    before = {name: getattr(aiter_backend, name) for name in m.AT_IMPORT}
+    extend, step = life(m.run_persist, arrive_then_decode(num_spec))
+    engine = m.PERSIST.engine
+    assert engine.backend.use_mla and engine.module_state["_use_mla_ps_kernel"] is True
+    assert {name: getattr(aiter_backend, name) for name in m.AT_IMPORT} == before
+    assert [b.how for b in step.builds] == ["eager", "padded", "replay", "fresh"]
+    for how in ("eager", "padded", "replay", "fresh"):
+        assert _values(step, how, "schedule_stale") == [0] * len(_values(step, how, "kv_len"))
+    w = num_spec + 1
+    assert _values(step, "eager", "kv_len") == [5 + w, 3 + w, 1 + w]
+    assert ref.violations(extend) == [] and ref.violations(step) == []
+
+
+def test_a_graph_plan_left_at_the_capture_s_offsets_fails_replay(monkeypatch):
+    """The graph's plan made once, at capture, and never again at replay (the replay's
+    ``make_mla_meta_data`` skipped): the replayed kernel walks a plan of the capture's
+    offsets; ``schedule_stale`` tells, where every offset is right."""
+    m = _m()
+    from sglang.srt.layers.attention.aiter_backend import AiterAttnBackend
+
+    own = AiterAttnBackend.make_mla_meta_data
+
+    def capture_only(self: Any, *args: Any, **kwargs: Any) -> Any:
+        work = args[3]
+        if work is getattr(self, "work_metadata", None) and hasattr(work, "attnfuzz_scheduled"):
+            return None  # the persistent buffers, planned once already
+        return own(self, *args, **kwargs)
+
+    monkeypatch.setattr(AiterAttnBackend, "make_mla_meta_data", capture_only)
+    _, step = life(m.run_persist, arrive_then_decode(0))
+    found = {(v.prop, v.field, v.build) for v in ref.violations(step)}
+    assert any(f == "schedule_stale" and b == "replay" for _, f, b in found), found
+    assert not any(f == "schedule_stale" and b == "eager" for _, f, b in found), found

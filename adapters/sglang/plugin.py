@@ -683,6 +683,18 @@ def _runner_step_aiter() -> list[Implementation]:
             traced=True,
         ),
         sglang_impl(
+            "runner_step_aiter_mla",
+            "run_persist",
+            name="sglang-aiter-mla-persist",
+            description=f"installed SGLang: sglang-aiter-mla's step on 32 heads a rank "
+            f"(DeepSeek-V3 over tensor-parallel 4), where {backend} keeps aiter's "
+            "persistent MLA kernel on: make_mla_decode_meta_data_buffer and "
+            "make_mla_meta_data (aiter's scheduler stood in) for the eager decode and "
+            "verify, the graph's persistent work buffers planned at capture and replay, "
+            "schedule_stale held to 0",
+            traced=True,
+        ),
+        sglang_impl(
             "runner_step_aiter",
             "run_decode_indptr_off_buffer",
             name="sglang-aiter-decode-indptr-off-buffer",

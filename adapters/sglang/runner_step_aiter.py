@@ -36,8 +36,10 @@ it binds none, and every metadata call raises ``NameError`` on
 ``unified_attention_3d_mtp`` (imported once, under the stand-in: it reads two of
 aiter's names at import, ``make_kernel_repr`` and ``e4m3_dtype``), and aiter's kernels,
 which refuse to run (the model's forward never runs). No metadata call of the MHA path
-reaches ``aiter`` itself; its MLA schedulers (``get_mla_metadata_v1``,
-``get_ps_metadata_v1`` and their ``_info``) refuse as well. The KV cache and queries
+reaches ``aiter`` itself. The persistent MLA decode kernel's scheduler
+(``get_mla_metadata_v1`` and its ``_info``) is :mod:`attnfuzz.adapters.aiter_schedule`'s
+(an MLA engine's, :mod:`.runner_step_aiter_mla`); the fp8 MLA prefill's
+(``get_ps_metadata_v1`` and its ``_info``, gfx950 only) refuses. The KV cache and queries
 are bf16; the KV buffers are never read.
 
 Builds: those of :mod:`~attnfuzz.adapters.sglang.runner_step` (``capture``, ``eager``,
@@ -74,6 +76,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from attnfuzz.adapters import aiter_schedule
 from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang.runner_step import arrive_then_step, replayed
@@ -139,11 +142,11 @@ def _refused(name: str) -> Callable[..., Any]:
     return kernel
 
 
-def _mla_only(name: str) -> Callable[..., Any]:
-    """One of aiter's MLA schedulers: the MHA path never plans with it."""
+def _gfx950_only(name: str) -> Callable[..., Any]:
+    """The fp8 MLA prefill's scheduler: only a gfx950 GPU plans with it."""
 
     def scheduler(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{name}: an MLA scheduler, which SGLang's MHA path never calls")
+        raise RuntimeError(f"{name}: the fp8 MLA prefill's scheduler (gfx950 only)")
 
     scheduler.__name__ = name.rsplit(".", 1)[-1]
     return scheduler
@@ -176,9 +179,10 @@ def _package(name: str, **names: Any) -> types.ModuleType:
 def _stand_in() -> dict[str, types.ModuleType]:
     """The ``aiter`` package as far as SGLang imports it here, by module name."""
     kernels = {n: _refused(f"aiter.{n}") for n in TRY_IMPORTS["aiter"]}
-    for name in ("get_mla_metadata_info_v1", "get_mla_metadata_v1", "get_ps_metadata_info_v1",
-                 "get_ps_metadata_v1"):  # fmt: skip
-        kernels[name] = _mla_only(f"aiter.{name}")
+    for name in ("get_ps_metadata_info_v1", "get_ps_metadata_v1"):
+        kernels[name] = _gfx950_only(f"aiter.{name}")
+    kernels["get_mla_metadata_info_v1"] = aiter_schedule.get_mla_metadata_info_v1
+    kernels["get_mla_metadata_v1"] = aiter_schedule.get_mla_metadata_v1
     unified = "aiter.ops.triton.attention.unified_attention"
     return {
         "aiter": _package("aiter", **kernels),
@@ -281,15 +285,19 @@ class AiterEngine(decode._Engine):
         runner.prefill_attention_backend_str = "aiter"
         # _resolve_swa_kv_pool asks the allocator for its KV cache (not a sliding-window one).
         allocator = _engine.StandIn(get_kvcache=lambda: pool)
-        with aiter(), _patched(runner, "token_to_kv_pool_allocator", allocator):
+        with self.stepping(), _patched(runner, "token_to_kv_pool_allocator", allocator):
             return AiterAttnBackend(runner)
 
+    def stepping(self) -> contextlib.AbstractContextManager[None]:
+        """What the engine is built, captured and stepped under: ``aiter`` stood in."""
+        return aiter()
+
     def _graph_runner(self) -> Any:
-        with aiter():
+        with self.stepping():
             return super()._graph_runner()
 
     def eager(self, inputs: RunnerStepInputs, mode: str, how: str = "eager") -> StepBuild:
-        with aiter():
+        with self.stepping():
             return super().eager(inputs, mode, how=how)
 
     def persistent_metadata(self, mode: str) -> Any:
@@ -377,7 +385,7 @@ class AiterLife(decode.EngineLife):
         return self.engine_class(config, device, graphs=graphs)
 
     def graph_builds(self, engine: Any, inputs: RunnerStepInputs, mode: str) -> list[StepBuild]:
-        with aiter():
+        with engine.stepping():
             return super().graph_builds(engine, inputs, mode)
 
 

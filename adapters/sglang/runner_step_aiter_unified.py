@@ -92,7 +92,7 @@ from attnfuzz.adapters.sglang import _engine
 from attnfuzz.adapters.sglang import runner_step as decode
 from attnfuzz.adapters.sglang import runner_step_aiter as base
 from attnfuzz.adapters.sglang.runner_step import arrive_then_step, page_slots
-from attnfuzz.adapters.sglang.runner_step_aiter import DTYPE, aiter
+from attnfuzz.adapters.sglang.runner_step_aiter import DTYPE
 from attnfuzz.adapters.sglang.runner_step_flashinfer import _patched
 from attnfuzz.adapters.sglang.triton_backend import HEAD_DIM
 from attnfuzz.reference.batch import Case, EngineConfig
@@ -184,7 +184,7 @@ class UnifiedEngine(base.AiterEngine):
         unified path builds what ``unified_attention`` is handed (recorded)."""
         if mode != "extend":
             return super().eager(inputs, mode, how=how)
-        with aiter():
+        with self.stepping():
             fb = self.forward_batch(inputs, mode)
             self.backend.init_forward_metadata(fb)
             handed = self._extend_handed(fb)

@@ -35,8 +35,9 @@ Stood in, as a gfx942 GPU with AITER has them (nothing of the builder's own code
   (AITER's ``mla.py``: it refuses a query head count not a multiple of 8; the buffers'
   sizes are the vendor's, here one entry each, no kernel of this engine reading them)
   and ``get_mla_metadata_v1``, whose work buffers hold a schedule only AITER's kernel
-  reads: the stand-in keeps, on the work buffer, the query and key offsets it scheduled
-  (``_scheduled``), which is what attnfuzz judges of it.
+  reads: the stand-in keeps, on the work buffer, the query and key offsets it scheduled,
+  which is what attnfuzz judges of it (both from :mod:`attnfuzz.adapters.aiter_schedule`,
+  which SGLang's AITER MLA engine shares).
 
 Fields: ``vllm-v1-mla``'s (the prefills' ``mla.prefill.*``, ``mla.decode.seq_lens``
 the kernel's, ``mla.decode.block_table``; the forward context's slot mapping, the
@@ -72,7 +73,13 @@ from unittest import mock
 
 import numpy as np
 import torch
-from attnfuzz.adapters.standins import VendorContractError, in_sys_modules
+from attnfuzz.adapters.aiter_schedule import (
+    get_mla_metadata_info_v1,
+    get_mla_metadata_v1,
+    schedule_stale,
+    scheduled,
+)
+from attnfuzz.adapters.standins import in_sys_modules
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_mla as mla
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
@@ -87,38 +94,6 @@ GCN_ARCH = "gfx942:sramecc+:xnack-"
 
 
 # -- AITER, as a gfx942 GPU has it ----------------------------------------------------------
-
-
-def get_mla_metadata_info_v1(
-    batch_size: int, max_seqlen_qo: int, num_head_qo: int, q_dtype: torch.dtype,
-    kv_dtype: torch.dtype, is_sparse: bool, fast_mode: bool = True, **kwargs: Any,
-) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:  # fmt: skip
-    """``aiter.get_mla_metadata_info_v1``: the shapes and dtypes of the six work buffers
-    (here one entry each: only AITER's kernels read them)."""
-    if num_head_qo % 8 != 0:
-        raise VendorContractError(f"num_head_qo {num_head_qo} is not a multiple of 8")
-    return (((2,), torch.uint64),) + tuple(((1,), torch.int32) for _ in range(5))
-
-
-def get_mla_metadata_v1(
-    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-    num_heads_per_head_k: int, num_heads_k: int, is_causal: bool,
-    work_meta_data: torch.Tensor, *buffers: torch.Tensor, max_seqlen_qo: int = -1,
-    **kwargs: Any,
-) -> None:  # fmt: skip
-    """``aiter.get_mla_metadata_v1``: the schedule of the decode kernel, made into
-    ``work_meta_data`` and the other work buffers; the stand-in keeps what it was made
-    for on the buffer (:func:`_scheduled`)."""
-    if qo_indptr.dtype != torch.int32 or kv_indptr.dtype != torch.int32:
-        raise VendorContractError(f"indptrs must be int32: {qo_indptr.dtype}, {kv_indptr.dtype}")
-    if qo_indptr.shape != kv_indptr.shape:
-        raise VendorContractError(
-            f"qo_indptr {tuple(qo_indptr.shape)} and kv_indptr {tuple(kv_indptr.shape)} "
-            "describe different batches"
-        )
-    work_meta_data.attnfuzz_scheduled = SimpleNamespace(
-        qo_indptr=qo_indptr.clone(), kv_indptr=kv_indptr.clone(), max_seqlen_qo=max_seqlen_qo
-    )
 
 
 AITER = types.ModuleType("aiter")
@@ -181,13 +156,7 @@ def declines_config(config: EngineConfig) -> str | None:
 
 def _scheduled(meta: Any) -> SimpleNamespace | None:
     """What the decode schedule the kernel reads was made for (None: no schedule)."""
-    work = getattr(meta, "work_meta_data", None)
-    return None if work is None else getattr(work, "attnfuzz_scheduled", None)
-
-
-def _differing(got: torch.Tensor, want: torch.Tensor) -> int:
-    """How many entries of ``got`` are not ``want``'s (all of them, shapes apart)."""
-    return int((got != want).sum()) if got.shape == want.shape else max(got.numel(), 1)
+    return scheduled(getattr(meta, "work_meta_data", None))
 
 
 def _freeze(meta: Any) -> SimpleNamespace:
@@ -207,23 +176,11 @@ def _freeze(meta: Any) -> SimpleNamespace:
         last_page_len=d.paged_kv_last_page_len.clone(), max_qo_len=int(d.max_qo_len),
         schedule_stale=None,
     )  # fmt: skip
-    scheduled = _scheduled(meta) if d.has_persistent_metadata else None
-    if scheduled is not None:
-        stale = schedule_stale(d.qo_indptr, d.paged_kv_indptr, scheduled)
-        out.aiter.schedule_stale = stale + int(scheduled.max_seqlen_qo != d.max_qo_len)
+    plan = _scheduled(meta) if d.has_persistent_metadata else None
+    if plan is not None:
+        stale = schedule_stale(d.qo_indptr, d.paged_kv_indptr, plan)
+        out.aiter.schedule_stale = stale + int(plan.max_seqlen_qo != d.max_qo_len)
     return out
-
-
-def schedule_stale(
-    qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, scheduled: SimpleNamespace
-) -> int:
-    """How many of the offsets a decode kernel is handed differ from those its schedule
-    was made for, over the batch entries the schedule covers (all of them, where the
-    kernel is handed fewer). Entries past those are a FULL graph's padding tokens, to
-    which the schedule gives no work: their keys are judged by their own fields."""
-    covered = int(scheduled.kv_indptr.numel())
-    stale = _differing(qo_indptr[:covered], scheduled.qo_indptr)
-    return stale + _differing(kv_indptr[:covered], scheduled.kv_indptr)
 
 
 def _by_request(flat: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
