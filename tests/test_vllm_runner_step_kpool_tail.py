@@ -100,3 +100,35 @@ def test_a_dummy_run_into_the_held_requests_ring_is_kept_apart():
         and "slot 1," in x.got
         for x in verdict.mismatches
     )  # fmt: skip
+
+
+def test_graph_padding_of_a_full_batch_stores_into_its_last_requests_ring():
+    """One request at a time, one token in the FULL graph of 2: the dispatcher adds no
+    padding request (``max_num_seqs`` 1), and ``compute_kpool_tail_slot_mapping`` maps
+    the padding token to the request: slot 4, position 0's row of its ring (block 1),
+    in the padded and replayed builds. The kept-apart entry fails *padding writes no
+    real state* there; ``vllm-v1-kpool-tail`` declines the step; with room for a padding
+    request (``max_num_seqs`` 2) the padding token stores nowhere and every property
+    holds."""
+    m = kpool_tail()
+    trace = m.smallest_padding_last_request()
+    case = trace.case(0)
+    assert m.pads_past_the_last_request(case)
+    why = m.declines(case)
+    assert why is not None and "vllm-v1-kpool-tail-padding-last-request" in why
+    assert m.declines_engine(case) is None
+    (out,) = run_trace(trace, m.run)
+    for how in ("padded", "replay"):
+        (build,) = own(out, how)
+        assert values(build, "kpool.slot_mapping") == [4, 4], how
+    found = {(v.prop, v.field, v.build) for v in ref.violations(out)}
+    assert found == {
+        ("padding writes no real state", "kpool.slot_mapping", "padded"),
+        ("padding writes no real state", "kpool.slot_mapping", "replay"),
+    }
+    roomy = Trace(dataclasses.replace(trace.config, max_num_seqs=2), trace.steps)
+    assert not m.pads_past_the_last_request(roomy.case(0))
+    (out,) = run_trace(roomy, m.run)
+    (build,) = own(out, "padded")
+    assert values(build, "kpool.slot_mapping")[1:] == [-1]
+    assert ref.violations(out) == []

@@ -862,6 +862,21 @@ def _runner_step_rocm() -> list[Implementation]:
             smallest=_lazy("runner_step_kpool_tail", "smallest_dummy_held_rows"),
             traced=True,
         ),
+        _step_impl(
+            "runner_step_kpool_tail",
+            "run",
+            name="vllm-v1-kpool-tail-padding-last-request",
+            kind="mutant",
+            description="installed vLLM (V1 runner, a kpool tail ring, FULL graphs) on "
+            "steps of max_num_seqs requests padded to a graph: no padding request takes "
+            "the padding tokens, and compute_kpool_tail_slot_mapping stores them into the "
+            "last request's ring (a difference of vLLM's own, docs/findings.md)",
+            declines="declines_engine",
+            trigger=_lazy("runner_step_kpool_tail", "trigger_padding_last_request"),
+            reach=_lazy("runner_step_kpool_tail", "reach_full_graph_padding"),
+            smallest=_lazy("runner_step_kpool_tail", "smallest_padding_last_request"),
+            traced=True,
+        ),
         *(
             _step_impl(
                 "runner_step_inkling",

@@ -35,8 +35,18 @@ finds for a GDN layer's state.
 
 The ring's block is a request's first page (:class:`.runner_step_qsa.RingBlocks`).
 
-Declined: ``vllm-v1``'s cases, and pages the ring does not divide
-(``Glm5NextTailCache.get_kv_cache_spec`` asserts it).
+Kept apart, ``vllm-v1-kpool-tail-padding-last-request``: a FULL graph's padding tokens
+where the step already has ``max_num_seqs`` requests. The dispatcher pads the requests to
+``min(padded tokens, max_num_seqs)`` (``cudagraph_dispatcher.py``
+``_create_padded_batch_descriptor``), so no padding request takes the padding tokens;
+the builder hands ``compute_kpool_tail_slot_mapping`` the padded ``num_actual_tokens``,
+and the function maps the tokens past the last request's boundary to that request (its
+kernel's comment: "Tokens past the last request's boundary (if any) also map to it"):
+they store into a real request's ring.
+
+Declined: ``vllm-v1``'s cases, pages the ring does not divide
+(``Glm5NextTailCache.get_kv_cache_spec`` asserts it), and the steps of that finding
+(:func:`pads_past_the_last_request`).
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks, prefill_then_decode
 from attnfuzz.adapters.vllm.runner_step_qsa import RingBlocks, ring_block_field, ring_declines
-from attnfuzz.reference.batch import Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
 
@@ -81,9 +91,37 @@ def ring_rows(config: EngineConfig) -> int:
 
 
 def declines(case: Case) -> str | None:
-    """Why this engine does not run ``case``: ``vllm-v1``'s cases, and pages the ring
-    does not divide."""
+    """Why this engine does not run ``case``: :func:`declines_engine`'s, and a step whose
+    graph padding the last request takes (kept apart)."""
+    if pads_past_the_last_request(case):
+        return (
+            "a FULL graph pads the step's tokens while it holds max_num_seqs requests: "
+            "compute_kpool_tail_slot_mapping maps the padding tokens to the last request's "
+            "ring (kept apart as vllm-v1-kpool-tail-padding-last-request)"
+        )
+    return declines_engine(case)
+
+
+def declines_engine(case: Case) -> str | None:
+    """Why the engine runs ``case`` through other code: ``vllm-v1``'s cases, and pages
+    the ring does not divide."""
     return declines_config(case.config) or v1.declines(case)
+
+
+def pads_past_the_last_request(case: Case) -> bool:
+    """Whether ``case``'s step may run in a FULL graph padded past its tokens while it
+    holds ``max_num_seqs`` requests (so no padding request is added). Conservative: any
+    graph step of that many requests whose token count (or a data-parallel peer's) is
+    not itself a capture size."""
+    config, batch = case.config, case.batch
+    if config.runner != "v1" or "FULL" not in config.cudagraph_mode or not batch.use_cudagraph:
+        return False
+    if len(batch.q_lens) < config.max_num_seqs or not config.cudagraph_capture_sizes:
+        return False
+    tokens = max(sum(batch.q_lens), batch.dp_peer_tokens)
+    return tokens <= max(config.cudagraph_capture_sizes) and (
+        tokens not in config.cudagraph_capture_sizes
+    )
 
 
 def declines_config(config: EngineConfig) -> str | None:
@@ -163,3 +201,31 @@ def smallest_dummy_held_rows() -> Trace:
     """One request prefills 5 tokens, then decodes one: the dummy run between the two
     stores into the request's ring (block 1)."""
     return prefill_then_decode("v1", 0)
+
+
+# -- a finding kept apart: a FULL graph's padding tokens stored into the last request's ring --
+
+
+def reach_full_graph_padding(found: Trace | Case) -> bool:
+    """A V1 engine of ``vllm-v1-kpool-tail``'s that runs steps in FULL graphs."""
+    c = found.config
+    return c.runner == "v1" and "FULL" in c.cudagraph_mode and declines_config(c) is None
+
+
+def trigger_padding_last_request(found: Trace | Case) -> bool:
+    """A step of :func:`pads_past_the_last_request`."""
+    trace = found if isinstance(found, Trace) else Trace(found.config, (found.batch,))
+    return reach_full_graph_padding(found) and any(
+        pads_past_the_last_request(c) for c in trace.cases()
+    )
+
+
+def smallest_padding_last_request() -> Trace:
+    """One request at a time prefills one token, in the FULL graph of 2: the padding
+    token stores into the request's ring at position 0's row (slot 4 of block 1)."""
+    config = EngineConfig(
+        max_model_len=16, max_num_seqs=1, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL", cg_support="ALWAYS",
+        runner="v1",
+    )  # fmt: skip
+    return Trace(config, (Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,)),))
