@@ -62,7 +62,7 @@ from attnfuzz.adapters.vllm.runner_step import held_between_steps, num_blocks, p
 from attnfuzz.adapters.vllm.runner_step_qsa import RingBlocks, ring_block_field, ring_declines
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
-from attnfuzz.reference.trace import Trace
+from attnfuzz.reference.trace import Trace, as_trace
 
 _TAIL = "vllm/models/glm5next/common/attention.py"
 KPOOL = 4  # the indexer's pool (index_kpool)
@@ -214,9 +214,8 @@ def reach_full_graph_padding(found: Trace | Case) -> bool:
 
 def trigger_padding_last_request(found: Trace | Case) -> bool:
     """A step of :func:`pads_past_the_last_request`."""
-    trace = found if isinstance(found, Trace) else Trace(found.config, (found.batch,))
     return reach_full_graph_padding(found) and any(
-        pads_past_the_last_request(c) for c in trace.cases()
+        pads_past_the_last_request(c) for c in as_trace(found).cases()
     )
 
 
