@@ -261,6 +261,7 @@ def test_a_step_whose_pages_do_not_hold_the_drafters_lookahead_is_declined():
         ("vllm-dflash", "DFLASH"),
         ("vllm-v1", "MTP"),
         ("vllm-v1-dflash", "DFLASH"),
+        ("vllm-v1-draft-model", "STANDALONE_AR"),
         ("vllm-v1-step3p5-mtp", "STEP3P5_MTP"),
     ],
 )

@@ -72,6 +72,37 @@ dflash_step_admits = functools.partial(admits_under, lookahead=dflash_num_lookah
 """The limits of a step of an engine with a DFlash drafter (a bonus query and one a
 draft reserved)."""
 
+DRAFT_SLOTS = 1
+"""``SpeculativeConfig.max_num_new_slots_for_drafting`` of a draft model without
+parallel drafting (``config/speculative.py``): the bonus token's row."""
+
+
+def draft_slots_declines(num_tokens: int, num_reqs: int, budget: int) -> str | None:
+    """A step whose tokens and one drafting slot a request pass the step budget:
+    ``Scheduler.schedule`` (``v1/core/sched/scheduler.py``) takes ``num_new_tokens +
+    draft_slots`` from its ``input_budget`` (``max_num_batched_tokens``) for each request
+    it schedules, so vLLM never schedules such a step under a draft model (whose
+    proposer's buffers, of ``max_num_batched_tokens`` rows, hold what it does
+    schedule and the slots)."""
+    need = num_tokens + DRAFT_SLOTS * num_reqs
+    if need > budget:
+        return (
+            f"{num_tokens} tokens and {DRAFT_SLOTS} drafting slot a request for "
+            f"{num_reqs} requests ({need}) pass max_num_batched_tokens {budget}: vLLM's "
+            "scheduler reserves max_num_new_slots_for_drafting a request "
+            "(v1/core/sched/scheduler.py: Scheduler.schedule)"
+        )
+    return None
+
+
+def draft_model_step_admits(inputs: Any) -> str | None:
+    """The limits of a step of an engine with a draft-model drafter: :func:`step_admits`
+    and the scheduler's drafting slots (:func:`draft_slots_declines`)."""
+    return step_admits(inputs) or draft_slots_declines(
+        int(sum(inputs.query_lens)), len(inputs.query_lens), inputs.config.max_num_batched_tokens
+    )
+
+
 ngram_step_admits = functools.partial(admits_under, lookahead=None)
 """The limits of a step of an engine with an n-gram drafter (it reserves no lookahead)."""
 

@@ -428,6 +428,9 @@ _mamba_hybrid_hook = functools.partial(_lazy, "runner_step_mamba_hybrid")
 _v1_hook = functools.partial(_lazy, "runner_step_v1")
 
 
+_v1_draft_model_hook = functools.partial(_lazy, "runner_step_v1_draft_model")
+
+
 _hybrid_hook = functools.partial(_lazy, "runner_step_hybrid")
 
 
@@ -1826,6 +1829,7 @@ def _runner_step() -> list[Implementation]:
         _step_impl(
             "runner_step_standalone_ar",
             "run",
+            admits=limits.draft_model_step_admits,
             name="vllm-standalone-ar",
             description="installed vLLM (V2 runner) with a standalone draft model: the "
             "vllm step, its speculative config's draft_model method making vllm/v1/worker/"
@@ -1930,6 +1934,36 @@ def _runner_step() -> list[Implementation]:
             trigger=_v1_dflash_hook("trigger_padding_slots_stale"),
             reach=_v1_dflash_hook("reach_v1_dflash"),
             smallest=_v1_dflash_hook("smallest_padding_slots_stale"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_draft_model",
+            "run",
+            admits=limits.draft_model_step_admits,
+            name="vllm-v1-draft-model",
+            description="installed vLLM (V1 runner) with a separate draft model: vllm-v1's "
+            "step, its speculative config's draft_model method making vllm/v1/spec_decode/"
+            "draft_model.py:DraftModelProposer, whose set_inputs_first_pass takes the extra "
+            "input slot (copy_and_expand_eagle_inputs_kernel, compute_new_slot_mapping, "
+            "extend_all_queries_by_N) and whose draft forwards run after each step in the "
+            "runner's own sample_tokens",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_draft_model",
+            "run_padding_slots_stale",
+            admits=limits.draft_model_step_admits,
+            name="vllm-v1-draft-model-padding-slots-stale",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, a draft model) with "
+            "SpecDecodeBaseProposer._get_slot_mapping not giving the rows past the expanded "
+            "query the padding slot: a padded first draft forward writes its padding "
+            "tokens' K/V at an earlier proposal's slots",
+            trigger=_v1_draft_model_hook("trigger_padding_slots_stale"),
+            reach=_v1_draft_model_hook("reach_v1_draft_model"),
+            smallest=_v1_draft_model_hook("smallest_padding_slots_stale"),
             traced=True,
         ),
         _step_impl(

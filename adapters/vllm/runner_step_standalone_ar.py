@@ -19,6 +19,11 @@ Stood in: the draft model (``load_draft_model``: the stand-in of
 :mod:`.runner_step_speculator`, its attention layer in the target's KV-cache group),
 and what :mod:`.runner_step` stands in.
 
+Declined: what ``vllm`` declines, engines without drafts, and steps that leave no room
+for the drafter's slot a request, which vLLM's ``Scheduler.schedule`` keeps out of
+``max_num_batched_tokens`` (:func:`.limits.draft_slots_declines`; drawn inside it,
+``limits.draft_model_step_admits``).
+
 One rank: the graph engine has no data-parallel peer (nor the idle rank's dummy runs
 that come with one). With one (a MoE target and a data-parallel size of 2),
 ``propose`` hands the draft forwards the target's ``num_tokens_across_dp``, and
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
+from attnfuzz.adapters.vllm.limits import draft_slots_declines
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
 
@@ -42,10 +48,15 @@ def prepare() -> None:
 
 
 def declines(case: Case) -> str | None:
-    """What :func:`.runner_step.declines` declines, and engines with no draft to run."""
+    """What :func:`.runner_step.declines` declines, engines with no draft to run, and
+    steps without room for the drafting slots vLLM's scheduler keeps
+    (:func:`.limits.draft_slots_declines`)."""
     if case.config.num_spec == 0:
         return "no speculative config: no speculator to run"
-    return runner_step.declines(case)
+    b = case.batch
+    return draft_slots_declines(
+        sum(b.q_lens), len(b.q_lens), case.config.max_num_batched_tokens
+    ) or runner_step.declines(case)
 
 
 class StandaloneAREngine(runner_step.RunnerStepEngine):
