@@ -592,16 +592,26 @@ def agreement_within_a_build(out: RunnerStepOutputs) -> list[Violation]:
 def queries_read_their_own_keys(out: RunnerStepOutputs) -> list[Violation]:
     """Every real row of a field that names where a query writes its key and the field
     that query reads (``Field.read_in``) reads that key: a causal query attends to
-    itself, in each build of the step's requests (a capture or dummy run has none)."""
+    itself, in each build of the step's requests (a capture or dummy run has none). A
+    row whose slot is negative writes no key. Where the keys read are a request's
+    (rows ``requests``) and the keys written a token's, each token is held to its
+    request's keys, the request the build's ``query_start_loc`` puts it in."""
     found = []
     for b, f, reads in _related(out, "read_in"):
         written = real_rows(b, f)
         read = _read_entries(real_rows(b, reads), reads, b)
+        if reads.rows == "requests" and f.rows == "tokens" and read.ndim == 2:
+            owner = _token_requests(b, len(written))
+            if owner is None:
+                detail = f"{len(written)} real tokens beyond the build's query_start_loc"
+                found.append(Violation("queries read their own keys", f.name, b.name, detail))
+                continue
+            read = read[owner]
         if read.ndim != 2 or len(read) != len(written):
             detail = f"{len(written)} real rows; {reads.name} {tuple(read.shape)}"
             found.append(Violation("queries read their own keys", f.name, b.name, detail))
             continue
-        unread = np.flatnonzero(~(read == written[:, None]).any(axis=1))
+        unread = np.flatnonzero((written >= 0) & ~(read == written[:, None]).any(axis=1))
         if len(unread):
             r = int(unread[0])
             seen = read[r][read[r] != -(2**31)]
@@ -611,6 +621,18 @@ def queries_read_their_own_keys(out: RunnerStepOutputs) -> list[Violation]:
                       f"{f' (last {int(seen[-1])})' if len(seen) else ''}")  # fmt: skip
             found.append(Violation("queries read their own keys", f.name, b.name, detail))
     return found
+
+
+def _token_requests(build: StepBuild, tokens: int) -> np.ndarray | None:
+    """The request of each of the first ``tokens`` rows, by the build's
+    ``query_start_loc`` (None: it has none, or it does not hold them all)."""
+    qsl = build.field("query_start_loc")
+    if qsl is None:
+        return None
+    starts = real_rows(build, qsl).astype(np.int64)
+    if len(starts) == 0 or starts[0] != 0 or starts[-1] < tokens:
+        return None
+    return np.searchsorted(starts, np.arange(tokens), side="right") - 1
 
 
 def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:

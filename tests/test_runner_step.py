@@ -331,6 +331,34 @@ def test_a_query_whose_window_lacks_the_key_it_writes_fails_reading_its_own_key(
     assert not ref.queries_read_their_own_keys(outputs(unmarked))
 
 
+def test_a_token_is_held_to_its_requests_keys_where_the_keys_read_are_a_requests():
+    """Where the keys read are a request's (``kv_slots``, rows ``requests``, as vLLM's
+    kernels read a sequence's first ``seq_lens`` keys), each token is held to the keys
+    of the request ``query_start_loc`` puts it in: tokens 0-1 are request 0's (slots 19
+    and 28 among 18, 19, 28), token 2 request 1's (10). A request that stops one key
+    short fails at its token; a negative slot writes no key; a build with no
+    ``query_start_loc`` holding the tokens fails. With the per-token mapping removed
+    (each token held to row ``i`` of the requests' table) this test fails."""
+    kv = ref.Field("kv_slots", "requests", np.array([[18, 19, 28], [9, 10, 0]]),
+                   row_lengths=np.array([3, 2]))  # fmt: skip
+
+    def reading(b: ref.StepBuild, table: ref.Field = kv) -> ref.StepBuild:
+        fields = [dataclasses.replace(f, read_in="kv_slots") if f.name == "slot_mapping"
+                  else f for f in b.fields]  # fmt: skip
+        return dataclasses.replace(b, fields=(*fields, table))
+
+    assert not ref.queries_read_their_own_keys(outputs(reading(build("eager"))))
+    short = dataclasses.replace(kv, row_lengths=np.array([2, 2]))  # 28 no longer read
+    (v,) = ref.queries_read_their_own_keys(outputs(reading(build("eager"), short)))
+    assert v.detail == ("1 of 3 real rows write a key they do not read; first row 1 "
+                        "writes slot 28, reads 2 slots of kv_slots (last 19)")  # fmt: skip
+    skipped = reading(build("eager", slot_mapping=[19, -1, 10]), short)
+    assert not ref.queries_read_their_own_keys(outputs(skipped))
+    cut = reading(build("eager", query_start_loc=[0, 1, 2]))
+    (v,) = ref.queries_read_their_own_keys(outputs(cut))
+    assert v.detail == "3 real tokens beyond the build's query_start_loc"
+
+
 def test_every_build_but_a_capture_run_reports_the_steps_real_sizes():
     short = ref.StepBuild("padded", 3, 3, build("padded", pad=True).fields)
     found = compare(None, None, EXPECTED, outputs(build("eager"), short))

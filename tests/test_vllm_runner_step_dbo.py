@@ -97,15 +97,22 @@ def test_a_split_decode_is_padded_across_ranks_captured_then_replayed():
         assert values(second, "slot_mapping") == [52, -1]
 
 
-def test_the_mutant_fails_micro_batch_agreement_alone_on_its_smallest_trace():
+def test_the_mutant_fails_on_the_micro_batch_offsets_alone_on_its_smallest_trace():
+    """The micro-batch's offsets not rebased: micro-batch agreement fails on them, and
+    so does queries-read-their-own-keys, which reads each token's request through the
+    same offsets (they no longer start at 0); nothing else, and no other build."""
     dbo = adapter()
     trace = dbo.smallest_not_rebased()
     assert dbo.trigger_not_rebased(trace)
     dbo.run_not_rebased.new_engine()
     (case,) = trace.cases()
     found = ref.violations(dbo.run_not_rebased(ref.make_inputs(case)))
-    assert found and {v.prop for v in found} == {"micro-batch agreement"}
-    assert {(v.field, v.build) for v in found} == {("query_start_loc", "microbatch")}
+    assert {(v.prop, v.field, v.build) for v in found} == {
+        ("micro-batch agreement", "query_start_loc", "microbatch"),
+        ("queries read their own keys", "slot_mapping", "microbatch"),
+    }
+    (keys,) = [v for v in found if v.prop == "queries read their own keys"]
+    assert keys.detail.endswith("beyond the build's query_start_loc")
 
 
 def test_microbatch_agreement_judges_a_cut_request_through_its_key_reads():

@@ -83,3 +83,21 @@ def test_stale_padding_slots_are_caught():
     outs = run(a.run_padding_slots_stale, trace)
     found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
     assert found == {("padding writes no real KV", "slot_mapping", "padded.draft0")}, found
+
+
+def test_a_query_not_lengthened_in_seq_lens_reads_short_of_its_own_key():
+    """The mutant ``vllm-v1-draft-model-seq-lens-unextended`` (``extend_all_queries_by_N``
+    leaving ``seq_lens`` as the target's): the bonus token's row writes its key at
+    position 2 and reads the request's first 2 keys, caught by queries-read-their-own-
+    keys on every build of the proposal (each draft decode after it reads one short
+    too); ``vllm-v1-draft-model`` passes the same trace."""
+    a = adapter()
+    trace = a.smallest_seq_lens_unextended()
+    assert a.reach_v1_draft_model(trace) and a.trigger_seq_lens_unextended(trace)
+    a.run.new_engine()
+    assert [ref.violations(out) for out in run(a.run, trace)] == [[]]
+    a.run_seq_lens_unextended.new_engine()
+    (out,) = run(a.run_seq_lens_unextended, trace)
+    found = {(v.prop, v.field, v.build) for v in ref.violations(out)}
+    assert ("queries read their own keys", "slot_mapping", "eager.draft0") in found
+    assert {prop for prop, _, _ in found} == {"queries read their own keys"}

@@ -1967,6 +1967,21 @@ def _runner_step() -> list[Implementation]:
             traced=True,
         ),
         _step_impl(
+            "runner_step_v1_draft_model",
+            "run_seq_lens_unextended",
+            admits=limits.draft_model_step_admits,
+            name="vllm-v1-draft-model-seq-lens-unextended",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, a draft model) with "
+            "extend_all_queries_by_N not lengthening seq_lens by the drafting slot: the "
+            "bonus token's row writes a key its attention does not read",
+            trigger=_v1_draft_model_hook("trigger_seq_lens_unextended"),
+            reach=_v1_draft_model_hook("reach_v1_draft_model"),
+            smallest=_v1_draft_model_hook("smallest_seq_lens_unextended"),
+            traced=True,
+        ),
+        _step_impl(
             "runner_step_v1_step3p5",
             "run",
             name="vllm-v1-step3p5-mtp",

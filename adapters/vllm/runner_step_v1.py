@@ -99,7 +99,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -746,8 +746,18 @@ class _Engine:
 
     def fields(self, seen: _Seen) -> tuple[Field, ...]:
         """Every field a consumer reads of one forward (:func:`_fields`), and what the
-        backend's kernels read of the KV cache (:meth:`kv_fields`)."""
-        return _fields(self.config, seen, self.kernel_block_size()) + self.kv_fields(seen)
+        backend's kernels read of the KV cache (:meth:`kv_fields`); where those are the
+        Triton kernel's, the slot mapping names them as the keys each token's query
+        reads (``Field.read_in``, *queries read their own keys*)."""
+        fields = _fields(self.config, seen, self.kernel_block_size()) + self.kv_fields(seen)
+        if type(self).kv_read is not _Engine.kv_read:
+            return fields
+        # A causal query attends to its own key: each token's slot is among the first
+        # seq_lens keys of its request that the Triton kernel reads (kv_read). Another
+        # backend's keys read are its own to relate to the slots it writes.
+        return tuple(
+            replace(f, read_in="kv_slots") if f.name == "slot_mapping" else f for f in fields
+        )
 
     def kernel_block_size(self) -> int:
         """The attention group's kernel block size: the unit of its block table

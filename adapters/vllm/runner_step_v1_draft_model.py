@@ -30,13 +30,16 @@ schedules its tokens plus ``max_num_new_slots_for_drafting`` against
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm import runner_step_v1_dflash as dflash
 from attnfuzz.adapters.vllm.limits import DRAFT_SLOTS, draft_slots_declines
-from attnfuzz.reference.batch import Case
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
@@ -101,6 +104,34 @@ _MUTATED = v1.Mutated(DraftModelRunnerStepEngine(), dflash._padding_slots_stale)
 run_padding_slots_stale.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def _seq_lens_unextended() -> Iterator[None]:
+    """The defect: ``extend_all_queries_by_N`` lengthening each request's query by the
+    drafting slot but not its ``seq_lens``: the bonus token's row writes its key at the
+    request's next position, and the draft forward's attention reads the request's
+    keys only up to the one before (and each draft decode after it one short)."""
+    from vllm.v1.spec_decode import llm_base_proposer
+
+    original = llm_base_proposer.extend_all_queries_by_N
+
+    def unextended(cad: Any, N: int, arange: Any, new_slot_mapping: Any) -> Any:
+        new = original(cad, N, arange, new_slot_mapping)
+        return new.replace(seq_lens=cad.seq_lens, max_seq_len=cad.max_seq_len)
+
+    with mock.patch.object(llm_base_proposer, "extend_all_queries_by_N", unextended):
+        yield
+
+
+def run_seq_lens_unextended(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v1-draft-model-seq-lens-unextended``: ``vllm-v1-draft-model``
+    with :func:`_seq_lens_unextended` in force."""
+    return _UNEXTENDED(inputs)
+
+
+_UNEXTENDED = v1.Mutated(DraftModelRunnerStepEngine(), _seq_lens_unextended)
+run_seq_lens_unextended.new_engine = _UNEXTENDED.engine.new_engine  # type: ignore[attr-defined]
+
+
 # -- the mutant's trigger -------------------------------------------------------------------
 
 
@@ -134,3 +165,19 @@ def trigger_padding_slots_stale(trace: Trace | Case) -> bool:
 smallest_padding_slots_stale = dflash.smallest_padding_slots_stale
 """The smallest trace of the mutant: ``vllm-v1-dflash``'s (three requests prefill, two
 of them then decode with both drafts; the second proposal, 8 rows, padded to 9)."""
+
+
+def trigger_seq_lens_unextended(trace: Trace | Case) -> bool:
+    """Any proposal: every step of a drafting engine ends in one, whose first forward
+    extends each request's query."""
+    return reach_v1_draft_model(trace)
+
+
+def smallest_seq_lens_unextended() -> Trace:
+    """One request prefills 2 tokens; the proposal after it extends the query to 3
+    rows, the bonus token's key at position 2 and ``seq_lens`` 2."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=1, max_num_batched_tokens=16, block_size=16,
+        num_spec=1, cudagraph_capture_sizes=(2,), runner="v1",
+    )  # fmt: skip
+    return Trace(config, (Batch((0,), (2,), req_ids=(1,), pages=((1,),), new_pages=(1,)),))
