@@ -95,6 +95,15 @@ def draft_slots_declines(num_tokens: int, num_reqs: int, budget: int) -> str | N
     return None
 
 
+def draft_model_declines(case: Any) -> str | None:
+    """Why an engine with a draft-model drafter does not run ``case``'s step: no
+    drafts to run, or no room for the drafting slots (:func:`draft_slots_declines`)."""
+    if case.config.num_spec == 0:
+        return "no speculative config: no drafter to run"
+    b = case.batch
+    return draft_slots_declines(sum(b.q_lens), len(b.q_lens), case.config.max_num_batched_tokens)
+
+
 def draft_model_step_admits(inputs: Any) -> str | None:
     """The limits of a step of an engine with a draft-model drafter: :func:`step_admits`
     and the scheduler's drafting slots (:func:`draft_slots_declines`)."""

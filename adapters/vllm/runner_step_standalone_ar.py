@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
-from attnfuzz.adapters.vllm.limits import draft_slots_declines
+from attnfuzz.adapters.vllm.limits import draft_model_declines
 from attnfuzz.reference.batch import Case
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
 
@@ -50,13 +50,8 @@ def prepare() -> None:
 def declines(case: Case) -> str | None:
     """What :func:`.runner_step.declines` declines, engines with no draft to run, and
     steps without room for the drafting slots vLLM's scheduler keeps
-    (:func:`.limits.draft_slots_declines`)."""
-    if case.config.num_spec == 0:
-        return "no speculative config: no speculator to run"
-    b = case.batch
-    return draft_slots_declines(
-        sum(b.q_lens), len(b.q_lens), case.config.max_num_batched_tokens
-    ) or runner_step.declines(case)
+    (:func:`.limits.draft_model_declines`)."""
+    return draft_model_declines(case) or runner_step.declines(case)
 
 
 class StandaloneAREngine(runner_step.RunnerStepEngine):

@@ -38,7 +38,7 @@ from unittest import mock
 from attnfuzz.adapters.vllm import runner_step_speculator as speculating
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
 from attnfuzz.adapters.vllm import runner_step_v1_dflash as dflash
-from attnfuzz.adapters.vllm.limits import DRAFT_SLOTS, draft_slots_declines
+from attnfuzz.adapters.vllm.limits import DRAFT_SLOTS, draft_model_declines
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
@@ -48,13 +48,8 @@ prepare = v1.prepare
 
 def declines(case: Case) -> str | None:
     """``vllm-v1``'s declines, an engine with no drafter, and a step without room for
-    the drafting slots (:func:`.limits.draft_slots_declines`)."""
-    if case.config.num_spec == 0:
-        return "no speculative config: no drafter to run"
-    b = case.batch
-    return draft_slots_declines(
-        sum(b.q_lens), len(b.q_lens), case.config.max_num_batched_tokens
-    ) or v1.declines(case)
+    the drafting slots (:func:`.limits.draft_model_declines`)."""
+    return draft_model_declines(case) or v1.declines(case)
 
 
 class _DraftModelEngine(v1._Engine):
