@@ -561,6 +561,16 @@ REQUIRES["runner_step_v1_dflash"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.set_inputs_first_pass"),
     Api("vllm.v1.spec_decode.dflash", "DFlashProposer.build_model_inputs_first_pass"),
 )  # fmt: skip
+# runner_step_v1_draft_model: runner_step_v1's engine, its speculative config's
+# draft_model method making the draft-model proposer, whose first pass takes the path for
+# extra input slots.
+REQUIRES["runner_step_v1_draft_model"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.v1.spec_decode.draft_model", "DraftModelProposer"),
+    Api("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._get_slot_mapping"),
+    Api("vllm.v1.spec_decode.llm_base_proposer", "extend_all_queries_by_N"),
+    Api("vllm.v1.spec_decode.llm_base_proposer", "compute_new_slot_mapping"),
+    Api("vllm.config.speculative", "SpeculativeConfig.max_num_new_slots_for_drafting"),
+)  # fmt: skip
 # runner_step_v1_async: runner_step_v1's engine scheduled asynchronously, the runner
 # correcting the scheduler's optimistic counts itself.
 REQUIRES["runner_step_v1_async"] = REQUIRES["runner_step_v1"] + (
