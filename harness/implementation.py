@@ -12,6 +12,7 @@ from typing import Any
 from attnfuzz.harness.definitions import Kind
 from attnfuzz.harness.errors import UsageError
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.runner import CG_SUPPORTS
 from attnfuzz.strategies.batches import fixes_problems
 
 
@@ -37,6 +38,13 @@ class Implementation:
     # ``strategies.batches.FIXABLE``). Its cases are drawn with these values at
     # any scale, and ``Target.judge`` refuses a case that differs (InvalidCase).
     fixes: Mapping[str, int | str] = field(default_factory=dict, hash=False)
+    # The CUDA-graph support (``AttentionCGSupport`` names) of the engine's backends where
+    # narrower than its target's (``Target.cg_supports``), e.g. ``("NEVER",)`` for a model
+    # with a layer of no graph support: its cases are drawn with these alone (and the
+    # modes they keep), and ``Target.judge`` refuses another (InvalidCase), so that where
+    # a finding reaches is planned with the support the engine runs with. None: the
+    # target's.
+    cg_supports: tuple[str, ...] | None = field(default=None, hash=False)
     # Why the installed engine runs ``case`` through other code than the target's
     # (one line), else None: such cases are not drawn for it, and are refused.
     declines: Callable[[Case], str | None] | None = field(default=None, hash=False)
@@ -80,6 +88,12 @@ class Implementation:
                 f"implementation {self.name!r}: kind {self.kind!r} is none of {', '.join(Kind)}"
             ) from None
         problems = fixes_problems(self.fixes)
+        if self.cg_supports is not None and (
+            not self.cg_supports or not set(self.cg_supports) <= set(CG_SUPPORTS)
+        ):
+            problems.append(
+                f"cg_supports {self.cg_supports!r} must be some of {', '.join(CG_SUPPORTS)}"
+            )
         for name, bounds in self.params.items():
             if not (
                 isinstance(bounds, tuple)
@@ -92,6 +106,22 @@ class Implementation:
             raise UsageError(f"implementation {self.name!r}: {'; '.join(problems)}")
         object.__setattr__(self, "fixes", dict(self.fixes))  # a copy the caller cannot change
         object.__setattr__(self, "params", dict(self.params))
+
+    def supports(self, target: tuple[str, ...]) -> tuple[str, ...]:
+        """The CUDA-graph supports its cases are drawn with, of its target's ``target``."""
+        if self.cg_supports is None:
+            return target
+        return tuple(s for s in target if s in self.cg_supports)
+
+    def support_violations(self, cg_support: str, target: tuple[str, ...]) -> list[str]:
+        """Why a case of ``cg_support`` is not one of its backends' (its target's
+        supports ``target``): one line, or none."""
+        ours = self.supports(target)
+        if cg_support in ours:
+            return []
+        return [
+            f"cg_support {cg_support}: its backends are of AttentionCGSupport {' or '.join(ours)}"
+        ]
 
     @classmethod
     def mutant(
@@ -109,8 +139,8 @@ class Implementation:
         everything the zoo measures it by, none left out: ``reach`` (a case runs
         the code the bug lives in), ``trigger`` (a case meets its condition) and
         ``smallest`` (the smallest triggering case, derived by hand); ``fields``:
-        the optional ones (``fixes``, ``declines``, ``admits``, ``params``, ``engine``,
-        ``unavailable``, ``traced``: a bug of the engine's life, whose three read and
+        the optional ones (``fixes``, ``cg_supports``, ``declines``, ``admits``, ``params``,
+        ``engine``, ``unavailable``, ``traced``: a bug of the engine's life, whose three read and
         give traces)."""
         return cls(name, fn, Kind.MUTANT, description, trigger, reach, smallest, **fields)
 

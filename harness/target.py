@@ -26,13 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from attnfuzz.harness.definitions import Kind
-from attnfuzz.harness.errors import (
-    CaseTooLarge,
-    HarnessError,
-    InvalidCase,
-    Unreachable,
-    UsageError,
-)
+from attnfuzz.harness.errors import CaseTooLarge, HarnessError, InvalidCase, Unreachable, UsageError
 from attnfuzz.harness.guards import fits_in_memory
 from attnfuzz.harness.implementation import Implementation
 from attnfuzz.harness.oracle import Check, Mismatch
@@ -241,7 +235,8 @@ class Target:
         ranges = self.params_of(impl)
         params = {name: st.integers(lo, hi) for name, (lo, hi) in ranges.items()}
         fixes = impl.fixes if impl is not None else None
-        drawn = strategy(scale, params, fixes, self.cg_supports, self.varlen_decode)
+        supports = impl.supports(self.cg_supports) if impl is not None else self.cg_supports
+        drawn = strategy(scale, params, fixes, supports, self.varlen_decode)
         if impl is None or (impl.declines is None and impl.admits is None):
             return drawn
         declines = impl.declines
@@ -280,6 +275,7 @@ class Target:
         engine (``admits``): that engine never reaches it, so no verdict on it is one
         of the engine."""
         wrong = fixes_violations(case.config, impl.fixes)
+        wrong += impl.support_violations(case.config.cg_support, self.cg_supports)
         declined = impl.declines(case) if impl.declines is not None else None
         if declined is not None:
             wrong.append(declined)

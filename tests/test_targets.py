@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from attnfuzz.harness.registry import get_target, target_names
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 def test_a_case_with_wrong_target_parameters_is_refused_not_judged():
@@ -382,3 +383,45 @@ def test_indexer_prefill_rows_are_judged_as_sets_and_every_other_untouched_row_e
         verdict = t.judge(rewrite(change), case, "cpu")
         assert verdict.key == "unchanged", change.__name__
         assert verdict.mismatches[0].where.startswith(f"topk_indices_buffer[{row}, ")
+
+
+def _no_graph_impl():
+    """An implementation whose backends support no CUDA graph (``cg_supports``)."""
+    from attnfuzz.harness.target import Implementation
+
+    t = get_target("slot-mapping")
+    return t, Implementation(
+        "no-graph", t.resolve("reference").fn, "user", "backends of no graph",
+        cg_supports=("NEVER",),
+    )  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_an_implementations_cg_supports_narrow_what_is_drawn(data):
+    """Its cases are drawn with its backends' support alone, and the modes it keeps."""
+    t, impl = _no_graph_impl()
+    case = data.draw(t.cases(impl=impl))
+    assert case.config.cg_support == "NEVER"
+    assert case.config.cudagraph_mode in ("NONE", "PIECEWISE")
+    t.refuse_unfixed(impl, case)  # drawn: judged
+
+
+def test_a_case_of_another_support_is_refused():
+    """A case whose backends keep FULL graphs is not one the implementation's engine
+    runs: refused in one line naming its support; a support vLLM does not name is a
+    usage error where the implementation is declared."""
+    from dataclasses import replace
+
+    from attnfuzz.harness.errors import InvalidCase, UsageError
+    from attnfuzz.harness.target import Implementation
+    from hypothesis import find
+
+    t, impl = _no_graph_impl()
+    case = find(t.cases(), lambda c: c.config.cg_support != "NEVER")
+    with pytest.raises(InvalidCase, match=f"cg_support {case.config.cg_support}: .* NEVER"):
+        t.refuse_unfixed(impl, case)
+    assert impl.supports(("NEVER", "ALWAYS")) == ("NEVER",)
+    assert replace(impl, cg_supports=None).supports(("ALWAYS",)) == ("ALWAYS",)
+    with pytest.raises(UsageError, match="cg_supports"):
+        Implementation("x", impl.fn, "user", "x", cg_supports=("SOMETIMES",))
