@@ -571,6 +571,15 @@ REQUIRES["runner_step_v1_draft_model"] = REQUIRES["runner_step_v1"] + (
     Api("vllm.v1.spec_decode.llm_base_proposer", "compute_new_slot_mapping"),
     Api("vllm.config.speculative", "SpeculativeConfig.max_num_new_slots_for_drafting"),
 )  # fmt: skip
+# runner_step_chunked_local: runner_step_v1's engine with a chunked local attention
+# layer, a second KV-cache group on the backend made of Triton's.
+REQUIRES["runner_step_chunked_local"] = REQUIRES["runner_step_v1"] + (
+    Api("vllm.model_executor.layers.attention.chunked_local_attention",
+        "create_chunked_local_attention_backend"),
+    Api("vllm.model_executor.layers.attention.chunked_local_attention",
+        "make_local_attention_virtual_batches"),
+    Api("vllm.v1.kv_cache_interface", "ChunkedLocalAttentionSpec"),
+)  # fmt: skip
 # runner_step_v1_async: runner_step_v1's engine scheduled asynchronously, the runner
 # correcting the scheduler's optimistic counts itself.
 REQUIRES["runner_step_v1_async"] = REQUIRES["runner_step_v1"] + (

@@ -431,6 +431,9 @@ _v1_hook = functools.partial(_lazy, "runner_step_v1")
 _v1_draft_model_hook = functools.partial(_lazy, "runner_step_v1_draft_model")
 
 
+_chunked_local_hook = functools.partial(_lazy, "runner_step_chunked_local")
+
+
 _hybrid_hook = functools.partial(_lazy, "runner_step_hybrid")
 
 
@@ -1979,6 +1982,37 @@ def _runner_step() -> list[Implementation]:
             trigger=_v1_draft_model_hook("trigger_seq_lens_unextended"),
             reach=_v1_draft_model_hook("reach_v1_draft_model"),
             smallest=_v1_draft_model_hook("smallest_seq_lens_unextended"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_chunked_local",
+            "run",
+            name="vllm-v1-chunked-local",
+            cg_supports=("NEVER",),
+            description="installed vLLM (V1 runner) of a model with chunked local attention "
+            "(Llama 4's interleaved layers): vllm-v1's step with a second KV-cache group of "
+            "a ChunkedLocalAttentionSpec on the backend create_chunked_local_attention_backend "
+            "makes of Triton's (model_executor/layers/attention/chunked_local_attention.py: "
+            "ChunkedLocalAttentionBuilder.build through v1/attention/backends/utils.py:"
+            "make_local_attention_virtual_batches; cudagraph support NEVER, so its engines "
+            "run modes NONE and PIECEWISE), the keys each token of the local layer reads "
+            "held to its chunk's",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_chunked_local",
+            "run_last_chunk_empty",
+            name="vllm-v1-chunked-local-last-chunk-empty",
+            cg_supports=("NEVER",),
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, chunked local attention) with "
+            "make_local_attention_virtual_batches counting a request's last chunk's keys as "
+            "seq_len % chunk: a request whose keys end on a chunk boundary reads none there",
+            trigger=_chunked_local_hook("trigger_last_chunk_empty"),
+            reach=_chunked_local_hook("reach_chunked_local"),
+            smallest=_chunked_local_hook("smallest_last_chunk_empty"),
             traced=True,
         ),
         _step_impl(
