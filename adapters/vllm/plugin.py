@@ -1096,6 +1096,7 @@ def _runner_step_sparse_mla() -> list[Implementation]:
             "runner_step_xpu_mla_sparse",
             "run",
             name="vllm-v1-xpu-mla-sparse",
+            cg_supports=("NEVER",),
             description="installed vLLM (V1 runner) of a sparse-attention MLA model "
             "(index_topk 64) on the XPU sparse MLA backend, its KV cache bf16: "
             "vllm-v1-flashmla-sparse's step with its MLA layer (and MTP draft layer) on "
