@@ -157,6 +157,14 @@ def _chunk_reads(
     return lengths, slots
 
 
+def _padded(rows: list[np.ndarray], width: int) -> np.ndarray:
+    """One row of ``width`` a token: its slots, then zeros no consumer reads."""
+    table = np.zeros((len(rows), width), dtype=np.int64)
+    for j, row in enumerate(rows):
+        table[j, : len(row)] = row
+    return table
+
+
 def local_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Field, ...]:
     """What the chunked local layer's kernels read of one forward, by token: its slot
     mapping, and the keys each query token reads, which must be those of its chunk."""
@@ -177,9 +185,6 @@ def local_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Field
         v1._np(m.query_start_loc), v1._np(m.seq_lens), v1._np(m.block_table), len(slots), bs
     )
     width = max([-(-config.max_model_len // bs) * bs, *(len(r) for r in read)])
-    table = np.zeros((len(read), width), dtype=np.int64)
-    for j, row in enumerate(read):
-        table[j, : len(row)] = row
     # The virtual block table indexes the pool's pages: the kernel reads page
     # block_table[i, k // bs] for key k of virtual request i.
     virtual = v1._np(m.block_table)
@@ -187,7 +192,7 @@ def local_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Field
         Field("local.block_table", "tokens", virtual, (0, pool - 1),
               row_lengths=-(-v1._np(m.seq_lens).astype(np.int64) // bs)),
         Field("local.kv_len", "tokens", lengths, agrees_with="local.chunk_len"),
-        Field("local.kv_slots", "tokens", table, row_lengths=lengths,
+        Field("local.kv_slots", "tokens", _padded(read, width), row_lengths=lengths,
               agrees_with="local.chunk_slots"),
     ]  # fmt: skip
     if seen.meta is not None:
@@ -195,12 +200,9 @@ def local_fields(config: EngineConfig, seen: v1._Seen, pool: int) -> tuple[Field
                            else seen.positions)  # fmt: skip
         real = int(v1._np(seen.meta.query_start_loc)[-1])
         want_len, want = _chunk_reads(config, seen.meta, positions, min(real, tokens_pad))
-        chunk_table = np.zeros((len(want), width), dtype=np.int64)
-        for j, row in enumerate(want):
-            chunk_table[j, : len(row)] = row
         out += [
             Field("local.chunk_len", "tokens", want_len),
-            Field("local.chunk_slots", "tokens", chunk_table, row_lengths=want_len),
+            Field("local.chunk_slots", "tokens", _padded(want, width), row_lengths=want_len),
         ]
     return tuple(out)
 
