@@ -484,6 +484,14 @@ REQUIRES: dict[str, tuple[Api, ...]] = {
     ),
 }
 REQUIRES["runner_step_linear"] = REQUIRES["runner_step_hybrid"]
+# runner_step_mamba_align: runner_step_linear's Mamba2 engine with prefix caching on, the
+# runner's align-mode state copies and the model's copy functions.
+REQUIRES["runner_step_mamba_align"] = REQUIRES["runner_step_linear"] + (
+    Api("vllm.v1.worker.mamba_utils", "preprocess_mamba"),
+    Api("vllm.v1.worker.mamba_utils", "collect_mamba_copy_meta"),
+    Api("vllm.model_executor.layers.mamba.mamba_utils",
+        "MambaStateCopyFuncCalculator.mamba2_state_copy_func"),
+)  # fmt: skip
 # runner_step_kda: runner_step_hybrid's engine, its linear layer's backend Kimi K3's KDA.
 REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (
     Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),

@@ -443,6 +443,41 @@ _linear_hook = functools.partial(_lazy, "runner_step_linear")
 _mtp_modules_hook = functools.partial(_lazy, "runner_step_mtp_modules")
 
 
+_mamba_align_hook = functools.partial(_lazy, "runner_step_mamba_align")
+
+
+def _runner_step_mamba_align() -> list[Implementation]:
+    """``vllm-v1-mamba2``'s step with prefix caching on (``mamba_cache_mode`` align, vLLM's
+    default for a hybrid model), and a mutant of the runner's state copy."""
+    # No drafts: the fused align copies of a hybrid model's spec decode are not driven.
+    fixes = {"next_n": 1}
+    return [
+        _step_impl(
+            "runner_step_mamba_align", "run", name="vllm-v1-mamba2-align", fixes=fixes,
+            description="installed vLLM (V1 runner) of a hybrid Mamba2 model with prefix "
+            "caching on, as vLLM serves one by default (mamba_cache_mode align, "
+            "mamba_block_size the block size): vllm-v1-mamba2's step, the runner's own "
+            "preprocess_mamba (vllm/v1/worker/mamba_utils.py: each request's state block "
+            "moved into the block of its last token, collect_mamba_copy_meta, "
+            "do_mamba_copy_block's batch_memcpy kernel) over real state caches; the state "
+            "each request's kernels read held to the one it left",
+            declines="declines", traced=True,
+        ),
+        _step_impl(
+            "runner_step_mamba_align", "run_copy_skipped",
+            name="vllm-v1-mamba2-align-copy-skipped", kind="mutant", fixes=fixes,
+            declines="declines",
+            description="installed vLLM (V1 runner, hybrid Mamba2, align mode) with "
+            "collect_mamba_copy_meta returning early on src_block_idx == dest_block_idx "
+            "or accept_token_bias == 0: without drafts a request moving into a new block "
+            "reads that block's stale state",
+            trigger=_mamba_align_hook("trigger_copy_skipped"),
+            reach=_mamba_align_hook("reach_align"),
+            smallest=_mamba_align_hook("smallest_copy_skipped"), traced=True,
+        ),
+    ]  # fmt: skip
+
+
 def _runner_step_linear() -> list[Implementation]:
     """``vllm-v1-hybrid``'s step with its linear layer on Mamba1, Mamba2, PLE short-conv
     or Bailing linear attention, and a mutant of three builders' FULL-graph staging."""
@@ -2517,6 +2552,7 @@ VLLM = Engine(
         "runner-step": [
             *_runner_step(),
             *_runner_step_linear(),
+            *_runner_step_mamba_align(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_triton_flash_attn(),

@@ -1,0 +1,450 @@
+"""vLLM's model runner V1 step of a hybrid Mamba2 model with prefix caching on, as the
+implementation ``vllm-v1-mamba2-align`` of ``runner-step``.
+
+``vllm-v1-mamba2`` models a hybrid model served with ``--no-enable-prefix-caching``
+(``mamba_cache_mode="none"``: one state block a request, for its life). Prefix caching
+is on by default for a generative model (``EngineArgs``: ``is_prefix_caching_supported``),
+and ``MambaModelConfig.verify_and_update_config`` then sets ``mamba_cache_mode="align"``
+and ``mamba_block_size`` to the attention block size
+(``model_executor/models/config.py``): the Mamba group's block table is as long as the
+attention one, the state of a request's last computed token lives in the block of that
+token (``mamba_get_block_table_tensor``: column ``(seq_len - 1) // block_size``), and
+each step that moves a request into a new block first copies its running state there.
+This implementation is that configuration: the engine of :mod:`.runner_step_linear`
+(a Mamba2 layer in a second KV-cache group) with ``enable_prefix_caching``,
+``mamba_cache_mode="align"`` and ``mamba_block_size`` as vLLM sets them, so that every
+step runs, besides the builders, the runner's own ``preprocess_mamba``
+(``v1/worker/mamba_utils.py``: ``cleanup_mamba_state_idx``, the previous and current
+state block of each request, ``collect_mamba_copy_meta`` with the model's
+``MambaStateCopyFuncCalculator.mamba2_state_copy_func``, ``do_mamba_copy_block``'s
+``batch_memcpy`` Triton kernel under Triton's interpreter, from the blocks' addresses).
+
+The scheduler's side, ``MambaManager`` in align mode (``v1/core/single_type_kv_cache_
+manager.py``), is modelled here (:class:`AlignScheduler`): a request's list holds a block
+at the index of its last scheduled token and null blocks before it
+(``allocate_new_blocks``: ``cdiv(num_tokens, block_size)`` entries, one new block a step
+that crosses into a new block); the previous running block is freed at the request's
+next step (``remove_skipped_blocks``: ``last_state_block_idx``), a finished or preempted
+request's at once, and a freed block is handed out again (first freed, first reused). A
+request new to the engine with computed tokens is a prefix-cache hit, of whole blocks
+(``find_longest_cache_hit``): its list holds the hit's block at index ``hit //
+block_size - 1``, whose state is the prefix's (put there as the cache holds it).
+
+The state itself: the layer's conv and SSM state caches are real tensors of the pool's
+blocks, bound as ``bind_kv_cache`` binds them (the layer in the static forward context),
+so that the runner's copies move real bytes. The model's forward stands in for the
+Mamba2 kernels' one effect on them: each real request's state block (its
+``mamba2.state_by_request``) is read, then holds the state after the step's tokens
+(``(request, seq_len)``). Fields: ``vllm-v1-mamba2``'s, and by request
+``mamba2.state_left`` (the state the request left: ``(request, computed tokens)``,
+-1 for a request with none, whose first chunk reads no state) with
+``mamba2.conv_found`` and ``mamba2.ssm_found``, what each state cache holds at the
+block the kernels read (*agreement within a build*: a request reads the state it left,
+carried across blocks by the runner's copies). The fresh engine (history invariance)
+has no history of states: its builds carry no such field.
+
+Declined beyond ``vllm-v1-mamba2``: drafts (``fixes``: no speculative config; the fused
+align pre- and post-copy kernels of a hybrid model's spec decode are not driven), what
+the scheduler never sends in align mode: a prefill chunk short of its prompt's end that
+ends inside a block (``Scheduler._mamba_block_aligned_split`` ends such a chunk on a
+block boundary, unless a block is wider than the step's token budget and the chunk stays
+in its first block), and a request new to the engine whose computed tokens are not whole
+blocks (a hit is ``(i + 1) * block_size`` tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections import deque
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
+from attnfuzz.adapters.vllm import runner_step_linear as linear
+from attnfuzz.adapters.vllm import runner_step_v1 as v1
+from attnfuzz.adapters.vllm.runner_step import num_blocks
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.persistent_batch import new_to_engine
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace, as_trace
+
+NULL_BLOCK_ID = hybrid.NULL_BLOCK_ID
+LINEAR = linear.BACKENDS["mamba2"]
+TAG = 1 << 20
+"""A state's tag: ``(request + 1) * TAG + tokens`` (the tokens a state holds are below
+it; a state no request left, all zeros, is 0)."""
+
+
+def tag(rid: str | int, tokens: int) -> int:
+    """The state of request ``rid`` after its first ``tokens`` tokens."""
+    return (int(rid) + 1) * TAG + tokens
+
+
+def prepare() -> None:
+    """Import vLLM's V1 runner, the Mamba2 backend and the align-mode copies."""
+    linear.prepare()
+    import vllm.v1.worker.mamba_utils  # noqa: F401
+
+
+def declines(case: Case) -> str | None:
+    """Why this engine does not run ``case``: what the scheduler never sends in align
+    mode (module docstring), then as ``vllm-v1-mamba2``."""
+    return declines_align(case.config, case.batch) or linear.declines(case)
+
+
+def declines_align(config: EngineConfig, batch: Batch) -> str | None:
+    """The steps ``Scheduler.schedule`` does not make for a model with Mamba layers in
+    align mode (``v1/core/sched/scheduler.py``)."""
+    bs = config.block_size
+    prompts = batch.prompt_lens or (0,) * batch.num_reqs
+    steps = zip(new_to_engine(batch), batch.num_computed_tokens, batch.q_lens, prompts,
+                strict=True)  # fmt: skip
+    for new, computed, q, prompt in steps:
+        if new and computed % bs:
+            return (
+                f"a request new to the engine with {computed} computed tokens: a prefix hit "
+                f"of a hybrid model in align mode is whole blocks of {bs} "
+                "(MambaManager.find_longest_cache_hit)"
+            )
+        end = computed + q
+        within_first = bs > config.max_num_batched_tokens and end // bs * bs <= computed
+        if q and end < prompt and end % bs and not within_first:
+            return (
+                f"a prefill chunk ending at {end}, inside a block of {bs}, short of its "
+                f"prompt of {prompt}: in align mode the scheduler ends it on a block "
+                "boundary (Scheduler._mamba_block_aligned_split)"
+            )
+    return None
+
+
+class AlignScheduler:
+    """``MambaManager``'s block lists in align mode, for the three engines of a step
+    (module docstring): ``blocks`` the scheduler's lists (freed blocks nulled),
+    ``sent`` what each engine's runner holds (its block table is append-only), ``held``
+    the lists before the step's gains, ``seeds`` the prefix hits' states to put in
+    place, ``pending`` each request's running block to free at its next step."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        first = num_blocks(config)  # the state blocks sit above the attention pages
+        self.free: deque[int] = deque(range(first, first + state_blocks(config)))
+        self.blocks: dict[str, list[int]] = {}
+        self.sent: dict[str, list[int]] = {}
+        self.held: dict[str, list[int]] = {}
+        self.gained: dict[str, list[int]] = {}
+        self.seeds: dict[int, int] = {}
+        self.pending: dict[str, int] = {}
+        self.scheduled: dict[str, int] = {}  # the step's tokens of each request
+
+    def _take(self) -> int:
+        if not self.free:
+            raise RuntimeError("attnfuzz: the Mamba state blocks ran out (adapter bug)")
+        return self.free.popleft()
+
+    def _release(self, rid: str) -> None:
+        self.free.extend(b for b in self.blocks.pop(rid, []) if b != NULL_BLOCK_ID)
+        self.sent.pop(rid, None)
+        self.pending.pop(rid, None)
+
+    def step(self, inputs: RunnerStepInputs) -> None:
+        """The lists after the scheduler's ``allocate_slots`` of the step ``inputs``."""
+        bs = self.config.block_size
+        ids = [str(r) for r in inputs.req_ids]
+        running = {rid for rid, new in zip(ids, inputs.is_new, strict=True) if not new}
+        for rid in [r for r in self.blocks if r not in running]:
+            self._release(rid)  # finished, preempted, or back from preemption anew
+        for rid, block in list(self.pending.items()):  # remove_skipped_blocks
+            row = self.blocks[rid]
+            self.free.append(row[block])
+            row[block] = NULL_BLOCK_ID
+            del self.pending[rid]
+        self.held = {rid: list(self.sent[rid]) for rid in running}
+        self.gained, self.seeds = {}, {}
+        self.scheduled = dict(zip(ids, inputs.query_lens, strict=True))
+        steps = zip(ids, inputs.is_new, inputs.num_computed_tokens, inputs.query_lens,
+                    strict=True)  # fmt: skip
+        for rid, new, computed, q in steps:
+            row = self.blocks.setdefault(rid, [])
+            if new and computed:  # a prefix hit: the block of its last token holds it
+                hit = self._take()
+                row += [NULL_BLOCK_ID] * (computed // bs - 1) + [hit]
+                self.seeds[hit] = tag(rid, computed)
+            before = len(self.sent.get(rid, []))
+            required = -(-(computed + q) // bs)
+            if required > len(row):
+                if row:
+                    self.pending[rid] = len(row) - 1  # last_state_block_idx
+                row += [NULL_BLOCK_ID] * (required - 1 - len(row)) + [self._take()]
+            sent = self.sent.setdefault(rid, [])
+            sent += row[len(sent) :]
+            self.gained[rid] = sent[before:]
+
+
+def state_blocks(config: EngineConfig) -> int:
+    """The state blocks the pool holds: two live a request at most (its running block
+    and the one it left, freed at its next step) and one more."""
+    return 2 * config.max_num_seqs + 1
+
+
+class _StateLayer:
+    """The Mamba2 layer as the runner's copies find it in the static forward context:
+    its state caches, as ``bind_kv_cache`` binds them."""
+
+    def __init__(self, kv_cache: list[torch.Tensor]) -> None:
+        self.kv_cache = kv_cache
+
+
+class _AlignEngine(linear._LinearEngine):
+    """A V1 runner of ``vllm-v1-mamba2``'s model in align mode, its states real."""
+
+    def __init__(
+        self, config: EngineConfig, device: torch.device, mode: str,
+        sched: AlignScheduler, tracked: bool,
+    ) -> None:  # fmt: skip
+        self.sched, self.tracked = sched, tracked
+        self.states_cache: list[torch.Tensor] = []
+        super().__init__(config, device, mode, LINEAR)
+
+    def make_config(self, config: EngineConfig, mode: str) -> Any:
+        """``MambaModelConfig.verify_and_update_config`` with prefix caching on."""
+        vc = super().make_config(config, mode)
+        vc.cache_config = copy.copy(vc.cache_config)
+        vc.cache_config.enable_prefix_caching = True
+        vc.cache_config.mamba_cache_mode = "align"
+        vc.cache_config.mamba_block_size = config.block_size
+        return vc
+
+    def linear_group(self) -> tuple[type, Any]:
+        backend, spec = super().linear_group()
+        spec = dataclasses.replace(spec, block_size=self.config.block_size,
+                                   mamba_cache_mode="align")  # fmt: skip
+        return backend, spec
+
+    def pool_size(self) -> int:
+        return num_blocks(self.config) + state_blocks(self.config)
+
+    def set_up_kv_cache(self, kv: Any, attn_groups: list[list[Any]]) -> None:
+        super().set_up_kv_cache(kv, attn_groups)
+        spec = kv.kv_cache_groups[-1].kv_cache_spec
+        self.states_cache = [
+            torch.zeros((kv.num_blocks, *shape), dtype=dtype)
+            for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
+        ]
+        context = self.vllm_config.compilation_config.static_forward_context
+        context[linear.hybrid.LINEAR_LAYER] = _StateLayer(self.states_cache)
+
+    def load(self, resolved: Any) -> Any:
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        handed = _StatefulHanded(super().load(resolved).inner, self.recorder, self)
+        funcs = MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+        handed.get_mamba_state_copy_funcs = lambda types: dict.fromkeys(types, funcs)
+        return handed
+
+    def output(self, inputs: RunnerStepInputs) -> Any:
+        """The step's scheduler output with the Mamba group's block ids
+        (:class:`AlignScheduler`): a request new to the engine its list (a fresh
+        engine's warm-up of a running request the list it held), a running one what it
+        gained; the prefix hits' states put in place."""
+        out = v1._Engine.output(self, inputs)
+        s = self.sched
+        for new in out.scheduled_new_reqs:
+            row = s.held.get(new.req_id) or s.sent.get(new.req_id) or [NULL_BLOCK_ID]
+            new.block_ids = (*new.block_ids, list(row))
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid in cached.resumed_req_ids:
+                cached.new_block_ids[i] = (*cached.new_block_ids[i], list(s.sent[rid]))
+            else:
+                gained = s.gained.get(rid, [])
+                mine = cached.new_block_ids[i]
+                if mine is not None or gained:
+                    cached.new_block_ids[i] = (*(mine or ([],)), list(gained))
+        for block, state in s.seeds.items():
+            self.write_state(block, state)
+        return out
+
+    def write_state(self, block: int, state: int) -> None:
+        for cache in self.states_cache:
+            cache[block].view(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=cache.dtype)
+
+    def read_state(self, block: int) -> list[int]:
+        out = []
+        for cache in self.states_cache:
+            who, tokens = (int(x) for x in cache[block].view(-1)[:2].tolist())
+            out.append(who * TAG + tokens)
+        return out
+
+    def kernels(self, meta: Any) -> SimpleNamespace | None:
+        """The Mamba2 kernels' reads and writes of the step's real requests (module
+        docstring): what each state cache holds at each request's block, then the
+        state after the step there."""
+        if meta is None or not self.tracked or not self.states_cache:
+            return None
+        r = self.runner
+        slots = linear._STATE_BY_REQUEST["mamba2"](meta).tolist()
+        rows = r.input_batch.req_ids[: r.input_batch.num_reqs]
+        left, found = [], [[] for _ in self.states_cache]
+        for rid, slot in zip(rows, slots, strict=False):
+            state = r.requests[rid]
+            computed = state.num_computed_tokens
+            tokens = computed + self.sched.scheduled[rid]
+            have = computed > 0
+            left.append(tag(rid, computed) if have else -1)
+            read = self.read_state(slot) if have else [-1] * len(self.states_cache)
+            for f, value in zip(found, read, strict=True):
+                f.append(value)
+            if slot != NULL_BLOCK_ID:
+                self.write_state(slot, tag(rid, tokens))
+        return SimpleNamespace(left=np.array(left, dtype=np.int64),
+                               found=[np.array(f, dtype=np.int64) for f in found])  # fmt: skip
+
+    def linear_fields(self, seen: v1._Seen) -> tuple[Field, ...]:
+        out = super().linear_fields(seen)
+        state = getattr(seen, "kernel_states", None)
+        if state is None:
+            return out
+        left = "mamba2.state_left"
+        return (
+            *out,
+            Field(left, "requests", state.left),
+            Field("mamba2.conv_found", "requests", state.found[0], agrees_with=left),
+            Field("mamba2.ssm_found", "requests", state.found[1], agrees_with=left),
+        )
+
+
+class _StatefulHanded(v1._Handed):
+    """The runner's model: records the step's forward as :class:`.runner_step_v1._Handed`
+    does, and there stands in for the Mamba2 kernels' reads and writes of the states
+    (:meth:`_AlignEngine.kernels`)."""
+
+    def __init__(self, inner: Any, recorder: Any, engine: _AlignEngine) -> None:
+        super().__init__(inner, recorder)
+        self.engine = [engine]  # a list: no submodule
+
+    def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        from vllm.forward_context import get_forward_context
+
+        r = self.recorder
+        states = None
+        if r.kind == "step":
+            metadata = get_forward_context().attn_metadata
+            meta = metadata.get(linear.hybrid.LINEAR_LAYER) if metadata else None
+            states = self.engine[0].kernels(meta)
+        out = super().forward(input_ids=input_ids, positions=positions, **kwargs)
+        if states is not None:
+            r.seen[-1][2].kernel_states = states
+        return out
+
+
+class AlignRunnerStepEngine(hybrid.HybridRunnerStepEngine):
+    """``vllm-v1-mamba2``'s three engines in align mode, their block lists the one
+    scheduler's (:class:`AlignScheduler`); the fresh engine's states untracked."""
+
+    def new_engine(self) -> None:
+        super().new_engine()
+        self.sched: AlignScheduler | None = None
+        self._fresh_made = False
+
+    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> v1._Engine:
+        assert self.sched is not None
+        return _AlignEngine(config, device, mode, self.sched, tracked=not self._fresh_made)
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        if self.key != (inputs.config, inputs.device) or self.sched is None:
+            self.sched = AlignScheduler(inputs.config)
+        self.sched.step(inputs)
+        return super().__call__(inputs)
+
+    def _assign(self, inputs: RunnerStepInputs) -> None:
+        """The block lists are :class:`AlignScheduler`'s (no state slots)."""
+
+    def _fresh(self, *args: Any) -> Any:
+        self._fresh_made = True
+        try:
+            return super()._fresh(*args)
+        finally:
+            self._fresh_made = False
+
+
+ENGINE = AlignRunnerStepEngine()
+"""The engine of the implementation ``vllm-v1-mamba2-align`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-mamba2-align`` of ``runner-step``: the step on
+    :data:`ENGINE`, kept across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- the mutant -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _copy_skipped() -> Iterator[None]:
+    """The defect: ``collect_mamba_copy_meta`` returning early when ``src_block_idx ==
+    dest_block_idx or accept_token_bias == 0`` (``and`` in vLLM): without drafts no copy
+    is made, so a request that moves into a new block reads that block's stale state."""
+    import vllm.v1.worker.mamba_utils as mamba_utils
+
+    collect = mamba_utils.collect_mamba_copy_meta
+
+    def wrong(copy_bufs: Any, kv_cache_config: Any, funcs: Any, group_ids: Any,
+              src: int, dest: int, bias: int, *rest: Any) -> None:  # fmt: skip
+        if src == dest or bias == 0:
+            return
+        collect(copy_bufs, kv_cache_config, funcs, group_ids, src, dest, bias, *rest)
+
+    with mock.patch.object(mamba_utils, "collect_mamba_copy_meta", wrong):
+        yield
+
+
+def run_copy_skipped(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v1-mamba2-align-copy-skipped``: ``vllm-v1-mamba2-align`` with
+    :func:`_copy_skipped` in force."""
+    return _MUTATED(inputs)
+
+
+_MUTATED = v1.Mutated(AlignRunnerStepEngine(), _copy_skipped)
+run_copy_skipped.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_align(found: Trace | Case) -> bool:
+    """An engine ``vllm-v1-mamba2-align`` runs: V1's, without drafts."""
+    return found.config.runner == "v1" and found.config.num_spec == 0
+
+
+def trigger_copy_skipped(found: Trace | Case) -> bool:
+    """A request with state (computed tokens) whose step's last token lies in a later
+    block than its last computed one: its running state must move there."""
+    if not reach_align(found):
+        return False
+    bs = found.config.block_size
+    return any(
+        c > 0 and q > 0 and (c - 1) // bs != (c + q - 1) // bs
+        for b in as_trace(found).steps
+        for c, q in zip(b.num_computed_tokens, b.q_lens, strict=True)
+    )
+
+
+def smallest_copy_skipped() -> Trace:
+    """One request prefills a block of 16 tokens, then decodes one in its second block:
+    its state must be copied from the first block to the second."""
+    config = EngineConfig(max_model_len=32, max_num_seqs=1, max_num_batched_tokens=16,
+                          block_size=16, cudagraph_mode="NONE", runner="v1")  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,)),
+            Batch((16,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(1,)),
+        ),
+    )

@@ -1,0 +1,117 @@
+"""vLLM 0.33.0's V1 runner of a hybrid Mamba2 model with prefix caching on
+(``vllm-v1-mamba2-align``): ``mamba_cache_mode`` align, so that the runner's own
+``preprocess_mamba`` copies each request's running state into the block of its last
+token; the state each request's kernels read is held to the one it left; the scheduler's
+align-mode steps alone are judged; a mutant of the copy caught."""
+
+from __future__ import annotations
+
+import numpy as np
+from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.reference import runner_step as ref
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.trace import Trace
+
+pytestmark = [*requires_vllm]
+
+CONFIG = EngineConfig(
+    max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, block_size=16,
+    cudagraph_capture_sizes=(2, 4), cudagraph_mode="FULL_AND_PIECEWISE",
+    cg_support="UNIFORM_BATCH", runner="v1",
+)  # fmt: skip
+
+
+def adapter():
+    from attnfuzz.adapters.vllm import runner_step_mamba_align
+
+    return runner_step_mamba_align
+
+
+def run(engine, trace: Trace) -> list[ref.RunnerStepOutputs]:
+    return [engine(ref.make_inputs(case)) for case in trace.cases()]
+
+
+def eager(out: ref.RunnerStepOutputs) -> dict[str, np.ndarray]:
+    (build,) = [b for b in out.builds if b.how == "eager" and b.draft is None]
+    return {f.name: f.values for f in build.fields}
+
+
+def crossing() -> Trace:
+    """Request 0 prefills a block of 16 tokens, then decodes into its second block;
+    request 1 arrives with a prefix hit of one block (16 of its 20 prompt tokens) and
+    prefills the other 4; then both decode."""
+    return Trace(
+        CONFIG,
+        (
+            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,),
+                  prompt_lens=(16,)),
+            Batch((16, 16), (1, 4), req_ids=(0, 1), pages=((1, 2), (3, 4)),
+                  new_pages=(1, 2), prompt_lens=(16, 20)),
+            Batch((17, 20), (1, 1), req_ids=(0, 1), pages=((1, 2), (3, 4)),
+                  new_pages=(0, 0), prompt_lens=(16, 20)),
+        ),
+    )  # fmt: skip
+
+
+def test_states_follow_their_requests_across_blocks(monkeypatch):
+    """Each step that moves a request into a new block copies its state there through
+    ``batch_memcpy`` (request 0's from its first block to its second, request 1's from
+    its hit block to its own); every request reads the state it left, and every
+    property holds on every step."""
+    a = adapter()  # before vLLM
+    import vllm.v1.worker.mamba_utils as mamba_utils
+
+    copies = []
+    original = mamba_utils.batch_memcpy
+
+    def counted(src, dst, sizes):
+        copies.append(len(src))
+        return original(src, dst, sizes)
+
+    monkeypatch.setattr(mamba_utils, "batch_memcpy", counted)
+    a.run.new_engine()
+    outs = run(a.run, crossing())
+    for out in outs:
+        assert ref.violations(out) == []
+    # Step 1, on each of the engines with a history (padded, eager) and the fresh one:
+    # two requests, each two state caches (conv, SSM).
+    assert copies and set(copies) == {4}
+    second, third = eager(outs[1]), eager(outs[2])
+    # The decode (request 0) first, then request 1's prefill after its hit.
+    assert second["mamba2.state_left"].tolist() == [a.tag(0, 16), a.tag(1, 16)]
+    assert second["mamba2.ssm_found"].tolist() == second["mamba2.state_left"].tolist()
+    assert third["mamba2.conv_found"].tolist() == [a.tag(0, 17), a.tag(1, 20)]
+    # Each reads its state in the block of its last token: its second block.
+    assert len(set(second["mamba2.state_by_request"].tolist())) == 2
+
+
+def test_the_mutant_is_caught_on_its_smallest_trace():
+    """Without the copy, the decode in the request's second block reads a block that
+    holds no state; the installed engine passes the same trace."""
+    a = adapter()
+    trace = a.smallest_copy_skipped()
+    assert a.trigger_copy_skipped(trace) and a.reach_align(trace)
+    a.run.new_engine()
+    assert all(ref.violations(out) == [] for out in run(a.run, trace))
+    a.run_copy_skipped.new_engine()
+    last = run(a.run_copy_skipped, trace)[-1]
+    found = {(v.prop, v.field) for v in ref.violations(last)}
+    assert ("agreement within a build", "mamba2.ssm_found") in found
+    assert ("agreement within a build", "mamba2.conv_found") in found
+
+
+def test_only_the_steps_of_align_mode_are_judged():
+    """A prefill chunk short of its prompt ends on a block boundary in align mode, and a
+    prefix hit is whole blocks: the implementation declines other steps."""
+    a = adapter()
+    mid_block = Batch((0,), (10,), req_ids=(0,), pages=((1,),), new_pages=(1,),
+                      prompt_lens=(20,))  # fmt: skip
+    assert "_mamba_block_aligned_split" in a.declines(Case(CONFIG, mid_block))
+    boundary = Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,),
+                     prompt_lens=(20,))  # fmt: skip
+    assert a.declines(Case(CONFIG, boundary)) is None
+    last_chunk = Batch((16,), (4,), req_ids=(0,), pages=((1, 2),), new_pages=(1,),
+                       prompt_lens=(20,))  # fmt: skip
+    assert a.declines_align(CONFIG, last_chunk) is None
+    partial_hit = Batch((8,), (4,), req_ids=(0,), pages=((1,),), new_pages=(1,))
+    assert "find_longest_cache_hit" in a.declines(Case(CONFIG, partial_hit))
