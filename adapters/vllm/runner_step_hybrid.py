@@ -14,7 +14,10 @@ judged by the same properties. ``initialize_attn_backend`` keeps the mode the tw
 backends allow: GDN supports FULL graphs of uniform batches only
 (``AttentionCGSupport.UNIFORM_BATCH``), so a FULL mode becomes FULL_AND_PIECEWISE.
 
-The group's cache mode is vLLM's default, ``mamba_cache_mode="none"``: each request
+The group's cache mode is ``mamba_cache_mode="none"``, a hybrid model served with
+``--no-enable-prefix-caching`` (with prefix caching, on by default,
+``MambaModelConfig.verify_and_update_config`` sets ``"align"``: ``vllm-v1-mamba2-align``,
+:mod:`.runner_step_mamba_align`): each request
 holds ``1 + num_spec`` state blocks (``MambaSpec.max_num_blocks_per_req``), given to it
 when it is scheduled new and kept while it runs (``MambaManager``), from the one block
 pool the attention pages come from. Here the state blocks sit above the attention

@@ -22,7 +22,7 @@ FULL_AND_PIECEWISE, as ``vllm-v1-hybrid``'s). What it changes:
   (``_resolve_gdn_prefill_backend``; ``_check_chunk_metadata_override`` refuses this
   builder with FlyDSL), so every prefill builds them;
 - the checkpoint metadata, rebuilt on the prefill rows (``_build_checkpoint_metadata``):
-  not reached, the group's cache mode is vLLM's default ``"none"``, for which
+  not reached, the group's cache mode is ``"none"`` (prefix caching off), for which
   ``MambaPrefillCheckpointBuilder.build`` builds none;
 - ``uniform_spec_sequence_length`` dropped under adaptive verification
   (``_adaptive_verification_enabled``) and ``get_varlen_cudagraph_max_query_len``:

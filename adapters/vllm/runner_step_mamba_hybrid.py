@@ -22,7 +22,8 @@ model. What then runs unchanged, besides what :mod:`.runner_step` runs:
   ``build_attn_metadata`` and GDN's ``GDNAttentionMetadataBuilder`` (``build``,
   ``build_for_cudagraph_capture``, the FULL graph's staged buffers);
 - ``MambaHybridModelState.add_request`` and ``preprocess_state`` (which returns at
-  once: the cache mode is vLLM's default, ``mamba_cache_mode="none"``).
+  once: the cache mode is ``mamba_cache_mode="none"``, prefix caching off; with it on,
+  vLLM's default, ``MambaModelConfig`` sets ``"align"``).
 
 Each forward's build holds the GDN metadata's fields beside the attention layer's
 (:func:`.runner_step_hybrid._linear_fields`, the consumers' ranges: a state index is a
@@ -90,7 +91,7 @@ def _gdn_layer(spec: Any) -> Any:
 
 
 def _gdn_spec(config: EngineConfig) -> Any:
-    """The GDN layer's ``MambaSpec``: vLLM's default cache mode (``none``), ``1 + num_spec``
+    """The GDN layer's ``MambaSpec``: cache mode ``none`` (prefix caching off), ``1 + num_spec``
     blocks a request; its states the conv state (width - 1 + num_spec rows; width 4) and
     the recurrent state, whose sizes reach no metadata."""
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
