@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import own, requires_vllm, run_trace
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.trace import Trace
@@ -26,12 +26,8 @@ def adapter():
     return runner_step_chunked_local
 
 
-def run(engine, trace: Trace) -> list[ref.RunnerStepOutputs]:
-    return [engine(ref.make_inputs(case)) for case in trace.cases()]
-
-
 def eager(out: ref.RunnerStepOutputs) -> dict[str, np.ndarray]:
-    (build,) = [b for b in out.builds if b.how == "eager" and b.draft is None]
+    (build,) = own(out, "eager")
     return {f.name: f.values for f in build.fields}
 
 
@@ -73,9 +69,8 @@ def test_virtual_requests_read_their_chunks_and_every_property_holds(monkeypatch
         return original(*args, **kwargs)
 
     monkeypatch.setattr(chunked, "make_local_attention_virtual_batches", counted)
-    a.run.new_engine()
     trace = crossing()
-    outs = run(a.run, trace)
+    outs = run_trace(trace, a.run)
     for out in outs:
         assert ref.violations(out) == []
     assert calls and set(calls) == {32}
@@ -129,8 +124,7 @@ def test_an_empty_last_chunk_is_caught(mutant):
     trace = a.smallest_last_chunk_empty()
     assert a.trigger_last_chunk_empty(trace)
     engine = a.run_last_chunk_empty if mutant else a.run
-    engine.new_engine()
-    (out,) = run(engine, trace)
+    (out,) = run_trace(trace, engine)
     found = {(v.prop, v.field) for v in ref.violations(out)}
     if mutant:
         assert ("agreement within a build", "local.kv_len") in found

@@ -7,7 +7,7 @@ align-mode steps alone are judged; a mutant of the copy caught."""
 from __future__ import annotations
 
 import numpy as np
-from attnfuzz.adapters.vllm.testing import requires_vllm
+from attnfuzz.adapters.vllm.testing import own, requires_vllm, run_trace
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.trace import Trace
@@ -27,12 +27,8 @@ def adapter():
     return runner_step_mamba_align
 
 
-def run(engine, trace: Trace) -> list[ref.RunnerStepOutputs]:
-    return [engine(ref.make_inputs(case)) for case in trace.cases()]
-
-
 def eager(out: ref.RunnerStepOutputs) -> dict[str, np.ndarray]:
-    (build,) = [b for b in out.builds if b.how == "eager" and b.draft is None]
+    (build,) = own(out, "eager")
     return {f.name: f.values for f in build.fields}
 
 
@@ -69,8 +65,7 @@ def test_states_follow_their_requests_across_blocks(monkeypatch):
         return original(src, dst, sizes)
 
     monkeypatch.setattr(mamba_utils, "batch_memcpy", counted)
-    a.run.new_engine()
-    outs = run(a.run, crossing())
+    outs = run_trace(crossing(), a.run)
     for out in outs:
         assert ref.violations(out) == []
     # Step 1, on each of the engines with a history (padded, eager) and the fresh one:
@@ -91,10 +86,8 @@ def test_the_mutant_is_caught_on_its_smallest_trace():
     a = adapter()
     trace = a.smallest_copy_skipped()
     assert a.trigger_copy_skipped(trace) and a.reach_align(trace)
-    a.run.new_engine()
-    assert all(ref.violations(out) == [] for out in run(a.run, trace))
-    a.run_copy_skipped.new_engine()
-    last = run(a.run_copy_skipped, trace)[-1]
+    assert all(ref.violations(out) == [] for out in run_trace(trace, a.run))
+    last = run_trace(trace, a.run_copy_skipped)[-1]
     found = {(v.prop, v.field) for v in ref.violations(last)}
     assert ("agreement within a build", "mamba2.ssm_found") in found
     assert ("agreement within a build", "mamba2.conv_found") in found
