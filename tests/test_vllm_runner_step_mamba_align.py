@@ -7,6 +7,7 @@ align-mode steps alone are judged; a mutant of the copy caught."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from attnfuzz.adapters.vllm.testing import own, requires_vllm, run_trace
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
@@ -49,11 +50,15 @@ def crossing() -> Trace:
     )  # fmt: skip
 
 
-def test_states_follow_their_requests_across_blocks(monkeypatch):
+@pytest.mark.parametrize(
+    "engine, layer, states",
+    [("run", "mamba2", "state_by_request"), ("run_gdn", "gdn", "non_spec_state_indices_tensor")],
+)
+def test_states_follow_their_requests_across_blocks(monkeypatch, engine, layer, states):
     """Each step that moves a request into a new block copies its state there through
     ``batch_memcpy`` (request 0's from its first block to its second, request 1's from
-    its hit block to its own); every request reads the state it left, and every
-    property holds on every step."""
+    its hit block to its own), on a Mamba2 layer and on a GDN one; every request reads
+    the state it left, and every property holds on every step."""
     a = adapter()  # before vLLM
     import vllm.v1.worker.mamba_utils as mamba_utils
 
@@ -65,7 +70,7 @@ def test_states_follow_their_requests_across_blocks(monkeypatch):
         return original(src, dst, sizes)
 
     monkeypatch.setattr(mamba_utils, "batch_memcpy", counted)
-    outs = run_trace(crossing(), a.run)
+    outs = run_trace(crossing(), getattr(a, engine))
     for out in outs:
         assert ref.violations(out) == []
     # Step 1, on each of the engines with a history (padded, eager) and the fresh one:
@@ -73,11 +78,11 @@ def test_states_follow_their_requests_across_blocks(monkeypatch):
     assert copies and set(copies) == {4}
     second, third = eager(outs[1]), eager(outs[2])
     # The decode (request 0) first, then request 1's prefill after its hit.
-    assert second["mamba2.state_left"].tolist() == [a.tag(0, 16), a.tag(1, 16)]
-    assert second["mamba2.ssm_found"].tolist() == second["mamba2.state_left"].tolist()
-    assert third["mamba2.conv_found"].tolist() == [a.tag(0, 17), a.tag(1, 20)]
+    assert second[f"{layer}.state_left"].tolist() == [a.tag(0, 16), a.tag(1, 16)]
+    assert second[f"{layer}.temporal_found"].tolist() == second[f"{layer}.state_left"].tolist()
+    assert third[f"{layer}.conv_found"].tolist() == [a.tag(0, 17), a.tag(1, 20)]
     # Each reads its state in the block of its last token: its second block.
-    assert len(set(second["mamba2.state_by_request"].tolist())) == 2
+    assert len(set(second[f"{layer}.{states}"][:2].tolist())) == 2
 
 
 def test_the_mutant_is_caught_on_its_smallest_trace():
@@ -89,7 +94,7 @@ def test_the_mutant_is_caught_on_its_smallest_trace():
     assert all(ref.violations(out) == [] for out in run_trace(trace, a.run))
     last = run_trace(trace, a.run_copy_skipped)[-1]
     found = {(v.prop, v.field) for v in ref.violations(last)}
-    assert ("agreement within a build", "mamba2.ssm_found") in found
+    assert ("agreement within a build", "mamba2.temporal_found") in found
     assert ("agreement within a build", "mamba2.conv_found") in found
 
 

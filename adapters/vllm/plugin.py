@@ -447,8 +447,9 @@ _mamba_align_hook = functools.partial(_lazy, "runner_step_mamba_align")
 
 
 def _runner_step_mamba_align() -> list[Implementation]:
-    """``vllm-v1-mamba2``'s step with prefix caching on (``mamba_cache_mode`` align, vLLM's
-    default for a hybrid model), and a mutant of the runner's state copy."""
+    """``vllm-v1-mamba2``'s and ``vllm-v1-hybrid``'s steps with prefix caching on
+    (``mamba_cache_mode`` align, vLLM's default for a hybrid model), and a mutant of the
+    runner's state copy."""
     # No drafts: the fused align copies of a hybrid model's spec decode are not driven.
     fixes = {"next_n": 1}
     return [
@@ -462,6 +463,16 @@ def _runner_step_mamba_align() -> list[Implementation]:
             "do_mamba_copy_block's batch_memcpy kernel) over real state caches; the state "
             "each request's kernels read held to the one it left",
             declines="declines", traced=True,
+        ),
+        _step_impl(
+            "runner_step_mamba_align", "run_gdn", name="vllm-v1-hybrid-align", fixes=fixes,
+            description="installed vLLM (V1 runner) of a hybrid GDN model (Qwen3-Next's "
+            "linear attention) with prefix caching on, as vLLM serves one by default: "
+            "vllm-v1-hybrid's step in mamba_cache_mode align, as vllm-v1-mamba2-align "
+            "(the runner's preprocess_mamba over real state caches, the model's "
+            "gated_delta_net_state_copy_func; the state each request's kernels read held "
+            "to the one it left)",
+            declines="declines_gdn", traced=True,
         ),
         _step_impl(
             "runner_step_mamba_align", "run_copy_skipped",

@@ -1,5 +1,6 @@
-"""vLLM's model runner V1 step of a hybrid Mamba2 model with prefix caching on, as the
-implementation ``vllm-v1-mamba2-align`` of ``runner-step``.
+"""vLLM's model runner V1 step of a hybrid model with prefix caching on, as the
+implementations ``vllm-v1-mamba2-align`` (a Mamba2 layer) and ``vllm-v1-hybrid-align`` (a
+GDN layer, Qwen3-Next's) of ``runner-step``.
 
 ``vllm-v1-mamba2`` models a hybrid model served with ``--no-enable-prefix-caching``
 (``mamba_cache_mode="none"``: one state block a request, for its life). Prefix caching
@@ -10,14 +11,15 @@ and ``mamba_block_size`` to the attention block size
 attention one, the state of a request's last computed token lives in the block of that
 token (``mamba_get_block_table_tensor``: column ``(seq_len - 1) // block_size``), and
 each step that moves a request into a new block first copies its running state there.
-This implementation is that configuration: the engine of :mod:`.runner_step_linear`
-(a Mamba2 layer in a second KV-cache group) with ``enable_prefix_caching``,
-``mamba_cache_mode="align"`` and ``mamba_block_size`` as vLLM sets them, so that every
-step runs, besides the builders, the runner's own ``preprocess_mamba``
-(``v1/worker/mamba_utils.py``: ``cleanup_mamba_state_idx``, the previous and current
-state block of each request, ``collect_mamba_copy_meta`` with the model's
-``MambaStateCopyFuncCalculator.mamba2_state_copy_func``, ``do_mamba_copy_block``'s
-``batch_memcpy`` Triton kernel under Triton's interpreter, from the blocks' addresses).
+These implementations are that configuration: the engines of :mod:`.runner_step_linear`
+(a Mamba2 layer in a second KV-cache group) and :mod:`.runner_step_hybrid` (a GDN layer)
+with ``enable_prefix_caching``, ``mamba_cache_mode="align"`` and ``mamba_block_size`` as
+vLLM sets them, so that every step runs, besides the builders, the runner's own
+``preprocess_mamba`` (``v1/worker/mamba_utils.py``: ``cleanup_mamba_state_idx``, the
+previous and current state block of each request, ``collect_mamba_copy_meta`` with the
+model's ``MambaStateCopyFuncCalculator`` copy functions of its layer,
+``do_mamba_copy_block``'s ``batch_memcpy`` Triton kernel under Triton's interpreter,
+from the blocks' addresses).
 
 The scheduler's side, ``MambaManager`` in align mode (``v1/core/single_type_kv_cache_
 manager.py``), is modelled here (:class:`AlignScheduler`): a request's list holds a block
@@ -30,20 +32,20 @@ request new to the engine with computed tokens is a prefix-cache hit, of whole b
 (``find_longest_cache_hit``): its list holds the hit's block at index ``hit //
 block_size - 1``, whose state is the prefix's (put there as the cache holds it).
 
-The state itself: the layer's conv and SSM state caches are real tensors of the pool's
-blocks, bound as ``bind_kv_cache`` binds them (the layer in the static forward context),
-so that the runner's copies move real bytes. The model's forward stands in for the
-Mamba2 kernels' one effect on them: each real request's state block (its
-``mamba2.state_by_request``) is read, then holds the state after the step's tokens
-(``(request, seq_len)``). Fields: ``vllm-v1-mamba2``'s, and by request
-``mamba2.state_left`` (the state the request left: ``(request, computed tokens)``,
--1 for a request with none, whose first chunk reads no state) with
-``mamba2.conv_found`` and ``mamba2.ssm_found``, what each state cache holds at the
-block the kernels read (*agreement within a build*: a request reads the state it left,
-carried across blocks by the runner's copies). The fresh engine (history invariance)
-has no history of states: its builds carry no such field.
+The state itself: the layer's conv and temporal (SSM, recurrent) state caches are real
+tensors of the pool's blocks, bound as ``bind_kv_cache`` binds them (the layer in the
+static forward context), so that the runner's copies move real bytes. The model's
+forward stands in for the layer's kernels' one effect on them: each real request's state
+block (Mamba2's ``mamba2.state_by_request``, GDN's ``non_spec_state_indices_tensor``) is
+read, then holds the state after the step's tokens (``(request, seq_len)``). Fields: the
+base engine's, and by request ``<layer>.state_left`` (the state the request left:
+``(request, computed tokens)``, -1 for a request with none, whose first chunk reads no
+state) with ``<layer>.conv_found`` and ``<layer>.temporal_found``, what each state cache
+holds at the block the kernels read (*agreement within a build*: a request reads the
+state it left, carried across blocks by the runner's copies). The fresh engine (history
+invariance) has no history of states: its builds carry no such field.
 
-Declined beyond ``vllm-v1-mamba2``: drafts (``fixes``: no speculative config; the fused
+Declined beyond the base engine: drafts (``fixes``: no speculative config; the fused
 align pre- and post-copy kernels of a hybrid model's spec decode are not driven), what
 the scheduler never sends in align mode: a prefill chunk short of its prompt's end that
 ends inside a block (``Scheduler._mamba_block_aligned_split`` ends such a chunk on a
@@ -96,6 +98,11 @@ def declines(case: Case) -> str | None:
     """Why this engine does not run ``case``: what the scheduler never sends in align
     mode (module docstring), then as ``vllm-v1-mamba2``."""
     return declines_align(case.config, case.batch) or linear.declines(case)
+
+
+def declines_gdn(case: Case) -> str | None:
+    """As :func:`declines`, of ``vllm-v1-hybrid``'s engine."""
+    return declines_align(case.config, case.batch) or hybrid.declines(case)
 
 
 def declines_align(config: EngineConfig, batch: Batch) -> str | None:
@@ -200,16 +207,23 @@ class _StateLayer:
         self.kv_cache = kv_cache
 
 
-class _AlignEngine(linear._LinearEngine):
-    """A V1 runner of ``vllm-v1-mamba2``'s model in align mode, its states real."""
+class _AlignEngine(hybrid._HybridEngine):
+    """What align mode makes of a V1 runner of a hybrid model (a base of the engine
+    classes below, before the engine of their linear layer): its config, its Mamba
+    group's spec and blocks, its states real, the kernels' reads and writes of them."""
 
-    def __init__(
-        self, config: EngineConfig, device: torch.device, mode: str,
-        sched: AlignScheduler, tracked: bool,
-    ) -> None:  # fmt: skip
-        self.sched, self.tracked = sched, tracked
-        self.states_cache: list[torch.Tensor] = []
-        super().__init__(config, device, mode, LINEAR)
+    prefix = ""  # the linear layer's fields' prefix
+    sched: AlignScheduler
+    tracked = True  # whether its states are judged (not the fresh engine's)
+    states_cache: list[torch.Tensor]
+
+    def copy_funcs(self) -> tuple[Any, ...]:
+        """The model's ``get_mamba_state_copy_func`` of its linear layer."""
+        raise NotImplementedError
+
+    def state_by_request(self, meta: Any) -> torch.Tensor:
+        """Each request's state block the layer's kernels read and update, in row order."""
+        raise NotImplementedError
 
     def make_config(self, config: EngineConfig, mode: str) -> Any:
         """``MambaModelConfig.verify_and_update_config`` with prefix caching on."""
@@ -240,10 +254,8 @@ class _AlignEngine(linear._LinearEngine):
         context[linear.hybrid.LINEAR_LAYER] = _StateLayer(self.states_cache)
 
     def load(self, resolved: Any) -> Any:
-        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
-
         handed = _StatefulHanded(super().load(resolved).inner, self.recorder, self)
-        funcs = MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+        funcs = self.copy_funcs()
         handed.get_mamba_state_copy_funcs = lambda types: dict.fromkeys(types, funcs)
         return handed
 
@@ -288,7 +300,7 @@ class _AlignEngine(linear._LinearEngine):
         if meta is None or not self.tracked or not self.states_cache:
             return None
         r = self.runner
-        slots = linear._STATE_BY_REQUEST["mamba2"](meta).tolist()
+        slots = self.state_by_request(meta).tolist()
         rows = r.input_batch.req_ids[: r.input_batch.num_reqs]
         left, found = [], [[] for _ in self.states_cache]
         for rid, slot in zip(rows, slots, strict=False):
@@ -310,13 +322,58 @@ class _AlignEngine(linear._LinearEngine):
         state = getattr(seen, "kernel_states", None)
         if state is None:
             return out
-        left = "mamba2.state_left"
+        left = f"{self.prefix}.state_left"
         return (
             *out,
             Field(left, "requests", state.left),
-            Field("mamba2.conv_found", "requests", state.found[0], agrees_with=left),
-            Field("mamba2.ssm_found", "requests", state.found[1], agrees_with=left),
-        )
+            Field(f"{self.prefix}.conv_found", "requests", state.found[0], agrees_with=left),
+            Field(f"{self.prefix}.temporal_found", "requests", state.found[1],
+                  agrees_with=left),
+        )  # fmt: skip
+
+
+class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
+    """``vllm-v1-mamba2``'s engine in align mode."""
+
+    prefix = "mamba2"
+
+    def __init__(
+        self, config: EngineConfig, device: torch.device, mode: str,
+        sched: AlignScheduler, tracked: bool,
+    ) -> None:  # fmt: skip
+        self.sched, self.tracked, self.states_cache = sched, tracked, []
+        linear._LinearEngine.__init__(self, config, device, mode, LINEAR)
+
+    def copy_funcs(self) -> tuple[Any, ...]:
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
+
+    def state_by_request(self, meta: Any) -> torch.Tensor:
+        return linear._STATE_BY_REQUEST["mamba2"](meta)
+
+
+class _GdnAlignEngine(_AlignEngine):
+    """``vllm-v1-hybrid``'s engine (a GDN layer) in align mode."""
+
+    prefix = "gdn"
+
+    def __init__(
+        self, config: EngineConfig, device: torch.device, mode: str,
+        sched: AlignScheduler, tracked: bool,
+    ) -> None:  # fmt: skip
+        self.sched, self.tracked, self.states_cache = sched, tracked, []
+        hybrid._HybridEngine.__init__(self, config, device, mode)
+
+    def copy_funcs(self) -> tuple[Any, ...]:
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+    def state_by_request(self, meta: Any) -> torch.Tensor:
+        # GDNAttentionMetadataBuilder.build without drafts: block_table_tensor[:, 0],
+        # the rows in order (a FULL graph's staged copy, its padding rows null).
+        return meta.non_spec_state_indices_tensor
 
 
 class _StatefulHanded(v1._Handed):
@@ -344,8 +401,13 @@ class _StatefulHanded(v1._Handed):
 
 
 class AlignRunnerStepEngine(hybrid.HybridRunnerStepEngine):
-    """``vllm-v1-mamba2``'s three engines in align mode, their block lists the one
-    scheduler's (:class:`AlignScheduler`); the fresh engine's states untracked."""
+    """A hybrid model's three engines in align mode, of ``engine_type``, their block
+    lists the one scheduler's (:class:`AlignScheduler`); the fresh engine's states
+    untracked."""
+
+    def __init__(self, engine_type: type[_AlignEngine]) -> None:
+        self.align_type = engine_type
+        super().__init__()
 
     def new_engine(self) -> None:
         super().new_engine()
@@ -354,7 +416,7 @@ class AlignRunnerStepEngine(hybrid.HybridRunnerStepEngine):
 
     def engine(self, config: EngineConfig, device: torch.device, mode: str) -> v1._Engine:
         assert self.sched is not None
-        return _AlignEngine(config, device, mode, self.sched, tracked=not self._fresh_made)
+        return self.align_type(config, device, mode, self.sched, not self._fresh_made)
 
     def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
         if self.key != (inputs.config, inputs.device) or self.sched is None:
@@ -373,8 +435,10 @@ class AlignRunnerStepEngine(hybrid.HybridRunnerStepEngine):
             self._fresh_made = False
 
 
-ENGINE = AlignRunnerStepEngine()
+ENGINE = AlignRunnerStepEngine(_Mamba2AlignEngine)
 """The engine of the implementation ``vllm-v1-mamba2-align`` of ``runner-step``."""
+GDN_ENGINE = AlignRunnerStepEngine(_GdnAlignEngine)
+"""The engine of the implementation ``vllm-v1-hybrid-align`` of ``runner-step``."""
 
 
 def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -383,7 +447,13 @@ def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     return ENGINE(inputs)
 
 
+def run_gdn(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-v1-hybrid-align`` of ``runner-step``, as :func:`run`."""
+    return GDN_ENGINE(inputs)
+
+
 run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+run_gdn.new_engine = GDN_ENGINE.new_engine  # type: ignore[attr-defined]
 
 
 # -- the mutant -----------------------------------------------------------------------------
@@ -414,7 +484,7 @@ def run_copy_skipped(inputs: RunnerStepInputs) -> RunnerStepOutputs:
     return _MUTATED(inputs)
 
 
-_MUTATED = v1.Mutated(AlignRunnerStepEngine(), _copy_skipped)
+_MUTATED = v1.Mutated(AlignRunnerStepEngine(_Mamba2AlignEngine), _copy_skipped)
 run_copy_skipped.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
 
 
