@@ -217,9 +217,24 @@ class _AlignEngine(hybrid._HybridEngine):
     tracked = True  # whether its states are judged (not the fresh engine's)
     states_cache: list[torch.Tensor]
 
+    copy_func = ""  # the layer's MambaStateCopyFuncCalculator method
+
+    def __init__(
+        self, config: EngineConfig, device: torch.device, mode: str,
+        sched: AlignScheduler, tracked: bool,
+    ) -> None:  # fmt: skip
+        self.sched, self.tracked, self.states_cache = sched, tracked, []
+        self.build_base(config, device, mode)
+
+    def build_base(self, config: EngineConfig, device: torch.device, mode: str) -> None:
+        """The linear layer's engine, built as its own constructor builds it."""
+        raise NotImplementedError
+
     def copy_funcs(self) -> tuple[Any, ...]:
         """The model's ``get_mamba_state_copy_func`` of its linear layer."""
-        raise NotImplementedError
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return getattr(MambaStateCopyFuncCalculator, self.copy_func)()
 
     def state_by_request(self, meta: Any) -> torch.Tensor:
         """Each request's state block the layer's kernels read and update, in row order."""
@@ -335,19 +350,10 @@ class _AlignEngine(hybrid._HybridEngine):
 class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
     """``vllm-v1-mamba2``'s engine in align mode."""
 
-    prefix = "mamba2"
+    prefix, copy_func = "mamba2", "mamba2_state_copy_func"
 
-    def __init__(
-        self, config: EngineConfig, device: torch.device, mode: str,
-        sched: AlignScheduler, tracked: bool,
-    ) -> None:  # fmt: skip
-        self.sched, self.tracked, self.states_cache = sched, tracked, []
+    def build_base(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         linear._LinearEngine.__init__(self, config, device, mode, LINEAR)
-
-    def copy_funcs(self) -> tuple[Any, ...]:
-        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
-
-        return MambaStateCopyFuncCalculator.mamba2_state_copy_func()
 
     def state_by_request(self, meta: Any) -> torch.Tensor:
         return linear._STATE_BY_REQUEST["mamba2"](meta)
@@ -356,19 +362,10 @@ class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
 class _GdnAlignEngine(_AlignEngine):
     """``vllm-v1-hybrid``'s engine (a GDN layer) in align mode."""
 
-    prefix = "gdn"
+    prefix, copy_func = "gdn", "gated_delta_net_state_copy_func"
 
-    def __init__(
-        self, config: EngineConfig, device: torch.device, mode: str,
-        sched: AlignScheduler, tracked: bool,
-    ) -> None:  # fmt: skip
-        self.sched, self.tracked, self.states_cache = sched, tracked, []
+    def build_base(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         hybrid._HybridEngine.__init__(self, config, device, mode)
-
-    def copy_funcs(self) -> tuple[Any, ...]:
-        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
-
-        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
     def state_by_request(self, meta: Any) -> torch.Tensor:
         # GDNAttentionMetadataBuilder.build without drafts: block_table_tensor[:, 0],
