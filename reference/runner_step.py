@@ -50,17 +50,20 @@ builds must agree and what a padding row may hold:
   names no request's row).
 - *micro-batch agreement*: a micro-batch of a split step (``how="microbatch"``: the
   step's tokens ``first_token`` to ``first_token + num_tokens``, run as a forward of
-  its own, as vLLM's dual-batch overlap runs each half) has the real rows of the
-  first eager build of its sub-step cut to those tokens: its requests those whose
-  query overlaps them, its token rows theirs, its offsets the eager ones less
-  ``first_token``, clipped to its tokens. A request whose query runs past the
-  micro-batch's last token reads its keys up to that token only: its ``kv_len`` is
-  the eager one less the query tokens past it, its ``kv_slots`` the first of those,
-  and its other request fields (each engine's own names for that length) are judged
-  through those two alone. A micro-batch that starts past the step's last real
-  token (a split at the middle of a count the padding doubled: vLLM's V2 runner
-  runs it, its request clamped onto the last one with no query token) has no real
-  row: only safety judges it.
+  its own, as vLLM's dual-batch overlap runs each half and a prefill context parallel
+  rank each chunk of a query it holds) has the real rows of the first eager build of
+  its sub-step cut to those tokens: its requests those whose query overlaps them, its
+  token rows theirs, its offsets the eager ones less ``first_token``, clipped to its
+  tokens. A request whose query runs past the micro-batch's last token reads its keys
+  up to that token only: its ``kv_len`` is the eager one less the query tokens past
+  it, its ``kv_slots`` the first of those, and its other request fields (each engine's
+  own names for that length) are judged through those two alone. A micro-batch that
+  starts past the step's last real token (a split at the middle of a count the padding
+  doubled: vLLM's V2 runner runs it, its request clamped onto the last one with no
+  query token) has no real row: only safety judges it. The micro-batches of one
+  partition of a sub-step (``StepBuild.partition``: the segments a context-parallel
+  split hands its ranks) together hold each of its tokens once: none left out, none
+  run twice.
 
 A field's rows are indexed by the step's requests (``rows="requests"``), its
 tokens (``"tokens"``) or its request offsets (``"offsets"``: ``num_reqs + 1``
@@ -254,6 +257,10 @@ class StepBuild:
     # A micro-batch's first token in its step: it holds the step's tokens first_token
     # to first_token + num_tokens (its num_reqs requests, those tokens' ones).
     first_token: int = 0
+    # A micro-batch's partition of its step (None: none said): the micro-batches of one
+    # partition of a sub-step (a context-parallel split's ranks' segments) together
+    # hold each of its tokens once.
+    partition: str | None = None
     # A dummy run's: the rows of the step's first eager build whose requests the engine
     # held while the dummy run ran (the step's requests not new to it).
     live: tuple[int, ...] = ()
@@ -635,12 +642,41 @@ def _token_requests(build: StepBuild, tokens: int) -> np.ndarray | None:
     return np.searchsorted(starts, np.arange(tokens), side="right") - 1
 
 
+def _tiling(eager: StepBuild, mbs: list[StepBuild]) -> list[Violation]:
+    """The micro-batches of one sub-step hold each of its tokens once: their real token
+    spans, in order, run from its first token to its last with no gap and no overlap."""
+    at, out = 0, []
+    spans = sorted((b.first_token, b.num_tokens, b.name) for b in mbs if b.num_tokens)
+    for start, n, name in spans:
+        if start != at:
+            what = (
+                f"tokens [{at}, {start}) in none"
+                if start > at
+                else (f"tokens [{start}, {min(at, start + n)}) in two")
+            )
+            out.append(Violation("micro-batch agreement", "-", name, f"{what} of the "
+                                 f"micro-batches of {eager.name}"))  # fmt: skip
+        at = max(at, start + n)
+    if at < eager.num_tokens:
+        out.append(Violation("micro-batch agreement", "-", mbs[-1].name,
+                             f"tokens [{at}, {eager.num_tokens}) of {eager.name} in none of "
+                             f"its micro-batches"))  # fmt: skip
+    return out
+
+
 def microbatch_agreement(out: RunnerStepOutputs) -> list[Violation]:
     """Every micro-batch build equals the first eager build of its sub-step cut to its
-    tokens."""
+    tokens, and the micro-batches of one partition of a sub-step together hold each of
+    its tokens once."""
     eager = {b.draft: b for b in reversed(tuple(out.of("eager")))}  # the first of each
-    return [v for b in out.of("microbatch") if b.draft in eager
-            for v in _microbatch_against(eager[b.draft], b)]  # fmt: skip
+    found = [v for b in out.of("microbatch") if b.draft in eager
+             for v in _microbatch_against(eager[b.draft], b)]  # fmt: skip
+    parts = {(b.draft, b.partition) for b in out.of("microbatch") if b.partition is not None}
+    for draft, partition in sorted(parts, key=str):
+        if draft in eager:
+            mbs = [b for b in out.of("microbatch") if (b.draft, b.partition) == (draft, partition)]
+            found += _tiling(eager[draft], mbs)
+    return found
 
 
 PROPERTIES = (padding_invariance, replay_equals_eager, history_invariance,

@@ -389,6 +389,32 @@ def test_a_micro_batch_wholly_in_the_padding_is_judged_by_safety_alone():
     assert "tokens [3, 4) of a step of 3 tokens" in claims.detail
 
 
+def test_the_micro_batches_of_a_partition_hold_each_token_of_the_step_once():
+    """The step of 3 tokens cut as a context-parallel split cuts it, tokens [0, 1) and
+    [1, 3) on two ranks (one partition), tiles it; a token in none of them or in two is
+    a violation of micro-batch agreement, which each micro-batch alone passes; micro-
+    batches of no partition (a dual-batch overlap's, its sets from several forwards) are
+    not held together. With the tiling removed this test fails."""
+    eager = build("eager")
+
+    def segment(first: int, n: int, partition: str | None = "cp") -> ref.StepBuild:
+        f = eager.field("slot_mapping")
+        assert f is not None
+        rows = ref.Field("slot_mapping", "tokens", f.values[first : first + n], f.accepts)
+        reqs = 2 if first == 1 and n == 2 else 1  # tokens [1, 3): requests 0 and 1
+        return ref.StepBuild("microbatch", reqs, n, (rows,), first_token=first,
+                             partition=partition)  # fmt: skip
+
+    assert ref.microbatch_agreement(outputs(eager, segment(1, 2), segment(0, 1))) == []
+    (lost,) = ref.microbatch_agreement(outputs(eager, segment(0, 1), segment(1, 1)))
+    assert lost.detail == "tokens [2, 3) of eager in none of its micro-batches"
+    (gap,) = ref.microbatch_agreement(outputs(eager, segment(1, 2)))
+    assert gap.detail == "tokens [0, 1) in none of the micro-batches of eager"
+    (twice,) = ref.microbatch_agreement(outputs(eager, segment(0, 2), segment(1, 2)))
+    assert twice.detail == "tokens [1, 2) in two of the micro-batches of eager"
+    assert ref.microbatch_agreement(outputs(eager, segment(0, 1, None))) == []
+
+
 def test_outputs_without_an_eager_build_or_of_another_type_fail():
     (missing,) = compare(None, None, EXPECTED, outputs(build("padded", pad=True)))
     assert (missing.check, missing.where) == (Check.TYPE, "builds")
