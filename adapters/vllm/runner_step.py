@@ -1138,7 +1138,8 @@ def _draft_prefill_positions(
 
 
 def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
-    """``execute_model`` of one scheduler output; its ``ExecuteModelState``."""
+    """``execute_model`` of one scheduler output; its ``ExecuteModelState`` (None where
+    the runner ran no forward)."""
     r = engine.runner
     engine.recorder.kind = "step"
     engine.recorder.where = "model_runner.py: GPUModelRunner.execute_model"
@@ -1149,8 +1150,11 @@ def _execute(engine: _Engine, out: Any, peer: _Peer | None = None) -> Any:
         engine.recorder.kind = None
     state = r.execute_model_state
     r.execute_model_state = None
-    batch = state.input_batch
     engine.held = set(r.req_states.req_id_to_index)
+    if state is None:  # no forward: no rank had a token to run (execute_model returns)
+        engine.last = None
+        return None
+    batch = state.input_batch
     seq_lens = [
         int(r.req_states.num_computed_tokens_np[r.req_states.req_id_to_index[rid]])
         + out.num_scheduled_tokens[rid]
