@@ -109,6 +109,7 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "vllm-dflash"): 4,
     ("runner-step", "vllm-mrope"): 4,
     ("runner-step", "vllm-mtp-modules"): 4,
+    ("runner-step", "vllm-pcp"): 2,
     ("runner-step", "vllm-standalone-ar"): 4,
     ("runner-step", "vllm-v2-mamba-hybrid"): 4,
 }
@@ -116,7 +117,8 @@ SIDE_BY_SIDE_TRACES = {
 graph runners (SGLang's attention backends side by side; a graph runner per draft
 layer; prefill graphs beside the decode graphs, every size of both captured when an
 engine starts; the EAGLE workers' target, draft and draft-extend graph runners; vLLM's
-V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code;
+V2 runners, each of a trace's engines built, loaded and captured by vLLM's own code (the
+PCP one five: the unpartitioned step's three and a runner per rank);
 the V1 runner's step beside six backends' eager builds of it: 10 to 16 s a trace on a
 2-core machine; SGLang's DeepSeek-V4 backend, whose metadata a graph builds anew at
 every replay through a dozen interpreted Triton kernels), in place of its kind's

@@ -492,6 +492,17 @@ REQUIRES["runner_step_mamba_align"] = REQUIRES["runner_step_linear"] + (
     Api("vllm.model_executor.layers.mamba.mamba_utils",
         "MambaStateCopyFuncCalculator.mamba2_state_copy_func"),
 )  # fmt: skip
+# runner_step_pcp: runner_step's engine of an MLA model, and one a PCP rank.
+REQUIRES["runner_step_pcp"] = (
+    V2_RUNNER_GATHER,
+    V2_RUNNER_PREPARE,
+    Api("vllm.v1.worker.gpu.pcp_manager", "maybe_build_pcp_manager"),
+    Api("vllm.v1.worker.gpu.pcp_manager", "PCPManager.partition_batch"),
+    Api("vllm.v1.worker.gpu.pcp_manager", "PCPManager._iter_rank_chunks"),
+    Api("vllm.v1.worker.gpu.pcp_manager", "PCPManager.restore_for_sampling"),
+    Api("vllm.v1.attention.backends.mla.triton_mla", "TritonMLABackend"),
+    Api("vllm.v1.kv_cache_interface", "MLAAttentionSpec"),
+)
 # runner_step_kda: runner_step_hybrid's engine, its linear layer's backend Kimi K3's KDA.
 REQUIRES["runner_step_kda"] = REQUIRES["runner_step_hybrid"] + (
     Api("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),

@@ -489,6 +489,39 @@ def _runner_step_mamba_align() -> list[Implementation]:
     ]  # fmt: skip
 
 
+_pcp_hook = functools.partial(_lazy, "runner_step_pcp")
+
+
+def _runner_step_pcp() -> list[Implementation]:
+    """The V2 runner's step of an MLA model with prefill context parallelism over two
+    ranks, and a mutant of its partition."""
+    fixes = {"next_n": 1}  # the ranks' draft prefill is not driven
+    return [
+        _step_impl(
+            "runner_step_pcp", "run", name="vllm-pcp", fixes=fixes,
+            description="installed vLLM (V2 runner) of an MLA model (Triton MLA) with "
+            "prefill context parallelism over two ranks, each rank its own runner: "
+            "vllm/v1/worker/gpu/pcp_manager.py: PCPManager.partition_batch (each prefill "
+            "in 2*PCP chunks, decodes sharded), _build_batch_layout, "
+            "get_num_tokens_for_dispatch, the gathered slot mappings, "
+            "restore_for_sampling, the capture runs' PCP buffers; each rank's segments "
+            "judged as micro-batches of the unpartitioned step",
+            declines="declines", traced=True,
+        ),
+        _step_impl(
+            "runner_step_pcp", "run_chunks_rounded_down",
+            name="vllm-pcp-chunks-rounded-down", kind="mutant", fixes=fixes,
+            declines="declines",
+            description="installed vLLM (V2 runner, PCP 2) with "
+            "PCPManager._iter_rank_chunks sizing a prefill's chunks by rounding down: the "
+            "last tokens of a query not a multiple of 2*PCP run on no rank",
+            trigger=_pcp_hook("trigger_chunks_rounded_down"),
+            reach=_pcp_hook("reach_pcp"),
+            smallest=_pcp_hook("smallest_chunks_rounded_down"), traced=True,
+        ),
+    ]  # fmt: skip
+
+
 def _runner_step_linear() -> list[Implementation]:
     """``vllm-v1-hybrid``'s step with its linear layer on Mamba1, Mamba2, PLE short-conv
     or Bailing linear attention, and a mutant of three builders' FULL-graph staging."""
@@ -2564,6 +2597,7 @@ VLLM = Engine(
             *_runner_step(),
             *_runner_step_linear(),
             *_runner_step_mamba_align(),
+            *_runner_step_pcp(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_triton_flash_attn(),
