@@ -241,6 +241,32 @@ def _mla_fields(config: EngineConfig, seen: v1._Seen) -> list[Field]:
     return out
 
 
+def latent_head(vc: Any) -> None:
+    """The latent head (``kv_lora_rank + qk_rope_head_dim``) of an MLA model, on ``vc``'s
+    own copy of the model config (the copy shares the base's hf config and
+    architecture, so each is copied before it is changed)."""
+    model = vc.model_config = copy.copy(vc.model_config)
+    model.hf_text_config = copy.copy(model.hf_text_config)
+    model.hf_text_config.kv_lora_rank = KV_LORA_RANK
+    model.hf_text_config.qk_rope_head_dim = QK_ROPE_HEAD_DIM
+    model.model_arch_config = copy.copy(model.model_arch_config)
+    model.model_arch_config.head_size = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+
+
+def latent_spec(config: EngineConfig, kv_cache_dtype: str = "auto") -> Any:
+    """The ``MLAAttentionSpec`` of the latent cache: one head of the latent size, bf16,
+    or a byte a value for an fp8 cache (``kv_cache_dtype_str_to_dtype``)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    auto = kv_cache_dtype == "auto"
+    return MLAAttentionSpec(
+        block_size=config.block_size, num_kv_heads=1,
+        head_size=KV_LORA_RANK + QK_ROPE_HEAD_DIM,
+        dtype=torch.bfloat16 if auto else torch.uint8,
+        cache_dtype_str=None if auto else kv_cache_dtype,
+    )  # fmt: skip
+
+
 class _MLAEngine(v1._Engine):
     """A V1 runner whose attention layer is an MLA layer on the Triton MLA backend."""
 
@@ -249,17 +275,9 @@ class _MLAEngine(v1._Engine):
     kv_cache_dtype = "auto"  # CacheConfig.cache_dtype: the model's (bf16)
 
     def attention_group(self) -> tuple[type, Any]:
-        from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
         vc = self.vllm_config
-        # The latent head (kv_lora_rank + qk_rope_head_dim): on this engine's copy of
-        # the model config (the copy shares the base's hf config and architecture).
-        model = vc.model_config = copy.copy(vc.model_config)
-        model.hf_text_config = copy.copy(model.hf_text_config)
-        model.hf_text_config.kv_lora_rank = KV_LORA_RANK
-        model.hf_text_config.qk_rope_head_dim = QK_ROPE_HEAD_DIM
-        model.model_arch_config = copy.copy(model.model_arch_config)
-        model.model_arch_config.head_size = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+        latent_head(vc)
         layers = vc.compilation_config.static_forward_context
         layers[_LAYER] = _mla_layer(vc, self.backend())
         if drafting.DRAFT_LAYER in layers:  # the MTP layer is an MLA layer too
@@ -268,14 +286,7 @@ class _MLAEngine(v1._Engine):
         # cache is a byte a value: KVCacheSpec's dtype for it, kv_cache_dtype_str_to_dtype).
         vc.cache_config = copy.copy(vc.cache_config)
         vc.cache_config.cache_dtype = self.kv_cache_dtype
-        auto = self.kv_cache_dtype == "auto"
-        spec = MLAAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1,
-            head_size=KV_LORA_RANK + QK_ROPE_HEAD_DIM,
-            dtype=torch.bfloat16 if auto else torch.uint8,
-            cache_dtype_str=None if auto else self.kv_cache_dtype,
-        )  # fmt: skip
-        return self.backend(), spec
+        return self.backend(), latent_spec(self.config, self.kv_cache_dtype)
 
     def resolves_to(self, mode: Any) -> Any:
         from vllm.config import CUDAGraphMode

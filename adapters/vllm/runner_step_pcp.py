@@ -56,7 +56,6 @@ kernel block sizes). Fixed by the plugin: no drafter (``next_n`` 1).
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -135,13 +134,7 @@ class _MLAEngine(v2._Engine):
     pcp = 1  # the engine's prefill context parallel size
 
     def configure(self, vc: Any) -> Any:
-        # The latent head, on this engine's copy of the model config (runner_step_mla).
-        model = vc.model_config = copy.copy(vc.model_config)
-        model.hf_text_config = copy.copy(model.hf_text_config)
-        model.hf_text_config.kv_lora_rank = mla.KV_LORA_RANK
-        model.hf_text_config.qk_rope_head_dim = mla.QK_ROPE_HEAD_DIM
-        model.model_arch_config = copy.copy(model.model_arch_config)
-        model.model_arch_config.head_size = mla.KV_LORA_RANK + mla.QK_ROPE_HEAD_DIM
+        mla.latent_head(vc)
         vc.parallel_config.prefill_context_parallel_size = self.pcp
         return vc
 
@@ -149,15 +142,11 @@ class _MLAEngine(v2._Engine):
         return {v2._LAYER: mla._mla_layer(self.vllm_config, mla._backend())}
 
     def kv_cache_config(self, layers: list[str]) -> Any:
-        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-        spec = MLAAttentionSpec(
-            block_size=self.config.block_size, num_kv_heads=1,
-            head_size=mla.KV_LORA_RANK + mla.QK_ROPE_HEAD_DIM, dtype=torch.bfloat16,
-        )  # fmt: skip
         return KVCacheConfig(
             num_blocks=v2.num_blocks(self.config), kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
+            kv_cache_groups=[KVCacheGroupSpec(list(layers), mla.latent_spec(self.config))],
         )  # fmt: skip
 
     def resolves_to(self, mode: Any) -> Any:
