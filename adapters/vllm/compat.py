@@ -534,6 +534,17 @@ REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
     Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
 )
+# runner_step_v2_align: runner_step_mamba_hybrid's engine with prefix caching on, the model
+# state's align path (the fused state copies) and the GDN layer's copy functions.
+REQUIRES["runner_step_v2_align"] = REQUIRES["runner_step_mamba_hybrid"] + (
+    Api("vllm.v1.worker.gpu.model_states.mamba_hybrid", "MambaHybridModelState.add_request"),
+    Api("vllm.v1.worker.gpu.model_states.mamba_hybrid",
+        "MambaHybridModelState.initialize_kv_cache"),
+    Api("vllm.v1.worker.mamba_utils", "MambaSpecDecodeGPUContext.run_fused_precopy"),
+    Api("vllm.v1.worker.mamba_utils", "MambaSpecDecodeGPUContext.run_fused_postprocess_align"),
+    Api("vllm.model_executor.layers.mamba.mamba_utils",
+        "MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func"),
+)  # fmt: skip
 # runner_step_mamba_hybrid.dummy_stale_rows: besides its module's, the dummy runs' block
 # tables it replaces by the last step's rows (0.26.0's get_dummy_block_tables).
 REQUIRES["runner_step_mamba_hybrid.dummy_stale_rows"] = (

@@ -489,6 +489,53 @@ def _runner_step_mamba_align() -> list[Implementation]:
     ]  # fmt: skip
 
 
+_v2_align_hook = functools.partial(_lazy, "runner_step_v2_align")
+
+
+def _runner_step_v2_align() -> list[Implementation]:
+    """``vllm-v2-mamba-hybrid``'s step with prefix caching on (``mamba_cache_mode``
+    align), the V2 runner's fused state copies driven, and a mutant of their seeding."""
+    # No drafts: each request accepts one token, the states judged are those of no draft.
+    fixes = {"next_n": 1}
+    return [
+        _step_impl(
+            "runner_step_v2_align", "run", name="vllm-v2-hybrid-align", fixes=fixes,
+            description="installed vLLM (V2 runner) of a hybrid GDN model with prefix "
+            "caching on, as vLLM serves one by default (mamba_cache_mode align): "
+            "vllm-v2-mamba-hybrid's step, MambaHybridModelState's align path "
+            "(MambaSpecDecodeGPUContext's metadata of the state caches, preprocess_state's "
+            "preprocess_mamba_align_fused_kernel and run_fused_precopy, postprocess_state's "
+            "run_fused_postprocess_align; vllm/v1/worker/mamba_utils.py) over real state "
+            "caches; the state each request's kernels read held to the one it left",
+            declines="declines", traced=True,
+        ),
+        _step_impl(
+            "runner_step_v2_align", "seed_column_past",
+            name="vllm-v2-hybrid-align-seed-column-past", kind="mutant", fixes=fixes,
+            declines="declines",
+            description="installed vLLM (V2 runner, hybrid GDN, align mode) with "
+            "MambaHybridModelState.add_request seeding a request's running column with "
+            "num_computed_tokens // mamba_block_size: a request new to the engine with "
+            "whole blocks computed reads a state it never left",
+            trigger=_v2_align_hook("trigger_seed_column_past"),
+            reach=_v2_align_hook("reach_align"),
+            smallest=_v2_align_hook("smallest_seed_column_past"), traced=True,
+        ),
+        _step_impl(
+            "runner_step_v2_align", "decode_precopy_skipped",
+            name="vllm-v2-hybrid-align-decode-precopy-skipped", kind="mutant", fixes=fixes,
+            declines="declines",
+            description="installed vLLM (V2 runner, hybrid GDN, align mode) with "
+            "MambaHybridModelState.preprocess_state returning before its kernels on a step "
+            "of decodes alone: a decode that crosses into a new block reads that block's "
+            "stale state",
+            trigger=_v2_align_hook("trigger_decode_precopy_skipped"),
+            reach=_v2_align_hook("reach_align"),
+            smallest=_v2_align_hook("smallest_decode_precopy_skipped"), traced=True,
+        ),
+    ]  # fmt: skip
+
+
 _pcp_hook = functools.partial(_lazy, "runner_step_pcp")
 
 
@@ -2598,6 +2645,7 @@ VLLM = Engine(
             *_runner_step_linear(),
             *_runner_step_mamba_align(),
             *_runner_step_pcp(),
+            *_runner_step_v2_align(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_triton_flash_attn(),

@@ -148,6 +148,7 @@ class AlignScheduler:
         self.seeds: dict[int, int] = {}
         self.pending: dict[str, int] = {}
         self.scheduled: dict[str, int] = {}  # the step's tokens of each request
+        self.computed: dict[str, int] = {}  # and its computed tokens before it
 
     def _take(self) -> int:
         if not self.free:
@@ -174,6 +175,7 @@ class AlignScheduler:
         self.held = {rid: list(self.sent[rid]) for rid in running}
         self.gained, self.seeds = {}, {}
         self.scheduled = dict(zip(ids, inputs.query_lens, strict=True))
+        self.computed = dict(zip(ids, inputs.num_computed_tokens, strict=True))
         steps = zip(ids, inputs.is_new, inputs.num_computed_tokens, inputs.query_lens,
                     strict=True)  # fmt: skip
         for rid, new, computed, q in steps:
@@ -197,6 +199,77 @@ def state_blocks(config: EngineConfig) -> int:
     """The state blocks the pool holds: two live a request at most (its running block
     and the one it left, freed at its next step) and one more."""
     return 2 * config.max_num_seqs + 1
+
+
+def with_state_blocks(out: Any, sched: AlignScheduler, caches: list[torch.Tensor]) -> None:
+    """Put the Mamba group's block ids (:class:`AlignScheduler`) into the step's scheduler
+    output ``out``: a request new to the engine its list (a fresh engine's warm-up of a
+    running request the list it held), a running one what it gained; and the prefix
+    hits' states in place in ``caches``."""
+    for new in out.scheduled_new_reqs:
+        row = sched.held.get(new.req_id) or sched.sent.get(new.req_id) or [NULL_BLOCK_ID]
+        new.block_ids = (*new.block_ids, list(row))
+    cached = out.scheduled_cached_reqs
+    for i, rid in enumerate(cached.req_ids):
+        if rid in cached.resumed_req_ids:
+            cached.new_block_ids[i] = (*cached.new_block_ids[i], list(sched.sent[rid]))
+        else:
+            gained = sched.gained.get(rid, [])
+            mine = cached.new_block_ids[i]
+            if mine is not None or gained:
+                cached.new_block_ids[i] = (*(mine or ([],)), list(gained))
+    for block, state in sched.seeds.items():
+        write_state(caches, block, state)
+
+
+def write_state(caches: list[torch.Tensor], block: int, state: int) -> None:
+    """Block ``block`` of every state cache holds the state tagged ``state``."""
+    for cache in caches:
+        cache[block].view(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=cache.dtype)
+
+
+def read_state(caches: list[torch.Tensor], block: int) -> list[int]:
+    """The tag of the state each state cache holds at block ``block``."""
+    out = []
+    for cache in caches:
+        who, tokens = (int(x) for x in cache[block].view(-1)[:2].tolist())
+        out.append(who * TAG + tokens)
+    return out
+
+
+def kernel_states(
+    caches: list[torch.Tensor], slots: list[int], rows: list[tuple[str, int]],
+    scheduled: dict[str, int],
+) -> SimpleNamespace:  # fmt: skip
+    """The linear layer's kernels' reads and writes of a step's real requests: ``rows``
+    each request and its computed tokens in row order, ``slots`` the state block its
+    kernels read and update (the metadata's). What each state cache holds there (found),
+    the state the request left (``(request, computed)``, -1 for none: its first chunk
+    reads no state); then the block holds the state after the step's tokens."""
+    left, found = [], [[] for _ in caches]
+    for (rid, computed), slot in zip(rows, slots, strict=False):
+        have = computed > 0
+        left.append(tag(rid, computed) if have else -1)
+        read = read_state(caches, slot) if have else [-1] * len(caches)
+        for f, value in zip(found, read, strict=True):
+            f.append(value)
+        if slot != NULL_BLOCK_ID:
+            write_state(caches, slot, tag(rid, computed + scheduled[rid]))
+    return SimpleNamespace(left=np.array(left, dtype=np.int64),
+                           found=[np.array(f, dtype=np.int64) for f in found])  # fmt: skip
+
+
+def state_fields(prefix: str, state: SimpleNamespace | None) -> tuple[Field, ...]:
+    """The fields of :func:`kernel_states`: what each request's kernels found in each
+    state cache, which agrees with the state it left (none where nothing was tracked)."""
+    if state is None:
+        return ()
+    left = f"{prefix}.state_left"
+    return (
+        Field(left, "requests", state.left),
+        Field(f"{prefix}.conv_found", "requests", state.found[0], agrees_with=left),
+        Field(f"{prefix}.temporal_found", "requests", state.found[1], agrees_with=left),
+    )
 
 
 class _StateLayer:
@@ -276,75 +349,25 @@ class _AlignEngine(hybrid._HybridEngine):
 
     def output(self, inputs: RunnerStepInputs) -> Any:
         """The step's scheduler output with the Mamba group's block ids
-        (:class:`AlignScheduler`): a request new to the engine its list (a fresh
-        engine's warm-up of a running request the list it held), a running one what it
-        gained; the prefix hits' states put in place."""
+        (:func:`with_state_blocks`)."""
         out = v1._Engine.output(self, inputs)
-        s = self.sched
-        for new in out.scheduled_new_reqs:
-            row = s.held.get(new.req_id) or s.sent.get(new.req_id) or [NULL_BLOCK_ID]
-            new.block_ids = (*new.block_ids, list(row))
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            if rid in cached.resumed_req_ids:
-                cached.new_block_ids[i] = (*cached.new_block_ids[i], list(s.sent[rid]))
-            else:
-                gained = s.gained.get(rid, [])
-                mine = cached.new_block_ids[i]
-                if mine is not None or gained:
-                    cached.new_block_ids[i] = (*(mine or ([],)), list(gained))
-        for block, state in s.seeds.items():
-            self.write_state(block, state)
-        return out
-
-    def write_state(self, block: int, state: int) -> None:
-        for cache in self.states_cache:
-            cache[block].view(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=cache.dtype)
-
-    def read_state(self, block: int) -> list[int]:
-        out = []
-        for cache in self.states_cache:
-            who, tokens = (int(x) for x in cache[block].view(-1)[:2].tolist())
-            out.append(who * TAG + tokens)
+        with_state_blocks(out, self.sched, self.states_cache)
         return out
 
     def kernels(self, meta: Any) -> SimpleNamespace | None:
-        """The Mamba2 kernels' reads and writes of the step's real requests (module
-        docstring): what each state cache holds at each request's block, then the
-        state after the step there."""
+        """The Mamba2 kernels' reads and writes of the step's real requests
+        (:func:`kernel_states`)."""
         if meta is None or not self.tracked or not self.states_cache:
             return None
         r = self.runner
-        slots = self.state_by_request(meta).tolist()
         rows = r.input_batch.req_ids[: r.input_batch.num_reqs]
-        left, found = [], [[] for _ in self.states_cache]
-        for rid, slot in zip(rows, slots, strict=False):
-            state = r.requests[rid]
-            computed = state.num_computed_tokens
-            tokens = computed + self.sched.scheduled[rid]
-            have = computed > 0
-            left.append(tag(rid, computed) if have else -1)
-            read = self.read_state(slot) if have else [-1] * len(self.states_cache)
-            for f, value in zip(found, read, strict=True):
-                f.append(value)
-            if slot != NULL_BLOCK_ID:
-                self.write_state(slot, tag(rid, tokens))
-        return SimpleNamespace(left=np.array(left, dtype=np.int64),
-                               found=[np.array(f, dtype=np.int64) for f in found])  # fmt: skip
+        computed = [(rid, r.requests[rid].num_computed_tokens) for rid in rows]
+        return kernel_states(self.states_cache, self.state_by_request(meta).tolist(), computed,
+                             self.sched.scheduled)  # fmt: skip
 
     def linear_fields(self, seen: v1._Seen) -> tuple[Field, ...]:
-        out = super().linear_fields(seen)
         state = getattr(seen, "kernel_states", None)
-        if state is None:
-            return out
-        left = f"{self.prefix}.state_left"
-        return (
-            *out,
-            Field(left, "requests", state.left),
-            Field(f"{self.prefix}.conv_found", "requests", state.found[0], agrees_with=left),
-            Field(f"{self.prefix}.temporal_found", "requests", state.found[1],
-                  agrees_with=left),
-        )  # fmt: skip
+        return super().linear_fields(seen) + state_fields(self.prefix, state)
 
 
 class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
