@@ -34,20 +34,10 @@ def eager(out: ref.RunnerStepOutputs) -> dict[str, np.ndarray]:
 
 
 def crossing() -> Trace:
-    """Request 0 prefills a block of 16 tokens, then decodes into its second block;
-    request 1 arrives with a prefix hit of one block (16 of its 20 prompt tokens) and
-    prefills the other 4; then both decode."""
-    return Trace(
-        CONFIG,
-        (
-            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,),
-                  prompt_lens=(16,)),
-            Batch((16, 16), (1, 4), req_ids=(0, 1), pages=((1, 2), (3, 4)),
-                  new_pages=(1, 2), prompt_lens=(16, 20)),
-            Batch((17, 20), (1, 1), req_ids=(0, 1), pages=((1, 2), (3, 4)),
-                  new_pages=(0, 0), prompt_lens=(16, 20)),
-        ),
-    )  # fmt: skip
+    """Two requests crossing into new blocks (``two_requests_crossing``)."""
+    from attnfuzz.adapters.vllm.runner_step_mamba_align import two_requests_crossing
+
+    return two_requests_crossing(CONFIG)
 
 
 @pytest.mark.parametrize(

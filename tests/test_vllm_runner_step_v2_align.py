@@ -35,20 +35,10 @@ def build(out: ref.RunnerStepOutputs, how: str) -> dict[str, np.ndarray]:
 
 
 def crossing(mode: str = "FULL_AND_PIECEWISE") -> Trace:
-    """Request 0 prefills a block of 16 tokens, then decodes into its second block;
-    request 1 arrives with a prefix hit of one block (16 of its 20 prompt tokens) and
-    prefills the other 4; then both decode (a uniform decode: a FULL graph replays it)."""
-    return Trace(
-        dataclasses.replace(CONFIG, cudagraph_mode=mode),
-        (
-            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,),
-                  prompt_lens=(16,)),
-            Batch((16, 16), (1, 4), req_ids=(0, 1), pages=((1, 2), (3, 4)),
-                  new_pages=(1, 2), prompt_lens=(16, 20)),
-            Batch((17, 20), (1, 1), req_ids=(0, 1), pages=((1, 2), (3, 4)),
-                  new_pages=(0, 0), prompt_lens=(16, 20)),
-        ),
-    )  # fmt: skip
+    """V1's two requests crossing into new blocks (``two_requests_crossing``), on V2."""
+    from attnfuzz.adapters.vllm.runner_step_mamba_align import two_requests_crossing
+
+    return two_requests_crossing(dataclasses.replace(CONFIG, cudagraph_mode=mode))
 
 
 @pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "PIECEWISE", "NONE"])

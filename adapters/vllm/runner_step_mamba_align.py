@@ -526,15 +526,38 @@ def trigger_copy_skipped(found: Trace | Case) -> bool:
     )
 
 
-def smallest_copy_skipped() -> Trace:
+def block_crossing(runner: str) -> Trace:
     """One request prefills a block of 16 tokens, then decodes one in its second block:
-    its state must be copied from the first block to the second."""
+    its state must be copied from the first block to the second (``runner``'s engine)."""
     config = EngineConfig(max_model_len=32, max_num_seqs=1, max_num_batched_tokens=16,
-                          block_size=16, cudagraph_mode="NONE", runner="v1")  # fmt: skip
+                          block_size=16, cudagraph_mode="NONE", runner=runner)  # fmt: skip
     return Trace(
         config,
         (
-            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,)),
-            Batch((16,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(1,)),
+            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(16,)),
+            Batch((16,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(1,), prompt_lens=(16,)),
         ),
     )
+
+
+def two_requests_crossing(config: EngineConfig) -> Trace:
+    """Request 0 prefills a block of 16 tokens, then decodes into its second block;
+    request 1 arrives with a prefix hit of one block (16 of its 20 prompt tokens) and
+    prefills the other 4; then both decode (a uniform decode: a FULL graph replays it).
+    The block size must be 16."""
+    return Trace(
+        config,
+        (
+            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,),
+                  prompt_lens=(16,)),
+            Batch((16, 16), (1, 4), req_ids=(0, 1), pages=((1, 2), (3, 4)),
+                  new_pages=(1, 2), prompt_lens=(16, 20)),
+            Batch((17, 20), (1, 1), req_ids=(0, 1), pages=((1, 2), (3, 4)),
+                  new_pages=(0, 0), prompt_lens=(16, 20)),
+        ),
+    )  # fmt: skip
+
+
+def smallest_copy_skipped() -> Trace:
+    """:func:`block_crossing` on V1's runner."""
+    return block_crossing("v1")

@@ -186,13 +186,18 @@ class MambaHybridRunnerStepEngine(runner_step.RunnerStepEngine):
         return _MambaHybridEngine(config, device, mode, self.speculator, self.states)
 
     def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        if self.key != (inputs.config, inputs.device):
-            self.states.clear()
-        _assign(self.states, inputs)
+        self.track(inputs, same_engine=self.key == (inputs.config, inputs.device))
         return super().__call__(inputs)
 
+    def track(self, inputs: RunnerStepInputs, same_engine: bool) -> None:
+        """The scheduler's side of the step, before the runner's: the requests' state
+        slots (:func:`assign_slots`; none kept from another engine's steps)."""
+        if not same_engine:
+            self.states.clear()
+        assign_slots(self.states, inputs)
 
-def _assign(states: dict[str, int], inputs: RunnerStepInputs) -> None:
+
+def assign_slots(states: dict[str, int], inputs: RunnerStepInputs) -> None:
     """``MambaManager``: a request new to the engine takes the lowest state slot no
     running request of the step holds; one left out of the step is finished."""
     ids = [str(rid) for rid in inputs.req_ids]

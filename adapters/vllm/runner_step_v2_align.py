@@ -54,6 +54,7 @@ import torch
 from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_mamba_align as align
 from attnfuzz.adapters.vllm import runner_step_mamba_hybrid as v2_hybrid
+from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.persistent_batch import new_to_engine
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
@@ -263,11 +264,11 @@ class AlignRunnerStepEngine(v2_hybrid.MambaHybridRunnerStepEngine):
         return _AlignEngine(config, device, mode, self.speculator, self.sched,
                             not self._fresh_made)  # fmt: skip
 
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        if self.key != (inputs.config, inputs.device) or self.sched is None:
+    def track(self, inputs: RunnerStepInputs, same_engine: bool) -> None:
+        """The scheduler's block lists of the step (state slots are blocks here)."""
+        if not same_engine or self.sched is None:
             self.sched = align.AlignScheduler(inputs.config)
         self.sched.step(inputs)
-        return super().__call__(inputs)
 
     def _fresh(self, *args: Any) -> Any:
         self._fresh_made = True
@@ -319,18 +320,7 @@ def _seed_column_past() -> Iterator[None]:
         yield
 
 
-class _Mutated:
-    """``vllm-v2-hybrid-align``'s engines with the defect ``defect`` in force."""
-
-    def __init__(self, defect: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        self.engine, self.defect = AlignRunnerStepEngine(), defect
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with self.defect():
-            return self.engine(inputs)
-
-
-_SEED_COLUMN_PAST = _Mutated(_seed_column_past)
+_SEED_COLUMN_PAST = Mutated(AlignRunnerStepEngine(), _seed_column_past)
 
 
 def seed_column_past(inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -384,7 +374,7 @@ def _decode_precopy_skipped() -> Iterator[None]:
         yield
 
 
-_DECODE_PRECOPY_SKIPPED = _Mutated(_decode_precopy_skipped)
+_DECODE_PRECOPY_SKIPPED = Mutated(AlignRunnerStepEngine(), _decode_precopy_skipped)
 
 
 def decode_precopy_skipped(inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -413,14 +403,5 @@ def trigger_decode_precopy_skipped(found: Trace | Case) -> bool:
 
 
 def smallest_decode_precopy_skipped() -> Trace:
-    """One request prefills a block of 16 tokens, then decodes one in its second block:
-    its state must be copied from the first block to the second."""
-    config = EngineConfig(max_model_len=32, max_num_seqs=1, max_num_batched_tokens=16,
-                          block_size=16, cudagraph_mode="NONE", runner="v2")  # fmt: skip
-    return Trace(
-        config,
-        (
-            Batch((0,), (16,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(16,)),
-            Batch((16,), (1,), req_ids=(0,), pages=((1, 2),), new_pages=(1,), prompt_lens=(16,)),
-        ),
-    )
+    """:func:`.runner_step_mamba_align.block_crossing` on V2's runner."""
+    return align.block_crossing("v2")
