@@ -74,6 +74,10 @@ class Implementation:
     # vLLM's ``VllmConfig.num_lookahead_tokens``): a drawn trace gives each request the
     # pages of those too, as the engine's scheduler does, up to ``max_model_len``.
     lookahead: Callable[[EngineConfig], int] | None = field(default=None, hash=False)
+    # Traced only: whether the engine prefills a prompt over several steps (vLLM's and
+    # SGLang's default, chunked prefill); False for one that prefills it whole, in one
+    # step (an encoder-decoder model's): a drawn trace then prefills every prompt whole.
+    chunked_prefill: bool = field(default=True, hash=False)
     # Engine code whose engine decides a step's graph mode itself (the runner's own
     # step): of an engine config and a step, the step as its engine runs it (e.g. beside
     # the data-parallel peer its adapter puts there, never forced eager), so that where

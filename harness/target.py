@@ -228,7 +228,11 @@ class Target:
     ) -> st.SearchStrategy[Trace]:
         """The traces of one engine's steps (:mod:`attnfuzz.strategies.traces`), as :meth:`cases`
         draws cases; with ``impl``, those whose every step it accepts, with its lookahead."""
-        drawn = functools.partial(traces, lookahead=impl.lookahead if impl else None)
+        drawn = functools.partial(
+            traces,
+            lookahead=impl.lookahead if impl else None,
+            chunked_prefill=impl.chunked_prefill if impl else True,
+        )
         return self._drawn(drawn, scale, impl, Trace.cases)
 
     def _drawn(self, strategy: Any, scale: Scale, impl: Implementation | None, steps: Any) -> Any:

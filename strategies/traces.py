@@ -353,8 +353,8 @@ class _Scheduler:
             elif req.prefilling:
                 left = req.prompt_len - req.computed
                 # Settling: a chunk of at most half the rest, so that the next step
-                # can take the same chunk again.
-                most = left // 2 if settle and left > 1 else left
+                # can take the same chunk again (a whole prefill settles by itself).
+                most = left // 2 if settle and left > 1 and not whole else left
                 if not (whole or full):
                     most -= draw(st.integers(0, most - 1))  # whole, shrunk
                 q = max(1, min(top, most))
@@ -427,13 +427,17 @@ def traces(
     varlen: bool = True,
     max_steps: int = MAX_STEPS,
     lookahead: Callable[[EngineConfig], int] | None = None,
+    chunked_prefill: bool = True,
 ) -> Trace:
     """An engine config, the steps one engine of it runs, and the target's parameters
     (``params``, ``fixes``, ``supports``, ``varlen``: as :func:`~attnfuzz.strategies.
     batches.cases`). Every step is a batch the engine can produce, decodes first.
     ``lookahead``: of the config, the KV slots the engine's scheduler reserves past each
     request's scheduled tokens (:attr:`~attnfuzz.harness.implementation.Implementation.
-    lookahead`; none by default), whose pages each request holds too."""
+    lookahead`; none by default), whose pages each request holds too.
+    ``chunked_prefill`` False: an engine that prefills a prompt whole, in one step (an
+    encoder-decoder model's): every arrival's prompt fits the budget left to it and
+    every prefill takes its whole rest; True draws exactly what it always drew."""
     config = draw(engine_configs(scale, fixes, supports, varlen))
     num_steps = draw(st.integers(1, max_steps))
     sched = _Scheduler(config, lookahead(config) if lookahead is not None else 0)
@@ -450,7 +454,8 @@ def traces(
         # Between steps: rejected drafts roll back; requests finish (those at the
         # model's length always) or are preempted; new ones arrive, or preempted return.
         sched.roll_back()
-        decoding, whole = k >= decode_from, k == decode_from - 1
+        decoding, before_decoding = k >= decode_from, k == decode_from - 1
+        whole = before_decoding or not chunked_prefill  # every prefill whole
         # A steady step (one later step in STEADY_ODDS; shrinks to 0, not steady): the
         # same requests as the last step, one quantity changed (see CHANGES). Where
         # the requests are not yet steady (prefills in the last step), this step
@@ -483,9 +488,9 @@ def traces(
             if req.computed >= max_len or (k > 0 and not settle and draw(st.integers(0, 3)) == 3):
                 sched.leave(req, preempted=req.computed < max_len and draw(st.booleans()))
         if settle:
-            steps.append(sched.step(draw, settle=True))
+            steps.append(sched.step(draw, settle=True, whole=not chunked_prefill))
             continue
-        if whole:  # the step before the decode steps: its prefills whole
+        if before_decoding:  # the step before the decode steps: its prefills whole
             sched.make_room_to_decode()
         least = 0 if sched.running else 1
         room = sched.room

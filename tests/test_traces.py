@@ -291,6 +291,50 @@ def test_most_lives_of_several_steps_settle_into_decode_steps():
     assert settled >= several * 3 // 5, (settled, several)
 
 
+def prefill_chunks(trace: Trace) -> list[str]:
+    """Each step's prefill chunks: a request whose query stops short of its prompt, or
+    one that ran before and still prefills."""
+    from attnfuzz.reference.persistent_batch import new_to_engine
+
+    out = []
+    for k, step in enumerate(trace.steps):
+        prompts = step.prompt_lens or (0,) * step.num_reqs
+        rows = zip(step.req_ids, new_to_engine(step), step.num_computed_tokens, step.q_lens,
+                   prompts, strict=True)  # fmt: skip
+        out += [
+            f"step {k}: request {rid} at {c} of {p}, {q} tokens"
+            for rid, new, c, q, p in rows
+            if c + q < p or (not new and c < p)
+        ]
+    return out
+
+
+def test_an_engine_without_chunked_prefill_prefills_every_prompt_whole():
+    """``chunked_prefill=False`` (an encoder-decoder model's engine): where the budget
+    holds ``max_model_len`` tokens, every arrival's prompt fits the budget left to it and
+    no step prefills a chunk; arrivals still join running requests. The default draws
+    chunks."""
+    fixes = {"next_n": 1, "max_model_len": 32, "max_num_batched_tokens": 48}
+    joined = 0
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(traces(fixes=fixes, chunked_prefill=False))
+    def draw(trace):
+        nonlocal joined
+        assert not trace_violations(trace)
+        assert prefill_chunks(trace) == []
+        joined += any(
+            0 < sum(c == 0 for c in step.num_computed_tokens) < step.num_reqs
+            for step in trace.steps[1:]
+        )
+
+    draw()
+    assert joined >= 20, joined
+    chunked = find(traces(fixes=fixes), lambda t: bool(prefill_chunks(t)),
+                   settings=settings(database=None, max_examples=500))  # fmt: skip
+    assert prefill_chunks(chunked)
+
+
 def test_step_change_names_the_one_quantity_changed():
     config = spec_config(num_spec=3, cudagraph_mode="FULL", cudagraph_capture_sizes=(4, 16))
 
