@@ -534,6 +534,20 @@ REQUIRES["runner_step_mamba_hybrid"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.kv_cache_interface", "MambaSpec", keyword="num_speculative_blocks"),
     Api("vllm.v1.attention.backends.registry", "MambaAttentionBackendEnum.GDN_ATTN"),
 )
+# runner_step_encoder_decoder: runner_step's engine of an encoder-decoder model: the model
+# state init_model_state picks for it, its encoder runner, the cross-attention backend.
+REQUIRES["runner_step_encoder_decoder"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.model_states.encoder_decoder",
+        "EncoderDecoderModelState._get_encoder_seq_lens"),
+    Api("vllm.v1.worker.gpu.model_states", "resolve_model_state_cls"),
+    Api("vllm.v1.worker.gpu.mm.encoder_runner", "EncoderRunner.execute_mm_encoder"),
+    Api("vllm.model_executor.layers.attention.cross_attention",
+        "create_cross_attention_backend"),
+    Api("vllm.model_executor.layers.attention.cross_attention", "_get_cross_slot_mapping"),
+    Api("vllm.model_executor.layers.attention", "CrossAttention"),
+    Api("vllm.v1.kv_cache_interface", "CrossAttentionSpec"),
+    Api("vllm.multimodal.inputs", "MultiModalFeatureSpec"),
+)  # fmt: skip
 # runner_step_v2_align: runner_step_mamba_hybrid's engine with prefix caching on, the model
 # state's align path (the fused state copies) and the GDN layer's copy functions.
 REQUIRES["runner_step_v2_align"] = REQUIRES["runner_step_mamba_hybrid"] + (

@@ -536,6 +536,47 @@ def _runner_step_v2_align() -> list[Implementation]:
     ]  # fmt: skip
 
 
+_encoder_decoder_hook = functools.partial(_lazy, "runner_step_encoder_decoder")
+
+
+def _runner_step_encoder_decoder() -> list[Implementation]:
+    """``vllm``'s step of an encoder-decoder model (the V2 runner's
+    ``EncoderDecoderModelState``, the cross-attention group's builder), and a mutant of
+    its cross-attention slots."""
+    # Served without a speculator here, in the graph mode vLLM keeps for such a model (the
+    # eager engine of every step runs NONE beside it), prompts within any budget but a
+    # few (no chunked prefill: a budget below max_model_len is declined).
+    fixes = {"next_n": 1, "cudagraph_mode": "FULL_DECODE_ONLY", "max_model_len": 32}
+    unchunked = {"fixes": fixes, "chunked_prefill": False}
+    return [
+        _step_impl(
+            "runner_step_encoder_decoder", "run", name="vllm-v2-encoder-decoder",
+            **unchunked,
+            description="installed vLLM (V2 runner) of an encoder-decoder model (Whisper's "
+            "family): vllm's step with the model's cross-attention, so that the runner "
+            "keeps EncoderDecoderModelState (v1/worker/gpu/model_states/encoder_decoder.py: "
+            "the encoder run on a request's first step, each request's encoder length in "
+            "prepare_attn) and the cross-attention group's CrossAttentionBuilder "
+            "(model_executor/layers/attention/cross_attention.py) builds its seq_lens and "
+            "the slots its forward writes the encoder's keys to; every field of both "
+            "groups judged, the cross-attention slots held to those each request reads",
+            declines="declines", traced=True,
+        ),
+        _step_impl(
+            "runner_step_encoder_decoder", "rows_by_rank",
+            name="vllm-v2-encoder-decoder-rows-by-rank", kind="mutant", **unchunked,
+            declines="declines",
+            description="installed vLLM (V2 runner, encoder-decoder model) with "
+            "_get_cross_slot_mapping reading each writing request's blocks from the "
+            "block-table row of its rank among the writers: a request at its first step "
+            "behind one past it writes its encoder's keys into the other's blocks",
+            trigger=_encoder_decoder_hook("trigger_rows_by_rank"),
+            reach=_encoder_decoder_hook("reach_encoder_decoder"),
+            smallest=_encoder_decoder_hook("smallest_rows_by_rank"), traced=True,
+        ),
+    ]  # fmt: skip
+
+
 _pcp_hook = functools.partial(_lazy, "runner_step_pcp")
 
 
@@ -2646,6 +2687,7 @@ VLLM = Engine(
             *_runner_step_mamba_align(),
             *_runner_step_pcp(),
             *_runner_step_v2_align(),
+            *_runner_step_encoder_decoder(),
             *_runner_step_mla(),
             *_runner_step_flash_attn(),
             *_runner_step_triton_flash_attn(),
