@@ -1432,6 +1432,47 @@ class RunnerStepEngine:
         return _step_build("fresh", fresh, state, history=False), fresh
 
 
+class SlottedRunnerStepEngine(RunnerStepEngine):
+    """``vllm``'s three engines, each running request holding a slot of the engine's
+    (a hybrid model's state slot, an encoder-decoder model's cross-attention blocks) as
+    the scheduler assigns it (:func:`assign_slots`), kept across the steps and shared
+    by the three: ``engine_type`` takes them after the speculator."""
+
+    def new_engine(self) -> None:
+        super().new_engine()
+        self.slots: dict[str, int] = {}
+
+    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> _Engine:
+        make: Any = self.engine_type
+        return make(config, device, mode, self.speculator, self.slots)
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        self.track(inputs, same_engine=self.key == (inputs.config, inputs.device))
+        return super().__call__(inputs)
+
+    def track(self, inputs: RunnerStepInputs, same_engine: bool) -> None:
+        """The scheduler's side of the step, before the runner's: the requests' slots
+        (:func:`assign_slots`; none kept from another engine's steps)."""
+        if not same_engine:
+            self.slots.clear()
+        assign_slots(self.slots, inputs)
+
+
+def assign_slots(slots: dict[str, int], inputs: RunnerStepInputs) -> None:
+    """A request new to the engine takes the lowest slot no running request of the step
+    holds (as vLLM's ``MambaManager`` hands out state slots); one left out of the step
+    is finished and gives its slot back."""
+    ids = [str(rid) for rid in inputs.req_ids]
+    running = {rid: slots[rid] for rid, new in zip(ids, inputs.is_new, strict=True) if not new}
+    taken = set(running.values())
+    free = (s for s in range(inputs.config.max_num_seqs) if s not in taken)
+    for rid, new in zip(ids, inputs.is_new, strict=True):
+        if new:
+            running[rid] = next(free)
+    slots.clear()
+    slots.update(running)
+
+
 ENGINE = RunnerStepEngine()
 """The engine of the implementation ``vllm`` of ``runner-step``."""
 

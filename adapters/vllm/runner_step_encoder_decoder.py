@@ -62,7 +62,6 @@ from unittest import mock
 import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step as rs
-from attnfuzz.adapters.vllm.runner_step_mamba_hybrid import assign_slots
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
 from attnfuzz.reference.batch import Batch, Case, EngineConfig, cdiv
 from attnfuzz.reference.persistent_batch import new_to_engine
@@ -344,24 +343,11 @@ def by_request(flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return rows
 
 
-class EncoderDecoderRunnerStepEngine(rs.RunnerStepEngine):
+class EncoderDecoderRunnerStepEngine(rs.SlottedRunnerStepEngine):
     """``vllm``'s three engines, of an encoder-decoder model; the requests'
     cross-attention slots kept across the steps and shared by the three."""
 
     engine_type = _EncoderDecoderEngine
-
-    def new_engine(self) -> None:
-        super().new_engine()
-        self.slots: dict[str, int] = {}
-
-    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> rs._Engine:
-        return _EncoderDecoderEngine(config, device, mode, self.speculator, self.slots)
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        if self.key != (inputs.config, inputs.device):
-            self.slots.clear()
-        assign_slots(self.slots, inputs)
-        return super().__call__(inputs)
 
 
 ENGINE = EncoderDecoderRunnerStepEngine()

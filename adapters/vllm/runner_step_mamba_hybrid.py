@@ -48,6 +48,7 @@ from unittest import mock
 import torch
 from attnfuzz.adapters.vllm import runner_step
 from attnfuzz.adapters.vllm import runner_step_hybrid as hybrid
+from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace
@@ -172,43 +173,11 @@ class _MambaHybridEngine(runner_step._Engine):
         return super().fields(seen, history=history) + linear
 
 
-class MambaHybridRunnerStepEngine(runner_step.RunnerStepEngine):
+class MambaHybridRunnerStepEngine(runner_step.SlottedRunnerStepEngine):
     """``vllm``'s three engines, of the hybrid model; the requests' state slots kept
     across the steps and shared by the three."""
 
     engine_type = _MambaHybridEngine
-
-    def new_engine(self) -> None:
-        super().new_engine()
-        self.states: dict[str, int] = {}
-
-    def engine(self, config: EngineConfig, device: torch.device, mode: str) -> runner_step._Engine:
-        return _MambaHybridEngine(config, device, mode, self.speculator, self.states)
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        self.track(inputs, same_engine=self.key == (inputs.config, inputs.device))
-        return super().__call__(inputs)
-
-    def track(self, inputs: RunnerStepInputs, same_engine: bool) -> None:
-        """The scheduler's side of the step, before the runner's: the requests' state
-        slots (:func:`assign_slots`; none kept from another engine's steps)."""
-        if not same_engine:
-            self.states.clear()
-        assign_slots(self.states, inputs)
-
-
-def assign_slots(states: dict[str, int], inputs: RunnerStepInputs) -> None:
-    """``MambaManager``: a request new to the engine takes the lowest state slot no
-    running request of the step holds; one left out of the step is finished."""
-    ids = [str(rid) for rid in inputs.req_ids]
-    running = {rid: states[rid] for rid, new in zip(ids, inputs.is_new, strict=True) if not new}
-    taken = set(running.values())
-    free = (s for s in range(inputs.config.max_num_seqs) if s not in taken)
-    for rid, new in zip(ids, inputs.is_new, strict=True):
-        if new:
-            running[rid] = next(free)
-    states.clear()
-    states.update(running)
 
 
 ENGINE = MambaHybridRunnerStepEngine()
@@ -228,18 +197,9 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 # changed (:func:`.runner_step_hybrid._pad_slot_padding`), under this runner.
 
 
-class _Mutated:
-    """A hybrid engine whose GDN builder's padding rows are PAD_SLOT_ID after each build."""
-
-    def __init__(self) -> None:
-        self.engine = MambaHybridRunnerStepEngine()
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with hybrid._mutated(hybrid._pad_slot_padding):
-            return self.engine(inputs)
-
-
-_PAD_SLOT = _Mutated()
+_PAD_SLOT = Mutated(
+    MambaHybridRunnerStepEngine(), lambda: hybrid._mutated(hybrid._pad_slot_padding)
+)
 
 
 def pad_slot_padding(inputs: RunnerStepInputs) -> RunnerStepOutputs:
@@ -301,18 +261,7 @@ def _stale_dummy_rows() -> Iterator[None]:
         yield
 
 
-class _StaleRows:
-    """A hybrid engine whose dummy runs read the block-table rows of the last step."""
-
-    def __init__(self) -> None:
-        self.engine = MambaHybridRunnerStepEngine()
-
-    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
-        with _stale_dummy_rows():
-            return self.engine(inputs)
-
-
-_STALE_ROWS = _StaleRows()
+_STALE_ROWS = Mutated(MambaHybridRunnerStepEngine(), _stale_dummy_rows)
 
 
 def dummy_stale_rows(inputs: RunnerStepInputs) -> RunnerStepOutputs:
