@@ -544,8 +544,8 @@ def _runner_step_encoder_decoder() -> list[Implementation]:
     ``EncoderDecoderModelState``, the cross-attention group's builder), and a mutant of
     its cross-attention slots."""
     # Served without a speculator here, in the graph mode vLLM keeps for such a model (the
-    # eager engine of every step runs NONE beside it), prompts within any budget but a
-    # few (no chunked prefill: a budget below max_model_len is declined).
+    # eager engine of every step runs NONE beside it); max_model_len 32, so that a budget
+    # below it (declined: no chunked prefill) is seldom drawn.
     fixes = {"next_n": 1, "cudagraph_mode": "FULL_DECODE_ONLY", "max_model_len": 32}
     unchunked = {"fixes": fixes, "chunked_prefill": False}
     return [
