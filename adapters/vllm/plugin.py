@@ -450,7 +450,7 @@ def _runner_step_mamba_align() -> list[Implementation]:
     """``vllm-v1-mamba2``'s and ``vllm-v1-hybrid``'s steps with prefix caching on
     (``mamba_cache_mode`` align, vLLM's default for a hybrid model), and a mutant of the
     runner's state copy."""
-    # No drafts: the fused align copies of a hybrid model's spec decode are not driven.
+    # No drafts for Mamba2: its state here has no speculative columns (GDN's has).
     fixes = {"next_n": 1}
     return [
         _step_impl(
@@ -465,13 +465,15 @@ def _runner_step_mamba_align() -> list[Implementation]:
             declines="declines", traced=True,
         ),
         _step_impl(
-            "runner_step_mamba_align", "run_gdn", name="vllm-v1-hybrid-align", fixes=fixes,
+            "runner_step_mamba_align", "run_gdn", name="vllm-v1-hybrid-align",
             description="installed vLLM (V1 runner) of a hybrid GDN model (Qwen3-Next's "
             "linear attention) with prefix caching on, as vLLM serves one by default: "
             "vllm-v1-hybrid's step in mamba_cache_mode align, as vllm-v1-mamba2-align "
             "(the runner's preprocess_mamba over real state caches, the model's "
             "gated_delta_net_state_copy_func; the state each request's kernels read held "
-            "to the one it left)",
+            "to the one it left); with drafts, MambaManager's speculative blocks, the "
+            "fused pre-copy (precopy_mamba_align_fused_kernel) and the fused post-copy "
+            "after sampling (postprocess_mamba_align_gpu) of a hybrid model's spec decode",
             declines="declines_gdn", traced=True,
         ),
         _step_impl(
@@ -485,6 +487,18 @@ def _runner_step_mamba_align() -> list[Implementation]:
             trigger=_mamba_align_hook("trigger_copy_skipped"),
             reach=_mamba_align_hook("reach_align"),
             smallest=_mamba_align_hook("smallest_copy_skipped"), traced=True,
+        ),
+        _step_impl(
+            "runner_step_mamba_align", "run_precopy_unbiased",
+            name="vllm-v1-hybrid-align-precopy-unbiased", kind="mutant",
+            declines="declines_gdn",
+            description="installed vLLM (V1 runner, hybrid GDN, align mode, drafts) with "
+            "the fused pre-copy of a spec decode (MambaSpecDecodeGPUContext."
+            "run_fused_precopy) handed a token bias of 0: a request that accepted drafts "
+            "and moves into a new block reads the state of its last step's first token",
+            trigger=_mamba_align_hook("trigger_precopy_unbiased"),
+            reach=_mamba_align_hook("reach_align_drafts"),
+            smallest=_mamba_align_hook("smallest_precopy_unbiased"), traced=True,
         ),
     ]  # fmt: skip
 

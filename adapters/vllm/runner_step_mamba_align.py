@@ -23,34 +23,51 @@ from the blocks' addresses).
 
 The scheduler's side, ``MambaManager`` in align mode (``v1/core/single_type_kv_cache_
 manager.py``), is modelled here (:class:`AlignScheduler`): a request's list holds a block
-at the index of its last scheduled token and null blocks before it
-(``allocate_new_blocks``: ``cdiv(num_tokens, block_size)`` entries, one new block a step
-that crosses into a new block); the previous running block is freed at the request's
-next step (``remove_skipped_blocks``: ``last_state_block_idx``), a finished or preempted
-request's at once, and a freed block is handed out again (first freed, first reused). A
-request new to the engine with computed tokens is a prefix-cache hit, of whole blocks
-(``find_longest_cache_hit``): its list holds the hit's block at index ``hit //
-block_size - 1``, whose state is the prefix's (put there as the cache holds it).
+at the index of its last scheduled token, ``num_spec`` speculative blocks past it, and
+null blocks before it (``allocate_new_blocks``: ``cdiv(num_tokens, block_size) +
+num_speculative_blocks`` entries; a step that crosses into a new block takes a new one
+and moves the speculative blocks left behind to the end of the list,
+``_relocate_speculative_block``); the blocks before the one of a request's last computed
+token are freed at its next step (``remove_skipped_blocks``, ``last_state_block_idx``),
+a finished or preempted request's at once, and a freed block is handed out again (first
+freed, first reused). A request new to the engine with computed tokens is a prefix-cache
+hit, of whole blocks (``find_longest_cache_hit``): its list holds the hit's block at
+index ``hit // block_size - 1``, whose state is the prefix's (put there as the cache
+holds it). The layer exports no prefill checkpoints (``num_prefill_checkpoint_blocks``
+0: FlashInfer's GDN prefill alone does).
 
 The state itself: the layer's conv and temporal (SSM, recurrent) state caches are real
 tensors of the pool's blocks, bound as ``bind_kv_cache`` binds them (the layer in the
 static forward context), so that the runner's copies move real bytes. The model's
-forward stands in for the layer's kernels' one effect on them: each real request's state
-block (Mamba2's ``mamba2.state_by_request``, GDN's ``non_spec_state_indices_tensor``) is
-read, then holds the state after the step's tokens (``(request, seq_len)``). Fields: the
-base engine's, and by request ``<layer>.state_left`` (the state the request left:
-``(request, computed tokens)``, -1 for a request with none, whose first chunk reads no
-state) with ``<layer>.conv_found`` and ``<layer>.temporal_found``, what each state cache
-holds at the block the kernels read (*agreement within a build*: a request reads the
-state it left, carried across blocks by the runner's copies). The fresh engine (history
-invariance) has no history of states: its builds carry no such field.
+forward stands in for the layer's kernels' one effect on them (:func:`kernel_states`):
+each real request's state block (Mamba2's ``mamba2.state_by_request``, GDN's
+``non_spec_state_indices_tensor``) is read, then holds the state after the step's tokens
+(``(request, seq_len)``); a speculative decode (GDN's ``spec_state_indices_tensor``
+row) reads the state of its accepted count and keeps the state after each of its
+tokens. Fields: the base engine's, and by request ``<layer>.state_left`` (the state the
+request left: ``(request, computed tokens)``, -1 for a request with none, whose first
+chunk reads no state) with ``<layer>.conv_found`` and ``<layer>.temporal_found``, what
+each state cache holds where the kernels read (*agreement within a build*: a request
+reads the state it left, carried across blocks by the runner's copies). The fresh engine
+(history invariance) has no history of states: its builds carry no such field, nor
+``num_accepted_tokens`` (its warm-up accepts no drafts).
 
-Declined beyond the base engine: drafts (``fixes``: no speculative config; the fused
-align pre- and post-copy kernels of a hybrid model's spec decode are not driven), what
-the scheduler never sends in align mode: a prefill chunk short of its prompt's end that
-ends inside a block (``Scheduler._mamba_block_aligned_split`` ends such a chunk on a
-block boundary, unless a block is wider than the step's token budget and the chunk stays
-in its first block), and a request new to the engine whose computed tokens are not whole
+With drafts (``vllm-v1-hybrid-align``; Mamba2's engine takes none) the model's registry
+entry says hybrid (``ModelConfig.is_hybrid``), as a real hybrid model's does, so that the
+runner drives a hybrid model's spec decode in align mode (``v1/worker/mamba_utils.py``):
+``MambaBuffers.postprocess_align``'s ``MambaSpecDecodeGPUContext`` over the state caches'
+addresses, ``preprocess_mamba``'s fused pre-copy (``precopy_mamba_align_fused_kernel``,
+the state of the accepted drafts moved into a request's new block),
+``stage_postprocess_inputs_to_gpu``, and after sampling ``postprocess_mamba_align_gpu``
+(``postprocess_mamba_fused_kernel``: the state at a block boundary the accepted tokens
+reached copied into that block, the accepted counts the next step reads), all under
+Triton's interpreter.
+
+Declined beyond the base engine, what the scheduler never sends in align mode: a prefill
+chunk short of its prompt's end that ends inside a block
+(``Scheduler._mamba_block_aligned_split`` ends such a chunk on a block boundary, unless
+a block is wider than the step's token budget and the chunk stays in its first block),
+and a request new to the engine whose computed tokens are not whole
 blocks (a hit is ``(i + 1) * block_size`` tokens).
 """
 
@@ -135,7 +152,8 @@ class AlignScheduler:
     (module docstring): ``blocks`` the scheduler's lists (freed blocks nulled),
     ``sent`` what each engine's runner holds (its block table is append-only), ``held``
     the lists before the step's gains, ``seeds`` the prefix hits' states to put in
-    place, ``pending`` each request's running block to free at its next step."""
+    place. With drafts each list ends in ``num_spec`` speculative blocks past the
+    running one (``num_speculative_blocks``)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -146,7 +164,11 @@ class AlignScheduler:
         self.held: dict[str, list[int]] = {}
         self.gained: dict[str, list[int]] = {}
         self.seeds: dict[int, int] = {}
-        self.pending: dict[str, int] = {}
+        # MambaManager's own books: last_state_block_idx, _num_retired_blocks,
+        # _allocated_block_reqs.
+        self.last_state: dict[str, int] = {}
+        self.retired: dict[str, int] = {}
+        self.allocated: set[str] = set()
         self.scheduled: dict[str, int] = {}  # the step's tokens of each request
         self.computed: dict[str, int] = {}  # and its computed tokens before it
 
@@ -158,7 +180,59 @@ class AlignScheduler:
     def _release(self, rid: str) -> None:
         self.free.extend(b for b in self.blocks.pop(rid, []) if b != NULL_BLOCK_ID)
         self.sent.pop(rid, None)
-        self.pending.pop(rid, None)
+        self.last_state.pop(rid, None)
+        self.retired.pop(rid, None)
+        self.allocated.discard(rid)
+
+    def _free(self, row: list[int], index: int) -> None:
+        if row[index] != NULL_BLOCK_ID:
+            self.free.append(row[index])
+            row[index] = NULL_BLOCK_ID
+
+    def _remove_skipped(self, rid: str, computed: int) -> None:
+        """``MambaManager.remove_skipped_blocks``: the blocks before the one of the last
+        computed token (``get_num_skipped_tokens``: ``computed - 1``), from the retired
+        mark on (``_remove_blocks_in_range``), then the block allocated two steps ago
+        (``last_state_block_idx``) once it lies before that one."""
+        row, bs = self.blocks[rid], self.config.block_size
+        if computed - 1 > 0:
+            last = min((computed - 1) // bs, len(row))
+            first = self.retired.get(rid, 0)
+            if first < last:
+                for i in range(first, last):
+                    self._free(row, i)
+                self.retired[rid] = last
+        index = self.last_state.get(rid)
+        if index is not None and index < -(-computed // bs) - 1:
+            self._free(row, index)
+
+    def _allocate(self, rid: str, tokens: int) -> None:
+        """``MambaManager.allocate_new_blocks`` in align mode, of ``tokens`` (computed
+        and scheduled, drafts included): the running block at the index of the last
+        token, null blocks before it, ``num_spec`` speculative blocks past it; the
+        previous step's speculative blocks that now lie before the running one move to
+        the end of the list (``_relocate_speculative_block``)."""
+        row, spec = self.blocks[rid], self.config.num_spec
+        required = -(-tokens // self.config.block_size) + spec
+        if required <= len(row):  # over-allocated by drafts rejected since
+            self.allocated.add(rid)
+            return
+        before = len(row)
+        running = rid in self.allocated
+        if running:
+            self.last_state[rid] = before - 1 - spec
+        elif before:  # a prefix hit: its last block holds the hit's state
+            self.last_state[rid] = before - 1
+        skipped = required - spec - 1
+        row += [NULL_BLOCK_ID] * (skipped - before)
+        if running:
+            for i in range(before - spec, before):
+                if i >= skipped:
+                    break
+                row.append(row[i])
+                row[i] = NULL_BLOCK_ID
+        row += [self._take() for _ in range(required - len(row))]
+        self.allocated.add(rid)
 
     def step(self, inputs: RunnerStepInputs) -> None:
         """The lists after the scheduler's ``allocate_slots`` of the step ``inputs``."""
@@ -167,11 +241,6 @@ class AlignScheduler:
         running = {rid for rid, new in zip(ids, inputs.is_new, strict=True) if not new}
         for rid in [r for r in self.blocks if r not in running]:
             self._release(rid)  # finished, preempted, or back from preemption anew
-        for rid, block in list(self.pending.items()):  # remove_skipped_blocks
-            row = self.blocks[rid]
-            self.free.append(row[block])
-            row[block] = NULL_BLOCK_ID
-            del self.pending[rid]
         self.held = {rid: list(self.sent[rid]) for rid in running}
         self.gained, self.seeds = {}, {}
         self.scheduled = dict(zip(ids, inputs.query_lens, strict=True))
@@ -180,25 +249,23 @@ class AlignScheduler:
                     strict=True)  # fmt: skip
         for rid, new, computed, q in steps:
             row = self.blocks.setdefault(rid, [])
+            self._remove_skipped(rid, computed)
             if new and computed:  # a prefix hit: the block of its last token holds it
                 hit = self._take()
                 row += [NULL_BLOCK_ID] * (computed // bs - 1) + [hit]
                 self.seeds[hit] = tag(rid, computed)
             before = len(self.sent.get(rid, []))
-            required = -(-(computed + q) // bs)
-            if required > len(row):
-                if row:
-                    self.pending[rid] = len(row) - 1  # last_state_block_idx
-                row += [NULL_BLOCK_ID] * (required - 1 - len(row)) + [self._take()]
+            self._allocate(rid, computed + q)
             sent = self.sent.setdefault(rid, [])
             sent += row[len(sent) :]
             self.gained[rid] = sent[before:]
 
 
 def state_blocks(config: EngineConfig) -> int:
-    """The state blocks the pool holds: two live a request at most (its running block
-    and the one it left, freed at its next step) and one more."""
-    return 2 * config.max_num_seqs + 1
+    """The state blocks the pool holds: a request holds its running block and
+    ``num_spec`` speculative ones, and at most as many left from its previous steps
+    (freed at its next step); and one more."""
+    return 2 * (1 + config.num_spec) * config.max_num_seqs + 1
 
 
 def with_state_blocks(out: Any, sched: AlignScheduler, caches: list[torch.Tensor]) -> None:
@@ -230,31 +297,59 @@ def write_state(caches: list[torch.Tensor], block: int, state: int) -> None:
 
 def read_state(caches: list[torch.Tensor], block: int) -> list[int]:
     """The tag of the state each state cache holds at block ``block``."""
-    out = []
-    for cache in caches:
-        who, tokens = (int(x) for x in cache[block].view(-1)[:2].tolist())
-        out.append(who * TAG + tokens)
-    return out
+    return [_read(cache[block]) for cache in caches]
+
+
+def _read(where: torch.Tensor) -> int:
+    who, tokens = (int(x) for x in where.reshape(-1)[:2].tolist())
+    return who * TAG + tokens
+
+
+def _write(where: torch.Tensor, state: int) -> None:
+    where.reshape(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=where.dtype)
+
+
+SpecRow = tuple[list[int], int]
+"""A speculative decode's state blocks (``spec_state_indices_tensor``'s row:
+``1 + num_spec`` columns) and its accepted tokens of the step before
+(``num_accepted_tokens``)."""
 
 
 def kernel_states(
-    caches: list[torch.Tensor], slots: list[int], rows: list[tuple[str, int]],
+    caches: list[torch.Tensor], slots: list[int | SpecRow], rows: list[tuple[str, int]],
     scheduled: dict[str, int],
 ) -> SimpleNamespace:  # fmt: skip
     """The linear layer's kernels' reads and writes of a step's real requests: ``rows``
-    each request and its computed tokens in row order, ``slots`` the state block its
-    kernels read and update (the metadata's). What each state cache holds there (found),
-    the state the request left (``(request, computed)``, -1 for none: its first chunk
-    reads no state); then the block holds the state after the step's tokens."""
-    left, found = [], [[] for _ in caches]
+    each request and its computed tokens in row order, ``slots`` where its kernels read
+    and update the state (the metadata's): a state block, or a speculative decode's
+    blocks (:data:`SpecRow`). What each state cache holds there (found), the state the
+    request left (``(request, computed)``, -1 for none: its first chunk reads no state);
+    then what the kernels write there.
+
+    ``caches`` are the conv state (``(state_len, dim)`` a block, vLLM's default layout
+    SD) and the temporal one. A state block holds the state after the step's tokens,
+    the conv window at row 0. A speculative decode of ``q`` tokens keeps the state after
+    each of them, as the copies of ``_copy_mamba_state_block`` (``v1/worker/
+    mamba_utils.py``) and the spec-decode kernels take them: the temporal state after
+    token ``t`` in column ``t``, the conv window after it in row ``t`` of column 0's
+    block; it reads those of its accepted count ``a`` (column, row ``a - 1``)."""
+    conv, temporal = caches
+    left, found = [], [[], []]
     for (rid, computed), slot in zip(rows, slots, strict=False):
         have = computed > 0
         left.append(tag(rid, computed) if have else -1)
-        read = read_state(caches, slot) if have else [-1] * len(caches)
+        if isinstance(slot, tuple):
+            cols, accepted = slot
+            read = [_read(conv[cols[0]][accepted - 1]), _read(temporal[cols[accepted - 1]])]
+            for t in range(scheduled[rid]):
+                _write(conv[cols[0]][t], tag(rid, computed + t + 1))
+                _write(temporal[cols[t]], tag(rid, computed + t + 1))
+        else:
+            read = read_state(caches, slot) if have else [-1, -1]
+            if slot != NULL_BLOCK_ID:
+                write_state(caches, slot, tag(rid, computed + scheduled[rid]))
         for f, value in zip(found, read, strict=True):
-            f.append(value)
-        if slot != NULL_BLOCK_ID:
-            write_state(caches, slot, tag(rid, computed + scheduled[rid]))
+            f.append(value if have else -1)
     return SimpleNamespace(left=np.array(left, dtype=np.int64),
                            found=[np.array(f, dtype=np.int64) for f in found])  # fmt: skip
 
@@ -309,13 +404,19 @@ class _AlignEngine(hybrid._HybridEngine):
 
         return getattr(MambaStateCopyFuncCalculator, self.copy_func)()
 
-    def state_by_request(self, meta: Any) -> torch.Tensor:
-        """Each request's state block the layer's kernels read and update, in row order."""
+    def state_slots(self, meta: Any, num_reqs: int) -> list[int | SpecRow]:
+        """Where the layer's kernels read and update each request's state, in row order
+        (:func:`kernel_states`)."""
         raise NotImplementedError
 
     def make_config(self, config: EngineConfig, mode: str) -> Any:
-        """``MambaModelConfig.verify_and_update_config`` with prefix caching on."""
+        """``MambaModelConfig.verify_and_update_config`` with prefix caching on; the
+        model's registry entry says hybrid (``ModelConfig.is_hybrid``: with drafts the
+        runner then keeps the accepted counts, ``_update_states_after_model_execute``,
+        and copies states after sampling, ``MambaBuffers.postprocess_align``)."""
         vc = super().make_config(config, mode)
+        mc = vc.model_config = copy.copy(vc.model_config)
+        mc._model_info = dataclasses.replace(mc._model_info, is_hybrid=True)
         vc.cache_config = copy.copy(vc.cache_config)
         vc.cache_config.enable_prefix_caching = True
         vc.cache_config.mamba_cache_mode = "align"
@@ -362,12 +463,19 @@ class _AlignEngine(hybrid._HybridEngine):
         r = self.runner
         rows = r.input_batch.req_ids[: r.input_batch.num_reqs]
         computed = [(rid, r.requests[rid].num_computed_tokens) for rid in rows]
-        return kernel_states(self.states_cache, self.state_by_request(meta).tolist(), computed,
-                             self.sched.scheduled)  # fmt: skip
+        slots = self.state_slots(meta, len(rows))
+        return kernel_states(self.states_cache, slots, computed, self.sched.scheduled)
 
     def linear_fields(self, seen: v1._Seen) -> tuple[Field, ...]:
+        """The linear layer's fields and its states'; the fresh engine's leave out
+        ``num_accepted_tokens`` too: the drafts each request accepted in its last step
+        (``_update_states_after_model_execute``), which the fresh engine's warm-up, no
+        drafts, does not repeat."""
         state = getattr(seen, "kernel_states", None)
-        return super().linear_fields(seen) + state_fields(self.prefix, state)
+        fields = super().linear_fields(seen)
+        if not self.tracked:
+            fields = tuple(f for f in fields if f.name != f"{self.prefix}.num_accepted_tokens")
+        return fields + state_fields(self.prefix, state)
 
 
 class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
@@ -378,8 +486,8 @@ class _Mamba2AlignEngine(_AlignEngine, linear._LinearEngine):
     def build_base(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         linear._LinearEngine.__init__(self, config, device, mode, LINEAR)
 
-    def state_by_request(self, meta: Any) -> torch.Tensor:
-        return linear._STATE_BY_REQUEST["mamba2"](meta)
+    def state_slots(self, meta: Any, num_reqs: int) -> list[int | SpecRow]:
+        return linear._STATE_BY_REQUEST["mamba2"](meta).tolist()
 
 
 class _GdnAlignEngine(_AlignEngine):
@@ -390,10 +498,31 @@ class _GdnAlignEngine(_AlignEngine):
     def build_base(self, config: EngineConfig, device: torch.device, mode: str) -> None:
         hybrid._HybridEngine.__init__(self, config, device, mode)
 
-    def state_by_request(self, meta: Any) -> torch.Tensor:
-        # GDNAttentionMetadataBuilder.build without drafts: block_table_tensor[:, 0],
-        # the rows in order (a FULL graph's staged copy, its padding rows null).
-        return meta.non_spec_state_indices_tensor
+    def state_slots(self, meta: Any, num_reqs: int) -> list[int | SpecRow]:
+        return gdn_slots(meta, num_reqs)
+
+
+def gdn_slots(meta: Any, num_reqs: int) -> list[int | SpecRow]:
+    """``GDNAttentionMetadataBuilder.build``'s state blocks of each row: without
+    speculative rows ``non_spec_state_indices_tensor`` (``block_table_tensor[:, 0]``, a
+    FULL graph's staged copy, its padding rows null); with them (``spec_sequence_masks``:
+    the decodes, those of no draft too), each speculative row's
+    ``spec_state_indices_tensor`` row and ``num_accepted_tokens``, the other rows'
+    ``non_spec_state_indices_tensor`` in order."""
+    non_spec = meta.non_spec_state_indices_tensor
+    non_spec = [] if non_spec is None else non_spec.tolist()
+    if meta.spec_sequence_masks is None:
+        return non_spec
+    spec = meta.spec_state_indices_tensor.tolist()
+    accepted = meta.num_accepted_tokens.tolist()
+    out: list[int | SpecRow] = []
+    for is_spec in meta.spec_sequence_masks[:num_reqs].tolist():
+        if is_spec:
+            out.append((spec[0], accepted[0]))
+            spec, accepted = spec[1:], accepted[1:]
+        else:
+            out.append(non_spec.pop(0))
+    return out
 
 
 class _StatefulHanded(v1._Handed):
@@ -561,3 +690,85 @@ def two_requests_crossing(config: EngineConfig) -> Trace:
 def smallest_copy_skipped() -> Trace:
     """:func:`block_crossing` on V1's runner."""
     return block_crossing("v1")
+
+
+@contextlib.contextmanager
+def _precopy_unbiased() -> Iterator[None]:
+    """The defect: the fused pre-copy of a spec decode (``MambaSpecDecodeGPUContext.
+    run_fused_precopy``) handed a token bias of 0: a request that accepted drafts in its
+    last step and now moves into a new block gets the state of its last step's first
+    token, not the state after the drafts it accepted."""
+    from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext
+
+    precopy = MambaSpecDecodeGPUContext.run_fused_precopy
+
+    def wrong(self: Any, *, token_bias_gpu: torch.Tensor, **kwargs: Any) -> None:
+        precopy(self, token_bias_gpu=torch.zeros_like(token_bias_gpu), **kwargs)
+
+    with mock.patch.object(MambaSpecDecodeGPUContext, "run_fused_precopy", wrong):
+        yield
+
+
+def run_precopy_unbiased(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v1-hybrid-align-precopy-unbiased``: ``vllm-v1-hybrid-align``
+    with :func:`_precopy_unbiased` in force."""
+    return _UNBIASED(inputs)
+
+
+_UNBIASED = v1.Mutated(AlignRunnerStepEngine(_GdnAlignEngine), _precopy_unbiased)
+run_precopy_unbiased.new_engine = _UNBIASED.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_align_drafts(found: Trace | Case) -> bool:
+    """An engine ``vllm-v1-hybrid-align`` runs with drafts."""
+    return found.config.runner == "v1" and found.config.num_spec > 0
+
+
+def trigger_precopy_unbiased(found: Trace | Case) -> bool:
+    """A request whose running state moves to a new block (``preprocess_mamba``: the
+    block of its step's last token differs from its last step's) while its accepted
+    count is above 1: the drafts it accepted in its last step, unless the fused
+    post-copy after that step reset the count (its accepted tokens reached a block
+    boundary within the block it ran in)."""
+    if not reach_align_drafts(found):
+        return False
+    bs = found.config.block_size
+    running: dict[int, tuple[int, int]] = {}  # request -> (state block, accepted count)
+    for b in as_trace(found).steps:
+        rejected = b.rejected or (0,) * b.num_reqs
+        prompts = b.prompt_lens or (0,) * b.num_reqs
+        now = {}
+        for rid, c, q, r, prompt in zip(b.req_ids, b.num_computed_tokens, b.q_lens,
+                                        rejected, prompts, strict=True):  # fmt: skip
+            block = -(-(c + q) // bs) - 1
+            prev, accepted = running.get(rid, ((c - 1) // bs, 1))
+            if prev not in (-1, block) and accepted > 1:
+                return True
+            drafts = q - 1 if c >= prompt and q > 1 else 0
+            accepted = drafts - r + 1
+            start = c + q - drafts  # the tokens of the running state
+            aligned = (start + accepted - 1) // bs * bs
+            if aligned >= start and aligned // bs - 1 == block:
+                accepted = 1
+            now[rid] = (block, accepted)
+        running = now
+    return False
+
+
+def smallest_precopy_unbiased() -> Trace:
+    """One request prefills 12 tokens, decodes 3 (two drafts) accepting one, then
+    decodes 3 more from 14 into its second block of 16: its state must move there from
+    the column of the accepted draft."""
+    config = EngineConfig(max_model_len=32, max_num_seqs=1, max_num_batched_tokens=16,
+                          block_size=16, num_spec=2, cudagraph_mode="NONE",
+                          runner="v1")  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (12,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(12,)),
+            Batch((12,), (3,), req_ids=(0,), pages=((1,),), new_pages=(0,), prompt_lens=(12,),
+                  rejected=(1,)),
+            Batch((14,), (3,), req_ids=(0,), pages=((1, 2),), new_pages=(1,),
+                  prompt_lens=(12,)),
+        ),
+    )  # fmt: skip
