@@ -85,6 +85,31 @@ def test_the_mutants_are_caught_on_their_smallest_traces(mutant):
     assert ("agreement within a build", "gdn.conv_found") in found
 
 
+def test_a_spec_decode_moving_into_a_new_block_reads_the_accepted_drafts_state(monkeypatch):
+    """With drafts a request that accepted one of its two drafts, then decodes into its
+    second block, reads there the state after the draft it accepted: the model state's
+    fused pre-copy moved it from that draft's column (offset 1), and its post-copy ran
+    after each sample. The mutant that hands the pre-copy a token bias of 0 is caught on
+    the same trace, which the installed engine passes."""
+    a = adapter()  # before vLLM
+    from vllm.v1.worker import mamba_utils
+
+    calls = Calls(monkeypatch)
+    calls.count(mamba_utils.MambaSpecDecodeGPUContext, "run_fused_precopy")
+    trace = a.smallest_precopy_unbiased()
+    assert a.trigger_precopy_unbiased(trace) and a.reach_align_drafts(trace)
+    outs = run_trace(trace, a.run)
+    assert all(ref.violations(out) == [] for out in outs)
+    assert calls["run_fused_precopy"]
+    last = build(outs[-1], "eager")
+    assert last["gdn.num_accepted_tokens"].tolist() == [1]  # reset by the pre-copy
+    for cache in ("conv", "temporal"):
+        assert last[f"gdn.{cache}_found"].tolist() == [a.align.tag(0, 14)]
+    found = {(v.prop, v.field) for v in ref.violations(run_trace(trace, a.precopy_unbiased)[-1])}
+    assert ("agreement within a build", "gdn.temporal_found") in found
+    assert ("agreement within a build", "gdn.conv_found") in found
+
+
 def test_the_fresh_engine_carries_no_state_fields():
     """History invariance's fresh engine has no history of states: its build has none."""
     a = adapter()

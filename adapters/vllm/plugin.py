@@ -509,11 +509,11 @@ _v2_align_hook = functools.partial(_lazy, "runner_step_v2_align")
 def _runner_step_v2_align() -> list[Implementation]:
     """``vllm-v2-mamba-hybrid``'s step with prefix caching on (``mamba_cache_mode``
     align), the V2 runner's fused state copies driven, and a mutant of their seeding."""
-    # No drafts: each request accepts one token, the states judged are those of no draft.
+    # The mutants' defects lie in steps without drafts.
     fixes = {"next_n": 1}
     return [
         _step_impl(
-            "runner_step_v2_align", "run", name="vllm-v2-hybrid-align", fixes=fixes,
+            "runner_step_v2_align", "run", name="vllm-v2-hybrid-align",
             description="installed vLLM (V2 runner) of a hybrid GDN model with prefix "
             "caching on, as vLLM serves one by default (mamba_cache_mode align): "
             "vllm-v2-mamba-hybrid's step, MambaHybridModelState's align path "
@@ -546,6 +546,17 @@ def _runner_step_v2_align() -> list[Implementation]:
             trigger=_v2_align_hook("trigger_decode_precopy_skipped"),
             reach=_v2_align_hook("reach_align"),
             smallest=_v2_align_hook("smallest_decode_precopy_skipped"), traced=True,
+        ),
+        _step_impl(
+            "runner_step_v2_align", "precopy_unbiased",
+            name="vllm-v2-hybrid-align-precopy-unbiased", kind="mutant", declines="declines",
+            description="installed vLLM (V2 runner, hybrid GDN, align mode, drafts) with "
+            "the fused pre-copy of a spec decode (MambaSpecDecodeGPUContext."
+            "run_fused_precopy) handed a token bias of 0: a request that accepted drafts "
+            "and moves into a new block reads the state of its last step's first token",
+            trigger=_v2_align_hook("trigger_precopy_unbiased"),
+            reach=_v2_align_hook("reach_align_drafts"),
+            smallest=_v2_align_hook("smallest_precopy_unbiased"), traced=True,
         ),
     ]  # fmt: skip
 

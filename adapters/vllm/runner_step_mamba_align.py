@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 from collections import deque
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -701,9 +702,13 @@ def _precopy_unbiased() -> Iterator[None]:
     from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext
 
     precopy = MambaSpecDecodeGPUContext.run_fused_precopy
+    signature = inspect.signature(precopy)
 
-    def wrong(self: Any, *, token_bias_gpu: torch.Tensor, **kwargs: Any) -> None:
-        precopy(self, token_bias_gpu=torch.zeros_like(token_bias_gpu), **kwargs)
+    def wrong(*args: Any, **kwargs: Any) -> None:
+        # The V1 runner passes its arguments by keyword, the V2 model state by position.
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["token_bias_gpu"] = torch.zeros_like(bound.arguments["token_bias_gpu"])
+        precopy(*bound.args, **bound.kwargs)
 
     with mock.patch.object(MambaSpecDecodeGPUContext, "run_fused_precopy", wrong):
         yield
@@ -725,13 +730,16 @@ def reach_align_drafts(found: Trace | Case) -> bool:
 
 
 def trigger_precopy_unbiased(found: Trace | Case) -> bool:
+    """On V1's runner with drafts, :func:`moves_accepted_state`."""
+    return reach_align_drafts(found) and moves_accepted_state(found)
+
+
+def moves_accepted_state(found: Trace | Case) -> bool:
     """A request whose running state moves to a new block (``preprocess_mamba``: the
     block of its step's last token differs from its last step's) while its accepted
     count is above 1: the drafts it accepted in its last step, unless the fused
     post-copy after that step reset the count (its accepted tokens reached a block
     boundary within the block it ran in)."""
-    if not reach_align_drafts(found):
-        return False
     bs = found.config.block_size
     running: dict[int, tuple[int, int]] = {}  # request -> (state block, accepted count)
     for b in as_trace(found).steps:
@@ -756,12 +764,17 @@ def trigger_precopy_unbiased(found: Trace | Case) -> bool:
 
 
 def smallest_precopy_unbiased() -> Trace:
+    """:func:`accepted_drafts_crossing` on V1's runner."""
+    return accepted_drafts_crossing("v1")
+
+
+def accepted_drafts_crossing(runner: str) -> Trace:
     """One request prefills 12 tokens, decodes 3 (two drafts) accepting one, then
     decodes 3 more from 14 into its second block of 16: its state must move there from
-    the column of the accepted draft."""
+    the column of the accepted draft (``runner``'s engine)."""
     config = EngineConfig(max_model_len=32, max_num_seqs=1, max_num_batched_tokens=16,
                           block_size=16, num_spec=2, cudagraph_mode="NONE",
-                          runner="v1")  # fmt: skip
+                          runner=runner)  # fmt: skip
     return Trace(
         config,
         (

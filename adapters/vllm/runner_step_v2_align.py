@@ -35,8 +35,14 @@ step's build carries ``gdn.state_left`` with ``gdn.conv_found`` and
 ``gdn.temporal_found`` (*agreement within a build*). The state a request left is the
 scheduler's: its computed tokens before the step.
 
-Declined as ``vllm-v1-hybrid-align``: drafts (``fixes``; the fused postprocess runs, but
-with one token accepted a request), and what the scheduler never sends in align mode;
+With drafts, a speculative decode's state is read and kept as ``vllm-v1-hybrid-align``
+takes it (:func:`.runner_step_mamba_align.kernel_states`: GDN's
+``spec_state_indices_tensor`` row read at the accepted count the model state gathered,
+``num_accepted_tokens``), so that the pre-copy of the state of the drafts a request
+accepted into its new block (``preprocess_mamba_align_fused_kernel``'s source column and
+offset) and the post-copy after sampling are held to the state the request left.
+
+Declined as ``vllm-v1-hybrid-align``: what the scheduler never sends in align mode;
 and a dummy batch (a capture's, an idle data-parallel rank's) holding a request longer
 than the block table's row (:func:`declines_past_row`).
 """
@@ -235,7 +241,7 @@ class _AlignEngine(v2_hybrid._MambaHybridEngine):
             return
         batch = self.input_batch
         rows = [(rid, self.sched.computed[rid]) for rid in batch.req_ids[: batch.num_reqs]]
-        slots = meta.non_spec_state_indices_tensor.tolist()
+        slots = align.gdn_slots(meta, len(rows))
         self.kernel_states = align.kernel_states(self.states_cache, slots, rows,
                                                  self.sched.scheduled)  # fmt: skip
 
@@ -292,7 +298,8 @@ run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
 
 
 def reach_align(found: Trace | Case) -> bool:
-    """An engine ``vllm-v2-hybrid-align`` runs: V2's, without drafts."""
+    """An engine ``vllm-v2-hybrid-align``'s mutants of steps without drafts run: V2's,
+    without drafts."""
     return found.config.runner == "v2" and found.config.num_spec == 0
 
 
@@ -405,3 +412,30 @@ def trigger_decode_precopy_skipped(found: Trace | Case) -> bool:
 def smallest_decode_precopy_skipped() -> Trace:
     """:func:`.runner_step_mamba_align.block_crossing` on V2's runner."""
     return align.block_crossing("v2")
+
+
+def precopy_unbiased(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-v2-hybrid-align-precopy-unbiased``: ``vllm-v2-hybrid-align``
+    with :func:`.runner_step_mamba_align._precopy_unbiased` in force (the fused
+    pre-copy's token bias 0)."""
+    return _PRECOPY_UNBIASED(inputs)
+
+
+_PRECOPY_UNBIASED = Mutated(AlignRunnerStepEngine(), align._precopy_unbiased)
+precopy_unbiased.new_engine = _PRECOPY_UNBIASED.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_align_drafts(found: Trace | Case) -> bool:
+    """An engine ``vllm-v2-hybrid-align`` runs with drafts."""
+    return found.config.runner == "v2" and found.config.num_spec > 0
+
+
+def trigger_precopy_unbiased(found: Trace | Case) -> bool:
+    """On V2's runner with drafts,
+    :func:`.runner_step_mamba_align.moves_accepted_state`."""
+    return reach_align_drafts(found) and align.moves_accepted_state(found)
+
+
+def smallest_precopy_unbiased() -> Trace:
+    """:func:`.runner_step_mamba_align.accepted_drafts_crossing` on V2's runner."""
+    return align.accepted_drafts_crossing("v2")

@@ -7,6 +7,7 @@ CI installs vLLM (``ATTNFUZZ_VLLM=1 ./setup.sh``) and sets
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from typing import Any
 
@@ -36,6 +37,9 @@ class Calls(collections.Counter[str]):
         for name in names:
             original = getattr(owner, name)
 
+            # functools.wraps: inspect.signature (a mutant binding the arguments) still
+            # sees the original's parameters.
+            @functools.wraps(original)
             def counted(
                 *args: Any, _name: str = name, _original: Any = original, **kwargs: Any
             ) -> Any:
