@@ -293,7 +293,7 @@ def with_state_blocks(out: Any, sched: AlignScheduler, caches: list[torch.Tensor
 def write_state(caches: list[torch.Tensor], block: int, state: int) -> None:
     """Block ``block`` of every state cache holds the state tagged ``state``."""
     for cache in caches:
-        cache[block].view(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=cache.dtype)
+        _write(cache[block], state)
 
 
 def read_state(caches: list[torch.Tensor], block: int) -> list[int]:
@@ -302,12 +302,13 @@ def read_state(caches: list[torch.Tensor], block: int) -> list[int]:
 
 
 def _read(where: torch.Tensor) -> int:
-    who, tokens = (int(x) for x in where.reshape(-1)[:2].tolist())
+    # ``view`` rather than ``reshape``: a copy would hide the state the kernel wrote.
+    who, tokens = (int(x) for x in where.view(-1)[:2].tolist())
     return who * TAG + tokens
 
 
 def _write(where: torch.Tensor, state: int) -> None:
-    where.reshape(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=where.dtype)
+    where.view(-1)[:2] = torch.tensor(divmod(state, TAG), dtype=where.dtype)
 
 
 SpecRow = tuple[list[int], int]
@@ -514,16 +515,14 @@ def gdn_slots(meta: Any, num_reqs: int) -> list[int | SpecRow]:
     non_spec = [] if non_spec is None else non_spec.tolist()
     if meta.spec_sequence_masks is None:
         return non_spec
-    spec = meta.spec_state_indices_tensor.tolist()
-    accepted = meta.num_accepted_tokens.tolist()
-    out: list[int | SpecRow] = []
-    for is_spec in meta.spec_sequence_masks[:num_reqs].tolist():
-        if is_spec:
-            out.append((spec[0], accepted[0]))
-            spec, accepted = spec[1:], accepted[1:]
-        else:
-            out.append(non_spec.pop(0))
-    return out
+    spec = zip(
+        meta.spec_state_indices_tensor.tolist(), meta.num_accepted_tokens.tolist(), strict=False
+    )
+    rest = iter(non_spec)
+    return [
+        next(spec) if is_spec else next(rest)
+        for is_spec in meta.spec_sequence_masks[:num_reqs].tolist()
+    ]
 
 
 class _StatefulHanded(v1._Handed):
