@@ -653,6 +653,14 @@ REQUIRES["runner_step_mrope"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.mm.rope", "RopeState.prepare_positions"),
     Api("vllm.v1.worker.gpu.mm.rope", "get_rope_state"),
 )  # fmt: skip
+# runner_step_prompt_embeds: runner_step's engine with prompt embeddings: the default
+# model state's PromptEmbedsState and its overlay kernel.
+REQUIRES["runner_step_prompt_embeds"] = REQUIRES["runner_step"] + (
+    Api("vllm.v1.worker.gpu.model_states.prompt_embeds", "PromptEmbedsState.apply"),
+    Api("vllm.v1.worker.gpu.model_states.prompt_embeds", "_apply_prompt_embeds_kernel"),
+    Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs_embeds"),
+    Api("vllm.v1.core.sched.output", "NewRequestData", keyword="prompt_is_token_ids"),
+)  # fmt: skip
 # runner_step_v1_ngram: runner_step_v1's engine, its speculative config's ngram_gpu drafter
 # (whose kernel also finds the tokens that make its drafts) and the runner's invalid-draft
 # trim; the trimmed copy of the scheduler output the runner keeps until sample_tokens.

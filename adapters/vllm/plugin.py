@@ -1861,6 +1861,9 @@ _mrope_hook = functools.partial(_lazy, "runner_step_v1_mrope")
 _v2_mrope_hook = functools.partial(_lazy, "runner_step_mrope")
 
 
+_prompt_embeds_hook = functools.partial(_lazy, "runner_step_prompt_embeds")
+
+
 _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
@@ -2020,6 +2023,35 @@ def _runner_step() -> list[Implementation]:
             trigger=_v2_mrope_hook("trigger_computed_one_short"),
             reach=_v2_mrope_hook("reach_mrope"),
             smallest=_v2_mrope_hook("smallest_computed_one_short"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_prompt_embeds",
+            "run",
+            name="vllm-prompt-embeds",
+            description="installed vLLM (V2 runner) with prompt embeddings enabled: the vllm "
+            "step, requests of even ids arriving with prompt embeddings (a mixed prompt's "
+            "is-token-ids mask for some), so that DefaultModelState.prepare_inputs_embeds "
+            "and PromptEmbedsState.apply's _apply_prompt_embeds_kernel "
+            "(v1/worker/gpu/model_states/prompt_embeds.py) lay them over the tokens' "
+            "embeddings in the inputs_embeds buffer the model is handed: each token's row "
+            "judged, and against the row its request's prompt gave its position",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_prompt_embeds",
+            "run_computed_one_short",
+            name="vllm-prompt-embeds-computed-one-short",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V2 runner, prompt embeddings) with "
+            "PromptEmbedsState.apply handing its kernel each request's computed tokens one "
+            "short: a later prompt chunk takes its rows one position early, the first "
+            "decode the prompt's last row",
+            trigger=_prompt_embeds_hook("trigger_computed_one_short"),
+            reach=_prompt_embeds_hook("reach_prompt_embeds"),
+            smallest=_prompt_embeds_hook("smallest_computed_one_short"),
             traced=True,
         ),
         _step_impl(

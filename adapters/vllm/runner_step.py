@@ -237,6 +237,9 @@ class _Seen:
     # An M-RoPE model's positions, a row a channel, where the model is handed those in
     # place of ``positions`` (:mod:`.runner_step_mrope`); None: it is handed those.
     channels: torch.Tensor | None = None
+    # The embeddings the model is handed in place of token ids (``inputs_embeds``, a
+    # view of the model state's persistent buffer), where it is (:mod:`.runner_step_prompt_embeds`).
+    embeds: torch.Tensor | None = None
 
     def frozen(self) -> _Seen:
         """What the forward reads now: the persistent buffers change after it."""
@@ -251,8 +254,9 @@ class _Seen:
                 }
             )
         channels = None if self.channels is None else self.channels.clone()
+        embeds = None if self.embeds is None else self.embeds.clone()
         return _Seen(meta, self.positions.clone(), linear=linear, pages=self.pages,
-                     channels=channels)  # fmt: skip
+                     channels=channels, embeds=embeds)  # fmt: skip
 
 
 @dataclass
