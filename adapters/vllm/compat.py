@@ -661,6 +661,14 @@ REQUIRES["runner_step_prompt_embeds"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs_embeds"),
     Api("vllm.v1.core.sched.output", "NewRequestData", keyword="prompt_is_token_ids"),
 )  # fmt: skip
+# runner_step_prompt_logprobs: runner_step's engine with prompt logprobs: the sampler's
+# PromptLogprobsWorker and its token-id kernel.
+_PROMPT_LOGPROB = "vllm.v1.worker.gpu.sample.prompt_logprob"
+REQUIRES["runner_step_prompt_logprobs"] = REQUIRES["runner_step"] + (
+    Api(_PROMPT_LOGPROB, "PromptLogprobsWorker.compute_prompt_logprobs"),
+    Api(_PROMPT_LOGPROB, "PromptLogprobsWorker.compute_prompt_token_id_logprobs"),
+    Api(_PROMPT_LOGPROB, "_prompt_logprobs_token_ids_kernel"),
+)  # fmt: skip
 # runner_step_v1_ngram: runner_step_v1's engine, its speculative config's ngram_gpu drafter
 # (whose kernel also finds the tokens that make its drafts) and the runner's invalid-draft
 # trim; the trimmed copy of the scheduler output the runner keeps until sample_tokens.

@@ -1864,6 +1864,9 @@ _v2_mrope_hook = functools.partial(_lazy, "runner_step_mrope")
 _prompt_embeds_hook = functools.partial(_lazy, "runner_step_prompt_embeds")
 
 
+_prompt_logprobs_hook = functools.partial(_lazy, "runner_step_prompt_logprobs")
+
+
 _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
@@ -2052,6 +2055,34 @@ def _runner_step() -> list[Implementation]:
             trigger=_prompt_embeds_hook("trigger_computed_one_short"),
             reach=_prompt_embeds_hook("reach_prompt_embeds"),
             smallest=_prompt_embeds_hook("smallest_computed_one_short"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_prompt_logprobs",
+            "run",
+            name="vllm-prompt-logprobs",
+            description="installed vLLM (V2 runner) with prompt logprobs: the vllm step, "
+            "requests of ids divisible by 3 arriving with no computed tokens asking for "
+            "them, each step sampled as it ran, so that sample_tokens runs "
+            "PromptLogprobsWorker.compute_prompt_logprobs (v1/worker/gpu/sample/"
+            "prompt_logprob.py: _prompt_logprobs_token_ids_kernel, the rows of a chunked "
+            "prompt kept to its end): the rows handed out for each request, and how many "
+            "score its prompt's next token, judged against its prompt's length",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_prompt_logprobs",
+            "run_chunks_dropped",
+            name="vllm-prompt-logprobs-chunks-dropped",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V2 runner, prompt logprobs) with "
+            "PromptLogprobsWorker keeping no chunk's rows past its step: a chunked prompt "
+            "hands out its last chunk's rows alone",
+            trigger=_prompt_logprobs_hook("trigger_chunks_dropped"),
+            reach=_prompt_logprobs_hook("reach_prompt_logprobs"),
+            smallest=_prompt_logprobs_hook("smallest_chunks_dropped"),
             traced=True,
         ),
         _step_impl(

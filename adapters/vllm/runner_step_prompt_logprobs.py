@@ -1,0 +1,290 @@
+"""vLLM's model runner V2 step with prompt logprobs, as the implementation
+``vllm-prompt-logprobs`` of ``runner-step``.
+
+The engines of :mod:`.runner_step` (implementation ``vllm``), some of their requests
+asking for prompt logprobs (``SamplingParams.prompt_logprobs``), so that vLLM 0.33.0's
+``sample_tokens`` runs ``PromptLogprobsWorker.compute_prompt_logprobs``
+(``v1/worker/gpu/sample/prompt_logprob.py``): the Triton
+``_prompt_logprobs_token_ids_kernel`` reads each token's next prompt token from the
+request's token ids (at its computed tokens plus one, its query from
+``query_start_loc``), ``compute_prompt_logprobs_with_chunking`` scores them, and each
+request's rows of the step (its query rows, less the last where the prompt ends) are
+kept across the chunks of a chunked prompt and handed out, concatenated, at the step
+its prompt ends (``in_progress_prompt_logprobs``).
+
+Requests: one of an id divisible by 3 that arrives with no computed tokens asks for
+prompt logprobs (top 1), as vLLM's scheduler can only hand it: a request that asks
+reads no prefix cache (``SamplingParams.skip_reading_prefix_cache``). Its prompt is the
+tokens known when it arrives (:func:`.runner_step._scheduler_output`), each a token id
+of its request and position (:func:`prompt_token`).
+
+Judged: each step is sampled as soon as it ran (no drafts: the sampler's verdict needs
+nothing of the next step), on the engine with the config's graphs and the eager one.
+Their step's builds gain, by request, ``prompt_logprobs.rows`` (the rows handed out for
+the request at this step) and ``prompt_logprobs.tokens`` (how many of them, in order,
+score the prompt's next token: column 0 of ``logprob_token_ids``), each held to
+``prompt_logprobs.expected`` (*agreement within a build*: the prompt's length less one
+for a request that asked and whose prompt ends at this step, else 0), and both by
+*padding invariance* to each other's. The fresh engine's step is not judged on them:
+its requests arrive with the tokens they had computed, which one that asks never does.
+
+Stood in: the logits the prompt rows are scored with (zeros: the scores are not
+judged, the rows and their tokens are), and what :mod:`.runner_step` stands in.
+Declined: drafts, and what ``vllm`` declines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+from attnfuzz.adapters.vllm import runner_step as rs
+from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
+from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
+from attnfuzz.reference.trace import Trace, as_trace
+
+prepare = rs.prepare
+
+
+def declines(case: Case) -> str | None:
+    """``vllm``'s declines, and engines with drafts."""
+    if case.config.num_spec > 0:
+        return "drafts: the step is sampled before the next one says what was accepted"
+    return rs.declines(case)
+
+
+def asks(req_id: int, computed: int) -> bool:
+    """Whether request ``req_id``, arriving with ``computed`` tokens, asks for prompt
+    logprobs: an id divisible by 3, with none computed (one that asks reads no prefix
+    cache)."""
+    return req_id % 3 == 0 and computed == 0
+
+
+def prompt_token(req_id: int, position: int, vocab_size: int) -> int:
+    """The token id at ``position`` of request ``req_id``'s prompt (never 0: the other
+    requests' placeholder)."""
+    return 1 + (req_id * 31 + position * 7) % (vocab_size - 1)
+
+
+class _LogprobsEngine(rs._StartUpEngine):
+    """A V2 engine whose requests of ids divisible by 3 ask for prompt logprobs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.asked: dict[str, int] = {}  # each asking request's prompt length
+        super().__init__(*args, **kwargs)
+
+    def output(self, inputs: RunnerStepInputs, held: set[str]) -> Any:
+        from vllm import SamplingParams
+
+        out = super().output(inputs, held)
+        for rid in inputs.finished_req_ids:
+            self.asked.pop(str(rid), None)
+        vocab_size = self.runner.vocab_size
+        for new in out.scheduled_new_reqs:
+            rid = int(new.req_id)
+            self.asked.pop(new.req_id, None)
+            if not asks(rid, new.num_computed_tokens):
+                continue
+            tokens = [prompt_token(rid, p, vocab_size) for p in range(len(new.prompt_token_ids))]
+            new.prompt_token_ids, new.prefill_token_ids = tokens, list(tokens)
+            new.sampling_params = SamplingParams(temperature=0.0, prompt_logprobs=1)
+            self.asked[new.req_id] = len(tokens)
+        return out
+
+
+@contextlib.contextmanager
+def _zero_prompt_logits(vocab_size: Callable[[], int]) -> Iterator[None]:
+    """The logits the prompt rows are scored with: zeros over the model's vocabulary,
+    where the runner hands the worker its model's ``compute_logits`` (the stand-in's
+    holds the sampler's alone)."""
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+
+    def zeros(hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden_states.shape[0], vocab_size(), device=hidden_states.device)
+
+    originals = {
+        name: getattr(PromptLogprobsWorker, name)
+        for name in ("compute_prompt_logprobs", "compute_prompt_token_id_logprobs")
+    }
+
+    def scored(name: str) -> Any:
+        def call(self: Any, logits_fn: Any, *args: Any) -> Any:
+            return originals[name](self, zeros, *args)
+
+        return call
+
+    with contextlib.ExitStack() as stack:
+        for name in originals:
+            stack.enter_context(mock.patch.object(PromptLogprobsWorker, name, scored(name)))
+        yield
+
+
+def sample_now(engine: rs._Engine) -> tuple[list[str], dict[str, Any]]:
+    """``sample_tokens`` of the step the engine just ran (no drafts: every request keeps
+    its tokens): its requests in batch order, and the prompt logprobs it handed out."""
+    last = engine.last
+    if last is None:
+        return [], {}
+    req_ids = list(last.state.input_batch.req_ids)
+    r = engine.runner
+    got: dict[str, Any] = {}
+    original = r.sample_tokens
+
+    def keep(grammar: Any) -> Any:
+        got["out"] = original(grammar)
+        return got["out"]
+
+    with mock.patch.object(r, "sample_tokens", keep):
+        rs._sample(engine, {})
+    output = getattr(got["out"], "model_runner_output", got["out"])
+    return req_ids, dict(output.prompt_logprobs_dict or {})
+
+
+def logprob_fields(
+    engine: _LogprobsEngine, inputs: RunnerStepInputs, req_ids: list[str], handed: dict[str, Any]
+) -> tuple[Field, ...]:
+    """The step's prompt-logprobs fields by request, in batch order (module docstring)."""
+    step = {
+        str(rid): (c, q)
+        for rid, c, q in zip(
+            inputs.req_ids, inputs.num_computed_tokens, inputs.query_lens, strict=True
+        )
+    }
+    vocab_size = engine.runner.vocab_size
+    rows, tokens, expected = [], [], []
+    for req_id in req_ids:
+        got = handed.get(req_id)
+        ids = [] if got is None else got.logprob_token_ids[:, 0].tolist()
+        rows.append(len(ids))
+        tokens.append(
+            sum(t == prompt_token(int(req_id), i + 1, vocab_size) for i, t in enumerate(ids))
+        )
+        length = engine.asked.get(req_id)
+        computed, q = step[req_id]
+        ends = length is not None and computed < length <= computed + q
+        expected.append(length - 1 if ends and length is not None else 0)
+    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+    return (
+        Field("prompt_logprobs.rows", "requests", as_array(rows),
+              agrees_with="prompt_logprobs.expected"),
+        Field("prompt_logprobs.tokens", "requests", as_array(tokens),
+              agrees_with="prompt_logprobs.expected"),
+        Field("prompt_logprobs.expected", "requests", as_array(expected)),
+    )  # fmt: skip
+
+
+class LogprobsRunnerStepEngine(rs.RunnerStepEngine):
+    """``vllm``'s three engines, some requests asking for prompt logprobs; each step of
+    the eager and the graph engine sampled as soon as it ran."""
+
+    engine_type = _LogprobsEngine
+
+    def __call__(self, inputs: RunnerStepInputs) -> RunnerStepOutputs:
+        def vocab_size() -> int:
+            assert self.eager is not None
+            return int(self.eager.runner.vocab_size)
+
+        extra: dict[str, tuple[Field, ...]] = {}
+        with _zero_prompt_logits(vocab_size):  # the fresh engine samples its step later
+            out = super().__call__(inputs)
+            for how, engine in (("eager", self.eager), ("padded", self.graphs)):
+                assert isinstance(engine, _LogprobsEngine)
+                req_ids, handed = sample_now(engine)
+                extra[how] = logprob_fields(engine, inputs, req_ids, handed)
+        builds = tuple(
+            dataclasses.replace(b, fields=b.fields + extra[b.how])
+            if b.how in extra and b.draft is None
+            else b
+            for b in out.builds
+        )
+        return RunnerStepOutputs(builds)
+
+
+ENGINE = LogprobsRunnerStepEngine()
+"""The engine of the implementation ``vllm-prompt-logprobs`` of ``runner-step``."""
+
+
+def run(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The implementation ``vllm-prompt-logprobs`` of ``runner-step``: the step on
+    :data:`ENGINE`, kept across calls; ``run.new_engine()`` drops it."""
+    return ENGINE(inputs)
+
+
+run.new_engine = ENGINE.new_engine  # type: ignore[attr-defined]
+
+
+# -- the mutant ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _chunks_dropped() -> Iterator[None]:
+    """The defect: the rows of a chunk before the prompt's last are not kept
+    (``in_progress_prompt_logprobs`` cleared as each step ends), so a chunked prompt
+    hands out its last chunk's rows alone."""
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+
+    original = PromptLogprobsWorker.compute_prompt_logprobs
+
+    def forgetful(self: Any, *args: Any) -> Any:
+        out = original(self, *args)
+        for kept in self.in_progress_prompt_logprobs.values():
+            kept.clear()
+        return out
+
+    with mock.patch.object(PromptLogprobsWorker, "compute_prompt_logprobs", forgetful):
+        yield
+
+
+def run_chunks_dropped(inputs: RunnerStepInputs) -> RunnerStepOutputs:
+    """The mutant ``vllm-prompt-logprobs-chunks-dropped``: ``vllm-prompt-logprobs`` with
+    :func:`_chunks_dropped` in force."""
+    return _MUTATED(inputs)
+
+
+_MUTATED = Mutated(LogprobsRunnerStepEngine(), _chunks_dropped)
+run_chunks_dropped.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
+
+
+def reach_prompt_logprobs(trace: Trace | Case) -> bool:
+    """An engine ``vllm-prompt-logprobs`` runs: V2, no drafts."""
+    return trace.config.runner == "v2" and trace.config.num_spec == 0
+
+
+def trigger_chunks_dropped(trace: Trace | Case) -> bool:
+    """A request that asks prefills a chunk of its prompt that does not end it, at least
+    two tokens long (its rows all kept), and a later step of it."""
+    steps = as_trace(trace).steps
+    if not reach_prompt_logprobs(trace):
+        return False
+    for k, b in enumerate(steps[:-1]):
+        prompts = b.prompt_lens or (0,) * b.num_reqs
+        for rid, c, q, p in zip(b.request_ids, b.num_computed_tokens, b.q_lens, prompts,
+                                strict=True):  # fmt: skip
+            if c == 0 and rid % 3 == 0 and q >= 2 and c + q < p:
+                if any(rid in later.request_ids for later in steps[k + 1 :]):
+                    return True
+    return False
+
+
+def smallest_chunks_dropped() -> Trace:
+    """Request 3 prefills its 5-token prompt in chunks of 3 and 2 (a FULL graph of 2
+    tokens beside): its 4 rows are handed out at the second step, the first chunk's 3
+    with them; the defect hands out 1."""
+    config = EngineConfig(
+        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v2",
+    )  # fmt: skip
+    return Trace(
+        config,
+        (
+            Batch((0,), (3,), req_ids=(3,), pages=((1,),), new_pages=(1,), prompt_lens=(5,)),
+            Batch((3,), (2,), req_ids=(3,), pages=((1,),), new_pages=(0,), prompt_lens=(5,)),
+        ),
+    )
