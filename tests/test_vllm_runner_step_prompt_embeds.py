@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.reference import runner_step as ref
-from attnfuzz.reference.batch import Batch, EngineConfig
+from attnfuzz.reference.batch import Batch
 from attnfuzz.reference.trace import Trace
 
 pytestmark = [*requires_vllm]
@@ -43,13 +43,8 @@ def mixed_and_chunked() -> Trace:
     """Request 2 (a mixed prompt of 5 tokens) prefills 3 of them beside request 1 (token
     ids, 2), then its last 2 beside request 1's decode, then both decode on a FULL graph
     of 2 tokens."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
-        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v2",
-    )  # fmt: skip
     return Trace(
-        config,
+        adapter().smallest_computed_one_short().config,
         (
             Batch((0, 0), (3, 2), req_ids=(2, 1), pages=((1,), (2,)), new_pages=(1, 1),
                   prompt_lens=(5, 2)),

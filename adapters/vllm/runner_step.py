@@ -180,6 +180,22 @@ def declines(case: Case, lookahead: Lookahead = num_lookahead_tokens) -> str | N
     return warm_up_without_requests(case.config) or declines_engine(case, lookahead)
 
 
+def reach_without_drafts(trace: Trace | Case) -> bool:
+    """An engine of a V2 runner with no drafts: what the implementations that decline
+    drafts (``vllm-mrope``, ``vllm-prompt-embeds``, ``vllm-prompt-logprobs``) run."""
+    return trace.config.runner == "v2" and trace.config.num_spec == 0
+
+
+def smallest_config() -> EngineConfig:
+    """The engine of those implementations' smallest traces: two sequences, pages of 16,
+    one capture size of 2 tokens in mode FULL_AND_PIECEWISE, no drafts."""
+    return EngineConfig(
+        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
+        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
+        runner="v2",
+    )  # fmt: skip
+
+
 def warm_up_without_requests(config: EngineConfig) -> str | None:
     """The V2 worker's kernel warm-up of an engine of ``config`` runs none of its
     requests and then decodes its request 0 (``plugin.warm_up_without_requests``): an

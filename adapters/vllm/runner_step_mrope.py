@@ -147,9 +147,8 @@ _MUTATED = Mutated(MRoPERunnerStepEngine(), _computed_one_short)
 run_computed_one_short.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
 
 
-def reach_mrope(trace: Trace | Case) -> bool:
-    """An engine ``vllm-mrope`` runs: V2, no drafts."""
-    return trace.config.runner == "v2" and trace.config.num_spec == 0
+reach_mrope = rs.reach_without_drafts
+"""An engine ``vllm-mrope`` runs: V2, no drafts."""
 
 
 def trigger_computed_one_short(trace: Trace | Case) -> bool:

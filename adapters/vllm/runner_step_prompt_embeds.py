@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step as rs
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
@@ -278,9 +278,8 @@ _MUTATED = Mutated(EmbedsRunnerStepEngine(), _computed_one_short)
 run_computed_one_short.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
 
 
-def reach_prompt_embeds(trace: Trace | Case) -> bool:
-    """An engine ``vllm-prompt-embeds`` runs: V2, no drafts."""
-    return trace.config.runner == "v2" and trace.config.num_spec == 0
+reach_prompt_embeds = rs.reach_without_drafts
+"""An engine ``vllm-prompt-embeds`` runs: V2, no drafts."""
 
 
 def trigger_computed_one_short(trace: Trace | Case) -> bool:
@@ -296,13 +295,8 @@ def smallest_computed_one_short() -> Trace:
     """Request 4 (embeddings only) prefills its 3-token prompt, then decodes its 4th
     token on a FULL graph of 2 tokens: the decode token, past the prompt, takes the
     prompt's last row under the defect."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
-        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v2",
-    )  # fmt: skip
     return Trace(
-        config,
+        rs.smallest_config(),
         (
             Batch((0,), (3,), req_ids=(4,), pages=((1,),), new_pages=(1,)),
             Batch((3,), (1,), req_ids=(4,), pages=((1,),), new_pages=(0,)),

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step as rs
 from attnfuzz.adapters.vllm.runner_step_v1 import Mutated
-from attnfuzz.reference.batch import Batch, Case, EngineConfig
+from attnfuzz.reference.batch import Batch, Case
 from attnfuzz.reference.runner_step import Field, RunnerStepInputs, RunnerStepOutputs
 from attnfuzz.reference.trace import Trace, as_trace
 
@@ -251,9 +251,8 @@ _MUTATED = Mutated(LogprobsRunnerStepEngine(), _chunks_dropped)
 run_chunks_dropped.new_engine = _MUTATED.engine.new_engine  # type: ignore[attr-defined]
 
 
-def reach_prompt_logprobs(trace: Trace | Case) -> bool:
-    """An engine ``vllm-prompt-logprobs`` runs: V2, no drafts."""
-    return trace.config.runner == "v2" and trace.config.num_spec == 0
+reach_prompt_logprobs = rs.reach_without_drafts
+"""An engine ``vllm-prompt-logprobs`` runs: V2, no drafts."""
 
 
 def trigger_chunks_dropped(trace: Trace | Case) -> bool:
@@ -276,13 +275,8 @@ def smallest_chunks_dropped() -> Trace:
     """Request 3 prefills its 5-token prompt in chunks of 3 and 2 (a FULL graph of 2
     tokens beside): its 4 rows are handed out at the second step, the first chunk's 3
     with them; the defect hands out 1."""
-    config = EngineConfig(
-        max_model_len=64, max_num_seqs=2, max_num_batched_tokens=16, block_size=16,
-        num_spec=0, cudagraph_capture_sizes=(2,), cudagraph_mode="FULL_AND_PIECEWISE",
-        runner="v2",
-    )  # fmt: skip
     return Trace(
-        config,
+        rs.smallest_config(),
         (
             Batch((0,), (3,), req_ids=(3,), pages=((1,),), new_pages=(1,), prompt_lens=(5,)),
             Batch((3,), (2,), req_ids=(3,), pages=((1,),), new_pages=(0,), prompt_lens=(5,)),
