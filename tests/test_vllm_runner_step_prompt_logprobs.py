@@ -101,3 +101,27 @@ def test_chunks_dropped_are_caught_at_the_prompts_end():
         for how in ("eager", "padded")
     }, found
     assert logprob_rows(last, "eager") == {"rows": [1], "tokens": [0], "expected": [4]}
+
+
+def test_the_trigger_holds_on_a_one_token_chunk_before_the_prompts_end():
+    """The search's smallest witness at seed 0: request 0's 2-token prompt prefilled a
+    token a step. Its first chunk's row is kept (it is not the prompt's last), so the
+    defect shows at the second step; a prompt prefilled whole shows nothing."""
+    a = adapter()
+    config = a.smallest_chunks_dropped().config
+    one_by_one = Trace(
+        config,
+        (
+            Batch((0,), (1,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(2,)),
+            Batch((1,), (1,), req_ids=(0,), pages=((1,),), new_pages=(0,), prompt_lens=(2,)),
+        ),
+    )
+    assert a.trigger_chunks_dropped(one_by_one)
+    whole = Trace(
+        config,
+        (
+            Batch((0,), (2,), req_ids=(0,), pages=((1,),), new_pages=(1,), prompt_lens=(2,)),
+            Batch((2,), (1,), req_ids=(0,), pages=((1,),), new_pages=(0,), prompt_lens=(2,)),
+        ),
+    )
+    assert not a.trigger_chunks_dropped(whole)

@@ -256,8 +256,8 @@ reach_prompt_logprobs = rs.reach_without_drafts
 
 
 def trigger_chunks_dropped(trace: Trace | Case) -> bool:
-    """A request that asks prefills a chunk of its prompt that does not end it, at least
-    two tokens long (its rows all kept), and a later step of it."""
+    """A request that asks prefills a chunk of its prompt that does not end it (each row
+    of such a chunk is kept: none is the prompt's last), and a later step of it."""
     steps = as_trace(trace).steps
     if not reach_prompt_logprobs(trace):
         return False
@@ -265,7 +265,7 @@ def trigger_chunks_dropped(trace: Trace | Case) -> bool:
         prompts = b.prompt_lens or (0,) * b.num_reqs
         for rid, c, q, p in zip(b.request_ids, b.num_computed_tokens, b.q_lens, prompts,
                                 strict=True):  # fmt: skip
-            if c == 0 and rid % 3 == 0 and q >= 2 and c + q < p:
+            if asks(rid, c) and c + q < p:
                 if any(rid in later.request_ids for later in steps[k + 1 :]):
                     return True
     return False
