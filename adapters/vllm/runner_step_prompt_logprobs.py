@@ -167,15 +167,16 @@ def logprob_fields(
         )
         length = engine.asked.get(req_id)
         computed, q = step[req_id]
-        ends = length is not None and computed < length <= computed + q
-        expected.append(length - 1 if ends and length is not None else 0)
-    as_array = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+        # The step that ends the prompt hands the whole prompt's logprobs, one row per
+        # prompt token after the first (earlier chunks' rows held until then); others none.
+        ends_prompt = length is not None and computed < length <= computed + q
+        expected.append(length - 1 if length is not None and ends_prompt else 0)
     return (
-        Field("prompt_logprobs.rows", "requests", as_array(rows),
+        Field("prompt_logprobs.rows", "requests", np.asarray(rows, dtype=np.int64),
               agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.tokens", "requests", as_array(tokens),
+        Field("prompt_logprobs.tokens", "requests", np.asarray(tokens, dtype=np.int64),
               agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.expected", "requests", as_array(expected)),
+        Field("prompt_logprobs.expected", "requests", np.asarray(expected, dtype=np.int64)),
     )  # fmt: skip
 
 
