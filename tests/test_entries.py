@@ -112,6 +112,7 @@ SIDE_BY_SIDE_TRACES = {
     ("runner-step", "vllm-pcp"): 2,
     ("runner-step", "vllm-prompt-embeds"): 4,
     ("runner-step", "vllm-prompt-logprobs"): 4,
+    ("runner-step", "vllm-v1-prompt-logprobs"): 4,
     ("runner-step", "vllm-standalone-ar"): 4,
     ("runner-step", "vllm-v2-encoder-decoder"): 4,
     ("runner-step", "vllm-v2-hybrid-align"): 4,

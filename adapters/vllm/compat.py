@@ -669,6 +669,12 @@ REQUIRES["runner_step_prompt_logprobs"] = REQUIRES["runner_step"] + (
     Api(_PROMPT_LOGPROB, "PromptLogprobsWorker.compute_prompt_token_id_logprobs"),
     Api(_PROMPT_LOGPROB, "_prompt_logprobs_token_ids_kernel"),
 )  # fmt: skip
+# runner_step_v1_prompt_logprobs: runner_step_v1's engine with prompt logprobs: the
+# runner's own prompt-logprobs pass and the tensors it fills chunk by chunk.
+REQUIRES["runner_step_v1_prompt_logprobs"] = REQUIRES["runner_step_v1"] + (
+    Api(_V1_RUNNER, "GPUModelRunner._get_prompt_logprobs_dict"),
+    Api("vllm.v1.outputs", "LogprobsTensors.empty_cpu"),
+)  # fmt: skip
 # runner_step_v1_ngram: runner_step_v1's engine, its speculative config's ngram_gpu drafter
 # (whose kernel also finds the tokens that make its drafts) and the runner's invalid-draft
 # trim; the trimmed copy of the scheduler output the runner keeps until sample_tokens.

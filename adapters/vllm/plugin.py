@@ -1867,6 +1867,9 @@ _prompt_embeds_hook = functools.partial(_lazy, "runner_step_prompt_embeds")
 _prompt_logprobs_hook = functools.partial(_lazy, "runner_step_prompt_logprobs")
 
 
+_v1_prompt_logprobs_hook = functools.partial(_lazy, "runner_step_v1_prompt_logprobs")
+
+
 _profile_hook = functools.partial(_lazy, "runner_step_profile")
 
 
@@ -2324,6 +2327,35 @@ def _runner_step() -> list[Implementation]:
             trigger=_mrope_hook("trigger_completion_from_tokens"),
             reach=_mrope_hook("reach_mrope"),
             smallest=_mrope_hook("smallest_completion_from_tokens"),
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_prompt_logprobs",
+            "run",
+            name="vllm-v1-prompt-logprobs",
+            description="installed vLLM (V1 runner) with prompt logprobs: vllm-v1's step, "
+            "requests of ids divisible by 3 arriving with no computed tokens asking for "
+            "them, so that sample_tokens runs GPUModelRunner._get_prompt_logprobs_dict "
+            "(each chunk's rows at the request's query_start_loc offset, copied at its "
+            "computed tokens, the prompt's rows handed out at the step that reaches its "
+            "end): the rows handed out for each request, how many score its prompt's "
+            "next token, and (eager) how many the model's hidden state of the row "
+            "predicts, judged against its prompt's length",
+            declines="declines",
+            traced=True,
+        ),
+        _step_impl(
+            "runner_step_v1_prompt_logprobs",
+            "run_handed_early",
+            name="vllm-v1-prompt-logprobs-handed-early",
+            kind="mutant",
+            declines="declines",
+            description="installed vLLM (V1 runner, prompt logprobs) with "
+            "_get_prompt_logprobs_dict taking a chunk that ends one token short of the "
+            "prompt for its last: the prompt's rows handed out a step early",
+            trigger=_v1_prompt_logprobs_hook("trigger_handed_early"),
+            reach=_v1_prompt_logprobs_hook("reach_prompt_logprobs"),
+            smallest=_v1_prompt_logprobs_hook("smallest_handed_early"),
             traced=True,
         ),
         _step_impl(
