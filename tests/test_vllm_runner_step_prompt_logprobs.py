@@ -6,6 +6,10 @@ mutant that keeps no chunk's rows is caught."""
 
 from __future__ import annotations
 
+import dataclasses
+from unittest import mock
+
+import torch
 from attnfuzz.adapters.vllm.testing import requires_vllm
 from attnfuzz.reference import runner_step as ref
 from attnfuzz.reference.batch import Batch
@@ -125,3 +129,73 @@ def test_the_trigger_holds_on_a_one_token_chunk_before_the_prompts_end():
         ),
     )
     assert not a.trigger_chunks_dropped(whole)
+
+
+def three_requests() -> Trace:
+    """Request 3 (asks prompt logprobs: a 5-token prompt in chunks of 3 and 2), request
+    1 (asks its own token ids' logprobs, one id) and request 2 (asks the top logprob),
+    then all decode: the sampler's per-request token ids beside its top-k column."""
+    a = adapter()
+    config = dataclasses.replace(a.smallest_chunks_dropped().config, max_num_seqs=4)
+    return Trace(
+        config,
+        (
+            Batch((0, 0, 0), (3, 2, 2), req_ids=(3, 1, 2), pages=((1,), (2,), (3,)),
+                  new_pages=(1, 1, 1), prompt_lens=(5, 2, 2)),
+            Batch((3, 2, 2), (2, 1, 1), req_ids=(3, 1, 2), pages=((1,), (2,), (3,)),
+                  new_pages=(0, 0, 0), prompt_lens=(5, 2, 2)),
+        ),
+    )  # fmt: skip
+
+
+def test_who_asks_for_sampled_logprobs():
+    """Ids 1 mod 3 ask their own one to three token ids, ids 2 mod 6 the top logprob;
+    multiples of 3 (prompt logprobs) neither."""
+    a = adapter()
+    assert [a.own_token_ids(r, 100) is not None for r in range(7)] == [
+        False, True, False, False, True, False, False
+    ]  # fmt: skip
+    assert [len(a.own_token_ids(r, 100)) for r in (1, 4, 7, 10)] == [1, 2, 3, 1]
+    assert [a.asks_top_logprob(r) for r in (2, 5, 8, 3)] == [True, False, True, False]
+
+
+def test_each_request_s_own_token_ids_come_back_in_its_row():
+    """The sampler's rows: request 1's own id after its sampled token, in the eager and
+    the padded build at each step (the top-k path of request 2 beside it); every
+    property holds."""
+    a = adapter()
+    a.prepare()
+    engine = a.LogprobsRunnerStepEngine()
+    for out in run(engine, three_requests()):
+        assert ref.violations(out) == []
+        for how in ("eager", "padded"):
+            (build,) = out.of(how)
+            own = build.field("sampled_logprobs.own_token_ids").values.tolist()
+            asked = build.field("sampled_logprobs.asked_own").values.tolist()
+            assert sorted(own) == sorted(asked) == [0, 0, 1], (how, own, asked)
+
+
+def test_token_ids_read_by_batch_row_not_request_slot_are_caught():
+    """``sampled_logprobs.own_token_ids`` fails on the defect it is there for: the
+    sampler's ``_fill_logprob_token_ids_kernel`` handed batch rows for request slots
+    (``expanded_idx_mapping``), so a request reads another slot's token ids once the
+    batch's order is not its slots' (request 1 holds slot 1 at batch row 0)."""
+    a = adapter()
+    a.prepare()
+    import vllm.v1.worker.gpu.sample.sampler as sampler
+
+    original = sampler.compute_topk_scores
+
+    def by_row(logits, *args, **kwargs):
+        rows = kwargs["expanded_idx_mapping"].shape[0]
+        kwargs["expanded_idx_mapping"] = torch.arange(rows, dtype=torch.int32)
+        return original(logits, *args, **kwargs)
+
+    engine = a.LogprobsRunnerStepEngine()
+    with mock.patch.object(sampler, "compute_topk_scores", by_row):
+        outs = run(engine, three_requests())
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert found == {
+        ("agreement within a build", "sampled_logprobs.own_token_ids", how)
+        for how in ("eager", "padded")
+    }, found

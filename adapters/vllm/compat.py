@@ -661,13 +661,18 @@ REQUIRES["runner_step_prompt_embeds"] = REQUIRES["runner_step"] + (
     Api("vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs_embeds"),
     Api("vllm.v1.core.sched.output", "NewRequestData", keyword="prompt_is_token_ids"),
 )  # fmt: skip
-# runner_step_prompt_logprobs: runner_step's engine with prompt logprobs: the sampler's
-# PromptLogprobsWorker and its token-id kernel.
+# runner_step_prompt_logprobs: runner_step's engine with prompt and sampled logprobs: the
+# sampler's PromptLogprobsWorker and its token-id kernel, and its per-request token ids.
 _PROMPT_LOGPROB = "vllm.v1.worker.gpu.sample.prompt_logprob"
+_SAMPLED_LOGPROB = "vllm.v1.worker.gpu.sample.logprob"
 REQUIRES["runner_step_prompt_logprobs"] = REQUIRES["runner_step"] + (
     Api(_PROMPT_LOGPROB, "PromptLogprobsWorker.compute_prompt_logprobs"),
     Api(_PROMPT_LOGPROB, "PromptLogprobsWorker.compute_prompt_token_id_logprobs"),
     Api(_PROMPT_LOGPROB, "_prompt_logprobs_token_ids_kernel"),
+    # The sampled tokens' logprobs, per-request token ids among them.
+    Api(_SAMPLED_LOGPROB, "compute_topk_scores", keyword="logprob_token_ids_state"),
+    Api(_SAMPLED_LOGPROB, "_fill_logprob_token_ids_kernel"),
+    Api(_SAMPLED_LOGPROB, "LogprobTokenIdsState.add_request"),
 )  # fmt: skip
 # runner_step_v1_prompt_logprobs: runner_step_v1's engine with prompt logprobs: the
 # runner's own prompt-logprobs pass and the tensors it fills chunk by chunk.

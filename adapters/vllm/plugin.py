@@ -2070,7 +2070,9 @@ def _runner_step() -> list[Implementation]:
             "PromptLogprobsWorker.compute_prompt_logprobs (v1/worker/gpu/sample/"
             "prompt_logprob.py: _prompt_logprobs_token_ids_kernel, the rows of a chunked "
             "prompt kept to its end): the rows handed out for each request, and how many "
-            "score its prompt's next token, judged against its prompt's length",
+            "score its prompt's next token, judged against its prompt's length; and the "
+            "sampled tokens' logprobs (compute_topk_scores, _fill_logprob_token_ids_kernel): "
+            "each request's own logprob_token_ids in its row",
             declines="declines",
             traced=True,
         ),

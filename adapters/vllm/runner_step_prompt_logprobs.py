@@ -12,11 +12,20 @@ request's rows of the step (its query rows, less the last where the prompt ends)
 kept across the chunks of a chunked prompt and handed out, concatenated, at the step
 its prompt ends (``in_progress_prompt_logprobs``).
 
+Its sampled tokens' logprobs too: requests that ask for them make the sampler run
+``compute_topk_scores`` (``v1/worker/gpu/sample/logprob.py``), where a request's own
+token ids (``SamplingParams.logprob_token_ids``, kept by slot in
+``LogprobTokenIdsState``) take the columns after its sampled token's, filled by
+``_fill_logprob_token_ids_kernel`` through ``expanded_idx_mapping`` (batch row to
+request slot), beside the top-k columns of the requests that ask for those.
+
 Requests: one of an id divisible by 3 that arrives with no computed tokens asks for
 prompt logprobs (top 1), as vLLM's scheduler can only hand it: a request that asks
 reads no prefix cache (``SamplingParams.skip_reading_prefix_cache``). Its prompt is the
 tokens known when it arrives (:func:`.runner_step._scheduler_output`), each a token id
-of its request and position (:func:`prompt_token`).
+of its request and position (:func:`prompt_token`). Ids 1 mod 3 ask for the logprobs of
+one to three token ids of their own (:func:`own_token_ids`), ids 2 mod 6 for the top
+logprob of each sampled token.
 
 Judged: each step is sampled as soon as it ran (no drafts: the sampler's verdict needs
 nothing of the next step), on the engine with the config's graphs and the eager one.
@@ -25,8 +34,12 @@ the request at this step) and ``prompt_logprobs.tokens`` (how many of them, in o
 score the prompt's next token: column 0 of ``logprob_token_ids``), each held to
 ``prompt_logprobs.expected`` (*agreement within a build*: the prompt's length less one
 for a request that asked and whose prompt ends at this step, else 0), and both by
-*padding invariance* to each other's. The fresh engine's step is not judged on them:
-its requests arrive with the tokens they had computed, which one that asks never does.
+*padding invariance* to each other's; and ``sampled_logprobs.own_token_ids`` (1 where
+the request's row holds its own token ids after its sampled token, the rest of the row
+empty), held to ``sampled_logprobs.asked_own`` (1 for a request that asked for them).
+The fresh engine's step is not judged on them: it is sampled later, and its requests
+arrive with the tokens they had computed, which one that asks for prompt logprobs never
+does.
 
 Stood in: the logits the prompt rows are scored with (zeros: the scores are not
 judged, the rows and their tokens are), and what :mod:`.runner_step` stands in.
@@ -37,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -66,6 +80,21 @@ def asks(req_id: int, computed: int) -> bool:
     return req_id % 3 == 0 and computed == 0
 
 
+def own_token_ids(req_id: int, vocab_size: int) -> list[int] | None:
+    """The token ids whose logprobs request ``req_id`` asks of each token it samples
+    (``SamplingParams.logprob_token_ids``): one to three ids of the request, for ids 1
+    mod 3; None for the others."""
+    if req_id % 3 != 1:
+        return None
+    return [1 + (req_id * 13 + k) % (vocab_size - 1) for k in range(1 + (req_id // 3) % 3)]
+
+
+def asks_top_logprob(req_id: int) -> bool:
+    """Whether request ``req_id`` asks for its sampled tokens' top logprob
+    (``SamplingParams.logprobs`` 1): even ids 2 mod 3, beside the others' own ids."""
+    return req_id % 6 == 2
+
+
 def prompt_token(req_id: int, position: int, vocab_size: int) -> int:
     """The token id at ``position`` of request ``req_id``'s prompt (never 0: the other
     requests' placeholder)."""
@@ -89,6 +118,11 @@ class _LogprobsEngine(rs._StartUpEngine):
         for new in out.scheduled_new_reqs:
             rid = int(new.req_id)
             self.asked.pop(new.req_id, None)
+            own = own_token_ids(rid, vocab_size)
+            if own is not None:
+                new.sampling_params = SamplingParams(temperature=0.0, logprob_token_ids=own)
+            elif asks_top_logprob(rid):
+                new.sampling_params = SamplingParams(temperature=0.0, logprobs=1)
             if not asks(rid, new.num_computed_tokens):
                 continue
             tokens = [prompt_token(rid, p, vocab_size) for p in range(len(new.prompt_token_ids))]
@@ -125,12 +159,23 @@ def _zero_prompt_logits(vocab_size: Callable[[], int]) -> Iterator[None]:
         yield
 
 
-def sample_now(engine: rs._Engine) -> tuple[list[str], dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """What ``sample_tokens`` handed out for one step: its requests in batch order, the
+    prompt logprobs by request, and the token ids of the sampled tokens' logprobs, a
+    row a request in batch order (None where no request asked for them)."""
+
+    req_ids: list[str]
+    prompt_logprobs: dict[str, Any]
+    logprob_token_ids: np.ndarray | None
+
+
+def sample_now(engine: rs._Engine) -> Sampled:
     """``sample_tokens`` of the step the engine just ran (no drafts: every request keeps
-    its tokens): its requests in batch order, and the prompt logprobs it handed out."""
+    its tokens, one logits row each)."""
     last = engine.last
     if last is None:
-        return [], {}
+        return Sampled([], {}, None)
     req_ids = list(last.state.input_batch.req_ids)
     r = engine.runner
     got: dict[str, Any] = {}
@@ -142,14 +187,20 @@ def sample_now(engine: rs._Engine) -> tuple[list[str], dict[str, Any]]:
 
     with mock.patch.object(r, "sample_tokens", keep):
         rs._sample(engine, {})
-    output = getattr(got["out"], "model_runner_output", got["out"])
-    return req_ids, dict(output.prompt_logprobs_dict or {})
+    out = got["out"]
+    output = getattr(out, "model_runner_output", out)
+    # The sampler's own output, which the async output copies to the host
+    # (model_runner_output.logprobs is filled from it when the caller asks).
+    sampler_output = getattr(out, "sampler_output", None)
+    tensors = None if sampler_output is None else sampler_output.logprobs_tensors
+    ids = None if tensors is None else tensors.logprob_token_ids.cpu().numpy()
+    return Sampled(req_ids, dict(output.prompt_logprobs_dict or {}), ids)
 
 
 def logprob_fields(
-    engine: _LogprobsEngine, inputs: RunnerStepInputs, req_ids: list[str], handed: dict[str, Any]
+    engine: _LogprobsEngine, inputs: RunnerStepInputs, sampled: Sampled
 ) -> tuple[Field, ...]:
-    """The step's prompt-logprobs fields by request, in batch order (module docstring)."""
+    """The step's logprobs fields by request, in batch order (module docstring)."""
     step = {
         str(rid): (c, q)
         for rid, c, q in zip(
@@ -157,9 +208,9 @@ def logprob_fields(
         )
     }
     vocab_size = engine.runner.vocab_size
-    rows, tokens, expected = [], [], []
-    for req_id in req_ids:
-        got = handed.get(req_id)
+    rows, tokens, expected, own, asked_own = [], [], [], [], []
+    for row, req_id in enumerate(sampled.req_ids):
+        got = sampled.prompt_logprobs.get(req_id)
         ids = [] if got is None else got.logprob_token_ids[:, 0].tolist()
         rows.append(len(ids))
         tokens.append(
@@ -171,12 +222,23 @@ def logprob_fields(
         # prompt token after the first (earlier chunks' rows held until then); others none.
         ends_prompt = length is not None and computed < length <= computed + q
         expected.append(length - 1 if length is not None and ends_prompt else 0)
+        # Its own token ids in the columns after the sampled token's, the rest empty.
+        want = own_token_ids(int(req_id), vocab_size)
+        asked_own.append(int(want is not None))
+        table = sampled.logprob_token_ids
+        after = [] if table is None else table[row, 1:].tolist()
+        padded = want is not None and want + [0] * (len(after) - len(want))
+        own.append(int(want is not None and after == padded))
+    i64 = functools.partial(np.asarray, dtype=np.int64)
     return (
-        Field("prompt_logprobs.rows", "requests", np.asarray(rows, dtype=np.int64),
+        Field("prompt_logprobs.rows", "requests", i64(rows),
               agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.tokens", "requests", np.asarray(tokens, dtype=np.int64),
+        Field("prompt_logprobs.tokens", "requests", i64(tokens),
               agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.expected", "requests", np.asarray(expected, dtype=np.int64)),
+        Field("prompt_logprobs.expected", "requests", i64(expected)),
+        Field("sampled_logprobs.own_token_ids", "requests", i64(own),
+              agrees_with="sampled_logprobs.asked_own"),
+        Field("sampled_logprobs.asked_own", "requests", i64(asked_own)),
     )  # fmt: skip
 
 
@@ -196,8 +258,7 @@ class LogprobsRunnerStepEngine(rs.RunnerStepEngine):
             out = super().__call__(inputs)
             for how, engine in (("eager", self.eager), ("padded", self.graphs)):
                 assert isinstance(engine, _LogprobsEngine)
-                req_ids, handed = sample_now(engine)
-                extra[how] = logprob_fields(engine, inputs, req_ids, handed)
+                extra[how] = logprob_fields(engine, inputs, sample_now(engine))
         builds = tuple(
             dataclasses.replace(b, fields=b.fields + extra[b.how])
             if b.how in extra and b.draft is None
