@@ -89,7 +89,8 @@ def test_chunks_dropped_are_caught_at_the_prompts_end():
     """The mutant ``vllm-prompt-logprobs-chunks-dropped``: at the step request 3's prompt
     ends it hands out its last chunk's one row, which scores the prompt's token 4, not
     its token 1: rows and tokens both fail agreement within a build, in the eager and
-    the padded build; the first step, whose rows are not due, holds every property."""
+    the padded build (and the eager build's predictions, one row of four); the first
+    step, whose rows are not due, holds every property."""
     a = adapter()
     a.prepare()
     trace = a.smallest_chunks_dropped()
@@ -103,7 +104,7 @@ def test_chunks_dropped_are_caught_at_the_prompts_end():
         ("agreement within a build", f"prompt_logprobs.{name}", how)
         for name in ("rows", "tokens")
         for how in ("eager", "padded")
-    }, found
+    } | {("agreement within a build", "prompt_logprobs.predicted", "eager")}, found
     assert logprob_rows(last, "eager") == {"rows": [1], "tokens": [0], "expected": [4]}
 
 
@@ -198,4 +199,97 @@ def test_token_ids_read_by_batch_row_not_request_slot_are_caught():
     assert found == {
         ("agreement within a build", "sampled_logprobs.own_token_ids", how)
         for how in ("eager", "padded")
+    }, found
+
+
+def test_the_prompt_rows_asked_by_token_id():
+    """Odd ids that ask for prompt logprobs score rows by token id too, from row 0 to 2
+    (never past the prompt's last row but one): each row the prompt's next token and
+    another, a pad every third row; even ids and one-token prompts ask nothing."""
+    a = adapter()
+    assert a.prompt_token_id_rows(6, 5, 100) is None
+    assert a.prompt_token_id_rows(3, 1, 100) is None
+    start, rows = a.prompt_token_id_rows(9, 6, 100)
+    assert start == 1 and rows.shape == (4, 2)
+    assert rows[:, 0].tolist() == [a.prompt_token(9, p, 100) for p in (2, 3, 4, 5)]
+    assert rows[2, 1] == -1 and -1 not in rows[[0, 1, 3], 1]
+    start, rows = a.prompt_token_id_rows(15, 3, 100)
+    assert start == 1 and rows.shape == (1, 2)  # row 2 would be the prompt's last
+
+
+def from_row_one() -> Trace:
+    """Request 9 (prompt logprobs, and by token id from row 1) prefills its 5-token
+    prompt in chunks of 2 and 3 beside request 1, then both decode."""
+    config = dataclasses.replace(adapter().smallest_chunks_dropped().config, max_num_seqs=4)
+    return Trace(
+        config,
+        (
+            Batch((0, 0), (2, 2), req_ids=(1, 9), pages=((2,), (1,)), new_pages=(1, 1),
+                  prompt_lens=(2, 5)),
+            Batch((2, 2), (1, 3), req_ids=(1, 9), pages=((2,), (1,)), new_pages=(0, 0),
+                  prompt_lens=(2, 5)),
+            Batch((3, 5), (1, 1), req_ids=(1, 9), pages=((2,), (1,)), new_pages=(0, 0),
+                  prompt_lens=(2, 5)),
+        ),
+    )  # fmt: skip
+
+
+def fields_of(out: ref.RunnerStepOutputs, how: str, prefix: str) -> dict[str, list[int]]:
+    (build,) = out.of(how)
+    return {f.name: f.values.tolist() for f in build.fields if f.name.startswith(prefix)}
+
+
+def test_rows_scored_by_token_id_come_out_at_the_prompts_end_from_their_own_rows():
+    """Request 9's 3 rows by token id (rows 1 to 3, after a chunk of 2 and one of 3) at
+    the step its prompt ends: in the eager build each scores the prompt's next token
+    near 0 and the other id (or the pad) far below, as the model predicted from the
+    row's own token; its 4 prompt-logprob rows each predicted too. Every property
+    holds."""
+    a = adapter()
+    a.prepare()
+    engine = a.LogprobsRunnerStepEngine()
+    outs = run(engine, from_row_one())
+    for out in outs:
+        assert ref.violations(out) == []
+    eager = fields_of(outs[1], "eager", "prompt_")
+    at = eager["prompt_token_id_logprobs.expected"].index(3)  # request 9's row
+    assert eager["prompt_token_id_logprobs.rows"][at] == 3
+    assert eager["prompt_token_id_logprobs.scored"][at] == 3
+    assert eager["prompt_logprobs.predicted"][at] == 4
+    padded = fields_of(outs[1], "padded", "prompt_")
+    assert padded["prompt_token_id_logprobs.rows"][at] == 3
+    assert "prompt_token_id_logprobs.scored" not in padded
+    for out in (outs[0], outs[2]):
+        by_id = fields_of(out, "eager", "prompt_token_id")
+        assert set(by_id["prompt_token_id_logprobs.rows"]) == {0}
+
+
+def test_rows_taken_one_off_fail_the_eager_predictions():
+    """``prompt_logprobs.predicted`` and ``prompt_token_id_logprobs.scored`` fail on the
+    defect they are there for: the prompt rows' hidden states taken one row off (as a
+    wrong ``query_start_loc`` offset takes them). Rows, tokens and ids are the same."""
+    a = adapter()
+    a.prepare()
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+
+    def one_off(name):
+        original = getattr(PromptLogprobsWorker, name)
+
+        def call(self, logits_fn, hidden_states, *args):
+            return original(self, logits_fn, torch.roll(hidden_states, 1, 0), *args)
+
+        return call
+
+    engine = a.LogprobsRunnerStepEngine()
+    with (
+        mock.patch.object(PromptLogprobsWorker, "compute_prompt_logprobs",
+                          one_off("compute_prompt_logprobs")),
+        mock.patch.object(PromptLogprobsWorker, "compute_prompt_token_id_logprobs",
+                          one_off("compute_prompt_token_id_logprobs")),
+    ):  # fmt: skip
+        outs = run(engine, from_row_one())
+    found = {(v.prop, v.field, v.build) for out in outs for v in ref.violations(out)}
+    assert found == {
+        ("agreement within a build", "prompt_logprobs.predicted", "eager"),
+        ("agreement within a build", "prompt_token_id_logprobs.scored", "eager"),
     }, found

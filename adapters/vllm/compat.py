@@ -673,6 +673,10 @@ REQUIRES["runner_step_prompt_logprobs"] = REQUIRES["runner_step"] + (
     Api(_SAMPLED_LOGPROB, "compute_topk_scores", keyword="logprob_token_ids_state"),
     Api(_SAMPLED_LOGPROB, "_fill_logprob_token_ids_kernel"),
     Api(_SAMPLED_LOGPROB, "LogprobTokenIdsState.add_request"),
+    # What the requests ask for: their own sampled and prompt rows' token ids.
+    Api("vllm.sampling_params", "SamplingParams", keyword="logprob_token_ids"),
+    Api("vllm.sampling_params", "SamplingParams", keyword="prompt_logprob_token_ids"),
+    Api("vllm.sampling_params", "SamplingParams", keyword="prompt_logprob_start"),
 )  # fmt: skip
 # runner_step_v1_prompt_logprobs: runner_step_v1's engine with prompt logprobs: the
 # runner's own prompt-logprobs pass and the tensors it fills chunk by chunk.

@@ -2072,7 +2072,9 @@ def _runner_step() -> list[Implementation]:
             "prompt kept to its end): the rows handed out for each request, and how many "
             "score its prompt's next token, judged against its prompt's length; and the "
             "sampled tokens' logprobs (compute_topk_scores, _fill_logprob_token_ids_kernel): "
-            "each request's own logprob_token_ids in its row",
+            "each request's own logprob_token_ids in its row; rows scored by token id "
+            "(compute_prompt_token_id_logprobs); and, eager, whether each prompt row was "
+            "taken from its own token's hidden state",
             declines="declines",
             traced=True,
         ),

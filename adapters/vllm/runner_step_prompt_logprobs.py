@@ -12,6 +12,12 @@ request's rows of the step (its query rows, less the last where the prompt ends)
 kept across the chunks of a chunked prompt and handed out, concatenated, at the step
 its prompt ends (``in_progress_prompt_logprobs``).
 
+A request may ask for its prompt rows' scores of given token ids too
+(``SamplingParams.prompt_logprob_token_ids`` from ``prompt_logprob_start``):
+``compute_prompt_token_id_logprobs`` takes each chunk's rows of the hidden states at
+the request's ``query_start_loc`` offset less its computed prefill tokens, scores
+the ids, and hands the rows out at the step the prompt ends.
+
 Its sampled tokens' logprobs too: requests that ask for them make the sampler run
 ``compute_topk_scores`` (``v1/worker/gpu/sample/logprob.py``), where a request's own
 token ids (``SamplingParams.logprob_token_ids``, kept by slot in
@@ -23,7 +29,8 @@ Requests: one of an id divisible by 3 that arrives with no computed tokens asks 
 prompt logprobs (top 1), as vLLM's scheduler can only hand it: a request that asks
 reads no prefix cache (``SamplingParams.skip_reading_prefix_cache``). Its prompt is the
 tokens known when it arrives (:func:`.runner_step._scheduler_output`), each a token id
-of its request and position (:func:`prompt_token`). Ids 1 mod 3 ask for the logprobs of
+of its request and position (:func:`prompt_token`); odd ones among them score rows by
+token id (:func:`prompt_token_id_rows`). Ids 1 mod 3 ask for the logprobs of
 one to three token ids of their own (:func:`own_token_ids`), ids 2 mod 6 for the top
 logprob of each sampled token.
 
@@ -36,13 +43,22 @@ score the prompt's next token: column 0 of ``logprob_token_ids``), each held to
 for a request that asked and whose prompt ends at this step, else 0), and both by
 *padding invariance* to each other's; and ``sampled_logprobs.own_token_ids`` (1 where
 the request's row holds its own token ids after its sampled token, the rest of the row
-empty), held to ``sampled_logprobs.asked_own`` (1 for a request that asked for them).
+empty), held to ``sampled_logprobs.asked_own`` (1 for a request that asked for them);
+and ``prompt_token_id_logprobs.rows``, held to ``prompt_token_id_logprobs.expected`` (the
+rows asked at the step the prompt ends, else 0). The eager build, whose model ran the
+step (a graph's replay here runs none), gains what the model predicted: the stand-in
+model's hidden state of a token is its id and a prompt row's logits put the next prompt
+token first, so ``prompt_logprobs.predicted`` (rows whose top token is the target) and
+``prompt_token_id_logprobs.scored`` (rows that score the next token near 0 and the
+other id far below) count the rows taken from their own token's hidden state, held to
+the same expected counts: a row taken at a wrong offset predicts another token.
 The fresh engine's step is not judged on them: it is sampled later, and its requests
 arrive with the tokens they had computed, which one that asks for prompt logprobs never
 does.
 
-Stood in: the logits the prompt rows are scored with (zeros: the scores are not
-judged, the rows and their tokens are), and what :mod:`.runner_step` stands in.
+Stood in: the model's hidden states (a token's id) and the logits the prompt rows are
+scored with (the next prompt token's 100, every other 0), and what :mod:`.runner_step`
+stands in.
 Declined: drafts, and what ``vllm`` declines.
 """
 
@@ -50,7 +66,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -101,12 +116,51 @@ def prompt_token(req_id: int, position: int, vocab_size: int) -> int:
     return 1 + (req_id * 31 + position * 7) % (vocab_size - 1)
 
 
+def next_prompt_token(token: int, vocab_size: int) -> int:
+    """The token after ``token`` in any prompt of :func:`prompt_token`: the same step
+    along the vocabulary whatever the request."""
+    return 1 + (token - 1 + 7) % (vocab_size - 1)
+
+
+def prompt_token_id_rows(
+    req_id: int, length: int, vocab_size: int
+) -> tuple[int, np.ndarray] | None:
+    """What request ``req_id``, asking for prompt logprobs with a prompt of ``length``
+    tokens, asks of its prompt rows by token id (``SamplingParams.prompt_logprob_token_ids``
+    from ``prompt_logprob_start``), None where it asks nothing: odd ids, from row 0 to 2
+    (at most the prompt's last row but one), each row two ids, the prompt's next token
+    and another, the other -1 (a pad) every third row."""
+    if req_id % 2 == 0 or length < 2:
+        return None
+    start = min((req_id // 6) % 3, length - 2)
+    rows = np.zeros((length - 1 - start, 2), dtype=np.int32)
+    for i in range(rows.shape[0]):
+        rows[i, 0] = prompt_token(req_id, start + i + 1, vocab_size)
+        rows[i, 1] = -1 if i % 3 == 2 else next_prompt_token(int(rows[i, 0]), vocab_size)
+    return start, rows
+
+
+class _TokenModel(rs._Model):
+    """``vllm``'s stand-in model, whose hidden state of a token is its token id: the row
+    a prompt's scores are taken from says which token it was."""
+
+    def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> torch.Tensor:
+        hidden = super().forward(input_ids=input_ids, positions=positions, **kwargs)
+        if input_ids is None:
+            return hidden
+        return input_ids.to(torch.float32).view(-1, 1)  # exact below 2**24
+
+
 class _LogprobsEngine(rs._StartUpEngine):
     """A V2 engine whose requests of ids divisible by 3 ask for prompt logprobs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.asked: dict[str, int] = {}  # each asking request's prompt length
+        self.rows_asked: dict[str, int] = {}  # the prompt rows each scores by token id
         super().__init__(*args, **kwargs)
+
+    def target_model(self) -> rs._Model:
+        return _TokenModel(self.recorder)
 
     def output(self, inputs: RunnerStepInputs, held: set[str]) -> Any:
         from vllm import SamplingParams
@@ -114,10 +168,12 @@ class _LogprobsEngine(rs._StartUpEngine):
         out = super().output(inputs, held)
         for rid in inputs.finished_req_ids:
             self.asked.pop(str(rid), None)
+            self.rows_asked.pop(str(rid), None)
         vocab_size = self.runner.vocab_size
         for new in out.scheduled_new_reqs:
             rid = int(new.req_id)
             self.asked.pop(new.req_id, None)
+            self.rows_asked.pop(new.req_id, None)
             own = own_token_ids(rid, vocab_size)
             if own is not None:
                 new.sampling_params = SamplingParams(temperature=0.0, logprob_token_ids=own)
@@ -127,20 +183,35 @@ class _LogprobsEngine(rs._StartUpEngine):
                 continue
             tokens = [prompt_token(rid, p, vocab_size) for p in range(len(new.prompt_token_ids))]
             new.prompt_token_ids, new.prefill_token_ids = tokens, list(tokens)
-            new.sampling_params = SamplingParams(temperature=0.0, prompt_logprobs=1)
+            by_id = prompt_token_id_rows(rid, len(tokens), vocab_size)
+            start, rows = (None, None) if by_id is None else by_id
+            new.sampling_params = SamplingParams(
+                temperature=0.0, prompt_logprobs=1, prompt_logprob_token_ids=rows,
+                prompt_logprob_start=start,
+            )  # fmt: skip
             self.asked[new.req_id] = len(tokens)
+            if rows is not None:
+                self.rows_asked[new.req_id] = rows.shape[0]
         return out
 
 
 @contextlib.contextmanager
-def _zero_prompt_logits(vocab_size: Callable[[], int]) -> Iterator[None]:
-    """The logits the prompt rows are scored with: zeros over the model's vocabulary,
-    where the runner hands the worker its model's ``compute_logits`` (the stand-in's
-    holds the sampler's alone)."""
+def _predicted_prompt_logits(vocab_size: Callable[[], int]) -> Iterator[None]:
+    """The logits the prompt rows are scored with, where the runner hands the worker its
+    model's ``compute_logits`` (the stand-in's holds the sampler's alone): each row's
+    the next prompt token of the token its hidden state names (:class:`_TokenModel`),
+    its logit 100 and every other 0, so its log-probability is about 0 and any other
+    about -100. A graph's replay here runs no model: its rows name stale tokens, which
+    still index the vocabulary."""
     from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 
-    def zeros(hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(hidden_states.shape[0], vocab_size(), device=hidden_states.device)
+    def predicted(hidden_states: torch.Tensor) -> torch.Tensor:
+        size = vocab_size()
+        tokens = hidden_states[:, 0].to(torch.int64).remainder(size).tolist()
+        logits = torch.zeros(len(tokens), size)
+        for row, token in enumerate(tokens):
+            logits[row, next_prompt_token(token, size)] = 100.0
+        return logits.to(hidden_states.device)
 
     originals = {
         name: getattr(PromptLogprobsWorker, name)
@@ -149,7 +220,7 @@ def _zero_prompt_logits(vocab_size: Callable[[], int]) -> Iterator[None]:
 
     def scored(name: str) -> Any:
         def call(self: Any, logits_fn: Any, *args: Any) -> Any:
-            return originals[name](self, zeros, *args)
+            return originals[name](self, predicted, *args)
 
         return call
 
@@ -168,6 +239,7 @@ class Sampled:
     req_ids: list[str]
     prompt_logprobs: dict[str, Any]
     logprob_token_ids: np.ndarray | None
+    prompt_token_id_logprobs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def sample_now(engine: rs._Engine) -> Sampled:
@@ -194,13 +266,15 @@ def sample_now(engine: rs._Engine) -> Sampled:
     sampler_output = getattr(out, "sampler_output", None)
     tensors = None if sampler_output is None else sampler_output.logprobs_tensors
     ids = None if tensors is None else tensors.logprob_token_ids.cpu().numpy()
-    return Sampled(req_ids, dict(output.prompt_logprobs_dict or {}), ids)
+    by_id = dict(output.prompt_token_id_logprobs_dict or {})
+    return Sampled(req_ids, dict(output.prompt_logprobs_dict or {}), ids, by_id)
 
 
 def logprob_fields(
-    engine: _LogprobsEngine, inputs: RunnerStepInputs, sampled: Sampled
+    engine: _LogprobsEngine, inputs: RunnerStepInputs, sampled: Sampled, predictions: bool
 ) -> tuple[Field, ...]:
-    """The step's logprobs fields by request, in batch order (module docstring)."""
+    """The step's logprobs fields by request, in batch order (module docstring); those
+    of the model's predictions where ``predictions`` (the model ran the step)."""
     step = {
         str(rid): (c, q)
         for rid, c, q in zip(
@@ -208,38 +282,59 @@ def logprob_fields(
         )
     }
     vocab_size = engine.runner.vocab_size
-    rows, tokens, expected, own, asked_own = [], [], [], [], []
+    names = ("rows", "tokens", "predicted", "expected", "id_rows", "id_scored", "id_expected",
+             "own", "asked_own")  # fmt: skip
+    v: dict[str, list[int]] = {name: [] for name in names}
     for row, req_id in enumerate(sampled.req_ids):
         got = sampled.prompt_logprobs.get(req_id)
-        ids = [] if got is None else got.logprob_token_ids[:, 0].tolist()
-        rows.append(len(ids))
-        tokens.append(
-            sum(t == prompt_token(int(req_id), i + 1, vocab_size) for i, t in enumerate(ids))
+        pairs = [] if got is None else got.logprob_token_ids[:, :2].tolist()
+        v["rows"].append(len(pairs))
+        v["tokens"].append(
+            sum(t == prompt_token(int(req_id), i + 1, vocab_size) for i, (t, _) in enumerate(pairs))
         )
+        v["predicted"].append(sum(top == t for t, top in pairs))
         length = engine.asked.get(req_id)
         computed, q = step[req_id]
         # The step that ends the prompt hands the whole prompt's logprobs, one row per
         # prompt token after the first (earlier chunks' rows held until then); others none.
         ends_prompt = length is not None and computed < length <= computed + q
-        expected.append(length - 1 if length is not None and ends_prompt else 0)
+        v["expected"].append(length - 1 if length is not None and ends_prompt else 0)
+        # The rows scored by token id, handed out at the same step: the prompt's next
+        # token about 0 (its row's own prediction), the other id or pad far below.
+        scores = sampled.prompt_token_id_logprobs.get(req_id)
+        table = [] if scores is None else scores.float().cpu().tolist()
+        v["id_rows"].append(len(table))
+        v["id_scored"].append(sum(first > -1.0 and second < -50.0 for first, second in table))
+        v["id_expected"].append(engine.rows_asked.get(req_id, 0) if ends_prompt else 0)
         # Its own token ids in the columns after the sampled token's, the rest empty.
         want = own_token_ids(int(req_id), vocab_size)
-        asked_own.append(int(want is not None))
-        table = sampled.logprob_token_ids
-        after = [] if table is None else table[row, 1:].tolist()
+        v["asked_own"].append(int(want is not None))
+        ids = sampled.logprob_token_ids
+        after = [] if ids is None else ids[row, 1:].tolist()
         padded = want is not None and want + [0] * (len(after) - len(want))
-        own.append(int(want is not None and after == padded))
-    i64 = functools.partial(np.asarray, dtype=np.int64)
-    return (
-        Field("prompt_logprobs.rows", "requests", i64(rows),
-              agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.tokens", "requests", i64(tokens),
-              agrees_with="prompt_logprobs.expected"),
-        Field("prompt_logprobs.expected", "requests", i64(expected)),
-        Field("sampled_logprobs.own_token_ids", "requests", i64(own),
-              agrees_with="sampled_logprobs.asked_own"),
-        Field("sampled_logprobs.asked_own", "requests", i64(asked_own)),
-    )  # fmt: skip
+        v["own"].append(int(want is not None and after == padded))
+
+    def field(name: str, key: str, agrees_with: str | None = None) -> Field:
+        values = np.asarray(v[key], dtype=np.int64)
+        return Field(name, "requests", values, agrees_with=agrees_with)
+
+    fields = [
+        field("prompt_logprobs.rows", "rows", "prompt_logprobs.expected"),
+        field("prompt_logprobs.tokens", "tokens", "prompt_logprobs.expected"),
+        field("prompt_logprobs.expected", "expected"),
+        field("prompt_token_id_logprobs.rows", "id_rows", "prompt_token_id_logprobs.expected"),
+        field("prompt_token_id_logprobs.expected", "id_expected"),
+        field("sampled_logprobs.own_token_ids", "own", "sampled_logprobs.asked_own"),
+        field("sampled_logprobs.asked_own", "asked_own"),
+    ]
+    if predictions:
+        fields += [
+            field("prompt_logprobs.predicted", "predicted", "prompt_logprobs.expected"),
+            field(
+                "prompt_token_id_logprobs.scored", "id_scored", "prompt_token_id_logprobs.expected"
+            ),
+        ]
+    return tuple(fields)
 
 
 class LogprobsRunnerStepEngine(rs.RunnerStepEngine):
@@ -254,11 +349,14 @@ class LogprobsRunnerStepEngine(rs.RunnerStepEngine):
             return int(self.eager.runner.vocab_size)
 
         extra: dict[str, tuple[Field, ...]] = {}
-        with _zero_prompt_logits(vocab_size):  # the fresh engine samples its step later
+        with _predicted_prompt_logits(vocab_size):  # the fresh engine samples its step later
             out = super().__call__(inputs)
             for how, engine in (("eager", self.eager), ("padded", self.graphs)):
                 assert isinstance(engine, _LogprobsEngine)
-                extra[how] = logprob_fields(engine, inputs, sample_now(engine))
+                # A graph's replay here runs no model (runner_step._Graph): only the
+                # eager engine's hidden states are the step's own.
+                sampled = sample_now(engine)
+                extra[how] = logprob_fields(engine, inputs, sampled, predictions=how == "eager")
         builds = tuple(
             dataclasses.replace(b, fields=b.fields + extra[b.how])
             if b.how in extra and b.draft is None
