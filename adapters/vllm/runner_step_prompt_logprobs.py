@@ -357,13 +357,21 @@ class LogprobsRunnerStepEngine(rs.RunnerStepEngine):
                 # eager engine's hidden states are the step's own.
                 sampled = sample_now(engine)
                 extra[how] = logprob_fields(engine, inputs, sampled, predictions=how == "eager")
-        builds = tuple(
-            dataclasses.replace(b, fields=b.fields + extra[b.how])
-            if b.how in extra and b.draft is None
-            else b
-            for b in out.builds
-        )
-        return RunnerStepOutputs(builds)
+        return with_step_fields(out, extra)
+
+
+def with_step_fields(
+    out: RunnerStepOutputs, extra: dict[str, tuple[Field, ...]]
+) -> RunnerStepOutputs:
+    """``out`` with ``extra[how]`` added to the fields of the step's own build of each
+    ``how`` (not a draft's)."""
+    builds = tuple(
+        dataclasses.replace(b, fields=b.fields + extra[b.how])
+        if b.how in extra and b.draft is None
+        else b
+        for b in out.builds
+    )
+    return RunnerStepOutputs(builds)
 
 
 ENGINE = LogprobsRunnerStepEngine()

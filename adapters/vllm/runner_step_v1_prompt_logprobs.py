@@ -43,7 +43,12 @@ import numpy as np
 import torch
 from attnfuzz.adapters.vllm import runner_step as rs
 from attnfuzz.adapters.vllm import runner_step_v1 as v1
-from attnfuzz.adapters.vllm.runner_step_prompt_logprobs import asks, prompt_token
+from attnfuzz.adapters.vllm.runner_step_prompt_logprobs import (
+    asks,
+    next_prompt_token,
+    prompt_token,
+    with_step_fields,
+)
 from attnfuzz.reference.batch import Batch, Case, EngineConfig
 from attnfuzz.reference.runner_step import (
     Field,
@@ -61,12 +66,6 @@ def declines(case: Case) -> str | None:
     if case.config.num_spec > 0:
         return "drafts: vllm-v1 runs them; this implementation judges the prompt's rows"
     return v1.declines(case)
-
-
-def next_prompt_token(token: int, vocab_size: int) -> int:
-    """The token after ``token`` in any prompt of :func:`.prompt_token`: the same step
-    along the vocabulary whatever the request."""
-    return 1 + (token - 1 + 7) % (vocab_size - 1)
 
 
 class _TokenModel(v1._Model):
@@ -214,13 +213,7 @@ class LogprobsRunnerStepEngine(v1.RunnerStepEngine):
         for how, engine in (("eager", self.eager), ("padded", self.graphs)):
             assert isinstance(engine, _LogprobsEngine)
             extra[how] = logprob_fields(engine, inputs, predictions=how == "eager")
-        builds = tuple(
-            dataclasses.replace(b, fields=b.fields + extra[b.how])
-            if b.how in extra and b.draft is None
-            else b
-            for b in out.builds
-        )
-        return RunnerStepOutputs(builds)
+        return with_step_fields(out, extra)
 
 
 ENGINE = LogprobsRunnerStepEngine()
